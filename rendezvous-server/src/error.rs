@@ -1,0 +1,38 @@
+//! The server's errors and their one mapping to gRPC status codes.
+
+use tonic::{Code, Status};
+
+use crate::job::JoinError;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A malformed request.
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    /// The node cannot join the job.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// No job with this id.
+    #[error("no job '{0}' on this rendezvous server; join it first")]
+    UnknownJob(String),
+    /// The node is not a member of the job.
+    #[error("node '{1}' is not a member of job '{0}'; join it first")]
+    UnknownNode(String, String),
+    /// The listener failed.
+    #[error("serving the rendezvous failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::Join(_) => Code::FailedPrecondition,
+            Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
+            Error::Transport(_) => Code::Unavailable,
+        };
+        Status::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,217 @@
+use super::*;
+
+fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: "j".into(),
+        node_id: String::new(),
+        hostname: host.into(),
+        min_nodes: nnodes,
+        max_nodes: nnodes,
+        nproc_per_node: 2,
+        max_restarts: 1,
+        node_rank: rank,
+        dead_after_ms: 15_000,
+    }
+}
+
+fn job(nnodes: u32) -> Job {
+    Job::new("j", JobConfig::from_join(&req("h", nnodes, None)))
+}
+
+fn kinds_for<'a>(out: &'a [Outbound], node: &str) -> Vec<&'a Kind> {
+    out.iter().filter(|o| o.to == node).map(|o| &o.event).collect()
+}
+
+fn round_of(out: &[Outbound], node: &str) -> pb::RoundComplete {
+    kinds_for(out, node)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::RoundComplete(r) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no RoundComplete for {node} in {out:?}"))
+}
+
+/// Joins `hosts` (node ids `n0`, `n1`, …) and makes them all ready for round 0.
+fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
+    let mut j = job(hosts.len() as u32);
+    for (i, h) in hosts.iter().enumerate() {
+        j.join(t, &format!("n{i}"), &req(h, hosts.len() as u32, None))
+            .expect("join");
+    }
+    let mut out = Vec::new();
+    for i in 0..hosts.len() {
+        out = j.ready(t, &format!("n{i}"), 0, (format!("addr{i}"), 1000 + i as u32));
+    }
+    (j, out)
+}
+
+#[test]
+fn round_completes_only_when_every_node_is_ready() {
+    let t = Instant::now();
+    let mut j = job(2);
+    j.join(t, "a", &req("host-a", 2, None)).expect("join a");
+    j.join(t, "b", &req("host-b", 2, None)).expect("join b");
+    assert_eq!(decide(t, &j), Decision::Wait { ready: 0, needed: 2 });
+    let out = j.ready(t, "a", 0, ("addr-a".into(), 1));
+    assert!(matches!(kinds_for(&out, "a")[0], Kind::Waiting(w) if w.ready == 1 && w.needed == 2));
+    let out = j.ready(t, "b", 0, ("addr-b".into(), 2));
+    let (ra, rb) = (round_of(&out, "a"), round_of(&out, "b"));
+    assert_eq!((ra.node_rank, rb.node_rank), (0, 1));
+    assert_eq!((ra.base_rank, rb.base_rank), (0, 2));
+    assert_eq!(ra.world_size, 4);
+    assert_eq!((ra.master_addr.as_str(), ra.master_port), ("addr-a", 1));
+    assert_eq!((rb.master_addr.as_str(), rb.master_port), ("addr-a", 1));
+    assert_eq!(j.phase(), &Phase::Running);
+}
+
+#[test]
+fn dynamic_ranks_follow_host_names_then_stay_put() {
+    let t = Instant::now();
+    let (mut j, out) = formed(&["zeta", "alpha", "mid"], t);
+    assert_eq!(round_of(&out, "n1").node_rank, 0);
+    assert_eq!(round_of(&out, "n2").node_rank, 1);
+    assert_eq!(round_of(&out, "n0").node_rank, 2);
+    // A failure restarts everyone; the same members keep the same ranks.
+    j.failure(t, "n0", 0, "exited 1".into());
+    let mut out = Vec::new();
+    for n in ["n0", "n1", "n2"] {
+        out = j.ready(t, n, 1, (format!("{n}-addr"), 7));
+    }
+    assert_eq!(round_of(&out, "n1").node_rank, 0);
+    assert_eq!(round_of(&out, "n2").node_rank, 1);
+    assert_eq!(round_of(&out, "n0").node_rank, 2);
+    assert_eq!(round_of(&out, "n0").master_addr, "n1-addr");
+}
+
+#[test]
+fn static_ranks_are_the_requested_ones_and_unique() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(1))));
+    j.join(t, "b", &req("host-b", 2, Some(1))).expect("join b");
+    let dup = j.join(t, "c", &req("host-c", 2, Some(1))).unwrap_err();
+    assert!(matches!(&dup, JoinError::DuplicateRank { rank: 1, holder, .. } if holder == "host-b"));
+    assert!(dup.to_string().contains("node rank 1 is already taken by host 'host-b'"));
+    let range = j.join(t, "c", &req("host-c", 2, Some(2))).unwrap_err();
+    assert!(matches!(range, JoinError::RankOutOfRange { rank: 2, .. }));
+    j.join(t, "a", &req("host-a", 2, Some(0))).expect("join a");
+    j.ready(t, "b", 0, ("b".into(), 1));
+    let out = j.ready(t, "a", 0, ("a".into(), 2));
+    assert_eq!(round_of(&out, "b").node_rank, 1);
+    assert_eq!(round_of(&out, "a").node_rank, 0);
+    assert_eq!(round_of(&out, "b").master_addr, "a");
+}
+
+#[test]
+fn disagreeing_settings_are_rejected_naming_both_values() {
+    let t = Instant::now();
+    let mut j = job(2);
+    let e = j.join(t, "x", &req("h", 3, None)).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("--nnodes 2") && msg.contains("--nnodes 3"), "{msg}");
+    let mut r = req("h", 2, None);
+    r.nproc_per_node = 4;
+    let msg = j.join(t, "x", &r).unwrap_err().to_string();
+    assert!(msg.contains("--nproc-per-node 2") && msg.contains("--nproc-per-node 4"), "{msg}");
+}
+
+#[test]
+fn a_full_job_rejects_one_more_node() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    let e = j.join(t, "n9", &req("c", 2, None)).unwrap_err();
+    assert!(matches!(e, JoinError::Full { max: 2, .. }), "{e}");
+}
+
+#[test]
+fn failures_restart_everyone_until_the_job_budget_is_spent() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    let out = j.failure(t, "n1", 0, "exited 3".into());
+    assert_eq!(out.len(), 2, "both nodes are told");
+    for o in &out {
+        assert!(matches!(&o.event, Kind::RestartRequested(r) if r.round == 0 && r.next_round == 1 && r.counted));
+    }
+    // A second report of the same round (the other node also saw a failure) is ignored.
+    assert!(j.failure(t, "n0", 0, "exited 1".into()).is_empty());
+    assert_eq!(j.restart_count(), 1);
+    j.ready(t, "n0", 1, ("a".into(), 1));
+    let out = j.ready(t, "n1", 1, ("b".into(), 1));
+    assert_eq!(round_of(&out, "n0").restart_count, 1);
+    assert_eq!(round_of(&out, "n1").restart_count, 1);
+    // Budget (1) spent: the next failure fails the job on every node.
+    let out = j.failure(t, "n0", 1, "exited 2".into());
+    assert_eq!(out.len(), 2);
+    for o in &out {
+        assert!(matches!(&o.event, Kind::JobFailed(f) if f.reason.contains("exited 2")));
+    }
+    assert!(matches!(j.phase(), Phase::Failed(_)));
+    assert!(matches!(
+        j.join(t, "n5", &req("c", 2, None)),
+        Err(JoinError::Finished { outcome: "failed", .. })
+    ));
+}
+
+#[test]
+fn success_needs_every_node_of_the_round() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    assert!(j.success(t, "n0", 0).is_empty());
+    // A node whose workers succeeded may leave without disturbing the others.
+    assert!(j.leave(t, "n0", "exit barrier timed out").is_empty());
+    assert_eq!(j.phase(), &Phase::Running);
+    let out = j.success(t, "n1", 0);
+    assert!(matches!(&out[0].event, Kind::JobSucceeded(_)));
+    assert_eq!(j.phase(), &Phase::Succeeded);
+}
+
+#[test]
+fn a_running_node_leaving_restarts_the_rest_for_free() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    let out = j.leave(t, "n1", "SIGTERM");
+    assert!(matches!(&out[0].event, Kind::RestartRequested(r) if !r.counted && r.reason.contains("'b' left")));
+    assert_eq!(j.restart_count(), 0);
+    assert_eq!(j.phase(), &Phase::Forming);
+    // A replacement joins and the round forms again.
+    j.join(t, "n2", &req("c", 2, None)).expect("join");
+    j.ready(t, "n0", 1, ("a".into(), 1));
+    let out = j.ready(t, "n2", 1, ("c".into(), 1));
+    assert_eq!(round_of(&out, "n0").node_rank, 0, "the survivor keeps rank 0");
+    assert_eq!(round_of(&out, "n2").node_rank, 1);
+}
+
+#[test]
+fn silent_nodes_are_lost_on_the_servers_clock() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    let later = t + Duration::from_secs(10);
+    j.keep_alive(later, "n0");
+    assert!(j.tick(later).is_empty());
+    let out = j.tick(t + Duration::from_secs(16));
+    assert_eq!(decide(t + Duration::from_secs(16), &j), Decision::Wait { ready: 0, needed: 2 });
+    assert!(out.iter().any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
+    assert!(!j.members().contains_key("n1"));
+}
+
+#[test]
+fn stale_reports_are_ignored() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    assert!(j.failure(t, "n0", 7, "late".into()).is_empty());
+    assert!(j.success(t, "n0", 7).is_empty());
+    assert!(j.ready(t, "n0", 0, ("x".into(), 1)).is_empty(), "round 0 already runs");
+    assert_eq!(j.phase(), &Phase::Running);
+}
+
+#[test]
+fn finished_jobs_expire_after_their_nodes_left() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a"], t);
+    j.success(t, "n0", 0);
+    let ttl = Duration::from_secs(30);
+    assert!(!j.expired(t + ttl, ttl), "a member is still there");
+    j.leave(t, "n0", "done");
+    assert!(!j.expired(t + Duration::from_secs(1), ttl));
+    assert!(j.expired(t + ttl, ttl));
+}

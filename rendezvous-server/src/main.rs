@@ -1,0 +1,49 @@
+//! `rdzv-server`: the rendezvous daemon for the head node.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rendezvous_server::config::ServerArgs;
+
+fn main() -> ExitCode {
+    let args = ServerArgs::parse();
+    init_tracing(&args.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rdzv-server: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let listener = match tokio::net::TcpListener::bind(args.bind).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("rdzv-server: cannot listen on {}: {e}; pick another --bind", args.bind);
+                return ExitCode::from(2);
+            }
+        };
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "rdzv-server listening");
+        }
+        let shutdown = rendezvous_server::signal::shutdown();
+        match rendezvous_server::serve(listener, args.finished_job_ttl, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rdzv-server: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

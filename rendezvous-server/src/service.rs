@@ -1,0 +1,315 @@
+//! The gRPC face of the rendezvous: thin handlers that lock the registry,
+//! call the pure [`Job`] state machine and forward its events.
+//!
+//! Each node's `Join` stream is an unbounded channel; sending never blocks
+//! while the registry lock is held. When a node's stream is dropped (its agent
+//! exited, was killed, or lost its connection), a guard in the stream tells
+//! the registry at once, so a dead agent is noticed by the transport, not by a
+//! timeout.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+use pb::rendezvous_server::Rendezvous;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::error::Error;
+use crate::job::{Job, JobConfig, Outbound};
+
+type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
+
+#[derive(Debug, Default)]
+struct Entry {
+    job: Option<Job>,
+    streams: HashMap<String, EventTx>,
+}
+
+/// Every job the server knows, keyed by `rdzv_id`.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    inner: Arc<Mutex<HashMap<String, Entry>>>,
+    finished_ttl: Duration,
+}
+
+impl Registry {
+    /// An empty registry that forgets a finished job `finished_ttl` after its
+    /// last node left.
+    pub fn new(finished_ttl: Duration) -> Self {
+        Self {
+            inner: Arc::default(),
+            finished_ttl,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // A poisoned lock means a handler panicked mid-update; the state machine
+        // methods do not panic, so keep serving with what is there.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on job `job_id` and delivers the events it returns.
+    fn with_job<R>(&self, job_id: &str, f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>)) -> Option<R> {
+        let mut jobs = self.lock();
+        let entry = jobs.get_mut(job_id)?;
+        let job = entry.job.as_mut()?;
+        let (r, out) = f(job);
+        let terminal = job.phase().is_terminal();
+        deliver(entry, out);
+        if terminal {
+            // The job is over: end every stream so agents see the end and a
+            // hosting agent can shut its embedded server down gracefully.
+            entry.streams.clear();
+        }
+        Some(r)
+    }
+
+    /// Periodic housekeeping: lost nodes, forgotten jobs.
+    pub fn tick(&self, now: Instant) {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        for id in ids {
+            self.with_job(&id, |job| ((), job.tick(now)));
+        }
+        let ttl = self.finished_ttl;
+        self.lock()
+            .retain(|_, e| e.job.as_ref().is_some_and(|j| !j.expired(now, ttl)));
+    }
+
+    /// Ends every job's streams (server shutdown).
+    pub fn close_all(&self, reason: &str) {
+        let mut jobs = self.lock();
+        for entry in jobs.values_mut() {
+            if let Some(job) = entry.job.as_mut() {
+                let out = job.close(reason);
+                deliver(entry, out);
+            }
+            entry.streams.clear();
+        }
+    }
+
+    fn disconnected(&self, job_id: &str, node_id: &str) {
+        let now = Instant::now();
+        self.with_job(job_id, |job| {
+            let present = job.members().contains_key(node_id);
+            if present {
+                warn!(job = job_id, node = node_id, "node's stream ended");
+            }
+            ((), job.leave(now, node_id, "its connection to the rendezvous ended"))
+        });
+        if let Some(e) = self.lock().get_mut(job_id) {
+            e.streams.remove(node_id);
+        }
+    }
+}
+
+fn deliver(entry: &mut Entry, out: Vec<Outbound>) {
+    for o in out {
+        if let Some(tx) = entry.streams.get(&o.to) {
+            // A closed receiver is a node on its way out; its guard reports it.
+            let _ = tx.send(Ok(pb::Event {
+                kind: Some(o.event),
+            }));
+        }
+    }
+}
+
+/// The event stream of one node; tells the registry when it is dropped.
+#[derive(Debug)]
+pub struct NodeStream {
+    rx: mpsc::UnboundedReceiver<Result<pb::Event, Status>>,
+    registry: Registry,
+    job_id: String,
+    node_id: String,
+}
+
+impl Stream for NodeStream {
+    type Item = Result<pb::Event, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for NodeStream {
+    fn drop(&mut self) {
+        self.registry.disconnected(&self.job_id, &self.node_id);
+    }
+}
+
+/// The `accel.rendezvous.v1.Rendezvous` service.
+#[derive(Debug, Clone)]
+pub struct RendezvousService {
+    registry: Registry,
+}
+
+impl RendezvousService {
+    /// A service over `registry`.
+    pub fn new(registry: Registry) -> Self {
+        Self { registry }
+    }
+
+    fn on_job<R>(&self, job_id: &str, f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>)) -> Result<R, Error> {
+        self.registry
+            .with_job(job_id, f)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))
+    }
+}
+
+fn required(field: &'static str, value: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(Error::InvalidArgument(format!("{field} must not be empty")));
+    }
+    Ok(())
+}
+
+fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
+    required("job_id", &req.job_id)?;
+    required("node_id", &req.node_id)?;
+    if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
+        return Err(Error::InvalidArgument(format!(
+            "nnodes {}:{} is invalid; need 0 < MIN <= MAX",
+            req.min_nodes, req.max_nodes
+        )));
+    }
+    if req.nproc_per_node == 0 {
+        return Err(Error::InvalidArgument("nproc_per_node must be at least 1".into()));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl Rendezvous for RendezvousService {
+    type JoinStream = NodeStream;
+
+    async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<NodeStream>, Status> {
+        let req = request.into_inner();
+        validate_join(&req)?;
+        let now = Instant::now();
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut jobs = self.registry.lock();
+            let entry = jobs.entry(req.job_id.clone()).or_default();
+            let job = entry
+                .job
+                .get_or_insert_with(|| Job::new(req.job_id.clone(), JobConfig::from_join(&req)));
+            let out = job.join(now, &req.node_id, &req).map_err(Error::from)?;
+            info!(job = %req.job_id, node = %req.node_id, host = %req.hostname, "node joined");
+            entry.streams.insert(req.node_id.clone(), tx);
+            deliver(entry, out);
+        }
+        Ok(Response::new(NodeStream {
+            rx,
+            registry: self.registry.clone(),
+            job_id: req.job_id,
+            node_id: req.node_id,
+        }))
+    }
+
+    async fn ready(&self, request: Request<pb::ReadyRequest>) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        self.on_job(&r.job_id, |job| {
+            ((), job.ready(now, &r.node_id, r.round, (r.master_addr.clone(), r.master_port)))
+        })?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn keep_alive(&self, request: Request<pb::KeepAliveRequest>) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        let known = self.on_job(&r.job_id, |job| (job.keep_alive(now, &r.node_id), Vec::new()))?;
+        if !known {
+            return Err(Error::UnknownNode(r.job_id, r.node_id).into());
+        }
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_failure(
+        &self,
+        request: Request<pb::ReportFailureRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        let host = self
+            .on_job(&r.job_id, |job| {
+                (job.members().get(&r.node_id).map(|m| m.hostname.clone()), Vec::new())
+            })?
+            .unwrap_or_else(|| r.node_id.clone());
+        let reason = format!(
+            "worker rank {} (local rank {}) on host '{}' {}",
+            r.global_rank, r.local_rank, host, r.reason
+        );
+        warn!(job = %r.job_id, round = r.round, %reason, "worker failure reported");
+        self.on_job(&r.job_id, |job| ((), job.failure(now, &r.node_id, r.round, reason)))?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn report_success(
+        &self,
+        request: Request<pb::ReportSuccessRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        self.on_job(&r.job_id, |job| ((), job.success(now, &r.node_id, r.round)))?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        info!(job = %r.job_id, node = %r.node_id, reason = %r.reason, "node left");
+        self.on_job(&r.job_id, |job| ((), job.leave(now, &r.node_id, &r.reason)))?;
+        if let Some(e) = self.registry.lock().get_mut(&r.job_id) {
+            e.streams.remove(&r.node_id);
+        }
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn job_status(
+        &self,
+        request: Request<pb::JobStatusRequest>,
+    ) -> Result<Response<pb::JobStatusResponse>, Status> {
+        let want = request.into_inner().job_id;
+        let jobs = self.registry.lock();
+        let mut out: Vec<pb::JobInfo> = jobs
+            .values()
+            .filter_map(|e| e.job.as_ref())
+            .filter(|j| want.is_empty() || j.id() == want)
+            .map(job_info)
+            .collect();
+        out.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        if !want.is_empty() && out.is_empty() {
+            return Err(Error::UnknownJob(want).into());
+        }
+        Ok(Response::new(pb::JobStatusResponse { jobs: out }))
+    }
+}
+
+fn job_info(job: &Job) -> pb::JobInfo {
+    let c = job.config();
+    pb::JobInfo {
+        job_id: job.id().to_owned(),
+        phase: job.phase().name().to_owned(),
+        round: job.round(),
+        restart_count: job.restart_count(),
+        max_restarts: c.max_restarts,
+        min_nodes: c.min_nodes,
+        max_nodes: c.max_nodes,
+        nodes: job
+            .members()
+            .iter()
+            .map(|(id, m)| pb::NodeStatus {
+                node_id: id.clone(),
+                hostname: m.hostname.clone(),
+                node_rank: m.rank,
+                state: if m.ready.is_some() { "ready" } else { "member" }.to_owned(),
+            })
+            .collect(),
+        last_failure: job.last_failure().unwrap_or_default().to_owned(),
+    }
+}
