@@ -29,15 +29,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration; use seconds like 30 or 0.5, or 500ms, 2m, 1h"))?;
+    let value: f64 = num.parse().map_err(|_| {
+        format!("'{s}' is not a duration; use seconds like 30 or 0.5, or 500ms, 2m, 1h")
+    })?;
     let scale = match unit.trim() {
         "" | "s" => 1.0,
         "ms" => 1e-3,
         "m" | "min" => 60.0,
         "h" => 3600.0,
-        other => return Err(format!("unknown duration unit '{other}' in '{s}'; use ms, s, m or h")),
+        other => {
+            return Err(format!(
+                "unknown duration unit '{other}' in '{s}'; use ms, s, m or h"
+            ))
+        }
     };
     let secs = value * scale;
     if !secs.is_finite() || secs < 0.0 {

@@ -323,7 +323,11 @@ impl Job {
                     nnodes: self.config.max_nodes,
                 });
             }
-            if let Some(holder) = self.members.values().find(|m| m.requested_rank == Some(rank)) {
+            if let Some(holder) = self
+                .members
+                .values()
+                .find(|m| m.requested_rank == Some(rank))
+            {
                 return Err(JoinError::DuplicateRank {
                     job: self.id.clone(),
                     rank,
@@ -356,10 +360,7 @@ impl Job {
         }];
         if self.phase == Phase::Running {
             // A node arriving while a round with free slots runs: re-form with it.
-            out.extend(self.restart(
-                format!("host '{}' joined the job", req.hostname),
-                false,
-            ));
+            out.extend(self.restart(format!("host '{}' joined the job", req.hostname), false));
         }
         Ok(out)
     }
@@ -395,7 +396,13 @@ impl Job {
     }
 
     /// A worker of `node_id` failed in `round`.
-    pub fn failure(&mut self, now: Instant, node_id: &str, round: u64, reason: String) -> Vec<Outbound> {
+    pub fn failure(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        round: u64,
+        reason: String,
+    ) -> Vec<Outbound> {
         if let Some(m) = self.members.get_mut(node_id) {
             m.last_seen = now;
         }
@@ -450,9 +457,12 @@ impl Job {
         }
     }
 
-    /// Periodic check: lost nodes.
+    /// Periodic check: lost nodes. Progress is announced only when it changes.
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
-        self.step(now)
+        match decide(now, self) {
+            Decision::Lost(_) | Decision::Complete(_) => self.step(now),
+            Decision::Idle | Decision::Wait { .. } => Vec::new(),
+        }
     }
 
     /// Ends the job for everyone (server shutdown).

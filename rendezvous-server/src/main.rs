@@ -19,7 +19,10 @@ fn main() -> ExitCode {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("rdzv-server: cannot listen on {}: {e}; pick another --bind", args.bind);
+                eprintln!(
+                    "rdzv-server: cannot listen on {}: {e}; pick another --bind",
+                    args.bind
+                );
                 return ExitCode::from(2);
             }
         };
@@ -40,7 +43,10 @@ fn main() -> ExitCode {
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if format == "json" {
         builder.json().init();
     } else {

@@ -55,7 +55,11 @@ impl Registry {
     }
 
     /// Runs `f` on job `job_id` and delivers the events it returns.
-    fn with_job<R>(&self, job_id: &str, f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>)) -> Option<R> {
+    fn with_job<R>(
+        &self,
+        job_id: &str,
+        f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
+    ) -> Option<R> {
         let mut jobs = self.lock();
         let entry = jobs.get_mut(job_id)?;
         let job = entry.job.as_mut()?;
@@ -96,11 +100,13 @@ impl Registry {
     fn disconnected(&self, job_id: &str, node_id: &str) {
         let now = Instant::now();
         self.with_job(job_id, |job| {
-            let present = job.members().contains_key(node_id);
-            if present {
+            if job.members().contains_key(node_id) && !job.phase().is_terminal() {
                 warn!(job = job_id, node = node_id, "node's stream ended");
             }
-            ((), job.leave(now, node_id, "its connection to the rendezvous ended"))
+            (
+                (),
+                job.leave(now, node_id, "its connection to the rendezvous ended"),
+            )
         });
         if let Some(e) = self.lock().get_mut(job_id) {
             e.streams.remove(node_id);
@@ -153,7 +159,11 @@ impl RendezvousService {
         Self { registry }
     }
 
-    fn on_job<R>(&self, job_id: &str, f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>)) -> Result<R, Error> {
+    fn on_job<R>(
+        &self,
+        job_id: &str,
+        f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
+    ) -> Result<R, Error> {
         self.registry
             .with_job(job_id, f)
             .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))
@@ -177,7 +187,9 @@ fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
         )));
     }
     if req.nproc_per_node == 0 {
-        return Err(Error::InvalidArgument("nproc_per_node must be at least 1".into()));
+        return Err(Error::InvalidArgument(
+            "nproc_per_node must be at least 1".into(),
+        ));
     }
     Ok(())
 }
@@ -186,7 +198,10 @@ fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
 impl Rendezvous for RendezvousService {
     type JoinStream = NodeStream;
 
-    async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<NodeStream>, Status> {
+    async fn join(
+        &self,
+        request: Request<pb::JoinRequest>,
+    ) -> Result<Response<NodeStream>, Status> {
         let req = request.into_inner();
         validate_join(&req)?;
         let now = Instant::now();
@@ -214,15 +229,28 @@ impl Rendezvous for RendezvousService {
         let r = request.into_inner();
         let now = Instant::now();
         self.on_job(&r.job_id, |job| {
-            ((), job.ready(now, &r.node_id, r.round, (r.master_addr.clone(), r.master_port)))
+            (
+                (),
+                job.ready(
+                    now,
+                    &r.node_id,
+                    r.round,
+                    (r.master_addr.clone(), r.master_port),
+                ),
+            )
         })?;
         Ok(Response::new(pb::Ack {}))
     }
 
-    async fn keep_alive(&self, request: Request<pb::KeepAliveRequest>) -> Result<Response<pb::Ack>, Status> {
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
         let now = Instant::now();
-        let known = self.on_job(&r.job_id, |job| (job.keep_alive(now, &r.node_id), Vec::new()))?;
+        let known = self.on_job(&r.job_id, |job| {
+            (job.keep_alive(now, &r.node_id), Vec::new())
+        })?;
         if !known {
             return Err(Error::UnknownNode(r.job_id, r.node_id).into());
         }
@@ -237,7 +265,10 @@ impl Rendezvous for RendezvousService {
         let now = Instant::now();
         let host = self
             .on_job(&r.job_id, |job| {
-                (job.members().get(&r.node_id).map(|m| m.hostname.clone()), Vec::new())
+                (
+                    job.members().get(&r.node_id).map(|m| m.hostname.clone()),
+                    Vec::new(),
+                )
             })?
             .unwrap_or_else(|| r.node_id.clone());
         let reason = format!(
@@ -245,7 +276,9 @@ impl Rendezvous for RendezvousService {
             r.global_rank, r.local_rank, host, r.reason
         );
         warn!(job = %r.job_id, round = r.round, %reason, "worker failure reported");
-        self.on_job(&r.job_id, |job| ((), job.failure(now, &r.node_id, r.round, reason)))?;
+        self.on_job(&r.job_id, |job| {
+            ((), job.failure(now, &r.node_id, r.round, reason))
+        })?;
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -4,7 +4,10 @@
 /// Resolves on the first SIGTERM or SIGINT.
 pub async fn shutdown() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without handlers the default action (exit) applies; never resolve.
         std::future::pending::<()>().await;
         return;

@@ -19,7 +19,10 @@ fn job(nnodes: u32) -> Job {
 }
 
 fn kinds_for<'a>(out: &'a [Outbound], node: &str) -> Vec<&'a Kind> {
-    out.iter().filter(|o| o.to == node).map(|o| &o.event).collect()
+    out.iter()
+        .filter(|o| o.to == node)
+        .map(|o| &o.event)
+        .collect()
 }
 
 fn round_of(out: &[Outbound], node: &str) -> pb::RoundComplete {
@@ -41,7 +44,12 @@ fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
     }
     let mut out = Vec::new();
     for i in 0..hosts.len() {
-        out = j.ready(t, &format!("n{i}"), 0, (format!("addr{i}"), 1000 + i as u32));
+        out = j.ready(
+            t,
+            &format!("n{i}"),
+            0,
+            (format!("addr{i}"), 1000 + i as u32),
+        );
     }
     (j, out)
 }
@@ -52,7 +60,13 @@ fn round_completes_only_when_every_node_is_ready() {
     let mut j = job(2);
     j.join(t, "a", &req("host-a", 2, None)).expect("join a");
     j.join(t, "b", &req("host-b", 2, None)).expect("join b");
-    assert_eq!(decide(t, &j), Decision::Wait { ready: 0, needed: 2 });
+    assert_eq!(
+        decide(t, &j),
+        Decision::Wait {
+            ready: 0,
+            needed: 2
+        }
+    );
     let out = j.ready(t, "a", 0, ("addr-a".into(), 1));
     assert!(matches!(kinds_for(&out, "a")[0], Kind::Waiting(w) if w.ready == 1 && w.needed == 2));
     let out = j.ready(t, "b", 0, ("addr-b".into(), 2));
@@ -91,7 +105,9 @@ fn static_ranks_are_the_requested_ones_and_unique() {
     j.join(t, "b", &req("host-b", 2, Some(1))).expect("join b");
     let dup = j.join(t, "c", &req("host-c", 2, Some(1))).unwrap_err();
     assert!(matches!(&dup, JoinError::DuplicateRank { rank: 1, holder, .. } if holder == "host-b"));
-    assert!(dup.to_string().contains("node rank 1 is already taken by host 'host-b'"));
+    assert!(dup
+        .to_string()
+        .contains("node rank 1 is already taken by host 'host-b'"));
     let range = j.join(t, "c", &req("host-c", 2, Some(2))).unwrap_err();
     assert!(matches!(range, JoinError::RankOutOfRange { rank: 2, .. }));
     j.join(t, "a", &req("host-a", 2, Some(0))).expect("join a");
@@ -108,11 +124,17 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
     let mut j = job(2);
     let e = j.join(t, "x", &req("h", 3, None)).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("--nnodes 2") && msg.contains("--nnodes 3"), "{msg}");
+    assert!(
+        msg.contains("--nnodes 2") && msg.contains("--nnodes 3"),
+        "{msg}"
+    );
     let mut r = req("h", 2, None);
     r.nproc_per_node = 4;
     let msg = j.join(t, "x", &r).unwrap_err().to_string();
-    assert!(msg.contains("--nproc-per-node 2") && msg.contains("--nproc-per-node 4"), "{msg}");
+    assert!(
+        msg.contains("--nproc-per-node 2") && msg.contains("--nproc-per-node 4"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -130,7 +152,9 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
     let out = j.failure(t, "n1", 0, "exited 3".into());
     assert_eq!(out.len(), 2, "both nodes are told");
     for o in &out {
-        assert!(matches!(&o.event, Kind::RestartRequested(r) if r.round == 0 && r.next_round == 1 && r.counted));
+        assert!(
+            matches!(&o.event, Kind::RestartRequested(r) if r.round == 0 && r.next_round == 1 && r.counted)
+        );
     }
     // A second report of the same round (the other node also saw a failure) is ignored.
     assert!(j.failure(t, "n0", 0, "exited 1".into()).is_empty());
@@ -148,7 +172,10 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
     assert!(matches!(j.phase(), Phase::Failed(_)));
     assert!(matches!(
         j.join(t, "n5", &req("c", 2, None)),
-        Err(JoinError::Finished { outcome: "failed", .. })
+        Err(JoinError::Finished {
+            outcome: "failed",
+            ..
+        })
     ));
 }
 
@@ -170,14 +197,20 @@ fn a_running_node_leaving_restarts_the_rest_for_free() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
     let out = j.leave(t, "n1", "SIGTERM");
-    assert!(matches!(&out[0].event, Kind::RestartRequested(r) if !r.counted && r.reason.contains("'b' left")));
+    assert!(
+        matches!(&out[0].event, Kind::RestartRequested(r) if !r.counted && r.reason.contains("'b' left"))
+    );
     assert_eq!(j.restart_count(), 0);
     assert_eq!(j.phase(), &Phase::Forming);
     // A replacement joins and the round forms again.
     j.join(t, "n2", &req("c", 2, None)).expect("join");
     j.ready(t, "n0", 1, ("a".into(), 1));
     let out = j.ready(t, "n2", 1, ("c".into(), 1));
-    assert_eq!(round_of(&out, "n0").node_rank, 0, "the survivor keeps rank 0");
+    assert_eq!(
+        round_of(&out, "n0").node_rank,
+        0,
+        "the survivor keeps rank 0"
+    );
     assert_eq!(round_of(&out, "n2").node_rank, 1);
 }
 
@@ -189,8 +222,16 @@ fn silent_nodes_are_lost_on_the_servers_clock() {
     j.keep_alive(later, "n0");
     assert!(j.tick(later).is_empty());
     let out = j.tick(t + Duration::from_secs(16));
-    assert_eq!(decide(t + Duration::from_secs(16), &j), Decision::Wait { ready: 0, needed: 2 });
-    assert!(out.iter().any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
+    assert_eq!(
+        decide(t + Duration::from_secs(16), &j),
+        Decision::Wait {
+            ready: 0,
+            needed: 2
+        }
+    );
+    assert!(out
+        .iter()
+        .any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
     assert!(!j.members().contains_key("n1"));
 }
 
@@ -200,7 +241,10 @@ fn stale_reports_are_ignored() {
     let (mut j, _) = formed(&["a", "b"], t);
     assert!(j.failure(t, "n0", 7, "late".into()).is_empty());
     assert!(j.success(t, "n0", 7).is_empty());
-    assert!(j.ready(t, "n0", 0, ("x".into(), 1)).is_empty(), "round 0 already runs");
+    assert!(
+        j.ready(t, "n0", 0, ("x".into(), 1)).is_empty(),
+        "round 0 already runs"
+    );
     assert_eq!(j.phase(), &Phase::Running);
 }
 

@@ -1,0 +1,152 @@
+//! `accel-agent`'s command line: torchrun's flags, in both spellings
+//! (`--nproc-per-node` and `--nproc_per_node`), each with torchrun's `PET_*`
+//! environment fallback. An explicit flag always wins over the environment.
+//!
+//! Parsing only checks syntax; [`crate::config::Config::from_args`] turns the
+//! result into a validated configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use rendezvous_server::config::parse_duration;
+
+/// Launches and supervises a node's training processes (a drop-in for torchrun).
+///
+/// One node, no server:   accel-agent --nproc-per-node 4 train.py ARGS
+/// N nodes (c10d):        accel-agent --nnodes N --nproc-per-node 8 --rdzv-backend c10d
+///                            --rdzv-endpoint HEAD:29400 --rdzv-id JOB train.py ARGS
+#[derive(Debug, Clone, Parser)]
+#[command(name = "accel-agent", version, verbatim_doc_comment)]
+pub struct AgentArgs {
+    /// Number of nodes, `N` (`MIN:MAX` is accepted as torchrun spells it; MIN must equal MAX for now).
+    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    pub nnodes: String,
+    /// Workers per node: a number, `cpu` (usable CPUs), `gpu` (CUDA devices) or `auto` (GPUs, else CPUs).
+    #[arg(
+        long = "nproc-per-node",
+        alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        default_value = "1"
+    )]
+    pub nproc_per_node: String,
+    /// Rendezvous backend: `static` (node rank 0 hosts it) or `c10d` (join an rdzv-server).
+    #[arg(
+        long = "rdzv-backend",
+        alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "static"
+    )]
+    pub rdzv_backend: String,
+    /// Rendezvous endpoint `HOST[:PORT]` (c10d default port 29400; IPv6 as `[::1]:29400`).
+    #[arg(
+        long = "rdzv-endpoint",
+        alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        default_value = ""
+    )]
+    pub rdzv_endpoint: String,
+    /// Job id: agents with the same id on the same endpoint form one job.
+    #[arg(
+        long = "rdzv-id",
+        alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        default_value = "none"
+    )]
+    pub rdzv_id: String,
+    /// Rendezvous settings `key=value,...` (join_timeout, last_call_timeout, close_timeout,
+    /// keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout).
+    #[arg(
+        long = "rdzv-conf",
+        alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = ""
+    )]
+    pub rdzv_conf: String,
+    /// Single-node job with an embedded rendezvous on a free port (no server needed).
+    #[arg(long, env = "PET_STANDALONE")]
+    pub standalone: bool,
+    /// Job-wide number of restarts after worker failures (held by the rendezvous server).
+    #[arg(
+        long = "max-restarts",
+        alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value = "0"
+    )]
+    pub max_restarts: u32,
+    /// How often (seconds) the agent re-checks its workers as a backstop; worker exits are
+    /// seen at once regardless.
+    #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL", default_value = "0.1",
+          value_parser = parse_duration)]
+    pub monitor_interval: Duration,
+    /// Accepted for torchrun compatibility; only function entrypoints use it, and
+    /// scripts are always started as new processes.
+    #[arg(long = "start-method", alias = "start_method", env = "PET_START_METHOD", default_value = "spawn",
+          value_parser = ["spawn", "fork", "forkserver"])]
+    pub start_method: String,
+    /// Worker role name (ROLE_NAME).
+    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    pub role: String,
+    /// Run the script as a Python module (`python -u -m SCRIPT`).
+    #[arg(short = 'm', long, env = "PET_MODULE")]
+    pub module: bool,
+    /// Execute SCRIPT directly instead of through Python.
+    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON")]
+    pub no_python: bool,
+    /// Run the script through Python's runpy (same as the default Python launch here).
+    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH")]
+    pub run_path: bool,
+    /// Base directory for per-attempt worker files (error files); default: a new temporary directory.
+    #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Static rendezvous: this node's rank.
+    #[arg(
+        long = "node-rank",
+        alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value = "0"
+    )]
+    pub node_rank: u32,
+    /// Static rendezvous: address of the node-rank-0 host.
+    #[arg(
+        long = "master-addr",
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1"
+    )]
+    pub master_addr: String,
+    /// Static rendezvous: port the node-rank-0 agent serves the rendezvous on (default 29500).
+    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT")]
+    pub master_port: Option<u16>,
+    /// This node's address as other nodes reach it (default: the host name).
+    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
+    pub local_addr: Option<String>,
+    /// Signals forwarded to the workers before the agent exits.
+    #[arg(
+        long = "signals-to-handle",
+        alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    )]
+    pub signals_to_handle: String,
+    /// Seconds between forwarding a stop signal and SIGKILL (default 30, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
+    #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
+          value_parser = parse_duration)]
+    pub shutdown_timeout: Option<Duration>,
+    /// Seconds a node whose workers all succeeded waits for the other nodes before exiting.
+    #[arg(long = "exit-barrier-timeout", alias = "exit_barrier_timeout", env = "PET_EXIT_BARRIER_TIMEOUT",
+          default_value = "300", value_parser = parse_duration)]
+    pub exit_barrier_timeout: Duration,
+    /// Give every worker LOCAL_RANK=0 and only its own device in CUDA_VISIBLE_DEVICES.
+    #[arg(
+        long = "virtual-local-rank",
+        alias = "virtual_local_rank",
+        env = "PET_VIRTUAL_LOCAL_RANK"
+    )]
+    pub virtual_local_rank: bool,
+    /// The training script (or program, with --no-python; or module, with -m).
+    pub training_script: String,
+    /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub training_script_args: Vec<String>,
+}

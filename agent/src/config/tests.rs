@@ -1,0 +1,162 @@
+use super::*;
+use clap::Parser;
+
+fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    let mut v = vec!["accel-agent"];
+    v.extend_from_slice(args);
+    let a = AgentArgs::try_parse_from(v).expect("syntax");
+    Config::from_args(&a, &|_| None)
+}
+
+#[test]
+fn one_node_without_endpoint_is_standalone() {
+    let c = parse(&["t.py"]).expect("valid");
+    assert_eq!(c.rendezvous, Rendezvous::Standalone);
+    assert_eq!(c.run_id.len(), 36);
+    assert_eq!(
+        parse(&["--standalone", "t.py"]).expect("valid").rendezvous,
+        Rendezvous::Standalone
+    );
+    // Giving a master port keeps static, as torchrun does.
+    let c = parse(&["--master-port", "1234", "t.py"]).expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::Static {
+            host: "127.0.0.1".into(),
+            port: 1234,
+            node_rank: 0
+        }
+    );
+}
+
+#[test]
+fn static_and_c10d_endpoints() {
+    let c = parse(&[
+        "--nnodes",
+        "2",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "h0",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::Static {
+            host: "h0".into(),
+            port: 29500,
+            node_rank: 1
+        }
+    );
+    let c = parse(&[
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "[::1]:7",
+        "--rdzv-id",
+        "x",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::C10d {
+            host: "::1".into(),
+            port: 7
+        }
+    );
+    let c = parse(&[
+        "--nnodes",
+        "2",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "head",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::C10d {
+            host: "head".into(),
+            port: 29400
+        }
+    );
+    assert!(c.warnings.iter().any(|w| w.contains("--rdzv-id")));
+}
+
+#[test]
+fn bad_values_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--nnodes", "0", "t.py"], "--nnodes"),
+        (&["--nnodes", "3:2", "t.py"], "--nnodes"),
+        (&["--nnodes", "1:2:3", "t.py"], "--nnodes"),
+        (&["--nproc-per-node", "zero", "t.py"], "--nproc-per-node"),
+        (&["--nproc-per-node", "0", "t.py"], "--nproc-per-node"),
+        (
+            &["--nnodes", "2", "--node-rank", "2", "t.py"],
+            "--node-rank",
+        ),
+        (
+            &["--rdzv-backend", "zookeeper", "--nnodes", "2", "t.py"],
+            "--rdzv-backend",
+        ),
+        (
+            &["--rdzv-conf", "join_timout=5", "t.py"],
+            "unknown key 'join_timout'",
+        ),
+        (&["--rdzv-conf", "join_timeout", "t.py"], "has no value"),
+        (
+            &["--rdzv-conf", "join_timeout=soon", "t.py"],
+            "join_timeout",
+        ),
+        (&["--no-python", "-m", "t"], "--no-python"),
+        (
+            &["--signals-to-handle", "SIGNOPE", "t.py"],
+            "--signals-to-handle",
+        ),
+        (&["--standalone", "--nnodes", "2", "t.py"], "--standalone"),
+    ];
+    for (args, needle) in cases {
+        let e = parse(args).expect_err(&format!("{args:?} must be rejected"));
+        assert!(
+            e.0.contains(needle),
+            "{args:?}: '{}' should mention {needle}",
+            e.0
+        );
+    }
+}
+
+#[test]
+fn rdzv_conf_values() {
+    let c = RdzvConf::parse("join_timeout=5, keep_alive_interval=0.5,keep_alive_max_attempt=2,is_host=no,read_timeout=250ms")
+        .expect("valid");
+    assert_eq!(c.join_timeout, Duration::from_secs(5));
+    assert_eq!(c.keep_alive_interval, Duration::from_millis(500));
+    assert_eq!(c.keep_alive_max_attempt, 2);
+    assert_eq!(c.is_host, Some(false));
+    assert_eq!(c.read_timeout, Duration::from_millis(250));
+    assert_eq!(RdzvConf::parse("").expect("empty"), RdzvConf::default());
+}
+
+#[test]
+fn endpoints() {
+    assert_eq!(parse_endpoint("h:1", None), Ok(("h".into(), Some(1))));
+    assert_eq!(parse_endpoint("h", Some(9)), Ok(("h".into(), Some(9))));
+    assert_eq!(
+        parse_endpoint("[fe80::1]", Some(9)),
+        Ok(("fe80::1".into(), Some(9)))
+    );
+    assert!(parse_endpoint("h:notaport", None).is_err());
+    assert!(parse_endpoint(":1", None).is_err());
+}
+
+#[test]
+fn nproc_forms() {
+    assert_eq!(parse_nproc("3"), Ok(3));
+    assert!(parse_nproc("cpu").expect("cpu") >= 1);
+    assert!(parse_nproc("auto").expect("auto") >= 1);
+}

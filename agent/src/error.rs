@@ -1,0 +1,69 @@
+//! The agent's errors and outcomes, and how they map to exit codes.
+
+use nix::sys::signal::Signal;
+
+/// Why the agent could not run the job to an outcome.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A bad flag or value (exit code 2).
+    #[error("{0}")]
+    Config(String),
+    /// The rendezvous refused this node, e.g. its settings disagree with the job's (exit code 2).
+    #[error("the rendezvous refused this node: {0}")]
+    Rejected(String),
+    /// A round did not form in time.
+    #[error("rendezvous timed out: {0}")]
+    JoinTimeout(String),
+    /// The rendezvous went away or misbehaved.
+    #[error("{0}")]
+    Rendezvous(String),
+    /// A local operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AgentError::Config(_) | AgentError::Rejected(_) => 2,
+            _ => 1,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        AgentError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// How a job ended for this agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every worker on every node succeeded.
+    Succeeded,
+    /// The job failed (restart budget spent).
+    Failed(String),
+    /// The agent was stopped by this signal.
+    Signaled(Signal),
+}
+
+impl Outcome {
+    /// Exit code: 0, 1, or `128 + signo`.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Outcome::Succeeded => 0,
+            Outcome::Failed(_) => 1,
+            Outcome::Signaled(s) => 128u8.saturating_add(*s as u8),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Per-job and per-attempt worker files, in torchrun's layout:
+//! `<log_dir>/<run_id>_<random>/attempt_<N>/<local_rank>/error.json`, where
+//! `<log_dir>` defaults to a new `torchelastic_*` directory under the system
+//! temporary directory and `N` is the job-wide restart count.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::AgentError;
+
+/// Creates this agent's run directory under `log_dir` (or a new temporary one).
+pub fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<PathBuf, AgentError> {
+    let base = match log_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| {
+                AgentError::io(format!("cannot create --log-dir {}", d.display()), e)
+            })?;
+            d.to_path_buf()
+        }
+        None => fresh_dir(&std::env::temp_dir(), "torchelastic_")?,
+    };
+    let safe: String = run_id
+        .chars()
+        .map(|c| if c == '/' { '_' } else { c })
+        .collect();
+    fresh_dir(&base, &format!("{safe}_"))
+}
+
+/// The error file of `local_rank` in attempt `attempt`, its directory created.
+pub fn error_file(run_dir: &Path, attempt: u32, local_rank: u32) -> Result<PathBuf, AgentError> {
+    let dir = run_dir
+        .join(format!("attempt_{attempt}"))
+        .join(local_rank.to_string());
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| AgentError::io(format!("cannot create {}", dir.display()), e))?;
+    Ok(dir.join("error.json"))
+}
+
+/// A new directory `<parent>/<prefix><random>` that did not exist before.
+fn fresh_dir(parent: &Path, prefix: &str) -> Result<PathBuf, AgentError> {
+    for _ in 0..16 {
+        let suffix: String = (0..8)
+            .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
+            .collect();
+        let dir = parent.join(format!("{prefix}{suffix}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(AgentError::io(
+                    format!("cannot create {}", dir.display()),
+                    e,
+                ))
+            }
+        }
+    }
+    Err(AgentError::io(
+        format!("cannot create a fresh directory in {}", parent.display()),
+        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+    ))
+}

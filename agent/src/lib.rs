@@ -1,0 +1,46 @@
+//! accel's per-node agent: a drop-in for `torchrun`.
+//!
+//! # Theory of operation
+//! `main` forks the [`guard`] while the process has one thread, then starts
+//! the async runtime and calls [`agent::run`]:
+//! 1. signal handlers are installed first, so a stop signal is honoured at any
+//!    point, even while waiting for other nodes;
+//! 2. the rendezvous is located, and served in-process when this node hosts
+//!    it (standalone, static node rank 0, c10d `is_host`): one state machine
+//!    (the `rendezvous-server` crate) serves every mode;
+//! 3. the agent joins and keeps one event stream open; for each round it
+//!    stops its workers, says it is ready (offering a free port for the
+//!    workers' `MASTER_PORT`), waits for the round to form, and starts the
+//!    workers with torchrun's environment ([`worker_env`]);
+//! 4. [`supervisor`] reports each worker exit as it happens: a failure is
+//!    reported to the server at once, which restarts every node (while the
+//!    job-wide budget lasts) or fails the job; when all workers of all nodes
+//!    succeed, the server ends the job and every agent exits 0.
+//!
+//! Shutdown has one path: whatever ends a round (restart, failure, signal,
+//! lost rendezvous) calls [`supervisor::WorkerGroup::stop`], which signals
+//! the workers' process groups, waits `--shutdown-timeout`, SIGKILLs the
+//! rest and sweeps the groups. The [`guard`] covers the agent's own death.
+//!
+//! # Layout
+//! [`cli`] flags · [`config`] validation · [`agent`] the round loop ·
+//! [`client`] rendezvous calls · [`supervisor`] worker processes ·
+//! [`worker_env`] the environment contract · [`files`] per-attempt files ·
+//! [`guard`] orphan prevention · [`signal`] stop signals · [`sys`] the only
+//! `unsafe` code.
+#![deny(unsafe_code)]
+
+pub mod agent;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod guard;
+pub mod signal;
+pub mod supervisor;
+mod sys;
+pub mod worker_env;
+
+pub use error::{AgentError, Outcome};
+pub use sys::Ended;

@@ -1,0 +1,260 @@
+//! Starting, watching and stopping one round's workers.
+//!
+//! # Reaping strategy
+//! Each worker is a `tokio::process::Child` awaited by its own task
+//! (`Child::wait`, pidfd- or SIGCHLD-driven), which reports the exit on a
+//! channel: exits are events, seen at once. The agent never calls
+//! `waitpid(-1)`. The monitor interval only drives [`WorkerGroup::check`], a
+//! backstop that peeks (without reaping) at workers whose exit has not been
+//! reported yet, so the agent's view is never staler than that interval.
+//!
+//! # Process groups
+//! Every worker leads its own process group; stop signals go to the whole
+//! group (`killpg`), so processes a worker started (DataLoader workers) get
+//! them too. When a round ends, however it ends, each group is swept with
+//! SIGKILL so no grandchild outlives it. The [`Guard`] covers the agent's own
+//! death.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::guard::Guard;
+use crate::sys::{self, Ended};
+
+/// What to start for one local rank.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Local rank on this node.
+    pub local_rank: u32,
+    /// Global rank in the round.
+    pub global_rank: u32,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Variables set on top of the agent's environment.
+    pub env: Vec<(&'static str, String)>,
+}
+
+/// A worker's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Local rank of the worker.
+    pub local_rank: u32,
+    /// Global rank of the worker.
+    pub global_rank: u32,
+    /// How it ended.
+    pub ended: Ended,
+}
+
+#[derive(Debug)]
+struct Slot {
+    local_rank: u32,
+    global_rank: u32,
+    pid: i32,
+    ended: Option<Ended>,
+}
+
+/// The running workers of one round on this node.
+#[derive(Debug)]
+pub struct WorkerGroup {
+    slots: Vec<Slot>,
+    exits: mpsc::UnboundedReceiver<(usize, Ended)>,
+    guard: Option<Arc<Guard>>,
+}
+
+/// A worker could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start worker local rank {local_rank} ({program}): {source}")]
+pub struct SpawnError {
+    /// The local rank that failed.
+    pub local_rank: u32,
+    /// Its global rank.
+    pub global_rank: u32,
+    /// The program.
+    pub program: String,
+    /// The cause.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl WorkerGroup {
+    /// Starts every worker. If one cannot start, the ones already started are
+    /// stopped (SIGKILL) before the error is returned.
+    pub async fn spawn(
+        specs: Vec<WorkerSpec>,
+        guard: Option<Arc<Guard>>,
+    ) -> Result<Self, SpawnError> {
+        let (tx, exits) = mpsc::unbounded_channel();
+        let mut group = Self {
+            slots: Vec::with_capacity(specs.len()),
+            exits,
+            guard,
+        };
+        for (i, spec) in specs.into_iter().enumerate() {
+            let mut cmd = Command::new(&spec.argv[0]);
+            cmd.args(&spec.argv[1..])
+                .envs(spec.env.iter().map(|(k, v)| (*k, v)))
+                .process_group(0);
+            sys::kill_with_parent(&mut cmd);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(source) => {
+                    group.stop(Signal::SIGKILL, Duration::ZERO).await;
+                    return Err(SpawnError {
+                        local_rank: spec.local_rank,
+                        global_rank: spec.global_rank,
+                        program: spec.argv[0].clone(),
+                        source,
+                    });
+                }
+            };
+            let pid = child.id().map_or(0, |p| p as i32);
+            if let Some(g) = &group.guard {
+                g.watch(pid);
+            }
+            debug!(local_rank = spec.local_rank, pid, "worker started");
+            group.slots.push(Slot {
+                local_rank: spec.local_rank,
+                global_rank: spec.global_rank,
+                pid,
+                ended: None,
+            });
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let ended = match child.wait().await {
+                    Ok(status) => Ended::from(status),
+                    Err(e) => {
+                        warn!(pid, error = %e, "cannot wait for worker");
+                        Ended::Exited(-1)
+                    }
+                };
+                let _ = tx.send((i, ended));
+            });
+        }
+        Ok(group)
+    }
+
+    /// The process ids of the workers, by local rank.
+    pub fn pids(&self) -> Vec<i32> {
+        self.slots.iter().map(|s| s.pid).collect()
+    }
+
+    /// Whether every worker has ended.
+    pub fn all_ended(&self) -> bool {
+        self.slots.iter().all(|s| s.ended.is_some())
+    }
+
+    fn record(&mut self, i: usize, ended: Ended) -> Option<Exit> {
+        let slot = self.slots.get_mut(i)?;
+        if slot.ended.is_some() {
+            return None;
+        }
+        slot.ended = Some(ended);
+        Some(Exit {
+            local_rank: slot.local_rank,
+            global_rank: slot.global_rank,
+            ended,
+        })
+    }
+
+    /// The next worker exit; pending forever once every worker has ended.
+    pub async fn next_exit(&mut self) -> Exit {
+        loop {
+            match self.exits.recv().await {
+                Some((i, ended)) => {
+                    if let Some(exit) = self.record(i, ended) {
+                        return exit;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Backstop check: exits that happened but were not reported yet.
+    pub fn check(&mut self) -> Vec<Exit> {
+        let found: Vec<(usize, Ended)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.ended.is_none())
+            .filter_map(|(i, s)| sys::peek_exit(s.pid).map(|e| (i, e)))
+            .collect();
+        found
+            .into_iter()
+            .filter_map(|(i, e)| self.record(i, e))
+            .collect()
+    }
+
+    /// Stops the group: `sig` to every live worker's process group, SIGKILL
+    /// to those still alive after `grace`, then a SIGKILL sweep of every group
+    /// so no process a worker started survives. Returns the exits it saw.
+    pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
+        let mut seen = Vec::new();
+        self.signal_live(sig);
+        let deadline = Instant::now() + grace;
+        seen.extend(self.collect_until(deadline).await);
+        if !self.all_ended() {
+            warn!(
+                grace_s = grace.as_secs_f64(),
+                "workers still alive after the grace period; sending SIGKILL"
+            );
+            self.signal_live(Signal::SIGKILL);
+            // Processes in uninterruptible sleep may never die; do not wait forever.
+            seen.extend(
+                self.collect_until(Instant::now() + Duration::from_secs(10))
+                    .await,
+            );
+            for s in self.slots.iter().filter(|s| s.ended.is_none()) {
+                warn!(
+                    pid = s.pid,
+                    "worker did not die after SIGKILL; abandoning it"
+                );
+            }
+        }
+        self.sweep();
+        seen
+    }
+
+    /// Sends `sig` to the group of every worker that has not ended.
+    pub fn signal_live(&self, sig: Signal) {
+        for s in self.slots.iter().filter(|s| s.ended.is_none()) {
+            sys::killpg(s.pid, sig);
+        }
+    }
+
+    async fn collect_until(&mut self, deadline: Instant) -> Vec<Exit> {
+        let mut seen = Vec::new();
+        while !self.all_ended() {
+            match tokio::time::timeout_at(deadline, self.next_exit()).await {
+                Ok(exit) => seen.push(exit),
+                Err(_) => break,
+            }
+        }
+        seen
+    }
+
+    /// SIGKILLs what is left of every worker's process group.
+    fn sweep(&mut self) {
+        for s in &self.slots {
+            sys::killpg(s.pid, Signal::SIGKILL);
+            if let Some(g) = &self.guard {
+                g.forget(s.pid);
+            }
+        }
+    }
+}
+
+impl Drop for WorkerGroup {
+    fn drop(&mut self) {
+        // A group dropped without `stop` (an error path) must not leave workers behind.
+        if !self.all_ended() {
+            self.signal_live(Signal::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The agent's only `unsafe` code and raw process calls: the worker's
+//! pre-exec hook, forking the guard, and signalling process groups.
+//!
+//! Everything here is a thin wrapper; the policy lives in
+//! [`crate::supervisor`] and [`crate::guard`].
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use nix::sys::signal::{killpg as nix_killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::{getpid, Pid};
+
+/// Makes the spawned worker die with SIGKILL if the agent thread that spawned
+/// it dies (`PR_SET_PDEATHSIG`), closing the race where the agent died before
+/// the hook ran.
+pub(crate) fn kill_with_parent(cmd: &mut tokio::process::Command) {
+    let agent = getpid();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (prctl, getppid, kill), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            if nix::unistd::getppid() != agent {
+                let _ = nix::sys::signal::raise(Signal::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `sig` to process group `pgid`; a group that no longer exists is not an error.
+pub(crate) fn killpg(pgid: i32, sig: Signal) {
+    match nix_killpg(Pid::from_raw(pgid), sig) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => tracing::warn!(pgid, signal = %sig, error = %e, "cannot signal worker group"),
+    }
+}
+
+/// How a process ended, in the shell's convention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this code.
+    Exited(i32),
+    /// It was killed by this signal number.
+    Signaled(i32),
+}
+
+impl Ended {
+    /// The exit code, `128 + signal` for a killed process.
+    pub fn code(self) -> i32 {
+        match self {
+            Ended::Exited(c) => c,
+            Ended::Signaled(s) => 128 + s,
+        }
+    }
+
+    /// Whether it exited 0.
+    pub fn success(self) -> bool {
+        self == Ended::Exited(0)
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Ended::Exited(c) => write!(f, "exited with code {c}"),
+            Ended::Signaled(s) => match Signal::try_from(s) {
+                Ok(sig) => write!(f, "was killed by {sig} (exit code {})", 128 + s),
+                Err(_) => write!(f, "was killed by signal {s} (exit code {})", 128 + s),
+            },
+        }
+    }
+}
+
+impl From<std::process::ExitStatus> for Ended {
+    fn from(s: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (s.code(), s.signal()) {
+            (Some(c), _) => Ended::Exited(c),
+            (None, Some(sig)) => Ended::Signaled(sig),
+            (None, None) => Ended::Exited(-1),
+        }
+    }
+}
+
+/// Whether child `pid` has ended, without reaping it (its waiter still gets
+/// the status): the backstop of the monitor interval.
+pub(crate) fn peek_exit(pid: i32) -> Option<Ended> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
+        Ok(WaitStatus::Exited(_, code)) => Some(Ended::Exited(code)),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Some(Ended::Signaled(sig as i32)),
+        _ => None,
+    }
+}
+
+/// Forks the guard process; `child` runs in it and never returns.
+///
+/// Must be called while the process has a single thread (before the async
+/// runtime starts): only then is running arbitrary code after `fork` sound.
+pub(crate) fn fork_guard(
+    child: fn(OwnedFd) -> !,
+    read: OwnedFd,
+    write: OwnedFd,
+) -> io::Result<OwnedFd> {
+    // SAFETY: documented precondition: the caller is single-threaded, so the
+    // child inherits no lock held by another thread.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Child => {
+            drop(write);
+            child(read)
+        }
+        nix::unistd::ForkResult::Parent { .. } => {
+            drop(read);
+            Ok(write)
+        }
+    }
+}
+
+/// Ignores the terminal and service-manager stop signals in this process.
+pub(crate) fn ignore_stop_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        // SAFETY: installing SIG_IGN involves no handler code at all.
+        let _ = unsafe { sigaction(sig, &ignore) };
+    }
+}
+
+/// Ends this (forked) process at once, without running atexit handlers.
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit is async-signal-safe and never returns.
+    unsafe { nix::libc::_exit(code) }
+}

@@ -1,0 +1,273 @@
+//! The environment each worker gets: torchrun's contract (reference:
+//! torchrun §2), computed by a pure function so it is unit-tested.
+//!
+//! Workers inherit the agent's whole environment; the variables below are set
+//! on top of it.
+
+use crate::config::{Config, Entrypoint};
+
+/// One node's place in a completed round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundInfo {
+    /// Round number (job-wide).
+    pub round: u64,
+    /// This node's rank (`GROUP_RANK`).
+    pub node_rank: u32,
+    /// Nodes in the round (`GROUP_WORLD_SIZE`).
+    pub nnodes: u32,
+    /// Workers in the round (`WORLD_SIZE`).
+    pub world_size: u32,
+    /// Global rank of this node's local rank 0.
+    pub base_rank: u32,
+    /// Job-wide restarts so far (`TORCHELASTIC_RESTART_COUNT`).
+    pub restart_count: u32,
+    /// Job-wide budget (`TORCHELASTIC_MAX_RESTARTS`).
+    pub max_restarts: u32,
+    /// `MASTER_ADDR`.
+    pub master_addr: String,
+    /// `MASTER_PORT`.
+    pub master_port: u32,
+}
+
+/// The variables set for local rank `local_rank`; `agent_env` reads the
+/// agent's own environment.
+pub fn worker_env(
+    cfg: &Config,
+    round: &RoundInfo,
+    local_rank: u32,
+    error_file: &str,
+    agent_env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, String)> {
+    let rank = round.base_rank + local_rank;
+    let mut env = vec![
+        (
+            "LOCAL_RANK",
+            if cfg.virtual_local_rank {
+                0
+            } else {
+                local_rank
+            }
+            .to_string(),
+        ),
+        ("RANK", rank.to_string()),
+        ("GROUP_RANK", round.node_rank.to_string()),
+        ("ROLE_RANK", rank.to_string()),
+        ("ROLE_NAME", cfg.role.clone()),
+        ("LOCAL_WORLD_SIZE", cfg.nproc_per_node.to_string()),
+        ("WORLD_SIZE", round.world_size.to_string()),
+        ("GROUP_WORLD_SIZE", round.nnodes.to_string()),
+        ("ROLE_WORLD_SIZE", round.world_size.to_string()),
+        ("MASTER_ADDR", round.master_addr.clone()),
+        ("MASTER_PORT", round.master_port.to_string()),
+        (
+            "TORCHELASTIC_RESTART_COUNT",
+            round.restart_count.to_string(),
+        ),
+        ("TORCHELASTIC_MAX_RESTARTS", round.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", cfg.run_id.clone()),
+        // Worker rank 0 binds MASTER_PORT itself (no agent-hosted store yet).
+        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            agent_env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
+        ),
+        ("TORCHELASTIC_ERROR_FILE", error_file.to_owned()),
+        ("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signals_text.clone()),
+    ];
+    if let Some(omp) = omp_num_threads(cfg.nproc_per_node, agent_env) {
+        env.push(("OMP_NUM_THREADS", omp));
+    }
+    if cfg.virtual_local_rank {
+        let device = agent_env("CUDA_VISIBLE_DEVICES")
+            .and_then(|v| {
+                v.split(',')
+                    .nth(local_rank as usize)
+                    .map(|d| d.trim().to_owned())
+            })
+            .unwrap_or_else(|| local_rank.to_string());
+        env.push(("CUDA_VISIBLE_DEVICES", device));
+    }
+    env
+}
+
+/// torchrun's rule: one OpenMP thread per worker when several share a node,
+/// unless the user chose a value.
+pub fn omp_num_threads(
+    nproc_per_node: u32,
+    agent_env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    match agent_env("OMP_NUM_THREADS") {
+        Some(v) => Some(v),
+        None if nproc_per_node > 1 => Some("1".into()),
+        None => None,
+    }
+}
+
+/// The worker's argv (program first) with `${local_rank}` substituted.
+pub fn worker_argv(entry: &Entrypoint, local_rank: u32) -> Vec<String> {
+    let lr = local_rank.to_string();
+    std::iter::once(entry.program.clone())
+        .chain(entry.leading_args.iter().cloned())
+        .chain(
+            entry
+                .script_args
+                .iter()
+                .map(|a| a.replace("${local_rank}", &lr)),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::AgentArgs;
+    use clap::Parser;
+
+    fn cfg(args: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
+        let args = AgentArgs::try_parse_from(args.iter().copied()).expect("args parse");
+        Config::from_args(&args, env).expect("valid config")
+    }
+
+    fn round() -> RoundInfo {
+        RoundInfo {
+            round: 3,
+            node_rank: 1,
+            nnodes: 2,
+            world_size: 8,
+            base_rank: 4,
+            restart_count: 2,
+            max_restarts: 5,
+            master_addr: "head".into(),
+            master_port: 4242,
+        }
+    }
+
+    fn get<'a>(env: &'a [(&'static str, String)], k: &str) -> Option<&'a str> {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn torchrun_contract() {
+        let none = |_: &str| None;
+        let c = cfg(
+            &[
+                "accel-agent",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "4",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-id",
+                "job7",
+                "--role",
+                "trainer",
+                "train.py",
+            ],
+            &none,
+        );
+        let env = worker_env(&c, &round(), 3, "/logs/err.json", &none);
+        let expect = [
+            ("LOCAL_RANK", "3"),
+            ("RANK", "7"),
+            ("GROUP_RANK", "1"),
+            ("ROLE_RANK", "7"),
+            ("ROLE_NAME", "trainer"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("WORLD_SIZE", "8"),
+            ("GROUP_WORLD_SIZE", "2"),
+            ("ROLE_WORLD_SIZE", "8"),
+            ("MASTER_ADDR", "head"),
+            ("MASTER_PORT", "4242"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("TORCHELASTIC_MAX_RESTARTS", "5"),
+            ("TORCHELASTIC_RUN_ID", "job7"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            ("TORCHELASTIC_ERROR_FILE", "/logs/err.json"),
+            ("OMP_NUM_THREADS", "1"),
+            (
+                "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            ),
+        ];
+        for (k, v) in expect {
+            assert_eq!(get(&env, k), Some(v), "{k}");
+        }
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), None);
+    }
+
+    #[test]
+    fn user_values_win_and_single_workers_keep_openmp_alone() {
+        let user = |k: &str| match k {
+            "OMP_NUM_THREADS" => Some("8".to_owned()),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING" => Some("0".to_owned()),
+            _ => None,
+        };
+        let none = |_: &str| None;
+        let c = cfg(&["accel-agent", "--nproc-per-node", "2", "t.py"], &none);
+        let env = worker_env(&c, &round(), 0, "", &user);
+        assert_eq!(get(&env, "OMP_NUM_THREADS"), Some("8"));
+        assert_eq!(get(&env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), Some("0"));
+        let c = cfg(&["accel-agent", "t.py"], &none);
+        assert_eq!(
+            get(&worker_env(&c, &round(), 0, "", &none), "OMP_NUM_THREADS"),
+            None
+        );
+    }
+
+    #[test]
+    fn virtual_local_rank_pins_one_device() {
+        let env = |k: &str| (k == "CUDA_VISIBLE_DEVICES").then(|| "4,5,6".to_owned());
+        let c = cfg(
+            &[
+                "accel-agent",
+                "--nproc-per-node",
+                "3",
+                "--virtual-local-rank",
+                "t.py",
+            ],
+            &env,
+        );
+        let w = worker_env(&c, &round(), 2, "", &env);
+        assert_eq!(get(&w, "LOCAL_RANK"), Some("0"));
+        assert_eq!(get(&w, "CUDA_VISIBLE_DEVICES"), Some("6"));
+    }
+
+    #[test]
+    fn argv_forms() {
+        let none = |_: &str| None;
+        let py = |k: &str| (k == "PYTHON_EXEC").then(|| "/venv/bin/python".to_owned());
+        let c = cfg(
+            &[
+                "accel-agent",
+                "train.py",
+                "--lr",
+                "0.1",
+                "--out=o${local_rank}",
+            ],
+            &py,
+        );
+        assert_eq!(
+            worker_argv(&c.entrypoint, 2),
+            [
+                "/venv/bin/python",
+                "-u",
+                "train.py",
+                "--lr",
+                "0.1",
+                "--out=o2"
+            ]
+        );
+        let c = cfg(&["accel-agent", "-m", "pkg.train", "x"], &none);
+        assert_eq!(
+            worker_argv(&c.entrypoint, 0),
+            ["python3", "-u", "-m", "pkg.train", "x"]
+        );
+        let c = cfg(
+            &["accel-agent", "--no-python", "/bin/echo", "${local_rank}"],
+            &none,
+        );
+        assert_eq!(worker_argv(&c.entrypoint, 1), ["/bin/echo", "1"]);
+    }
+}
