@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::Parser;
 use rendezvous_server::config::parse_duration;
 
@@ -20,14 +21,20 @@ use rendezvous_server::config::parse_duration;
 #[command(name = "accel-agent", version, verbatim_doc_comment)]
 pub struct AgentArgs {
     /// Number of nodes, `N` (`MIN:MAX` is accepted as torchrun spells it; MIN must equal MAX for now).
-    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    #[arg(
+        long,
+        env = "PET_NNODES",
+        default_value = "1:1",
+        allow_hyphen_values = true
+    )]
     pub nnodes: String,
     /// Workers per node: a number, `cpu` (usable CPUs), `gpu` (CUDA devices) or `auto` (GPUs, else CPUs).
     #[arg(
         long = "nproc-per-node",
         alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
-        default_value = "1"
+        default_value = "1",
+        allow_hyphen_values = true
     )]
     pub nproc_per_node: String,
     /// Rendezvous backend: `static` (node rank 0 hosts it) or `c10d` (join an rdzv-server).
@@ -64,20 +71,21 @@ pub struct AgentArgs {
     )]
     pub rdzv_conf: String,
     /// Single-node job with an embedded rendezvous on a free port (no server needed).
-    #[arg(long, env = "PET_STANDALONE")]
+    #[arg(long, env = "PET_STANDALONE", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub standalone: bool,
     /// Job-wide number of restarts after worker failures (held by the rendezvous server).
     #[arg(
         long = "max-restarts",
         alias = "max_restarts",
         env = "PET_MAX_RESTARTS",
-        default_value = "0"
+        default_value = "0",
+        allow_hyphen_values = true
     )]
     pub max_restarts: u32,
     /// How often (seconds) the agent re-checks its workers as a backstop; worker exits are
     /// seen at once regardless.
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL", default_value = "0.1",
-          value_parser = parse_duration)]
+          value_parser = parse_duration, allow_hyphen_values = true)]
     pub monitor_interval: Duration,
     /// Accepted for torchrun compatibility; only function entrypoints use it, and
     /// scripts are always started as new processes.
@@ -88,13 +96,13 @@ pub struct AgentArgs {
     #[arg(long, env = "PET_ROLE", default_value = "default")]
     pub role: String,
     /// Run the script as a Python module (`python -u -m SCRIPT`).
-    #[arg(short = 'm', long, env = "PET_MODULE")]
+    #[arg(short = 'm', long, env = "PET_MODULE", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub module: bool,
     /// Execute SCRIPT directly instead of through Python.
-    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON")]
+    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub no_python: bool,
     /// Run the script through Python's runpy (same as the default Python launch here).
-    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH")]
+    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub run_path: bool,
     /// Base directory for per-attempt worker files (error files); default: a new temporary directory.
     #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
@@ -104,7 +112,8 @@ pub struct AgentArgs {
         long = "node-rank",
         alias = "node_rank",
         env = "PET_NODE_RANK",
-        default_value = "0"
+        default_value = "0",
+        allow_hyphen_values = true
     )]
     pub node_rank: u32,
     /// Static rendezvous: address of the node-rank-0 host.
@@ -131,18 +140,18 @@ pub struct AgentArgs {
     pub signals_to_handle: String,
     /// Seconds between forwarding a stop signal and SIGKILL (default 30, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
     #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
-          value_parser = parse_duration)]
+          value_parser = parse_duration, allow_hyphen_values = true)]
     pub shutdown_timeout: Option<Duration>,
     /// Seconds a node whose workers all succeeded waits for the other nodes before exiting.
     #[arg(long = "exit-barrier-timeout", alias = "exit_barrier_timeout", env = "PET_EXIT_BARRIER_TIMEOUT",
-          default_value = "300", value_parser = parse_duration)]
+          default_value = "300", value_parser = parse_duration, allow_hyphen_values = true)]
     pub exit_barrier_timeout: Duration,
     /// Give every worker LOCAL_RANK=0 and only its own device in CUDA_VISIBLE_DEVICES.
     #[arg(
         long = "virtual-local-rank",
         alias = "virtual_local_rank",
         env = "PET_VIRTUAL_LOCAL_RANK"
-    )]
+    , value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub virtual_local_rank: bool,
     /// The training script (or program, with --no-python; or module, with -m).
     pub training_script: String,

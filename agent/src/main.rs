@@ -49,8 +49,9 @@ fn main() -> ExitCode {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ACCEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,accel_agent=info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ACCEL_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,accel_agent=info,rendezvous_server=error")
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,1 +1,341 @@
-//! Integration test helpers.
+//! Helpers for accel's integration tests: start the real `rdzv-server` and
+//! `accel-agent` binaries on loopback, with small Python workers that record
+//! what they saw (`tests/workers/record.py`).
+//!
+//! The binaries are taken from the same target directory as the test binary;
+//! the README's test command builds them first (`cargo build --workspace`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Path of a workspace binary next to the running test.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first with `cargo build --workspace`",
+        path.display()
+    );
+    path
+}
+
+/// The Python worker script that records its environment.
+pub fn record_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/record.py")
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "accel-test-{name}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ u128::from(fastrand_u32())
+    ));
+    fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+fn fastrand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish() as u32
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running `rdzv-server`.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    /// `127.0.0.1:PORT` it listens on.
+    pub addr: String,
+}
+
+impl Server {
+    /// Starts `rdzv-server --bind 127.0.0.1:0` and waits until it listens.
+    pub fn start() -> Self {
+        let mut child = Command::new(bin("rdzv-server"))
+            .args(["--bind", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rdzv-server");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("addr=") {
+                    let addr = line[i + 5..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("")
+                        .to_owned();
+                    let _ = tx.send(addr);
+                }
+                eprintln!("[rdzv-server] {line}");
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("rdzv-server reports its address");
+        Self { child, addr }
+    }
+
+    /// Sends `sig` to the server.
+    pub fn signal(&self, sig: &str) {
+        signal(self.child.id(), sig);
+    }
+
+    /// Waits for the server to exit.
+    pub fn wait(mut self, limit: Duration) -> ExitStatus {
+        wait_for(&mut self.child, limit).expect("rdzv-server exits in time")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `accel-agent` whose output goes to files.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    /// Its stdout file.
+    pub stdout: PathBuf,
+    /// Its stderr file.
+    pub stderr: PathBuf,
+}
+
+/// The result of an agent run.
+#[derive(Debug)]
+pub struct Finished {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Captured stdout.
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+}
+
+impl Finished {
+    /// The exit code (panics if killed by a signal).
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("agent killed by a signal: {self:?}"))
+    }
+}
+
+impl Agent {
+    /// Starts `accel-agent ARGS` with `env` added, output under `dir/<name>.*`.
+    pub fn start(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let stdout = dir.join(format!("{name}.stdout"));
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = Command::new(bin("accel-agent"))
+            .args(args)
+            .envs(env.iter().copied())
+            .env("ACCEL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout).expect("stdout file"))
+            .stderr(fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("start accel-agent");
+        Self {
+            child: Some(child),
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends `sig` (`TERM`, `KILL`, …) to the agent.
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// Waits up to `limit` for the agent to exit.
+    pub fn wait(mut self, limit: Duration) -> Finished {
+        let mut child = self.child.take().expect("running");
+        let status = wait_for(&mut child, limit).unwrap_or_else(|| {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "accel-agent did not exit within {limit:?}\nstderr:\n{}",
+                fs::read_to_string(&self.stderr).unwrap_or_default()
+            )
+        });
+        Finished {
+            status,
+            stdout: fs::read_to_string(&self.stdout).unwrap_or_default(),
+            stderr: fs::read_to_string(&self.stderr).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `accel-agent ARGS` to completion.
+pub fn run_agent(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Finished {
+    Agent::start(dir, name, args, env).wait(limit)
+}
+
+fn wait_for(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends a signal with `kill(1)`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Polls until `f` holds or `limit` passes.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// One worker's record (see `workers/record.py`).
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// Its arguments after the script.
+    pub argv: Vec<String>,
+    /// Its pid.
+    pub pid: u32,
+    /// Its process group.
+    pub pgid: u32,
+    /// Pids of processes it started.
+    pub children: Vec<u32>,
+    /// Whether Python ran unbuffered (`-u`).
+    pub unbuffered: bool,
+    /// Start time (seconds since the epoch).
+    pub start: f64,
+    /// Signal it received, if any.
+    pub signal: Option<i64>,
+    /// Restart count of its attempt.
+    pub restart: u32,
+    /// Its global rank.
+    pub rank: u32,
+}
+
+impl Record {
+    /// An environment variable the worker saw.
+    pub fn var(&self, k: &str) -> &str {
+        self.env
+            .get(k)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("worker rank {} lacks {k}", self.rank))
+    }
+}
+
+/// Every record in `dir`, sorted by (restart, rank).
+pub fn records(dir: &Path) -> Vec<Record> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("record dir") {
+        let path = entry.expect("entry").path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let (restart, rank) = name
+            .trim_end_matches(".json")
+            .split_once('_')
+            .expect("record name");
+        let text = fs::read_to_string(&path).expect("record");
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad record {name}: {e}"));
+        let u32_of = |v: &Value| v.as_u64().map(|n| n as u32);
+        out.push(Record {
+            env: serde_json::from_value(v["env"].clone()).expect("env map"),
+            argv: serde_json::from_value(v["argv"].clone()).expect("argv list"),
+            pid: u32_of(&v["pid"]).expect("pid"),
+            pgid: u32_of(&v["pgid"]).expect("pgid"),
+            children: v["children"]
+                .as_array()
+                .map(|c| c.iter().filter_map(u32_of).collect())
+                .unwrap_or_default(),
+            unbuffered: v["unbuffered"] == Value::Bool(true),
+            start: v["start"].as_f64().expect("start"),
+            signal: v["signal"].as_i64(),
+            restart: restart.parse().expect("restart"),
+            rank: rank.parse().expect("rank"),
+        });
+    }
+    out.sort_by_key(|r| (r.restart, r.rank));
+    out
+}

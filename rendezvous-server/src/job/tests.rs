@@ -103,12 +103,16 @@ fn static_ranks_are_the_requested_ones_and_unique() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(1))));
     j.join(t, "b", &req("host-b", 2, Some(1))).expect("join b");
-    let dup = j.join(t, "c", &req("host-c", 2, Some(1))).unwrap_err();
+    let dup = j
+        .join(t, "c", &req("host-c", 2, Some(1)))
+        .expect_err("must be refused");
     assert!(matches!(&dup, JoinError::DuplicateRank { rank: 1, holder, .. } if holder == "host-b"));
     assert!(dup
         .to_string()
         .contains("node rank 1 is already taken by host 'host-b'"));
-    let range = j.join(t, "c", &req("host-c", 2, Some(2))).unwrap_err();
+    let range = j
+        .join(t, "c", &req("host-c", 2, Some(2)))
+        .expect_err("must be refused");
     assert!(matches!(range, JoinError::RankOutOfRange { rank: 2, .. }));
     j.join(t, "a", &req("host-a", 2, Some(0))).expect("join a");
     j.ready(t, "b", 0, ("b".into(), 1));
@@ -122,7 +126,9 @@ fn static_ranks_are_the_requested_ones_and_unique() {
 fn disagreeing_settings_are_rejected_naming_both_values() {
     let t = Instant::now();
     let mut j = job(2);
-    let e = j.join(t, "x", &req("h", 3, None)).unwrap_err();
+    let e = j
+        .join(t, "x", &req("h", 3, None))
+        .expect_err("must be refused");
     let msg = e.to_string();
     assert!(
         msg.contains("--nnodes 2") && msg.contains("--nnodes 3"),
@@ -130,7 +136,7 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
     );
     let mut r = req("h", 2, None);
     r.nproc_per_node = 4;
-    let msg = j.join(t, "x", &r).unwrap_err().to_string();
+    let msg = j.join(t, "x", &r).expect_err("must be refused").to_string();
     assert!(
         msg.contains("--nproc-per-node 2") && msg.contains("--nproc-per-node 4"),
         "{msg}"
@@ -141,7 +147,9 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
 fn a_full_job_rejects_one_more_node() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
-    let e = j.join(t, "n9", &req("c", 2, None)).unwrap_err();
+    let e = j
+        .join(t, "n9", &req("c", 2, None))
+        .expect_err("must be refused");
     assert!(matches!(e, JoinError::Full { max: 2, .. }), "{e}");
 }
 

@@ -1,0 +1,157 @@
+//! Bad input gets a clear error: bad flags exit 2 naming them; nodes that
+//! disagree are rejected naming both values; an unreachable endpoint is
+//! retried until join_timeout.
+
+use std::time::Duration;
+
+use accel_tests::{free_port, run_agent, scratch, Agent, Server};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    let dir = scratch("flags");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--nproc-per-node", "many", "t.py"], "--nproc-per-node"),
+        (&["--nnodes", "2:1", "t.py"], "--nnodes"),
+        (&["--max-restarts", "-1", "t.py"], "--max-restarts"),
+        (&["--rdzv-conf", "join_timout=5", "t.py"], "join_timout"),
+        (
+            &["--rdzv-backend", "zk", "--nnodes", "2", "t.py"],
+            "--rdzv-backend",
+        ),
+        (&["--no-such-flag", "t.py"], "--no-such-flag"),
+        (
+            &["--monitor-interval", "soon", "t.py"],
+            "--monitor-interval",
+        ),
+        (&["--no-python", "-m", "t"], "--no-python"),
+    ];
+    for (i, (args, needle)) in cases.iter().enumerate() {
+        let out = run_agent(&dir, &format!("c{i}"), args, &[], LIMIT);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(needle),
+            "{args:?} should name {needle}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
+    let server = Server::start();
+    let dir = scratch("mismatch");
+    let base = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &server.addr,
+        "--rdzv-id",
+        "mm",
+        "--no-python",
+        "true",
+    ];
+    let mut first_args = vec!["--nnodes", "2", "--nproc-per-node", "2"];
+    first_args.extend_from_slice(&base);
+    let first = Agent::start(&dir, "first", &first_args, &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    for (name, extra, want) in [
+        (
+            "nnodes",
+            ["--nnodes", "3", "--nproc-per-node", "2"],
+            ["--nnodes 2", "--nnodes 3"],
+        ),
+        (
+            "nproc",
+            ["--nnodes", "2", "--nproc-per-node", "4"],
+            ["--nproc-per-node 2", "--nproc-per-node 4"],
+        ),
+    ] {
+        let mut args = extra.to_vec();
+        args.extend_from_slice(&base);
+        let out = run_agent(&dir, name, &args, &[], LIMIT);
+        assert_eq!(out.code(), 2, "{}", out.stderr);
+        for w in want {
+            assert!(out.stderr.contains(w), "message names {w}: {}", out.stderr);
+        }
+    }
+    first.signal("TERM");
+    assert_eq!(first.wait(LIMIT).code(), 128 + 15);
+}
+
+#[test]
+fn a_duplicate_static_node_rank_is_rejected_by_name() {
+    let dir = scratch("duprank");
+    let port = free_port().to_string();
+    let common = [
+        "--nnodes",
+        "3",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        &port,
+        "--no-python",
+        "true",
+    ];
+    let mut a0 = vec!["--node-rank", "0"];
+    a0.extend_from_slice(&common);
+    let host = Agent::start(&dir, "rank0", &a0, &[]);
+    let mut a1 = vec!["--node-rank", "1"];
+    a1.extend_from_slice(&common);
+    let one = Agent::start(&dir, "rank1", &a1, &[]);
+    std::thread::sleep(Duration::from_millis(800));
+    let out = run_agent(&dir, "dup", &a1, &[], LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("node rank 1 is already taken"),
+        "{}",
+        out.stderr
+    );
+    one.signal("TERM");
+    host.signal("TERM");
+    assert_eq!(one.wait(LIMIT).code(), 128 + 15);
+    assert_eq!(host.wait(LIMIT).code(), 128 + 15);
+}
+
+#[test]
+fn an_unreachable_endpoint_is_retried_until_join_timeout() {
+    let dir = scratch("unreachable");
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let started = std::time::Instant::now();
+    let out = run_agent(
+        &dir,
+        "agent",
+        &[
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &endpoint,
+            "--rdzv-id",
+            "x",
+            "--rdzv-conf",
+            "join_timeout=2,is_host=false",
+            "--no-python",
+            "true",
+        ],
+        &[],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "kept retrying until join_timeout"
+    );
+    assert!(
+        out.stderr.contains("waiting for the rendezvous"),
+        "prints what it waits for: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&endpoint),
+        "names the endpoint: {}",
+        out.stderr
+    );
+}

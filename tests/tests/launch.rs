@@ -1,0 +1,155 @@
+//! Environment contract and rank layout in each rendezvous mode.
+
+use std::time::Duration;
+
+use accel_tests::{free_port, record_script, records, run_agent, scratch, Agent, Server};
+
+use crate::check_layout;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn standalone_one_node_two_workers() {
+    let dir = scratch("standalone");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let out = run_agent(
+        &dir,
+        "agent",
+        &[
+            "--nproc-per-node",
+            "2",
+            script.to_str().expect("path"),
+            "--out=o${local_rank}",
+            "plain",
+        ],
+        &[("RECORD_DIR", &rec), ("AGENT_TAG", "only")],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let recs = records(&dir);
+    check_layout(&recs, 1, 2, 0, 0);
+    assert_eq!(recs[0].var("MASTER_ADDR"), "127.0.0.1");
+    assert_eq!(recs[0].argv, ["--out=o0", "plain"]);
+    assert_eq!(recs[1].argv, ["--out=o1", "plain"]);
+    // A standalone run gets a fresh UUID run id.
+    assert_eq!(recs[0].var("TORCHELASTIC_RUN_ID").len(), 36);
+}
+
+#[test]
+fn static_three_nodes_ranks_follow_node_rank() {
+    let dir = scratch("static");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let port = free_port().to_string();
+    // Start the non-zero ranks first: they wait for node rank 0 to serve.
+    let agents: Vec<Agent> = [2, 1, 0]
+        .iter()
+        .map(|rank: &u32| {
+            let r = rank.to_string();
+            let tag = format!("node{rank}");
+            Agent::start(
+                &dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    "3",
+                    "--nproc_per_node",
+                    "2",
+                    "--node_rank",
+                    &r,
+                    "--master_addr",
+                    "127.0.0.1",
+                    "--master_port",
+                    &port,
+                    "--rdzv-id",
+                    "static-job",
+                    script.to_str().expect("path"),
+                ],
+                &[("RECORD_DIR", &rec), ("AGENT_TAG", &tag)],
+            )
+        })
+        .collect();
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    check_layout(&recs, 3, 2, 0, 0);
+    for r in &recs {
+        assert_eq!(
+            r.var("AGENT_TAG"),
+            format!("node{}", r.var("GROUP_RANK")),
+            "static node ranks are the given ones"
+        );
+        assert_eq!(r.var("TORCHELASTIC_RUN_ID"), "static-job");
+        assert_eq!(r.var("MASTER_ADDR"), "127.0.0.1");
+    }
+}
+
+#[test]
+fn c10d_three_agents_on_rdzv_server() {
+    let server = Server::start();
+    let dir = scratch("c10d");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let tag = format!("agent{i}");
+            Agent::start(
+                &dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    "3",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &server.addr,
+                    "--rdzv-id",
+                    "c10d-job",
+                    "--local-addr",
+                    "127.0.0.1",
+                    script.to_str().expect("path"),
+                ],
+                &[("RECORD_DIR", &rec), ("AGENT_TAG", &tag)],
+            )
+        })
+        .collect();
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    check_layout(&recs, 3, 2, 0, 0);
+    assert_eq!(recs[0].var("TORCHELASTIC_RUN_ID"), "c10d-job");
+    assert_eq!(
+        recs[0].var("MASTER_ADDR"),
+        "127.0.0.1",
+        "--local-addr of the node-rank-0 agent"
+    );
+}
+
+#[test]
+fn pet_environment_fallbacks_and_no_python() {
+    let dir = scratch("pet");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    // PET_NPROC_PER_NODE supplies --nproc-per-node; PET_NO_PYTHON runs the program directly.
+    let out = run_agent(
+        &dir,
+        "agent",
+        &["python3", "-u", script.to_str().expect("path")],
+        &[
+            ("RECORD_DIR", &rec),
+            ("AGENT_TAG", "t"),
+            ("PET_NPROC_PER_NODE", "3"),
+            ("PET_NO_PYTHON", "1"),
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    check_layout(&records(&dir), 1, 3, 0, 0);
+}

@@ -1,0 +1,160 @@
+//! Job-wide restarts: one node's failure restarts every node; a spent budget
+//! fails every node; jobs on one server are isolated.
+
+use std::time::Duration;
+
+use accel_tests::{record_script, records, scratch, Agent, Server};
+
+use crate::check_layout;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn c10d_agents(
+    server: &Server,
+    dir: &std::path::Path,
+    job: &str,
+    n: usize,
+    max_restarts: &str,
+    env: &[(&str, &str)],
+) -> Vec<Agent> {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let nnodes = n.to_string();
+    (0..n)
+        .map(|i| {
+            let tag = format!("{job}-{i}");
+            let mut e = vec![("RECORD_DIR", rec.as_str()), ("AGENT_TAG", tag.as_str())];
+            e.extend_from_slice(env);
+            Agent::start(
+                dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    &nnodes,
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &server.addr,
+                    "--rdzv-id",
+                    job,
+                    "--max-restarts",
+                    max_restarts,
+                    "--local-addr",
+                    "127.0.0.1",
+                    script.to_str().expect("path"),
+                ],
+                &e,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn one_failure_restarts_every_node_with_the_same_count() {
+    let server = Server::start();
+    let dir = scratch("restart");
+    // Global rank 3 (node 1) fails in the first attempt only.
+    let agents = c10d_agents(
+        &server,
+        &dir,
+        "restart-job",
+        2,
+        "3",
+        &[("FAIL_RANKS", "3"), ("FAIL_UNTIL", "1"), ("RUN_FOR", "3")],
+    );
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    check_layout(&recs, 2, 2, 0, 3);
+    check_layout(&recs, 2, 2, 1, 3);
+    assert!(recs.iter().all(|r| r.restart <= 1), "exactly one restart");
+    // The second attempt started on both nodes after the first attempt's failure,
+    // well before the healthy workers of the first attempt would have finished.
+    let failed_start = recs
+        .iter()
+        .find(|r| r.restart == 0 && r.rank == 3)
+        .expect("rank 3")
+        .start;
+    for r in recs.iter().filter(|r| r.restart == 1) {
+        assert!(
+            r.start > failed_start,
+            "rank {} restarted after the failure",
+            r.rank
+        );
+        assert!(
+            r.start < failed_start + 2.5,
+            "rank {} restarted promptly (did not wait for RUN_FOR)",
+            r.rank
+        );
+    }
+    // The restart reason names the failed rank, on every node.
+    let _ = server;
+}
+
+#[test]
+fn spent_budget_fails_every_agent() {
+    let server = Server::start();
+    let dir = scratch("budget");
+    let agents = c10d_agents(
+        &server,
+        &dir,
+        "budget-job",
+        2,
+        "1",
+        &[("FAIL_RANKS", "0"), ("FAIL_CODE", "7"), ("RUN_FOR", "30")],
+    );
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 1, "every agent exits non-zero: {}", out.stderr);
+        assert!(
+            out.stderr.contains("restart budget is spent"),
+            "{}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("worker rank 0"),
+            "names the failed rank: {}",
+            out.stderr
+        );
+        assert!(out.stderr.contains("exited with code 7"), "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    check_layout(&recs, 2, 2, 0, 1);
+    check_layout(&recs, 2, 2, 1, 1);
+    assert!(
+        recs.iter().all(|r| r.restart <= 1),
+        "no attempt beyond the budget"
+    );
+}
+
+#[test]
+fn a_second_job_on_the_server_does_not_disturb_the_first() {
+    let server = Server::start();
+    let dir_a = scratch("job-a");
+    let dir_b = scratch("job-b");
+    let a = c10d_agents(&server, &dir_a, "job-a", 2, "0", &[("RUN_FOR", "2")]);
+    let b = c10d_agents(
+        &server,
+        &dir_b,
+        "job-b",
+        2,
+        "0",
+        &[("FAIL_RANKS", "1"), ("RUN_FOR", "30")],
+    );
+    for agent in b {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 1, "job b fails: {}", out.stderr);
+    }
+    for agent in a {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "job a is untouched: {}", out.stderr);
+    }
+    let recs = records(&dir_a);
+    check_layout(&recs, 2, 2, 0, 0);
+    assert!(recs.iter().all(|r| r.restart == 0), "job a never restarted");
+    assert!(recs.iter().all(|r| r.var("TORCHELASTIC_RUN_ID") == "job-a"));
+}

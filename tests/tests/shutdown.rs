@@ -1,0 +1,160 @@
+//! Signals and orphans: SIGTERM reaches workers before SIGKILL; a killed
+//! agent leaves no worker (nor a worker's child) alive.
+
+use std::time::{Duration, Instant};
+
+use accel_tests::{alive, eventually, record_script, records, scratch, Agent, Server};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn start_standalone(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let mut args = vec!["--nproc-per-node", "2"];
+    args.extend_from_slice(extra);
+    args.push(script.to_str().expect("path"));
+    let mut e = vec![
+        ("RECORD_DIR", rec.as_str()),
+        ("AGENT_TAG", "t"),
+        ("RUN_FOR", "600"),
+    ];
+    e.extend_from_slice(env);
+    Agent::start(dir, "agent", &args, &e)
+}
+
+fn wait_records(dir: &std::path::Path, n: usize) {
+    assert!(
+        eventually(Duration::from_secs(30), || records(dir).len() >= n),
+        "workers started"
+    );
+}
+
+#[test]
+fn sigterm_reaches_workers_before_sigkill() {
+    let dir = scratch("sigterm");
+    let agent = start_standalone(&dir, &[], &[("ON_SIGTERM", "exit")]);
+    wait_records(&dir, 2);
+    agent.signal("TERM");
+    let out = agent.wait(LIMIT);
+    assert_eq!(
+        out.code(),
+        128 + 15,
+        "exit code follows 128+signo: {}",
+        out.stderr
+    );
+    let recs = records(&dir);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r.signal, Some(15), "rank {} got SIGTERM", r.rank);
+        assert!(!alive(r.pid));
+    }
+}
+
+#[test]
+fn workers_ignoring_sigterm_get_sigkill_after_the_shutdown_timeout() {
+    let dir = scratch("sigkill");
+    let agent = start_standalone(
+        &dir,
+        &["--shutdown-timeout", "1"],
+        &[("ON_SIGTERM", "ignore")],
+    );
+    wait_records(&dir, 2);
+    let sent = Instant::now();
+    agent.signal("INT");
+    let out = agent.wait(LIMIT);
+    let took = sent.elapsed();
+    assert_eq!(out.code(), 128 + 2, "{}", out.stderr);
+    assert!(
+        took >= Duration::from_millis(900),
+        "the grace period was honoured ({took:?})"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "then SIGKILL ended it ({took:?})"
+    );
+    for r in records(&dir) {
+        assert_eq!(r.signal, Some(2), "SIGINT is forwarded as SIGINT");
+        assert!(!alive(r.pid), "rank {} was killed", r.rank);
+    }
+}
+
+#[test]
+fn kill_9_of_an_agent_leaves_no_worker_alive() {
+    let dir = scratch("kill9");
+    let agent = start_standalone(&dir, &[], &[("SPAWN_CHILD", "1")]);
+    wait_records(&dir, 2);
+    let recs = records(&dir);
+    let pids: Vec<u32> = recs
+        .iter()
+        .flat_map(|r| std::iter::once(r.pid).chain(r.children.clone()))
+        .collect();
+    assert_eq!(pids.len(), 4, "two workers and their two children");
+    assert!(pids.iter().all(|p| alive(*p)));
+    agent.signal("KILL");
+    let _ = agent.wait(LIMIT);
+    assert!(
+        eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))),
+        "still alive: {:?}",
+        pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
+    let server = Server::start();
+    let dir = scratch("kill9-node");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let tag = format!("n{i}");
+            Agent::start(
+                &dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &server.addr,
+                    "--rdzv-id",
+                    "kill9-node",
+                    "--rdzv-conf",
+                    "join_timeout=3",
+                    "--local-addr",
+                    "127.0.0.1",
+                    script.to_str().expect("path"),
+                ],
+                &[
+                    ("RECORD_DIR", &rec),
+                    ("AGENT_TAG", &tag),
+                    ("RUN_FOR", "600"),
+                    ("SPAWN_CHILD", "1"),
+                ],
+            )
+        })
+        .collect();
+    wait_records(&dir, 4);
+    let recs = records(&dir);
+    let mut agents = agents.into_iter();
+    let (first, second) = (agents.next().expect("a0"), agents.next().expect("a1"));
+    first.signal("KILL");
+    let _ = first.wait(LIMIT);
+    // The survivor's workers are stopped at once (membership restart), then it
+    // waits for a replacement until join_timeout and exits non-zero.
+    assert!(
+        eventually(Duration::from_secs(5), || recs.iter().all(|r| !alive(
+            r.pid
+        ) && r
+            .children
+            .iter()
+            .all(|c| !alive(*c)))),
+        "every worker of both nodes is gone"
+    );
+    let out = second.wait(LIMIT);
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("did not form"), "{}", out.stderr);
+}
