@@ -309,6 +309,12 @@ impl Config {
         if args.monitor_interval.is_zero() {
             return Err(bad("--monitor-interval must be greater than 0"));
         }
+        if nproc_per_node > 1 && env("OMP_NUM_THREADS").is_none() {
+            warnings.push(format!(
+                "OMP_NUM_THREADS is not set: each of the {nproc_per_node} workers gets OMP_NUM_THREADS=1 so they do not \
+                 oversubscribe the CPUs; set it yourself to tune"
+            ));
+        }
         let signals = parse_signals(&args.signals_to_handle)?;
         if args.role.is_empty() {
             return Err(bad("--role must not be empty"));
@@ -457,15 +463,15 @@ fn parse_signals(s: &str) -> Result<Vec<Signal>, ConfigError> {
         .collect()
 }
 
-/// A random 128-bit id in UUID text form (standalone run ids).
+/// A random version-4 UUID (standalone run ids, as torchrun's `uuid4()`).
 pub fn random_id() -> String {
     let (a, b) = (fastrand::u64(..), fastrand::u64(..));
     format!(
         "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
         a >> 32,
         (a >> 16) & 0xffff,
-        a & 0xffff,
-        b >> 48,
+        0x4000 | (a & 0x0fff),
+        0x8000 | ((b >> 48) & 0x3fff),
         b & 0xffff_ffff_ffff
     )
 }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what accel's tests and benchmarks need, idempotently:
+#   - Debian packages: python3 with venv, procps (kill), iproute2;
+#   - a pinned Python venv with torch and accelerate, cached outside the clone
+#     under ~/.cache/accel/, keyed by the pinned versions.
+# Prints nothing else but what it installs. Safe to run again.
+set -euo pipefail
+
+TORCH_VERSION="2.13.0"
+ACCELERATE_VERSION="1.15.0"
+PY="$(command -v python3 || true)"
+CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
+
+need_apt=()
+[ -n "$PY" ] || need_apt+=(python3 python3-venv)
+command -v kill >/dev/null || need_apt+=(procps)
+command -v ip >/dev/null || need_apt+=(iproute2)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}" >&2
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  PY="$(command -v python3)"
+fi
+
+pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+VENV="$CACHE/venv-py${pyver}-torch${TORCH_VERSION}-accelerate${ACCELERATE_VERSION}"
+if [ ! -f "$VENV/.complete" ]; then
+  echo "setup: creating $VENV (torch==$TORCH_VERSION, accelerate==$ACCELERATE_VERSION)" >&2
+  rm -rf "$VENV"
+  mkdir -p "$CACHE"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "accelerate==$ACCELERATE_VERSION"
+  "$VENV/bin/python" -c 'import torch, accelerate' 
+  touch "$VENV/.complete"
+fi
+ln -sfn "$VENV" "$CACHE/venv"
+echo "$VENV"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: sets up everything the tests need, then runs the checks
+# and every test of the workspace. Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Build outputs are cached outside the clone so a fresh clone rebuilds incrementally.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
+# The pinned Python environment (torch, accelerate) for tests and benchmarks.
+ACCEL_VENV="$(scripts/setup.sh)"
+export ACCEL_VENV
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# The integration tests start the real binaries: build them first.
+cargo build --workspace --locked
+cargo test --workspace --locked
