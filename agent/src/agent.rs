@@ -451,8 +451,16 @@ impl Session<'_> {
                     return Err(AgentError::Rendezvous(why));
                 }
                 Wake::Signal(sig) => {
-                    warn!(signal = %sig, "stopping workers");
-                    stop(&mut group, sig, grace).await;
+                    warn!(signal = %sig, grace_s = grace.as_secs_f64(), "stopping workers; a second signal kills them at once");
+                    if let Some(g) = group.as_mut() {
+                        tokio::select! {
+                            _ = g.stop(sig, grace) => {}
+                            again = self.signals.recv() => {
+                                warn!(signal = %again, "second signal: killing workers now");
+                                g.stop(Signal::SIGKILL, Duration::ZERO).await;
+                            }
+                        }
+                    }
                     return Ok(RoundEnd::Done(Outcome::Signaled(sig)));
                 }
                 Wake::BarrierExpired => {

@@ -158,3 +158,85 @@ fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
     assert_eq!(out.code(), 1, "{}", out.stderr);
     assert!(out.stderr.contains("did not form"), "{}", out.stderr);
 }
+
+#[test]
+fn rdzv_server_sigterm_closes_jobs_and_exits_cleanly() {
+    let server = Server::start();
+    let dir = scratch("server-term");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let tag = format!("n{i}");
+            Agent::start(
+                &dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &server.addr,
+                    "--rdzv-id",
+                    "server-term",
+                    "--local-addr",
+                    "127.0.0.1",
+                    script.to_str().expect("path"),
+                ],
+                &[
+                    ("RECORD_DIR", &rec),
+                    ("AGENT_TAG", &tag),
+                    ("RUN_FOR", "600"),
+                ],
+            )
+        })
+        .collect();
+    wait_records(&dir, 2);
+    server.signal("TERM");
+    assert!(
+        server.wait(Duration::from_secs(10)).success(),
+        "rdzv-server exits 0 on SIGTERM"
+    );
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 1, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("shutting down"),
+            "the agent says why: {}",
+            out.stderr
+        );
+    }
+    for r in records(&dir) {
+        assert!(!alive(r.pid), "rank {}'s worker was stopped", r.rank);
+    }
+}
+
+#[test]
+fn a_second_signal_skips_the_grace_period() {
+    let dir = scratch("second-signal");
+    let agent = start_standalone(
+        &dir,
+        &["--shutdown-timeout", "30"],
+        &[("ON_SIGTERM", "ignore")],
+    );
+    wait_records(&dir, 2);
+    let sent = Instant::now();
+    agent.signal("TERM");
+    assert!(eventually(Duration::from_secs(10), || records(&dir)
+        .iter()
+        .all(|r| r.signal == Some(15))));
+    agent.signal("TERM");
+    let out = agent.wait(LIMIT);
+    assert_eq!(out.code(), 128 + 15, "{}", out.stderr);
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "did not wait the 30 s grace ({:?})",
+        sent.elapsed()
+    );
+    for r in records(&dir) {
+        assert!(!alive(r.pid), "rank {} was killed", r.rank);
+    }
+}
