@@ -2,7 +2,7 @@
 //! wait for the round to form, run the workers, and follow the server's
 //! decision (restart, fail, succeed).
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
 use crate::guard::Guard;
 use crate::signal::Signals;
+use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup, WorkerSpec};
 use crate::worker_env::{worker_argv, worker_env, RoundInfo};
 
@@ -71,6 +72,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             guard,
             hostname: hostname.clone(),
             run_dir: None,
+            store_listener: None,
         };
         let result = session.run().await;
         keep_alive.abort();
@@ -194,12 +196,17 @@ fn spawn_keep_alive(mut client: RdzvClient, every: Duration) -> tokio::task::Joi
     })
 }
 
-/// A free TCP port on this host, for the round's worker store.
-fn free_port() -> Result<u16, AgentError> {
-    std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| AgentError::io("cannot find a free port for MASTER_PORT", e))
+/// A listener on a free port for the round's worker store: dual-stack where
+/// the host has IPv6, else IPv4.
+async fn bind_store(ip: IpAddr) -> Result<TcpListener, AgentError> {
+    match TcpListener::bind((ip, 0)).await {
+        Ok(l) => Ok(l),
+        Err(_) if ip.is_unspecified() && ip.is_ipv6() => {
+            TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).await
+        }
+        Err(e) => Err(e),
+    }
+    .map_err(|e| AgentError::io("cannot bind a port for the worker store (MASTER_PORT)", e))
 }
 
 enum Formed {
@@ -220,6 +227,8 @@ struct Session<'a> {
     guard: Option<Arc<Guard>>,
     hostname: String,
     run_dir: Option<PathBuf>,
+    /// The listener offered for the forming round's worker store.
+    store_listener: Option<TcpListener>,
 }
 
 /// What woke the round loop.
@@ -329,17 +338,27 @@ impl Session<'_> {
         }
     }
 
+    /// Ready for `round`, offering a freshly bound store listener: if this
+    /// node becomes node rank 0, its workers' store is served on it.
     async fn offer(&mut self, round: u64) -> Result<(), AgentError> {
-        let addr = match &self.cfg.rendezvous {
-            Rendezvous::Standalone => "127.0.0.1".to_owned(),
-            Rendezvous::Static { host, .. } => host.clone(),
-            Rendezvous::C10d { .. } => self
-                .cfg
-                .local_addr
-                .clone()
-                .unwrap_or_else(|| self.hostname.clone()),
+        let any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
+        let (addr, bind) = match &self.cfg.rendezvous {
+            Rendezvous::Standalone => ("127.0.0.1".to_owned(), IpAddr::from(Ipv4Addr::LOCALHOST)),
+            Rendezvous::Static { host, .. } => (host.clone(), any),
+            Rendezvous::C10d { .. } => (
+                self.cfg
+                    .local_addr
+                    .clone()
+                    .unwrap_or_else(|| self.hostname.clone()),
+                any,
+            ),
         };
-        let port = free_port()?;
+        let listener = bind_store(bind).await?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| AgentError::io("worker store listener", e))?
+            .port();
+        self.store_listener = Some(listener);
         self.client
             .ready(round, (addr, u32::from(port)))
             .await
@@ -393,6 +412,14 @@ impl Session<'_> {
             master = %format!("{}:{}", info.master_addr, info.master_port),
             "round formed; starting workers"
         );
+        // Node rank 0 serves this round's store; everyone else lets its offer go.
+        let _store = match self.store_listener.take() {
+            Some(l) if info.node_rank == 0 => Some(
+                WorkerStore::start(l)
+                    .map_err(|e| AgentError::io("cannot start the worker store", e))?,
+            ),
+            _ => None,
+        };
         let specs = self.specs(&info)?;
         let mut group = match WorkerGroup::spawn(specs, self.guard.clone()).await {
             Ok(g) => Some(g),

@@ -38,6 +38,7 @@ pub mod error;
 pub mod files;
 pub mod guard;
 pub mod signal;
+pub mod store;
 pub mod supervisor;
 mod sys;
 pub mod worker_env;

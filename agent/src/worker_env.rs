@@ -65,8 +65,8 @@ pub fn worker_env(
         ),
         ("TORCHELASTIC_MAX_RESTARTS", round.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", cfg.run_id.clone()),
-        // Worker rank 0 binds MASTER_PORT itself (no agent-hosted store yet).
-        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+        // The node-rank-0 agent serves the store at MASTER_ADDR:MASTER_PORT.
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
         (
             "TORCH_NCCL_ASYNC_ERROR_HANDLING",
             agent_env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
@@ -182,7 +182,7 @@ mod tests {
             ("TORCHELASTIC_RESTART_COUNT", "2"),
             ("TORCHELASTIC_MAX_RESTARTS", "5"),
             ("TORCHELASTIC_RUN_ID", "job7"),
-            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ("TORCHELASTIC_ERROR_FILE", "/logs/err.json"),
             ("OMP_NUM_THREADS", "1"),

@@ -42,7 +42,7 @@ pub(crate) fn check_layout(
             ("ROLE_WORLD_SIZE", world.to_string()),
             ("TORCHELASTIC_RESTART_COUNT", restart.to_string()),
             ("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string()),
-            ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()),
             ("OMP_NUM_THREADS", if nproc > 1 { "1" } else { "" }.into()),
         ];
