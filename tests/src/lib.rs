@@ -34,6 +34,85 @@ pub fn record_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/record.py")
 }
 
+/// The pinned Python environment with torch and accelerate, from `ACCEL_VENV`
+/// (set by `scripts/test.sh`, which creates it with `scripts/setup.sh`).
+pub fn venv() -> PathBuf {
+    let dir = std::env::var_os("ACCEL_VENV").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("ACCEL_VENV is not set: run the tests through scripts/test.sh, or export ACCEL_VENV=$(scripts/setup.sh)")
+    });
+    assert!(
+        dir.join("bin/python").exists(),
+        "ACCEL_VENV={} has no bin/python; run scripts/setup.sh",
+        dir.display()
+    );
+    dir
+}
+
+/// `PATH` with the venv's `bin/` first, so `python3` and `torchrun` are the pinned ones.
+pub fn venv_path() -> String {
+    let old = std::env::var("PATH").unwrap_or_default();
+    format!("{}:{old}", venv().join("bin").display())
+}
+
+/// A worker script under `tests/workers/`.
+pub fn worker(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("workers")
+        .join(name)
+}
+
+/// Runs `argv` in a private mount namespace whose `/etc/hosts` also maps
+/// `::1` and `::ffff:127.0.0.1` to `localhost`, so PyTorch's TCPStore server
+/// (used by torchrun) answers its reverse lookups of loopback peers locally
+/// instead of stalling on unreachable DNS. The machine's file is untouched.
+/// Needs root (the test command runs as root in CI).
+pub fn with_private_hosts(dir: &Path, argv: &[&str]) -> Command {
+    let hosts = dir.join("hosts");
+    let mut text = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    text.push_str("\n::1 localhost\n::ffff:127.0.0.1 localhost\n");
+    fs::write(&hosts, text).expect("write hosts");
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+    ])
+    .arg(&hosts)
+    .args(argv);
+    cmd
+}
+
+/// Runs `cmd` to completion with output to `dir/<name>.*`, failing the test after `limit`.
+pub fn run_logged(mut cmd: Command, dir: &Path, name: &str, limit: Duration) -> Finished {
+    let stdout = dir.join(format!("{name}.stdout"));
+    let stderr = dir.join(format!("{name}.stderr"));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&stdout).expect("stdout file"))
+        .stderr(fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("spawn");
+    let status = wait_for(&mut child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!(
+            "{name} did not finish within {limit:?}: {}",
+            fs::read_to_string(&stderr).unwrap_or_default()
+        )
+    });
+    Finished {
+        status,
+        stdout: fs::read_to_string(&stdout).unwrap_or_default(),
+        stderr: fs::read_to_string(&stderr).unwrap_or_default(),
+    }
+}
+
+/// A JSON file written by a worker.
+pub fn read_json(path: &Path) -> Value {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A fresh scratch directory for one test.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(

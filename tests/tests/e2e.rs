@@ -5,6 +5,7 @@ mod errors;
 mod launch;
 mod restart;
 mod shutdown;
+mod torch;
 
 use std::path::Path;
 

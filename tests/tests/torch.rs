@@ -1,0 +1,366 @@
+//! Conformance with real PyTorch (CPU, gloo) from the pinned venv, side by
+//! side with torchrun where that makes the comparison.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use accel_tests::{
+    bin, free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
+    Finished,
+};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn accel(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(bin("accel-agent"));
+    c.args(args)
+        .env("PATH", venv_path())
+        .envs(env.iter().copied());
+    c
+}
+
+/// Runs `nnodes` processes built by `make(node)` at once and waits for all.
+fn run_nodes(
+    dir: &Path,
+    tag: &str,
+    nnodes: usize,
+    make: impl Fn(usize) -> Command,
+) -> Vec<Finished> {
+    let handles: Vec<_> = (0..nnodes)
+        .map(|i| {
+            let (cmd, dir, name) = (make(i), dir.to_path_buf(), format!("{tag}{i}"));
+            std::thread::spawn(move || run_logged(cmd, &dir, &name, LIMIT))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("node thread"))
+        .collect()
+}
+
+fn assert_all_ok(outs: &[Finished], what: &str) {
+    for (i, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "{what} node {i} failed ({:?}):\n{}",
+            o.status,
+            o.stderr
+        );
+    }
+}
+
+/// Two accel agents (static rendezvous) × 2 workers running `script ARGS`.
+fn accel_2x2(
+    dir: &Path,
+    tag: &str,
+    extra: &[&str],
+    script: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<Finished> {
+    let port = free_port().to_string();
+    run_nodes(dir, tag, 2, |node| {
+        let rank = node.to_string();
+        let mut a = vec![
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--node-rank",
+            &rank,
+            "--master-port",
+            &port,
+        ];
+        a.extend_from_slice(extra);
+        a.push(script.to_str().expect("path"));
+        a.extend_from_slice(args);
+        accel(&a, env)
+    })
+}
+
+#[test]
+fn gloo_all_reduce_two_agents_two_workers() {
+    let dir = scratch("gloo");
+    let rec = dir.to_string_lossy().to_string();
+    let outs = accel_2x2(
+        &dir,
+        "node",
+        &[],
+        &worker("allreduce.py"),
+        &[],
+        &[("RECORD_DIR", &rec)],
+    );
+    assert_all_ok(&outs, "accel");
+    for rank in 0..4 {
+        let v = read_json(&dir.join(format!("allreduce_{rank}.json")));
+        assert_eq!(v["world"], 4);
+        assert_eq!(v["sum"], 10.0, "1+2+3+4 on rank {rank}");
+    }
+}
+
+fn final_states(out: &Path) -> Vec<Value> {
+    (0..4)
+        .map(|r| read_json(&out.join(format!("final_{r}.json"))))
+        .collect()
+}
+
+fn dirs(root: &Path, name: &str) -> (String, String) {
+    let (ck, out) = (root.join(name).join("ckpt"), root.join(name).join("out"));
+    std::fs::create_dir_all(&ck).expect("ckpt dir");
+    std::fs::create_dir_all(&out).expect("out dir");
+    (
+        ck.to_string_lossy().into_owned(),
+        out.to_string_lossy().into_owned(),
+    )
+}
+
+#[test]
+fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
+    let root = scratch("ddp");
+    let script = worker("ddp_train.py");
+    // accel, one worker failing at step 17 of 30, checkpoints every 5 steps.
+    let (ck, out) = dirs(&root, "accel-fail");
+    let outs = accel_2x2(
+        &root,
+        "accel-fail",
+        &["--max-restarts", "1"],
+        &script,
+        &[&ck, &out, "--fail-at", "17"],
+        &[],
+    );
+    assert_all_ok(&outs, "accel (failing)");
+    let resumed = final_states(Path::new(&out));
+    // accel, uninterrupted.
+    let (ck, out) = dirs(&root, "accel-clean");
+    assert_all_ok(
+        &accel_2x2(&root, "accel-clean", &[], &script, &[&ck, &out], &[]),
+        "accel (clean)",
+    );
+    let clean = final_states(Path::new(&out));
+    // torchrun, the same failing job. It restarts only without its shared store (PyTorch #135712).
+    let (ck, out) = dirs(&root, "torchrun-fail");
+    let port = free_port().to_string();
+    let torchrun = venv().join("bin/torchrun");
+    let outs = run_nodes(&root, "torchrun-fail", 2, |_| {
+        let endpoint = format!("localhost:{port}");
+        let mut c = with_private_hosts(
+            &root,
+            &[
+                torchrun.to_str().expect("path"),
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                &endpoint,
+                "--rdzv-id",
+                "ddp",
+                "--max-restarts",
+                "1",
+                script.to_str().expect("path"),
+                &ck,
+                &out,
+                "--fail-at",
+                "17",
+            ],
+        );
+        c.env("PATH", venv_path())
+            .env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1");
+        c
+    });
+    assert_all_ok(&outs, "torchrun (failing)");
+    let torchrun = final_states(Path::new(&out));
+
+    for r in &resumed {
+        assert_eq!(r["restart"], 1, "one job-wide restart");
+        assert_eq!(r["start"], 15, "resumed from the step-15 checkpoint");
+        assert_eq!(
+            r["params"], resumed[0]["params"],
+            "parameters identical on every rank"
+        );
+    }
+    for (a, t) in resumed.iter().zip(&torchrun) {
+        assert_eq!(t["start"], 15);
+        assert_eq!(
+            a["params"], t["params"],
+            "bit-identical to torchrun's resumed run (rank {})",
+            a["rank"]
+        );
+    }
+    let (l_resumed, l_clean) = (
+        resumed[0]["loss"].as_f64().expect("loss"),
+        clean[0]["loss"].as_f64().expect("loss"),
+    );
+    assert!(
+        (l_resumed - l_clean).abs() < 1e-5,
+        "final loss {l_resumed} vs uninterrupted {l_clean}"
+    );
+}
+
+fn env_of(dir: &Path, rank: u32) -> BTreeMap<String, String> {
+    serde_json::from_value(read_json(&dir.join(format!("env_{rank}.json")))).expect("env map")
+}
+
+#[test]
+fn workers_see_the_environment_torchrun_gives() {
+    let root = scratch("envcmp");
+    let (a_dir, t_dir) = (root.join("accel"), root.join("torchrun"));
+    std::fs::create_dir_all(&a_dir).expect("dir");
+    std::fs::create_dir_all(&t_dir).expect("dir");
+    let script = worker("dump_env.py");
+    let flags = [
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--role",
+        "trainer",
+    ];
+    let mut args = flags.to_vec();
+    args.push(script.to_str().expect("path"));
+    let a_rec = a_dir.to_string_lossy().to_string();
+    // Both launchers start in the same directory, with PWD saying so.
+    let mut cmd = accel(&args, &[("RECORD_DIR", &a_rec)]);
+    cmd.current_dir(&root).env("PWD", &root);
+    let out = run_logged(cmd, &root, "accel", LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    let torchrun = venv().join("bin/torchrun");
+    let mut targs = vec![torchrun.to_str().expect("path")];
+    targs.extend_from_slice(&args);
+    let mut cmd = with_private_hosts(&root, &targs);
+    cmd.env("PATH", venv_path())
+        .env("RECORD_DIR", t_dir.to_string_lossy().as_ref());
+    cmd.current_dir(&root).env("PWD", &root);
+    let out = run_logged(cmd, &root, "torchrun", LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+
+    // Intended differences: per-run values (ports, run ids, paths), the test's own
+    // RECORD_DIR, and MASTER_ADDR of a one-node job (accel: 127.0.0.1, no name lookup).
+    let differ = [
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "RECORD_DIR",
+        "MASTER_ADDR",
+        "_",
+    ];
+    for rank in 0..2 {
+        let (a, t) = (env_of(&a_dir, rank), env_of(&t_dir, rank));
+        let keys = |m: &BTreeMap<String, String>| {
+            m.keys()
+                .filter(|k| !differ.contains(&k.as_str()))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&a), keys(&t), "same variables (rank {rank})");
+        for k in keys(&a) {
+            assert_eq!(a[&k], t[&k], "{k} of rank {rank}");
+        }
+        assert_eq!(a["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(t["MASTER_ADDR"], "localhost");
+        let tail = format!("/attempt_0/{rank}/error.json");
+        assert!(
+            a["TORCHELASTIC_ERROR_FILE"].ends_with(&tail)
+                && t["TORCHELASTIC_ERROR_FILE"].ends_with(&tail)
+        );
+        assert_eq!(
+            a["TORCHELASTIC_RUN_ID"].len(),
+            t["TORCHELASTIC_RUN_ID"].len(),
+            "both are UUIDs"
+        );
+    }
+}
+
+#[test]
+fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
+    let dir = scratch("storeops");
+    let script = worker("store_ops.py");
+    let python = venv().join("bin/python");
+    let ours = dir.join("agent.json");
+    let theirs = dir.join("torch.json");
+    let out = run_logged(
+        accel(
+            &[
+                "--no-python",
+                python.to_str().expect("path"),
+                script.to_str().expect("path"),
+                ours.to_str().expect("path"),
+                "agent",
+            ],
+            &[],
+        ),
+        &dir,
+        "agent",
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let mut c = with_private_hosts(
+        &dir,
+        &[
+            python.to_str().expect("path"),
+            script.to_str().expect("path"),
+            theirs.to_str().expect("path"),
+            "torch",
+        ],
+    );
+    c.env("PATH", venv_path());
+    let out = run_logged(c, &dir, "torch", LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    let (ours, theirs) = (read_json(&ours), read_json(&theirs));
+    let (ours, theirs) = (
+        ours.as_array().expect("list"),
+        theirs.as_array().expect("list"),
+    );
+    assert!(theirs.len() > 40, "every operation ran");
+    assert_eq!(ours.len(), theirs.len());
+    for (o, t) in ours.iter().zip(theirs) {
+        assert_eq!(o, t, "operation {}", t[0]);
+    }
+}
+
+#[test]
+fn no_worker_reads_a_key_from_an_earlier_round() {
+    let dir = scratch("hygiene");
+    let rec = dir.to_string_lossy().to_string();
+    let outs = accel_2x2(
+        &dir,
+        "node",
+        &["--max-restarts", "1"],
+        &worker("store_hygiene.py"),
+        &[],
+        &[("RECORD_DIR", &rec)],
+    );
+    assert_all_ok(&outs, "accel");
+    let mut ports = Vec::new();
+    for rank in 0..4 {
+        let first = read_json(&dir.join(format!("hygiene_0_{rank}.json")));
+        assert_eq!(first["wrote"], true);
+        let second = read_json(&dir.join(format!("hygiene_1_{rank}.json")));
+        assert_eq!(
+            second["sees_stale"],
+            serde_json::json!([false, false, false, false]),
+            "rank {rank}"
+        );
+        assert_eq!(second["sees_counter"], false);
+        assert!(
+            second["keys"]
+                .as_array()
+                .expect("keys")
+                .iter()
+                .all(|k| !k.as_str().unwrap_or("").starts_with("attempt0")),
+            "{}",
+            second["keys"]
+        );
+        ports.push((first["port"].clone(), second["port"].clone()));
+    }
+    assert!(
+        ports.iter().all(|(a, b)| a != b),
+        "each round has its own store"
+    );
+}

@@ -1,0 +1,72 @@
+"""A small, deterministic DDP job (CPU, gloo) with checkpoints.
+
+  ddp_train.py CKPT_DIR OUT_DIR [--steps 30] [--ckpt-every 5] [--fail-at 17] [--fail-rank 3]
+
+Every rank draws its batch from a generator seeded by (step, rank), so a run
+resumed from a checkpoint computes what an uninterrupted run would. Rank 0
+saves model and optimizer every `ckpt-every` steps; on start every rank loads
+the newest checkpoint. With --fail-at, rank --fail-rank exits 13 at that step
+in the first attempt only. At the end every rank writes its parameters
+(exact, as float.hex) and the last step's mean loss to OUT_DIR/final_<rank>.json.
+"""
+import argparse
+import glob
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ap = argparse.ArgumentParser()
+ap.add_argument("ckpt_dir")
+ap.add_argument("out_dir")
+ap.add_argument("--steps", type=int, default=30)
+ap.add_argument("--ckpt-every", type=int, default=5)
+ap.add_argument("--fail-at", type=int, default=-1)
+ap.add_argument("--fail-rank", type=int, default=3)
+a = ap.parse_args()
+
+torch.use_deterministic_algorithms(True)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+start = 0
+ckpts = sorted(glob.glob(os.path.join(a.ckpt_dir, "ckpt_*.pt")), key=lambda p: int(p.rsplit("_", 1)[1][:-3]))
+if ckpts:
+    state = torch.load(ckpts[-1])
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    start = state["step"]
+ddp = DDP(model)
+
+loss = torch.tensor(0.0)
+for step in range(start, a.steps):
+    if step == a.fail_at and rank == a.fail_rank and restart == 0:
+        os._exit(13)
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True) * 0.5
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    opt.step()
+    done = step + 1
+    if done % a.ckpt_every == 0:
+        if rank == 0:
+            tmp = os.path.join(a.ckpt_dir, f".tmp_{done}.pt")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done}, tmp)
+            os.replace(tmp, os.path.join(a.ckpt_dir, f"ckpt_{done}.pt"))
+        dist.barrier()
+
+mean_loss = loss.detach().clone()
+dist.all_reduce(mean_loss)
+mean_loss /= world
+params = [v.hex() for p in model.parameters() for v in p.detach().flatten().tolist()]
+with open(os.path.join(a.out_dir, f"final_{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "restart": restart, "start": start, "loss": mean_loss.item(), "params": params}, f)
+dist.destroy_process_group()
