@@ -257,15 +257,16 @@ impl State {
                     self.waits.remove(&conn);
                     fx.woken.push((conn, generation));
                 }
-                Some(false) => {
+                // A barrier keeps watching its counter; a key wait has counted this key.
+                Some(false)
                     if self
                         .waits
                         .get(&conn)
-                        .is_some_and(|w| w.barrier_target.is_some())
-                    {
-                        keep.push((conn, generation));
-                    }
+                        .is_some_and(|w| w.barrier_target.is_some()) =>
+                {
+                    keep.push((conn, generation));
                 }
+                Some(false) => {}
             }
         }
         if !keep.is_empty() {
