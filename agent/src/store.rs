@@ -153,6 +153,9 @@ impl<'a> Connection<'a> {
         let (mut rd, mut wr) = sock.into_split();
         let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut out: Vec<u8> = Vec::with_capacity(256);
+        // Registered once: a fresh `cancelled()` per request would cost a lock each time.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
         loop {
             let used = self.process(&buf, &mut out)?;
             buf.drain(..used);
@@ -173,7 +176,7 @@ impl<'a> Connection<'a> {
                         out.push(STOP_WAITING);
                     }
                 }
-                _ = stop.cancelled() => return Ok(()),
+                _ = &mut stopped => return Ok(()),
             }
         }
     }

@@ -246,6 +246,9 @@ impl State {
 
     /// A write to `key`: every wait on it counts it; barrier waits re-check the counter.
     fn notify(&mut self, key: &[u8], fx: &mut Effects) {
+        if self.waiters.is_empty() {
+            return;
+        }
         let Some(list) = self.waiters.remove(key) else {
             return;
         };
