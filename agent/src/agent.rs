@@ -47,8 +47,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             job_id: cfg.run_id.clone(),
             node_id: node_id.clone(),
             hostname: hostname.clone(),
-            min_nodes: cfg.nnodes,
-            max_nodes: cfg.nnodes,
+            min_nodes: cfg.min_nodes,
+            max_nodes: cfg.max_nodes,
+            last_call_ms: cfg.rdzv.last_call_timeout.as_millis() as u64,
             nproc_per_node: cfg.nproc_per_node,
             max_restarts: cfg.max_restarts,
             node_rank: match cfg.rendezvous {
@@ -312,14 +313,8 @@ impl Session<'_> {
                     return Ok(Formed::Round(round_info(r)))
                 }
                 Some(Kind::Waiting(w)) if w.round == round => {
-                    waiting = format!(
-                        "{} of {} nodes ready, {} missing (joined: {})",
-                        w.ready,
-                        w.needed,
-                        w.needed.saturating_sub(w.ready),
-                        w.hosts.join(", ")
-                    );
-                    info!(round, ready = w.ready, needed = w.needed, hosts = %w.hosts.join(","), "waiting for nodes");
+                    waiting = describe_waiting(&w);
+                    info!(round, "{waiting}");
                 }
                 Some(Kind::RestartRequested(r)) if r.next_round > round => {
                     round = r.next_round;
@@ -531,6 +526,38 @@ async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) {
     if let Some(g) = group.as_mut() {
         g.stop(sig, grace).await;
     }
+}
+
+/// What a forming round waits for, in words.
+fn describe_waiting(w: &pb::Waiting) -> String {
+    let hosts = if w.hosts.is_empty() {
+        "none".to_owned()
+    } else {
+        w.hosts.join(", ")
+    };
+    if w.spare {
+        return format!(
+            "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",
+            w.max_nodes
+        );
+    }
+    let range = if w.min_nodes == w.max_nodes {
+        w.max_nodes.to_string()
+    } else {
+        format!("{}..{}", w.min_nodes, w.max_nodes)
+    };
+    let mut s = format!("{} of {range} nodes ready", w.ready);
+    if w.ready < w.min_nodes {
+        s.push_str(&format!(", {} missing", w.min_nodes - w.ready));
+    }
+    if let Some(ms) = w.last_call_ms {
+        s.push_str(&format!(
+            ", last call closes in {:.1} s",
+            ms as f64 / 1000.0
+        ));
+    }
+    s.push_str(&format!(" (joined: {hosts})"));
+    s
 }
 
 fn round_info(r: pb::RoundComplete) -> RoundInfo {

@@ -163,8 +163,10 @@ pub struct Config {
     pub rendezvous: Rendezvous,
     /// The job id (`TORCHELASTIC_RUN_ID`).
     pub run_id: String,
-    /// Nodes in the job.
-    pub nnodes: u32,
+    /// Fewest nodes a round runs with (`--nnodes MIN:MAX`).
+    pub min_nodes: u32,
+    /// Most nodes a round runs with.
+    pub max_nodes: u32,
     /// Workers on this node.
     pub nproc_per_node: u32,
     /// Job-wide restart budget.
@@ -203,12 +205,6 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut warnings = Vec::new();
         let (min_nodes, max_nodes) = parse_nnodes(&args.nnodes)?;
-        if min_nodes != max_nodes {
-            return Err(bad(format!(
-                "--nnodes {}: elastic MIN:MAX membership is not available in this version; give a fixed node count",
-                args.nnodes
-            )));
-        }
         let nproc_per_node = parse_nproc(&args.nproc_per_node)?;
         let rdzv = RdzvConf::parse(&args.rdzv_conf)?;
         let backend = args.rdzv_backend.as_str();
@@ -233,6 +229,12 @@ impl Config {
                         let (h, p) = parse_endpoint(&args.rdzv_endpoint, None)?;
                         (h, p.unwrap_or(STATIC_PORT))
                     };
+                    if min_nodes != max_nodes {
+                        return Err(bad(format!(
+                            "--nnodes {}: static rendezvous needs a fixed node count; use --rdzv-backend c10d for MIN:MAX",
+                            args.nnodes
+                        )));
+                    }
                     if args.node_rank >= max_nodes {
                         return Err(bad(format!(
                             "--node-rank {} is out of range for --nnodes {}; use 0 to {}",
@@ -322,7 +324,8 @@ impl Config {
         Ok(Self {
             rendezvous,
             run_id,
-            nnodes: max_nodes,
+            min_nodes,
+            max_nodes,
             nproc_per_node,
             max_restarts: args.max_restarts,
             monitor_interval: args.monitor_interval,

@@ -43,6 +43,8 @@ pub struct JobConfig {
     pub max_restarts: u32,
     /// A node silent this long is lost; `None`: never.
     pub dead_after: Option<Duration>,
+    /// Once `min_nodes` are ready, how long a first round waits for more.
+    pub last_call: Duration,
 }
 
 impl JobConfig {
@@ -54,6 +56,7 @@ impl JobConfig {
             nproc_per_node: req.nproc_per_node,
             max_restarts: req.max_restarts,
             dead_after: (req.dead_after_ms > 0).then(|| Duration::from_millis(req.dead_after_ms)),
+            last_call: Duration::from_millis(req.last_call_ms),
         }
     }
 }
@@ -93,16 +96,6 @@ pub enum JoinError {
         rank: u32,
         /// The job's node count.
         nnodes: u32,
-    },
-    /// The job already holds its maximum number of nodes.
-    #[error("job '{job}' already has its {max} nodes ({hosts}); this node is one too many: check --nnodes, or use another --rdzv-id")]
-    Full {
-        /// The job id.
-        job: String,
-        /// Its maximum node count.
-        max: u32,
-        /// The members' host names.
-        hosts: String,
     },
     /// The node id is already a member.
     #[error("node id '{node}' already joined job '{job}'")]
@@ -187,8 +180,10 @@ pub enum Decision {
     Wait {
         /// Members ready for the round.
         ready: u32,
-        /// Members the round needs.
+        /// Ready members the round needs before it may start (MIN).
         needed: u32,
+        /// When the last call ends, once MIN are ready.
+        last_call_ends: Option<Instant>,
     },
     /// Complete the round with these node ids, in node-rank order.
     Complete(Vec<String>),
@@ -212,6 +207,8 @@ pub struct Job {
     last_failure: Option<String>,
     finished_at: Option<Instant>,
     next_seq: u64,
+    /// Since when at least MIN members are ready for the forming round.
+    min_ready_since: Option<Instant>,
 }
 
 /// The decision function: what should happen to `job` at `now`.
@@ -233,12 +230,32 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     if job.phase != Phase::Forming {
         return Decision::Idle;
     }
-    let ready = job.members.values().filter(|m| m.ready.is_some()).count() as u32;
-    let needed = job.config.max_nodes;
-    if ready < needed {
-        return Decision::Wait { ready, needed };
+    let c = &job.config;
+    let ready = job.ready_count();
+    if ready >= c.max_nodes {
+        return Decision::Complete(job.rank_order());
     }
-    Decision::Complete(job.rank_order())
+    if ready < c.min_nodes {
+        return Decision::Wait {
+            ready,
+            needed: c.min_nodes,
+            last_call_ends: None,
+        };
+    }
+    // A job re-forming after a round ran starts as soon as every member is
+    // ready; a first round waits out the last call for late nodes.
+    if !job.participants.is_empty() && ready as usize == job.members.len() {
+        return Decision::Complete(job.rank_order());
+    }
+    let ends = job.min_ready_since.unwrap_or(now) + c.last_call;
+    if now >= ends {
+        return Decision::Complete(job.rank_order());
+    }
+    Decision::Wait {
+        ready,
+        needed: c.min_nodes,
+        last_call_ends: Some(ends),
+    }
 }
 
 impl Job {
@@ -256,6 +273,7 @@ impl Job {
             last_failure: None,
             finished_at: None,
             next_seq: 0,
+            min_ready_since: None,
         }
     }
 
@@ -335,13 +353,6 @@ impl Job {
                 });
             }
         }
-        if self.members.len() as u32 >= self.config.max_nodes {
-            return Err(JoinError::Full {
-                job: self.id.clone(),
-                max: self.config.max_nodes,
-                hosts: self.hosts().join(", "),
-            });
-        }
         self.next_seq += 1;
         self.members.insert(
             node_id.to_owned(),
@@ -359,8 +370,16 @@ impl Job {
             event: Kind::Joined(pb::Joined { round: self.round }),
         }];
         if self.phase == Phase::Running {
-            // A node arriving while a round with free slots runs: re-form with it.
-            out.extend(self.restart(format!("host '{}' joined the job", req.hostname), false));
+            if (self.participants.len() as u32) < self.config.max_nodes {
+                // A node arriving while a round with free slots runs: re-form with it.
+                out.extend(self.restart(format!("host '{}' joined the job", req.hostname), false));
+            } else {
+                // The round is full: the newcomer waits as a spare for a freed slot.
+                out.push(Outbound {
+                    to: node_id.to_owned(),
+                    event: Kind::Waiting(self.waiting(None, true)),
+                });
+            }
         }
         Ok(out)
     }
@@ -457,6 +476,32 @@ impl Job {
         }
     }
 
+    fn ready_count(&self) -> u32 {
+        self.members.values().filter(|m| m.ready.is_some()).count() as u32
+    }
+
+    fn track_min_ready(&mut self, now: Instant) {
+        if self.phase != Phase::Forming || self.ready_count() < self.config.min_nodes {
+            self.min_ready_since = None;
+        } else if self.min_ready_since.is_none() {
+            self.min_ready_since = Some(now);
+        }
+    }
+
+    /// Progress for the members (`spare`: the round is full, this node waits).
+    fn waiting(&self, last_call: Option<Duration>, spare: bool) -> pb::Waiting {
+        pb::Waiting {
+            round: self.round,
+            ready: self.ready_count(),
+            needed: self.config.min_nodes,
+            hosts: self.hosts(),
+            min_nodes: self.config.min_nodes,
+            max_nodes: self.config.max_nodes,
+            last_call_ms: last_call.map(|d| d.as_millis() as u64),
+            spare,
+        }
+    }
+
     /// Periodic check: lost nodes. Progress is announced only when it changes.
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
         match decide(now, self) {
@@ -478,15 +523,13 @@ impl Job {
     fn step(&mut self, now: Instant) -> Vec<Outbound> {
         let mut out = Vec::new();
         loop {
+            self.track_min_ready(now);
             match decide(now, self) {
                 Decision::Idle => return out,
-                Decision::Wait { ready, needed } => {
-                    out.extend(self.broadcast(Kind::Waiting(pb::Waiting {
-                        round: self.round,
-                        ready,
-                        needed,
-                        hosts: self.hosts(),
-                    })));
+                Decision::Wait { last_call_ends, .. } => {
+                    let left = last_call_ends.map(|t| t.saturating_duration_since(now));
+                    let waiting = self.waiting(left, false);
+                    out.extend(self.broadcast(Kind::Waiting(waiting)));
                     return out;
                 }
                 Decision::Complete(order) => {
@@ -540,14 +583,37 @@ impl Job {
                 }),
             });
         }
+        for (id, m) in self.members.iter_mut() {
+            if !order.contains(id) {
+                m.rank = None;
+            }
+        }
         self.participants = order;
         self.succeeded.clear();
         self.phase = Phase::Running;
+        self.min_ready_since = None;
+        let spares: Vec<String> = self
+            .members
+            .keys()
+            .filter(|id| !self.participants.contains(id))
+            .cloned()
+            .collect();
+        let waiting = self.waiting(None, true);
+        out.extend(spares.into_iter().map(|to| Outbound {
+            to,
+            event: Kind::Waiting(waiting.clone()),
+        }));
         out
     }
 
     /// Node ids of the ready members in node-rank order (see module docs).
     fn rank_order(&self) -> Vec<String> {
+        let mut order = self.rank_order_all();
+        order.truncate(self.config.max_nodes as usize);
+        order
+    }
+
+    fn rank_order_all(&self) -> Vec<String> {
         let ready = self.members.iter().filter(|(_, m)| m.ready.is_some());
         if self.members.values().any(|m| m.requested_rank.is_some()) {
             let mut v: Vec<_> = ready.collect();

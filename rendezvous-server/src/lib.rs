@@ -31,7 +31,7 @@ pub use error::Error;
 pub use service::{Registry, RendezvousService};
 
 /// How often lost nodes and finished jobs are looked for.
-const TICK: Duration = Duration::from_millis(200);
+const TICK: Duration = Duration::from_millis(100);
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
 /// every connected node the server is going away and drains.

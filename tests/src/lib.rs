@@ -391,10 +391,8 @@ pub fn records(dir: &Path) -> Vec<Record> {
         if !name.ends_with(".json") {
             continue;
         }
-        let (restart, rank) = name
-            .trim_end_matches(".json")
-            .split_once('_')
-            .expect("record name");
+        let mut parts = name.trim_end_matches(".json").split('_');
+        let (restart, rank) = (parts.next().expect("restart"), parts.next().expect("rank"));
         let text = fs::read_to_string(&path).expect("record");
         let v: Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad record {name}: {e}"));

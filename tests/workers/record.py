@@ -1,6 +1,6 @@
 """A test worker: records what it sees, then behaves as the test asks.
 
-Writes one JSON file per attempt to $RECORD_DIR/<restart>_<rank>.json with its
+Writes one JSON file per attempt to $RECORD_DIR/<restart>_<rank>[_<pid>].json with its
 environment, argv, pid, process group and start time. Behaviour, from the
 environment the test gives the agent:
 
@@ -24,7 +24,10 @@ env = os.environ
 rank = int(env["RANK"])
 restart = int(env["TORCHELASTIC_RESTART_COUNT"])
 out_dir = env["RECORD_DIR"]
-path = os.path.join(out_dir, f"{restart}_{rank}.json")
+# RECORD_EACH_ROUND=1: one file per process, for jobs whose membership changes
+# without a counted restart (the restart count, hence the name, stays the same).
+suffix = f"_{os.getpid()}" if env.get("RECORD_EACH_ROUND") == "1" else ""
+path = os.path.join(out_dir, f"{restart}_{rank}{suffix}.json")
 
 record = {
     "env": {k: v for k, v in env.items()},

@@ -160,3 +160,24 @@ fn nproc_forms() {
     assert!(parse_nproc("cpu").expect("cpu") >= 1);
     assert!(parse_nproc("auto").expect("auto") >= 1);
 }
+
+#[test]
+fn elastic_ranges_need_c10d() {
+    let c = parse(&[
+        "--nnodes",
+        "2:4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-id",
+        "j",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!((c.min_nodes, c.max_nodes), (2, 4));
+    let e = parse(&["--nnodes", "2:4", "t.py"]).expect_err("static needs a fixed count");
+    assert!(
+        e.0.contains("static rendezvous needs a fixed node count"),
+        "{}",
+        e.0
+    );
+}

@@ -11,6 +11,15 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         max_restarts: 1,
         node_rank: rank,
         dead_after_ms: 15_000,
+        last_call_ms: 30_000,
+    }
+}
+
+fn elastic(host: &str, min: u32, max: u32) -> pb::JoinRequest {
+    pb::JoinRequest {
+        min_nodes: min,
+        max_nodes: max,
+        ..req(host, max, None)
     }
 }
 
@@ -64,7 +73,8 @@ fn round_completes_only_when_every_node_is_ready() {
         decide(t, &j),
         Decision::Wait {
             ready: 0,
-            needed: 2
+            needed: 2,
+            last_call_ends: None
         }
     );
     let out = j.ready(t, "a", 0, ("addr-a".into(), 1));
@@ -144,13 +154,110 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
 }
 
 #[test]
-fn a_full_job_rejects_one_more_node() {
+fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
-    let e = j
+    let out = j
         .join(t, "n9", &req("c", 2, None))
-        .expect_err("must be refused");
-    assert!(matches!(e, JoinError::Full { max: 2, .. }), "{e}");
+        .expect("a spare may join");
+    assert!(out
+        .iter()
+        .any(|o| o.to == "n9" && matches!(&o.event, Kind::Waiting(w) if w.spare)));
+    assert_eq!(
+        j.phase(),
+        &Phase::Running,
+        "a spare does not disturb the running round"
+    );
+    j.ready(t, "n9", 0, ("c".into(), 9));
+    // A participant leaves: the spare takes its slot in the next round.
+    j.leave(t, "n1", "SIGTERM");
+    j.ready(t, "n0", 1, ("a".into(), 1));
+    let out = j.ready(t, "n9", 1, ("c".into(), 9));
+    assert_eq!(round_of(&out, "n0").node_rank, 0);
+    assert_eq!(round_of(&out, "n9").node_rank, 1);
+    assert_eq!(j.restart_count(), 0, "membership changes are free");
+}
+
+#[test]
+fn a_first_round_waits_out_the_last_call_after_min() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["a", "b"] {
+        j.join(t, n, &elastic(n, 2, 3)).expect("join");
+    }
+    j.ready(t, "a", 0, ("a".into(), 1));
+    let out = j.ready(t, "b", 0, ("b".into(), 2));
+    assert!(
+        matches!(&out[0].event, Kind::Waiting(w) if w.ready == 2 && w.last_call_ms == Some(30_000))
+    );
+    let alive =
+        |j: &mut Job, at: Instant| ["a", "b"].iter().for_each(|n| assert!(j.keep_alive(at, n)));
+    alive(&mut j, t + Duration::from_secs(29));
+    assert!(j.tick(t + Duration::from_secs(29)).is_empty());
+    let out = j.tick(t + Duration::from_secs(30));
+    assert_eq!(round_of(&out, "a").nnodes, 2);
+    assert_eq!(round_of(&out, "b").world_size, 4);
+}
+
+#[test]
+fn max_nodes_complete_a_round_before_the_last_call() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["a", "b", "c"] {
+        j.join(t, n, &elastic(n, 2, 3)).expect("join");
+        let out = j.ready(t, n, 0, (n.into(), 1));
+        if n == "c" {
+            assert_eq!(round_of(&out, "c").nnodes, 3);
+        }
+    }
+}
+
+#[test]
+fn a_late_joiner_scales_the_job_up_for_free_and_ranks_stay() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["b", "c"] {
+        j.join(t, n, &elastic(n, 2, 3)).expect("join");
+        j.ready(t, n, 0, (n.into(), 1));
+    }
+    j.keep_alive(t + Duration::from_secs(30), "b");
+    j.keep_alive(t + Duration::from_secs(30), "c");
+    let out = j.tick(t + Duration::from_secs(30));
+    assert_eq!(round_of(&out, "b").node_rank, 0);
+    let out = j.join(t, "a", &elastic("a", 2, 3)).expect("join");
+    assert!(out
+        .iter()
+        .any(|o| o.to == "b" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
+    j.ready(t, "b", 1, ("b".into(), 1));
+    j.ready(t, "c", 1, ("c".into(), 1));
+    let out = j.ready(t, "a", 1, ("a".into(), 1));
+    assert_eq!(round_of(&out, "b").node_rank, 0, "members keep their order");
+    assert_eq!(round_of(&out, "c").node_rank, 1);
+    assert_eq!(round_of(&out, "a").node_rank, 2, "the newcomer follows");
+    assert_eq!(j.restart_count(), 0);
+}
+
+#[test]
+fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["a", "b", "c"] {
+        j.join(t, n, &elastic(n, 2, 3)).expect("join");
+        j.ready(t, n, 0, (n.into(), 1));
+    }
+    let later = t + Duration::from_secs(16);
+    j.keep_alive(later, "a");
+    j.keep_alive(later, "b");
+    let out = j.tick(later);
+    assert!(out.iter().any(|o| o.to == "a"
+        && matches!(&o.event, Kind::RestartRequested(r) if r.reason.contains("'c'"))));
+    j.ready(later, "a", 1, ("a".into(), 1));
+    let out = j.ready(later, "b", 1, ("b".into(), 1));
+    assert_eq!(
+        round_of(&out, "a").nnodes,
+        2,
+        "no last call when every member is ready"
+    );
 }
 
 #[test]
@@ -234,7 +341,8 @@ fn silent_nodes_are_lost_on_the_servers_clock() {
         decide(t + Duration::from_secs(16), &j),
         Decision::Wait {
             ready: 0,
-            needed: 2
+            needed: 2,
+            last_call_ends: None
         }
     );
     assert!(out

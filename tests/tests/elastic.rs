@@ -1,0 +1,195 @@
+//! Elastic membership: MIN:MAX, last call, late joiners, lost nodes, spares.
+
+use std::time::{Duration, Instant};
+
+use accel_tests::{eventually, record_script, records, scratch, Agent, Record, Server};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn elastic_agent(
+    server: &Server,
+    dir: &std::path::Path,
+    name: &str,
+    job: &str,
+    nnodes: &str,
+    conf: &str,
+    env: &[(&str, &str)],
+) -> Agent {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let mut e = vec![
+        ("RECORD_DIR", rec.as_str()),
+        ("AGENT_TAG", name),
+        ("RECORD_EACH_ROUND", "1"),
+    ];
+    e.extend_from_slice(env);
+    Agent::start(
+        dir,
+        name,
+        &[
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &server.addr,
+            "--rdzv-id",
+            job,
+            "--rdzv-conf",
+            conf,
+            "--local-addr",
+            "127.0.0.1",
+            script.to_str().expect("path"),
+        ],
+        &e,
+    )
+}
+
+fn with_world(recs: &[Record], world: u32) -> Vec<&Record> {
+    recs.iter()
+        .filter(|r| r.var("WORLD_SIZE") == world.to_string())
+        .collect()
+}
+
+#[test]
+fn a_late_joiner_scales_the_job_up_without_spending_restarts() {
+    let server = Server::start();
+    let dir = scratch("late");
+    let conf = "last_call_timeout=1";
+    let env = [("RUN_FOR", "6")];
+    let a = elastic_agent(&server, &dir, "a", "late", "2:3", conf, &env);
+    let b = elastic_agent(&server, &dir, "b", "late", "2:3", conf, &env);
+    // Two nodes are enough once the last call closes.
+    assert!(
+        eventually(Duration::from_secs(20), || with_world(&records(&dir), 4)
+            .len()
+            == 4),
+        "ran with 2 nodes"
+    );
+    let c = elastic_agent(&server, &dir, "c", "late", "2:3", conf, &env);
+    for agent in [a, b, c] {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    let big = with_world(&recs, 6);
+    assert_eq!(big.len(), 6, "the next round ran with 3 nodes");
+    assert!(
+        recs.iter()
+            .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"),
+        "membership changes are free"
+    );
+    let mut ranks: Vec<u32> = big.iter().map(|r| r.rank).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3, 4, 5]);
+    // The newcomer follows the nodes that were there.
+    assert!(big
+        .iter()
+        .filter(|r| r.var("AGENT_TAG") == "c")
+        .all(|r| r.var("GROUP_RANK") == "2"));
+}
+
+#[test]
+fn a_killed_node_is_removed_and_the_rest_re_form_at_once() {
+    let server = Server::start();
+    let dir = scratch("lost");
+    let conf = "last_call_timeout=1,keep_alive_interval=0.3,keep_alive_max_attempt=2";
+    let env = [("RUN_FOR", "5")];
+    let agents: Vec<Agent> = ["a", "b", "c"]
+        .iter()
+        .map(|n| elastic_agent(&server, &dir, n, "lost", "2:3", conf, &env))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(20), || with_world(&records(&dir), 6)
+            .len()
+            == 6),
+        "ran with 3 nodes"
+    );
+    let mut agents = agents.into_iter();
+    let (a, b, c) = (
+        agents.next().expect("a"),
+        agents.next().expect("b"),
+        agents.next().expect("c"),
+    );
+    let killed = Instant::now();
+    c.signal("KILL");
+    let _ = c.wait(LIMIT);
+    assert!(
+        eventually(Duration::from_secs(10), || with_world(&records(&dir), 4)
+            .len()
+            == 4),
+        "re-formed with 2 nodes"
+    );
+    let reformed = killed.elapsed();
+    assert!(
+        reformed < Duration::from_secs(8),
+        "survivors running again {reformed:?} after the kill"
+    );
+    for agent in [a, b] {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    assert!(with_world(&recs, 4)
+        .iter()
+        .all(|r| r.var("AGENT_TAG") != "c"));
+    assert!(recs
+        .iter()
+        .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"));
+}
+
+#[test]
+fn a_spare_takes_over_a_freed_slot() {
+    let server = Server::start();
+    let dir = scratch("spare");
+    let conf = "keep_alive_interval=0.3,keep_alive_max_attempt=2";
+    let env = [("RUN_FOR", "5")];
+    let a = elastic_agent(&server, &dir, "a", "spare", "2", conf, &env);
+    let b = elastic_agent(&server, &dir, "b", "spare", "2", conf, &env);
+    assert!(
+        eventually(Duration::from_secs(20), || records(&dir).len() == 4),
+        "ran with 2 nodes"
+    );
+    let spare = elastic_agent(&server, &dir, "s", "spare", "2", conf, &env);
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(
+            &spare.stderr
+        )
+        .unwrap_or_default()
+        .contains("waiting as a spare")),
+        "the third node says it waits as a spare"
+    );
+    assert_eq!(
+        records(&dir).len(),
+        4,
+        "the spare does not disturb the running round"
+    );
+    b.signal("KILL");
+    let _ = b.wait(LIMIT);
+    for agent in [a, spare] {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    let spare_ranks: Vec<&Record> = recs.iter().filter(|r| r.var("AGENT_TAG") == "s").collect();
+    assert_eq!(spare_ranks.len(), 2, "the spare ran in the freed slot");
+    assert!(spare_ranks.iter().all(|r| r.var("GROUP_RANK") == "1"));
+}
+
+#[test]
+fn min_never_reached_names_who_joined_and_what_is_missing() {
+    let server = Server::start();
+    let dir = scratch("min");
+    let a = elastic_agent(&server, &dir, "a", "min", "2:3", "join_timeout=2", &[]);
+    let out = a.wait(LIMIT);
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("did not form"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("1 of 2..3 nodes ready, 1 missing"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("joined: "), "{}", out.stderr);
+}
