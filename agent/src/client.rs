@@ -75,7 +75,9 @@ impl RdzvClient {
                             };
                             return Ok((client, stream.into_inner()));
                         }
-                        Err(s) if s.code() == Code::Unavailable => s.message().to_owned(),
+                        // Only the server's own verdicts are final; transport trouble
+                        // (a server going down, a reset connection) is retried.
+                        Err(s) if !is_refusal(s.code()) => s.message().to_owned(),
                         Err(s) => return Err(AgentError::Rejected(s.message().to_owned())),
                     }
                 }
@@ -172,6 +174,18 @@ impl RdzvClient {
         req.set_timeout(self.read_timeout.min(Duration::from_secs(2)));
         let _ = self.inner.leave(req).await;
     }
+}
+
+/// Whether a status is the rendezvous refusing this node (not worth retrying).
+fn is_refusal(code: Code) -> bool {
+    matches!(
+        code,
+        Code::FailedPrecondition
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+    )
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -69,6 +69,9 @@ pub struct RdzvConf {
     pub is_host: Option<bool>,
     /// Static: how long to wait for all nodes.
     pub timeout: Duration,
+    /// How long an agent that lost the rendezvous keeps its workers while it
+    /// reconnects (accel's own key).
+    pub reconnect_grace: Duration,
 }
 
 impl Default for RdzvConf {
@@ -82,12 +85,13 @@ impl Default for RdzvConf {
             read_timeout: Duration::from_secs(60),
             is_host: None,
             timeout: Duration::from_secs(900),
+            reconnect_grace: Duration::from_secs(60),
         }
     }
 }
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
-                         keep_alive_max_attempt, read_timeout, is_host, timeout";
+                         keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace";
 
 impl RdzvConf {
     /// Parses `k1=v1,k2=v2`; unknown keys and keys without a value are errors.
@@ -109,6 +113,7 @@ impl RdzvConf {
                 "keep_alive_interval" => c.keep_alive_interval = dur(value)?,
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
+                "reconnect_grace" => c.reconnect_grace = dur(value)?,
                 "keep_alive_max_attempt" => {
                     c.keep_alive_max_attempt = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                         bad(format!("--rdzv-conf keep_alive_max_attempt: '{value}' is not a positive integer"))

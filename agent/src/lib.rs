@@ -24,7 +24,7 @@
 //!
 //! # Layout
 //! [`cli`] flags · [`config`] validation · [`agent`] the round loop ·
-//! [`client`] rendezvous calls · [`supervisor`] worker processes ·
+//! [`client`] rendezvous calls · `rendezvous` locating or hosting it · [`supervisor`] worker processes ·
 //! [`worker_env`] the environment contract · [`files`] per-attempt files ·
 //! [`guard`] orphan prevention · [`signal`] stop signals · [`sys`] the only
 //! `unsafe` code.
@@ -37,6 +37,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guard;
+mod rendezvous;
 pub mod signal;
 pub mod store;
 pub mod supervisor;

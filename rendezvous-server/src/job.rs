@@ -277,6 +277,40 @@ impl Job {
         }
     }
 
+    /// Rebuilds a running job from the first node that reconnects to a
+    /// restarted server: the round it runs, its members (the others are
+    /// expected back; any that stay silent past the keep-alive limit are lost,
+    /// and the rest re-form), and the restart count.
+    pub fn relearn(
+        now: Instant,
+        id: impl Into<String>,
+        req: &pb::JoinRequest,
+        resume: &pb::Resume,
+    ) -> Self {
+        let mut job = Self::new(id, JobConfig::from_join(req));
+        job.phase = Phase::Running;
+        job.round = resume.round;
+        job.restart_count = resume.restart_count;
+        let mut nodes = resume.nodes.clone();
+        nodes.sort_by_key(|n| n.node_rank);
+        for n in &nodes {
+            job.next_seq += 1;
+            job.members.insert(
+                n.node_id.clone(),
+                Member {
+                    hostname: n.hostname.clone(),
+                    requested_rank: req.node_rank.map(|_| n.node_rank),
+                    ready: None,
+                    rank: Some(n.node_rank),
+                    last_seen: now,
+                    joined_seq: job.next_seq,
+                },
+            );
+        }
+        job.participants = nodes.into_iter().map(|n| n.node_id).collect();
+        job
+    }
+
     /// The job id.
     pub fn id(&self) -> &str {
         &self.id
@@ -327,11 +361,26 @@ impl Job {
             _ => {}
         }
         self.check_config(&JobConfig::from_join(req))?;
-        if self.members.contains_key(node_id) {
-            return Err(JoinError::DuplicateNode {
-                job: self.id.clone(),
-                node: node_id.to_owned(),
-            });
+        if let Some(member) = self.members.get_mut(node_id) {
+            if req.resume.is_none() {
+                return Err(JoinError::DuplicateNode {
+                    job: self.id.clone(),
+                    node: node_id.to_owned(),
+                });
+            }
+            // A member reconnecting (its stream broke, or this server restarted).
+            member.last_seen = now;
+            member.hostname.clone_from(&req.hostname);
+            let resumed = self.phase == Phase::Running
+                && req.resume.as_ref().is_some_and(|r| r.round == self.round)
+                && self.participants.iter().any(|p| p == node_id);
+            return Ok(vec![Outbound {
+                to: node_id.to_owned(),
+                event: Kind::Joined(pb::Joined {
+                    round: self.round,
+                    resumed,
+                }),
+            }]);
         }
         if let Some(rank) = req.node_rank {
             if rank >= self.config.max_nodes {
@@ -367,7 +416,10 @@ impl Job {
         );
         let mut out = vec![Outbound {
             to: node_id.to_owned(),
-            event: Kind::Joined(pb::Joined { round: self.round }),
+            event: Kind::Joined(pb::Joined {
+                round: self.round,
+                resumed: false,
+            }),
         }];
         if self.phase == Phase::Running {
             if (self.participants.len() as u32) < self.config.max_nodes {
@@ -510,10 +562,12 @@ impl Job {
         }
     }
 
-    /// Ends the job for everyone (server shutdown).
-    pub fn close(&mut self, reason: &str) -> Vec<Outbound> {
+    /// Ends the job for everyone (server shutdown); `may_rejoin`: the server
+    /// may come back and relearn the job.
+    pub fn close(&mut self, reason: &str, may_rejoin: bool) -> Vec<Outbound> {
         let out = self.broadcast(Kind::JobClosed(pb::JobClosed {
             reason: reason.to_owned(),
+            may_rejoin,
         }));
         self.members.clear();
         out

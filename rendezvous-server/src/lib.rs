@@ -33,14 +33,24 @@ pub use service::{Registry, RendezvousService};
 /// How often lost nodes and finished jobs are looked for.
 const TICK: Duration = Duration::from_millis(100);
 
+/// How a rendezvous is served.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// How long a finished job is remembered after its last node left.
+    pub finished_job_ttl: Duration,
+    /// Whether nodes may rejoin after a shutdown: true for the daemon (it may
+    /// be restarted and relearn the jobs), false inside an agent (its job is over).
+    pub may_rejoin_after_shutdown: bool,
+}
+
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
 /// every connected node the server is going away and drains.
 pub async fn serve(
     listener: TcpListener,
-    finished_job_ttl: Duration,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let registry = Registry::new(finished_job_ttl);
+    let registry = Registry::new(options.finished_job_ttl);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<RendezvousServer<RendezvousService>>()
@@ -70,7 +80,10 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             info!("shutting down: closing every job's streams");
-            closing.close_all("the rendezvous server is shutting down");
+            closing.close_all(
+                "the rendezvous server is shutting down",
+                options.may_rejoin_after_shutdown,
+            );
         })
         .await;
     ticker.abort();

@@ -30,7 +30,16 @@ fn main() -> ExitCode {
             tracing::info!(%addr, "rdzv-server listening");
         }
         let shutdown = rendezvous_server::signal::shutdown();
-        match rendezvous_server::serve(listener, args.finished_job_ttl, shutdown).await {
+        match rendezvous_server::serve(
+            listener,
+            rendezvous_server::ServeOptions {
+                finished_job_ttl: args.finished_job_ttl,
+                may_rejoin_after_shutdown: true,
+            },
+            shutdown,
+        )
+        .await
+        {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rdzv-server: {e}");

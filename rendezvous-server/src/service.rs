@@ -28,8 +28,12 @@ type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
 #[derive(Debug, Default)]
 struct Entry {
     job: Option<Job>,
-    streams: HashMap<String, EventTx>,
+    /// Each member's current stream, tagged with a number so that the end of
+    /// a stream a reconnected node replaced is not taken for the node leaving.
+    streams: HashMap<String, (u64, EventTx)>,
 }
+
+static NEXT_STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Every job the server knows, keyed by `rdzv_id`.
 #[derive(Debug, Clone)]
@@ -70,6 +74,10 @@ impl Registry {
             // The job is over: end every stream so agents see the end and a
             // hosting agent can shut its embedded server down gracefully.
             entry.streams.clear();
+        } else if let Some(job) = entry.job.as_ref() {
+            // A node the job dropped (lost, left) loses its stream: if it is in
+            // fact alive, it learns so when it reconnects.
+            entry.streams.retain(|id, _| job.members().contains_key(id));
         }
         Some(r)
     }
@@ -86,19 +94,27 @@ impl Registry {
     }
 
     /// Ends every job's streams (server shutdown).
-    pub fn close_all(&self, reason: &str) {
+    pub fn close_all(&self, reason: &str, may_rejoin: bool) {
         let mut jobs = self.lock();
         for entry in jobs.values_mut() {
             if let Some(job) = entry.job.as_mut() {
-                let out = job.close(reason);
+                let out = job.close(reason, may_rejoin);
                 deliver(entry, out);
             }
             entry.streams.clear();
         }
     }
 
-    fn disconnected(&self, job_id: &str, node_id: &str) {
+    fn disconnected(&self, job_id: &str, node_id: &str, stream: u64) {
         let now = Instant::now();
+        let current = self
+            .lock()
+            .get(job_id)
+            .and_then(|e| e.streams.get(node_id))
+            .is_some_and(|(id, _)| *id == stream);
+        if !current {
+            return; // replaced by a newer stream, or already dropped by the job
+        }
         self.with_job(job_id, |job| {
             if job.members().contains_key(node_id) && !job.phase().is_terminal() {
                 warn!(job = job_id, node = node_id, "node's stream ended");
@@ -116,7 +132,7 @@ impl Registry {
 
 fn deliver(entry: &mut Entry, out: Vec<Outbound>) {
     for o in out {
-        if let Some(tx) = entry.streams.get(&o.to) {
+        if let Some((_, tx)) = entry.streams.get(&o.to) {
             // A closed receiver is a node on its way out; its guard reports it.
             let _ = tx.send(Ok(pb::Event {
                 kind: Some(o.event),
@@ -132,6 +148,7 @@ pub struct NodeStream {
     registry: Registry,
     job_id: String,
     node_id: String,
+    stream: u64,
 }
 
 impl Stream for NodeStream {
@@ -143,7 +160,8 @@ impl Stream for NodeStream {
 
 impl Drop for NodeStream {
     fn drop(&mut self) {
-        self.registry.disconnected(&self.job_id, &self.node_id);
+        self.registry
+            .disconnected(&self.job_id, &self.node_id, self.stream);
     }
 }
 
@@ -206,15 +224,29 @@ impl Rendezvous for RendezvousService {
         validate_join(&req)?;
         let now = Instant::now();
         let (tx, rx) = mpsc::unbounded_channel();
+        let stream = NEXT_STREAM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let mut jobs = self.registry.lock();
             let entry = jobs.entry(req.job_id.clone()).or_default();
-            let job = entry
-                .job
-                .get_or_insert_with(|| Job::new(req.job_id.clone(), JobConfig::from_join(&req)));
-            let out = job.join(now, &req.node_id, &req).map_err(Error::from)?;
-            info!(job = %req.job_id, node = %req.node_id, host = %req.hostname, "node joined");
-            entry.streams.insert(req.node_id.clone(), tx);
+            let job = entry.job.get_or_insert_with(|| match &req.resume {
+                // This server does not know the job (it restarted): relearn it.
+                Some(resume) => {
+                    info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
+                    Job::relearn(now, req.job_id.clone(), &req, resume)
+                }
+                None => Job::new(req.job_id.clone(), JobConfig::from_join(&req)),
+            });
+            let out = match job.join(now, &req.node_id, &req) {
+                Ok(out) => out,
+                Err(e) => {
+                    if job.members().is_empty() {
+                        jobs.remove(&req.job_id);
+                    }
+                    return Err(Error::from(e).into());
+                }
+            };
+            info!(job = %req.job_id, node = %req.node_id, host = %req.hostname, resume = req.resume.is_some(), "node joined");
+            entry.streams.insert(req.node_id.clone(), (stream, tx));
             deliver(entry, out);
         }
         Ok(Response::new(NodeStream {
@@ -222,6 +254,7 @@ impl Rendezvous for RendezvousService {
             registry: self.registry.clone(),
             job_id: req.job_id,
             node_id: req.node_id,
+            stream,
         }))
     }
 

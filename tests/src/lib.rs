@@ -150,8 +150,13 @@ pub struct Server {
 impl Server {
     /// Starts `rdzv-server --bind 127.0.0.1:0` and waits until it listens.
     pub fn start() -> Self {
+        Self::start_at("127.0.0.1:0")
+    }
+
+    /// Starts `rdzv-server --bind BIND` and waits until it listens.
+    pub fn start_at(bind: &str) -> Self {
         let mut child = Command::new(bin("rdzv-server"))
-            .args(["--bind", "127.0.0.1:0"])
+            .args(["--bind", bind])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

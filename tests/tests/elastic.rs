@@ -193,3 +193,39 @@ fn min_never_reached_names_who_joined_and_what_is_missing() {
     );
     assert!(out.stderr.contains("joined: "), "{}", out.stderr);
 }
+
+#[test]
+fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
+    let addr = format!("127.0.0.1:{}", accel_tests::free_port());
+    let server = Server::start_at(&addr);
+    let dir = scratch("relearn");
+    let conf = "keep_alive_interval=0.5,reconnect_grace=20";
+    let env = [("RUN_FOR", "8")];
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|n| elastic_agent(&server, &dir, n, "relearn", "2", conf, &env))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(20), || records(&dir).len() == 4),
+        "running"
+    );
+    server.signal("TERM");
+    assert!(server.wait(Duration::from_secs(10)).success());
+    let restarted = Server::start_at(&addr);
+    for agent in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("reconnected; the round is still current"),
+            "{}",
+            out.stderr
+        );
+    }
+    let recs = records(&dir);
+    assert_eq!(recs.len(), 4, "no worker was restarted: {recs:#?}");
+    assert!(recs
+        .iter()
+        .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"));
+    drop(restarted);
+}

@@ -160,7 +160,7 @@ fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
 }
 
 #[test]
-fn rdzv_server_sigterm_closes_jobs_and_exits_cleanly() {
+fn rdzv_server_sigterm_exits_cleanly_and_agents_stop_after_their_grace() {
     let server = Server::start();
     let dir = scratch("server-term");
     let rec = dir.to_string_lossy().to_string();
@@ -182,6 +182,8 @@ fn rdzv_server_sigterm_closes_jobs_and_exits_cleanly() {
                     &server.addr,
                     "--rdzv-id",
                     "server-term",
+                    "--rdzv-conf",
+                    "reconnect_grace=1",
                     "--local-addr",
                     "127.0.0.1",
                     script.to_str().expect("path"),
@@ -206,6 +208,12 @@ fn rdzv_server_sigterm_closes_jobs_and_exits_cleanly() {
         assert!(
             out.stderr.contains("shutting down"),
             "the agent says why: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr
+                .contains("could not rejoin within reconnect_grace=1 s"),
+            "{}",
             out.stderr
         );
     }

@@ -12,6 +12,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         node_rank: rank,
         dead_after_ms: 15_000,
         last_call_ms: 30_000,
+        resume: None,
     }
 }
 
@@ -374,4 +375,60 @@ fn finished_jobs_expire_after_their_nodes_left() {
     j.leave(t, "n0", "done");
     assert!(!j.expired(t + Duration::from_secs(1), ttl));
     assert!(j.expired(t + ttl, ttl));
+}
+
+fn resume_of(out: &[Outbound], node: &str, round: u64, restart_count: u32) -> pb::Resume {
+    pb::Resume {
+        round,
+        restart_count,
+        nodes: round_of(out, node).nodes,
+    }
+}
+
+#[test]
+fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
+    let t = Instant::now();
+    let (mut j, out) = formed(&["a", "b"], t);
+    let mut again = req("a", 2, None);
+    again.resume = Some(resume_of(&out, "n0", 0, 0));
+    let back = j.join(t, "n0", &again).expect("rejoin");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if x.resumed && x.round == 0));
+    assert_eq!(j.phase(), &Phase::Running, "nothing restarted");
+    // The job moves on (a failure elsewhere): a stale resume is told the new round.
+    j.failure(t, "n1", 0, "exited 1".into());
+    let back = j.join(t, "n0", &again).expect("rejoin");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1));
+    // A plain join with a member's id is still a duplicate.
+    assert!(matches!(
+        j.join(t, "n0", &req("a", 2, None)),
+        Err(JoinError::DuplicateNode { .. })
+    ));
+}
+
+#[test]
+fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
+    let t = Instant::now();
+    let (_, out) = formed(&["a", "b", "c"], t);
+    let mut r = req("a", 3, None);
+    r.resume = Some(resume_of(&out, "n0", 4, 2));
+    let mut j = Job::relearn(t, "j", &r, r.resume.as_ref().expect("resume"));
+    let back = j.join(t, "n0", &r).expect("first node back");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if x.resumed && x.round == 4));
+    assert_eq!(
+        (j.round(), j.restart_count(), j.phase()),
+        (4, 2, &Phase::Running)
+    );
+    let mut r1 = req("b", 3, None);
+    r1.resume = r.resume.clone();
+    assert!(
+        matches!(&j.join(t, "n1", &r1).expect("second")[0].event, Kind::Joined(x) if x.resumed)
+    );
+    // n2 never comes back: lost after the keep-alive limit; the others re-form.
+    let later = t + Duration::from_secs(16);
+    j.keep_alive(later, "n0");
+    j.keep_alive(later, "n1");
+    let out = j.tick(later);
+    assert!(out.iter().any(|o| o.to == "n0"
+        && matches!(&o.event, Kind::RestartRequested(x) if !x.counted && x.next_round == 5)));
+    assert!(!j.members().contains_key("n2"));
 }

@@ -1,0 +1,115 @@
+//! Where a job's rendezvous is, and serving it inside this agent when this
+//! node hosts it: standalone (always), static (node rank 0), c10d (`is_host`,
+//! or an endpoint naming this host with its port free). One state machine,
+//! the `rendezvous-server` crate, serves every mode.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{Config, Rendezvous};
+use crate::error::AgentError;
+
+/// An embedded rendezvous forgets finished jobs quickly, and its shutdown
+/// ends the job for every node.
+const EMBEDDED: rendezvous_server::ServeOptions = rendezvous_server::ServeOptions {
+    finished_job_ttl: Duration::from_secs(5),
+    may_rejoin_after_shutdown: false,
+};
+
+/// Where the rendezvous is, starting it inside this agent when this node hosts it.
+pub(crate) async fn locate_rendezvous(
+    cfg: &Config,
+    stop: &CancellationToken,
+) -> Result<(String, u16, Option<tokio::task::JoinHandle<()>>), AgentError> {
+    let host_at = |addr: SocketAddr| {
+        let stop = stop.clone();
+        async move {
+            let listener = TcpListener::bind(addr).await?;
+            let port = listener.local_addr()?.port();
+            let task = tokio::spawn(async move {
+                let shutdown = async move { stop.cancelled().await };
+                if let Err(e) = rendezvous_server::serve(listener, EMBEDDED, shutdown).await {
+                    warn!(error = %e, "embedded rendezvous failed");
+                }
+            });
+            Ok::<_, std::io::Error>((port, task))
+        }
+    };
+    match &cfg.rendezvous {
+        Rendezvous::Standalone => {
+            let (port, task) = host_at(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+                .await
+                .map_err(|e| {
+                    AgentError::io("cannot start the embedded rendezvous on 127.0.0.1", e)
+                })?;
+            Ok(("127.0.0.1".into(), port, Some(task)))
+        }
+        Rendezvous::Static {
+            host,
+            port,
+            node_rank,
+        } => {
+            if *node_rank != 0 {
+                return Ok((host.clone(), *port, None));
+            }
+            let (_, task) = host_at(wildcard(host, *port)).await.map_err(|e| {
+                AgentError::Config(format!(
+                    "node rank 0 cannot serve the rendezvous on port {port}: {e}; pick a free --master-port"
+                ))
+            })?;
+            info!(port, "node rank 0 serves the static rendezvous");
+            Ok((host.clone(), *port, Some(task)))
+        }
+        Rendezvous::C10d { host, port } => {
+            let local = cfg.rdzv.is_host.unwrap_or_else(|| is_local_host(host));
+            if local {
+                match host_at(wildcard(host, *port)).await {
+                    Ok((_, task)) => {
+                        info!(port, "this agent hosts the c10d rendezvous");
+                        return Ok((host.clone(), *port, Some(task)));
+                    }
+                    // Another process (rdzv-server, or an agent of this host) serves it.
+                    Err(e) if cfg.rdzv.is_host.is_none() => {
+                        tracing::debug!(error = %e, "rendezvous port taken; joining as a client")
+                    }
+                    Err(e) => {
+                        return Err(AgentError::Config(format!(
+                            "is_host=true but the rendezvous cannot be served on port {port}: {e}"
+                        )))
+                    }
+                }
+            }
+            Ok((host.clone(), *port, None))
+        }
+    }
+}
+
+fn wildcard(host: &str, port: u16) -> SocketAddr {
+    if host.contains(':') {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+    }
+}
+
+/// torchrun's is_host inference, without DNS: `localhost`, a loopback
+/// address, or this machine's host name.
+fn is_local_host(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        || host == hostname()
+}
+
+/// This machine's host name.
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
