@@ -14,6 +14,7 @@ use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;
 use pb::event::Kind;
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
@@ -66,12 +67,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
         };
         let (client, events) = joined;
-        let keep_alive = spawn_keep_alive(client.clone(), cfg.rdzv.keep_alive_interval);
+        let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
         let mut session = Session {
             cfg: &cfg,
             endpoint: (host.clone(), port),
             join_req,
             keep_alive,
+            silent,
             nodes: Vec::new(),
             client,
             events,
@@ -95,17 +97,49 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     result
 }
 
-fn spawn_keep_alive(mut client: RdzvClient, every: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// Sends keep-alives every `keep_alive_interval`. If none is answered for
+/// `keep_alive_interval × keep_alive_max_attempt` (a cut link stalls a
+/// stream without ending it), or the server no longer knows this node, the
+/// returned receiver says why: the session treats that as a lost rendezvous.
+fn spawn_keep_alive(
+    mut client: RdzvClient,
+    cfg: &Config,
+) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<String>) {
+    let (tx, rx) = mpsc::channel(1);
+    let every = cfg.rdzv.keep_alive_interval;
+    let limit = every * cfg.rdzv.keep_alive_max_attempt;
+    let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
+        let mut answered = Instant::now();
         loop {
             tick.tick().await;
-            if let Err(s) = client.keep_alive().await {
-                tracing::debug!(error = %s.message(), "keep-alive failed");
+            match tokio::time::timeout(every, client.keep_alive()).await {
+                Ok(Ok(())) => answered = Instant::now(),
+                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                    let _ = tx
+                        .send(format!(
+                            "the rendezvous no longer knows this node: {}",
+                            s.message()
+                        ))
+                        .await;
+                    return;
+                }
+                Ok(Err(s)) => tracing::debug!(error = %s.message(), "keep-alive failed"),
+                Err(_) => tracing::debug!("keep-alive timed out"),
+            }
+            if answered.elapsed() > limit {
+                let _ = tx
+                    .send(format!(
+                        "no keep-alive answered for {:.1} s",
+                        answered.elapsed().as_secs_f64()
+                    ))
+                    .await;
+                return;
             }
         }
-    })
+    });
+    (task, rx)
 }
 
 /// A listener on a free port for the round's worker store: dual-stack where
@@ -151,6 +185,8 @@ struct Session<'a> {
     /// This node's join request, reused to rejoin.
     join_req: pb::JoinRequest,
     keep_alive: tokio::task::JoinHandle<()>,
+    /// Says why, when keep-alives go unanswered for too long.
+    silent: mpsc::Receiver<String>,
     /// The nodes of the current round, in node-rank order (for resuming).
     nodes: Vec<pb::NodeInfo>,
     client: RdzvClient,
@@ -198,7 +234,7 @@ impl Session<'_> {
     /// Takes over a new connection to the rendezvous.
     fn adopt(&mut self, client: RdzvClient, events: Streaming<pb::Event>) {
         self.keep_alive.abort();
-        self.keep_alive = spawn_keep_alive(client.clone(), self.cfg.rdzv.keep_alive_interval);
+        (self.keep_alive, self.silent) = spawn_keep_alive(client.clone(), self.cfg);
         self.client = client;
         self.events = events;
     }

@@ -62,26 +62,31 @@ impl RdzvClient {
         let started = Instant::now();
         let mut last_notice: Option<Instant> = None;
         for attempt in 0u32.. {
-            let error = match endpoint.connect().await {
-                Ok(channel) => {
-                    let mut inner = RendezvousClient::new(channel);
-                    match inner.join(req.clone()).await {
-                        Ok(stream) => {
-                            let client = Self {
-                                inner,
-                                job_id: req.job_id.clone(),
-                                node_id: req.node_id.clone(),
-                                read_timeout,
-                            };
-                            return Ok((client, stream.into_inner()));
-                        }
-                        // Only the server's own verdicts are final; transport trouble
-                        // (a server going down, a reset connection) is retried.
-                        Err(s) if !is_refusal(s.code()) => s.message().to_owned(),
-                        Err(s) => return Err(AgentError::Rejected(s.message().to_owned())),
-                    }
+            let try_once = async {
+                let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
+                let mut inner = RendezvousClient::new(channel);
+                match inner.join(req.clone()).await {
+                    Ok(stream) => Ok(Ok((inner, stream.into_inner()))),
+                    // Only the server's own verdicts are final; transport trouble
+                    // (a server going down, a reset connection) is retried.
+                    Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
+                    Err(s) => Ok(Err(s.message().to_owned())),
                 }
-                Err(e) => source_chain(&e),
+            };
+            // No attempt outlives the deadline (a cut link would hang a connect).
+            let error = match tokio::time::timeout_at(deadline, try_once).await {
+                Ok(Ok(Ok((inner, stream)))) => {
+                    let client = Self {
+                        inner,
+                        job_id: req.job_id.clone(),
+                        node_id: req.node_id.clone(),
+                        read_timeout,
+                    };
+                    return Ok((client, stream));
+                }
+                Ok(Ok(Err(refusal))) => return Err(AgentError::Rejected(refusal)),
+                Ok(Err(error)) => error,
+                Err(_) => "no answer before the deadline".to_owned(),
             };
             let now = Instant::now();
             if now >= deadline {

@@ -234,9 +234,29 @@ impl Finished {
 impl Agent {
     /// Starts `accel-agent ARGS` with `env` added, output under `dir/<name>.*`.
     pub fn start(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_with(&[], dir, name, args, env)
+    }
+
+    /// Starts `PREFIX... accel-agent ARGS` (e.g. `ip netns exec NS`).
+    pub fn start_with(
+        prefix: &[&str],
+        dir: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
-        let child = Command::new(bin("accel-agent"))
+        let agent = bin("accel-agent");
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&agent);
+                c
+            }
+            None => Command::new(&agent),
+        };
+        let child = cmd
             .args(args)
             .envs(env.iter().copied())
             .env("ACCEL_LOG", "info")
@@ -287,6 +307,92 @@ impl Drop for Agent {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A network namespace joined to this one by a veth pair: a separate host on
+/// `10.<net>.<index>.2`, reaching this namespace at `10.<net>.<index>.1`.
+/// Needs root; removed on drop.
+#[derive(Debug)]
+pub struct Netns {
+    /// Namespace name.
+    pub name: String,
+    /// The host-side interface (set it down to cut the link).
+    pub host_if: String,
+    /// This namespace's side of the link, as the namespace reaches it.
+    pub gateway: String,
+    /// The namespace's own address.
+    pub addr: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Netns {
+    /// Creates namespace number `index` of a test using subnet `10.<net>.0.0/16`.
+    pub fn create(net: u8, index: u8) -> Self {
+        let name = format!("accel{}-{index}", std::process::id());
+        let host_if = format!("ah{}x{index}", std::process::id() % 100_000);
+        let peer_if = format!("an{}x{index}", std::process::id() % 100_000);
+        let gateway = format!("10.{net}.{index}.1");
+        let addr = format!("10.{net}.{index}.2");
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        ip(&["netns", "add", &name]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
+        ]);
+        ip(&["link", "set", &peer_if, "netns", &name]);
+        ip(&["addr", "add", &format!("{gateway}/24"), "dev", &host_if]);
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&[
+            "netns",
+            "exec",
+            &name,
+            "ip",
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &peer_if,
+        ]);
+        ip(&["netns", "exec", &name, "ip", "link", "set", &peer_if, "up"]);
+        ip(&["netns", "exec", &name, "ip", "link", "set", "lo", "up"]);
+        Self {
+            name,
+            host_if,
+            gateway,
+            addr,
+        }
+    }
+
+    /// The command prefix that runs a program inside the namespace.
+    pub fn exec(&self) -> Vec<&str> {
+        vec!["ip", "netns", "exec", &self.name]
+    }
+
+    /// Cuts the link: packets stop, no connection is reset.
+    pub fn cut(&self) {
+        ip(&["link", "set", &self.host_if, "down"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
@@ -369,6 +475,8 @@ pub struct Record {
     pub start: f64,
     /// Signal it received, if any.
     pub signal: Option<i64>,
+    /// When it finished its work normally (absent if it was stopped first).
+    pub end: Option<f64>,
     /// Restart count of its attempt.
     pub restart: u32,
     /// Its global rank.
@@ -414,6 +522,7 @@ pub fn records(dir: &Path) -> Vec<Record> {
             unbuffered: v["unbuffered"] == Value::Bool(true),
             start: v["start"].as_f64().expect("start"),
             signal: v["signal"].as_i64(),
+            end: v["end"].as_f64(),
             restart: restart.parse().expect("restart"),
             rank: rank.parse().expect("rank"),
         });

@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{eventually, record_script, records, scratch, Agent, Record, Server};
+use accel_tests::{
+    alive, eventually, record_script, records, scratch, Agent, Netns, Record, Server,
+};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -228,4 +230,99 @@ fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
         .iter()
         .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"));
     drop(restarted);
+}
+
+/// Three hosts in their own network namespaces; one host's link is cut (no
+/// reset, packets just stop). The server drops it after the keep-alive limit
+/// and the others re-form; the cut host cannot rejoin and stops its workers
+/// when its reconnect grace expires.
+#[test]
+fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
+    let hosts: Vec<Netns> = (1..=3).map(|i| Netns::create(77, i)).collect();
+    let server = Server::start_at("0.0.0.0:0");
+    let port = server.addr.rsplit(':').next().expect("port").to_owned();
+    let dir = scratch("netns");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let conf =
+        "last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=2,reconnect_grace=3";
+    let agents: Vec<Agent> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let tag = format!("h{i}");
+            let endpoint = format!("{}:{port}", h.gateway);
+            Agent::start_with(
+                &h.exec(),
+                &dir,
+                &tag,
+                &[
+                    "--nnodes",
+                    "2:3",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &endpoint,
+                    "--rdzv-id",
+                    "netns",
+                    "--rdzv-conf",
+                    conf,
+                    "--local-addr",
+                    &h.addr,
+                    script.to_str().expect("path"),
+                ],
+                &[
+                    ("RECORD_DIR", &rec),
+                    ("AGENT_TAG", &tag),
+                    ("RECORD_EACH_ROUND", "1"),
+                    ("RUN_FOR", "10"),
+                ],
+            )
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(20), || with_world(&records(&dir), 6)
+            .len()
+            == 6),
+        "ran on 3 hosts"
+    );
+    let cut_at = Instant::now();
+    hosts[2].cut();
+    assert!(
+        eventually(Duration::from_secs(15), || with_world(&records(&dir), 4)
+            .len()
+            == 4),
+        "the other two re-formed"
+    );
+    let reformed = cut_at.elapsed();
+    let mut agents = agents.into_iter();
+    let (a, b, cut) = (
+        agents.next().expect("h0"),
+        agents.next().expect("h1"),
+        agents.next().expect("h2"),
+    );
+    let out = cut.wait(LIMIT);
+    let stopped = cut_at.elapsed();
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("could not rejoin within reconnect_grace=3 s"),
+        "{}",
+        out.stderr
+    );
+    let recs = records(&dir);
+    for r in recs.iter().filter(|r| r.var("AGENT_TAG") == "h2") {
+        assert!(!alive(r.pid), "the cut host's worker {} is gone", r.rank);
+        assert!(r.end.is_none(), "it was stopped before finishing its work");
+    }
+    assert!(with_world(&recs, 4)
+        .iter()
+        .all(|r| r.var("AGENT_TAG") != "h2"));
+    for agent in [a, b] {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    eprintln!("cut link: survivors running again after {reformed:?}; cut host's workers stopped after {stopped:?}");
 }

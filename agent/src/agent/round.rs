@@ -38,6 +38,11 @@ impl Session<'_> {
                     }
                 },
                 sig = self.signals.recv() => return Ok(Formed::Done(Outcome::Signaled(sig))),
+                Some(why) = self.silent.recv() => {
+                    round = self.reconnect_idle(&why).await?;
+                    self.offer(round).await?;
+                    continue;
+                }
                 _ = sleep_until(deadline) => return Err(AgentError::JoinTimeout(format!(
                     "round {round} of job '{}' did not form within {:.0} s: {waiting}; start the missing nodes with the same --rdzv-id, --nnodes and endpoint",
                     self.cfg.run_id, self.cfg.join_timeout().as_secs_f64()))),
@@ -285,6 +290,7 @@ impl Session<'_> {
             let wake = tokio::select! {
                 exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => Wake::Exit(exit),
                 _ = monitor.tick(), if live => Wake::Tick,
+                Some(why) = self.silent.recv() => Wake::Lost(why),
                 ev = self.events.message() => match ev {
                     Ok(Some(ev)) => Wake::Event(ev.kind),
                     Ok(None) => Wake::Lost("the rendezvous ended this node's session".into()),
