@@ -74,7 +74,6 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             join_req,
             keep_alive,
             silent,
-            nodes: Vec::new(),
             client,
             events,
             signals: &mut signals,
@@ -187,8 +186,6 @@ struct Session<'a> {
     keep_alive: tokio::task::JoinHandle<()>,
     /// Says why, when keep-alives go unanswered for too long.
     silent: mpsc::Receiver<String>,
-    /// The nodes of the current round, in node-rank order (for resuming).
-    nodes: Vec<pb::NodeInfo>,
     client: RdzvClient,
     events: Streaming<pb::Event>,
     signals: &'a mut Signals,
@@ -313,11 +310,14 @@ async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) {
 
 /// What a forming round waits for, in words.
 fn describe_waiting(w: &pb::Waiting) -> String {
-    let hosts = if w.hosts.is_empty() {
+    let mut hosts = if w.hosts.is_empty() {
         "none".to_owned()
     } else {
         w.hosts.join(", ")
     };
+    if w.members as usize > w.hosts.len() {
+        hosts.push_str(&format!(" and {} more", w.members as usize - w.hosts.len()));
+    }
     if w.spare {
         return format!(
             "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",

@@ -13,9 +13,12 @@
 //! member its [`pb::RoundComplete`]. The round then *runs* until
 //! - a member reports a worker failure: while the job-wide budget lasts the
 //!   job restarts as round `r + 1` (counted), otherwise it fails;
-//! - a member of the round leaves or is lost before its workers succeeded: a
-//!   membership restart, which never consumes the budget;
+//! - a member of the round leaves or is lost before its workers succeeded, or
+//!   a node joins while the round has free slots: a membership restart, which
+//!   never consumes the budget;
 //! - every member of the round reports success: the job succeeded.
+//!
+//! Nodes beyond MAX wait as spares and take a freed slot in the next round.
 //!
 //! # Node ranks
 //! With static rendezvous a node asks for its rank and gets exactly it. With
@@ -23,12 +26,32 @@
 //! keep their relative order (so ranks do not move while membership does not
 //! change), and members new to the job follow, ordered by host name, then by
 //! node id.
+//!
+//! # Cost
+//! Joining, getting ready, keep-alives and success reports are O(log n) in
+//! the number of members; O(n) work happens once per round (completing it,
+//! restarting it) and in the periodic liveness scan. Progress reports to
+//! every member are rate-limited ([`PROGRESS_EVERY`]), so a round of n nodes
+//! costs O(n log n), not O(n²).
 
-use std::collections::{BTreeMap, BTreeSet};
+mod decide;
+mod error;
+
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
+
+pub use decide::{decide, lost, rank_order, Decision};
+pub use error::JoinError;
+
+/// How often at most every member of a forming round is sent its progress.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Host names listed in a progress report.
+const HOSTS_LISTED: usize = 16;
+/// Prefix of the placeholder ids of a relearned job's absent nodes.
+const ABSENT: &str = "\u{0}absent-rank-";
 
 /// The settings every node of a job must agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,60 +82,6 @@ impl JobConfig {
             last_call: Duration::from_millis(req.last_call_ms),
         }
     }
-}
-
-/// Why a join was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum JoinError {
-    /// The node disagrees with the job on a setting.
-    #[error("job '{job}' runs with {flag} {job_value}, but this node was started with {flag} {node_value}; start every node of a job with the same {flag}")]
-    Mismatch {
-        /// The job id.
-        job: String,
-        /// The flag that differs.
-        flag: &'static str,
-        /// The job's value.
-        job_value: String,
-        /// The joining node's value.
-        node_value: String,
-    },
-    /// Static rendezvous: another node holds this node rank.
-    #[error("node rank {rank} is already taken by host '{holder}' in job '{job}'; give every node a distinct --node-rank")]
-    DuplicateRank {
-        /// The job id.
-        job: String,
-        /// The contested rank.
-        rank: u32,
-        /// Host name of the node that holds it.
-        holder: String,
-    },
-    /// A node rank outside `0..nnodes`.
-    #[error("node rank {rank} is out of range for job '{job}' with {nnodes} nodes; use --node-rank between 0 and {}", nnodes - 1)]
-    RankOutOfRange {
-        /// The job id.
-        job: String,
-        /// The requested rank.
-        rank: u32,
-        /// The job's node count.
-        nnodes: u32,
-    },
-    /// The node id is already a member.
-    #[error("node id '{node}' already joined job '{job}'")]
-    DuplicateNode {
-        /// The job id.
-        job: String,
-        /// The node id.
-        node: String,
-    },
-    /// The job is over.
-    #[error("job '{job}' has already {outcome}; start new jobs with a new --rdzv-id")]
-    Finished {
-        /// The job id.
-        job: String,
-        /// `succeeded` or `failed`.
-        outcome: &'static str,
-    },
 }
 
 /// Where a job is in its life.
@@ -154,8 +123,10 @@ pub struct Member {
     pub requested_rank: Option<u32>,
     /// Ready for the forming round, with its offered store endpoint.
     pub ready: Option<(String, u32)>,
-    /// Its rank in the running round, if it takes part.
+    /// Its rank in the running (or last) round, if it takes part.
     pub rank: Option<u32>,
+    /// Its workers all succeeded in the running round.
+    pub succeeded: bool,
     /// Last sign of life, on the server's clock.
     pub last_seen: Instant,
     /// Order of arrival, a tie-breaker only.
@@ -171,26 +142,6 @@ pub struct Outbound {
     pub event: Kind,
 }
 
-/// What [`decide`] concluded for a job at one instant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Nothing to do.
-    Idle,
-    /// Still forming: `ready` of `needed` nodes are ready.
-    Wait {
-        /// Members ready for the round.
-        ready: u32,
-        /// Ready members the round needs before it may start (MIN).
-        needed: u32,
-        /// When the last call ends, once MIN are ready.
-        last_call_ends: Option<Instant>,
-    },
-    /// Complete the round with these node ids, in node-rank order.
-    Complete(Vec<String>),
-    /// These nodes are lost (no keep-alive in time).
-    Lost(Vec<String>),
-}
-
 /// One job's state.
 #[derive(Debug)]
 pub struct Job {
@@ -202,60 +153,17 @@ pub struct Job {
     members: BTreeMap<String, Member>,
     /// Node ids of the running (or last) round, in node-rank order.
     participants: Vec<String>,
-    /// Participants whose workers all exited 0.
-    succeeded: BTreeSet<String>,
+    /// Members ready for the forming round.
+    ready: u32,
+    /// Participants whose workers all exited 0 (members or departed).
+    succeeded: usize,
     last_failure: Option<String>,
     finished_at: Option<Instant>,
     next_seq: u64,
     /// Since when at least MIN members are ready for the forming round.
     min_ready_since: Option<Instant>,
-}
-
-/// The decision function: what should happen to `job` at `now`.
-pub fn decide(now: Instant, job: &Job) -> Decision {
-    if job.phase.is_terminal() {
-        return Decision::Idle;
-    }
-    if let Some(dead_after) = job.config.dead_after {
-        let lost: Vec<String> = job
-            .members
-            .iter()
-            .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > dead_after)
-            .map(|(id, _)| id.clone())
-            .collect();
-        if !lost.is_empty() {
-            return Decision::Lost(lost);
-        }
-    }
-    if job.phase != Phase::Forming {
-        return Decision::Idle;
-    }
-    let c = &job.config;
-    let ready = job.ready_count();
-    if ready >= c.max_nodes {
-        return Decision::Complete(job.rank_order());
-    }
-    if ready < c.min_nodes {
-        return Decision::Wait {
-            ready,
-            needed: c.min_nodes,
-            last_call_ends: None,
-        };
-    }
-    // A job re-forming after a round ran starts as soon as every member is
-    // ready; a first round waits out the last call for late nodes.
-    if !job.participants.is_empty() && ready as usize == job.members.len() {
-        return Decision::Complete(job.rank_order());
-    }
-    let ends = job.min_ready_since.unwrap_or(now) + c.last_call;
-    if now >= ends {
-        return Decision::Complete(job.rank_order());
-    }
-    Decision::Wait {
-        ready,
-        needed: c.min_nodes,
-        last_call_ends: Some(ends),
-    }
+    /// When every member was last sent the round's progress.
+    progress_sent: Option<Instant>,
 }
 
 impl Job {
@@ -269,18 +177,21 @@ impl Job {
             restart_count: 0,
             members: BTreeMap::new(),
             participants: Vec::new(),
-            succeeded: BTreeSet::new(),
+            ready: 0,
+            succeeded: 0,
             last_failure: None,
             finished_at: None,
             next_seq: 0,
             min_ready_since: None,
+            progress_sent: None,
         }
     }
 
     /// Rebuilds a running job from the first node that reconnects to a
-    /// restarted server: the round it runs, its members (the others are
-    /// expected back; any that stay silent past the keep-alive limit are lost,
-    /// and the rest re-form), and the restart count.
+    /// restarted server: the round it runs and the restart count. Every rank
+    /// of that round gets a placeholder that the node holding it claims when
+    /// it reconnects; a rank nobody claims within the keep-alive limit is
+    /// lost, and the job re-forms without it.
     pub fn relearn(
         now: Instant,
         id: impl Into<String>,
@@ -291,23 +202,19 @@ impl Job {
         job.phase = Phase::Running;
         job.round = resume.round;
         job.restart_count = resume.restart_count;
-        let mut nodes = resume.nodes.clone();
-        nodes.sort_by_key(|n| n.node_rank);
-        for n in &nodes {
-            job.next_seq += 1;
-            job.members.insert(
-                n.node_id.clone(),
-                Member {
-                    hostname: n.hostname.clone(),
-                    requested_rank: req.node_rank.map(|_| n.node_rank),
-                    ready: None,
-                    rank: Some(n.node_rank),
-                    last_seen: now,
-                    joined_seq: job.next_seq,
-                },
+        for rank in 0..resume.nnodes.max(resume.node_rank + 1) {
+            let id = format!("{ABSENT}{rank}");
+            job.insert(
+                now,
+                id.clone(),
+                "(not reconnected yet)".into(),
+                req.node_rank.map(|_| rank),
             );
+            if let Some(m) = job.members.get_mut(&id) {
+                m.rank = Some(rank);
+            }
+            job.participants.push(id);
         }
-        job.participants = nodes.into_iter().map(|n| n.node_id).collect();
         job
     }
 
@@ -348,7 +255,8 @@ impl Job {
                 .is_some_and(|t| now.saturating_duration_since(t) >= ttl)
     }
 
-    /// A node joins. On success it is told which round to get ready for.
+    /// A node joins, or a member reconnects (`req.resume`). On success it is
+    /// told which round to get ready for, or that its round goes on.
     pub fn join(
         &mut self,
         now: Instant,
@@ -361,26 +269,17 @@ impl Job {
             _ => {}
         }
         self.check_config(&JobConfig::from_join(req))?;
-        if let Some(member) = self.members.get_mut(node_id) {
+        if self.members.contains_key(node_id) {
             if req.resume.is_none() {
                 return Err(JoinError::DuplicateNode {
                     job: self.id.clone(),
                     node: node_id.to_owned(),
                 });
             }
-            // A member reconnecting (its stream broke, or this server restarted).
-            member.last_seen = now;
-            member.hostname.clone_from(&req.hostname);
-            let resumed = self.phase == Phase::Running
-                && req.resume.as_ref().is_some_and(|r| r.round == self.round)
-                && self.participants.iter().any(|p| p == node_id);
-            return Ok(vec![Outbound {
-                to: node_id.to_owned(),
-                event: Kind::Joined(pb::Joined {
-                    round: self.round,
-                    resumed,
-                }),
-            }]);
+            return Ok(self.reattach(now, node_id, req));
+        }
+        if let Some(out) = self.claim_absent(now, node_id, req) {
+            return Ok(out);
         }
         if let Some(rank) = req.node_rank {
             if rank >= self.config.max_nodes {
@@ -402,25 +301,8 @@ impl Job {
                 });
             }
         }
-        self.next_seq += 1;
-        self.members.insert(
-            node_id.to_owned(),
-            Member {
-                hostname: req.hostname.clone(),
-                requested_rank: req.node_rank,
-                ready: None,
-                rank: None,
-                last_seen: now,
-                joined_seq: self.next_seq,
-            },
-        );
-        let mut out = vec![Outbound {
-            to: node_id.to_owned(),
-            event: Kind::Joined(pb::Joined {
-                round: self.round,
-                resumed: false,
-            }),
-        }];
+        self.insert(now, node_id.to_owned(), req.hostname.clone(), req.node_rank);
+        let mut out = vec![joined(node_id, self.round, false)];
         if self.phase == Phase::Running {
             if (self.participants.len() as u32) < self.config.max_nodes {
                 // A node arriving while a round with free slots runs: re-form with it.
@@ -429,11 +311,67 @@ impl Job {
                 // The round is full: the newcomer waits as a spare for a freed slot.
                 out.push(Outbound {
                     to: node_id.to_owned(),
-                    event: Kind::Waiting(self.waiting(None, true)),
+                    event: Kind::Waiting(self.waiting(now, true)),
                 });
             }
         }
         Ok(out)
+    }
+
+    /// A member reconnecting: it goes on if its round is still the running one.
+    fn reattach(&mut self, now: Instant, node_id: &str, req: &pb::JoinRequest) -> Vec<Outbound> {
+        if let Some(m) = self.members.get_mut(node_id) {
+            m.last_seen = now;
+            m.hostname.clone_from(&req.hostname);
+        }
+        let resumed = self.phase == Phase::Running
+            && req.resume.as_ref().is_some_and(|r| r.round == self.round)
+            && self.members.get(node_id).is_some_and(|m| m.rank.is_some());
+        vec![joined(node_id, self.round, resumed)]
+    }
+
+    /// A relearned job: the reconnecting node takes back its placeholder.
+    fn claim_absent(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        req: &pb::JoinRequest,
+    ) -> Option<Vec<Outbound>> {
+        let resume = req
+            .resume
+            .as_ref()
+            .filter(|r| self.phase == Phase::Running && r.round == self.round)?;
+        let slot = self.participants.get_mut(resume.node_rank as usize)?;
+        if !slot.starts_with(ABSENT) {
+            return None;
+        }
+        let placeholder = std::mem::replace(slot, node_id.to_owned());
+        self.members.remove(&placeholder);
+        self.insert(now, node_id.to_owned(), req.hostname.clone(), req.node_rank);
+        if let Some(m) = self.members.get_mut(node_id) {
+            m.rank = Some(resume.node_rank);
+        }
+        Some(vec![joined(node_id, self.round, true)])
+    }
+
+    fn insert(
+        &mut self,
+        now: Instant,
+        node_id: String,
+        hostname: String,
+        requested_rank: Option<u32>,
+    ) {
+        self.next_seq += 1;
+        let member = Member {
+            hostname,
+            requested_rank,
+            ready: None,
+            rank: None,
+            succeeded: false,
+            last_seen: now,
+            joined_seq: self.next_seq,
+        };
+        self.members.insert(node_id, member);
     }
 
     /// A node is ready for `round`, offering its store endpoint.
@@ -444,26 +382,34 @@ impl Job {
         round: u64,
         master: (String, u32),
     ) -> Vec<Outbound> {
+        let forming = round == self.round && self.phase == Phase::Forming;
         let Some(m) = self.members.get_mut(node_id) else {
             return Vec::new();
         };
         m.last_seen = now;
-        if round != self.round || self.phase != Phase::Forming {
+        if !forming {
             return Vec::new();
         }
-        m.ready = Some(master);
-        self.step(now)
+        if m.ready.replace(master).is_none() {
+            self.ready += 1;
+        }
+        let mut out = self.step(now);
+        if !out.iter().any(|o| o.to == node_id) {
+            // Every node hears at once that it counts; others at the progress rate.
+            out.push(Outbound {
+                to: node_id.to_owned(),
+                event: Kind::Waiting(self.waiting(now, false)),
+            });
+        }
+        out
     }
 
-    /// A node's keep-alive.
+    /// A node's keep-alive; false if it is not a member.
     pub fn keep_alive(&mut self, now: Instant, node_id: &str) -> bool {
-        match self.members.get_mut(node_id) {
-            Some(m) => {
-                m.last_seen = now;
-                true
-            }
-            None => false,
-        }
+        self.members
+            .get_mut(node_id)
+            .map(|m| m.last_seen = now)
+            .is_some()
     }
 
     /// A worker of `node_id` failed in `round`.
@@ -474,37 +420,37 @@ impl Job {
         round: u64,
         reason: String,
     ) -> Vec<Outbound> {
-        if let Some(m) = self.members.get_mut(node_id) {
-            m.last_seen = now;
-        }
+        self.keep_alive(now, node_id);
         if round != self.round || self.phase != Phase::Running {
             return Vec::new();
         }
         self.last_failure = Some(reason.clone());
         if self.restart_count < self.config.max_restarts {
             self.restart_count += 1;
-            self.restart(reason, true)
-        } else {
-            let reason = format!(
-                "{reason}; the job's restart budget is spent ({} of --max-restarts {})",
-                self.restart_count, self.config.max_restarts
-            );
-            self.finish(now, Phase::Failed(reason))
+            return self.restart(reason, true);
         }
+        let reason = format!(
+            "{reason}; the job's restart budget is spent ({} of --max-restarts {})",
+            self.restart_count, self.config.max_restarts
+        );
+        self.finish(now, Phase::Failed(reason))
     }
 
     /// Every worker of `node_id` succeeded in `round`.
     pub fn success(&mut self, now: Instant, node_id: &str, round: u64) -> Vec<Outbound> {
-        if let Some(m) = self.members.get_mut(node_id) {
-            m.last_seen = now;
-        }
+        self.keep_alive(now, node_id);
         if round != self.round || self.phase != Phase::Running {
             return Vec::new();
         }
-        if self.participants.iter().any(|p| p == node_id) {
-            self.succeeded.insert(node_id.to_owned());
+        if let Some(m) = self
+            .members
+            .get_mut(node_id)
+            .filter(|m| m.rank.is_some() && !m.succeeded)
+        {
+            m.succeeded = true;
+            self.succeeded += 1;
         }
-        if self.succeeded.len() == self.participants.len() {
+        if self.succeeded == self.participants.len() {
             return self.finish(now, Phase::Succeeded);
         }
         Vec::new()
@@ -515,51 +461,30 @@ impl Job {
         let Some(m) = self.members.remove(node_id) else {
             return Vec::new();
         };
+        if m.ready.is_some() {
+            self.ready -= 1;
+        }
         match self.phase {
-            Phase::Running
-                if self.participants.iter().any(|p| p == node_id)
-                    && !self.succeeded.contains(node_id) =>
-            {
-                let reason = format!("host '{}' left the job: {reason}", m.hostname);
-                self.restart(reason, false)
-            }
+            // A node whose workers succeeded may go; the others finish the round.
+            Phase::Running if m.rank.is_some() && !m.succeeded => self.restart(
+                format!("host '{}' left the job: {reason}", m.hostname),
+                false,
+            ),
             Phase::Forming => self.step(now),
             _ => Vec::new(),
         }
     }
 
-    fn ready_count(&self) -> u32 {
-        self.members.values().filter(|m| m.ready.is_some()).count() as u32
-    }
-
-    fn track_min_ready(&mut self, now: Instant) {
-        if self.phase != Phase::Forming || self.ready_count() < self.config.min_nodes {
-            self.min_ready_since = None;
-        } else if self.min_ready_since.is_none() {
-            self.min_ready_since = Some(now);
-        }
-    }
-
-    /// Progress for the members (`spare`: the round is full, this node waits).
-    fn waiting(&self, last_call: Option<Duration>, spare: bool) -> pb::Waiting {
-        pb::Waiting {
-            round: self.round,
-            ready: self.ready_count(),
-            needed: self.config.min_nodes,
-            hosts: self.hosts(),
-            min_nodes: self.config.min_nodes,
-            max_nodes: self.config.max_nodes,
-            last_call_ms: last_call.map(|d| d.as_millis() as u64),
-            spare,
-        }
-    }
-
-    /// Periodic check: lost nodes. Progress is announced only when it changes.
+    /// Periodic work: lost nodes, the last call, rate-limited progress.
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
-        match decide(now, self) {
-            Decision::Lost(_) | Decision::Complete(_) => self.step(now),
-            Decision::Idle | Decision::Wait { .. } => Vec::new(),
+        let mut out = Vec::new();
+        for id in lost(now, self) {
+            out.extend(self.leave(now, &id, "no keep-alive in time"));
         }
+        if matches!(decide(now, self), Decision::Complete(_)) || self.progress_due(now) {
+            out.extend(self.step(now));
+        }
+        out
     }
 
     /// Ends the job for everyone (server shutdown); `may_rejoin`: the server
@@ -573,54 +498,71 @@ impl Job {
         out
     }
 
-    /// Applies [`decide`] until nothing changes.
+    /// Applies [`decide`]: completes the round, or reports progress when due.
     fn step(&mut self, now: Instant) -> Vec<Outbound> {
-        let mut out = Vec::new();
-        loop {
-            self.track_min_ready(now);
-            match decide(now, self) {
-                Decision::Idle => return out,
-                Decision::Wait { last_call_ends, .. } => {
-                    let left = last_call_ends.map(|t| t.saturating_duration_since(now));
-                    let waiting = self.waiting(left, false);
-                    out.extend(self.broadcast(Kind::Waiting(waiting)));
-                    return out;
-                }
-                Decision::Complete(order) => {
-                    out.extend(self.complete(order));
-                    return out;
-                }
-                Decision::Lost(lost) => {
-                    for id in lost {
-                        out.extend(self.leave(now, &id, "no keep-alive in time"));
-                    }
-                }
+        self.track_min_ready(now);
+        match decide(now, self) {
+            Decision::Complete(order) => self.complete(now, order),
+            Decision::Wait { .. } if self.progress_due(now) => {
+                self.progress_sent = Some(now);
+                let waiting = self.waiting(now, false);
+                self.broadcast(Kind::Waiting(waiting))
             }
+            _ => Vec::new(),
         }
     }
 
-    fn complete(&mut self, order: Vec<String>) -> Vec<Outbound> {
+    fn progress_due(&self, now: Instant) -> bool {
+        self.phase == Phase::Forming
+            && self
+                .progress_sent
+                .is_none_or(|t| now.saturating_duration_since(t) >= PROGRESS_EVERY)
+    }
+
+    fn track_min_ready(&mut self, now: Instant) {
+        if self.phase != Phase::Forming || self.ready < self.config.min_nodes {
+            self.min_ready_since = None;
+        } else if self.min_ready_since.is_none() {
+            self.min_ready_since = Some(now);
+        }
+    }
+
+    /// Progress for the members (`spare`: the round is full, this node waits).
+    fn waiting(&self, now: Instant, spare: bool) -> pb::Waiting {
+        let last_call = match decide(now, self) {
+            Decision::Wait {
+                last_call_ends: Some(t),
+                ..
+            } => Some(t.saturating_duration_since(now).as_millis() as u64),
+            _ => None,
+        };
+        pb::Waiting {
+            round: self.round,
+            ready: self.ready,
+            needed: self.config.min_nodes,
+            hosts: self
+                .members
+                .values()
+                .take(HOSTS_LISTED)
+                .map(|m| m.hostname.clone())
+                .collect(),
+            min_nodes: self.config.min_nodes,
+            max_nodes: self.config.max_nodes,
+            last_call_ms: if spare { None } else { last_call },
+            spare,
+            members: self.members.len() as u32,
+        }
+    }
+
+    fn complete(&mut self, now: Instant, order: Vec<String>) -> Vec<Outbound> {
         let nnodes = order.len() as u32;
         let nproc = self.config.nproc_per_node;
         let (master_addr, master_port) = order
             .first()
             .and_then(|id| self.members[id].ready.clone())
             .unwrap_or_default();
-        let nodes: Vec<pb::NodeInfo> = order
-            .iter()
-            .zip(0u32..)
-            .map(|(id, rank)| pb::NodeInfo {
-                node_id: id.clone(),
-                hostname: self.members[id].hostname.clone(),
-                node_rank: rank,
-            })
-            .collect();
-        let mut out = Vec::with_capacity(order.len());
+        let mut out = Vec::with_capacity(self.members.len());
         for (id, rank) in order.iter().zip(0u32..) {
-            if let Some(m) = self.members.get_mut(id) {
-                m.rank = Some(rank);
-                m.ready = None;
-            }
             out.push(Outbound {
                 to: id.clone(),
                 event: Kind::RoundComplete(pb::RoundComplete {
@@ -633,26 +575,27 @@ impl Job {
                     max_restarts: self.config.max_restarts,
                     master_addr: master_addr.clone(),
                     master_port,
-                    nodes: nodes.clone(),
                 }),
             });
         }
+        let ranks: std::collections::HashMap<&String, u32> = order.iter().zip(0u32..).collect();
+        let mut spares = Vec::new();
         for (id, m) in self.members.iter_mut() {
-            if !order.contains(id) {
-                m.rank = None;
+            m.rank = ranks.get(id).copied();
+            m.succeeded = false;
+            if m.rank.is_some() {
+                m.ready = None;
+            } else {
+                spares.push(id.clone());
             }
         }
+        self.ready = self.members.values().filter(|m| m.ready.is_some()).count() as u32;
         self.participants = order;
-        self.succeeded.clear();
+        self.succeeded = 0;
         self.phase = Phase::Running;
         self.min_ready_since = None;
-        let spares: Vec<String> = self
-            .members
-            .keys()
-            .filter(|id| !self.participants.contains(id))
-            .cloned()
-            .collect();
-        let waiting = self.waiting(None, true);
+        self.progress_sent = None;
+        let waiting = self.waiting(now, true);
         out.extend(spares.into_iter().map(|to| Outbound {
             to,
             event: Kind::Waiting(waiting.clone()),
@@ -660,40 +603,18 @@ impl Job {
         out
     }
 
-    /// Node ids of the ready members in node-rank order (see module docs).
-    fn rank_order(&self) -> Vec<String> {
-        let mut order = self.rank_order_all();
-        order.truncate(self.config.max_nodes as usize);
-        order
-    }
-
-    fn rank_order_all(&self) -> Vec<String> {
-        let ready = self.members.iter().filter(|(_, m)| m.ready.is_some());
-        if self.members.values().any(|m| m.requested_rank.is_some()) {
-            let mut v: Vec<_> = ready.collect();
-            v.sort_by_key(|(_, m)| m.requested_rank);
-            return v.into_iter().map(|(id, _)| id.clone()).collect();
-        }
-        let mut veterans: Vec<_> = ready.clone().filter(|(_, m)| m.rank.is_some()).collect();
-        veterans.sort_by_key(|(_, m)| m.rank);
-        let mut fresh: Vec<_> = ready.filter(|(_, m)| m.rank.is_none()).collect();
-        fresh.sort_by(|(a, ma), (b, mb)| {
-            (&ma.hostname, a, ma.joined_seq).cmp(&(&mb.hostname, b, mb.joined_seq))
-        });
-        veterans
-            .into_iter()
-            .chain(fresh)
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-
     fn restart(&mut self, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
         self.round += 1;
         self.phase = Phase::Forming;
-        self.succeeded.clear();
+        self.succeeded = 0;
+        self.ready = 0;
+        self.progress_sent = None;
+        let present: HashSet<&String> = self.members.keys().collect();
+        self.participants.retain(|p| present.contains(p));
         for m in self.members.values_mut() {
             m.ready = None;
+            m.succeeded = false;
         }
         self.broadcast(Kind::RestartRequested(pb::RestartRequested {
             round: old,
@@ -719,15 +640,12 @@ impl Job {
     fn broadcast(&self, event: Kind) -> Vec<Outbound> {
         self.members
             .keys()
+            .filter(|id| !id.starts_with(ABSENT))
             .map(|id| Outbound {
                 to: id.clone(),
                 event: event.clone(),
             })
             .collect()
-    }
-
-    fn hosts(&self) -> Vec<String> {
-        self.members.values().map(|m| m.hostname.clone()).collect()
     }
 
     fn finished(&self, outcome: &'static str) -> JoinError {
@@ -738,7 +656,6 @@ impl Job {
     }
 
     fn check_config(&self, other: &JobConfig) -> Result<(), JoinError> {
-        let c = &self.config;
         let nnodes = |c: &JobConfig| {
             if c.min_nodes == c.max_nodes {
                 c.max_nodes.to_string()
@@ -746,6 +663,7 @@ impl Job {
                 format!("{}:{}", c.min_nodes, c.max_nodes)
             }
         };
+        let c = &self.config;
         let checks = [
             ("--nnodes", nnodes(c), nnodes(other)),
             (
@@ -770,6 +688,13 @@ impl Job {
             }
         }
         Ok(())
+    }
+}
+
+fn joined(node_id: &str, round: u64, resumed: bool) -> Outbound {
+    Outbound {
+        to: node_id.to_owned(),
+        event: Kind::Joined(pb::Joined { round, resumed }),
     }
 }
 

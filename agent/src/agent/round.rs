@@ -49,7 +49,6 @@ impl Session<'_> {
             };
             match kind {
                 Some(Kind::RoundComplete(r)) if r.round == round => {
-                    self.nodes.clone_from(&r.nodes);
                     return Ok(Formed::Round(round_info(r)));
                 }
                 Some(Kind::Waiting(w)) if w.round == round => {
@@ -98,7 +97,8 @@ impl Session<'_> {
         let resume = pb::Resume {
             round: info.round,
             restart_count: info.restart_count,
-            nodes: self.nodes.clone(),
+            node_rank: info.node_rank,
+            nnodes: info.nnodes,
         };
         let endpoint = self.endpoint.clone();
         let mut pending: Option<Exit> = None;

@@ -194,7 +194,12 @@ fn a_first_round_waits_out_the_last_call_after_min() {
     let alive =
         |j: &mut Job, at: Instant| ["a", "b"].iter().for_each(|n| assert!(j.keep_alive(at, n)));
     alive(&mut j, t + Duration::from_secs(29));
-    assert!(j.tick(t + Duration::from_secs(29)).is_empty());
+    let out = j.tick(t + Duration::from_secs(29));
+    assert!(
+        out.iter()
+            .all(|o| matches!(&o.event, Kind::Waiting(w) if w.last_call_ms == Some(1_000))),
+        "before the last call ends, only (rate-limited) progress: {out:?}"
+    );
     let out = j.tick(t + Duration::from_secs(30));
     assert_eq!(round_of(&out, "a").nnodes, 2);
     assert_eq!(round_of(&out, "b").world_size, 4);
@@ -378,10 +383,12 @@ fn finished_jobs_expire_after_their_nodes_left() {
 }
 
 fn resume_of(out: &[Outbound], node: &str, round: u64, restart_count: u32) -> pb::Resume {
+    let r = round_of(out, node);
     pb::Resume {
         round,
         restart_count,
-        nodes: round_of(out, node).nodes,
+        node_rank: r.node_rank,
+        nnodes: r.nnodes,
     }
 }
 
@@ -419,7 +426,7 @@ fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
         (4, 2, &Phase::Running)
     );
     let mut r1 = req("b", 3, None);
-    r1.resume = r.resume.clone();
+    r1.resume = Some(resume_of(&out, "n1", 4, 2));
     assert!(
         matches!(&j.join(t, "n1", &r1).expect("second")[0].event, Kind::Joined(x) if x.resumed)
     );

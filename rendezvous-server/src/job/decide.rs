@@ -1,0 +1,102 @@
+//! The pure decisions: whether a forming round completes, who is lost, and
+//! the node-rank order. Each reads a [`Job`] and the current instant and
+//! changes nothing.
+
+use std::time::Instant;
+
+use super::{Job, Phase};
+
+/// What [`decide`] concluded for a job at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing to do.
+    Idle,
+    /// Still forming: `ready` of `needed` nodes are ready.
+    Wait {
+        /// Members ready for the round.
+        ready: u32,
+        /// Ready members the round needs before it may start (MIN).
+        needed: u32,
+        /// When the last call ends, once MIN are ready.
+        last_call_ends: Option<Instant>,
+    },
+    /// Complete the round with these node ids, in node-rank order.
+    Complete(Vec<String>),
+}
+
+/// Whether the forming round completes at `now`. O(1) unless it completes.
+///
+/// A round completes at MAX ready nodes, or at MIN once the last call (which
+/// starts when MIN are ready) ends. A job re-forming after a round ran starts
+/// as soon as every remaining member is ready: there is nobody to wait for.
+pub fn decide(now: Instant, job: &Job) -> Decision {
+    if job.phase != Phase::Forming {
+        return Decision::Idle;
+    }
+    let c = &job.config;
+    let ready = job.ready;
+    if ready >= c.max_nodes {
+        return Decision::Complete(rank_order(job));
+    }
+    if ready < c.min_nodes {
+        return Decision::Wait {
+            ready,
+            needed: c.min_nodes,
+            last_call_ends: None,
+        };
+    }
+    if !job.participants.is_empty() && ready as usize == job.members.len() {
+        return Decision::Complete(rank_order(job));
+    }
+    let ends = job.min_ready_since.unwrap_or(now) + c.last_call;
+    if now >= ends {
+        return Decision::Complete(rank_order(job));
+    }
+    Decision::Wait {
+        ready,
+        needed: c.min_nodes,
+        last_call_ends: Some(ends),
+    }
+}
+
+/// Members silent for longer than the job's keep-alive limit, on the
+/// server's clock. O(members); run from the periodic tick only.
+pub fn lost(now: Instant, job: &Job) -> Vec<String> {
+    let Some(dead_after) = job.config.dead_after else {
+        return Vec::new();
+    };
+    if job.phase.is_terminal() {
+        return Vec::new();
+    }
+    job.members
+        .iter()
+        .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > dead_after)
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// Ready members in node-rank order, at most MAX (see the module docs of
+/// [`super`]): requested ranks for static rendezvous; otherwise members of the
+/// previous round in their order, then newcomers by host name and node id.
+pub fn rank_order(job: &Job) -> Vec<String> {
+    let ready = job.members.iter().filter(|(_, m)| m.ready.is_some());
+    let mut order: Vec<String> = if job.members.values().any(|m| m.requested_rank.is_some()) {
+        let mut v: Vec<_> = ready.collect();
+        v.sort_by_key(|(_, m)| m.requested_rank);
+        v.into_iter().map(|(id, _)| id.clone()).collect()
+    } else {
+        let mut veterans: Vec<_> = ready.clone().filter(|(_, m)| m.rank.is_some()).collect();
+        veterans.sort_by_key(|(_, m)| m.rank);
+        let mut fresh: Vec<_> = ready.filter(|(_, m)| m.rank.is_none()).collect();
+        fresh.sort_by(|(a, ma), (b, mb)| {
+            (&ma.hostname, a, ma.joined_seq).cmp(&(&mb.hostname, b, mb.joined_seq))
+        });
+        veterans
+            .into_iter()
+            .chain(fresh)
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    order.truncate(job.config.max_nodes as usize);
+    order
+}
