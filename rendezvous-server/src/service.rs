@@ -74,9 +74,14 @@ impl Registry {
             // The job is over: end every stream so agents see the end and a
             // hosting agent can shut its embedded server down gracefully.
             entry.streams.clear();
-        } else if let Some(job) = entry.job.as_ref() {
+        } else if let Some(job) = entry
+            .job
+            .as_ref()
+            .filter(|j| entry.streams.len() > j.members().len())
+        {
             // A node the job dropped (lost, left) loses its stream: if it is in
-            // fact alive, it learns so when it reconnects.
+            // fact alive, it learns so when it reconnects. (Checked only when
+            // membership shrank, to keep each call O(log n).)
             entry.streams.retain(|id, _| job.members().contains_key(id));
         }
         Some(r)
@@ -105,28 +110,29 @@ impl Registry {
         }
     }
 
-    fn disconnected(&self, job_id: &str, node_id: &str, stream: u64) {
+    /// A node leaves: its stream goes first (so the job's own bookkeeping
+    /// stays O(log n)), then the job learns. With `stream`, only if that
+    /// stream is still the node's current one (a reconnected node replaced it).
+    fn depart(&self, job_id: &str, node_id: &str, reason: &str, stream: Option<u64>) {
         let now = Instant::now();
-        let current = self
-            .lock()
-            .get(job_id)
-            .and_then(|e| e.streams.get(node_id))
-            .is_some_and(|(id, _)| *id == stream);
-        if !current {
-            return; // replaced by a newer stream, or already dropped by the job
+        let mut jobs = self.lock();
+        let Some(entry) = jobs.get_mut(job_id) else {
+            return;
+        };
+        match (stream, entry.streams.get(node_id)) {
+            (Some(s), Some((current, _))) if *current != s => return,
+            (Some(_), None) => return, // already dropped by the job
+            _ => {}
         }
-        self.with_job(job_id, |job| {
-            if job.members().contains_key(node_id) && !job.phase().is_terminal() {
-                warn!(job = job_id, node = node_id, "node's stream ended");
-            }
-            (
-                (),
-                job.leave(now, node_id, "its connection to the rendezvous ended"),
-            )
-        });
-        if let Some(e) = self.lock().get_mut(job_id) {
-            e.streams.remove(node_id);
+        entry.streams.remove(node_id);
+        let Some(job) = entry.job.as_mut() else {
+            return;
+        };
+        if stream.is_some() && job.members().contains_key(node_id) && !job.phase().is_terminal() {
+            warn!(job = job_id, node = node_id, "node's stream ended");
         }
+        let out = job.leave(now, node_id, reason);
+        deliver(entry, out);
     }
 }
 
@@ -160,8 +166,9 @@ impl Stream for NodeStream {
 
 impl Drop for NodeStream {
     fn drop(&mut self) {
+        let why = "its connection to the rendezvous ended";
         self.registry
-            .disconnected(&self.job_id, &self.node_id, self.stream);
+            .depart(&self.job_id, &self.node_id, why, Some(self.stream));
     }
 }
 
@@ -327,12 +334,8 @@ impl Rendezvous for RendezvousService {
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        let now = Instant::now();
         info!(job = %r.job_id, node = %r.node_id, reason = %r.reason, "node left");
-        self.on_job(&r.job_id, |job| ((), job.leave(now, &r.node_id, &r.reason)))?;
-        if let Some(e) = self.registry.lock().get_mut(&r.job_id) {
-            e.streams.remove(&r.node_id);
-        }
+        self.registry.depart(&r.job_id, &r.node_id, &r.reason, None);
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -1,0 +1,142 @@
+//! Load generator: N simulated agents complete one rendezvous round against
+//! one `rdzv-server`, from this one process.
+//!
+//! Each simulated agent does what `accel-agent` does up to starting workers:
+//! open its `Join` stream, wait for `Joined`, call `Ready`, wait for its
+//! `RoundComplete`. Agents share HTTP/2 connections, 100 per connection.
+//! Prints, per N: wall time from the first join to the last node's
+//! `RoundComplete`, and the server's CPU time (from /proc) per node.
+//!
+//! Usage: rdzv-load --endpoint HOST:PORT --server-pid PID [--agents 100,1000,10000]
+
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+use pb::event::Kind;
+use pb::rendezvous_client::RendezvousClient;
+use tonic::transport::{Channel, Endpoint};
+
+const PER_CONNECTION: usize = 100;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+async fn agent(
+    mut client: RendezvousClient<Channel>,
+    job: String,
+    i: usize,
+    n: u32,
+) -> Result<(), String> {
+    let node_id = format!("load-{i}");
+    let req = pb::JoinRequest {
+        job_id: job.clone(),
+        node_id: node_id.clone(),
+        hostname: format!("host-{i:05}"),
+        min_nodes: n,
+        max_nodes: n,
+        nproc_per_node: 8,
+        max_restarts: 0,
+        node_rank: None,
+        dead_after_ms: 600_000,
+        last_call_ms: 0,
+        resume: None,
+    };
+    let mut events = client
+        .join(req)
+        .await
+        .map_err(|s| s.to_string())?
+        .into_inner();
+    loop {
+        match events
+            .message()
+            .await
+            .map_err(|s| s.to_string())?
+            .and_then(|e| e.kind)
+        {
+            Some(Kind::Joined(j)) => {
+                let ready = pb::ReadyRequest {
+                    job_id: job.clone(),
+                    node_id: node_id.clone(),
+                    round: j.round,
+                    master_addr: "10.0.0.1".into(),
+                    master_port: 29500,
+                };
+                client.ready(ready).await.map_err(|s| s.to_string())?;
+            }
+            Some(Kind::RoundComplete(r)) if r.nnodes == n => return Ok(()),
+            Some(_) => {}
+            None => return Err("stream ended".into()),
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let endpoint = arg("--endpoint").ok_or("--endpoint HOST:PORT is required")?;
+    let server_pid = arg("--server-pid").ok_or("--server-pid PID is required")?;
+    let sizes: Vec<u32> = arg("--agents")
+        .unwrap_or_else(|| "100,1000,10000".into())
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    println!("| agents | rendezvous wall time | server CPU | server CPU per agent |");
+    println!("|---|---|---|---|");
+    for (k, n) in sizes.into_iter().enumerate() {
+        let (wall, cpu) = rt.block_on(async {
+            let uri = format!("http://{endpoint}");
+            let mut channels = Vec::new();
+            for _ in 0..(n as usize).div_ceil(PER_CONNECTION) {
+                channels.push(
+                    Endpoint::from_shared(uri.clone())?
+                        .tcp_nodelay(true)
+                        .connect()
+                        .await?,
+                );
+            }
+            let job = format!("load-{k}-{n}");
+            let cpu0 = cpu_seconds(&server_pid);
+            let t0 = Instant::now();
+            let tasks: Vec<_> = (0..n as usize)
+                .map(|i| {
+                    let client = RendezvousClient::new(channels[i / PER_CONNECTION].clone());
+                    tokio::spawn(agent(client, job.clone(), i, n))
+                })
+                .collect();
+            for t in tasks {
+                t.await??;
+            }
+            let wall = t0.elapsed();
+            // Let the server finish its accounting of the round before reading its CPU.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, Box<dyn std::error::Error>>((wall, cpu_seconds(&server_pid) - cpu0))
+        })?;
+        println!(
+            "| {n} | {:.3} s | {:.2} s | {:.0} µs |",
+            wall.as_secs_f64(),
+            cpu,
+            cpu / f64::from(n) * 1e6
+        );
+    }
+    Ok(())
+}
