@@ -20,6 +20,28 @@ pub struct ServerArgs {
     /// Log format.
     #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Without a subcommand, serve the rendezvous.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// `rdzv-server` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Print the jobs a running rdzv-server knows: phase, round, restarts, nodes, last failure.
+    Status {
+        /// The server to ask.
+        #[arg(
+            long = "rdzv-endpoint",
+            alias = "rdzv_endpoint",
+            alias = "endpoint",
+            default_value = "127.0.0.1:29400"
+        )]
+        endpoint: String,
+        /// Only this job.
+        #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
+        job: Option<String>,
+    },
 }
 
 /// Parses plain seconds (`30`, `0.5`) or a number with a unit (`500ms`, `30s`, `2m`, `1h`).

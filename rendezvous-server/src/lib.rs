@@ -9,6 +9,7 @@
 //! - [`job`]: one job's state machine and the pure [`job::decide`] function;
 //! - [`service`]: the gRPC handlers and the registry of jobs by `rdzv_id`;
 //! - [`config`]: `rdzv-server`'s flags;
+//! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod error;
 pub mod job;
 pub mod service;
 pub mod signal;
+pub mod status;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use rendezvous_server::config::ServerArgs;
+use rendezvous_server::config::{Command, ServerArgs};
 
 fn main() -> ExitCode {
     let args = ServerArgs::parse();
@@ -15,6 +15,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::Status { endpoint, job }) = &args.command {
+        return match runtime.block_on(rendezvous_server::status::report(endpoint, job.as_deref())) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rdzv-server status: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {
             Ok(l) => l,

@@ -359,6 +359,18 @@ impl Rendezvous for RendezvousService {
     }
 }
 
+fn node_state(job: &Job, m: &crate::job::Member) -> &'static str {
+    use crate::job::Phase;
+    match (job.phase(), m.rank, m.ready.is_some()) {
+        (Phase::Running, Some(_), _) if m.succeeded => "succeeded",
+        (Phase::Running, Some(_), _) => "running",
+        (Phase::Running, None, _) => "spare",
+        (Phase::Forming, _, true) => "ready",
+        (Phase::Forming, _, false) => "joining",
+        _ => "done",
+    }
+}
+
 fn job_info(job: &Job) -> pb::JobInfo {
     let c = job.config();
     pb::JobInfo {
@@ -376,7 +388,7 @@ fn job_info(job: &Job) -> pb::JobInfo {
                 node_id: id.clone(),
                 hostname: m.hostname.clone(),
                 node_rank: m.rank,
-                state: if m.ready.is_some() { "ready" } else { "member" }.to_owned(),
+                state: node_state(job, m).to_owned(),
             })
             .collect(),
         last_failure: job.last_failure().unwrap_or_default().to_owned(),

@@ -158,3 +158,48 @@ fn a_second_job_on_the_server_does_not_disturb_the_first() {
     assert!(recs.iter().all(|r| r.restart == 0), "job a never restarted");
     assert!(recs.iter().all(|r| r.var("TORCHELASTIC_RUN_ID") == "job-a"));
 }
+
+#[test]
+fn rdzv_server_status_lists_jobs_nodes_and_restarts() {
+    let server = Server::start();
+    let dir = scratch("status");
+    let agents = c10d_agents(
+        &server,
+        &dir,
+        "status-job",
+        2,
+        "2",
+        &[("FAIL_RANKS", "1"), ("FAIL_UNTIL", "1"), ("RUN_FOR", "30")],
+    );
+    assert!(accel_tests::eventually(
+        Duration::from_secs(30),
+        || records(&dir).iter().filter(|r| r.restart == 1).count() == 4
+    ));
+    let out = std::process::Command::new(accel_tests::bin("rdzv-server"))
+        .args(["status", "--rdzv-endpoint", &server.addr])
+        .output()
+        .expect("run rdzv-server status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("job status-job  phase running  round 1  restarts 1/2  nnodes 2  members 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("last failure: worker rank 1 (local rank 1)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("  node ").count(), 2, "{text}");
+    assert!(
+        text.contains("rank 0  running") && text.contains("rank 1  running"),
+        "{text}"
+    );
+    for a in agents {
+        a.signal("TERM");
+        assert_eq!(a.wait(LIMIT).code(), 128 + 15);
+    }
+}

@@ -1,0 +1,101 @@
+//! `rdzv-server status`: asks a running server for its jobs and prints them.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+use pb::rendezvous_client::RendezvousClient;
+
+/// Why the status could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// The endpoint is not a `HOST:PORT`.
+    #[error("'{0}' is not a rendezvous endpoint; give HOST:PORT")]
+    BadEndpoint(String),
+    /// The server could not be reached.
+    #[error("cannot reach the rendezvous at {endpoint}: {source}")]
+    Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The server answered with an error.
+    #[error("the rendezvous at {endpoint} answered: {message}")]
+    Call {
+        /// The endpoint.
+        endpoint: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// The status of every job (or of `job`) at `endpoint`, as text.
+pub async fn report(endpoint: &str, job: Option<&str>) -> Result<String, StatusError> {
+    let uri = format!("http://{endpoint}");
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|_| StatusError::BadEndpoint(endpoint.to_owned()))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|source| StatusError::Connect {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+    let mut request = tonic::Request::new(pb::JobStatusRequest {
+        job_id: job.unwrap_or_default().to_owned(),
+    });
+    request.set_timeout(Duration::from_secs(10));
+    let jobs = RendezvousClient::new(channel)
+        .job_status(request)
+        .await
+        .map_err(|s| StatusError::Call {
+            endpoint: endpoint.to_owned(),
+            message: s.message().to_owned(),
+        })?
+        .into_inner()
+        .jobs;
+    Ok(render(&jobs))
+}
+
+/// One block per job: a summary line, then one line per node.
+pub fn render(jobs: &[pb::JobInfo]) -> String {
+    let mut out = String::new();
+    if jobs.is_empty() {
+        out.push_str("no jobs\n");
+    }
+    for j in jobs {
+        let nnodes = if j.min_nodes == j.max_nodes {
+            j.max_nodes.to_string()
+        } else {
+            format!("{}:{}", j.min_nodes, j.max_nodes)
+        };
+        let _ = writeln!(
+            out,
+            "job {}  phase {}  round {}  restarts {}/{}  nnodes {}  members {}",
+            j.job_id,
+            j.phase,
+            j.round,
+            j.restart_count,
+            j.max_restarts,
+            nnodes,
+            j.nodes.len()
+        );
+        if !j.last_failure.is_empty() {
+            let _ = writeln!(out, "  last failure: {}", j.last_failure);
+        }
+        for n in &j.nodes {
+            let rank = n
+                .node_rank
+                .map_or_else(|| "-".to_owned(), |r| r.to_string());
+            let _ = writeln!(
+                out,
+                "  node {}  host {}  rank {}  {}",
+                n.node_id, n.hostname, rank, n.state
+            );
+        }
+    }
+    out
+}
