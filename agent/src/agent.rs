@@ -68,6 +68,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         };
         let (client, events) = joined;
         let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
+        let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
+            true => None,
+            false => Some(
+                crate::logs::tee::Console::start()
+                    .map_err(|e| AgentError::io("cannot start the console writer", e))?,
+            ),
+        };
         let mut session = Session {
             cfg: &cfg,
             endpoint: (host.clone(), port),
@@ -81,9 +88,16 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             hostname: hostname.clone(),
             run_dir: None,
             store_listener: None,
+            console,
         };
         let result = session.run().await;
         session.keep_alive.abort();
+        if let Some(console) = &session.console {
+            console.drain(Duration::from_secs(2));
+            if console.dropped() > 0 {
+                warn!(lines = console.dropped(), "the console was slower than the workers: tee'd lines were dropped from it (the log files have every line)");
+            }
+        }
         result
     };
     let result = session.await;
@@ -194,6 +208,8 @@ struct Session<'a> {
     run_dir: Option<PathBuf>,
     /// The listener offered for the forming round's worker store.
     store_listener: Option<TcpListener>,
+    /// The console writer for tee'd worker output, if anything is tee'd.
+    console: Option<crate::logs::tee::Console>,
 }
 
 /// What woke the round loop.

@@ -107,6 +107,37 @@ pub struct AgentArgs {
     /// Base directory for per-attempt worker files (error files); default: a new temporary directory.
     #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
+    /// Send worker output to `<log-dir>/.../attempt_N/<local_rank>/std{out,err}.log`:
+    /// 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, like `0:3,1:1`.
+    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
+    pub redirects: String,
+    /// Like --redirects, and also copy the lines, prefixed, to this agent's console.
+    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
+    pub tee: String,
+    /// Console prefix of tee'd lines: `${role_name}`, `${rank}`, `${local_rank}`, `${hostname}`,
+    /// `${node_rank}` (default `[${role_name}${local_rank}]:`; also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE).
+    #[arg(
+        long = "log-line-prefix-template",
+        alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE"
+    )]
+    pub log_line_prefix_template: Option<String>,
+    /// Only these local ranks' output reaches the console, like `0,3` (files keep everything).
+    #[arg(
+        long = "local-ranks-filter",
+        alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        default_value = ""
+    )]
+    pub local_ranks_filter: String,
+    /// Only these global ranks' output reaches the console, like `0,8` (files keep everything).
+    #[arg(
+        long = "ranks-filter",
+        alias = "ranks_filter",
+        env = "PET_RANKS_FILTER",
+        default_value = ""
+    )]
+    pub ranks_filter: String,
     /// Static rendezvous: this node's rank.
     #[arg(
         long = "node-rank",

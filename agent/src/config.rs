@@ -198,6 +198,8 @@ pub struct Config {
     pub signals_text: String,
     /// `--virtual-local-rank`.
     pub virtual_local_rank: bool,
+    /// Where worker output goes.
+    pub logs: crate::logs::LogSpec,
     /// Warnings to print once logging is up.
     pub warnings: Vec<String>,
 }
@@ -344,6 +346,20 @@ impl Config {
             signals,
             signals_text: args.signals_to_handle.clone(),
             virtual_local_rank: args.virtual_local_rank,
+            logs: crate::logs::LogSpec {
+                redirects: crate::logs::StdSpec::parse("--redirects", &args.redirects)?,
+                tee: crate::logs::StdSpec::parse("--tee", &args.tee)?,
+                prefix_template: args
+                    .log_line_prefix_template
+                    .clone()
+                    .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+                    .filter(|t| !t.is_empty()),
+                local_ranks: crate::logs::parse_ranks(
+                    "--local-ranks-filter",
+                    &args.local_ranks_filter,
+                )?,
+                ranks: crate::logs::parse_ranks("--ranks-filter", &args.ranks_filter)?,
+            },
             warnings,
         })
     }

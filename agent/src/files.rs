@@ -1,7 +1,8 @@
 //! Per-job and per-attempt worker files, in torchrun's layout:
 //! `<log_dir>/<run_id>_<random>/attempt_<N>/<local_rank>/error.json`, where
 //! `<log_dir>` defaults to a new `torchelastic_*` directory under the system
-//! temporary directory and `N` is the job-wide restart count.
+//! temporary directory and `N` is the job-wide restart count (see
+//! [`attempt_dir`] for rounds that share one).
 
 use std::path::{Path, PathBuf};
 
@@ -25,14 +26,38 @@ pub fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<PathBuf, AgentErr
     fresh_dir(&base, &format!("{safe}_"))
 }
 
-/// The error file of `local_rank` in attempt `attempt`, its directory created.
-pub fn error_file(run_dir: &Path, attempt: u32, local_rank: u32) -> Result<PathBuf, AgentError> {
-    let dir = run_dir
-        .join(format!("attempt_{attempt}"))
-        .join(local_rank.to_string());
+/// A new directory for one round's worker files: `attempt_<N>` for the first
+/// round with restart count N, then `attempt_<N>.1`, `attempt_<N>.2`, … for
+/// rounds that re-formed without a counted restart (membership changes).
+/// An existing attempt directory is never reused, emptied or deleted.
+pub fn attempt_dir(run_dir: &Path, attempt: u32) -> Result<PathBuf, AgentError> {
+    for k in 0u32.. {
+        let name = if k == 0 {
+            format!("attempt_{attempt}")
+        } else {
+            format!("attempt_{attempt}.{k}")
+        };
+        let dir = run_dir.join(name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(AgentError::io(
+                    format!("cannot create {}", dir.display()),
+                    e,
+                ))
+            }
+        }
+    }
+    unreachable!("some attempt name is free")
+}
+
+/// The directory of `local_rank` in an attempt, created.
+pub fn rank_dir(attempt_dir: &Path, local_rank: u32) -> Result<PathBuf, AgentError> {
+    let dir = attempt_dir.join(local_rank.to_string());
     std::fs::create_dir_all(&dir)
         .map_err(|e| AgentError::io(format!("cannot create {}", dir.display()), e))?;
-    Ok(dir.join("error.json"))
+    Ok(dir)
 }
 
 /// A new directory `<parent>/<prefix><random>` that did not exist before.

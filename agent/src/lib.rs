@@ -37,6 +37,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guard;
+pub mod logs;
 mod rendezvous;
 pub mod signal;
 pub mod store;

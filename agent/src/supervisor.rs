@@ -24,7 +24,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use std::path::PathBuf;
+use std::process::Stdio;
+
 use crate::guard::Guard;
+use crate::logs::tee::{self, Console};
+use crate::logs::Sink;
 use crate::sys::{self, Ended};
 
 /// What to start for one local rank.
@@ -38,6 +43,12 @@ pub struct WorkerSpec {
     pub argv: Vec<String>,
     /// Variables set on top of the agent's environment.
     pub env: Vec<(&'static str, String)>,
+    /// Where its stdout goes.
+    pub stdout: Sink,
+    /// Where its stderr goes.
+    pub stderr: Sink,
+    /// Its `TORCHELASTIC_ERROR_FILE`.
+    pub error_file: PathBuf,
 }
 
 /// A worker's end.
@@ -59,12 +70,17 @@ struct Slot {
     ended: Option<Ended>,
 }
 
+/// How long a stopped group waits for its tee'd output to drain.
+const DRAIN: Duration = Duration::from_secs(2);
+
 /// The running workers of one round on this node.
 #[derive(Debug)]
 pub struct WorkerGroup {
     slots: Vec<Slot>,
     exits: mpsc::UnboundedReceiver<(usize, Ended)>,
     guard: Option<Arc<Guard>>,
+    /// Tee pumps, drained when the group stops.
+    pumps: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// A worker could not be started.
@@ -88,12 +104,14 @@ impl WorkerGroup {
     pub async fn spawn(
         specs: Vec<WorkerSpec>,
         guard: Option<Arc<Guard>>,
+        console: Option<Console>,
     ) -> Result<Self, SpawnError> {
         let (tx, exits) = mpsc::unbounded_channel();
         let mut group = Self {
             slots: Vec::with_capacity(specs.len()),
             exits,
             guard,
+            pumps: Vec::new(),
         };
         for (i, spec) in specs.into_iter().enumerate() {
             let mut cmd = Command::new(&spec.argv[0]);
@@ -101,7 +119,11 @@ impl WorkerGroup {
                 .envs(spec.env.iter().map(|(k, v)| (*k, v)))
                 .process_group(0);
             sys::kill_with_parent(&mut cmd);
-            let mut child = match cmd.spawn() {
+            let spawned = stdio(&spec.stdout).and_then(|out| {
+                cmd.stdout(out).stderr(stdio(&spec.stderr)?);
+                cmd.spawn()
+            });
+            let mut child = match spawned {
                 Ok(c) => c,
                 Err(source) => {
                     group.stop(Signal::SIGKILL, Duration::ZERO).await;
@@ -114,6 +136,24 @@ impl WorkerGroup {
                 }
             };
             let pid = child.id().map_or(0, |p| p as i32);
+            if let (Some(pipe), Sink::Tee { file, prefix }) = (child.stdout.take(), &spec.stdout) {
+                group.pumps.push(spawn_pump(
+                    pipe,
+                    file.clone(),
+                    prefix.clone(),
+                    false,
+                    console.clone(),
+                ));
+            }
+            if let (Some(pipe), Sink::Tee { file, prefix }) = (child.stderr.take(), &spec.stderr) {
+                group.pumps.push(spawn_pump(
+                    pipe,
+                    file.clone(),
+                    prefix.clone(),
+                    true,
+                    console.clone(),
+                ));
+            }
             if let Some(g) = &group.guard {
                 g.watch(pid);
             }
@@ -218,6 +258,10 @@ impl WorkerGroup {
             }
         }
         self.sweep();
+        // Whatever the workers wrote reaches the files and the console.
+        for pump in std::mem::take(&mut self.pumps) {
+            let _ = tokio::time::timeout(DRAIN, pump).await;
+        }
         seen
     }
 
@@ -248,6 +292,30 @@ impl WorkerGroup {
             }
         }
     }
+}
+
+fn stdio(sink: &Sink) -> std::io::Result<Stdio> {
+    Ok(match sink {
+        Sink::Inherit => Stdio::inherit(),
+        Sink::Null => Stdio::null(),
+        Sink::File(path) => Stdio::from(std::fs::File::create(path)?),
+        Sink::Tee { .. } => Stdio::piped(),
+    })
+}
+
+fn spawn_pump(
+    pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    file: PathBuf,
+    prefix: Option<Vec<u8>>,
+    err: bool,
+    console: Option<Console>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Some(console) = console else { return };
+        if let Err(e) = tee::pump(pipe, &file, prefix, err, console).await {
+            warn!(file = %file.display(), error = %e, "tee of worker output failed");
+        }
+    })
 }
 
 impl Drop for WorkerGroup {

@@ -4,6 +4,7 @@
 mod elastic;
 mod errors;
 mod launch;
+mod logs;
 mod restart;
 mod shutdown;
 mod torch;

@@ -204,11 +204,20 @@ impl Session<'_> {
                 d
             }
         };
+        let attempt = crate::files::attempt_dir(&run_dir, info.restart_count)?;
         let env = |k: &str| std::env::var(k).ok();
         (0..self.cfg.nproc_per_node)
             .map(|local_rank| {
-                let error_file =
-                    crate::files::error_file(&run_dir, info.restart_count, local_rank)?;
+                let dir = crate::files::rank_dir(&attempt, local_rank)?;
+                let error_file = dir.join("error.json");
+                let vars = crate::logs::PrefixVars {
+                    role_name: &self.cfg.role,
+                    rank: info.base_rank + local_rank,
+                    local_rank,
+                    hostname: &self.hostname,
+                    node_rank: info.node_rank,
+                };
+                let (stdout, stderr) = self.cfg.logs.sinks(&dir, &vars);
                 Ok(WorkerSpec {
                     local_rank,
                     global_rank: info.base_rank + local_rank,
@@ -220,6 +229,9 @@ impl Session<'_> {
                         &error_file.to_string_lossy(),
                         &env,
                     ),
+                    stdout,
+                    stderr,
+                    error_file,
                 })
             })
             .collect()
@@ -270,16 +282,17 @@ impl Session<'_> {
             _ => None,
         };
         let specs = self.specs(&info)?;
-        let mut group = match WorkerGroup::spawn(specs, self.guard.clone()).await {
-            Ok(g) => Some(g),
-            Err(e) => {
-                tracing::error!(error = %e, "worker failed to start");
-                self.client
-                    .report_failure(info.round, e.local_rank, e.global_rank, 127, e.to_string())
-                    .await;
-                None
-            }
-        };
+        let mut group =
+            match WorkerGroup::spawn(specs, self.guard.clone(), self.console.clone()).await {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::error!(error = %e, "worker failed to start");
+                    self.client
+                        .report_failure(info.round, e.local_rank, e.global_rank, 127, e.to_string())
+                        .await;
+                    None
+                }
+            };
         let grace = self.cfg.shutdown_timeout;
         let mut failed = group.is_none();
         let mut barrier: Option<Instant> = None;
