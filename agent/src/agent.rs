@@ -89,6 +89,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             run_dir: None,
             store_listener: None,
             console,
+            error_files: Vec::new(),
+            failures: Vec::new(),
         };
         let result = session.run().await;
         session.keep_alive.abort();
@@ -210,6 +212,10 @@ struct Session<'a> {
     store_listener: Option<TcpListener>,
     /// The console writer for tee'd worker output, if anything is tee'd.
     console: Option<crate::logs::tee::Console>,
+    /// The running round's error files, by local rank.
+    error_files: Vec<PathBuf>,
+    /// This node's failures in the running round.
+    failures: Vec<pb::Failure>,
 }
 
 /// What woke the round loop.
@@ -318,9 +324,11 @@ async fn next_event(events: &mut Streaming<pb::Event>) -> Result<Option<Kind>, A
     }
 }
 
-async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) {
-    if let Some(g) = group.as_mut() {
-        g.stop(sig, grace).await;
+/// Stops the group, if any; returns the exits it saw.
+async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) -> Vec<Exit> {
+    match group.as_mut() {
+        Some(g) => g.stop(sig, grace).await,
+        None => Vec::new(),
     }
 }
 

@@ -142,6 +142,7 @@ impl RdzvClient {
         global_rank: u32,
         exit_code: i32,
         reason: String,
+        failure: Option<pb::Failure>,
     ) {
         let req = self.request(pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
@@ -151,6 +152,7 @@ impl RdzvClient {
             global_rank,
             exit_code,
             reason,
+            failure,
         });
         if let Err(s) = self.inner.report_failure(req).await {
             warn!(error = %s.message(), "could not report the failure to the rendezvous");

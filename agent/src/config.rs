@@ -200,6 +200,8 @@ pub struct Config {
     pub virtual_local_rank: bool,
     /// Where worker output goes.
     pub logs: crate::logs::LogSpec,
+    /// The agent's own `TORCHELASTIC_ERROR_FILE`, set by a parent launcher.
+    pub parent_error_file: Option<PathBuf>,
     /// Warnings to print once logging is up.
     pub warnings: Vec<String>,
 }
@@ -346,6 +348,9 @@ impl Config {
             signals,
             signals_text: args.signals_to_handle.clone(),
             virtual_local_rank: args.virtual_local_rank,
+            parent_error_file: env("TORCHELASTIC_ERROR_FILE")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             logs: crate::logs::LogSpec {
                 redirects: crate::logs::StdSpec::parse("--redirects", &args.redirects)?,
                 tee: crate::logs::StdSpec::parse("--tee", &args.tee)?,

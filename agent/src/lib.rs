@@ -35,6 +35,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod failure;
 pub mod files;
 pub mod guard;
 pub mod logs;

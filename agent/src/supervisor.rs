@@ -58,6 +58,8 @@ pub struct Exit {
     pub local_rank: u32,
     /// Global rank of the worker.
     pub global_rank: u32,
+    /// Its process id.
+    pub pid: u32,
     /// How it ended.
     pub ended: Ended,
 }
@@ -198,6 +200,7 @@ impl WorkerGroup {
         Some(Exit {
             local_rank: slot.local_rank,
             global_rank: slot.global_rank,
+            pid: slot.pid as u32,
             ended,
         })
     }

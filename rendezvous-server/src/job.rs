@@ -158,6 +158,8 @@ pub struct Job {
     /// Participants whose workers all exited 0 (members or departed).
     succeeded: usize,
     last_failure: Option<String>,
+    /// The first failure reported in the running round (the job's root cause if it fails).
+    root_cause: Option<pb::Failure>,
     finished_at: Option<Instant>,
     next_seq: u64,
     /// Since when at least MIN members are ready for the forming round.
@@ -180,6 +182,7 @@ impl Job {
             ready: 0,
             succeeded: 0,
             last_failure: None,
+            root_cause: None,
             finished_at: None,
             next_seq: 0,
             min_ready_since: None,
@@ -419,12 +422,14 @@ impl Job {
         node_id: &str,
         round: u64,
         reason: String,
+        detail: Option<pb::Failure>,
     ) -> Vec<Outbound> {
         self.keep_alive(now, node_id);
         if round != self.round || self.phase != Phase::Running {
             return Vec::new();
         }
         self.last_failure = Some(reason.clone());
+        self.root_cause = detail;
         if self.restart_count < self.config.max_restarts {
             self.restart_count += 1;
             return self.restart(reason, true);
@@ -629,6 +634,7 @@ impl Job {
             Phase::Failed(reason) => Kind::JobFailed(pb::JobFailed {
                 round: self.round,
                 reason: reason.clone(),
+                root_cause: self.root_cause.clone(),
             }),
             _ => Kind::JobSucceeded(pb::JobSucceeded { round: self.round }),
         };

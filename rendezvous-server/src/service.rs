@@ -317,7 +317,10 @@ impl Rendezvous for RendezvousService {
         );
         warn!(job = %r.job_id, round = r.round, %reason, "worker failure reported");
         self.on_job(&r.job_id, |job| {
-            ((), job.failure(now, &r.node_id, r.round, reason))
+            (
+                (),
+                job.failure(now, &r.node_id, r.round, reason, r.failure.clone()),
+            )
         })?;
         Ok(Response::new(pb::Ack {}))
     }

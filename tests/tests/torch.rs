@@ -399,3 +399,96 @@ fn no_worker_reads_a_key_from_an_earlier_round() {
         "each round has its own store"
     );
 }
+
+#[test]
+fn record_errors_reach_every_node_as_the_job_wide_root_cause() {
+    let _heavy = heavy();
+    let server = accel_tests::Server::start();
+    let dir = scratch("record");
+    let script = worker("raise.py");
+    let outs = run_nodes(&dir, "node", 2, |node| {
+        let logs = dir.join(format!("logs{node}"));
+        let parent = dir.join(format!("parent{node}.json"));
+        accel(
+            &[
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                &server.addr,
+                "--rdzv-id",
+                "record",
+                "--local-addr",
+                "127.0.0.1",
+                "--log-dir",
+                logs.to_str().expect("path"),
+                script.to_str().expect("path"),
+            ],
+            &[
+                ("FAIL_RANK", "3"),
+                ("TORCHELASTIC_ERROR_FILE", parent.to_str().expect("path")),
+            ],
+        )
+    });
+    for (node, out) in outs.iter().enumerate() {
+        assert_eq!(out.status.code(), Some(1), "node {node}: {}", out.stderr);
+        let summary = &out.stderr[out
+            .stderr
+            .find(" FAILED\n")
+            .unwrap_or_else(|| panic!("no summary: {}", out.stderr))..];
+        let root = &summary[summary
+            .find("Root Cause (first observed failure):")
+            .expect("root cause")..];
+        assert!(
+            root.contains("  rank      : 3 (local_rank: 1)\n"),
+            "node {node}: {root}"
+        );
+        assert!(root.contains("  exitcode  : 1 (pid: "), "{root}");
+        assert!(root.contains("ValueError: boom from rank 3"), "{root}");
+        assert!(root.contains("/attempt_0/1/error.json"), "{root}");
+        let parent = read_json(&dir.join(format!("parent{node}.json")));
+        assert_eq!(parent["message"]["errorCode"], 1, "node {node}");
+        assert_eq!(parent["message"]["message"], "ValueError: boom from rank 3");
+        assert!(parent["message"]["extraInfo"]["py_callstack"]
+            .as_str()
+            .unwrap_or("")
+            .contains("raise ValueError"));
+    }
+    // The failing node lists its other, stopped worker; the other node has none of its own.
+    assert!(
+        outs[0].stderr.contains("<NO_OTHER_FAILURES>")
+            ^ outs[1].stderr.contains("<NO_OTHER_FAILURES>")
+    );
+    let failing = if outs[0].stderr.contains("<NO_OTHER_FAILURES>") {
+        &outs[1]
+    } else {
+        &outs[0]
+    };
+    assert!(
+        failing
+            .stderr
+            .contains("  rank      : 2 (local_rank: 0)\n  exitcode  : -15"),
+        "{}",
+        failing.stderr
+    );
+    // The worker's own error file, as @record wrote it.
+    let logs = dir.join("logs0").join("..");
+    let found: Vec<std::path::PathBuf> = ["logs0", "logs1"]
+        .iter()
+        .flat_map(|l| {
+            std::fs::read_dir(logs.join(l))
+                .expect("logs")
+                .map(|e| e.expect("e").path().join("attempt_0/1/error.json"))
+        })
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(found.len(), 1, "only rank 3 wrote an error file: {found:?}");
+    let e = read_json(&found[0]);
+    assert_eq!(e["message"]["message"], "ValueError: boom from rank 3");
+    assert!(e["message"]["extraInfo"]["timestamp"]
+        .as_str()
+        .is_some_and(|t| t.parse::<u64>().is_ok()));
+}

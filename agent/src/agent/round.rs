@@ -17,6 +17,7 @@ use super::{
 };
 use crate::config::Rendezvous;
 use crate::error::{AgentError, Outcome};
+use crate::failure;
 use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup, WorkerSpec};
 use crate::worker_env::{worker_argv, worker_env, RoundInfo};
@@ -59,7 +60,10 @@ impl Session<'_> {
                     round = r.next_round;
                     self.offer(round).await?;
                 }
-                Some(Kind::JobFailed(f)) => return Ok(Formed::Done(Outcome::Failed(f.reason))),
+                Some(Kind::JobFailed(f)) => {
+                    self.report_job_failure(f.root_cause.as_ref());
+                    return Ok(Formed::Done(Outcome::Failed(f.reason)));
+                }
                 Some(Kind::JobSucceeded(_)) => return Ok(Formed::Done(Outcome::Succeeded)),
                 Some(Kind::JobClosed(c)) if c.may_rejoin => {
                     round = self.reconnect_idle(&c.reason).await?;
@@ -151,16 +155,67 @@ impl Session<'_> {
         }
     }
 
+    /// Reports a worker failure to the rendezvous, with what its error file says.
     async fn report(&mut self, info: &RoundInfo, exit: &Exit) {
+        let f = self.describe(exit);
+        let reason = match f.error_file.as_str() {
+            "<N/A>" => exit.ended.to_string(),
+            _ => format!("{}: {}", exit.ended, f.message),
+        };
+        self.failures.push(f.clone());
         self.client
             .report_failure(
                 info.round,
                 exit.local_rank,
                 exit.global_rank,
                 exit.ended.code(),
-                exit.ended.to_string(),
+                reason,
+                Some(f),
             )
             .await;
+    }
+
+    fn describe(&self, exit: &Exit) -> pb::Failure {
+        let file = self
+            .error_files
+            .get(exit.local_rank as usize)
+            .cloned()
+            .unwrap_or_default();
+        failure::describe(
+            &self.hostname,
+            exit.global_rank,
+            exit.local_rank,
+            exit.pid,
+            exit.ended,
+            &file,
+        )
+    }
+
+    /// The job failed: print torchrun's summary (root cause first, from
+    /// whichever node) and write it to a parent's error file.
+    fn report_job_failure(&self, root: Option<&pb::Failure>) {
+        let Some(root) = root.or(self.failures.first()) else {
+            return;
+        };
+        let others: Vec<pb::Failure> = self
+            .failures
+            .iter()
+            .filter(|f| !(f.host == root.host && f.pid == root.pid))
+            .cloned()
+            .collect();
+        let entry = &self.cfg.entrypoint;
+        let title = entry
+            .leading_args
+            .iter()
+            .rfind(|a| !a.starts_with('-'))
+            .unwrap_or(&entry.program);
+        eprint!("{}", failure::summary(title, root, &others));
+        if let Some(path) = &self.cfg.parent_error_file {
+            let json = failure::parent_error_file(root).to_string();
+            if let Err(e) = std::fs::write(path, json) {
+                warn!(file = %path.display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
+            }
+        }
     }
 
     /// Ready for `round`, offering a freshly bound store listener: if this
@@ -282,13 +337,22 @@ impl Session<'_> {
             _ => None,
         };
         let specs = self.specs(&info)?;
+        self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
+        self.failures.clear();
         let mut group =
             match WorkerGroup::spawn(specs, self.guard.clone(), self.console.clone()).await {
                 Ok(g) => Some(g),
                 Err(e) => {
                     tracing::error!(error = %e, "worker failed to start");
                     self.client
-                        .report_failure(info.round, e.local_rank, e.global_rank, 127, e.to_string())
+                        .report_failure(
+                            info.round,
+                            e.local_rank,
+                            e.global_rank,
+                            127,
+                            e.to_string(),
+                            None,
+                        )
                         .await;
                     None
                 }
@@ -322,6 +386,7 @@ impl Session<'_> {
                 }
                 Wake::Event(Some(Kind::JobFailed(f))) => {
                     stop(&mut group, Signal::SIGTERM, grace).await;
+                    self.report_job_failure(f.root_cause.as_ref());
                     return Ok(RoundEnd::Done(Outcome::Failed(f.reason)));
                 }
                 Wake::Event(Some(Kind::JobSucceeded(_))) => {
@@ -379,7 +444,13 @@ impl Session<'_> {
                 failed = true;
                 warn!(local_rank = exit.local_rank, rank = exit.global_rank, ended = %exit.ended, "worker failed");
                 self.report(&info, &exit).await;
-                stop(&mut group, Signal::SIGTERM, grace).await;
+                // Workers this stops show in the summary too (as torchrun's do).
+                for stopped in stop(&mut group, Signal::SIGTERM, grace).await {
+                    if !stopped.ended.success() {
+                        let f = self.describe(&stopped);
+                        self.failures.push(f);
+                    }
+                }
             }
             if !failed && barrier.is_none() && group.as_ref().is_some_and(WorkerGroup::all_ended) {
                 self.client.report_success(info.round).await;

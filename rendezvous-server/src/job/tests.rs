@@ -98,7 +98,7 @@ fn dynamic_ranks_follow_host_names_then_stay_put() {
     assert_eq!(round_of(&out, "n2").node_rank, 1);
     assert_eq!(round_of(&out, "n0").node_rank, 2);
     // A failure restarts everyone; the same members keep the same ranks.
-    j.failure(t, "n0", 0, "exited 1".into());
+    j.failure(t, "n0", 0, "exited 1".into(), None);
     let mut out = Vec::new();
     for n in ["n0", "n1", "n2"] {
         out = j.ready(t, n, 1, (format!("{n}-addr"), 7));
@@ -270,7 +270,7 @@ fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
 fn failures_restart_everyone_until_the_job_budget_is_spent() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
-    let out = j.failure(t, "n1", 0, "exited 3".into());
+    let out = j.failure(t, "n1", 0, "exited 3".into(), None);
     assert_eq!(out.len(), 2, "both nodes are told");
     for o in &out {
         assert!(
@@ -278,14 +278,14 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
         );
     }
     // A second report of the same round (the other node also saw a failure) is ignored.
-    assert!(j.failure(t, "n0", 0, "exited 1".into()).is_empty());
+    assert!(j.failure(t, "n0", 0, "exited 1".into(), None).is_empty());
     assert_eq!(j.restart_count(), 1);
     j.ready(t, "n0", 1, ("a".into(), 1));
     let out = j.ready(t, "n1", 1, ("b".into(), 1));
     assert_eq!(round_of(&out, "n0").restart_count, 1);
     assert_eq!(round_of(&out, "n1").restart_count, 1);
     // Budget (1) spent: the next failure fails the job on every node.
-    let out = j.failure(t, "n0", 1, "exited 2".into());
+    let out = j.failure(t, "n0", 1, "exited 2".into(), None);
     assert_eq!(out.len(), 2);
     for o in &out {
         assert!(matches!(&o.event, Kind::JobFailed(f) if f.reason.contains("exited 2")));
@@ -361,7 +361,7 @@ fn silent_nodes_are_lost_on_the_servers_clock() {
 fn stale_reports_are_ignored() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
-    assert!(j.failure(t, "n0", 7, "late".into()).is_empty());
+    assert!(j.failure(t, "n0", 7, "late".into(), None).is_empty());
     assert!(j.success(t, "n0", 7).is_empty());
     assert!(
         j.ready(t, "n0", 0, ("x".into(), 1)).is_empty(),
@@ -402,7 +402,7 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
     assert!(matches!(&back[0].event, Kind::Joined(x) if x.resumed && x.round == 0));
     assert_eq!(j.phase(), &Phase::Running, "nothing restarted");
     // The job moves on (a failure elsewhere): a stale resume is told the new round.
-    j.failure(t, "n1", 0, "exited 1".into());
+    j.failure(t, "n1", 0, "exited 1".into(), None);
     let back = j.join(t, "n0", &again).expect("rejoin");
     assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1));
     // A plain join with a member's id is still a duplicate.

@@ -1,0 +1,309 @@
+//! Worker failures as torchrun reports them: the error file a worker's
+//! `@record` wrote, the failure summary (root cause first), and the error
+//! file the agent itself writes for a parent launcher.
+//!
+//! The summary's layout and field names are torchrun's (reference: torchrun
+//! §4.7); times are shown in UTC, as `YYYY-MM-DD_HH:MM:SS`.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use accel_proto::v1 as pb;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::sys::Ended;
+
+/// What a worker's error file says, if it wrote one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ErrorFile {
+    /// `message.message` (or a top-level string message).
+    pub message: String,
+    /// `message.extraInfo.py_callstack`.
+    pub traceback: String,
+    /// `message.extraInfo.timestamp` (or a top-level `timestamp`).
+    pub timestamp: Option<f64>,
+    /// The file as written.
+    pub raw: Value,
+}
+
+/// Reads a worker's error file; `None` if it wrote none (or nothing readable).
+pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
+    let raw: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let num = |v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    };
+    let m = &raw["message"];
+    let (message, traceback, timestamp) = match m {
+        Value::String(s) => (s.clone(), String::new(), num(&raw["timestamp"])),
+        _ => (
+            m["message"].as_str().unwrap_or_default().to_owned(),
+            m["extraInfo"]["py_callstack"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            num(&m["extraInfo"]["timestamp"]),
+        ),
+    };
+    Some(ErrorFile {
+        message,
+        traceback,
+        timestamp,
+        raw,
+    })
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// torchrun's exit-code convention: the code, or minus the signal.
+fn torch_exitcode(ended: Ended) -> i32 {
+    match ended {
+        Ended::Exited(c) => c,
+        Ended::Signaled(s) => -s,
+    }
+}
+
+/// Describes one failed worker from its exit and its error file.
+pub fn describe(
+    host: &str,
+    rank: u32,
+    local_rank: u32,
+    pid: u32,
+    ended: Ended,
+    error_file: &Path,
+) -> pb::Failure {
+    let recorded = read_error_file(error_file);
+    let exitcode = torch_exitcode(ended);
+    let (message, traceback) = match &recorded {
+        Some(e) => (e.message.clone(), e.traceback.clone()),
+        None if exitcode < 0 => (
+            format!(
+                "Signal {} ({}) received by PID {pid}",
+                -exitcode,
+                signal_name(-exitcode)
+            ),
+            String::new(),
+        ),
+        None => (
+            "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+                .to_owned(),
+            String::new(),
+        ),
+    };
+    pb::Failure {
+        host: host.to_owned(),
+        rank,
+        local_rank,
+        exitcode,
+        pid,
+        timestamp: recorded
+            .as_ref()
+            .and_then(|e| e.timestamp)
+            .unwrap_or_else(now_secs),
+        error_file: if recorded.is_some() {
+            error_file.display().to_string()
+        } else {
+            "<N/A>".to_owned()
+        },
+        message,
+        traceback,
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    Signal::try_from(sig).map_or_else(|_| format!("signal {sig}"), |s| s.to_string())
+}
+
+/// `YYYY-MM-DD_HH:MM:SS` in UTC.
+pub fn format_time(ts: f64) -> String {
+    let secs = ts.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}_{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn block(out: &mut Vec<String>, idx: usize, f: &pb::Failure) {
+    let signal = if f.exitcode < 0 {
+        format!(" ({})", signal_name(-f.exitcode))
+    } else {
+        String::new()
+    };
+    let trace = if f.traceback.is_empty() {
+        f.message.clone()
+    } else {
+        f.traceback.trim_end().to_owned()
+    };
+    out.push(format!("[{idx}]:"));
+    out.push(format!("  time      : {}", format_time(f.timestamp)));
+    out.push(format!("  host      : {}", f.host));
+    out.push(format!(
+        "  rank      : {} (local_rank: {})",
+        f.rank, f.local_rank
+    ));
+    out.push(format!(
+        "  exitcode  : {} (pid: {}){signal}",
+        f.exitcode, f.pid
+    ));
+    out.push(format!("  error_file: {}", f.error_file));
+    let mut lines = trace.lines();
+    out.push(format!(
+        "  traceback : {}",
+        lines.next().unwrap_or_default()
+    ));
+    out.extend(lines.map(|l| format!("    {l}")));
+}
+
+/// torchrun's failure summary: `title FAILED`, the other failures, then the
+/// root cause (the job-wide first failure, from whichever node).
+pub fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> String {
+    let mut failures = vec!["Failures:".to_owned()];
+    if others.is_empty() {
+        failures.push("  <NO_OTHER_FAILURES>".to_owned());
+    }
+    for (i, f) in others.iter().enumerate() {
+        block(&mut failures, i + 1, f);
+    }
+    let mut root_lines = vec!["Root Cause (first observed failure):".to_owned()];
+    block(&mut root_lines, 0, root);
+    let title = format!("{title} FAILED");
+    let width = failures
+        .iter()
+        .chain(&root_lines)
+        .chain(std::iter::once(&title))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(60);
+    let (eq, dash) = ("=".repeat(width), "-".repeat(width));
+    let mut out = vec![eq.clone(), title, dash.clone()];
+    out.extend(failures);
+    out.push(dash);
+    out.extend(root_lines);
+    out.push(eq);
+    out.join("\n") + "\n"
+}
+
+/// What the agent writes to its own `TORCHELASTIC_ERROR_FILE` (set by a
+/// parent launcher): the root cause's error file as the worker wrote it, if
+/// it is on this host, else one built from the report; with `errorCode`.
+pub fn parent_error_file(root: &pb::Failure) -> Value {
+    let mut v = read_error_file(Path::new(&root.error_file)).map(|e| e.raw).unwrap_or_else(|| {
+        serde_json::json!({"message": {
+            "message": root.message,
+            "extraInfo": {"py_callstack": root.traceback, "timestamp": format!("{}", root.timestamp as i64)},
+        }})
+    });
+    if let Some(m) = v.get_mut("message").and_then(Value::as_object_mut) {
+        m.insert("errorCode".into(), Value::from(root.exitcode));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(rank: u32, exitcode: i32, traceback: &str) -> pb::Failure {
+        pb::Failure {
+            host: "node1".into(),
+            rank,
+            local_rank: rank % 2,
+            exitcode,
+            pid: 4240 + rank,
+            timestamp: 1_735_732_801.0,
+            error_file: "<N/A>".into(),
+            message: "ValueError: boom".into(),
+            traceback: traceback.into(),
+        }
+    }
+
+    #[test]
+    fn times_are_utc() {
+        assert_eq!(format_time(0.0), "1970-01-01_00:00:00");
+        assert_eq!(format_time(1_735_732_801.0), "2025-01-01_12:00:01");
+        assert_eq!(format_time(951_825_600.0), "2000-02-29_12:00:00");
+    }
+
+    #[test]
+    fn summary_layout() {
+        let root = failure(
+            4,
+            1,
+            "Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: boom\n",
+        );
+        let text = summary("train.py", &root, &[failure(5, -15, "")]);
+        let lines: Vec<&str> = text.lines().collect();
+        // Borders are as wide as the longest line, at most 60.
+        let width = lines
+            .iter()
+            .skip(1)
+            .map(|l| l.len())
+            .max()
+            .unwrap_or(0)
+            .min(60);
+        assert_eq!(lines[0], "=".repeat(width));
+        assert_eq!(lines[1], "train.py FAILED");
+        assert_eq!(lines[2], "-".repeat(width));
+        assert_eq!(lines[3], "Failures:");
+        assert_eq!(lines[4], "[1]:");
+        assert!(
+            text.contains("  exitcode  : -15 (pid: 4245) (SIGTERM)\n"),
+            "{text}"
+        );
+        assert!(text.contains("Root Cause (first observed failure):\n[0]:\n  time      : 2025-01-01_12:00:01\n  host      : node1\n  rank      : 4 (local_rank: 0)\n  exitcode  : 1 (pid: 4244)\n"), "{text}");
+        assert!(text.contains("  traceback : Traceback (most recent call last):\n      File \"t.py\", line 1\n    ValueError: boom\n"), "{text}");
+        assert!(text.ends_with(&format!("{}\n", "=".repeat(width))));
+        assert!(summary("t", &root, &[]).contains("Failures:\n  <NO_OTHER_FAILURES>\n"));
+    }
+
+    #[test]
+    fn error_files_are_read_in_both_layouts() {
+        let dir = std::env::temp_dir().join(format!("accel-errfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let nested = dir.join("nested.json");
+        std::fs::write(&nested, r#"{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "tb", "timestamp": "1700000000"}}}"#).expect("write");
+        let e = read_error_file(&nested).expect("read");
+        assert_eq!(
+            (e.message.as_str(), e.traceback.as_str(), e.timestamp),
+            ("ValueError: boom", "tb", Some(1.7e9))
+        );
+        let flat = dir.join("flat.json");
+        std::fs::write(&flat, r#"{"message": "plain", "timestamp": 12}"#).expect("write");
+        assert_eq!(read_error_file(&flat).expect("read").timestamp, Some(12.0));
+        assert!(read_error_file(&dir.join("missing.json")).is_none());
+        let f = describe("h", 3, 1, 99, Ended::Signaled(9), &dir.join("missing.json"));
+        assert_eq!((f.exitcode, f.error_file.as_str()), (-9, "<N/A>"));
+        assert_eq!(f.message, "Signal 9 (SIGKILL) received by PID 99");
+        let mut root = describe("h", 3, 1, 99, Ended::Exited(2), &nested);
+        assert_eq!(parent_error_file(&root)["message"]["errorCode"], 2);
+        assert_eq!(
+            parent_error_file(&root)["message"]["extraInfo"]["py_callstack"],
+            "tb"
+        );
+        root.error_file = "<N/A>".into();
+        assert_eq!(
+            parent_error_file(&root)["message"]["message"],
+            "ValueError: boom"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
