@@ -5,8 +5,5 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 VENV="$(scripts/setup.sh)"
 cargo build --release --locked -p accel-agent >&2
-# torchrun's own TCPStore server reverse-resolves loopback peers: answer locally (needs root).
-hosts="$(mktemp)"; trap 'rm -f "$hosts"' EXIT
-{ cat /etc/hosts; echo "::1 localhost"; echo "::ffff:127.0.0.1 localhost"; } > "$hosts"
-exec unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$hosts" \
+exec scripts/with-private-hosts.sh \
   "$VENV/bin/python" bench/logs.py --accel "$CARGO_TARGET_DIR/release/accel-agent" --torchrun "$VENV/bin/torchrun" "$@"

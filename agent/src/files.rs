@@ -31,25 +31,11 @@ pub fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<PathBuf, AgentErr
 /// rounds that re-formed without a counted restart (membership changes).
 /// An existing attempt directory is never reused, emptied or deleted.
 pub fn attempt_dir(run_dir: &Path, attempt: u32) -> Result<PathBuf, AgentError> {
-    for k in 0u32.. {
-        let name = if k == 0 {
-            format!("attempt_{attempt}")
-        } else {
-            format!("attempt_{attempt}.{k}")
-        };
-        let dir = run_dir.join(name);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(AgentError::io(
-                    format!("cannot create {}", dir.display()),
-                    e,
-                ))
-            }
-        }
-    }
-    unreachable!("some attempt name is free")
+    let names = (0u32..).map(|k| match k {
+        0 => format!("attempt_{attempt}"),
+        k => format!("attempt_{attempt}.{k}"),
+    });
+    create_first_free(run_dir, names)
 }
 
 /// The directory of `local_rank` in an attempt, created.
@@ -62,11 +48,22 @@ pub fn rank_dir(attempt_dir: &Path, local_rank: u32) -> Result<PathBuf, AgentErr
 
 /// A new directory `<parent>/<prefix><random>` that did not exist before.
 fn fresh_dir(parent: &Path, prefix: &str) -> Result<PathBuf, AgentError> {
-    for _ in 0..16 {
+    let names = (0..16).map(|_| {
         let suffix: String = (0..8)
             .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
             .collect();
-        let dir = parent.join(format!("{prefix}{suffix}"));
+        format!("{prefix}{suffix}")
+    });
+    create_first_free(parent, names)
+}
+
+/// Creates the first of `names` under `parent` that does not exist yet.
+fn create_first_free(
+    parent: &Path,
+    names: impl Iterator<Item = String>,
+) -> Result<PathBuf, AgentError> {
+    for name in names {
+        let dir = parent.join(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,

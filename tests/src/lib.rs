@@ -396,6 +396,36 @@ impl Drop for Netns {
     }
 }
 
+/// Starts a c10d agent of `job` at `endpoint` running the recording worker
+/// (`workers/record.py`, records into `dir`), tagged `tag` (`AGENT_TAG`),
+/// with `flags` (`--nnodes`, `--rdzv-conf`, …) and `env` added.
+pub fn start_recording_c10d(
+    endpoint: &str,
+    job: &str,
+    dir: &Path,
+    tag: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Agent {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let mut args = vec![
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        job,
+        "--local-addr",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(flags);
+    args.push(script.to_str().expect("path"));
+    let mut e = vec![("RECORD_DIR", rec.as_str()), ("AGENT_TAG", tag)];
+    e.extend_from_slice(env);
+    Agent::start(dir, tag, &args, &e)
+}
+
 /// Runs `accel-agent ARGS` to completion.
 pub fn run_agent(
     dir: &Path,

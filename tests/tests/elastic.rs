@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    alive, eventually, record_script, records, scratch, Agent, Netns, Record, Server,
+    alive, eventually, record_script, records, scratch, start_recording_c10d, Agent, Netns, Record,
+    Server,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -17,36 +18,17 @@ fn elastic_agent(
     conf: &str,
     env: &[(&str, &str)],
 ) -> Agent {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let mut e = vec![
-        ("RECORD_DIR", rec.as_str()),
-        ("AGENT_TAG", name),
-        ("RECORD_EACH_ROUND", "1"),
-    ];
+    let mut e = vec![("RECORD_EACH_ROUND", "1")];
     e.extend_from_slice(env);
-    Agent::start(
-        dir,
-        name,
-        &[
-            "--nnodes",
-            nnodes,
-            "--nproc-per-node",
-            "2",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            &server.addr,
-            "--rdzv-id",
-            job,
-            "--rdzv-conf",
-            conf,
-            "--local-addr",
-            "127.0.0.1",
-            script.to_str().expect("path"),
-        ],
-        &e,
-    )
+    let flags = [
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "2",
+        "--rdzv-conf",
+        conf,
+    ];
+    start_recording_c10d(&server.addr, job, dir, name, &flags, &e)
 }
 
 fn with_world(recs: &[Record], world: u32) -> Vec<&Record> {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, record_script, records, run_agent, scratch, Agent, Server};
+use accel_tests::{
+    free_port, record_script, records, run_agent, scratch, start_recording_c10d, Agent, Server,
+};
 
 use crate::check_layout;
 
@@ -91,30 +93,16 @@ fn static_three_nodes_ranks_follow_node_rank() {
 fn c10d_three_agents_on_rdzv_server() {
     let server = Server::start();
     let dir = scratch("c10d");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
+    let flags = ["--nnodes", "3", "--nproc-per-node", "2"];
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
-            let tag = format!("agent{i}");
-            Agent::start(
+            start_recording_c10d(
+                &server.addr,
+                "c10d-job",
                 &dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    "3",
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &server.addr,
-                    "--rdzv-id",
-                    "c10d-job",
-                    "--local-addr",
-                    "127.0.0.1",
-                    script.to_str().expect("path"),
-                ],
-                &[("RECORD_DIR", &rec), ("AGENT_TAG", &tag)],
+                &format!("agent{i}"),
+                &flags,
+                &[],
             )
         })
         .collect();

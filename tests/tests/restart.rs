@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{record_script, records, scratch, Agent, Server};
+use accel_tests::{records, scratch, start_recording_c10d, Agent, Server};
 
 use crate::check_layout;
 
@@ -17,37 +17,17 @@ fn c10d_agents(
     max_restarts: &str,
     env: &[(&str, &str)],
 ) -> Vec<Agent> {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
     let nnodes = n.to_string();
+    let flags = [
+        "--nnodes",
+        &nnodes,
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        max_restarts,
+    ];
     (0..n)
-        .map(|i| {
-            let tag = format!("{job}-{i}");
-            let mut e = vec![("RECORD_DIR", rec.as_str()), ("AGENT_TAG", tag.as_str())];
-            e.extend_from_slice(env);
-            Agent::start(
-                dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    &nnodes,
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &server.addr,
-                    "--rdzv-id",
-                    job,
-                    "--max-restarts",
-                    max_restarts,
-                    "--local-addr",
-                    "127.0.0.1",
-                    script.to_str().expect("path"),
-                ],
-                &e,
-            )
-        })
+        .map(|i| start_recording_c10d(&server.addr, job, dir, &format!("{job}-{i}"), &flags, env))
         .collect()
 }
 

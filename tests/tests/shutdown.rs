@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{alive, eventually, record_script, records, scratch, Agent, Server};
+use accel_tests::{
+    alive, eventually, record_script, records, scratch, start_recording_c10d, Agent, Server,
+};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -103,37 +105,24 @@ fn kill_9_of_an_agent_leaves_no_worker_alive() {
 fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
     let server = Server::start();
     let dir = scratch("kill9-node");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
+    let flags = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-conf",
+        "join_timeout=3",
+    ];
+    let env = [("RUN_FOR", "600"), ("SPAWN_CHILD", "1")];
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
-            let tag = format!("n{i}");
-            Agent::start(
+            start_recording_c10d(
+                &server.addr,
+                "kill9-node",
                 &dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &server.addr,
-                    "--rdzv-id",
-                    "kill9-node",
-                    "--rdzv-conf",
-                    "join_timeout=3",
-                    "--local-addr",
-                    "127.0.0.1",
-                    script.to_str().expect("path"),
-                ],
-                &[
-                    ("RECORD_DIR", &rec),
-                    ("AGENT_TAG", &tag),
-                    ("RUN_FOR", "600"),
-                    ("SPAWN_CHILD", "1"),
-                ],
+                &format!("n{i}"),
+                &flags,
+                &env,
             )
         })
         .collect();
@@ -163,36 +152,23 @@ fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
 fn rdzv_server_sigterm_exits_cleanly_and_agents_stop_after_their_grace() {
     let server = Server::start();
     let dir = scratch("server-term");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
+    let flags = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-conf",
+        "reconnect_grace=1",
+    ];
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
-            let tag = format!("n{i}");
-            Agent::start(
+            start_recording_c10d(
+                &server.addr,
+                "server-term",
                 &dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "1",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &server.addr,
-                    "--rdzv-id",
-                    "server-term",
-                    "--rdzv-conf",
-                    "reconnect_grace=1",
-                    "--local-addr",
-                    "127.0.0.1",
-                    script.to_str().expect("path"),
-                ],
-                &[
-                    ("RECORD_DIR", &rec),
-                    ("AGENT_TAG", &tag),
-                    ("RUN_FOR", "600"),
-                ],
+                &format!("n{i}"),
+                &flags,
+                &[("RUN_FOR", "600")],
             )
         })
         .collect();
