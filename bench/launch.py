@@ -1,11 +1,11 @@
 """Launch benchmark: accel-agent vs torchrun, side by side in one run.
 
 Runs `<launcher> --nproc-per-node N --no-python true` alternately with each
-launcher, and reports the median wall time and the median peak RSS (the
+launcher, for each N, and reports the median wall time and the median peak RSS (the
 largest resident set of any process of the launch that the launcher waited
 for, from wait4's ru_maxrss). Prints a Markdown table.
 
-Usage: python bench/launch.py --accel PATH --torchrun PATH [--nproc 4] [--runs 10]
+Usage: python bench/launch.py --accel PATH --torchrun PATH [--nproc 1,4,16] [--runs 10]
 """
 import argparse
 import os
@@ -31,29 +31,30 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--accel", required=True)
     ap.add_argument("--torchrun", required=True)
-    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--nproc", default="1,4,16")
     ap.add_argument("--runs", type=int, default=10)
     a = ap.parse_args()
-    cmds = {
-        "accel-agent": [a.accel, "--nproc-per-node", str(a.nproc), "--no-python", "true"],
-        "torchrun": [a.torchrun, "--nproc-per-node", str(a.nproc), "--no-python", "true"],
-    }
-    for argv in cmds.values():  # warm the page cache
-        run_once(argv)
-    results = {k: [] for k in cmds}
-    for _ in range(a.runs):
-        for name, argv in cmds.items():
-            results[name].append(run_once(argv))
-    med = {k: (statistics.median(w for w, _ in v), statistics.median(r for _, r in v)) for k, v in results.items()}
-    print(f"launch {a.nproc} workers of `true`, {a.runs} runs each, alternating; "
+    print(f"launch N workers of `true`, whole command; {a.runs} runs each, alternating, medians; "
           f"{platform.node()} ({os.cpu_count()} CPUs), {platform.platform()}")
     print()
-    print("| launcher | median wall | median peak RSS |")
-    print("|---|---|---|")
-    for k, (w, r) in med.items():
-        print(f"| {k} | {w * 1000:.1f} ms | {r:.1f} MiB |")
-    (aw, ar), (tw, tr) = med["accel-agent"], med["torchrun"]
-    print(f"| ratio torchrun/accel | {tw / aw:.0f}x | {tr / ar:.0f}x |")
+    print("| workers | accel-agent wall | torchrun wall | ratio | accel-agent peak RSS | torchrun peak RSS | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for n in [int(x) for x in a.nproc.split(",")]:
+        cmds = {
+            "accel": [a.accel, "--nproc-per-node", str(n), "--no-python", "true"],
+            "torchrun": [a.torchrun, "--nproc-per-node", str(n), "--no-python", "true"],
+        }
+        for argv in cmds.values():  # warm the page cache
+            run_once(argv)
+        results = {k: [] for k in cmds}
+        for _ in range(a.runs):
+            for name, argv in cmds.items():
+                results[name].append(run_once(argv))
+        wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
+        rss = {k: statistics.median(r for _, r in v) for k, v in results.items()}
+        print(f"| {n} | {wall['accel'] * 1000:.1f} ms | {wall['torchrun'] * 1000:.0f} ms | "
+              f"{wall['torchrun'] / wall['accel']:.0f}x | {rss['accel']:.1f} MiB | {rss['torchrun']:.0f} MiB | "
+              f"{rss['torchrun'] / rss['accel']:.0f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 VENV="$(scripts/setup.sh)"
 cargo build --release --locked -p accel-agent >&2
-# PyTorch's server reverse-resolves loopback peers; answer that from a private
+# PyTorch's server runs with a private hosts file (see with-private-hosts.sh).
 exec scripts/with-private-hosts.sh \
   "$CARGO_TARGET_DIR/release/accel-agent" --no-python "$VENV/bin/python" bench/store.py "$@"

@@ -1,0 +1,118 @@
+"""Restart benchmark: one worker fails once; time from its exit to every
+worker of the new round running. accel-agent vs torchrun, on 1 and on 3
+agents (2 workers each), in one run.
+
+Workers are shell scripts that stamp `date +%s.%N` when they start and just
+before the failing one exits, so interpreter start-up is not measured.
+
+Usage: python bench/restart.py --accel PATH --server PATH --torchrun PATH [--runs 3]
+"""
+import argparse
+import glob
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+WORKER = r"""#!/bin/sh
+echo "start $(date +%s.%N) $TORCHELASTIC_RESTART_COUNT $RANK" >> "$STAMPS/$$"
+if [ "$RANK" = 1 ] && [ ! -e "$STAMPS/failed" ]; then
+  sleep 1
+  touch "$STAMPS/failed"
+  echo "fail $(date +%s.%N)" >> "$STAMPS/$$"
+  exit 1
+fi
+sleep 3
+"""
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def run_case(launcher, paths, agents, stamps):
+    port = free_port()
+    env = dict(os.environ, STAMPS=stamps, ACCEL_LOG="error", LOGLEVEL="ERROR")
+    worker = os.path.join(stamps, "w.sh")
+    server = None
+    if launcher == "accel-agent":
+        if agents == 1:
+            cmds = [[paths["accel"], "--nproc-per-node", "2", "--max-restarts", "1", "--no-python", worker]]
+        else:
+            server = subprocess.Popen([paths["server"], "--bind", f"127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+            time.sleep(0.3)
+            cmds = [[paths["accel"], "--nnodes", str(agents), "--nproc-per-node", "2", "--max-restarts", "1",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+                     "--local-addr", "127.0.0.1", "--no-python", worker]] * agents
+    else:
+        if agents == 1:
+            cmds = [[paths["torchrun"], "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-python", worker]]
+        else:
+            cmds = [[paths["torchrun"], "--nnodes", str(agents), "--nproc-per-node", "2", "--max-restarts", "1",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "bench",
+                     "--no-python", worker]] * agents
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
+    deadline = time.time() + 90
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if server:
+        server.kill()
+    starts, fail = [], None
+    for f in glob.glob(os.path.join(stamps, "[0-9]*")):
+        for line in open(f):
+            parts = line.split()
+            if parts[0] == "fail":
+                fail = float(parts[1])
+            else:
+                starts.append(float(parts[1]))
+    later = [s for s in starts if fail is not None and s > fail]
+    world = 2 * agents
+    if fail is None or len(later) < world:
+        return None, len(later), world
+    return (max(sorted(later)[:world]) - fail) * 1000, len(later), world
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--accel", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--torchrun", required=True)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    paths = {"accel": a.accel, "server": a.server, "torchrun": a.torchrun}
+    print(f"one worker (rank 1) fails once; time from its exit to every worker of the new round running; "
+          f"2 workers per agent; {a.runs} runs, median; {os.cpu_count()} CPUs")
+    print()
+    print("| agents | accel-agent | torchrun | ratio |")
+    print("|---|---|---|---|")
+    for agents in (1, 3):
+        res = {}
+        for launcher in ("accel-agent", "torchrun"):
+            times, note = [], ""
+            for _ in range(a.runs):
+                with tempfile.TemporaryDirectory() as d:
+                    open(os.path.join(d, "w.sh"), "w").write(WORKER)
+                    os.chmod(os.path.join(d, "w.sh"), 0o755)
+                    ms, restarted, world = run_case(launcher, paths, agents, d)
+                    if ms is None:
+                        note = f"only {restarted} of {world} workers restarted"
+                    else:
+                        times.append(ms)
+            res[launcher] = (statistics.median(times) if times else None, note)
+        fmt = lambda r: f"{r[0]:.1f} ms" if r[0] is not None else r[1]
+        ratio = (f"{res['torchrun'][0] / res['accel-agent'][0]:.0f}x"
+                 if res["torchrun"][0] and res["accel-agent"][0] else "—")
+        print(f"| {agents} | {fmt(res['accel-agent'])} | {fmt(res['torchrun'])} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
