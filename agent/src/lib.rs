@@ -48,3 +48,9 @@ pub mod worker_env;
 
 pub use error::{AgentError, Outcome};
 pub use sys::Ended;
+
+/// Raises the open-file limit to the hard limit (see the worker store); call
+/// once at start-up. Returns the limit now in force.
+pub fn raise_open_file_limit() -> Option<u64> {
+    sys::raise_open_file_limit()
+}

@@ -18,6 +18,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if accel_agent::raise_open_file_limit().is_none() {
+        tracing::debug!("cannot read or raise the open-file limit");
+    }
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }

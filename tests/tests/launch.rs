@@ -141,3 +141,31 @@ fn pet_environment_fallbacks_and_no_python() {
     assert_eq!(out.code(), 0, "{}", out.stderr);
     check_layout(&records(&dir), 1, 3, 0, 0);
 }
+
+#[test]
+fn the_agent_raises_its_open_file_limit_for_the_store() {
+    let dir = scratch("nofile");
+    let agent = accel_tests::bin("accel-agent");
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -Sn 256 && exec \"$0\" --no-python sh -c 'ulimit -Sn; ulimit -Hn'",
+        ])
+        .arg(&agent)
+        .current_dir(&dir)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let limits: Vec<&str> = text.lines().collect();
+    assert_eq!(limits.len(), 2, "{text}");
+    assert_eq!(
+        limits[0], limits[1],
+        "soft limit raised to the hard limit: {text}"
+    );
+    assert_ne!(limits[0], "256");
+}
