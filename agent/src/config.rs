@@ -332,6 +332,11 @@ pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
 
 /// CUDA devices the NVIDIA driver exposes, honouring `CUDA_VISIBLE_DEVICES`
 /// when it lists devices (without loading any CUDA library).
+/// CUDA devices visible to this process (see `cuda_device_count`).
+pub fn cuda_devices() -> u32 {
+    cuda_device_count()
+}
+
 fn cuda_device_count() -> u32 {
     let present = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count() as u32);
     match std::env::var("CUDA_VISIBLE_DEVICES") {

@@ -30,6 +30,7 @@
 //! `unsafe` code.
 #![deny(unsafe_code)]
 
+pub mod accelerate;
 pub mod agent;
 pub mod cli;
 pub mod client;

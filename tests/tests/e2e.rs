@@ -1,6 +1,7 @@
 //! End-to-end tests: real `rdzv-server` and `accel-agent` binaries on
 //! loopback, real worker processes. One test binary, several modules.
 
+mod accelerate;
 mod elastic;
 mod errors;
 mod launch;
