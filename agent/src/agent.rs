@@ -1,7 +1,7 @@
 //! The agent's life: reach the rendezvous, then for each round get ready,
 //! wait for the round to form, run the workers, and follow the server's
 //! decision (restart, fail, succeed). This module holds the session (the
-//! connection to the rendezvous, rejoining it); [`round`] holds one round.
+//! connection to the rendezvous, rejoining it); `round` holds one round.
 
 mod round;
 

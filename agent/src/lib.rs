@@ -9,13 +9,17 @@
 //!    it (standalone, static node rank 0, c10d `is_host`): one state machine
 //!    (the `rendezvous-server` crate) serves every mode;
 //! 3. the agent joins and keeps one event stream open; for each round it
-//!    stops its workers, says it is ready (offering a free port for the
-//!    workers' `MASTER_PORT`), waits for the round to form, and starts the
-//!    workers with torchrun's environment ([`worker_env`]);
+//!    stops its workers, says it is ready (offering a listener it has bound
+//!    for the workers' store), waits for the round to form, serves a fresh
+//!    [`store`] on that listener if it is node rank 0, and starts the workers
+//!    with torchrun's environment ([`worker_env`]);
 //! 4. [`supervisor`] reports each worker exit as it happens: a failure is
 //!    reported to the server at once, which restarts every node (while the
 //!    job-wide budget lasts) or fails the job; when all workers of all nodes
-//!    succeed, the server ends the job and every agent exits 0.
+//!    succeed, the server ends the job and every agent exits 0;
+//! 5. if the rendezvous is lost (stream ends, keep-alives unanswered), the
+//!    workers keep running for `reconnect_grace` while the agent rejoins:
+//!    it resumes if its round is still current, otherwise it stops them.
 //!
 //! Shutdown has one path: whatever ends a round (restart, failure, signal,
 //! lost rendezvous) calls [`supervisor::WorkerGroup::stop`], which signals
@@ -23,10 +27,13 @@
 //! rest and sweeps the groups. The [`guard`] covers the agent's own death.
 //!
 //! # Layout
-//! [`cli`] flags · [`config`] validation · [`agent`] the round loop ·
-//! [`client`] rendezvous calls · `rendezvous` locating or hosting it · [`supervisor`] worker processes ·
-//! [`worker_env`] the environment contract · [`files`] per-attempt files ·
-//! [`guard`] orphan prevention · [`signal`] stop signals · [`sys`] the only
+//! [`cli`] flags · [`config`] validation · [`agent`] the session and each
+//! round · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
+//! [`supervisor`] worker processes · [`worker_env`] the environment contract ·
+//! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
+//! prefixes · [`failure`] error files and failure summaries · [`files`]
+//! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
+//! signals · [`accelerate`] the `accel` command set · `sys` the only
 //! `unsafe` code.
 #![deny(unsafe_code)]
 

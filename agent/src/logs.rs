@@ -2,7 +2,7 @@
 //! `--tee`, `--log-dir`, `--log-line-prefix-template` and
 //! `--local-ranks-filter`, plus a global-ranks filter.
 //!
-//! Per stream of a worker, the pure [`LogSpec::sink`] picks one [`Sink`]:
+//! Per stream of a worker, the pure [`LogSpec::sinks`] picks one [`Sink`]:
 //! - tee'd (`--tee`): a pipe the agent reads ([`tee`]); every byte goes to
 //!   `<attempt>/<local_rank>/std{out,err}.log`, and whole lines, prefixed, to
 //!   the agent's console unless a filter hides the rank;
@@ -180,8 +180,8 @@ impl LogSpec {
             && self.ranks.as_ref().is_none_or(|s| s.contains(&rank))
     }
 
-    /// Whether any stream of any worker is tee'd or redirected (so the
-    /// per-rank directories hold log files).
+    /// Where the stdout and stderr of the worker `v` describes go, with its
+    /// log files in `dir`.
     pub fn sinks(&self, dir: &std::path::Path, v: &PrefixVars<'_>) -> (Sink, Sink) {
         let (redirect, tee) = (
             self.redirects.for_rank(v.local_rank),
