@@ -12,6 +12,7 @@ export ACCEL_VENV
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
 cargo test --workspace --locked
