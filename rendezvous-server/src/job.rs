@@ -487,9 +487,9 @@ impl Job {
         for id in lost(now, self) {
             out.extend(self.leave(now, &id, "no keep-alive in time"));
         }
-        if matches!(decide(now, self), Decision::Complete(_)) || self.progress_due(now) {
-            out.extend(self.step(now));
-        }
+        // step() completes the round if the last call ended and reports
+        // progress when due; otherwise it does nothing.
+        out.extend(self.step(now));
         out
     }
 
