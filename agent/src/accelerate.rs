@@ -1,11 +1,19 @@
 //! `accel`: Hugging Face Accelerate's command set, run on accel's agent.
 //!
-//! This version has `accel config default`, which writes the same
-//! `default_config.yaml` as `accelerate config default`, where accelerate
-//! looks for it. The rest of the command set (`config` prompts, `launch`,
-//! `env`, `test`, `estimate-memory`, `tpu-config`) is not in this version.
+//! Each command reads and writes what its accelerate counterpart does (the
+//! same configuration file, the same environment for training scripts), so a
+//! project can switch by changing the command name. `launch` does not start
+//! torchrun: it turns accelerate's flags and configuration into an agent
+//! [`Config`](crate::config::Config) and runs the same agent as `accel-agent`.
 
 pub mod config_file;
+pub mod env_cmd;
+pub mod estimate;
+pub mod launch;
+pub mod questionnaire;
+pub mod test_cmd;
+pub mod tpu;
+pub mod yaml;
 
 use std::path::PathBuf;
 
@@ -13,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 /// accelerate's commands, on accel's agent.
 #[derive(Debug, Parser)]
-#[command(name = "accel", version)]
+#[command(name = "accel", version, arg_required_else_help = true)]
 pub struct AccelArgs {
     /// The command.
     #[command(subcommand)]
@@ -23,12 +31,44 @@ pub struct AccelArgs {
 /// `accel` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum AccelCommand {
-    /// Create or update accelerate's configuration file.
+    /// Create (interactively), or update, accelerate's configuration file.
     Config {
-        /// What to do with it.
+        /// The file (default: accelerate's default location, under HF_HOME).
+        #[arg(long = "config_file", alias = "config-file")]
+        config_file: Option<PathBuf>,
+        /// `default` or `update`; none asks the questions.
         #[command(subcommand)]
-        action: ConfigAction,
+        action: Option<ConfigAction>,
     },
+    /// Launch a training script on accel's agent (accelerate's `launch` flags;
+    /// `accel launch --help` lists them).
+    #[command(disable_help_flag = true)]
+    Launch {
+        /// accelerate's launch flags, the script, and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<String>,
+    },
+    /// Print the environment, for bug reports (accelerate's fields).
+    Env {
+        /// The configuration file to show (default: accelerate's default file).
+        #[arg(long = "config_file", alias = "config-file")]
+        config_file: Option<PathBuf>,
+    },
+    /// Check that distributed training works here: a real multi-process launch.
+    Test {
+        /// The configuration file to launch with (default: accelerate's default file).
+        #[arg(long = "config_file", alias = "config-file")]
+        config_file: Option<PathBuf>,
+    },
+    /// The worker `accel test` launches when no Python environment has accelerate.
+    #[command(name = "test-worker", hide = true)]
+    TestWorker,
+    /// Estimate a model's memory use for inference and training.
+    #[command(name = "estimate-memory")]
+    EstimateMemory(estimate::EstimateArgs),
+    /// Run commands on every worker of a TPU pod through gcloud.
+    #[command(name = "tpu-config")]
+    TpuConfig(tpu::TpuArgs),
 }
 
 /// `accel config` subcommands.
@@ -45,24 +85,110 @@ pub enum ConfigAction {
               value_parser = ["no", "fp16", "bf16"])]
         mixed_precision: String,
     },
+    /// Rewrite an existing file in the current format (legacy keys migrated).
+    Update {
+        /// The file (default: accelerate's default location).
+        #[arg(long = "config_file", alias = "config-file")]
+        config_file: Option<PathBuf>,
+    },
 }
 
-/// Runs `accel` with parsed arguments; `env` reads the environment. Returns
-/// the message to print.
-pub fn run(
-    args: AccelArgs,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, config_file::ConfigFileError> {
+/// What the binary does after a command.
+#[derive(Debug)]
+pub enum Action {
+    /// Print this and exit successfully.
+    Print(String),
+    /// Run the agent.
+    Launch(Box<launch::LaunchPlan>),
+}
+
+/// Any command's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum AccelError {
+    /// A configuration file could not be written.
+    #[error(transparent)]
+    Write(#[from] config_file::ConfigFileError),
+    /// A configuration file could not be read.
+    #[error(transparent)]
+    Load(#[from] config_file::LoadError),
+    /// `config update` failed.
+    #[error(transparent)]
+    Update(#[from] config_file::UpdateError),
+    /// `launch` was given something it cannot run.
+    #[error(transparent)]
+    Launch(#[from] launch::LaunchError),
+    /// `estimate-memory` failed.
+    #[error(transparent)]
+    Estimate(#[from] estimate::EstimateError),
+    /// `tpu-config` failed.
+    #[error(transparent)]
+    Tpu(#[from] tpu::TpuError),
+    /// The questionnaire stopped.
+    #[error(transparent)]
+    Questionnaire(#[from] questionnaire::QuestionnaireError),
+    /// `env` failed.
+    #[error(transparent)]
+    Env(#[from] env_cmd::EnvError),
+    /// `test` failed.
+    #[error(transparent)]
+    Test(#[from] test_cmd::TestError),
+}
+
+/// Runs `accel` with parsed arguments; `env` reads the environment.
+pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Action, AccelError> {
+    let print = |s: String| Ok(Action::Print(s));
     match args.command {
         AccelCommand::Config {
             action:
-                ConfigAction::Default {
+                Some(ConfigAction::Default {
                     config_file,
                     mixed_precision,
-                },
+                }),
+            ..
         } => {
             let path = config_file.unwrap_or_else(|| config_file::default_location(env));
-            config_file::write_default(&path, &mixed_precision, crate::config::cuda_devices())
+            print(config_file::write_default(
+                &path,
+                &mixed_precision,
+                crate::config::cuda_devices(),
+            )?)
+        }
+        AccelCommand::Config {
+            action: Some(ConfigAction::Update { config_file }),
+            config_file: outer,
+        } => print(config_file::update(config_file.or(outer).as_deref(), env)?),
+        AccelCommand::Config {
+            action: None,
+            config_file,
+        } => {
+            let stdin = std::io::stdin();
+            print(questionnaire::run(
+                config_file.as_deref(),
+                &mut stdin.lock(),
+                &mut std::io::stdout(),
+                env,
+            )?)
+        }
+        AccelCommand::Env { config_file } => print(env_cmd::run(config_file.as_deref(), env)?),
+        AccelCommand::Test { config_file } => {
+            let argv = test_cmd::launch_args(config_file.as_deref(), env)?;
+            match launch::plan(&argv, env)? {
+                launch::Planned::Help(text) => print(text),
+                launch::Planned::Run(mut plan) => {
+                    plan.on_success = Some(test_cmd::SUCCESS.to_owned());
+                    Ok(Action::Launch(plan))
+                }
+            }
+        }
+        AccelCommand::TestWorker => print(test_cmd::worker(env)?),
+        AccelCommand::Launch { args } => match launch::plan(&args, env)? {
+            launch::Planned::Help(text) => print(text),
+            launch::Planned::Run(plan) => Ok(Action::Launch(plan)),
+        },
+        AccelCommand::EstimateMemory(a) => print(estimate::run(&a, env)?),
+        AccelCommand::TpuConfig(a) => {
+            let config = config_file::load_optional(a.config_file.as_deref(), env)?;
+            print(tpu::run(&a, config.as_ref().map(|c| &c.fields), env)?)
         }
     }
 }

@@ -47,6 +47,7 @@ pub mod failure;
 pub mod files;
 pub mod guard;
 pub mod logs;
+pub mod node;
 mod rendezvous;
 pub mod signal;
 pub mod store;

@@ -1,7 +1,22 @@
-//! accelerate's configuration file: where it lives and what
-//! `config default` writes (reference: accelerate §1.3, §2.1, §2.5).
+//! accelerate's configuration file: where it lives, how it is read and
+//! written, and what `config default` writes (reference: accelerate §1.3,
+//! §2.1–§2.5).
+//!
+//! A file is read as accelerate reads it: YAML in PyYAML's dialect (or JSON
+//! when the name ends in `.json`), legacy keys migrated, defaults filled in,
+//! unknown keys rejected by name. [`AccelerateConfig`] keeps every field of
+//! accelerate's `ClusterConfig` (or `SageMakerConfig`) with its value, so
+//! `launch` can apply accelerate's precedence rules field by field and
+//! `config update` can write the file back the way accelerate does.
 
 use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use super::yaml;
+
+mod schema;
+pub use schema::{CLUSTER_FIELDS, DISTRIBUTED_TYPES, SAGEMAKER_FIELDS};
 
 /// Why the file could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +106,307 @@ pub fn write_default(
     ))
 }
 
+/// Why a configuration file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// An explicit `--config_file` that is not there.
+    #[error("the configuration file {0} does not exist; pass an existing file with --config_file, or create the default one with `accel config`")]
+    Missing(PathBuf),
+    /// Unreadable file.
+    #[error("cannot read the configuration file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML (or not JSON, for `.json`).
+    #[error("the configuration file {path} is not valid {format}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// YAML or JSON.
+        format: &'static str,
+        /// The parser's message.
+        message: String,
+    },
+    /// Anything else wrong with its content.
+    #[error("the configuration file {path}: {message}")]
+    Content {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+/// A loaded configuration: every field of accelerate's config class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccelerateConfig {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// `true` for `compute_environment: AMAZON_SAGEMAKER`.
+    pub sagemaker: bool,
+    /// Field name → value; absent fields hold their class defaults.
+    pub fields: Map<String, Value>,
+}
+
+impl AccelerateConfig {
+    /// A field's value (`null` when unknown).
+    pub fn get(&self, key: &str) -> &Value {
+        self.fields.get(key).unwrap_or(&Value::Null)
+    }
+
+    /// A dictionary field (`fsdp_config`, ...); empty when absent.
+    pub fn dict(&self, key: &str) -> Map<String, Value> {
+        self.get(key).as_object().cloned().unwrap_or_default()
+    }
+
+    /// accelerate's `to_dict()`: what gets written back.
+    pub fn to_dict(&self) -> Map<String, Value> {
+        to_dict(&self.fields)
+    }
+}
+
+/// accelerate's `to_dict()` rules: `None` values and empty dictionaries are
+/// dropped at the top level; an empty dictionary nested in another becomes
+/// `null`.
+pub fn to_dict(fields: &Map<String, Value>) -> Map<String, Value> {
+    fn nested(v: &Value) -> Value {
+        match v {
+            Value::Object(m) if m.is_empty() => Value::Null,
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, v)| (k.clone(), nested(v))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    fields
+        .iter()
+        .filter_map(|(k, v)| match nested(v) {
+            Value::Null => None,
+            v => Some((k.clone(), v)),
+        })
+        .collect()
+}
+
+/// Loads `explicit`, or the default file if it exists. `Ok(None)`: no
+/// explicit file and no default one.
+pub fn load_optional(
+    explicit: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<AccelerateConfig>, LoadError> {
+    match explicit {
+        Some(p) if !p.is_file() => Err(LoadError::Missing(p.to_path_buf())),
+        Some(p) => load(p).map(Some),
+        None => {
+            let p = default_location(env);
+            if p.is_file() {
+                load(&p).map(Some)
+            } else {
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Reads and checks one file.
+pub fn load(path: &Path) -> Result<AccelerateConfig, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let json = path.extension().is_some_and(|e| e == "json");
+    let parsed = if json {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        yaml::load(&text).map_err(|e| e.to_string())
+    };
+    let value = parsed.map_err(|message| LoadError::Syntax {
+        path: path.to_path_buf(),
+        format: if json { "JSON" } else { "YAML" },
+        message,
+    })?;
+    process(value)
+        .map_err(|message| LoadError::Content {
+            path: path.to_path_buf(),
+            message,
+        })
+        .map(|(sagemaker, fields)| AccelerateConfig {
+            path: path.to_path_buf(),
+            sagemaker,
+            fields,
+        })
+}
+
+/// accelerate's `process_config` and class checks on a parsed document.
+pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
+    let Value::Object(mut d) = value else {
+        return Err("it must be a mapping of keys to values (as `accel config` writes)".into());
+    };
+    let env = d
+        .entry("compute_environment")
+        .or_insert_with(|| json!("LOCAL_MACHINE"))
+        .clone();
+    let sagemaker = match env.as_str() {
+        Some("LOCAL_MACHINE") => false,
+        Some("AMAZON_SAGEMAKER") => true,
+        _ => {
+            return Err(format!(
+                "compute_environment is {env}; use LOCAL_MACHINE or AMAZON_SAGEMAKER"
+            ))
+        }
+    };
+    let Some(kind) = d.get("distributed_type").cloned() else {
+        return Err(
+            "a `distributed_type` must be specified (for one process: distributed_type: 'NO')"
+                .into(),
+        );
+    };
+    let allowed = if sagemaker {
+        schema::SAGEMAKER_DISTRIBUTED_TYPES
+    } else {
+        DISTRIBUTED_TYPES
+    };
+    match &kind {
+        Value::String(s) if allowed.contains(&s.as_str()) => {}
+        Value::Bool(false) => {
+            return Err("distributed_type is the boolean false: unquoted NO is a boolean in YAML 1.1, as accelerate reads it; write distributed_type: 'NO'".into())
+        }
+        other => {
+            return Err(format!(
+                "distributed_type {other} is not one of {}",
+                allowed.join(", ")
+            ))
+        }
+    }
+    // SageMaker's class has no num_processes; accelerate adds it anyway and
+    // then rejects its own key (a known defect), so only local configs get it.
+    if !sagemaker && kind == "NO" && !d.contains_key("num_processes") {
+        d.insert("num_processes".into(), json!(1));
+    }
+    if !d.contains_key("mixed_precision") {
+        let legacy = d.get("fp16").is_some_and(truthy);
+        d.insert(
+            "mixed_precision".into(),
+            if legacy { json!("fp16") } else { Value::Null },
+        );
+    }
+    d.remove("fp16");
+    if let Some(backend) = d.remove("dynamo_backend") {
+        let dynamo = if backend == "NO" {
+            json!({})
+        } else {
+            json!({ "dynamo_backend": backend })
+        };
+        d.insert("dynamo_config".into(), dynamo);
+    }
+    for key in ["use_cpu", "debug", "enable_cpu_affinity"] {
+        d.entry(key).or_insert(Value::Bool(false));
+    }
+    let fields = if sagemaker {
+        SAGEMAKER_FIELDS
+    } else {
+        CLUSTER_FIELDS
+    };
+    let unknown: Vec<&String> = d
+        .keys()
+        .filter(|k| !fields.iter().any(|(f, _)| f == k))
+        .collect();
+    if !unknown.is_empty() {
+        let names: Vec<String> = unknown.iter().map(|k| format!("'{k}'")).collect();
+        return Err(format!(
+            "unknown keys ([{}]); remove them or fix their spelling (the keys accelerate knows: {})",
+            names.join(", "),
+            fields.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut out = Map::new();
+    let mut missing = Vec::new();
+    for (name, default) in fields {
+        let v = match (d.remove(*name), default) {
+            (Some(v), _) => v,
+            (None, schema::FieldDefault::Value(lit)) => {
+                serde_json::from_str(lit).unwrap_or(Value::Null)
+            }
+            (None, schema::FieldDefault::Required) => {
+                missing.push(*name);
+                continue;
+            }
+        };
+        // The dictionaries accelerate fills in when they are None.
+        let v = match v {
+            Value::Null if default == &schema::FieldDefault::Value("{}") => json!({}),
+            v => v,
+        };
+        out.insert((*name).to_owned(), v);
+    }
+    if !missing.is_empty() {
+        return Err(format!("missing required keys: {}", missing.join(", ")));
+    }
+    Ok((sagemaker, out))
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::Bool(true) => true,
+    }
+}
+
+/// Writes `fields` (after [`to_dict`]) as accelerate does: JSON when the
+/// name ends in `.json`, else YAML. Creates the parent directory.
+pub fn save(path: &Path, fields: &Map<String, Value>) -> Result<(), ConfigFileError> {
+    let dict = Value::Object(to_dict(fields));
+    let text = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::to_string_pretty(&dict).unwrap_or_default() + "\n"
+    } else {
+        yaml::dump(&dict)
+    };
+    let err = |source| ConfigFileError {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    std::fs::write(path, text).map_err(err)
+}
+
+/// `accel config update`: reads the file through the full pipeline and
+/// writes it back (legacy keys migrated, defaults materialised).
+pub fn update(
+    explicit: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, UpdateError> {
+    let path = explicit.map_or_else(|| default_location(env), Path::to_path_buf);
+    if !path.is_file() {
+        return Err(UpdateError::Load(LoadError::Missing(path)));
+    }
+    let config = load(&path)?;
+    save(&path, &config.fields)?;
+    Ok(format!(
+        "Successfully updated the configuration file at {}.",
+        path.display()
+    ))
+}
+
+/// Why `config update` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// The file could not be read.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The file could not be written.
+    #[error(transparent)]
+    Save(#[from] ConfigFileError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +451,55 @@ mod tests {
             four.contains("\"mixed_precision\": \"bf16\"") && four.contains("\"use_cpu\": false")
         );
         assert!(four.starts_with("{\n  \"compute_environment\": \"LOCAL_MACHINE\",\n"));
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    fn processed(text: &str) -> Result<Map<String, Value>, String> {
+        process(yaml::load(text).map_err(|e| e.to_string())?).map(|(_, f)| f)
+    }
+
+    #[test]
+    fn legacy_keys_and_defaults() {
+        let f = processed(
+            "distributed_type: MULTI_GPU\nnum_processes: 2\nfp16: true\ndynamo_backend: INDUCTOR\n",
+        )
+        .expect("loads");
+        assert_eq!(f["mixed_precision"], "fp16");
+        assert_eq!(f["dynamo_config"], json!({"dynamo_backend": "INDUCTOR"}));
+        assert_eq!(f["rdzv_backend"], "static");
+        assert_eq!(f["fsdp_config"], json!({}));
+        assert!(!f.contains_key("fp16"));
+        let d = to_dict(&f);
+        assert!(!d.contains_key("fsdp_config") && !d.contains_key("gpu_ids"));
+        assert_eq!(d.len(), 17);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let unknown = processed("distributed_type: 'NO'\nnum_proceses: 2\n").expect_err("unknown");
+        assert!(unknown.contains("'num_proceses'"), "{unknown}");
+        let boolean = processed("distributed_type: NO\n").expect_err("bool");
+        assert!(boolean.contains("distributed_type: 'NO'"), "{boolean}");
+        assert!(processed("num_processes: 2\n")
+            .expect_err("missing")
+            .contains("distributed_type"));
+        assert!(processed("distributed_type: MULTI_TPU\n").is_err());
+        assert!(processed("- a\n").is_err());
+        let no = processed("distributed_type: 'NO'\n").expect("loads");
+        assert_eq!(no["num_processes"], 1);
+    }
+
+    #[test]
+    fn sagemaker_configs_load_without_num_processes() {
+        let f = processed(
+            "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\nec2_instance_type: ml.p3.2xlarge\niam_role_name: r\n",
+        )
+        .expect("loads");
+        assert_eq!(f["region"], "us-east-1");
+        assert!(!f.contains_key("num_processes"));
     }
 }

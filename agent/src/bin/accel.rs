@@ -2,15 +2,28 @@
 
 use std::process::ExitCode;
 
-use accel_agent::accelerate::{run, AccelArgs};
+use accel_agent::accelerate::{run, AccelArgs, Action};
+use accel_agent::node;
 use clap::Parser;
 
 fn main() -> ExitCode {
     let args = AccelArgs::parse();
     match run(args, &|k| std::env::var(k).ok()) {
-        Ok(message) => {
+        Ok(Action::Print(message)) => {
             println!("{message}");
             ExitCode::SUCCESS
+        }
+        Ok(Action::Launch(plan)) => {
+            node::init_tracing(if plan.quiet {
+                "error"
+            } else {
+                node::DEFAULT_LOG_FILTER
+            });
+            let code = node::run(plan.config, "accel launch");
+            if let (Some(message), true) = (&plan.on_success, code == ExitCode::SUCCESS) {
+                println!("{message}");
+            }
+            code
         }
         Err(e) => {
             eprintln!("accel: error: {e}");

@@ -1,4 +1,4 @@
-//! `accel` against real `accelerate` from the pinned venv.
+//! `accel config default` against `accelerate config default`.
 
 use std::process::Command;
 use std::time::Duration;

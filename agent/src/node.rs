@@ -1,0 +1,60 @@
+//! Running one node to completion from a binary's `main`: shared by
+//! `accel-agent` and `accel launch`, so both start the agent the same way.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::guard::Guard;
+
+/// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`).
+pub fn init_tracing(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ACCEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+/// The default log filter: the agent's own progress, others' warnings.
+pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,rendezvous_server=error";
+
+/// Runs the agent for `cfg` and returns the process's exit code. Call it
+/// while the process has one thread: it forks the guard first. `prog`
+/// prefixes error messages.
+pub fn run(cfg: Config, prog: &str) -> ExitCode {
+    if crate::raise_open_file_limit().is_none() {
+        tracing::debug!("cannot read or raise the open-file limit");
+    }
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    // Forked before any thread exists; see the guard module.
+    let guard = match Guard::start() {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the guard process; workers may outlive a crashed agent");
+            None
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{prog}: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::agent::run(cfg, guard)) {
+        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+        Err(e) => {
+            eprintln!("{prog}: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! `accel` against real `accelerate` from the pinned venv, one file per command.
+
+mod config_default;
