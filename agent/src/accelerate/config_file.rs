@@ -475,7 +475,7 @@ mod load_tests {
         assert!(!f.contains_key("fp16"));
         let d = to_dict(&f);
         assert!(!d.contains_key("fsdp_config") && !d.contains_key("gpu_ids"));
-        assert_eq!(d.len(), 17);
+        assert_eq!(d.len(), 16);
     }
 
     #[test]
