@@ -107,6 +107,12 @@ pub struct Config {
     pub parent_error_file: Option<PathBuf>,
     /// Warnings to print once logging is up.
     pub warnings: Vec<String>,
+    /// Variables set for every worker under torchrun's (`accel launch` puts
+    /// accelerate's here); later entries win.
+    pub base_env: Vec<(String, String)>,
+    /// Whether workers get torchrun's variables (`RANK`, ...). Off only for
+    /// accelerate's single-process launch, whose script must not see them.
+    pub torchrun_env: bool,
 }
 
 impl Config {
@@ -269,6 +275,8 @@ impl Config {
                 ranks: crate::logs::parse_ranks("--ranks-filter", &args.ranks_filter)?,
             },
             warnings,
+            base_env: Vec::new(),
+            torchrun_env: true,
         })
     }
 

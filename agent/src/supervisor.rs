@@ -42,7 +42,7 @@ pub struct WorkerSpec {
     /// Program and arguments.
     pub argv: Vec<String>,
     /// Variables set on top of the agent's environment.
-    pub env: Vec<(&'static str, String)>,
+    pub env: Vec<(String, String)>,
     /// Where its stdout goes.
     pub stdout: Sink,
     /// Where its stderr goes.
@@ -118,7 +118,7 @@ impl WorkerGroup {
         for (i, spec) in specs.into_iter().enumerate() {
             let mut cmd = Command::new(&spec.argv[0]);
             cmd.args(&spec.argv[1..])
-                .envs(spec.env.iter().map(|(k, v)| (*k, v)))
+                .envs(spec.env.iter().map(|(k, v)| (k, v)))
                 .process_group(0);
             sys::kill_with_parent(&mut cmd);
             let spawned = stdio(&spec.stdout).and_then(|out| {

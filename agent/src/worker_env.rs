@@ -90,6 +90,35 @@ pub fn worker_env(
     env
 }
 
+/// Everything set for local rank `local_rank`: the configuration's base
+/// variables, then torchrun's (when on), which see the base ones as part of
+/// the agent's environment.
+pub fn full_env(
+    cfg: &Config,
+    round: &RoundInfo,
+    local_rank: u32,
+    error_file: &str,
+    agent_env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let base = |k: &str| {
+        cfg.base_env
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .or_else(|| agent_env(k))
+    };
+    let mut env = cfg.base_env.clone();
+    if cfg.torchrun_env {
+        env.extend(
+            worker_env(cfg, round, local_rank, error_file, &base)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+    env
+}
+
 /// torchrun's rule: one OpenMP thread per worker when several share a node,
 /// unless the user chose a value.
 pub fn omp_num_threads(

@@ -1,10 +1,39 @@
-//! `accel launch` (in progress).
+//! `accel launch`: accelerate's `launch`, run on accel's agent.
+//!
+//! The steps follow accelerate's: parse the flags ([`flags`]), read the
+//! configuration file and merge it in ([`merge`]), pick the launcher
+//! accelerate would pick and compute the variables it would export
+//! ([`env`]). Where accelerate then calls torchrun, accel turns the same
+//! decisions into `accel-agent` flags, validated by the agent's own
+//! [`Config::from_args`], so there is one launcher behind both commands.
+//!
+//! Deviations (all in the README): one machine always uses a private
+//! rendezvous on a free port (no port clash between jobs); several CPU
+//! processes (`--cpu`/`MULTI_CPU` with `num_processes` > 1) run as that many
+//! processes instead of one; `num_processes` that does not divide by
+//! `num_machines` is an error instead of being rounded down; DeepSpeed's
+//! multi-machine launchers (pdsh, ...) are replaced by one agent per machine.
+
+pub mod env;
+pub mod flags;
+pub mod merge;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde_json::Value;
+
+use crate::accelerate::config_file;
+use crate::cli::AgentArgs;
+use crate::config::Config;
+use env::Launcher;
+use flags::{Namespace, Parsed};
 
 /// A launch ready to run.
 #[derive(Debug)]
 pub struct LaunchPlan {
     /// The agent's configuration.
-    pub config: crate::config::Config,
+    pub config: Config,
     /// `-q/--quiet`.
     pub quiet: bool,
     /// Printed after the job succeeds (`accel test`).
@@ -22,13 +51,235 @@ pub enum Planned {
 
 /// Why a launch cannot start.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LaunchError(pub String);
+pub enum LaunchError {
+    /// The flags or the configuration do not make a launch.
+    #[error("accel launch: {0}")]
+    Invalid(String),
+    /// The configuration file could not be read.
+    #[error(transparent)]
+    Config(#[from] config_file::LoadError),
+}
 
-/// Plans `accel launch ARGS`.
-pub fn plan(
-    _args: &[String],
-    _env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Planned, LaunchError> {
-    Err(LaunchError("launch is not implemented yet".into()))
+/// Plans `accel launch ARGS` (the words after `launch`).
+pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Planned, LaunchError> {
+    let on_path = |p: &str| on_path(p, env);
+    let ns = match flags::parse(args, &on_path).map_err(LaunchError::Invalid)? {
+        Parsed::Help => return Ok(Planned::Help(flags::help())),
+        Parsed::Launch(ns) => ns,
+    };
+    let explicit = ns.get("config_file").as_str().map(PathBuf::from);
+    let config = config_file::load_optional(explicit.as_deref(), env)?;
+    let machine = merge::Machine {
+        gpus: crate::config::cuda_devices(),
+        physical_cores: physical_cores(),
+    };
+    let merged = merge::merge(ns, config, machine, env).map_err(LaunchError::Invalid)?;
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    build(merged, &cwd, env).map(|p| Planned::Run(Box::new(p)))
+}
+
+/// Turns merged flags into the agent's configuration.
+pub fn build(
+    merged: merge::Merged,
+    cwd: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<LaunchPlan, LaunchError> {
+    let bad = LaunchError::Invalid;
+    let ns = &merged.ns;
+    let cpu = ns.truthy("cpu");
+    let launcher = if ns.truthy("use_deepspeed") && !cpu {
+        Launcher::DeepSpeed
+    } else if (ns.truthy("use_fsdp") || ns.truthy("use_megatron_lm") || ns.truthy("multi_gpu"))
+        && !cpu
+    {
+        Launcher::MultiGpu
+    } else if ns.truthy("tpu") && !cpu {
+        return Err(bad(
+            "TPU launches (XLA) are not supported by accel; use `accelerate launch` for TPUs".into(),
+        ));
+    } else {
+        Launcher::Simple
+    };
+    let mut ds_fields: Vec<String> = Vec::new();
+    if launcher == Launcher::DeepSpeed {
+        if let Some(c) = &merged.config {
+            ds_fields.extend(c.dict("deepspeed_config").keys().cloned());
+        }
+        if merged.mp_from_config {
+            ds_fields.push("mixed_precision".into());
+        }
+    }
+    let vars = env::accelerate_env(ns, launcher, &ds_fields, cwd, env).map_err(bad)?;
+    let mut warnings: Vec<String> = merged.warning.iter().cloned().collect();
+    let (argv, single_process) = agent_argv(ns, launcher, &mut warnings).map_err(bad)?;
+    let agent_args = AgentArgs::try_parse_from(&argv)
+        .map_err(|e| bad(format!("{}", e.render()).trim().to_owned()))?;
+    let mut config = Config::from_args(&agent_args, env).map_err(|e| bad(e.to_string()))?;
+    // accelerate sets OMP_NUM_THREADS itself; the agent's own hint does not apply.
+    config.warnings.retain(|w| !w.starts_with("OMP_NUM_THREADS"));
+    config.warnings.extend(warnings);
+    config.base_env = vars;
+    config.torchrun_env = !single_process;
+    Ok(LaunchPlan {
+        config,
+        quiet: ns.truthy("quiet"),
+        on_success: None,
+    })
+}
+
+/// The `accel-agent` command line for the launch, and whether it is
+/// accelerate's single plain process.
+fn agent_argv(
+    ns: &Namespace,
+    launcher: Launcher,
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<String>, bool), String> {
+    let text = |k: &str| env::py_str(ns.get(k));
+    let machines_text = match ns.get("num_machines") {
+        Value::Null => "1".to_owned(),
+        v => env::py_str(v),
+    };
+    let (min_m, max_m) =
+        crate::config::parse_nnodes(&machines_text).map_err(|e| format!("--num_machines: {e}"))?;
+    let total = ns.get("num_processes").as_i64().unwrap_or(1);
+    let mut argv: Vec<String> = vec!["accel-agent".into()];
+    let single_process = launcher == Launcher::Simple && total <= 1 && max_m <= 1;
+    if launcher == Launcher::Simple && !ns.get("mpirun_hostfile").is_null() {
+        return Err("accel starts the processes itself and does not run mpirun: drop --mpirun_hostfile (mpirun_config) and run `accel launch --num_machines N --machine_rank R ...` on each machine".into());
+    }
+    let nproc = match ns.get("nproc_per_node").as_i64() {
+        Some(n) => n,
+        None if single_process => 1,
+        None => {
+            if total < 1 {
+                return Err(format!(
+                    "{total} processes: no GPUs were found and no --num_processes was given; pass --num_processes N (the total over all machines)"
+                ));
+            }
+            let m = i64::from(max_m);
+            if total % m != 0 {
+                return Err(format!(
+                    "--num_processes {total} is the total over all machines and does not divide by {m} machines; give a multiple of {m} (accelerate would round it down to {} per machine)",
+                    total / m
+                ));
+            }
+            total / m
+        }
+    };
+    push(&mut argv, "--nproc-per-node", nproc.to_string());
+    push(&mut argv, "--nnodes", format!("{min_m}:{max_m}"));
+    if max_m > 1 {
+        let ip = ns.get("main_process_ip");
+        let Some(ip) = ip.as_str().filter(|s| !s.is_empty()) else {
+            return Err("--main_process_ip is required with more than one machine: the address of machine rank 0 (static) or of the rendezvous host (c10d)".into());
+        };
+        let port = match ns.get("main_process_port").as_i64() {
+            None => 29500,
+            Some(0) => return Err("--main_process_port 0 would pick a different port on each machine; give a fixed port".into()),
+            Some(p) => p,
+        };
+        let backend = text("rdzv_backend");
+        let same_network = ns.truthy("same_network");
+        if backend == "static" || (same_network && backend == "static") {
+            let rank = ns.get("machine_rank").as_i64().ok_or(
+                "--machine_rank is required with more than one machine and static rendezvous (0 on the main machine)",
+            )?;
+            if min_m != max_m {
+                return Err("--num_machines MIN:MAX needs --rdzv_backend c10d".into());
+            }
+            push(&mut argv, "--rdzv-backend", "static".into());
+            push(&mut argv, "--master-addr", ip.to_owned());
+            push(&mut argv, "--master-port", port.to_string());
+            push(&mut argv, "--node-rank", rank.to_string());
+        } else {
+            push(&mut argv, "--rdzv-backend", backend);
+            let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
+            push(&mut argv, "--rdzv-endpoint", format!("{host}:{port}"));
+        }
+        if let Some(id) = ns.get("rdzv_id").as_str() {
+            push(&mut argv, "--rdzv-id", id.to_owned());
+        }
+    } else {
+        argv.push("--standalone".into());
+    }
+    if launcher == Launcher::DeepSpeed && max_m > 1 {
+        let l = ns.get("deepspeed_multinode_launcher");
+        if l != "standard" {
+            warnings.push(format!(
+                "deepspeed_multinode_launcher {}: accel runs one agent per machine (DeepSpeed's 'standard' launcher); start `accel launch` on every machine",
+                if l.is_null() { "pdsh (the default)".to_owned() } else { env::py_str(l) }
+            ));
+        }
+    }
+    push(&mut argv, "--rdzv-conf", text("rdzv_conf"));
+    push(&mut argv, "--max-restarts", text("max_restarts"));
+    push(&mut argv, "--monitor-interval", text("monitor_interval"));
+    push(&mut argv, "--role", text("role"));
+    push(&mut argv, "--tee", text("tee"));
+    push(&mut argv, "--redirects", text("redirects"));
+    push(&mut argv, "--local-ranks-filter", text("local_ranks_filter"));
+    push(&mut argv, "--ranks-filter", text("ranks_filter"));
+    for (flag, opt) in [
+        ("log_dir", "--log-dir"),
+        ("log_line_prefix_template", "--log-line-prefix-template"),
+        ("shutdown_timeout", "--shutdown-timeout"),
+    ] {
+        if !ns.get(flag).is_null() {
+            push(&mut argv, opt, text(flag));
+        }
+    }
+    if ns.truthy("module") {
+        argv.push("--module".into());
+    }
+    if ns.truthy("no_python") {
+        argv.push("--no-python".into());
+    }
+    argv.push("--".into());
+    argv.push(ns.script.clone());
+    argv.extend(ns.script_args.iter().cloned());
+    Ok((argv, single_process))
+}
+
+fn push(argv: &mut Vec<String>, flag: &str, value: String) {
+    argv.push(flag.to_owned());
+    argv.push(value);
+}
+
+/// Whether `program` is an executable on `PATH` (or a path to one).
+fn on_path(program: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
+    if program.contains('/') {
+        return std::path::Path::new(program).is_file();
+    }
+    env("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .any(|d| std::path::Path::new(d).join(program).is_file())
+}
+
+/// Physical cores (distinct core ids per package), as psutil counts them;
+/// the logical count when the topology is not readable.
+pub fn physical_cores() -> u32 {
+    let mut cores = std::collections::BTreeSet::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let is_cpu = name
+                .strip_prefix("cpu")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            if !is_cpu {
+                continue;
+            }
+            if let Ok(list) = std::fs::read_to_string(e.path().join("topology/core_cpus_list"))
+                .or_else(|_| std::fs::read_to_string(e.path().join("topology/thread_siblings_list")))
+            {
+                cores.insert(list.trim().to_owned());
+            }
+        }
+    }
+    match u32::try_from(cores.len()) {
+        Ok(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+    }
 }

@@ -1,23 +1,561 @@
-//! `accel tpu-config` (in progress).
+//! `accel tpu-config`: run setup commands on every worker of a TPU pod
+//! through `gcloud`, as `accelerate tpu-config` does (reference: accelerate
+//! §1.8).
+//!
+//! The command is accelerate's, argument for argument, so scripts and docs
+//! written for accelerate keep working: `gcloud [alpha] compute tpus tpu-vm
+//! ssh NAME --zone ZONE --command "cd /usr/share; [pip install …;] cmd1; …"
+//! --worker all`. Values come from the flags, else from the configuration
+//! file (`tpu_name`, `tpu_zone`, `commands`, `command_file`), with
+//! accelerate's precedence: a command file (flag or file) replaces any
+//! commands; each `--command` value is one command; a command file gives one
+//! command per line. `--debug` prints `Running <argv joined by spaces>`
+//! exactly as accelerate prints it, without running anything.
+//!
+//! Where accel is stricter than accelerate, on purpose: a missing TPU name or
+//! zone, a missing `gcloud` and a failing `gcloud` are errors that say what
+//! to do (accelerate raises a Python `TypeError` or `FileNotFoundError`, and
+//! reports success whatever `gcloud` returned).
 
-/// `accel tpu-config` arguments.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Map, Value};
+
+/// `accel tpu-config` arguments (accelerate's spellings).
 #[derive(Debug, Clone, clap::Args)]
 pub struct TpuArgs {
     /// accelerate's configuration file.
     #[arg(long = "config_file", alias = "config-file")]
-    pub config_file: Option<std::path::PathBuf>,
+    pub config_file: Option<PathBuf>,
+    /// The TPU's name (default: `tpu_name` from the configuration file).
+    #[arg(long = "tpu_name", alias = "tpu-name")]
+    pub tpu_name: Option<String>,
+    /// The TPU's zone (default: `tpu_zone` from the configuration file).
+    #[arg(long = "tpu_zone", alias = "tpu-zone")]
+    pub tpu_zone: Option<String>,
+    /// Use `gcloud alpha` instead of `gcloud`.
+    #[arg(long = "use_alpha", alias = "use-alpha")]
+    pub use_alpha: bool,
+    /// A file with the commands to run on the pod, one per line.
+    #[arg(long = "command_file", alias = "command-file")]
+    pub command_file: Option<PathBuf>,
+    /// A command to run on the pod; may be given several times, each value is
+    /// one command.
+    #[arg(long, num_args = 1.., action = clap::ArgAction::Append)]
+    pub command: Vec<String>,
+    /// Install accelerate on the pod first.
+    #[arg(long = "install_accelerate", alias = "install-accelerate")]
+    pub install_accelerate: bool,
+    /// The accelerate to install: `latest`, `dev` (from GitHub) or a version.
+    #[arg(
+        long = "accelerate_version",
+        alias = "accelerate-version",
+        default_value = "latest"
+    )]
+    pub accelerate_version: String,
+    /// Print the command instead of running it.
+    #[arg(long)]
+    pub debug: bool,
 }
 
 /// Why the command failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct TpuError(pub String);
+pub enum TpuError {
+    /// Nothing to run.
+    #[error("you must specify either a command file or a command to run on the pod (--command, --command_file, or `commands`/`command_file` in the configuration file)")]
+    NoCommand,
+    /// No TPU name from the flags or the configuration file.
+    #[error("no TPU name: pass --tpu_name or set tpu_name in the configuration file")]
+    NoTpuName,
+    /// No TPU zone from the flags or the configuration file.
+    #[error("no TPU zone: pass --tpu_zone or set tpu_zone in the configuration file")]
+    NoTpuZone,
+    /// A configuration value of the wrong type.
+    #[error("`{key}` in the configuration file must be {expected}")]
+    BadConfig {
+        /// The key.
+        key: &'static str,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// `--accelerate_version` that is not `latest`, `dev` nor a PEP 440 version.
+    #[error("invalid --accelerate_version `{0}`: use `latest`, `dev` or a version such as 1.2.0")]
+    BadVersion(String),
+    /// The command file could not be read.
+    #[error("cannot read the command file {}: {source}", path.display())]
+    CommandFile {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No `gcloud` on PATH.
+    #[error("`gcloud` was not found on PATH: install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install), or pass --debug to print the command instead")]
+    NoGcloud,
+    /// `gcloud` could not be started.
+    #[error("cannot run {}: {source}", path.display())]
+    Spawn {
+        /// The `gcloud` found on PATH.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `gcloud` ran and failed.
+    #[error("gcloud failed ({0}); the pod was not set up")]
+    Failed(std::process::ExitStatus),
+}
 
 /// Runs the command; returns the text to print.
 pub fn run(
-    _args: &TpuArgs,
-    _config: Option<&serde_json::Map<String, serde_json::Value>>,
-    _env: &dyn Fn(&str) -> Option<String>,
+    args: &TpuArgs,
+    config: Option<&Map<String, Value>>,
+    env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, TpuError> {
-    Err(TpuError("tpu-config is not implemented yet".into()))
+    let argv = gcloud_argv(args, config)?;
+    if args.debug {
+        return Ok(format!("Running {}", argv.join(" ")));
+    }
+    let gcloud = find_program("gcloud", env("PATH").as_deref()).ok_or(TpuError::NoGcloud)?;
+    let status = Command::new(&gcloud)
+        .args(&argv[1..])
+        .status()
+        .map_err(|source| TpuError::Spawn {
+            path: gcloud.clone(),
+            source,
+        })?;
+    if !status.success() {
+        return Err(TpuError::Failed(status));
+    }
+    Ok("Successfully setup pod.".into())
+}
+
+/// The `gcloud` argv accelerate builds for these flags and configuration.
+fn gcloud_argv(
+    args: &TpuArgs,
+    config: Option<&Map<String, Value>>,
+) -> Result<Vec<String>, TpuError> {
+    let given = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    let mut name = given(&args.tpu_name);
+    let mut zone = given(&args.tpu_zone);
+    let mut command_file = args
+        .command_file
+        .clone()
+        .filter(|p| !p.as_os_str().is_empty());
+    let mut commands = args.command.clone();
+    if let Some(config) = config {
+        if command_file.is_none() && commands.is_empty() {
+            command_file = config_str(config, "command_file")?.map(PathBuf::from);
+        }
+        if commands.is_empty() {
+            commands = config_commands(config)?;
+        }
+        name = name.or(config_str(config, "tpu_name")?);
+        zone = zone.or(config_str(config, "tpu_zone")?);
+    }
+    let package = install_spec(&args.accelerate_version)?;
+    if command_file.is_none() && commands.is_empty() {
+        return Err(TpuError::NoCommand);
+    }
+    if let Some(path) = command_file {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|source| TpuError::CommandFile { path, source })?;
+        commands = py_splitlines(&text);
+    }
+    let mut steps = vec!["cd /usr/share".to_owned()];
+    if args.install_accelerate {
+        steps.push(format!("pip install {package}"));
+    }
+    steps.extend(commands);
+    let mut argv = vec!["gcloud".to_owned()];
+    if args.use_alpha {
+        argv.push("alpha".into());
+    }
+    argv.extend(["compute", "tpus", "tpu-vm", "ssh"].map(String::from));
+    argv.push(name.ok_or(TpuError::NoTpuName)?);
+    argv.push("--zone".into());
+    argv.push(zone.ok_or(TpuError::NoTpuZone)?);
+    argv.push("--command".into());
+    argv.push(steps.join("; "));
+    argv.extend(["--worker", "all"].map(String::from));
+    Ok(argv)
+}
+
+/// A string value of the configuration (empty and `null` count as absent).
+fn config_str(config: &Map<String, Value>, key: &'static str) -> Result<Option<String>, TpuError> {
+    match config.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
+        Some(_) => Err(TpuError::BadConfig {
+            key,
+            expected: "a string",
+        }),
+    }
+}
+
+/// The configuration's `commands`: a list of commands (a lone string is one).
+fn config_commands(config: &Map<String, Value>) -> Result<Vec<String>, TpuError> {
+    let bad = TpuError::BadConfig {
+        key: "commands",
+        expected: "a list of strings",
+    };
+    match config.get("commands") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(bad),
+        Some(_) => Err(bad),
+    }
+}
+
+/// What `pip install` gets for `--accelerate_version`, as accelerate maps it.
+fn install_spec(version: &str) -> Result<String, TpuError> {
+    match version {
+        "dev" => Ok("git+https://github.com/huggingface/accelerate.git".into()),
+        "latest" => Ok("accelerate -U".into()),
+        v if is_pep440(v) => Ok(format!("accelerate=={v}")),
+        v => Err(TpuError::BadVersion(v.to_owned())),
+    }
+}
+
+/// Whether `text` is a version `packaging.version.parse` accepts (PEP 440,
+/// case-insensitive, optional `v` prefix and surrounding whitespace).
+fn is_pep440(text: &str) -> bool {
+    let lower = text.trim().to_ascii_lowercase();
+    let mut s = lower.strip_prefix('v').unwrap_or(&lower);
+    let digits = |s: &mut &str| {
+        let n = s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        *s = &s[n..];
+        n > 0
+    };
+    let sep = |s: &mut &str| {
+        if let Some(rest) = s.strip_prefix(['-', '_', '.']) {
+            *s = rest;
+        }
+    };
+    // A labelled segment: [sep] label [sep] [digits]; `s` is left alone when
+    // no label follows.
+    let labelled = |s: &mut &str, labels: &[&str]| {
+        let mut t = *s;
+        sep(&mut t);
+        match labels.iter().find(|l| t.starts_with(**l)) {
+            Some(l) => {
+                t = &t[l.len()..];
+                sep(&mut t);
+                digits(&mut t);
+                *s = t;
+                true
+            }
+            None => false,
+        }
+    };
+    // Epoch.
+    if let Some((epoch, rest)) = s.split_once('!') {
+        if epoch.is_empty() || !epoch.chars().all(|c| c.is_ascii_digit()) {
+            return false;
+        }
+        s = rest;
+    }
+    // Release: N(.N)*
+    if !digits(&mut s) {
+        return false;
+    }
+    while let Some(rest) = s.strip_prefix('.') {
+        let mut t = rest;
+        if !digits(&mut t) {
+            break;
+        }
+        s = t;
+    }
+    labelled(
+        &mut s,
+        &["alpha", "a", "beta", "b", "preview", "pre", "c", "rc"],
+    );
+    // Post release: `-N`, else [sep] post|rev|r [sep] [N].
+    match s
+        .strip_prefix('-')
+        .map(|r| (r, r.trim_start_matches(|c: char| c.is_ascii_digit())))
+    {
+        Some((rest, after)) if after.len() < rest.len() => s = after,
+        _ => {
+            labelled(&mut s, &["post", "rev", "r"]);
+        }
+    }
+    labelled(&mut s, &["dev"]);
+    if let Some(local) = s.strip_prefix('+') {
+        let parts_ok = local
+            .split(['-', '_', '.'])
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric()));
+        return parts_ok;
+    }
+    s.is_empty()
+}
+
+/// Python's `str.splitlines()`: lines without their ends, no empty last line.
+fn py_splitlines(text: &str) -> Vec<String> {
+    let ends = |c: char| {
+        matches!(
+            c,
+            '\n' | '\r'
+                | '\x0b'
+                | '\x0c'
+                | '\x1c'
+                | '\x1d'
+                | '\x1e'
+                | '\u{85}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+    };
+    let mut lines = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match rest.find(ends) {
+            None => {
+                lines.push(rest.to_owned());
+                break;
+            }
+            Some(i) => {
+                lines.push(rest[..i].to_owned());
+                let skip = if rest[i..].starts_with("\r\n") {
+                    2
+                } else {
+                    rest[i..].chars().next().map_or(1, char::len_utf8)
+                };
+                rest = &rest[i + skip..];
+            }
+        }
+    }
+    lines
+}
+
+/// The first executable `name` in `path` (a `PATH` value; unset means
+/// `/bin:/usr/bin`, as Python's subprocess assumes).
+fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = path.unwrap_or("/bin:/usr/bin");
+    dirs.split(':')
+        .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TpuArgs,
+    }
+
+    fn parse(argv: &[&str]) -> TpuArgs {
+        Cli::try_parse_from(["tpu-config"].iter().chain(argv))
+            .expect("valid arguments")
+            .args
+    }
+
+    fn config(json: Value) -> Map<String, Value> {
+        json.as_object().cloned().unwrap_or_default()
+    }
+
+    fn debug(argv: &[&str], cfg: Option<Value>) -> Result<String, TpuError> {
+        let mut argv = argv.to_vec();
+        argv.push("--debug");
+        run(&parse(&argv), cfg.map(config).as_ref(), &|_| None)
+    }
+
+    #[test]
+    fn flags_build_accelerates_gcloud_command() {
+        let out = debug(
+            &[
+                "--tpu_name",
+                "pod",
+                "--tpu-zone",
+                "us-central1-a",
+                "--command",
+                "echo a",
+                "b",
+                "--command",
+                "ls -l",
+            ],
+            None,
+        );
+        assert_eq!(
+            out.expect("debug"),
+            "Running gcloud compute tpus tpu-vm ssh pod --zone us-central1-a --command \
+             cd /usr/share; echo a; b; ls -l --worker all"
+        );
+        let args = parse(&[
+            "--tpu_name",
+            "p",
+            "--tpu_zone",
+            "z",
+            "--use-alpha",
+            "--install_accelerate",
+            "--command",
+            "x",
+        ]);
+        let argv = gcloud_argv(&args, None).expect("argv");
+        assert_eq!(argv[..2], ["gcloud", "alpha"]);
+        assert_eq!(argv[10], "cd /usr/share; pip install accelerate -U; x");
+        assert_eq!(argv.len(), 13);
+    }
+
+    #[test]
+    fn the_configuration_fills_in_with_accelerates_precedence() {
+        let dir = std::env::temp_dir().join(format!("accel-tpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("cmds.txt");
+        std::fs::write(&file, "one\r\ntwo\n\nthree\n").expect("write");
+        let file = file.to_str().expect("utf-8").to_owned();
+        let cfg = serde_json::json!({"tpu_name": "cfg-pod", "tpu_zone": "cfg-zone",
+            "commands": ["c1", "c2"], "command_file": null});
+        let joined = |argv: &[&str], cfg: &Value| {
+            let args = parse(argv);
+            let argv = gcloud_argv(&args, Some(&config(cfg.clone()))).expect("argv");
+            format!("{} {} {}", argv[5], argv[7], argv[9])
+        };
+        assert_eq!(joined(&[], &cfg), "cfg-pod cfg-zone cd /usr/share; c1; c2");
+        assert_eq!(
+            joined(&["--tpu_name", "p", "--command", "x"], &cfg),
+            "p cfg-zone cd /usr/share; x"
+        );
+        // A command file, from a flag or from the file, replaces the commands.
+        let expected = "cfg-pod cfg-zone cd /usr/share; one; two; ; three";
+        assert_eq!(joined(&["--command_file", &file], &cfg), expected);
+        let mut with_file = cfg.clone();
+        with_file["command_file"] = Value::String(file.clone());
+        assert_eq!(joined(&[], &with_file), expected);
+        // ... but the file's command_file does not override --command.
+        assert_eq!(
+            joined(&["--command", "x"], &with_file),
+            "cfg-pod cfg-zone cd /usr/share; x"
+        );
+    }
+
+    #[test]
+    fn missing_or_wrong_values_are_clear_errors() {
+        let zone = ["--tpu_zone", "z", "--tpu_name", "n"];
+        assert!(matches!(debug(&zone, None), Err(TpuError::NoCommand)));
+        let cfg = serde_json::json!({"commands": []});
+        assert!(matches!(debug(&zone, Some(cfg)), Err(TpuError::NoCommand)));
+        assert!(matches!(
+            debug(&["--command", "x", "--tpu_zone", "z"], None),
+            Err(TpuError::NoTpuName)
+        ));
+        assert!(matches!(
+            debug(&["--command", "x", "--tpu_name", "n"], None),
+            Err(TpuError::NoTpuZone)
+        ));
+        let cfg = serde_json::json!({"tpu_name": 3});
+        let err = debug(&["--command", "x"], Some(cfg)).expect_err("bad config");
+        assert_eq!(
+            err.to_string(),
+            "`tpu_name` in the configuration file must be a string"
+        );
+        let cfg = serde_json::json!({"commands": [1]});
+        assert!(matches!(
+            debug(&zone, Some(cfg)),
+            Err(TpuError::BadConfig {
+                key: "commands",
+                ..
+            })
+        ));
+        let bad = [
+            "--command",
+            "x",
+            "--tpu_zone",
+            "z",
+            "--tpu_name",
+            "n",
+            "--accelerate_version",
+            "foo",
+        ];
+        assert!(matches!(debug(&bad, None), Err(TpuError::BadVersion(_))));
+        let missing = [
+            "--command_file",
+            "/nonexistent/cmds",
+            "--tpu_zone",
+            "z",
+            "--tpu_name",
+            "n",
+        ];
+        assert!(matches!(
+            debug(&missing, None),
+            Err(TpuError::CommandFile { .. })
+        ));
+    }
+
+    #[test]
+    fn versions_map_as_in_accelerate() {
+        assert_eq!(
+            install_spec("dev").expect("dev"),
+            "git+https://github.com/huggingface/accelerate.git"
+        );
+        assert_eq!(install_spec("latest").expect("latest"), "accelerate -U");
+        assert_eq!(install_spec("0.20.3").expect("v"), "accelerate==0.20.3");
+        // Accepted and refused by packaging.version.parse (packaging 26).
+        for ok in [
+            "1.0",
+            "v1.0",
+            " 1.0 ",
+            "1.0a.",
+            "1.0a--1",
+            "1.0+abc.1",
+            "1!2.0.post1.dev3",
+            "1.0-1",
+            "1.0rc",
+            "1.0c1",
+            "1.0-dev",
+            "1.0_rc_1",
+            "1.0alpha",
+            "1.0.post",
+        ] {
+            assert!(is_pep440(ok), "{ok:?}");
+        }
+        for bad in ["foo", "1.0.", "1..0", "1.0+", "1.0ab", "", "!1", "1.0+a..b"] {
+            assert!(!is_pep440(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lines_split_as_python_splits_them() {
+        assert_eq!(py_splitlines("a\r\nb\rc\u{2028}d\n"), ["a", "b", "c", "d"]);
+        assert_eq!(py_splitlines("\n\nx"), ["", "", "x"]);
+        assert!(py_splitlines("").is_empty());
+    }
+
+    #[test]
+    fn gcloud_is_found_on_path_and_its_failure_reported() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("accel-tpu-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let args = parse(&["--tpu_name", "n", "--tpu_zone", "z", "--command", "x"]);
+        let path = dir.to_str().expect("utf-8").to_owned();
+        let env = |k: &str| (k == "PATH").then(|| path.clone());
+        assert!(matches!(run(&args, None, &env), Err(TpuError::NoGcloud)));
+        let gcloud = dir.join("gcloud");
+        for (script, ok) in [
+            ("#!/bin/sh\nexit 0\n", true),
+            ("#!/bin/sh\nexit 3\n", false),
+        ] {
+            std::fs::write(&gcloud, script).expect("write");
+            std::fs::set_permissions(&gcloud, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            match run(&args, None, &env) {
+                Ok(out) => assert!(ok && out == "Successfully setup pod."),
+                Err(e) => assert!(!ok && matches!(e, TpuError::Failed(_)), "{e}"),
+            }
+        }
+    }
 }

@@ -20,7 +20,7 @@ use crate::error::{AgentError, Outcome};
 use crate::failure;
 use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup, WorkerSpec};
-use crate::worker_env::{worker_argv, worker_env, RoundInfo};
+use crate::worker_env::{full_env, worker_argv, RoundInfo};
 
 impl Session<'_> {
     /// Gets ready for `round` and waits for it to form.
@@ -277,7 +277,7 @@ impl Session<'_> {
                     local_rank,
                     global_rank: info.base_rank + local_rank,
                     argv: worker_argv(&self.cfg.entrypoint, local_rank),
-                    env: worker_env(
+                    env: full_env(
                         self.cfg,
                         info,
                         local_rank,

@@ -144,8 +144,9 @@ mod tests {
         assert_eq!(convert_bytes(Bytes::Fraction(50.0)), "50.0 bytes");
         assert_eq!(convert_bytes(Bytes::Fraction(0.5)), "0.5 bytes");
         assert_eq!(convert_bytes(Bytes::Whole(1024)), "1.0 KB");
-        // bert-base-cased: 108,310,272 parameters.
-        let total = 108_310_272 * 4;
+        // bert-base-cased: 108,310,272 parameters and two 512-element int64
+        // buffers, which accelerate counts at 8 bytes.
+        let total = 108_310_272 * 4 + 2 * 512 * 8;
         assert_eq!(convert_bytes(Bytes::Whole(total)), "413.18 MB");
         assert_eq!(convert_bytes(Bytes::Whole(4 * total)), "1.61 GB");
         assert_eq!(
@@ -155,7 +156,7 @@ mod tests {
         // Ties round half to even on the exact value, like Python's round().
         assert_eq!(convert_bytes(Bytes::Whole(1152)), "1.12 KB"); // 1.125
         assert_eq!(convert_bytes(Bytes::Whole(1408)), "1.38 KB"); // 1.375
-        // Rounding up to 1024 keeps the smaller unit, as in accelerate.
+                                                                  // Rounding up to 1024 keeps the smaller unit, as in accelerate.
         assert_eq!(convert_bytes(Bytes::Whole(1024 * 1024 - 1)), "1024.0 KB");
         assert_eq!(convert_bytes(Bytes::Whole(u64::MAX)), "16384.0 PB");
     }
@@ -181,7 +182,12 @@ mod tests {
         .collect()
     }
 
-    const HEADERS: [&str; 4] = ["dtype", "Largest Layer", "Total Size", "Training using Adam"];
+    const HEADERS: [&str; 4] = [
+        "dtype",
+        "Largest Layer",
+        "Total Size",
+        "Training using Adam",
+    ];
 
     #[test]
     fn table_matches_accelerates_documented_output() {

@@ -1,0 +1,282 @@
+//! accelerate's `_validate_launch_command`: checks the flags, then merges
+//! the configuration file into them (reference: accelerate §3.1).
+//!
+//! Precedence, as accelerate has it: a flag given on the command line beats
+//! the file; the file's dictionary keys (`fsdp_config`, ...) beat flag
+//! defaults; the file's other keys fill in only flags whose default is
+//! "not given". accel departs from that in one place, to fix a known defect:
+//! the file's `rdzv_backend` and `same_network` are honoured unless the
+//! command line gives them (accelerate ignores both, because their flag
+//! defaults are not "not given").
+
+use serde_json::{json, Value};
+
+use super::flags::Namespace;
+use crate::accelerate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
+
+/// The machine facts the merge depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Machine {
+    /// CUDA devices.
+    pub gpus: u32,
+    /// Physical CPU cores.
+    pub physical_cores: u32,
+}
+
+/// The merged result.
+#[derive(Debug)]
+pub struct Merged {
+    /// Flags with the file merged in.
+    pub ns: Namespace,
+    /// The file, when one was read.
+    pub config: Option<AccelerateConfig>,
+    /// `mixed_precision` came from the file (DeepSpeed reports it).
+    pub mp_from_config: bool,
+    /// accelerate's "values were not passed" warning, when it applies.
+    pub warning: Option<String>,
+}
+
+/// Distributed types that select the multi-GPU launcher.
+const MULTI_DEVICE: &[&str] = &[
+    "MULTI_GPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_XPU",
+    "MULTI_HPU",
+    "MULTI_NEURON",
+];
+
+/// Checks `ns` and merges `config` (the explicit or default file, already
+/// loaded; `None` when there is none) into it.
+pub fn merge(
+    mut ns: Namespace,
+    config: Option<AccelerateConfig>,
+    machine: Machine,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Merged, String> {
+    let exclusive = ["multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp"];
+    if exclusive.iter().filter(|f| ns.truthy(f)).count() > 1 {
+        return Err("use only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp".into());
+    }
+    if ns.truthy("multi_gpu") && ns.get("num_processes").as_i64().is_some_and(|n| n < 2) {
+        return Err("--multi_gpu needs at least 2 processes: raise --num_processes".into());
+    }
+    if ns.truthy("use_parallelism_config") && !ns.truthy("use_fsdp") {
+        return Err("--use_parallelism_config needs --use_fsdp and --fsdp_version 2".into());
+    }
+    // accelerate skips the default file under --cpu (not an explicit one).
+    let config = match config {
+        Some(c) if ns.truthy("config_file") || !ns.truthy("cpu") => Some(c),
+        _ => None,
+    };
+    let mut warned = Vec::new();
+    let mut mp_from_config = false;
+    if let Some(cfg) = &config {
+        if cfg.sagemaker {
+            return Err(format!(
+                "{} is an Amazon SageMaker configuration: accel launches on machines it runs on; use `accelerate launch` for SageMaker",
+                cfg.path.display()
+            ));
+        }
+        apply_file(&mut ns, cfg, &mut mp_from_config)?;
+    } else {
+        defaults_without_file(&mut ns, machine, &mut warned);
+    }
+    cpu_threads(&mut ns, machine, env, &mut warned)?;
+    let warning = (!warned.is_empty()).then(|| {
+        format!(
+            "The following values were not passed to `accelerate launch` and had defaults used instead:\n{}\n\
+             To avoid this warning pass in values for each of the problematic parameters or run `accelerate config`.",
+            warned.join("\n")
+        )
+    });
+    Ok(Merged {
+        ns,
+        config,
+        mp_from_config,
+        warning,
+    })
+}
+
+fn apply_file(ns: &mut Namespace, cfg: &AccelerateConfig, mp_from_config: &mut bool) -> Result<(), String> {
+    let kind = cfg.get("distributed_type").as_str().unwrap_or("NO").to_owned();
+    let chosen = ["multi_gpu", "tpu", "tpu_use_cluster", "use_deepspeed", "use_fsdp", "use_megatron_lm"];
+    if !chosen.iter().any(|f| ns.truthy(f)) {
+        ns.set("use_deepspeed", json!(kind == "DEEPSPEED"));
+        ns.set("multi_gpu", json!(MULTI_DEVICE.contains(&kind.as_str())));
+        ns.set("tpu", json!(kind == "XLA"));
+        ns.set("use_fsdp", json!(kind == "FSDP"));
+        ns.set("use_megatron_lm", json!(kind == "MEGATRON_LM"));
+        let cluster = kind == "XLA" && cfg.get("tpu_use_cluster") == &Value::Bool(true);
+        ns.set("tpu_use_cluster", json!(cluster));
+        ns.set(
+            "use_parallelism_config",
+            json!(!cfg.dict("parallelism_config").is_empty()),
+        );
+    }
+    if ns.get("gpu_ids").is_null() {
+        let ids = match cfg.get("gpu_ids") {
+            Value::Null => json!("all"),
+            v => v.clone(),
+        };
+        ns.set("gpu_ids", ids);
+    }
+    if ns.truthy("multi_gpu") && ns.get("num_machines").is_null() {
+        ns.set("num_machines", cfg.get("num_machines").clone());
+    }
+    for (name, _) in CLUSTER_FIELDS {
+        let value = cfg.get(name);
+        if let Value::Object(dict) = value {
+            for (key, v) in dict {
+                let key = prefixed(name, key);
+                if !ns.nondefault.contains(&key) {
+                    ns.set(&key, v.clone());
+                }
+            }
+        } else if matches!(*name, "rdzv_backend" | "same_network") {
+            // accel's fix: the file's value counts unless the command line gives one.
+            if !ns.nondefault.contains(*name) && !value.is_null() {
+                ns.set(name, value.clone());
+            }
+        } else if !matches!(*name, "compute_environment" | "mixed_precision" | "distributed_type")
+            && ns.get(name).is_null()
+        {
+            ns.set(name, value.clone());
+        }
+    }
+    if !ns.truthy("debug") {
+        ns.set("debug", json!(cfg.get("debug") == &Value::Bool(true)));
+    }
+    if !ns.truthy("mixed_precision") {
+        match cfg.get("mixed_precision") {
+            Value::Null => ns.set("mixed_precision", json!("no")),
+            Value::Bool(false) => {
+                return Err(format!(
+                    "{}: mixed_precision is the boolean false (unquoted no is a boolean in YAML 1.1, as accelerate reads it); write mixed_precision: 'no'",
+                    cfg.path.display()
+                ))
+            }
+            v => {
+                ns.set("mixed_precision", v.clone());
+                *mp_from_config = true;
+            }
+        }
+    }
+    if ns.get("dynamo_backend").is_null() {
+        ns.set("dynamo_backend", json!("no"));
+    }
+    if ns.get("num_processes").as_i64() == Some(-1) {
+        return Err(format!(
+            "{} gives no num_processes: pass --num_processes (the total over all machines)",
+            cfg.path.display()
+        ));
+    }
+    let ids = ns.get("gpu_ids").clone();
+    let machines = machines_max(ns.get("num_machines"));
+    if let Value::String(ids) = &ids {
+        if ids != "all" && ids.split(',').count() < 2 && ns.truthy("multi_gpu") && machines <= 1 {
+            return Err("fewer than two --gpu_ids for multi-GPU training on one machine: give at least two, or --gpu_ids all".into());
+        }
+    }
+    Ok(())
+}
+
+/// A configuration dictionary's key as a flag name.
+fn prefixed(dict: &str, key: &str) -> String {
+    match dict {
+        "fsdp_config" if !key.starts_with("fsdp") => format!("fsdp_{key}"),
+        "fp8_config" if !key.starts_with("fp8") => format!("fp8_{key}"),
+        "dynamo_config" if !key.starts_with("dynamo_") => format!("dynamo_{key}"),
+        _ => key.to_owned(),
+    }
+}
+
+/// The machine count, or MAX of `MIN:MAX`.
+pub fn machines_max(v: &Value) -> i64 {
+    match v {
+        Value::Number(n) => n.as_i64().unwrap_or(1),
+        Value::String(s) => s
+            .rsplit(':')
+            .next()
+            .and_then(|m| m.trim().parse().ok())
+            .unwrap_or(1),
+        _ => 1,
+    }
+}
+
+fn defaults_without_file(ns: &mut Namespace, machine: Machine, warned: &mut Vec<String>) {
+    if ns.get("num_processes").is_null() {
+        ns.set("num_processes", json!(machine.gpus));
+        warned.push(format!(
+            "\t`--num_processes` was set to a value of `{}`",
+            machine.gpus
+        ));
+    }
+    let n = ns.get("num_processes").as_i64().unwrap_or(0);
+    if !ns.truthy("multi_gpu") && n > 1 && machine.gpus > 1 {
+        warned.push(
+            "\t\tMore than one GPU was found, enabling multi-GPU training.\n\
+             \t\tIf this was unintended please pass in `--num_processes=1`."
+                .into(),
+        );
+        ns.set("multi_gpu", json!(true));
+    }
+    if ns.get("num_machines").is_null() {
+        warned.push("\t`--num_machines` was set to a value of `1`".into());
+        ns.set("num_machines", json!(1));
+    }
+    if ns.get("mixed_precision").is_null() {
+        warned.push("\t`--mixed_precision` was set to a value of `'no'`".into());
+        ns.set("mixed_precision", json!("no"));
+    }
+    let cpu = ns.get("cpu").clone();
+    ns.set("use_cpu", cpu);
+    if ns.get("dynamo_backend").is_null() {
+        warned.push("\t`--dynamo_backend` was set to a value of `'no'`".into());
+        ns.set("dynamo_backend", json!("no"));
+    }
+}
+
+/// `--num_cpu_threads_per_process`: `$OMP_NUM_THREADS` or 1, and on CPUs
+/// without `OMP_NUM_THREADS`, the physical cores shared by the local processes.
+fn cpu_threads(
+    ns: &mut Namespace,
+    machine: Machine,
+    env: &dyn Fn(&str) -> Option<String>,
+    warned: &mut Vec<String>,
+) -> Result<(), String> {
+    if !ns.get("num_cpu_threads_per_process").is_null() {
+        return Ok(());
+    }
+    let int_env = |names: &[&str], default: i64| -> Result<i64, String> {
+        for n in names {
+            if let Some(v) = env(n) {
+                return v
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{n}={v} is not a number"));
+            }
+        }
+        Ok(default)
+    };
+    let omp = int_env(&["OMP_NUM_THREADS"], 1)?;
+    ns.set("num_cpu_threads_per_process", json!(omp));
+    let n = ns.get("num_processes").as_i64().unwrap_or(0);
+    if ns.truthy("use_cpu") && n >= 1 && int_env(&["OMP_NUM_THREADS"], 0)? == 0 {
+        let machines = machines_max(ns.get("num_machines")).max(1);
+        let local = int_env(
+            &["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"],
+            ((n as f64 / machines as f64) as i64).max(1),
+        )?;
+        let threads = (f64::from(machine.physical_cores) / local.max(1) as f64) as i64;
+        if threads > 1 {
+            ns.set("num_cpu_threads_per_process", json!(threads));
+            warned.push(format!(
+                "\t`--num_cpu_threads_per_process` was set to `{threads}` to improve out-of-box performance when training on CPUs"
+            ));
+        }
+    }
+    Ok(())
+}
