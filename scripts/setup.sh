@@ -2,12 +2,14 @@
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2;
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
-#     under ~/.cache/accel/, keyed by the pinned versions.
+#     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
+#     to it (built without its native ops) for accelerate's DeepSpeed launcher.
 # Prints nothing else but what it installs. Safe to run again.
 set -euo pipefail
 
 TORCH_VERSION="2.13.0"
 ACCELERATE_VERSION="1.15.0"
+DEEPSPEED_VERSION="0.19.8"
 PY="$(command -v python3 || true)"
 CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
 
@@ -33,6 +35,14 @@ if [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "accelerate==$ACCELERATE_VERSION"
   "$VENV/bin/python" -c 'import torch, accelerate' 
   touch "$VENV/.complete"
+fi
+if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
+  echo "setup: adding deepspeed==$DEEPSPEED_VERSION to $VENV" >&2
+  # Its build imports torch, so it builds against the venv's (no isolation);
+  # DS_BUILD_OPS=0: no CUDA/C++ ops are compiled (the tests run on CPUs).
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
+  "$VENV/bin/python" -c 'import deepspeed' >&2
+  touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
 fi
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

@@ -14,6 +14,15 @@ use std::path::Path;
 
 use accel_tests::Record;
 
+/// PyTorch tests start several interpreters each; on a small machine they
+/// run one at a time so none starves (and times out) another.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the heavy-test lock for the caller's scope.
+pub(crate) fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Checks torchrun's environment contract and rank layout for one attempt.
 pub(crate) fn check_layout(
     recs: &[Record],

@@ -14,13 +14,7 @@ use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// PyTorch tests start several interpreters each; on a small machine they
-/// run one at a time so none starves (and times out) another.
-static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::heavy;
 
 fn accel(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(bin("accel-agent"));

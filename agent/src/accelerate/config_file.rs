@@ -74,9 +74,9 @@ pub fn default_config(mixed_precision: &str, gpus: u32) -> String {
         "tpu_use_sudo": false,
         "use_cpu": use_cpu,
     });
-    // serde_json's map keeps keys sorted and pretty-prints with two spaces: the
-    // same text as Python's json.dumps(indent=2, sort_keys=True).
-    serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
+    // Sorted and pretty-printed with two spaces: the same text as Python's
+    // json.dumps(indent=2, sort_keys=True).
+    serde_json::to_string_pretty(&sorted(&config)).unwrap_or_default() + "\n"
 }
 
 /// Writes the default configuration to `path` unless a file is already there.
@@ -348,6 +348,24 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
     Ok((sagemaker, out))
 }
 
+/// `v` with every mapping's keys sorted (Python's `sort_keys=True`); maps
+/// otherwise keep the file's order, which accelerate reports in places.
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&m[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
 fn truthy(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(false) => false,
@@ -364,7 +382,7 @@ fn truthy(v: &Value) -> bool {
 pub fn save(path: &Path, fields: &Map<String, Value>) -> Result<(), ConfigFileError> {
     let dict = Value::Object(to_dict(fields));
     let text = if path.extension().is_some_and(|e| e == "json") {
-        serde_json::to_string_pretty(&dict).unwrap_or_default() + "\n"
+        serde_json::to_string_pretty(&sorted(&dict)).unwrap_or_default() + "\n"
     } else {
         yaml::dump(&dict)
     };

@@ -97,7 +97,8 @@ pub fn build(
         Launcher::MultiGpu
     } else if ns.truthy("tpu") && !cpu {
         return Err(bad(
-            "TPU launches (XLA) are not supported by accel; use `accelerate launch` for TPUs".into(),
+            "TPU launches (XLA) are not supported by accel; use `accelerate launch` for TPUs"
+                .into(),
         ));
     } else {
         Launcher::Simple
@@ -118,7 +119,9 @@ pub fn build(
         .map_err(|e| bad(format!("{}", e.render()).trim().to_owned()))?;
     let mut config = Config::from_args(&agent_args, env).map_err(|e| bad(e.to_string()))?;
     // accelerate sets OMP_NUM_THREADS itself; the agent's own hint does not apply.
-    config.warnings.retain(|w| !w.starts_with("OMP_NUM_THREADS"));
+    config
+        .warnings
+        .retain(|w| !w.starts_with("OMP_NUM_THREADS"));
     config.warnings.extend(warnings);
     config.base_env = vars;
     config.torchrun_env = !single_process;
@@ -195,7 +198,11 @@ fn agent_argv(
             push(&mut argv, "--node-rank", rank.to_string());
         } else {
             push(&mut argv, "--rdzv-backend", backend);
-            let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.to_owned()
+            };
             push(&mut argv, "--rdzv-endpoint", format!("{host}:{port}"));
         }
         if let Some(id) = ns.get("rdzv_id").as_str() {
@@ -219,7 +226,11 @@ fn agent_argv(
     push(&mut argv, "--role", text("role"));
     push(&mut argv, "--tee", text("tee"));
     push(&mut argv, "--redirects", text("redirects"));
-    push(&mut argv, "--local-ranks-filter", text("local_ranks_filter"));
+    push(
+        &mut argv,
+        "--local-ranks-filter",
+        text("local_ranks_filter"),
+    );
     push(&mut argv, "--ranks-filter", text("ranks_filter"));
     for (flag, opt) in [
         ("log_dir", "--log-dir"),
@@ -272,7 +283,9 @@ pub fn physical_cores() -> u32 {
                 continue;
             }
             if let Ok(list) = std::fs::read_to_string(e.path().join("topology/core_cpus_list"))
-                .or_else(|_| std::fs::read_to_string(e.path().join("topology/thread_siblings_list")))
+                .or_else(|_| {
+                    std::fs::read_to_string(e.path().join("topology/thread_siblings_list"))
+                })
             {
                 cores.insert(list.trim().to_owned());
             }

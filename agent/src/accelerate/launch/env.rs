@@ -165,20 +165,51 @@ pub fn accelerate_env(
         fp8_env(ns, &mut set);
     }
     if launcher == Launcher::DeepSpeed {
-        set("ACCELERATE_CONFIG_DS_FIELDS", ds_fields.join(",").to_lowercase());
+        set(
+            "ACCELERATE_CONFIG_DS_FIELDS",
+            ds_fields.join(",").to_lowercase(),
+        );
         set("ACCELERATE_USE_DEEPSPEED", "true".into());
         for (flag, var, lower) in [
             ("zero_stage", "ACCELERATE_DEEPSPEED_ZERO_STAGE", false),
-            ("gradient_accumulation_steps", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", false),
+            (
+                "gradient_accumulation_steps",
+                "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                false,
+            ),
             ("gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING", true),
-            ("offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", true),
-            ("offload_param_device", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", true),
+            (
+                "offload_optimizer_device",
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+                true,
+            ),
+            (
+                "offload_param_device",
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+                true,
+            ),
             // accel's fix: accelerate's plugin reads these, its launcher never sets them.
-            ("offload_optimizer_nvme_path", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", false),
-            ("offload_param_nvme_path", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", false),
+            (
+                "offload_optimizer_nvme_path",
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+                false,
+            ),
+            (
+                "offload_param_nvme_path",
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+                false,
+            ),
             ("zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_INIT", true),
-            ("zero3_save_16bit_model", "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", true),
-            ("deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE", false),
+            (
+                "zero3_save_16bit_model",
+                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+                true,
+            ),
+            (
+                "deepspeed_config_file",
+                "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+                false,
+            ),
         ] {
             if !ns.get(flag).is_null() {
                 set(var, if lower { lc(flag) } else { s(flag) });
@@ -271,12 +302,18 @@ fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
     }
     set("FSDP_VERSION", s("fsdp_version"));
     set("FSDP_SHARDING_STRATEGY", s("fsdp_sharding_strategy"));
-    set("FSDP_RESHARD_AFTER_FORWARD", lc("fsdp_reshard_after_forward"));
+    set(
+        "FSDP_RESHARD_AFTER_FORWARD",
+        lc("fsdp_reshard_after_forward"),
+    );
     set("FSDP_OFFLOAD_PARAMS", lc("fsdp_offload_params"));
     set("FSDP_MIN_NUM_PARAMS", s("fsdp_min_num_params"));
     for (flag, var) in [
         ("fsdp_auto_wrap_policy", "FSDP_AUTO_WRAP_POLICY"),
-        ("fsdp_transformer_layer_cls_to_wrap", "FSDP_TRANSFORMER_CLS_TO_WRAP"),
+        (
+            "fsdp_transformer_layer_cls_to_wrap",
+            "FSDP_TRANSFORMER_CLS_TO_WRAP",
+        ),
         ("fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH"),
         ("fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE"),
     ] {
@@ -287,10 +324,19 @@ fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
     for (flag, var) in [
         ("fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH"),
         ("fsdp_use_orig_params", "FSDP_USE_ORIG_PARAMS"),
-        ("fsdp_cpu_ram_efficient_loading", "FSDP_CPU_RAM_EFFICIENT_LOADING"),
+        (
+            "fsdp_cpu_ram_efficient_loading",
+            "FSDP_CPU_RAM_EFFICIENT_LOADING",
+        ),
         ("fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES"),
-        ("fsdp_activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING"),
-        ("fsdp_activation_checkpointing_offload", "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"),
+        (
+            "fsdp_activation_checkpointing",
+            "FSDP_ACTIVATION_CHECKPOINTING",
+        ),
+        (
+            "fsdp_activation_checkpointing_offload",
+            "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
+        ),
     ] {
         set(var, lc(flag));
     }
@@ -343,9 +389,21 @@ fn megatron_env(ns: &Namespace, set: &mut Set<'_>) {
 
 fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
     let s = |k: &str| py_str(ns.get(&format!("parallelism_config_{k}")));
-    let int = |k: &str| ns.get(&format!("parallelism_config_{k}")).as_i64().unwrap_or(1);
+    let int = |k: &str| {
+        ns.get(&format!("parallelism_config_{k}"))
+            .as_i64()
+            .unwrap_or(1)
+    };
     set("ACCELERATE_USE_PARALLELISM_CONFIG", "true".into());
-    for k in ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size", "sp_backend"] {
+    for k in [
+        "dp_replicate_size",
+        "dp_shard_size",
+        "tp_size",
+        "cp_size",
+        "cp_backend",
+        "sp_size",
+        "sp_backend",
+    ] {
         set(&format!("PARALLELISM_CONFIG_{}", k.to_uppercase()), s(k));
     }
     if int("cp_size") > 1 {
@@ -360,7 +418,10 @@ fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
             "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
             s("sp_seq_length_is_variable"),
         );
-        set("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION", s("sp_attn_implementation"));
+        set(
+            "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
+            s("sp_attn_implementation"),
+        );
     }
 }
 

@@ -106,7 +106,12 @@ pub const FLAGS: &[Flag] = &[
     f("cpu", B, "false", HW),
     f("multi_gpu", B, "false", HW),
     f("tpu", B, "false", HW),
-    c("mixed_precision", "null", &["no", "fp16", "bf16", "fp8"], RES),
+    c(
+        "mixed_precision",
+        "null",
+        &["no", "fp16", "bf16", "fp8"],
+        RES,
+    ),
     f("num_processes", Int, "null", RES),
     // An integer in accelerate; accel also takes MIN:MAX.
     f("num_machines", S, "null", RES),
@@ -208,16 +213,36 @@ pub const FLAGS: &[Flag] = &[
     f("fsdp_cpu_ram_efficient_loading", S, "\"true\"", FSDP),
     f("fsdp_sync_module_states", S, "\"true\"", FSDP),
     f("fsdp_activation_checkpointing", S, "\"false\"", FSDP),
-    f("fsdp_activation_checkpointing_offload", S, "\"false\"", FSDP),
+    f(
+        "fsdp_activation_checkpointing_offload",
+        S,
+        "\"false\"",
+        FSDP,
+    ),
     f("megatron_lm_tp_degree", Int, "1", MLM),
     f("megatron_lm_use_custom_fsdp", PyBool, "false", MLM),
     f("megatron_lm_no_load_optim", PyBool, "false", MLM),
     f("megatron_lm_eod_mask_loss", PyBool, "false", MLM),
-    f("megatron_lm_overlap_cpu_optimizer_d2h_h2d", PyBool, "false", MLM),
+    f(
+        "megatron_lm_overlap_cpu_optimizer_d2h_h2d",
+        PyBool,
+        "false",
+        MLM,
+    ),
     f("megatron_lm_no_save_optim", PyBool, "false", MLM),
     f("megatron_lm_optimizer_cpu_offload", PyBool, "false", MLM),
-    f("megatron_lm_use_precision_aware_optimizer", PyBool, "false", MLM),
-    f("megatron_lm_decoder_last_pipeline_num_layers", Int, "null", MLM),
+    f(
+        "megatron_lm_use_precision_aware_optimizer",
+        PyBool,
+        "false",
+        MLM,
+    ),
+    f(
+        "megatron_lm_decoder_last_pipeline_num_layers",
+        Int,
+        "null",
+        MLM,
+    ),
     f("megatron_lm_pp_degree", Int, "1", MLM),
     f("megatron_lm_num_micro_batches", Int, "null", MLM),
     f("megatron_lm_sequence_parallelism", S, "null", MLM),
@@ -242,8 +267,18 @@ pub const FLAGS: &[Flag] = &[
     f("fp8_interval", Int, "1", FP8),
     c("fp8_format", "\"HYBRID\"", &["HYBRID", "E4M3", "E5M2"], FP8),
     f("fp8_amax_history_len", Int, "1024", FP8),
-    c("fp8_amax_compute_algo", "\"most_recent\"", &["max", "most_recent"], FP8),
-    f("fp8_override_linear_precision", Triple, "[false, false, false]", FP8),
+    c(
+        "fp8_amax_compute_algo",
+        "\"most_recent\"",
+        &["max", "most_recent"],
+        FP8,
+    ),
+    f(
+        "fp8_override_linear_precision",
+        Triple,
+        "[false, false, false]",
+        FP8,
+    ),
     c("fp8_opt_level", "\"O2\"", &["O1", "O2"], FP8),
     f("fp8_enable_fsdp_float8_all_gather", StrToBool, "1", FP8),
     f("fp8_pad_inner_dim", StrToBool, "1", FP8),
@@ -255,12 +290,32 @@ pub const FLAGS: &[Flag] = &[
     f("parallelism_config_tp_size", Int, "1", PC),
     f("parallelism_config_cp_size", Int, "1", PC),
     c("parallelism_config_cp_backend", "\"torch\"", &["torch"], PC),
-    f("parallelism_config_cp_comm_strategy", S, "\"allgather\"", PC),
+    f(
+        "parallelism_config_cp_comm_strategy",
+        S,
+        "\"allgather\"",
+        PC,
+    ),
     f("parallelism_config_sp_size", Int, "1", PC),
-    c("parallelism_config_sp_backend", "\"deepspeed\"", &["deepspeed"], PC),
+    c(
+        "parallelism_config_sp_backend",
+        "\"deepspeed\"",
+        &["deepspeed"],
+        PC,
+    ),
     f("parallelism_config_sp_seq_length", S, "null", PC),
-    f("parallelism_config_sp_seq_length_is_variable", PyBool, "true", PC),
-    f("parallelism_config_sp_attn_implementation", S, "\"sdpa\"", PC),
+    f(
+        "parallelism_config_sp_seq_length_is_variable",
+        PyBool,
+        "true",
+        PC,
+    ),
+    f(
+        "parallelism_config_sp_attn_implementation",
+        S,
+        "\"sdpa\"",
+        PC,
+    ),
     f("rdzv_id", S, "null", ACCEL),
     f("nproc_per_node", Int, "null", ACCEL),
     f("log_line_prefix_template", S, "null", ACCEL),
@@ -321,7 +376,9 @@ pub enum Parsed {
 
 /// Words that mean yes or no: given after an on/off flag they are a mistake
 /// (accelerate would take `false` for the training script).
-const BOOL_WORDS: &[&str] = &["true", "false", "yes", "no", "on", "off", "1", "0", "y", "n"];
+const BOOL_WORDS: &[&str] = &[
+    "true", "false", "yes", "no", "on", "off", "1", "0", "y", "n",
+];
 
 /// Parses `argv` (the words after `launch`). `on_path` tells whether a
 /// program name is on `PATH` (an on/off flag followed by `true` is a mistake
@@ -425,9 +482,21 @@ pub fn lookup(name: &str) -> Option<&'static Flag> {
 
 fn unknown(name: &str) -> String {
     let wanted = name.trim_start_matches('-').replace('-', "_");
+    let limit = (wanted.len() / 4).max(2);
     let close = FLAGS
         .iter()
-        .filter(|f| f.name.contains(&wanted) || wanted.contains(f.name))
+        .filter(|f| {
+            let prefix = f
+                .name
+                .chars()
+                .zip(wanted.chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            f.name.contains(&wanted)
+                || wanted.contains(f.name)
+                || prefix >= 6
+                || distance(f.name, &wanted) <= limit
+        })
         .map(|f| format!("--{}", f.name))
         .take(3)
         .collect::<Vec<_>>();
@@ -437,6 +506,22 @@ fn unknown(name: &str) -> String {
         format!("did you mean {}?", close.join(" or "))
     };
     format!("unrecognized argument {name}: {hint}")
+}
+
+/// Edit distance, for suggestions.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// accelerate's `str_to_bool`.
@@ -531,7 +616,9 @@ mod tests {
 
     #[test]
     fn both_spellings_values_and_remainder() {
-        let n = ns("--num-processes 4 --mixed_precision=bf16 -m --fsdp-version 2 pkg.train --lr 3 --cpu");
+        let n = ns(
+            "--num-processes 4 --mixed_precision=bf16 -m --fsdp-version 2 pkg.train --lr 3 --cpu",
+        );
         assert_eq!(n.get("num_processes"), &Value::from(4));
         assert_eq!(n.get("mixed_precision"), "bf16");
         assert_eq!(n.get("module"), &Value::Bool(true));
@@ -544,12 +631,17 @@ mod tests {
 
     #[test]
     fn typed_values() {
-        let n = ns("--vm a --vm b --megatron_lm_use_custom_fsdp False --fp8_pad_inner_dim no \
-                    --fp8_override_linear_precision true,false,1 -t 3 s.py");
+        let n = ns(
+            "--vm a --vm b --megatron_lm_use_custom_fsdp False --fp8_pad_inner_dim no \
+                    --fp8_override_linear_precision true,false,1 -t 3 s.py",
+        );
         assert_eq!(n.get("vm"), &serde_json::json!(["a", "b"]));
         assert_eq!(n.get("megatron_lm_use_custom_fsdp"), &Value::Bool(true));
         assert_eq!(n.get("fp8_pad_inner_dim"), &Value::from(0));
-        assert_eq!(n.get("fp8_override_linear_precision"), &serde_json::json!([1, 0, 1]));
+        assert_eq!(
+            n.get("fp8_override_linear_precision"),
+            &serde_json::json!([1, 0, 1])
+        );
         assert_eq!(n.get("tee"), "3");
         assert_eq!(n.get("fp8_enable_fsdp_float8_all_gather"), &Value::from(1));
     }

@@ -58,7 +58,9 @@ pub fn merge(
 ) -> Result<Merged, String> {
     let exclusive = ["multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp"];
     if exclusive.iter().filter(|f| ns.truthy(f)).count() > 1 {
-        return Err("use only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp".into());
+        return Err(
+            "use only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp".into(),
+        );
     }
     if ns.truthy("multi_gpu") && ns.get("num_processes").as_i64().is_some_and(|n| n < 2) {
         return Err("--multi_gpu needs at least 2 processes: raise --num_processes".into());
@@ -100,9 +102,24 @@ pub fn merge(
     })
 }
 
-fn apply_file(ns: &mut Namespace, cfg: &AccelerateConfig, mp_from_config: &mut bool) -> Result<(), String> {
-    let kind = cfg.get("distributed_type").as_str().unwrap_or("NO").to_owned();
-    let chosen = ["multi_gpu", "tpu", "tpu_use_cluster", "use_deepspeed", "use_fsdp", "use_megatron_lm"];
+fn apply_file(
+    ns: &mut Namespace,
+    cfg: &AccelerateConfig,
+    mp_from_config: &mut bool,
+) -> Result<(), String> {
+    let kind = cfg
+        .get("distributed_type")
+        .as_str()
+        .unwrap_or("NO")
+        .to_owned();
+    let chosen = [
+        "multi_gpu",
+        "tpu",
+        "tpu_use_cluster",
+        "use_deepspeed",
+        "use_fsdp",
+        "use_megatron_lm",
+    ];
     if !chosen.iter().any(|f| ns.truthy(f)) {
         ns.set("use_deepspeed", json!(kind == "DEEPSPEED"));
         ns.set("multi_gpu", json!(MULTI_DEVICE.contains(&kind.as_str())));
@@ -140,8 +157,10 @@ fn apply_file(ns: &mut Namespace, cfg: &AccelerateConfig, mp_from_config: &mut b
             if !ns.nondefault.contains(*name) && !value.is_null() {
                 ns.set(name, value.clone());
             }
-        } else if !matches!(*name, "compute_environment" | "mixed_precision" | "distributed_type")
-            && ns.get(name).is_null()
+        } else if !matches!(
+            *name,
+            "compute_environment" | "mixed_precision" | "distributed_type"
+        ) && ns.get(name).is_null()
         {
             ns.set(name, value.clone());
         }
@@ -267,7 +286,11 @@ fn cpu_threads(
     if ns.truthy("use_cpu") && n >= 1 && int_env(&["OMP_NUM_THREADS"], 0)? == 0 {
         let machines = machines_max(ns.get("num_machines")).max(1);
         let local = int_env(
-            &["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"],
+            &[
+                "MPI_LOCALNRANKS",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MV2_COMM_WORLD_LOCAL_SIZE",
+            ],
             ((n as f64 / machines as f64) as i64).max(1),
         )?;
         let threads = (f64::from(machine.physical_cores) / local.max(1) as f64) as i64;

@@ -1,0 +1,426 @@
+//! `accel launch` against `accelerate launch` (1.15.0, with torch and
+//! DeepSpeed from the pinned venv): for each configuration, every process of
+//! both launches records the accelerate variables it sees and the state
+//! `Accelerator()` builds (`tests/workers/accel_state.py`); the records must
+//! match, ports, run ids and accel's documented fixes aside.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use accel_tests::{
+    bin, free_port, read_json, run_logged, scratch, venv, venv_path, worker, Finished,
+};
+use serde_json::Value;
+
+use crate::heavy;
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// Variables that differ by design between two launches of the same job.
+const PER_LAUNCH: &[&str] = &["MASTER_PORT", "MASTER_ADDR"];
+
+fn launch(
+    tool: &str,
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    env_only: bool,
+) -> (Finished, BTreeMap<String, Value>) {
+    let out = dir.join(format!("{name}-{tool}"));
+    fs::create_dir_all(&out).expect("state dir");
+    let mut c = match tool {
+        "accelerate" => Command::new(venv().join("bin/accelerate")),
+        _ => Command::new(bin("accel")),
+    };
+    c.arg("launch")
+        .args(args)
+        .arg(worker("accel_state.py"))
+        .current_dir(dir)
+        .env("PATH", venv_path())
+        .env("HF_HOME", dir.join("no-default-config"))
+        .env("STATE_DIR", &out)
+        .env("STATE_ENV_ONLY", if env_only { "1" } else { "0" })
+        .env_remove("OMP_NUM_THREADS")
+        .env_remove("PYTHONPATH")
+        .env_remove("XDG_CACHE_HOME");
+    let done = run_logged(c, dir, &format!("{name}-{tool}"), LIMIT);
+    let mut records = BTreeMap::new();
+    for e in fs::read_dir(&out).expect("records").flatten() {
+        let mut rec = read_json(&e.path());
+        if let Some(env) = rec.get_mut("env").and_then(Value::as_object_mut) {
+            for k in PER_LAUNCH {
+                env.remove(*k);
+            }
+        }
+        records.insert(e.file_name().to_string_lossy().into_owned(), rec);
+    }
+    (done, records)
+}
+
+/// Runs both launchers and compares; `fixes` are variables only accel sets
+/// (accelerate's gaps, fixed and documented), checked for their value.
+fn same_as_accelerate(
+    dir: &Path,
+    name: &str,
+    config: Option<&str>,
+    args: &[&str],
+    env_only: bool,
+    fixes: &[(&str, &str)],
+) {
+    let mut all: Vec<String> = Vec::new();
+    if let Some(text) = config {
+        let path = dir.join(format!("{name}.yaml"));
+        fs::write(&path, text).expect("config");
+        all.push("--config_file".into());
+        all.push(path.display().to_string());
+    }
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    let argv: Vec<&str> = all.iter().map(String::as_str).collect();
+    let (a, expected) = launch("accelerate", dir, name, &argv, env_only);
+    assert_eq!(
+        a.code(),
+        0,
+        "{name}: accelerate launch failed: {}",
+        a.stderr
+    );
+    let (b, mut got) = launch("accel", dir, name, &argv, env_only);
+    assert_eq!(b.code(), 0, "{name}: accel launch failed: {}", b.stderr);
+    assert!(!expected.is_empty(), "{name}: no records from accelerate");
+    for rec in got.values_mut() {
+        let env = rec
+            .get_mut("env")
+            .and_then(Value::as_object_mut)
+            .expect("env");
+        for (k, v) in fixes {
+            assert_eq!(
+                env.remove(*k).as_ref().and_then(Value::as_str),
+                Some(*v),
+                "{name}: accel's {k}"
+            );
+        }
+    }
+    assert!(
+        got == expected,
+        "{name}: accel launch (left) and accelerate launch (right) disagree:\n{}\n{}",
+        canonical(&got),
+        canonical(&expected)
+    );
+}
+
+/// Records as text with sorted keys, for failure messages.
+fn canonical(records: &BTreeMap<String, Value>) -> String {
+    fn sort(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let sorted: BTreeMap<&String, Value> =
+                    m.iter().map(|(k, v)| (k, sort(v))).collect();
+                serde_json::to_value(sorted).unwrap_or(Value::Null)
+            }
+            other => other.clone(),
+        }
+    }
+    let sorted: BTreeMap<&String, Value> = records.iter().map(|(k, v)| (k, sort(v))).collect();
+    serde_json::to_string_pretty(&sorted).unwrap_or_default()
+}
+
+#[test]
+fn launch_matches_accelerate_across_configs() {
+    let _heavy = heavy();
+    let dir = scratch("accel-launch-matrix");
+    let multi = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n";
+    same_as_accelerate(&dir, "cpu-flag", None, &["--cpu"], false, &[]);
+    same_as_accelerate(
+        &dir,
+        "no",
+        Some("distributed_type: 'NO'\nuse_cpu: true\nmixed_precision: 'no'\ndebug: true\n"),
+        &[],
+        false,
+        &[],
+    );
+    same_as_accelerate(&dir, "cpu-processes", Some(multi), &[], false, &[]);
+    same_as_accelerate(
+        &dir,
+        "gpu-ids",
+        Some(&format!("{multi}gpu_ids: 0,1\n")),
+        &[],
+        false,
+        &[],
+    );
+    same_as_accelerate(
+        &dir,
+        "fp16",
+        Some(&format!("{multi}mixed_precision: fp16\n")),
+        &[],
+        false,
+        &[],
+    );
+    same_as_accelerate(
+        &dir,
+        "bf16-dynamo",
+        Some(&format!(
+            "{multi}mixed_precision: bf16\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n"
+        )),
+        &["--num_cpu_threads_per_process", "2"],
+        false,
+        &[],
+    );
+    same_as_accelerate(
+        &dir,
+        "cli-beats-config",
+        Some(&format!("{multi}mixed_precision: fp16\n")),
+        &["--mixed_precision", "bf16", "--num_processes", "3"],
+        false,
+        &[],
+    );
+    same_as_accelerate(
+        &dir,
+        "fsdp",
+        Some(
+            "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: false\n  \
+             fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Block\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n  \
+             fsdp_reshard_after_forward: true\n  fsdp_cpu_ram_efficient_loading: true\n  fsdp_sync_module_states: true\n",
+        ),
+        &[],
+        false,
+        &[],
+    );
+    same_as_accelerate(
+        &dir,
+        "deepspeed",
+        Some(
+            "distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: 'no'\ndeepspeed_config:\n  zero_stage: 2\n  offload_optimizer_device: cpu\n  \
+             offload_param_device: none\n  gradient_accumulation_steps: 4\n  gradient_clipping: 1.0\n  zero3_init_flag: false\n  \
+             offload_optimizer_nvme_path: /nvme\n",
+        ),
+        &[],
+        true,
+        &[("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "/nvme")],
+    );
+    same_as_accelerate(
+        &dir,
+        "megatron",
+        Some(
+            "distributed_type: MEGATRON_LM\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n  \
+             megatron_lm_num_micro_batches: 2\n  megatron_lm_gradient_clipping: 1.0\n  megatron_lm_sequence_parallelism: true\n",
+        ),
+        &[],
+        true,
+        &[],
+    );
+}
+
+#[test]
+fn two_machines_match_accelerate() {
+    let _heavy = heavy();
+    let dir = scratch("accel-launch-two");
+    let mut results = Vec::new();
+    for tool in ["accelerate", "accel"] {
+        let port = free_port();
+        let config = dir.join(format!("{tool}.yaml"));
+        fs::write(
+            &config,
+            format!(
+                "distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 4\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\nmain_process_port: {port}\nsame_network: true\nmixed_precision: bf16\n"
+            ),
+        )
+        .expect("config");
+        let out = dir.join(tool);
+        fs::create_dir_all(&out).expect("out");
+        let start = |rank: &str| {
+            let mut c = match tool {
+                "accelerate" => Command::new(venv().join("bin/accelerate")),
+                _ => Command::new(bin("accel")),
+            };
+            c.args(["launch", "--config_file"])
+                .arg(&config)
+                .args(["--machine_rank", rank])
+                .arg(worker("accel_state.py"))
+                .env("PATH", venv_path())
+                .env("HF_HOME", dir.join("none"))
+                .env("STATE_DIR", &out)
+                .env_remove("OMP_NUM_THREADS")
+                .stdout(fs::File::create(dir.join(format!("{tool}-{rank}.out"))).expect("out"))
+                .stderr(fs::File::create(dir.join(format!("{tool}-{rank}.err"))).expect("err"))
+                .spawn()
+                .expect("spawn")
+        };
+        let mut a = start("0");
+        let mut b = start("1");
+        for (rank, child) in [("0", &mut a), ("1", &mut b)] {
+            let status = child.wait().expect("wait");
+            assert!(
+                status.success(),
+                "{tool} machine {rank}: {}",
+                fs::read_to_string(dir.join(format!("{tool}-{rank}.err"))).unwrap_or_default()
+            );
+        }
+        let mut recs = BTreeMap::new();
+        for e in fs::read_dir(&out).expect("records").flatten() {
+            let mut rec = read_json(&e.path());
+            if let Some(env) = rec.get_mut("env").and_then(Value::as_object_mut) {
+                for k in PER_LAUNCH {
+                    env.remove(*k);
+                }
+            }
+            recs.insert(e.file_name().to_string_lossy().into_owned(), rec);
+        }
+        results.push(recs);
+    }
+    assert_eq!(
+        results[0].len(),
+        4,
+        "four ranks under accelerate: {:?}",
+        results[0].keys()
+    );
+    assert!(
+        results[1] == results[0],
+        "accel (first) and accelerate (second) disagree:\n{}\n{}",
+        canonical(&results[1]),
+        canonical(&results[0])
+    );
+}
+
+#[test]
+fn launch_mistakes_are_clear_errors() {
+    let dir = scratch("accel-launch-errors");
+    let marker = dir.join("ran");
+    let script = dir.join("touch.py");
+    fs::write(
+        &script,
+        format!("open({:?}, 'w')\n", marker.display().to_string()),
+    )
+    .expect("script");
+    let run = |name: &str, args: &[&str], config: Option<&str>| {
+        let mut c = Command::new(bin("accel"));
+        c.arg("launch");
+        if let Some(text) = config {
+            let path = dir.join(format!("{name}.yaml"));
+            fs::write(&path, text).expect("config");
+            c.arg("--config_file").arg(path);
+        }
+        c.args(args)
+            .arg(&script)
+            .env("PATH", venv_path())
+            .env("HF_HOME", dir.join("none"));
+        let done = run_logged(c, &dir, name, Duration::from_secs(60));
+        assert_ne!(done.code(), 0, "{name} should fail: {}", done.stderr);
+        done.stderr
+    };
+    let cases: [(&str, &[&str], Option<&str>, &str); 7] = [
+        (
+            "store-true-value",
+            &["--same_network", "false"],
+            None,
+            "takes no value",
+        ),
+        (
+            "unknown-flag",
+            &["--num_procs", "2"],
+            None,
+            "did you mean --num_processes",
+        ),
+        (
+            "unknown-key",
+            &[],
+            Some("distributed_type: MULTI_GPU\nnum_proceses: 2\n"),
+            "'num_proceses'",
+        ),
+        (
+            "yaml-1.1-no",
+            &[],
+            Some("distributed_type: NO\n"),
+            "distributed_type: 'NO'",
+        ),
+        (
+            "not-divisible",
+            &[
+                "--multi_gpu",
+                "--num_processes",
+                "3",
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                "0",
+                "--main_process_ip",
+                "127.0.0.1",
+            ],
+            None,
+            "does not divide by 2 machines",
+        ),
+        (
+            "no-ip",
+            &[
+                "--multi_gpu",
+                "--num_processes",
+                "4",
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                "1",
+            ],
+            None,
+            "--main_process_ip is required",
+        ),
+        (
+            "no-processes",
+            &["--multi_gpu"],
+            Some("distributed_type: MULTI_GPU\n"),
+            "pass --num_processes",
+        ),
+    ];
+    for (name, args, config, expected) in cases {
+        let err = run(name, args, config);
+        assert!(
+            err.contains(expected),
+            "{name}: expected '{expected}' in: {err}"
+        );
+    }
+    assert!(!marker.exists(), "no case may start the script");
+}
+
+#[test]
+fn accel_launch_restarts_and_prefixes_what_accelerate_cannot() {
+    let _heavy = heavy();
+    let dir = scratch("accel-launch-extras");
+    let script = dir.join("flaky.py");
+    fs::write(
+        &script,
+        "import os, sys\nr = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\nprint(f\"attempt {r} rank {os.environ['RANK']}\", flush=True)\nsys.exit(3 if r == 0 and os.environ['RANK'] == '1' else 0)\n",
+    )
+    .expect("script");
+    let mut c = Command::new(bin("accel"));
+    c.args([
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--max_restarts",
+        "1",
+        "--rdzv_id",
+        "extras",
+        "--tee",
+        "3",
+        "--log_line_prefix_template",
+        "[${rank}/${role_name}]",
+    ])
+    .arg(&script)
+    .env("PATH", venv_path())
+    .env("HF_HOME", dir.join("none"));
+    let done = run_logged(c, &dir, "extras", LIMIT);
+    assert_eq!(done.code(), 0, "{}", done.stderr);
+    for line in [
+        "[0/default]attempt 1 rank 0",
+        "[1/default]attempt 1 rank 1",
+        "[1/default]attempt 0 rank 1",
+    ] {
+        assert!(
+            done.stdout.contains(line) || done.stderr.contains(line),
+            "missing '{line}': {}{}",
+            done.stdout,
+            done.stderr
+        );
+    }
+}
