@@ -8,7 +8,7 @@
 //! headers instead: from a local folder (`model.safetensors`, or
 //! `model.safetensors.index.json` and its shards; a single `.safetensors` file
 //! or index may also be given), or, for a Hub id, from the headers the Hub
-//! serves (see [`hub`]). Only headers are read, never weights. A path that
+//! serves (module `hub`). Only headers are read, never weights. A path that
 //! exists is always taken as local, even if it also reads as a Hub id.
 //!
 //! The numbers are accelerate's: every element counts 4 bytes (accelerate
@@ -20,9 +20,12 @@
 //! 4 or 8, with "Training using Adam" at 4× the float32 total for float32 and
 //! 2× for float16 (`N/A` for int8 and int4). Rows follow the order given to
 //! `--dtypes`. The table is accelerate's, character for character
-//! ([`table`]).
+//! (module `table`).
 //!
 //! Where the count can differ from accelerate's meta-model walk:
+//! - the checkpoint holds the class it was saved from, often with a task head
+//!   (`BertForMaskedLM`'s `cls.*`), while accelerate builds the bare
+//!   `AutoModel` unless the config's `auto_map` names another class;
 //! - tied weights (an `lm_head` sharing the embedding) are stored once, and
 //!   accelerate counts them once too, so totals agree; but accelerate may
 //!   then see the tying module as empty or as the embedding's owner, which
@@ -30,7 +33,7 @@
 //! - buffers: persistent buffers are in the files and counted; non-persistent
 //!   ones (rotary tables, `position_ids` in recent transformers) are not in
 //!   the files, while accelerate counts them at their own dtype (int64 ids at
-//!   8 bytes);
+//!   8 bytes: bert-base-cased's two 512-id buffers are 8 KB of its 413.18 MB);
 //! - quantized checkpoints (packed int4/int8 tensors) are counted per stored
 //!   element at 4 bytes, while accelerate builds the unquantized model;
 //! - a module class listed in a transformers model's `_no_split_modules` is a

@@ -184,8 +184,10 @@ fn agent_argv(
             Some(p) => p,
         };
         let backend = text("rdzv_backend");
-        let same_network = ns.truthy("same_network");
-        if backend == "static" || (same_network && backend == "static") {
+        // With static rendezvous, machine rank 0 hosts it at the main address
+        // either way, so `same_network` changes nothing; c10d always uses
+        // the main address (torchrun would fall back to localhost there).
+        if backend == "static" {
             let rank = ns.get("machine_rank").as_i64().ok_or(
                 "--machine_rank is required with more than one machine and static rendezvous (0 on the main machine)",
             )?;
@@ -296,3 +298,6 @@ pub fn physical_cores() -> u32 {
         _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
     }
 }
+
+#[cfg(test)]
+mod tests;

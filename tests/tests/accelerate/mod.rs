@@ -1,4 +1,7 @@
 //! `accel` against real `accelerate` from the pinned venv, one file per command.
 
 mod config_default;
+mod estimate;
 mod launch;
+mod questionnaire;
+mod tpu;

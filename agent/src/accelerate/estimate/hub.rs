@@ -132,7 +132,13 @@ pub(super) fn fetch(
     let python = env("PYTHON_EXEC")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "python3".into());
-    let child = Command::new(&python)
+    let mut command = Command::new(&python);
+    // A server that accepts connections and then stalls should not hold the
+    // user for huggingface_hub's default 10 s per request.
+    if env("HF_HUB_ETAG_TIMEOUT").is_none() {
+        command.env("HF_HUB_ETAG_TIMEOUT", "5");
+    }
+    let child = command
         .args(["-c", LOOKUP, repo])
         .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         .stdin(Stdio::null())

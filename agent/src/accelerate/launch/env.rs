@@ -130,11 +130,9 @@ pub fn accelerate_env(
     if !ids.is_null() && ids != "all" {
         set("CUDA_VISIBLE_DEVICES", py_str(ids));
     }
-    if launcher == Launcher::Simple {
-        if str_to_bool(&use_cpu) == Some(true) {
-            set("KMP_AFFINITY", "granularity=fine,compact,1,0".into());
-            set("KMP_BLOCKTIME", "1".into());
-        }
+    if launcher == Launcher::Simple && str_to_bool(&use_cpu) == Some(true) {
+        set("KMP_AFFINITY", "granularity=fine,compact,1,0".into());
+        set("KMP_BLOCKTIME", "1".into());
     }
     if launcher == Launcher::DeepSpeed {
         let mut paths: Vec<String> = env("PYTHONPATH")

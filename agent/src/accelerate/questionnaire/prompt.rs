@@ -50,6 +50,8 @@ impl<'a> Prompter<'a> {
             .read_line(&mut line)
             .map_err(QuestionnaireError::Read)?;
         if read == 0 {
+            // End the question's line, so the error is not printed after it.
+            self.say("\n")?;
             return Err(QuestionnaireError::NoAnswer(question.trim().to_owned()));
         }
         if line.ends_with('\n') {
@@ -113,12 +115,20 @@ impl<'a> Prompter<'a> {
 
     /// A float, as Python's `float()` reads it (accelerate's float questions
     /// all have a default and no error message).
-    pub(super) fn float(&mut self, question: &str, default: f64) -> Result<f64, QuestionnaireError> {
+    pub(super) fn float(
+        &mut self,
+        question: &str,
+        default: f64,
+    ) -> Result<f64, QuestionnaireError> {
         self.field(question, Some(default), None, py_float)
     }
 
     /// A yes/no question with accelerate's "Please enter yes or no." message.
-    pub(super) fn yes_no(&mut self, question: &str, default: bool) -> Result<bool, QuestionnaireError> {
+    pub(super) fn yes_no(
+        &mut self,
+        question: &str,
+        default: bool,
+    ) -> Result<bool, QuestionnaireError> {
         self.field(question, Some(default), Some(YES_NO_ERROR), yes_no)
     }
 
@@ -141,9 +151,10 @@ impl<'a> Prompter<'a> {
         let mut menu = format!(
             "{question}\nPlease input a choice index (starting from 0) or the choice itself, and press enter (an empty line keeps the one marked ➔)\n"
         );
+        let width = choices.len().saturating_sub(1).to_string().len();
         for (i, c) in choices.iter().enumerate() {
             let mark = if i == default { "➔" } else { " " };
-            menu.push_str(&format!(" {mark} {i}: {}\n", c.as_ref()));
+            menu.push_str(&format!(" {mark} {i:>width$}: {}\n", c.as_ref()));
         }
         self.say(&menu)?;
         loop {
@@ -223,9 +234,7 @@ fn underscores_ok(s: &str) -> bool {
     let b = s.as_bytes();
     b.iter().enumerate().all(|(i, c)| {
         *c != b'_'
-            || (i > 0
-                && b[i - 1].is_ascii_digit()
-                && b.get(i + 1).is_some_and(u8::is_ascii_digit))
+            || (i > 0 && b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit))
     })
 }
 
@@ -249,7 +258,17 @@ mod tests {
         assert_eq!(py_int("-3"), Some(-3));
         assert_eq!(py_int("+007"), Some(7));
         assert_eq!(py_int("1_000"), Some(1000));
-        for bad in ["", "1.0", "1__0", "_1", "1_", "0x10", "1e3", "- 1", "99999999999999999999"] {
+        for bad in [
+            "",
+            "1.0",
+            "1__0",
+            "_1",
+            "1_",
+            "0x10",
+            "1e3",
+            "- 1",
+            "99999999999999999999",
+        ] {
             assert_eq!(py_int(bad), None, "{bad:?}");
         }
         assert_eq!(py_float("0.5"), Some(0.5));
@@ -284,7 +303,9 @@ mod tests {
         let (r, out) = ask("\nabc\n29500", |p| p.int("Port? ", None, None));
         assert_eq!(r.expect("int"), 29500);
         assert_eq!(out, "Port? Port? Port? ");
-        let (r, _) = ask("x\n", |p| p.int("How many? [1]: ", Some(1), Some("Please enter an integer.")));
+        let (r, _) = ask("x\n", |p| {
+            p.int("How many? [1]: ", Some(1), Some("Please enter an integer."))
+        });
         let err = r.expect_err("EOF");
         assert_eq!(err.to_string(), "no answer for: How many? [1]:");
     }
@@ -295,7 +316,10 @@ mod tests {
         let (r, out) = ask("\n", |p| p.choose("Mixed?", &choices, 0));
         assert_eq!(r.expect("default"), 0);
         assert!(out.starts_with("Mixed?\n"), "{out}");
-        assert!(out.contains(" ➔ 0: no\n") && out.contains("   3: fp8\n"), "{out}");
+        assert!(
+            out.contains(" ➔ 0: no\n") && out.contains("   3: fp8\n"),
+            "{out}"
+        );
         let (r, _) = ask("2\n", |p| p.choose("Mixed?", &choices, 0));
         assert_eq!(r.expect("index"), 2);
         let (r, _) = ask("BF16\n", |p| p.choose("Mixed?", &choices, 0));

@@ -1,0 +1,158 @@
+//! Decisions of `accel launch`, without starting anything.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::flags::{parse, Parsed};
+use super::merge::{merge, Machine};
+use super::{agent_argv, build, env::Launcher};
+use crate::accelerate::config_file::{process, AccelerateConfig};
+use crate::accelerate::yaml;
+
+const CPU_BOX: Machine = Machine {
+    gpus: 0,
+    physical_cores: 8,
+};
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn config(text: &str) -> AccelerateConfig {
+    let (sagemaker, fields) = process(yaml::load(text).expect("yaml")).expect("config");
+    AccelerateConfig {
+        path: PathBuf::from("test.yaml"),
+        sagemaker,
+        fields,
+    }
+}
+
+fn merged(args: &str, file: Option<&str>) -> super::merge::Merged {
+    let argv: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+    let Parsed::Launch(ns) = parse(&argv, &|_| false).expect("parses") else {
+        panic!("help")
+    };
+    merge(ns, file.map(config), CPU_BOX, &no_env).expect("merges")
+}
+
+fn argv(args: &str, file: Option<&str>, launcher: Launcher) -> Vec<String> {
+    let m = merged(args, file);
+    agent_argv(&m.ns, launcher, &mut Vec::new())
+        .expect("argv")
+        .0
+}
+
+fn has(argv: &[String], flag: &str, value: &str) -> bool {
+    argv.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
+#[test]
+fn command_line_beats_file_and_file_beats_defaults() {
+    let file = "distributed_type: FSDP\nnum_processes: 4\nmixed_precision: fp16\n\
+                fsdp_config:\n  fsdp_offload_params: true\n  sharding_strategy: SHARD_GRAD_OP\n";
+    let m = merged(
+        "--fsdp_offload_params false --num_processes 2 t.py",
+        Some(file),
+    );
+    assert_eq!(
+        m.ns.get("fsdp_offload_params"),
+        "false",
+        "command line wins over a dict key"
+    );
+    assert_eq!(
+        m.ns.get("fsdp_sharding_strategy"),
+        "SHARD_GRAD_OP",
+        "dict keys get their prefix"
+    );
+    assert_eq!(m.ns.get("num_processes"), &json!(2));
+    assert_eq!(m.ns.get("mixed_precision"), "fp16");
+    assert!(m.mp_from_config && m.ns.truthy("use_fsdp") && m.warning.is_none());
+    let m = merged("t.py", Some(file));
+    assert_eq!(
+        m.ns.get("num_processes"),
+        &json!(4),
+        "the file fills a flag not given"
+    );
+}
+
+#[test]
+fn file_rdzv_backend_and_same_network_count_unless_given() {
+    let file = "distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 2\nrdzv_backend: c10d\nsame_network: false\n\
+                main_process_ip: head\nmachine_rank: 1\n";
+    let a = argv("t.py", Some(file), Launcher::MultiGpu);
+    assert!(
+        has(&a, "--rdzv-backend", "c10d") && has(&a, "--rdzv-endpoint", "head:29500"),
+        "{a:?}"
+    );
+    assert!(has(&a, "--nproc-per-node", "2") && has(&a, "--nnodes", "2:2"));
+    let b = argv("--rdzv_backend static t.py", Some(file), Launcher::MultiGpu);
+    assert!(
+        has(&b, "--rdzv-backend", "static") && has(&b, "--node-rank", "1"),
+        "{b:?}"
+    );
+    assert!(has(&b, "--master-addr", "head") && has(&b, "--master-port", "29500"));
+}
+
+#[test]
+fn elastic_machines_and_accel_extras() {
+    let a = argv(
+        "--multi_gpu --num_processes 8 --num_machines 2:4 --rdzv_backend c10d --main_process_ip h \
+         --main_process_port 29400 --rdzv_id job7 --max_restarts 3 t.py --x 1",
+        None,
+        Launcher::MultiGpu,
+    );
+    assert!(
+        has(&a, "--nnodes", "2:4") && has(&a, "--nproc-per-node", "2"),
+        "{a:?}"
+    );
+    assert!(has(&a, "--rdzv-id", "job7") && has(&a, "--max-restarts", "3"));
+    assert!(a.ends_with(&["--".into(), "t.py".into(), "--x".into(), "1".into()]));
+}
+
+#[test]
+fn one_machine_is_standalone_and_one_process_is_plain() {
+    let m = merged("--cpu t.py", None);
+    let (a, single) = agent_argv(&m.ns, Launcher::Simple, &mut Vec::new()).expect("argv");
+    assert!(single && a.contains(&"--standalone".to_owned()) && has(&a, "--nproc-per-node", "1"));
+    let plan = build(m, "/w", &no_env).expect("plan");
+    assert!(!plan.config.torchrun_env);
+    assert!(plan
+        .config
+        .base_env
+        .contains(&("ACCELERATE_USE_CPU".into(), "True".into())));
+    let m = merged("--cpu --num_processes 3 t.py", None);
+    let plan = build(m, "/w", &no_env).expect("plan");
+    assert!(plan.config.torchrun_env && plan.config.nproc_per_node == 3);
+}
+
+#[test]
+fn bad_combinations_are_errors() {
+    let fails = |args: &str, file: Option<&str>| {
+        let argv: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+        let Parsed::Launch(ns) = parse(&argv, &|_| false).expect("parses") else {
+            panic!("help")
+        };
+        match merge(ns, file.map(config), CPU_BOX, &no_env) {
+            Err(e) => e,
+            Ok(m) => match build(m, "/w", &no_env) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{args} should fail"),
+            },
+        }
+    };
+    assert!(fails("--cpu --multi_gpu t.py", None).contains("only one of"));
+    assert!(fails("--multi_gpu --num_processes 1 t.py", None).contains("at least 2"));
+    assert!(fails("--tpu t.py", None).contains("TPU"));
+    assert!(fails("--mpirun_hostfile h t.py", None).contains("mpirun"));
+    assert!(fails("t.py", Some("distributed_type: MULTI_GPU\n")).contains("num_processes"));
+    assert!(fails(
+        "t.py",
+        Some("distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: no\n")
+    )
+    .contains("mixed_precision: 'no'"));
+    assert!(
+        fails("--multi_gpu --num_processes 4 --num_machines 2 --machine_rank 0 --main_process_ip h --main_process_port 0 t.py", None)
+            .contains("fixed port")
+    );
+}
