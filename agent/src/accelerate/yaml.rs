@@ -306,11 +306,40 @@ fn mapping(out: &mut String, map: &Map<String, Value>, indent: usize) {
             }
             other => {
                 out.push(' ');
-                out.push_str(&inline(other));
+                let column = indent + string(k).chars().count() + 2;
+                out.push_str(&wrap(&inline(other), column, indent + 2));
                 out.push('\n');
             }
         }
     }
+}
+
+/// PyYAML's line folding: a single space inside a scalar becomes a line
+/// break (continued at `indent`) once the line is past 80 columns.
+fn wrap(text: &str, start_column: usize, indent: usize) -> String {
+    if text.starts_with('"') {
+        return text.to_owned();
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut column = start_column;
+    for (i, &c) in chars.iter().enumerate() {
+        let quoted_edge = i == 1 && chars[0] == '\'';
+        let single_space = c == ' '
+            && i > 0
+            && !quoted_edge
+            && chars[i - 1] != ' '
+            && chars.get(i + 1).is_some_and(|n| *n != ' ' && *n != '\'');
+        if single_space && column > 80 {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            column = indent;
+        } else {
+            out.push(c);
+            column += 1;
+        }
+    }
+    out
 }
 
 fn sequence(out: &mut String, items: &[Value], indent: usize) {
@@ -333,7 +362,7 @@ fn sequence(out: &mut String, items: &[Value], indent: usize) {
             }
             other => {
                 out.push(' ');
-                out.push_str(&inline(other));
+                out.push_str(&wrap(&inline(other), indent + 2, indent + 2));
                 out.push('\n');
             }
         }
@@ -473,6 +502,17 @@ mod tests {
              j: 'a #b'\nk: 0,1\nl: '~'\nm: ''\nn:\n- a\n- b\no:\n  a: null\n  z: 1\np: 0.1\n\
              q: '12:30'\nr: 'NO'\ns: 'on'\nt: '0x1f'\nu: '1.0'\n"
         );
+    }
+
+    #[test]
+    fn long_strings_fold_like_pyyaml() {
+        let words: Vec<String> = (0..30).map(|i| format!("word{i}")).collect();
+        let w = words.join(" ");
+        let v = json!({"a": w, "b": {"c": w}, "l": [w], "q": format!("no {w}")});
+        // Printed by PyYAML 6.0's yaml.safe_dump for the same dict.
+        let expected = "a: word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\nb:\n  c: word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n    word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n    word25 word26 word27 word28 word29\nl:\n- word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\nq: no word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\n";
+        assert_eq!(dump(&v), expected);
+        assert_eq!(load(&dump(&v)).expect("reads back"), v);
     }
 
     #[test]
