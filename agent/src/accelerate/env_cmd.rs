@@ -5,7 +5,8 @@
 //! as they read `accelerate env`: a blank line, the "Copy-and-paste" line,
 //! `- key: value` lines, then the configuration as tab-indented items in the
 //! order of accelerate's config class, each value spelled as Python prints
-//! it ([`repr`]).
+//! it ([`repr`]). Dictionary values keep the file's key order, as Python's
+//! dicts do (serde_json's `preserve_order`, enabled for the workspace).
 //!
 //! The versions come from the Python environment a launched script would
 //! use (`PYTHON_EXEC`, else `python3`), asked once through [`probe`]. accel
@@ -118,16 +119,19 @@ impl Facts {
         };
         let p = probe.unwrap_or_default();
         let or_missing = |v: Option<String>| v.unwrap_or_else(|| missing.clone());
-        let ram = p
-            .ram
-            .or(host.ram)
-            .map_or_else(|| "N/A".to_owned(), |b| format!("{:.2} GB", b as f64 / 1024f64.powi(3)));
+        let ram = p.ram.or(host.ram).map_or_else(
+            || "N/A".to_owned(),
+            |b| format!("{:.2} GB", b as f64 / 1024f64.powi(3)),
+        );
         let accelerator = p.accelerator.unwrap_or_else(|| "N/A".into());
         let location = host.location.clone().unwrap_or_else(|| "Not found".into());
         let mut lines: Vec<(String, String)> = [
             ("`Accelerate` version", or_missing(p.accelerate)),
             ("`accel` version", env!("CARGO_PKG_VERSION").to_owned()),
-            ("Platform", p.platform.unwrap_or_else(|| host.platform.clone())),
+            (
+                "Platform",
+                p.platform.unwrap_or_else(|| host.platform.clone()),
+            ),
             ("`accel` location", location),
             ("Python version", or_missing(p.python)),
             ("Numpy version", or_missing(p.numpy)),

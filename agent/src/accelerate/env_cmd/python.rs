@@ -80,8 +80,18 @@ pub fn run(program: &str, script: &str, limit: Duration) -> Result<String, Pytho
             String::from_utf8_lossy(&buf).into_owned()
         })
     };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {

@@ -17,6 +17,8 @@ pub fn str_of(v: &Value) -> String {
 }
 
 /// Python's `repr(value)` for what a configuration file can hold.
+/// Dictionaries print in their map's order: serde_json's `preserve_order`
+/// (enabled for the workspace) keeps the file's order, as Python's dict does.
 pub fn repr(v: &Value) -> String {
     match v {
         Value::Null => "None".into(),
@@ -205,7 +207,7 @@ mod tests {
         let v = json!({"b": [1, "x", true, null, 2.5], "a": {"k": {}}, "c": []});
         assert_eq!(
             repr(&v),
-            "{'a': {'k': {}}, 'b': [1, 'x', True, None, 2.5], 'c': []}"
+            "{'b': [1, 'x', True, None, 2.5], 'a': {'k': {}}, 'c': []}"
         );
         assert_eq!(str_of(&json!("no")), "no");
         assert_eq!(str_of(&json!(false)), "False");

@@ -30,11 +30,12 @@ fn fake_probe() -> probe::Probe {
 
 #[test]
 fn layout_matches_accelerate_with_a_config() {
-    // The same file `accelerate env` printed this section for (1.15.0).
+    // The file `accelerate env` (1.15.0) printed this section for, with the
+    // nested keys reordered: they print in the file's order.
     let c = config(
         "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 2\n\
-         mixed_precision: 'no'\ngpu_ids: all\nfsdp_config:\n  fsdp_a: 1.0e-05\n  \
-         fsdp_b: [a, \"it's\"]\n  fsdp_c: {}\n  fsdp_d: null\ntpu_env: [x, 'y']\n",
+         mixed_precision: 'no'\ngpu_ids: all\nfsdp_config:\n  fsdp_d: null\n  fsdp_a: 1.0e-05\n  \
+         fsdp_b: [a, \"it's\"]\n  fsdp_c: {}\ntpu_env: [x, 'y']\n",
     );
     let text = render(&Facts::new(Ok(fake_probe()), &host()), Some(&c), false);
     let want = "\nCopy-and-paste the text below in your GitHub issue\n\n\
@@ -62,7 +63,7 @@ fn layout_matches_accelerate_with_a_config() {
 \t- same_network: False
 \t- main_training_function: main
 \t- enable_cpu_affinity: False
-\t- fsdp_config: {'fsdp_a': 1e-05, 'fsdp_b': ['a', \"it's\"], 'fsdp_c': None, 'fsdp_d': None}
+\t- fsdp_config: {'fsdp_d': None, 'fsdp_a': 1e-05, 'fsdp_b': ['a', \"it's\"], 'fsdp_c': None}
 \t- downcast_bf16: False
 \t- tpu_use_cluster: False
 \t- tpu_use_sudo: False
