@@ -1,0 +1,69 @@
+//! Parsing `accel launch`'s command line.
+
+use super::*;
+
+fn args(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_owned).collect()
+}
+
+fn ns(s: &str) -> Namespace {
+    match parse(&args(s), &|_| false).expect("parses") {
+        Parsed::Launch(ns) => ns,
+        Parsed::Help => panic!("help"),
+    }
+}
+
+#[test]
+fn both_spellings_values_and_remainder() {
+    let n =
+        ns("--num-processes 4 --mixed_precision=bf16 -m --fsdp-version 2 pkg.train --lr 3 --cpu");
+    assert_eq!(n.get("num_processes"), &Value::from(4));
+    assert_eq!(n.get("mixed_precision"), "bf16");
+    assert_eq!(n.get("module"), &Value::Bool(true));
+    assert_eq!(n.get("fsdp_version"), "2");
+    assert_eq!(n.script, "pkg.train");
+    assert_eq!(n.script_args, args("--lr 3 --cpu"));
+    assert_eq!(n.get("cpu"), &Value::Bool(false));
+    assert!(n.nondefault.contains("num_processes") && !n.nondefault.contains("cpu"));
+}
+
+#[test]
+fn typed_values() {
+    let n = ns(
+        "--vm a --vm b --megatron_lm_use_custom_fsdp False --fp8_pad_inner_dim no \
+                --fp8_override_linear_precision true,false,1 -t 3 s.py",
+    );
+    assert_eq!(n.get("vm"), &serde_json::json!(["a", "b"]));
+    assert_eq!(n.get("megatron_lm_use_custom_fsdp"), &Value::Bool(true));
+    assert_eq!(n.get("fp8_pad_inner_dim"), &Value::from(0));
+    assert_eq!(
+        n.get("fp8_override_linear_precision"),
+        &serde_json::json!([1, 0, 1])
+    );
+    assert_eq!(n.get("tee"), "3");
+    assert_eq!(n.get("fp8_enable_fsdp_float8_all_gather"), &Value::from(1));
+}
+
+#[test]
+fn mistakes_are_errors() {
+    let err = |s: &str| parse(&args(s), &|p| p == "true").expect_err(s);
+    assert!(err("--same_network false train.py").contains("on/off flag"));
+    assert!(err("--same_network=true train.py").contains("takes no value"));
+    assert!(err("--num_processes x train.py").contains("invalid int"));
+    assert!(err("--mixed_precision fp32 t.py").contains("invalid choice"));
+    assert!(err("--num_procs 2 t.py").contains("unrecognized"));
+    assert!(err("--num_processes").contains("expects a value"));
+    assert!(err("--cpu").contains("training_script"));
+    // With --no_python, a program named `true` is a program.
+    let ok = parse(&args("--no_python --cpu true"), &|p| p == "true").expect("program");
+    assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));
+    assert_eq!(parse(&args("--cpu --help"), &|_| false), Ok(Parsed::Help));
+}
+
+#[test]
+fn help_lists_every_flag() {
+    let h = help();
+    for f in FLAGS {
+        assert!(h.contains(&format!("--{}", f.name)), "{}", f.name);
+    }
+}

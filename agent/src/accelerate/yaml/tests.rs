@@ -1,0 +1,64 @@
+//! The YAML dialect against what PyYAML reads and writes.
+
+use super::*;
+use serde_json::json;
+
+#[test]
+fn yaml_1_1_scalars() {
+    let v = load(
+        "a: NO\nb: 'NO'\nc: no\nd: off\ne: 1e8\nf: 1.0e+8\ng: 0755\nh: 12:30\ni: ~\nj: 0x1F\n\
+         k: 6,7\nl: 0\nm: \"yes\"\nn: !!str 5\no: 1_000\np: .5\nq:\n  - x\n  - 2\n",
+    )
+    .expect("parses");
+    assert_eq!(
+        v,
+        json!({"a": false, "b": "NO", "c": false, "d": false, "e": "1e8", "f": 100000000.0,
+               "g": 493, "h": 750, "i": null, "j": 31, "k": "6,7", "l": 0, "m": "yes",
+               "n": "5", "o": 1000, "p": 0.5, "q": ["x", 2]})
+    );
+}
+
+#[test]
+fn json_is_yaml() {
+    let v = load("{\n  \"debug\": false,\n  \"num_processes\": 4\n}\n").expect("parses");
+    assert_eq!(v, json!({"debug": false, "num_processes": 4}));
+}
+
+#[test]
+fn empty_and_bad_documents() {
+    assert_eq!(load("").expect("empty"), Value::Null);
+    assert!(load("a: [1, 2\n").is_err());
+    assert!(load("a: *nothing\n").is_err());
+}
+
+#[test]
+fn dump_matches_pyyaml() {
+    // Expected text printed by PyYAML 6.0's yaml.safe_dump for the same dict.
+    let v = json!({"a":"no","b":"1e8","c":1e16,"d":1e8,"e":[],"g":"x: y","h":"-x","i":"- x",
+        "j":"a #b","k":"0,1","l":"~","m":"","n":["a","b"],"o":{"z":1,"a":null},"p":0.1,
+        "q":"12:30","r":"NO","s":"on","t":"0x1f","u":"1.0"});
+    assert_eq!(
+        dump(&v),
+        "a: 'no'\nb: 1e8\nc: 1.0e+16\nd: 100000000.0\ne: []\ng: 'x: y'\nh: -x\ni: '- x'\n\
+         j: 'a #b'\nk: 0,1\nl: '~'\nm: ''\nn:\n- a\n- b\no:\n  a: null\n  z: 1\np: 0.1\n\
+         q: '12:30'\nr: 'NO'\ns: 'on'\nt: '0x1f'\nu: '1.0'\n"
+    );
+}
+
+#[test]
+fn long_strings_fold_like_pyyaml() {
+    let words: Vec<String> = (0..30).map(|i| format!("word{i}")).collect();
+    let w = words.join(" ");
+    let v = json!({"a": w, "b": {"c": w}, "l": [w], "q": format!("no {w}")});
+    // Printed by PyYAML 6.0's yaml.safe_dump for the same dict.
+    let expected = "a: word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\nb:\n  c: word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n    word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n    word25 word26 word27 word28 word29\nl:\n- word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\nq: no word0 word1 word2 word3 word4 word5 word6 word7 word8 word9 word10 word11 word12\n  word13 word14 word15 word16 word17 word18 word19 word20 word21 word22 word23 word24\n  word25 word26 word27 word28 word29\n";
+    assert_eq!(dump(&v), expected);
+    assert_eq!(load(&dump(&v)).expect("reads back"), v);
+}
+
+#[test]
+fn round_trip() {
+    let v = json!({"distributed_type": "NO", "mixed_precision": "no", "gpu_ids": "all",
+        "tpu_env": [], "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": false}});
+    assert_eq!(load(&dump(&v)).expect("reads back"), v);
+}
