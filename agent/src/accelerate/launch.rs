@@ -3,7 +3,7 @@
 //! The steps follow accelerate's: parse the flags ([`flags`]), read the
 //! configuration file and merge it in ([`merge`]), pick the launcher
 //! accelerate would pick and compute the variables it would export
-//! ([`env`]). Where accelerate then calls torchrun, accel turns the same
+//! ([`mod@env`]). Where accelerate then calls torchrun, accel turns the same
 //! decisions into `accel-agent` flags, validated by the agent's own
 //! [`Config::from_args`], so there is one launcher behind both commands.
 //!

@@ -11,7 +11,7 @@
 //! * menus are line-based (see `questionnaire/prompt.rs`): the 0-based
 //!   index accelerate's menu shows, or the option's text, or an empty line
 //!   for the default;
-//! * end of input stops with "no answer for: <question>" (accelerate raises
+//! * end of input stops with "no answer for: QUESTION" (accelerate raises
 //!   `EOFError`); an unknown menu answer is asked again.
 //!
 //! Answers are read as accelerate converts them: yes/no questions take

@@ -8,7 +8,7 @@
 //!
 //! Without them accel still has something to check, since it launches
 //! without Python: the launch runs this binary as its workers
-//! (`accel test-worker`, see [`worker`]) in at least two processes, which
+//! (`accel test-worker`, see [`worker()`]) in at least two processes, which
 //! must all find each other through the launch's store, as the processes of
 //! a training job do before their first collective. The number of processes
 //! is the configuration's per-machine count when it has two or more, else
