@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::guard::Guard;
+use crate::{AgentError, Outcome};
 
 /// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`).
 pub fn init_tracing(default_filter: &str) {
@@ -26,6 +27,18 @@ pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,rendezvous_server=er
 /// while the process has one thread: it forks the guard first. `prog`
 /// prefixes error messages.
 pub fn run(cfg: Config, prog: &str) -> ExitCode {
+    match execute(cfg) {
+        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+        Err(e) => {
+            eprintln!("{prog}: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Runs the agent for `cfg` to its outcome, on a runtime of its own. Call it
+/// while the process has one thread: it forks the guard first.
+pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
     if crate::raise_open_file_limit().is_none() {
         tracing::debug!("cannot read or raise the open-file limit");
     }
@@ -40,21 +53,9 @@ pub fn run(cfg: Config, prog: &str) -> ExitCode {
             None
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("{prog}: error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(crate::agent::run(cfg, guard)) {
-        Ok(outcome) => ExitCode::from(outcome.exit_code()),
-        Err(e) => {
-            eprintln!("{prog}: error: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
+        .map_err(|e| AgentError::io("cannot start the async runtime", e))?;
+    runtime.block_on(crate::agent::run(cfg, guard))
 }
