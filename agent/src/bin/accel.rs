@@ -1,5 +1,6 @@
 //! `accel`: accelerate's command set on accel's agent (see `accel_agent::accelerate`).
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use accel_agent::accelerate::{run, AccelArgs, Action};
@@ -10,7 +11,9 @@ fn main() -> ExitCode {
     let args = AccelArgs::parse();
     match run(args, &|k| std::env::var(k).ok()) {
         Ok(Action::Print(message)) => {
-            println!("{message}");
+            // A closed pipe (`accel launch --help | head`) is not an error.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{message}").and_then(|()| out.flush());
             ExitCode::SUCCESS
         }
         Ok(Action::Launch(plan)) => {
