@@ -81,3 +81,69 @@ fn config_default_writes_what_accelerate_writes_and_accelerate_reads_it() {
         assert_eq!(load(&written[1].0), load(&written[0].0));
     }
 }
+
+/// The reverse direction: files accelerate wrote (its own `config default`,
+/// a legacy file, quoted YAML-1.1 words, JSON) are read by accel as accelerate
+/// reads them; `config update` from both tools writes the same bytes.
+#[test]
+fn config_update_reads_accelerates_files_as_accelerate_does() {
+    let dir = scratch("accel-config-update");
+    let accelerate = venv().join("bin/accelerate");
+    let generated = dir.join("generated");
+    let made = Command::new(&accelerate)
+        .args(["config", "default", "--mixed_precision", "fp16"])
+        .env("HF_HOME", &generated)
+        .output()
+        .expect("accelerate config default");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let default_file =
+        std::fs::read_to_string(generated.join("accelerate/default_config.yaml")).expect("written");
+    let cases: [(&str, &str); 5] = [
+        ("default.yaml", default_file.as_str()),
+        (
+            "legacy.yaml",
+            "distributed_type: MULTI_GPU\nnum_processes: 2\nfp16: true\ndynamo_backend: INDUCTOR\ngpu_ids: 0,1\n",
+        ),
+        (
+            "yaml11.yaml",
+            "distributed_type: 'NO'\nmixed_precision: 'no'\ndowncast_bf16: 'no'\nuse_cpu: yes\ntpu_env: []\n\
+             fsdp_config:\n  fsdp_min_num_params: 1e8\n  fsdp_offload_params: off\n",
+        ),
+        (
+            "nested.json",
+            "{\"distributed_type\": \"FSDP\", \"num_processes\": 4, \"fsdp_config\": {\"fsdp_version\": 2, \"fsdp_reshard_after_forward\": true}, \"commands\": [\"a b\", \"c\"]}",
+        ),
+        (
+            "sagemaker.yaml",
+            "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: DATA_PARALLEL\nec2_instance_type: ml.p3.2xlarge\niam_role_name: role\nmixed_precision: bf16\n",
+        ),
+    ];
+    for (name, text) in cases {
+        let mut updated = Vec::new();
+        for (tool, program) in [("accelerate", accelerate.clone()), ("accel", bin("accel"))] {
+            let path = dir.join(format!("{tool}-{name}"));
+            std::fs::write(&path, text).expect("config");
+            let mut c = Command::new(&program);
+            c.args(["config", "update", "--config_file"]).arg(&path);
+            let out = run_logged(c, &dir, &format!("{tool}-{name}"), LIMIT);
+            assert!(out.status.success(), "{tool} {name}: {}", out.stderr);
+            assert_eq!(
+                out.stdout.trim(),
+                format!(
+                    "Successfully updated the configuration file at {}.",
+                    path.display()
+                ),
+                "{tool} {name}"
+            );
+            updated.push(std::fs::read_to_string(&path).expect("updated"));
+        }
+        assert_eq!(
+            updated[1], updated[0],
+            "{name}: accel (left) and accelerate (right) rewrite it differently"
+        );
+    }
+}
