@@ -8,7 +8,8 @@ use crate::config::Config;
 use crate::guard::Guard;
 use crate::{AgentError, Outcome};
 
-/// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`).
+/// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`),
+/// unless the program already has one.
 pub fn init_tracing(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ACCEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
@@ -17,7 +18,8 @@ pub fn init_tracing(default_filter: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
-        .init();
+        .try_init()
+        .ok();
 }
 
 /// The default log filter: the agent's own progress, others' warnings.
