@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
-#   - Debian packages: python3 with venv, procps (kill), iproute2;
+#   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev;
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher.
@@ -17,6 +17,8 @@ need_apt=()
 [ -n "$PY" ] || need_apt+=(python3 python3-venv)
 command -v kill >/dev/null || need_apt+=(procps)
 command -v ip >/dev/null || need_apt+=(iproute2)
+# gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).
+[ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"

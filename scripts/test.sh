@@ -9,6 +9,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 # The pinned Python environment (torch, accelerate) for tests and benchmarks.
 ACCEL_VENV="$(scripts/setup.sh)"
 export ACCEL_VENV
+# worker-runtime builds tch against the venv's torch (libtorch 2.13): tch's
+# build finds it through the venv's python3.
+export LIBTORCH_USE_PYTORCH=1 PATH="$ACCEL_VENV/bin:$PATH"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
