@@ -19,10 +19,10 @@ H=scripts/with-private-hosts.sh
 
 if [ $quick = 1 ]; then
   launch=(--nproc 1,4 --runs 2); restart=(--runs 1); agents=100,1000; tnodes=8; dead=1
-  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1)
+  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5)
 else
   launch=(--nproc 1,4,16 --runs 10); restart=(--runs 3); agents=100,1000,10000; tnodes=8,64,128,256; dead=3
-  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5)
+  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20)
 fi
 
 out="$(mktemp)"
@@ -76,6 +76,14 @@ out="$(mktemp)"
   echo "Command: \`accel-agent --no-python python bench/store.py ${store[*]}\`"
   echo
   $H "$R/accel-agent" --no-python "$PY" bench/store.py "${store[@]}" 2>/dev/null
+  echo
+  echo "## Rust workers: all_reduce bandwidth"
+  echo "Target: Rust ranks (worker-runtime, tch) as fast as Python ranks (torch.distributed): the same gloo does the work."
+  echo "4 ranks on this machine under accel-agent, float32, all_reduce(SUM). Command: \`scripts/bench-worker-runtime.sh ${wr[*]}\`"
+  echo
+  echo '```'
+  scripts/bench-worker-runtime.sh "${wr[@]}" 2>/dev/null
+  echo '```'
   echo
   echo "## Where a target is not clearly met"
   echo "The worker store is at parity with PyTorch's libuv server rather than ahead of it. Both servers are"
