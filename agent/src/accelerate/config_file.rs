@@ -287,7 +287,7 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         d.insert("num_processes".into(), json!(1));
     }
     if !d.contains_key("mixed_precision") {
-        let legacy = d.get("fp16").is_some_and(truthy);
+        let legacy = d.get("fp16").is_some_and(super::pyvalue::truthy);
         d.insert(
             "mixed_precision".into(),
             if legacy { json!("fp16") } else { Value::Null },
@@ -363,17 +363,6 @@ fn sorted(v: &Value) -> Value {
         }
         Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
         other => other.clone(),
-    }
-}
-
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null | Value::Bool(false) => false,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-        Value::Bool(true) => true,
     }
 }
 

@@ -21,8 +21,8 @@
 
 pub mod probe;
 pub mod python;
-pub mod repr;
 
+use crate::accelerate::pyvalue;
 use std::path::Path;
 use std::time::Duration;
 
@@ -170,7 +170,7 @@ pub fn render(facts: &Facts, config: Option<&AccelerateConfig>, explicit: bool) 
         Some(c) => out.extend(
             ordered(c)
                 .into_iter()
-                .map(|(k, v)| format!("\t- {k}: {}", repr::str_of(&v))),
+                .map(|(k, v)| format!("\t- {k}: {}", pyvalue::str_of(&v))),
         ),
     }
     out.join("\n")

@@ -22,7 +22,6 @@
 use serde_json::Value;
 
 use super::flags::{str_to_bool, Namespace};
-use crate::accelerate::yaml::float_repr;
 
 /// The launcher accelerate would use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,51 +34,7 @@ pub enum Launcher {
     DeepSpeed,
 }
 
-/// Python's `str(value)`.
-pub fn py_str(v: &Value) -> String {
-    match v {
-        Value::Null => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => i.to_string(),
-            None => n.as_f64().map_or_else(|| n.to_string(), float_repr),
-        },
-        Value::String(s) => s.clone(),
-        Value::Array(items) => format!(
-            "[{}]",
-            items.iter().map(py_repr).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(map) => format!(
-            "{{{}}}",
-            map.iter()
-                .map(|(k, v)| format!("'{k}': {}", py_repr(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
-
-/// Python's `repr(value)` (strings quoted).
-pub fn py_repr(v: &Value) -> String {
-    match v {
-        Value::String(s) if s.contains('\'') && !s.contains('"') => format!("\"{s}\""),
-        Value::String(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
-        other => py_str(other),
-    }
-}
-
-/// Python truthiness.
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null | Value::Bool(false) => false,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-        Value::Bool(true) => true,
-    }
-}
+pub use crate::accelerate::pyvalue::{repr as py_repr, str_of as py_str, truthy};
 
 /// accelerate's `DynamoBackend` values.
 const DYNAMO: &[&str] = &[

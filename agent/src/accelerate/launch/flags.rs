@@ -78,14 +78,7 @@ impl Namespace {
 
     /// Python truthiness of a value.
     pub fn truthy(&self, dest: &str) -> bool {
-        match self.get(dest) {
-            Value::Null | Value::Bool(false) => false,
-            Value::Number(n) => n.as_f64() != Some(0.0),
-            Value::String(s) => !s.is_empty(),
-            Value::Array(a) => !a.is_empty(),
-            Value::Object(o) => !o.is_empty(),
-            Value::Bool(true) => true,
-        }
+        crate::accelerate::pyvalue::truthy(self.get(dest))
     }
 
     /// Sets a value.

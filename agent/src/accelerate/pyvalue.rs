@@ -1,12 +1,26 @@
-//! Python's `str()` and `repr()` of configuration values.
+//! Python's view of configuration values: `str()`, `repr()` and
+//! truthiness, for the places where accelerate's behaviour depends on them.
 //!
-//! `accelerate env` prints each configuration item with an f-string, so a
+//! `accelerate launch` exports values with `str()` (`True`, `1.0`, `None`)
+//! and tests flags for truthiness; `accelerate env` prints each configuration item with an f-string, so a
 //! top-level value appears as Python's `str()` (a string bare, `True`,
 //! `2`) while anything inside a list or dictionary appears as its `repr()`
 //! (`['a', "it's"]`, `{'k': None}`). Users paste this text into bug reports
 //! next to accelerate's, so accel spells every value the way Python does.
 
 use serde_json::{Map, Number, Value};
+
+/// Python truthiness: `None`, `False`, `0`, `""`, `[]`, `{}` are false.
+pub fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::Bool(true) => true,
+    }
+}
 
 /// Python's `str(value)`: strings bare, everything else as [`repr`].
 pub fn str_of(v: &Value) -> String {
