@@ -17,6 +17,7 @@
 pub mod env;
 pub mod flags;
 pub mod merge;
+pub mod nvidia;
 
 use std::path::PathBuf;
 
@@ -112,8 +113,20 @@ pub fn build(
             ds_fields.push("mixed_precision".into());
         }
     }
-    let vars = env::accelerate_env(ns, launcher, &ds_fields, cwd, env).map_err(bad)?;
+    let mut vars = env::accelerate_env(ns, launcher, &ds_fields, cwd, env).map_err(bad)?;
     let mut warnings: Vec<String> = merged.warning.iter().cloned().collect();
+    if launcher != Launcher::Simple && nvidia::detect() {
+        let mut set_any = false;
+        for var in ["NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"] {
+            if env(var).is_none() && !vars.iter().any(|(k, _)| k == var) {
+                vars.push((var.to_owned(), "1".to_owned()));
+                set_any = true;
+            }
+        }
+        if set_any {
+            warnings.push("Using RTX 4000 series which doesn't support faster communication speedups. Ensuring P2P and IB communications are disabled.".into());
+        }
+    }
     let (argv, single_process) = agent_argv(ns, launcher, &mut warnings).map_err(bad)?;
     let agent_args = AgentArgs::try_parse_from(&argv)
         .map_err(|e| bad(format!("{}", e.render()).trim().to_owned()))?;

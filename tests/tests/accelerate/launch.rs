@@ -28,6 +28,7 @@ fn launch(
     name: &str,
     args: &[&str],
     env_only: bool,
+    path_prefix: Option<&Path>,
 ) -> (Finished, BTreeMap<String, Value>) {
     let out = dir.join(format!("{name}-{tool}"));
     fs::create_dir_all(&out).expect("state dir");
@@ -39,7 +40,13 @@ fn launch(
         .args(args)
         .arg(worker("accel_state.py"))
         .current_dir(dir)
-        .env("PATH", venv_path())
+        .env(
+            "PATH",
+            match path_prefix {
+                Some(p) => format!("{}:{}", p.display(), venv_path()),
+                None => venv_path(),
+            },
+        )
         .env("HF_HOME", dir.join("no-default-config"))
         .env("STATE_DIR", &out)
         .env("STATE_ENV_ONLY", if env_only { "1" } else { "0" })
@@ -79,14 +86,22 @@ fn same_as_accelerate(
     }
     all.extend(args.iter().map(|a| (*a).to_owned()));
     let argv: Vec<&str> = all.iter().map(String::as_str).collect();
-    let (a, expected) = launch("accelerate", dir, name, &argv, env_only);
+    let fake_smi = fake_nvidia_smi(dir, name);
+    let (a, expected) = launch(
+        "accelerate",
+        dir,
+        name,
+        &argv,
+        env_only,
+        fake_smi.as_deref(),
+    );
     assert_eq!(
         a.code(),
         0,
         "{name}: accelerate launch failed: {}",
         a.stderr
     );
-    let (b, mut got) = launch("accel", dir, name, &argv, env_only);
+    let (b, mut got) = launch("accel", dir, name, &argv, env_only, fake_smi.as_deref());
     assert_eq!(b.code(), 0, "{name}: accel launch failed: {}", b.stderr);
     assert!(!expected.is_empty(), "{name}: no records from accelerate");
     for rec in got.values_mut() {
@@ -126,6 +141,24 @@ fn canonical(records: &BTreeMap<String, Value>) -> String {
     serde_json::to_string_pretty(&sorted).unwrap_or_default()
 }
 
+/// For case names starting `rtx40`: a directory with an `nvidia-smi` that
+/// reports two RTX 4090s on a driver older than 550.40.07.
+fn fake_nvidia_smi(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    if !name.starts_with("rtx40") {
+        return None;
+    }
+    let bin = dir.join(format!("{name}-bin"));
+    fs::create_dir_all(&bin).expect("bin dir");
+    let smi = bin.join("nvidia-smi");
+    fs::write(
+        &smi,
+        "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=count,name) printf '2, NVIDIA GeForce RTX 4090\\n2, NVIDIA GeForce RTX 4090\\n' ;;\n  --query-gpu=driver_version) printf '535.104.05\\n535.104.05\\n' ;;\n  *) exit 1 ;;\nesac\n",
+    )
+    .expect("fake nvidia-smi");
+    fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    Some(bin)
+}
+
 #[test]
 fn launch_matches_accelerate_across_configs() {
     let _heavy = heavy();
@@ -141,6 +174,8 @@ fn launch_matches_accelerate_across_configs() {
         &[],
     );
     same_as_accelerate(&dir, "cpu-processes", Some(multi), &[], false, &[]);
+    // accelerate's RTX 40 rule (NCCL_P2P_DISABLE, NCCL_IB_DISABLE) from nvidia-smi.
+    same_as_accelerate(&dir, "rtx40", Some(multi), &[], true, &[]);
     same_as_accelerate(
         &dir,
         "gpu-ids",
