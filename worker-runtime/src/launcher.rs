@@ -12,7 +12,11 @@
 //!
 //! As accelerate warns for its launchers, the calling process must not have
 //! created a process group itself before launching: the workers create their
-//! own. That is checked ([`LaunchError::AlreadyInitialized`]).
+//! own. That is checked ([`LaunchError::AlreadyInitialized`]). accelerate
+//! also refuses to launch after CUDA was initialised, because its workers are
+//! `fork`ed copies that cannot re-initialise it; accel's workers are new
+//! processes (the program is executed again), so a parent that used CUDA is
+//! not an error here, only a parent holding GPU memory its workers may want.
 //! The agent forks a guard process, so call it while the program has one
 //! thread (before starting thread pools of its own).
 
