@@ -10,6 +10,7 @@ pub mod config_file;
 pub mod env_cmd;
 pub mod estimate;
 pub mod launch;
+pub mod python;
 pub mod pyvalue;
 pub mod questionnaire;
 pub mod test_cmd;

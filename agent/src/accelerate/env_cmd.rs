@@ -20,9 +20,8 @@
 //! `` - `accelerate` bash location: `` (what `which accelerate` finds).
 
 pub mod probe;
-pub mod python;
 
-use crate::accelerate::pyvalue;
+use crate::accelerate::{python, pyvalue};
 use std::path::Path;
 use std::time::Duration;
 

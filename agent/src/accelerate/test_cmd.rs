@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::config_file::{self, AccelerateConfig, LoadError};
-use super::env_cmd::python;
+use super::python;
 
 /// Why `accel test` cannot run, or why a test worker failed.
 #[derive(Debug, thiserror::Error)]

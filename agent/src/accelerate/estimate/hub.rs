@@ -10,9 +10,8 @@
 //! then decides), `HF_HUB_OFFLINE` is honoured up front, and the subprocess
 //! itself has a deadline.
 
-use std::io::Read;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -129,9 +128,7 @@ pub(super) fn fetch(
             .unwrap_or_else(|| "https://huggingface.co".into());
         probe(&endpoint).map_err(unreachable)?;
     }
-    let python = env("PYTHON_EXEC")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".into());
+    let python = crate::accelerate::python::interpreter(env);
     let mut command = Command::new(&python);
     // A server that accepts connections and then stalls should not hold the
     // user for huggingface_hub's default 10 s per request.
@@ -151,14 +148,15 @@ pub(super) fn fetch(
                  huggingface_hub, or download the model folder and pass its path"
             ))
         })?;
-    let (status, stdout, stderr) = wait_with_deadline(child, QUERY_TIMEOUT)
-        .map_err(|e| failed(format!("waiting for `{python}`: {e}")))?
-        .ok_or_else(|| {
-            unreachable(format!(
-                "the Hub did not answer within {} s",
-                QUERY_TIMEOUT.as_secs()
-            ))
-        })?;
+    let (status, stdout, stderr) =
+        crate::accelerate::python::wait_with_deadline(child, QUERY_TIMEOUT)
+            .map_err(|e| failed(format!("waiting for `{python}`: {e}")))?
+            .ok_or_else(|| {
+                unreachable(format!(
+                    "the Hub did not answer within {} s",
+                    QUERY_TIMEOUT.as_secs()
+                ))
+            })?;
     let reply: Value = stdout
         .lines()
         .last()
@@ -272,50 +270,6 @@ fn host_port(endpoint: &str) -> String {
         true => authority.to_owned(),
         false => format!("{authority}:{default_port}"),
     }
-}
-
-/// Waits for `child` until `limit`, collecting its output; `None` when it was
-/// killed for running too long.
-fn wait_with_deadline(
-    mut child: Child,
-    limit: Duration,
-) -> std::io::Result<Option<(ExitStatus, String, String)>> {
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            child.kill()?;
-            child.wait()?;
-            return Ok(None);
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let out = stdout.join().unwrap_or_default();
-    let err = stderr.join().unwrap_or_default();
-    Ok(Some((status, out, err)))
 }
 
 #[cfg(test)]

@@ -1,14 +1,15 @@
 //! Running one short Python program in the user's Python environment.
 //!
 //! `accel` itself needs no Python, but `accel env` reports the versions of
-//! the Python packages a training script would use, and `accel test` runs
-//! accelerate's own test script when it is installed. Both ask the
+//! the Python packages a training script would use, `accel test` runs
+//! accelerate's own test script when it is installed, and `accel
+//! estimate-memory` asks huggingface_hub about Hub models. They ask the
 //! interpreter `accel launch` would start (`PYTHON_EXEC`, else `python3` on
 //! `PATH`), in one subprocess with a time limit, so a missing or broken
 //! Python never makes them hang or fail.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -57,7 +58,7 @@ pub fn interpreter(env: &dyn Fn(&str) -> Option<String>) -> String {
 /// Runs `program -c script` with no input; returns its standard output.
 /// Killed after `limit`.
 pub fn run(program: &str, script: &str, limit: Duration) -> Result<String, PythonError> {
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(["-c", script])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -70,7 +71,34 @@ pub fn run(program: &str, script: &str, limit: Duration) -> Result<String, Pytho
                 source,
             },
         })?;
-    // Drain both pipes while waiting so a chatty import cannot block the child.
+    let (status, stdout, stderr) = wait_with_deadline(child, limit)
+        .map_err(|source| PythonError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| PythonError::TimedOut {
+            program: program.to_owned(),
+            limit,
+        })?;
+    if status.success() {
+        Ok(stdout)
+    } else {
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        Err(PythonError::Failed {
+            program: program.to_owned(),
+            status: status.to_string(),
+            stderr: tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
+        })
+    }
+}
+
+/// Waits for `child` until `limit`, collecting its standard output and
+/// error (drained while it runs, so a chatty child cannot block on a full
+/// pipe); `None` when it ran too long and was killed.
+pub fn wait_with_deadline(
+    mut child: Child,
+    limit: Duration,
+) -> std::io::Result<Option<(ExitStatus, String, String)>> {
     let drain = |pipe: Option<Box<dyn Read + Send>>| {
         thread::spawn(move || {
             let mut buf = Vec::new();
@@ -94,31 +122,21 @@ pub fn run(program: &str, script: &str, limit: Duration) -> Result<String, Pytho
     );
     let deadline = Instant::now() + limit;
     let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-            _ => {
+        match child.try_wait()? {
+            Some(status) => break status,
+            None if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+            None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(PythonError::TimedOut {
-                    program: program.to_owned(),
-                    limit,
-                });
+                return Ok(None);
             }
         }
     };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
-    if status.success() {
-        Ok(stdout)
-    } else {
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        Err(PythonError::Failed {
-            program: program.to_owned(),
-            status: status.to_string(),
-            stderr: tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
-        })
-    }
+    Ok(Some((
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )))
 }
 
 #[cfg(test)]
