@@ -19,10 +19,10 @@ H=scripts/with-private-hosts.sh
 
 if [ $quick = 1 ]; then
   launch=(--nproc 1,4 --runs 2); restart=(--runs 1); agents=100,1000; tnodes=8; dead=1
-  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5)
+  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5); acc=(--nproc 2 --runs 1)
 else
   launch=(--nproc 1,4,16 --runs 10); restart=(--runs 3); agents=100,1000,10000; tnodes=8,64,128,256; dead=3
-  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20)
+  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20); acc=(--nproc 2,4 --runs 5)
 fi
 
 out="$(mktemp)"
@@ -38,6 +38,12 @@ out="$(mktemp)"
   echo "Command: \`python bench/launch.py --accel accel-agent --torchrun torchrun ${launch[*]}\`"
   echo
   $H "$PY" bench/launch.py --accel "$R/accel-agent" --torchrun "$TR" "${launch[@]}"
+  echo
+  echo "## accel launch vs accelerate launch"
+  echo "The same comparison through accelerate's command line (no configuration file, \`--multi_gpu --no_python true\`)."
+  echo "Command: \`python bench/accelerate_launch.py --accel accel --accelerate accelerate ${acc[*]}\`"
+  echo
+  $H "$PY" bench/accelerate_launch.py --accel "$R/accel" --accelerate "$VENV/bin/accelerate" "${acc[@]}"
   echo
   echo "## Restart after a worker failure"
   echo "Target: ≤ 100 ms plus process start from the failure to every worker of every node running again."

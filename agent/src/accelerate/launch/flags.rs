@@ -148,7 +148,8 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
                 }
                 if let Some(next) = argv.get(i) {
                     let word = BOOL_WORDS.contains(&next.to_lowercase().as_str());
-                    let program = ns.truthy("no_python") && on_path(next);
+                    let no_python = flag.dest == "no_python" || ns.truthy("no_python");
+                    let program = no_python && on_path(next);
                     if word && !program {
                         return Err(format!(
                             "{name} is an on/off flag and takes no value (got '{next}', which would otherwise be taken for the training script): write {name} to turn it on, or leave it out"

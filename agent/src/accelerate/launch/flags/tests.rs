@@ -57,6 +57,8 @@ fn mistakes_are_errors() {
     // With --no_python, a program named `true` is a program.
     let ok = parse(&args("--no_python --cpu true"), &|p| p == "true").expect("program");
     assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));
+    let ok = parse(&args("--cpu --no_python true"), &|p| p == "true").expect("program");
+    assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));
     assert_eq!(parse(&args("--cpu --help"), &|_| false), Ok(Parsed::Help));
 }
 
