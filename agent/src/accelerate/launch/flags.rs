@@ -317,9 +317,58 @@ pub fn help() -> String {
             "null" | "false" | "\"\"" => String::new(),
             d => format!(" (default {})", d.trim_matches('"')),
         };
-        out.push_str(&format!("  {short}--{}{value}{default}\n", f.name));
+        let line = format!("  {short}--{}{value}{default}", f.name);
+        match describe(f.name) {
+            Some(d) if line.len() < 40 => out.push_str(&format!("{line:<40}{d}\n")),
+            Some(d) => out.push_str(&format!("{line}\n{:40}{d}\n", "")),
+            None => out.push_str(&format!("{line}\n")),
+        }
     }
+    out.push_str(
+        "\nThe DeepSpeed, FSDP, Megatron-LM, FP8 and ParallelismConfig flags reach the script as\n\
+         accelerate's variables (ACCELERATE_DEEPSPEED_*, FSDP_*, MEGATRON_LM_*, ACCELERATE_FP8_*,\n\
+         PARALLELISM_CONFIG_*); their meaning is accelerate's.\n",
+    );
     out
+}
+
+/// One line on what a flag does (the main ones).
+fn describe(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "config_file" => "accelerate's configuration file (default: the one `accel config` writes)",
+        "quiet" => "only errors from accel itself",
+        "module" => "run SCRIPT as a Python module (python -m)",
+        "no_python" => "SCRIPT is a program, not a Python script",
+        "debug" => "ACCELERATE_DEBUG_MODE=true: accelerate checks every collective",
+        "cpu" => "CPU only (gloo)",
+        "multi_gpu" => "one process per GPU (on a CPU-only machine: one gloo process each)",
+        "tpu" => "not supported by accel (an error)",
+        "mixed_precision" => "the script's mixed precision",
+        "num_processes" => "processes in total, over all machines",
+        "num_machines" => "machines, N or MIN:MAX (elastic, with --rdzv_backend c10d)",
+        "num_cpu_threads_per_process" => "OMP_NUM_THREADS for each process",
+        "enable_cpu_affinity" => "ACCELERATE_CPU_AFFINITY=1",
+        "gpu_ids" => "GPUs to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES), or all",
+        "same_network" => "machines share a network (no effect on accel's rendezvous)",
+        "machine_rank" => "this machine's rank (0 on the main machine)",
+        "main_process_ip" => "address of machine rank 0, or of the c10d rendezvous",
+        "main_process_port" => "its port (default 29500)",
+        "tee" => "copy worker output to the console (0-3, or rank:value,...)",
+        "log_dir" => "write each worker's output under this directory",
+        "role" => "ROLE_NAME for the workers",
+        "rdzv_backend" => "static or c10d (the configuration file's value counts)",
+        "rdzv_conf" => "rendezvous settings key=value,...",
+        "max_restarts" => "restarts of the whole job after a failure (job-wide budget)",
+        "monitor_interval" => "seconds between worker checks",
+        "rdzv_id" => "job id: launches with the same id on one rendezvous form one job",
+        "nproc_per_node" => "processes per machine (instead of num_processes / num_machines)",
+        "log_line_prefix_template" => "prefix for console lines, e.g. [${rank}]",
+        "redirects" => "send worker output to files under --log_dir (0-3)",
+        "local_ranks_filter" => "local ranks shown on the console",
+        "ranks_filter" => "global ranks shown on the console",
+        "shutdown_timeout" => "grace between SIGTERM and SIGKILL when stopping workers",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
