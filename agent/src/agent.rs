@@ -3,6 +3,7 @@
 //! decision (restart, fail, succeed). This module holds the session (the
 //! connection to the rendezvous, rejoining it); `round` holds one round.
 
+mod report;
 mod round;
 
 use std::net::{IpAddr, Ipv4Addr};

@@ -1,8 +1,9 @@
 //! accel's per-node agent: a drop-in for `torchrun`.
 //!
 //! # Theory of operation
-//! `main` forks the [`guard`] while the process has one thread, then starts
-//! the async runtime and calls [`agent::run`]:
+//! [`node::execute`] (from `accel-agent`'s `main`, `accel launch`, or
+//! worker-runtime's function launcher) forks the [`guard`] while the process
+//! has one thread, then starts the async runtime and calls [`agent::run`]:
 //! 1. signal handlers are installed first, so a stop signal is honoured at any
 //!    point, even while waiting for other nodes;
 //! 2. the rendezvous is located, and served in-process when this node hosts
@@ -27,8 +28,9 @@
 //! rest and sweeps the groups. The [`guard`] covers the agent's own death.
 //!
 //! # Layout
-//! [`cli`] flags · [`config`] validation · [`agent`] the session and each
-//! round · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
+//! [`node`] running a node from a binary's `main` · [`cli`] flags ·
+//! [`config`] validation · [`agent`] the session, each round and failure
+//! reports · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`worker_env`] the environment contract ·
 //! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
 //! prefixes · [`failure`] error files and failure summaries · [`files`]

@@ -1,0 +1,77 @@
+//! What this node tells about failures: each worker failure to the
+//! rendezvous (with what the worker's error file says), and, when the job
+//! fails, torchrun's summary with the job-wide root cause.
+
+use accel_proto::v1 as pb;
+use tracing::warn;
+
+use super::Session;
+use crate::failure;
+use crate::supervisor::Exit;
+use crate::worker_env::RoundInfo;
+
+impl Session<'_> {
+    /// Reports a worker failure to the rendezvous, with what its error file says.
+    pub(super) async fn report(&mut self, info: &RoundInfo, exit: &Exit) {
+        let f = self.describe(exit);
+        let reason = match f.error_file.as_str() {
+            "<N/A>" => exit.ended.to_string(),
+            _ => format!("{}: {}", exit.ended, f.message),
+        };
+        self.failures.push(f.clone());
+        self.client
+            .report_failure(
+                info.round,
+                exit.local_rank,
+                exit.global_rank,
+                exit.ended.code(),
+                reason,
+                Some(f),
+            )
+            .await;
+    }
+
+    /// A failure as the rendezvous records it.
+    pub(super) fn describe(&self, exit: &Exit) -> pb::Failure {
+        let file = self
+            .error_files
+            .get(exit.local_rank as usize)
+            .cloned()
+            .unwrap_or_default();
+        failure::describe(
+            &self.hostname,
+            exit.global_rank,
+            exit.local_rank,
+            exit.pid,
+            exit.ended,
+            &file,
+        )
+    }
+
+    /// The job failed: print torchrun's summary (root cause first, from
+    /// whichever node) and write it to a parent's error file.
+    pub(super) fn report_job_failure(&self, root: Option<&pb::Failure>) {
+        let Some(root) = root.or(self.failures.first()) else {
+            return;
+        };
+        let others: Vec<pb::Failure> = self
+            .failures
+            .iter()
+            .filter(|f| !(f.host == root.host && f.pid == root.pid))
+            .cloned()
+            .collect();
+        let entry = &self.cfg.entrypoint;
+        let title = entry
+            .leading_args
+            .iter()
+            .rfind(|a| !a.starts_with('-'))
+            .unwrap_or(&entry.program);
+        eprint!("{}", failure::summary(title, root, &others));
+        if let Some(path) = &self.cfg.parent_error_file {
+            let json = failure::parent_error_file(root).to_string();
+            if let Err(e) = std::fs::write(path, json) {
+                warn!(file = %path.display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
+            }
+        }
+    }
+}
