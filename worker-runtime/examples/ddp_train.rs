@@ -31,6 +31,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ddp_train: {e}");
+            // For the launcher's failure summary (as Python's @record does).
+            if let Ok(env) = WorkerEnv::from_process() {
+                let _ = worker_runtime::record_error(&env, &e.to_string(), "");
+            }
             ExitCode::FAILURE
         }
     }

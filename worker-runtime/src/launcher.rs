@@ -166,7 +166,12 @@ fn run_child<E: std::fmt::Display>(f: impl FnOnce(&WorkerEnv) -> Result<(), E>) 
         Ok(env) => match f(&env) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("rank {}: {e}", env.rank);
+                let message = e.to_string();
+                eprintln!("rank {}: {message}", env.rank);
+                // The launcher's failure summary shows it as the root cause.
+                if let Err(io) = crate::record_error(&env, &message, "") {
+                    eprintln!("rank {}: cannot write the error file: {io}", env.rank);
+                }
                 1
             }
         },

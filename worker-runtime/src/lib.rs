@@ -48,11 +48,13 @@
 
 pub mod env;
 mod error;
+pub mod error_file;
 mod ffi;
 pub mod group;
 pub mod launcher;
 
 pub use env::{EnvError, WorkerEnv};
 pub use error::{FailureKind, GroupError};
+pub use error_file::record_error;
 pub use group::{GroupOptions, ProcessGroup, ReduceOp, DEFAULT_TIMEOUT};
 pub use launcher::{debug_launch, LaunchError, Launcher};

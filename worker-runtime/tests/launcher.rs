@@ -73,6 +73,36 @@ fn function_launcher_runs_ranks_and_restarts_them() {
 }
 
 #[test]
+fn a_failed_function_is_the_root_cause_in_the_summary() {
+    let _heavy = heavy();
+    let dir = scratch("wr-launch-fail");
+    let out = dir.join("out");
+    fs::create_dir_all(&out).expect("out");
+    let done = launch(
+        &dir,
+        "fail",
+        &["run", "2", out.to_str().expect("path")],
+        &[("FAIL_RANK", "1"), ("FAIL_ALWAYS", "1")],
+    );
+    assert_eq!(
+        done.code(),
+        1,
+        "the job fails after its one restart: {}",
+        done.stderr
+    );
+    let err = &done.stderr;
+    assert!(err.contains("Root Cause"), "{err}");
+    assert!(
+        err.contains("traceback : injected failure on attempt 1"),
+        "the rank's own error, read from its error file: {err}"
+    );
+    assert!(
+        !err.contains("error_file: <N/A>\n  traceback : injected"),
+        "{err}"
+    );
+}
+
+#[test]
 fn debug_launcher_hides_gpus() {
     let _heavy = heavy();
     let dir = scratch("wr-debug");

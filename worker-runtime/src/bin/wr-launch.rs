@@ -4,7 +4,8 @@
 //! * `wr-launch run N OUT` — [`Launcher`] with N processes and one restart:
 //!   every rank joins the group, all-reduces `rank + 1`, and writes
 //!   `OUT/<attempt>_<rank>.json`; with `FAIL_RANK=r`, rank r fails on the
-//!   first attempt (so the second attempt is the restart).
+//!   first attempt (so the second attempt is the restart), or on every
+//!   attempt with `FAIL_ALWAYS=1` (so the job fails).
 //! * `wr-launch debug N OUT` — the same through [`debug_launch`].
 //! * `wr-launch after-group` — creates a one-rank group first, then tries to
 //!   launch: must be refused.
@@ -53,8 +54,9 @@ fn rank_work(env: &WorkerEnv, out: &Path) -> Result<(), String> {
     let fail = std::env::var("FAIL_RANK")
         .ok()
         .and_then(|r| r.parse::<usize>().ok());
-    if fail == Some(env.rank) && env.restart_count == 0 {
-        return Err("injected failure".into());
+    let always = std::env::var_os("FAIL_ALWAYS").is_some();
+    if fail == Some(env.rank) && (env.restart_count == 0 || always) {
+        return Err(format!("injected failure on attempt {}", env.restart_count));
     }
     let mut t = Tensor::from_slice(&[env.rank as f32 + 1.0]);
     group
