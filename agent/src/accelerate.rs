@@ -17,7 +17,7 @@ pub mod test_cmd;
 pub mod tpu;
 pub mod yaml;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
@@ -193,4 +193,17 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             print(tpu::run(&a, config.as_ref().map(|c| &c.fields), env)?)
         }
     }
+}
+
+/// The first executable `name` in `path` (a `PATH` value; unset means
+/// `/bin:/usr/bin`, as Python's subprocess assumes).
+pub(crate) fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = path.unwrap_or("/bin:/usr/bin");
+    dirs.split(':')
+        .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }

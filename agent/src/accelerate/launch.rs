@@ -130,11 +130,16 @@ pub fn build(
     let (argv, single_process) = agent_argv(ns, launcher, &mut warnings).map_err(bad)?;
     let agent_args = AgentArgs::try_parse_from(&argv)
         .map_err(|e| bad(format!("{}", e.render()).trim().to_owned()))?;
-    let mut config = Config::from_args(&agent_args, env).map_err(|e| bad(e.to_string()))?;
-    // accelerate sets OMP_NUM_THREADS itself; the agent's own hint does not apply.
-    config
-        .warnings
-        .retain(|w| !w.starts_with("OMP_NUM_THREADS"));
+    // The agent sees accelerate's variables as part of its environment (so
+    // its OMP_NUM_THREADS hint knows accelerate already set it).
+    let view = |k: &str| {
+        vars.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .or_else(|| env(k))
+    };
+    let mut config = Config::from_args(&agent_args, &view).map_err(|e| bad(e.to_string()))?;
     config.warnings.extend(warnings);
     config.base_env = vars;
     config.torchrun_env = !single_process;
@@ -278,10 +283,7 @@ fn on_path(program: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
     if program.contains('/') {
         return std::path::Path::new(program).is_file();
     }
-    env("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .any(|d| std::path::Path::new(d).join(program).is_file())
+    crate::accelerate::find_program(program, env("PATH").as_deref()).is_some()
 }
 
 /// Physical cores (distinct core ids per package), as psutil counts them;

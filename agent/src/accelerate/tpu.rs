@@ -17,7 +17,7 @@
 //! to do (accelerate raises a Python `TypeError` or `FileNotFoundError`, and
 //! reports success whatever `gcloud` returned).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{Map, Value};
@@ -118,7 +118,7 @@ pub fn run(
     if args.debug {
         return Ok(format!("Running {}", argv.join(" ")));
     }
-    let gcloud = find_program("gcloud", env("PATH").as_deref()).ok_or(TpuError::NoGcloud)?;
+    let gcloud = super::find_program("gcloud", env("PATH").as_deref()).ok_or(TpuError::NoGcloud)?;
     let status = Command::new(&gcloud)
         .args(&argv[1..])
         .status()
@@ -309,19 +309,6 @@ fn py_splitlines(text: &str) -> Vec<String> {
         lines.pop();
     }
     lines
-}
-
-/// The first executable `name` in `path` (a `PATH` value; unset means
-/// `/bin:/usr/bin`, as Python's subprocess assumes).
-fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dirs = path.unwrap_or("/bin:/usr/bin");
-    dirs.split(':')
-        .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(name))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
 }
 
 #[cfg(test)]

@@ -115,17 +115,7 @@ fn rows_follow_accelerates_formulas() {
     // buffers (accelerate counts those at 8 bytes); word embeddings 28,996 x 768.
     let all = [Dtype::Float32, Dtype::Float16, Dtype::Int8, Dtype::Int4];
     let rows = rows(&all, 108_310_272 * 4 + 2 * 512 * 8, 28_996 * 768 * 4).expect("rows");
-    let expected = "\
-┌────────────────────────────────────────────────────┐
-│     Memory Usage for loading `bert-base-cased`     │
-├───────┬─────────────┬──────────┬───────────────────┤
-│ dtype │Largest Layer│Total Size│Training using Adam│
-├───────┼─────────────┼──────────┼───────────────────┤
-│float32│   84.95 MB  │413.18 MB │      1.61 GB      │
-│float16│   42.47 MB  │206.59 MB │     826.36 MB     │
-│  int8 │   21.24 MB  │103.29 MB │        N/A        │
-│  int4 │   10.62 MB  │ 51.65 MB │        N/A        │
-└───────┴─────────────┴──────────┴───────────────────┘";
+    let expected = table::BERT_BASE_CASED;
     let title = "Memory Usage for loading `bert-base-cased`";
     assert_eq!(ascii_table(&HEADERS, &rows, title), expected);
     // Whole bytes print as integers, halves as floats.

@@ -212,17 +212,11 @@ fn prefixed(dict: &str, key: &str) -> String {
     }
 }
 
-/// The machine count, or MAX of `MIN:MAX`.
+/// The machine count, or MAX of `MIN:MAX` (1 when unset or unreadable: the
+/// launch itself then reports the bad value).
 pub fn machines_max(v: &Value) -> i64 {
-    match v {
-        Value::Number(n) => n.as_i64().unwrap_or(1),
-        Value::String(s) => s
-            .rsplit(':')
-            .next()
-            .and_then(|m| m.trim().parse().ok())
-            .unwrap_or(1),
-        _ => 1,
-    }
+    crate::config::parse_nnodes(&crate::accelerate::pyvalue::str_of(v))
+        .map_or(1, |(_, max)| i64::from(max))
 }
 
 fn defaults_without_file(ns: &mut Namespace, machine: Machine, warned: &mut Vec<String>) {
