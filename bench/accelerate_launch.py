@@ -9,10 +9,9 @@ Usage: python bench/accelerate_launch.py --accel PATH --accelerate PATH [--nproc
 """
 import argparse
 import os
-import statistics
 import tempfile
 
-from launch import run_once
+from launch import compare
 
 
 def main():
@@ -31,14 +30,7 @@ def main():
     for n in [int(x) for x in a.nproc.split(",")]:
         tail = ["launch", "--multi_gpu", "--num_processes", str(n), "--no_python", "true"]
         cmds = {"accel": [a.accel, *tail], "accelerate": [a.accelerate, *tail]}
-        for argv in cmds.values():  # warm the page cache
-            run_once(argv)
-        results = {k: [] for k in cmds}
-        for _ in range(a.runs):
-            for name, argv in cmds.items():
-                results[name].append(run_once(argv))
-        wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
-        rss = {k: statistics.median(r for _, r in v) for k, v in results.items()}
+        wall, rss = compare(cmds, a.runs)
         print(f"| {n} | {wall['accel'] * 1000:.1f} ms | {wall['accelerate'] * 1000:.0f} ms | "
               f"{wall['accelerate'] / wall['accel']:.0f}x | {rss['accel']:.1f} MiB | "
               f"{rss['accelerate']:.0f} MiB | {rss['accelerate'] / rss['accel']:.0f}x |", flush=True)

@@ -27,6 +27,20 @@ def run_once(argv):
     return wall, usage.ru_maxrss / 1024.0  # KiB -> MiB
 
 
+def compare(cmds, runs):
+    """Runs each command of `cmds` (name -> argv) once to warm the page cache,
+    then `runs` times alternating; returns (median wall, median peak RSS) per name."""
+    for argv in cmds.values():
+        run_once(argv)
+    results = {k: [] for k in cmds}
+    for _ in range(runs):
+        for name, argv in cmds.items():
+            results[name].append(run_once(argv))
+    wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
+    rss = {k: statistics.median(r for _, r in v) for k, v in results.items()}
+    return wall, rss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--accel", required=True)
@@ -44,14 +58,7 @@ def main():
             "accel": [a.accel, "--nproc-per-node", str(n), "--no-python", "true"],
             "torchrun": [a.torchrun, "--nproc-per-node", str(n), "--no-python", "true"],
         }
-        for argv in cmds.values():  # warm the page cache
-            run_once(argv)
-        results = {k: [] for k in cmds}
-        for _ in range(a.runs):
-            for name, argv in cmds.items():
-                results[name].append(run_once(argv))
-        wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
-        rss = {k: statistics.median(r for _, r in v) for k, v in results.items()}
+        wall, rss = compare(cmds, a.runs)
         print(f"| {n} | {wall['accel'] * 1000:.1f} ms | {wall['torchrun'] * 1000:.0f} ms | "
               f"{wall['torchrun'] / wall['accel']:.0f}x | {rss['accel']:.1f} MiB | {rss['torchrun']:.0f} MiB | "
               f"{rss['torchrun'] / rss['accel']:.0f}x |", flush=True)
