@@ -62,12 +62,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             dead_after_ms: (cfg.rdzv.keep_alive_interval * cfg.rdzv.keep_alive_max_attempt)
                 .as_millis() as u64,
             resume: None,
+            session: Vec::new(),
         };
         let joined = tokio::select! {
-            r = RdzvClient::join(&host, port, join_req.clone(), cfg.rdzv.read_timeout, deadline) => r?,
+            r = RdzvClient::join(&host, port, join_req.clone(), cfg.token.as_ref(), cfg.rdzv.read_timeout, deadline) => r?,
             sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
         };
-        let (client, events) = joined;
+        let (client, events, first) = joined;
         let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
         let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
             true => None,
@@ -93,7 +94,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             error_files: Vec::new(),
             failures: Vec::new(),
         };
-        let result = session.run().await;
+        let result = session.run(first.round).await;
         session.keep_alive.abort();
         if let Some(console) = &session.console {
             console.drain(Duration::from_secs(2));
@@ -230,15 +231,8 @@ enum Wake {
 }
 
 impl Session<'_> {
-    async fn run(&mut self) -> Result<Outcome, AgentError> {
-        let mut round = match next_event(&mut self.events).await? {
-            Some(Kind::Joined(j)) => j.round,
-            other => {
-                return Err(AgentError::Rendezvous(format!(
-                    "unexpected first event from the rendezvous: {other:?}"
-                )))
-            }
-        };
+    async fn run(&mut self, first_round: u64) -> Result<Outcome, AgentError> {
+        let mut round = first_round;
         loop {
             let info = match self.form(round).await? {
                 Formed::Round(info) => info,
@@ -273,29 +267,30 @@ impl Session<'_> {
     }
 }
 
-/// Joins again with the same node id, retrying until `reconnect_grace` ends.
+/// Joins again with the same node id, retrying until `reconnect_grace` ends;
+/// a resuming join presents `session`, the node's secret.
 async fn rejoin(
     cfg: &Config,
     endpoint: &(String, u16),
     mut req: pb::JoinRequest,
-    resume: Option<pb::Resume>,
+    resume: Option<(pb::Resume, Vec<u8>)>,
 ) -> Result<(RdzvClient, Streaming<pb::Event>, pb::Joined), AgentError> {
-    req.resume = resume;
-    let deadline = Instant::now() + cfg.rdzv.reconnect_grace;
-    let (client, mut events) = RdzvClient::join(
+    (req.resume, req.session) = match resume {
+        Some((r, session)) => (Some(r), session),
+        None => (None, Vec::new()),
+    };
+    let deadline = Instant::now()
+        .checked_add(cfg.rdzv.reconnect_grace)
+        .unwrap_or_else(Instant::now);
+    RdzvClient::join(
         &endpoint.0,
         endpoint.1,
         req,
+        cfg.token.as_ref(),
         cfg.rdzv.read_timeout,
         deadline,
     )
-    .await?;
-    match next_event(&mut events).await? {
-        Some(Kind::Joined(j)) => Ok((client, events, j)),
-        other => Err(AgentError::Rendezvous(format!(
-            "unexpected first event after rejoining: {other:?}"
-        ))),
-    }
+    .await
 }
 
 fn gave_up(why: &str, cfg: &Config, e: &AgentError) -> AgentError {

@@ -1,24 +1,47 @@
 //! The agent's side of the rendezvous API: connecting with jittered backoff,
 //! joining, and the unary calls, each with a deadline.
+//!
+//! Every call carries the rendezvous token when the agent has one, and every
+//! call for this node carries the session secret the server handed out in
+//! `Joined` (the server refuses a call for a node without it, so nobody else
+//! can fail, stop or keep alive this node).
 
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
+use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
+use rendezvous_server::auth::AttachToken;
+use rendezvous_server::limits::MAX_FAILURE_BYTES;
+use rendezvous_server::Token;
 use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 use tracing::{info, warn};
 
 use crate::error::AgentError;
 
+type Inner = RendezvousClient<InterceptedService<Channel, AttachToken>>;
+
 /// A joined node's handle on its job.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RdzvClient {
-    inner: RendezvousClient<Channel>,
+    inner: Inner,
     job_id: String,
     node_id: String,
+    /// The secret from `Joined`; never logged.
+    session: Vec<u8>,
     read_timeout: Duration,
+}
+
+impl std::fmt::Debug for RdzvClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdzvClient")
+            .field("job_id", &self.job_id)
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `http://host:port`, bracketing IPv6 literals.
@@ -40,15 +63,17 @@ pub fn backoff(attempt: u32) -> Duration {
 
 impl RdzvClient {
     /// Connects to `host:port` and joins, retrying an unreachable endpoint with
-    /// jittered backoff until `deadline`. A refusal by the server (a setting
-    /// that disagrees with the job, a duplicate node rank) is not retried.
+    /// jittered backoff until `deadline`, and waits for `Joined`. A refusal by
+    /// the server (a setting that disagrees with the job, a duplicate node
+    /// rank, a missing token) is not retried.
     pub async fn join(
         host: &str,
         port: u16,
         req: pb::JoinRequest,
+        token: Option<&Token>,
         read_timeout: Duration,
         deadline: Instant,
-    ) -> Result<(Self, Streaming<pb::Event>), AgentError> {
+    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined), AgentError> {
         let uri = endpoint_uri(host, port);
         let endpoint = Endpoint::from_shared(uri.clone())
             .map_err(|e| {
@@ -64,9 +89,24 @@ impl RdzvClient {
         for attempt in 0u32.. {
             let try_once = async {
                 let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
-                let mut inner = RendezvousClient::new(channel);
+                let mut inner =
+                    RendezvousClient::with_interceptor(channel, AttachToken::new(token))
+                        // node rank 0 hears every member's address in its RoundComplete.
+                        .max_decoding_message_size(64 << 20);
                 match inner.join(req.clone()).await {
-                    Ok(stream) => Ok(Ok((inner, stream.into_inner()))),
+                    Ok(stream) => {
+                        let mut stream = stream.into_inner();
+                        match stream.message().await {
+                            Ok(Some(pb::Event {
+                                kind: Some(Kind::Joined(j)),
+                            })) => Ok(Ok((inner, stream, j))),
+                            Ok(other) => Ok(Err(format!(
+                                "unexpected first event from the rendezvous: {other:?}"
+                            ))),
+                            Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
+                            Err(s) => Ok(Err(s.message().to_owned())),
+                        }
+                    }
                     // Only the server's own verdicts are final; transport trouble
                     // (a server going down, a reset connection) is retried.
                     Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
@@ -75,14 +115,15 @@ impl RdzvClient {
             };
             // No attempt outlives the deadline (a cut link would hang a connect).
             let error = match tokio::time::timeout_at(deadline, try_once).await {
-                Ok(Ok(Ok((inner, stream)))) => {
+                Ok(Ok(Ok((inner, stream, joined)))) => {
                     let client = Self {
                         inner,
                         job_id: req.job_id.clone(),
                         node_id: req.node_id.clone(),
+                        session: joined.session.clone(),
                         read_timeout,
                     };
-                    return Ok((client, stream));
+                    return Ok((client, stream, joined));
                 }
                 Ok(Ok(Err(refusal))) => return Err(AgentError::Rejected(refusal)),
                 Ok(Err(error)) => error,
@@ -106,6 +147,11 @@ impl RdzvClient {
         unreachable!("the retry loop only ends by returning")
     }
 
+    /// The session secret, for a `Join` that resumes this node.
+    pub fn session(&self) -> &[u8] {
+        &self.session
+    }
+
     fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         r.set_timeout(self.read_timeout);
@@ -120,6 +166,7 @@ impl RdzvClient {
             round,
             master_addr: master.0,
             master_port: master.1,
+            session: self.session.clone(),
         };
         let req = self.request(req);
         self.inner.ready(req).await.map(drop)
@@ -130,6 +177,7 @@ impl RdzvClient {
         let req = self.request(pb::KeepAliveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
+            session: self.session.clone(),
         });
         self.inner.keep_alive(req).await.map(drop)
     }
@@ -144,6 +192,7 @@ impl RdzvClient {
         reason: String,
         failure: Option<pb::Failure>,
     ) {
+        let (reason, failure) = fit_failure(reason, failure);
         let req = self.request(pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
@@ -153,6 +202,7 @@ impl RdzvClient {
             exit_code,
             reason,
             failure,
+            session: self.session.clone(),
         });
         if let Err(s) = self.inner.report_failure(req).await {
             warn!(error = %s.message(), "could not report the failure to the rendezvous");
@@ -165,6 +215,7 @@ impl RdzvClient {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
+            session: self.session.clone(),
         });
         if let Err(s) = self.inner.report_success(req).await {
             warn!(error = %s.message(), "could not report success to the rendezvous");
@@ -176,11 +227,48 @@ impl RdzvClient {
         let mut req = self.request(pb::LeaveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
-            reason: reason.to_owned(),
+            reason: truncate_head(reason, 1024),
+            session: self.session.clone(),
         });
         req.set_timeout(self.read_timeout.min(Duration::from_secs(2)));
         let _ = self.inner.leave(req).await;
     }
+}
+
+/// The longest prefix of `s` of at most `max` bytes, on a char boundary.
+fn truncate_head(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// The longest suffix of `s` of at most `max` bytes, on a char boundary.
+fn truncate_tail(s: &str, max: usize) -> String {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_owned()
+}
+
+/// Shortens a failure report to what the server accepts: the message keeps
+/// its start, the traceback its end (where the error is), so a worker with a
+/// very deep traceback still has its failure reported.
+fn fit_failure(reason: String, failure: Option<pb::Failure>) -> (String, Option<pb::Failure>) {
+    // Leave room for the fields' own bytes (host, file) and a margin.
+    let budget = MAX_FAILURE_BYTES - 4096;
+    let reason = truncate_head(&reason, 4096);
+    let failure = failure.map(|mut f| {
+        f.host = truncate_head(&f.host, 256);
+        f.error_file = truncate_head(&f.error_file, 1024);
+        let left = budget.saturating_sub(reason.len() + f.host.len() + f.error_file.len());
+        f.message = truncate_head(&f.message, left / 4);
+        f.traceback = truncate_tail(&f.traceback, left - f.message.len());
+        f
+    });
+    (reason, failure)
 }
 
 /// Whether a status is the rendezvous refusing this node (not worth retrying).
@@ -196,12 +284,28 @@ fn is_refusal(code: Code) -> bool {
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+    rendezvous_server::status::error_chain(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_cut_to_what_the_server_accepts() {
+        let f = pb::Failure {
+            message: "m".repeat(100_000),
+            traceback: format!("{}the end", "é".repeat(100_000)),
+            ..Default::default()
+        };
+        let (reason, f) = fit_failure("r".repeat(10_000), Some(f));
+        let f = f.expect("kept");
+        let total = reason.len() + f.message.len() + f.traceback.len() + f.host.len();
+        assert!(total <= MAX_FAILURE_BYTES, "{total}");
+        assert!(
+            f.traceback.ends_with("the end"),
+            "the end of a traceback is kept"
+        );
+        assert!(f.message.starts_with('m'));
     }
-    s
 }

@@ -87,6 +87,9 @@ pub struct Config {
     pub exit_barrier_timeout: Duration,
     /// `--rdzv-conf`.
     pub rdzv: RdzvConf,
+    /// The rendezvous token (`token_file`, else `ACCEL_RDZV_TOKEN`): every
+    /// call carries it, and an embedded rendezvous requires it.
+    pub token: Option<rendezvous_server::Token>,
     /// `ROLE_NAME`.
     pub role: String,
     /// What the workers run.
@@ -125,6 +128,8 @@ impl Config {
         let (min_nodes, max_nodes) = parse_nnodes(&args.nnodes)?;
         let nproc_per_node = parse_nproc(&args.nproc_per_node)?;
         let rdzv = RdzvConf::parse(&args.rdzv_conf)?;
+        let token = rendezvous_server::config::client_token(rdzv.token_file.as_deref(), env)
+            .map_err(|e| bad(format!("--rdzv-conf token_file / ACCEL_RDZV_TOKEN: {e}")))?;
         let backend = args.rdzv_backend.as_str();
         let implicit_standalone = backend == "static"
             && args.rdzv_endpoint.is_empty()
@@ -249,6 +254,7 @@ impl Config {
             monitor_interval: args.monitor_interval,
             shutdown_timeout,
             exit_barrier_timeout: args.exit_barrier_timeout,
+            token,
             rdzv,
             role: args.role.clone(),
             entrypoint,

@@ -13,12 +13,16 @@ use tracing::{info, warn};
 use crate::config::{Config, Rendezvous};
 use crate::error::AgentError;
 
-/// An embedded rendezvous forgets finished jobs quickly, and its shutdown
-/// ends the job for every node.
-const EMBEDDED: rendezvous_server::ServeOptions = rendezvous_server::ServeOptions {
-    finished_job_ttl: Duration::from_secs(5),
-    may_rejoin_after_shutdown: false,
-};
+/// An embedded rendezvous forgets finished jobs quickly, its shutdown ends
+/// the job for every node, and it requires the agents' token if they have one.
+fn embedded(token: Option<rendezvous_server::Token>) -> rendezvous_server::ServeOptions {
+    rendezvous_server::ServeOptions {
+        finished_job_ttl: Duration::from_secs(5),
+        may_rejoin_after_shutdown: false,
+        token,
+        limits: rendezvous_server::Limits::default(),
+    }
+}
 
 /// Where the rendezvous is, starting it inside this agent when this node hosts it.
 pub(crate) async fn locate_rendezvous(
@@ -27,12 +31,16 @@ pub(crate) async fn locate_rendezvous(
 ) -> Result<(String, u16, Option<tokio::task::JoinHandle<()>>), AgentError> {
     let host_at = |addr: SocketAddr| {
         let stop = stop.clone();
+        let options = embedded(cfg.token.clone());
         async move {
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();
+            if options.token.is_none() && !addr.ip().is_loopback() {
+                warn!(port, "this agent serves the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
+            }
             let task = tokio::spawn(async move {
                 let shutdown = async move { stop.cancelled().await };
-                if let Err(e) = rendezvous_server::serve(listener, EMBEDDED, shutdown).await {
+                if let Err(e) = rendezvous_server::serve(listener, options, shutdown).await {
                     warn!(error = %e, "embedded rendezvous failed");
                 }
             });

@@ -1,9 +1,13 @@
 //! Command-line and environment configuration of `rdzv-server`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+
+use crate::auth::{Token, TokenError};
+use crate::limits::Limits;
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -20,6 +24,21 @@ pub struct ServerArgs {
     /// Log format.
     #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// File holding the token every agent must present (else the variable
+    /// RDZV_TOKEN holds it). Agents take the same token from
+    /// `--rdzv-conf token_file=PATH` or ACCEL_RDZV_TOKEN.
+    #[arg(long, env = "RDZV_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Serve a non-loopback address without a token: anyone who reaches the
+    /// port can then join, fail or stop any job. Only for isolated networks.
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
+    /// Most jobs held at once; joins of new jobs beyond it are refused.
+    #[arg(long, env = "RDZV_MAX_JOBS", default_value_t = Limits::default().max_jobs)]
+    pub max_jobs: usize,
+    /// Most nodes of one job (spares included); joins beyond it are refused.
+    #[arg(long, env = "RDZV_MAX_NODES_PER_JOB", default_value_t = Limits::default().max_nodes_per_job)]
+    pub max_nodes_per_job: u32,
     /// Without a subcommand, serve the rendezvous.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -41,7 +60,55 @@ pub enum Command {
         /// Only this job.
         #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
         job: Option<String>,
+        /// File holding the server's token (else ACCEL_RDZV_TOKEN or RDZV_TOKEN).
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
     },
+}
+
+impl ServerArgs {
+    /// The server's token: `--token-file`, else `RDZV_TOKEN` from `env`.
+    pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>, TokenError> {
+        Token::resolve(self.token_file.as_deref(), "RDZV_TOKEN", env)
+    }
+
+    /// The limits the flags set.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_jobs: self.max_jobs,
+            max_nodes_per_job: self.max_nodes_per_job,
+        }
+    }
+
+    /// Refuses to serve a non-loopback address without a token, unless
+    /// `--allow-unauthenticated` says so (then warns once).
+    pub fn check_exposure(&self, token: Option<&Token>) -> Result<(), String> {
+        if token.is_some() || self.bind.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.allow_unauthenticated {
+            tracing::warn!(bind = %self.bind, "serving without a token (--allow-unauthenticated): anyone who reaches this port can join, fail or stop any job");
+            return Ok(());
+        }
+        Err(format!(
+            "refusing to serve {} without a token: anyone who reaches it could join, fail or stop any job. \
+             Give --token-file PATH (or RDZV_TOKEN) and the same token to the agents, bind a loopback address, \
+             or pass --allow-unauthenticated on an isolated network",
+            self.bind
+        ))
+    }
+}
+
+/// The token a client (`status`, an agent) presents: `file` if given, else
+/// `ACCEL_RDZV_TOKEN`, else `RDZV_TOKEN`, looked up through `env`.
+pub fn client_token(
+    file: Option<&std::path::Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Token>, TokenError> {
+    match Token::resolve(file, "ACCEL_RDZV_TOKEN", env)? {
+        Some(t) => Ok(Some(t)),
+        None => Token::resolve(None, "RDZV_TOKEN", env),
+    }
 }
 
 /// Parses plain seconds (`30`, `0.5`) or a number with a unit (`500ms`, `30s`, `2m`, `1h`).

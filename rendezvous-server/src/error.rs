@@ -20,6 +20,12 @@ pub enum Error {
     /// The node is not a member of the job.
     #[error("node '{1}' is not a member of job '{0}'; join it first")]
     UnknownNode(String, String),
+    /// The call does not carry the node's session secret.
+    #[error("this request does not carry the session secret of node '{1}' in job '{0}'; a node can act only for itself")]
+    WrongSession(String, String),
+    /// A server limit would be exceeded.
+    #[error("{0}")]
+    LimitReached(String),
     /// The listener failed.
     #[error("serving the rendezvous failed: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -29,8 +35,11 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
             Error::Join(_) => Code::FailedPrecondition,
             Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
+            Error::WrongSession(..) => Code::PermissionDenied,
+            Error::LimitReached(_) => Code::ResourceExhausted,
             Error::Transport(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())

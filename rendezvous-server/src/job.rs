@@ -20,6 +20,18 @@
 //!
 //! Nodes beyond MAX wait as spares and take a freed slot in the next round.
 //!
+//! # Sessions
+//! Every member holds a [`Session`] secret, given to it in `Joined`. The
+//! service checks it with [`Job::authorize`] before any call that acts for a
+//! node; a resuming `Join` must present it too, except to a relearned job,
+//! which cannot know it and hands out a new one.
+//!
+//! # Deadlines
+//! [`Job::next_deadline`] says when the job next has periodic work (a
+//! liveness check, the end of a last call, progress due, expiry), so the
+//! service runs [`Job::tick`] only for jobs whose deadline is due instead of
+//! scanning every job on every tick.
+//!
 //! # Node ranks
 //! With static rendezvous a node asks for its rank and gets exactly it. With
 //! dynamic rendezvous the server assigns ranks: members of the previous round
@@ -38,15 +50,18 @@ mod decide;
 mod error;
 mod lifecycle;
 mod membership;
+mod session;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
-pub use decide::{decide, lost, rank_order, Decision};
-pub use error::JoinError;
+pub use decide::{decide, liveness, rank_order, Decision};
+pub use error::{AuthError, JoinError};
+pub use session::{constant_time_eq, Session, SESSION_BYTES};
 
 /// How often at most every member of a forming round is sent its progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -131,6 +146,10 @@ pub struct Member {
     pub succeeded: bool,
     /// Last sign of life, on the server's clock.
     pub last_seen: Instant,
+    /// The address its last `Join` or `Ready` came from, as the server saw it.
+    pub seen_from: Option<IpAddr>,
+    /// The secret its calls must carry.
+    session: Session,
     /// Order of arrival, a tie-breaker only.
     joined_seq: u64,
 }
@@ -168,6 +187,11 @@ pub struct Job {
     min_ready_since: Option<Instant>,
     /// When every member was last sent the round's progress.
     progress_sent: Option<Instant>,
+    /// No member can be lost before this instant (the earliest last sign of
+    /// life plus the keep-alive limit, as of the last scan).
+    next_liveness: Option<Instant>,
+    /// Since when the job has had no members (it expires after the TTL).
+    empty_since: Option<Instant>,
 }
 
 impl Job {
@@ -189,6 +213,8 @@ impl Job {
             next_seq: 0,
             min_ready_since: None,
             progress_sent: None,
+            next_liveness: None,
+            empty_since: None,
         }
     }
 
@@ -197,6 +223,9 @@ impl Job {
     /// of that round gets a placeholder that the node holding it claims when
     /// it reconnects; a rank nobody claims within the keep-alive limit is
     /// lost, and the job re-forms without it.
+    ///
+    /// The caller has checked `resume` against the job's bounds (the service's
+    /// `validate_join`): `node_rank < nnodes <= max_nodes`.
     pub fn relearn(
         now: Instant,
         id: impl Into<String>,
@@ -207,13 +236,20 @@ impl Job {
         job.phase = Phase::Running;
         job.round = resume.round;
         job.restart_count = resume.restart_count;
-        for rank in 0..resume.nnodes.max(resume.node_rank + 1) {
+        let nnodes = resume
+            .nnodes
+            .max(resume.node_rank.saturating_add(1))
+            .min(job.config.max_nodes);
+        for rank in 0..nnodes {
             let id = format!("{ABSENT}{rank}");
             job.insert(
                 now,
                 id.clone(),
                 "(not reconnected yet)".into(),
                 req.node_rank.map(|_| rank),
+                // Nobody can present a placeholder's secret: it is claimed by
+                // a resuming join (which gets a new one), never authorized.
+                PLACEHOLDER_SESSION,
             );
             if let Some(m) = job.members.get_mut(&id) {
                 m.rank = Some(rank);
@@ -247,32 +283,89 @@ impl Job {
     pub fn members(&self) -> &BTreeMap<String, Member> {
         &self.members
     }
+    /// Node ids of the running (or last) round, in node-rank order.
+    pub fn participants(&self) -> &[String] {
+        &self.participants
+    }
+    /// Records the address a member's calls come from (`None`: unknown).
+    pub fn seen_from(&mut self, node_id: &str, from: Option<IpAddr>) {
+        if let (Some(m), Some(ip)) = (self.members.get_mut(node_id), from) {
+            m.seen_from = Some(ip);
+        }
+    }
     /// The first failure of the latest failed round, if any.
     pub fn last_failure(&self) -> Option<&str> {
         self.last_failure.as_deref()
     }
 
-    /// Whether a finished job has been kept for `ttl` and may be forgotten.
+    /// Whether the job may be forgotten: it finished `ttl` ago, or it has had
+    /// no members for `ttl`. Its id can then be used for a new job.
     pub fn expired(&self, now: Instant, ttl: Duration) -> bool {
-        self.members.is_empty()
-            && self
-                .finished_at
-                .is_some_and(|t| now.saturating_duration_since(t) >= ttl)
+        self.expires_at(ttl).is_some_and(|t| now >= t)
     }
 
-    /// A node is ready for `round`, offering its store endpoint.
+    fn expires_at(&self, ttl: Duration) -> Option<Instant> {
+        let since = if self.phase.is_terminal() {
+            self.finished_at
+        } else if self.members.is_empty() {
+            self.empty_since
+        } else {
+            None
+        }?;
+        Some(since.checked_add(ttl).unwrap_or(since))
+    }
+
+    /// When this job next has periodic work for [`Job::tick`] (or may be
+    /// forgotten, given `ttl`); `None`: not until something happens to it.
+    pub fn next_deadline(&self, now: Instant, ttl: Duration) -> Option<Instant> {
+        let mut due = self.expires_at(ttl);
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                due = Some(due.map_or(t, |d| d.min(t)));
+            }
+        };
+        if !self.phase.is_terminal() {
+            consider(self.next_liveness);
+        }
+        let forming = decide(now, self);
+        if let (false, Decision::Wait { last_call_ends, .. }) = (self.members.is_empty(), forming) {
+            consider(last_call_ends);
+            consider(Some(
+                self.progress_sent
+                    .map_or(now, |t| t.checked_add(PROGRESS_EVERY).unwrap_or(t)),
+            ));
+        }
+        due
+    }
+
+    /// Checks that `session` is `node_id`'s secret.
+    pub fn authorize(&self, node_id: &str, session: &[u8]) -> Result<(), AuthError> {
+        match self.members.get(node_id) {
+            None => Err(AuthError::NotMember),
+            Some(_) if node_id.starts_with(ABSENT) => Err(AuthError::NotMember),
+            Some(m) if m.session.matches(session) => Ok(()),
+            Some(_) => Err(AuthError::WrongSession),
+        }
+    }
+
+    /// A node is ready for `round`, offering its store endpoint; `from`: the
+    /// address the call came from.
     pub fn ready(
         &mut self,
         now: Instant,
         node_id: &str,
         round: u64,
         master: (String, u32),
+        from: Option<IpAddr>,
     ) -> Vec<Outbound> {
         let forming = round == self.round && self.phase == Phase::Forming;
         let Some(m) = self.members.get_mut(node_id) else {
             return Vec::new();
         };
         m.last_seen = now;
+        if from.is_some() {
+            m.seen_from = from;
+        }
         if !forming {
             return Vec::new();
         }
@@ -314,7 +407,7 @@ impl Job {
         self.last_failure = Some(reason.clone());
         self.root_cause = detail;
         if self.restart_count < self.config.max_restarts {
-            self.restart_count += 1;
+            self.restart_count = self.restart_count.saturating_add(1);
             return self.restart(reason, true);
         }
         let reason = format!(
@@ -350,7 +443,10 @@ impl Job {
             return Vec::new();
         };
         if m.ready.is_some() {
-            self.ready -= 1;
+            self.ready = self.ready.saturating_sub(1);
+        }
+        if self.members.is_empty() {
+            self.empty_since = Some(now);
         }
         match self.phase {
             // A node whose workers succeeded may go; the others finish the round.
@@ -364,10 +460,16 @@ impl Job {
     }
 
     /// Periodic work: lost nodes, the last call, rate-limited progress.
+    /// O(members) when a liveness check is due, O(1) otherwise (plus the
+    /// events it sends).
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
         let mut out = Vec::new();
-        for id in lost(now, self) {
-            out.extend(self.leave(now, &id, "no keep-alive in time"));
+        if self.next_liveness.is_some_and(|t| now >= t) {
+            let (lost, next) = liveness(now, self);
+            self.next_liveness = next;
+            for id in lost {
+                out.extend(self.leave(now, &id, "no keep-alive in time"));
+            }
         }
         // step() completes the round if the last call ended and reports
         // progress when due; otherwise it does nothing.
@@ -377,22 +479,31 @@ impl Job {
 
     /// Ends the job for everyone (server shutdown); `may_rejoin`: the server
     /// may come back and relearn the job.
-    pub fn close(&mut self, reason: &str, may_rejoin: bool) -> Vec<Outbound> {
+    pub fn close(&mut self, now: Instant, reason: &str, may_rejoin: bool) -> Vec<Outbound> {
         let out = self.broadcast(Kind::JobClosed(pb::JobClosed {
             reason: reason.to_owned(),
             may_rejoin,
         }));
         self.members.clear();
+        self.empty_since = Some(now);
         out
     }
 }
 
-fn joined(node_id: &str, round: u64, resumed: bool) -> Outbound {
+fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outbound {
     Outbound {
         to: node_id.to_owned(),
-        event: Kind::Joined(pb::Joined { round, resumed }),
+        event: Kind::Joined(pb::Joined {
+            round,
+            resumed,
+            session: session.to_vec(),
+        }),
     }
 }
+
+/// A placeholder's secret: never handed out, and [`Job::authorize`] refuses
+/// placeholder ids whatever is presented.
+const PLACEHOLDER_SESSION: Session = Session::from_bytes([0; SESSION_BYTES]);
 
 #[cfg(test)]
 mod tests;

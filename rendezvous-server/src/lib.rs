@@ -7,15 +7,23 @@
 //!
 //! # Layout
 //! - [`job`]: one job's state machine and the pure [`job::decide`] function;
-//! - [`service`]: the gRPC handlers and the registry of jobs by `rdzv_id`;
+//! - [`registry`]: every job by `rdzv_id`, their streams and deadlines;
+//! - [`service`]: the gRPC handlers;
+//! - [`auth`]: the token every call carries, and nodes' session secrets;
+//! - [`limits`]: bounds on every request, and escaping of stored text;
+//! - [`outbox`]: each node's bounded event queue;
 //! - [`config`]: `rdzv-server`'s flags;
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod job;
+pub mod limits;
+pub mod outbox;
+pub mod registry;
 pub mod service;
 pub mod signal;
 pub mod status;
@@ -29,20 +37,27 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 use tracing::info;
 
+pub use auth::Token;
 pub use error::Error;
-pub use service::{Registry, RendezvousService};
+pub use limits::Limits;
+pub use registry::Registry;
+pub use service::RendezvousService;
 
 /// How often lost nodes and finished jobs are looked for.
 const TICK: Duration = Duration::from_millis(100);
 
 /// How a rendezvous is served.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// How long a finished job is remembered after its last node left.
+    /// How long a finished job (or one without members) is remembered.
     pub finished_job_ttl: Duration,
     /// Whether nodes may rejoin after a shutdown: true for the daemon (it may
     /// be restarted and relearn the jobs), false inside an agent (its job is over).
     pub may_rejoin_after_shutdown: bool,
+    /// The token every call must carry (`None`: any caller is admitted).
+    pub token: Option<Token>,
+    /// How much the server holds at most.
+    pub limits: Limits,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -52,7 +67,7 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let registry = Registry::new(options.finished_job_ttl);
+    let registry = Registry::new(options.finished_job_ttl, options.limits);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<RendezvousServer<RendezvousService>>()
@@ -76,9 +91,15 @@ pub async fn serve(
         s
     });
     let closing = registry.clone();
+    let rendezvous = RendezvousServer::new(RendezvousService::new(registry))
+        .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
+    let rendezvous = tonic::service::interceptor::InterceptedService::new(
+        rendezvous,
+        auth::RequireToken::new(options.token.clone()),
+    );
     let result = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(RendezvousServer::new(RendezvousService::new(registry)))
+        .add_service(rendezvous)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             info!("shutting down: closing every job's streams");

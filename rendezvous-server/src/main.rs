@@ -3,11 +3,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use rendezvous_server::config::{Command, ServerArgs};
+use rendezvous_server::config::{client_token, Command, ServerArgs};
 
 fn main() -> ExitCode {
     let args = ServerArgs::parse();
     init_tracing(&args.log_format);
+    let env = |k: &str| std::env::var(k).ok();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -15,8 +16,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Status { endpoint, job }) = &args.command {
-        return match runtime.block_on(rendezvous_server::status::report(endpoint, job.as_deref())) {
+    if let Some(Command::Status {
+        endpoint,
+        job,
+        token_file,
+    }) = &args.command
+    {
+        let report = async {
+            let token = client_token(token_file.as_deref(), &env).map_err(|e| e.to_string())?;
+            rendezvous_server::status::report(endpoint, job.as_deref(), token.as_ref())
+                .await
+                .map_err(|e| e.to_string())
+        };
+        return match runtime.block_on(report) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -27,6 +39,16 @@ fn main() -> ExitCode {
             }
         };
     }
+    let token = match args.token(&env).map_err(|e| e.to_string()).and_then(|t| {
+        args.check_exposure(t.as_ref())?;
+        Ok(t)
+    }) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("rdzv-server: {e}");
+            return ExitCode::from(2);
+        }
+    };
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {
             Ok(l) => l,
@@ -39,19 +61,16 @@ fn main() -> ExitCode {
             }
         };
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "rdzv-server listening");
+            tracing::info!(%addr, authenticated = token.is_some(), "rdzv-server listening");
         }
+        let options = rendezvous_server::ServeOptions {
+            finished_job_ttl: args.finished_job_ttl,
+            may_rejoin_after_shutdown: true,
+            token,
+            limits: args.limits(),
+        };
         let shutdown = rendezvous_server::signal::shutdown();
-        match rendezvous_server::serve(
-            listener,
-            rendezvous_server::ServeOptions {
-                finished_job_ttl: args.finished_job_ttl,
-                may_rejoin_after_shutdown: true,
-            },
-            shutdown,
-        )
-        .await
-        {
+        match rendezvous_server::serve(listener, options, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rdzv-server: {e}");

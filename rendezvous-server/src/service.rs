@@ -1,176 +1,29 @@
-//! The gRPC face of the rendezvous: thin handlers that lock the registry,
-//! call the pure [`Job`] state machine and forward its events.
+//! The gRPC face of the rendezvous: thin handlers that check the request's
+//! bounds and the caller's session secret, then call one method of the
+//! [`Job`] state machine through the [`Registry`].
 //!
-//! Each node's `Join` stream is an unbounded channel; sending never blocks
-//! while the registry lock is held. When a node's stream is dropped (its agent
-//! exited, was killed, or lost its connection), a guard in the stream tells
-//! the registry at once, so a dead agent is noticed by the transport, not by a
-//! timeout.
+//! The token is checked before any handler runs ([`crate::auth`]); every
+//! handler here then checks sizes and ranges ([`crate::limits`]) and, for a
+//! call that acts for a node, that it carries that node's session secret.
+//! Text that will be stored and printed (failure reasons, tracebacks) is
+//! escaped here, once.
+//!
+//! When a node's stream is dropped (its agent exited, was killed, or lost its
+//! connection), the stream tells the registry at once, so a dead agent is
+//! noticed by the transport, not by a timeout.
 
-use std::collections::HashMap;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::net::IpAddr;
+use std::time::Instant;
 
 use accel_proto::v1 as pb;
 use pb::rendezvous_server::Rendezvous;
-use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
 
+use crate::auth::new_session;
 use crate::error::Error;
-use crate::job::{Job, JobConfig, Outbound};
-
-type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
-
-#[derive(Debug, Default)]
-struct Entry {
-    job: Option<Job>,
-    /// Each member's current stream, tagged with a number so that the end of
-    /// a stream a reconnected node replaced is not taken for the node leaving.
-    streams: HashMap<String, (u64, EventTx)>,
-}
-
-static NEXT_STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// Every job the server knows, keyed by `rdzv_id`.
-#[derive(Debug, Clone)]
-pub struct Registry {
-    inner: Arc<Mutex<HashMap<String, Entry>>>,
-    finished_ttl: Duration,
-}
-
-impl Registry {
-    /// An empty registry that forgets a finished job `finished_ttl` after its
-    /// last node left.
-    pub fn new(finished_ttl: Duration) -> Self {
-        Self {
-            inner: Arc::default(),
-            finished_ttl,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        // A poisoned lock means a handler panicked mid-update; the state machine
-        // methods do not panic, so keep serving with what is there.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `f` on job `job_id` and delivers the events it returns.
-    fn with_job<R>(
-        &self,
-        job_id: &str,
-        f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
-    ) -> Option<R> {
-        let mut jobs = self.lock();
-        let entry = jobs.get_mut(job_id)?;
-        let job = entry.job.as_mut()?;
-        let (r, out) = f(job);
-        let terminal = job.phase().is_terminal();
-        deliver(entry, out);
-        if terminal {
-            // The job is over: end every stream so agents see the end and a
-            // hosting agent can shut its embedded server down gracefully.
-            entry.streams.clear();
-        } else if let Some(job) = entry
-            .job
-            .as_ref()
-            .filter(|j| entry.streams.len() > j.members().len())
-        {
-            // A node the job dropped (lost, left) loses its stream: if it is in
-            // fact alive, it learns so when it reconnects. (Checked only when
-            // membership shrank, to keep each call O(log n).)
-            entry.streams.retain(|id, _| job.members().contains_key(id));
-        }
-        Some(r)
-    }
-
-    /// Periodic housekeeping: lost nodes, forgotten jobs.
-    pub fn tick(&self, now: Instant) {
-        let ids: Vec<String> = self.lock().keys().cloned().collect();
-        for id in ids {
-            self.with_job(&id, |job| ((), job.tick(now)));
-        }
-        let ttl = self.finished_ttl;
-        self.lock()
-            .retain(|_, e| e.job.as_ref().is_some_and(|j| !j.expired(now, ttl)));
-    }
-
-    /// Ends every job's streams (server shutdown).
-    pub fn close_all(&self, reason: &str, may_rejoin: bool) {
-        let mut jobs = self.lock();
-        for entry in jobs.values_mut() {
-            if let Some(job) = entry.job.as_mut() {
-                let out = job.close(reason, may_rejoin);
-                deliver(entry, out);
-            }
-            entry.streams.clear();
-        }
-    }
-
-    /// A node leaves: its stream goes first (so the job's own bookkeeping
-    /// stays O(log n)), then the job learns. With `stream`, only if that
-    /// stream is still the node's current one (a reconnected node replaced it).
-    fn depart(&self, job_id: &str, node_id: &str, reason: &str, stream: Option<u64>) {
-        let now = Instant::now();
-        let mut jobs = self.lock();
-        let Some(entry) = jobs.get_mut(job_id) else {
-            return;
-        };
-        match (stream, entry.streams.get(node_id)) {
-            (Some(s), Some((current, _))) if *current != s => return,
-            (Some(_), None) => return, // already dropped by the job
-            _ => {}
-        }
-        entry.streams.remove(node_id);
-        let Some(job) = entry.job.as_mut() else {
-            return;
-        };
-        if stream.is_some() && job.members().contains_key(node_id) && !job.phase().is_terminal() {
-            warn!(job = job_id, node = node_id, "node's stream ended");
-        }
-        let out = job.leave(now, node_id, reason);
-        deliver(entry, out);
-    }
-}
-
-fn deliver(entry: &mut Entry, out: Vec<Outbound>) {
-    for o in out {
-        if let Some((_, tx)) = entry.streams.get(&o.to) {
-            // A closed receiver is a node on its way out; its guard reports it.
-            let _ = tx.send(Ok(pb::Event {
-                kind: Some(o.event),
-            }));
-        }
-    }
-}
-
-/// The event stream of one node; tells the registry when it is dropped.
-#[derive(Debug)]
-pub struct NodeStream {
-    rx: mpsc::UnboundedReceiver<Result<pb::Event, Status>>,
-    registry: Registry,
-    job_id: String,
-    node_id: String,
-    stream: u64,
-}
-
-impl Stream for NodeStream {
-    type Item = Result<pb::Event, Status>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for NodeStream {
-    fn drop(&mut self) {
-        let why = "its connection to the rendezvous ended";
-        self.registry
-            .depart(&self.job_id, &self.node_id, why, Some(self.stream));
-    }
-}
+use crate::job::Job;
+use crate::limits::{self, printable, printable_failure};
+use crate::registry::{NodeStream, Registry};
 
 /// The `accel.rendezvous.v1.Rendezvous` service.
 #[derive(Debug, Clone)]
@@ -184,39 +37,32 @@ impl RendezvousService {
         Self { registry }
     }
 
-    fn on_job<R>(
+    /// Runs `f` for the node a request names, once its secret is checked.
+    fn for_node<R>(
         &self,
         job_id: &str,
-        f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
+        node_id: &str,
+        session: &[u8],
+        f: impl FnOnce(&mut Job, Instant) -> (R, Vec<crate::job::Outbound>),
     ) -> Result<R, Error> {
+        let now = Instant::now();
         self.registry
-            .with_job(job_id, f)
-            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))
+            .for_node(now, job_id, node_id, session, |job| f(job, now))
     }
 }
 
-fn required(field: &'static str, value: &str) -> Result<(), Error> {
-    if value.is_empty() {
-        return Err(Error::InvalidArgument(format!("{field} must not be empty")));
-    }
-    Ok(())
+/// The caller's IP address, IPv4-mapped IPv6 shown as IPv4.
+fn peer<T>(request: &Request<T>) -> Option<IpAddr> {
+    request.remote_addr().map(|a| a.ip().to_canonical())
 }
 
-fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
-    required("job_id", &req.job_id)?;
-    required("node_id", &req.node_id)?;
-    if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
-        return Err(Error::InvalidArgument(format!(
-            "nnodes {}:{} is invalid; need 0 < MIN <= MAX",
-            req.min_nodes, req.max_nodes
-        )));
+/// A call for a node that is not (or no longer) a member changes nothing;
+/// only a wrong secret is an error.
+fn ignore_non_member(r: Result<(), Error>) -> Result<(), Error> {
+    match r {
+        Err(Error::UnknownNode(..)) => Ok(()),
+        other => other,
     }
-    if req.nproc_per_node == 0 {
-        return Err(Error::InvalidArgument(
-            "nproc_per_node must be at least 1".into(),
-        ));
-    }
-    Ok(())
 }
 
 #[tonic::async_trait]
@@ -227,58 +73,25 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::JoinRequest>,
     ) -> Result<Response<NodeStream>, Status> {
+        let from = peer(&request);
         let req = request.into_inner();
-        validate_join(&req)?;
-        let now = Instant::now();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let stream = NEXT_STREAM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        {
-            let mut jobs = self.registry.lock();
-            let entry = jobs.entry(req.job_id.clone()).or_default();
-            let job = entry.job.get_or_insert_with(|| match &req.resume {
-                // This server does not know the job (it restarted): relearn it.
-                Some(resume) => {
-                    info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
-                    Job::relearn(now, req.job_id.clone(), &req, resume)
-                }
-                None => Job::new(req.job_id.clone(), JobConfig::from_join(&req)),
-            });
-            let out = match job.join(now, &req.node_id, &req) {
-                Ok(out) => out,
-                Err(e) => {
-                    if job.members().is_empty() {
-                        jobs.remove(&req.job_id);
-                    }
-                    return Err(Error::from(e).into());
-                }
-            };
-            info!(job = %req.job_id, node = %req.node_id, host = %req.hostname, resume = req.resume.is_some(), "node joined");
-            entry.streams.insert(req.node_id.clone(), (stream, tx));
-            deliver(entry, out);
-        }
-        Ok(Response::new(NodeStream {
-            rx,
-            registry: self.registry.clone(),
-            job_id: req.job_id,
-            node_id: req.node_id,
-            stream,
-        }))
+        limits::check_join(&req, self.registry.limits())?;
+        let stream = self
+            .registry
+            .join(Instant::now(), &req, from, new_session()?)?;
+        Ok(Response::new(stream))
     }
 
     async fn ready(&self, request: Request<pb::ReadyRequest>) -> Result<Response<pb::Ack>, Status> {
+        let from = peer(&request);
         let r = request.into_inner();
-        let now = Instant::now();
-        self.on_job(&r.job_id, |job| {
-            (
-                (),
-                job.ready(
-                    now,
-                    &r.node_id,
-                    r.round,
-                    (r.master_addr.clone(), r.master_port),
-                ),
-            )
-        })?;
+        limits::check_ready(&r)?;
+        let master = (r.master_addr.clone(), r.master_port);
+        ignore_non_member(
+            self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
+                ((), job.ready(now, &r.node_id, r.round, master, from))
+            }),
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -287,13 +100,9 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        let now = Instant::now();
-        let known = self.on_job(&r.job_id, |job| {
+        self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
             (job.keep_alive(now, &r.node_id), Vec::new())
         })?;
-        if !known {
-            return Err(Error::UnknownNode(r.job_id, r.node_id).into());
-        }
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -302,26 +111,25 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::ReportFailureRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        let now = Instant::now();
-        let host = self
-            .on_job(&r.job_id, |job| {
-                (
-                    job.members().get(&r.node_id).map(|m| m.hostname.clone()),
-                    Vec::new(),
-                )
-            })?
-            .unwrap_or_else(|| r.node_id.clone());
-        let reason = format!(
-            "worker rank {} (local rank {}) on host '{}' {}",
-            r.global_rank, r.local_rank, host, r.reason
-        );
-        warn!(job = %r.job_id, round = r.round, %reason, "worker failure reported");
-        self.on_job(&r.job_id, |job| {
-            (
-                (),
-                job.failure(now, &r.node_id, r.round, reason, r.failure.clone()),
-            )
-        })?;
+        limits::check_failure(&r)?;
+        let detail = r.failure.as_ref().map(printable_failure);
+        ignore_non_member(
+            self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
+                let host = job
+                    .members()
+                    .get(&r.node_id)
+                    .map(|m| m.hostname.clone())
+                    .unwrap_or_default();
+                let reason = format!(
+                    "worker rank {} (local rank {}) on host '{}' {}",
+                    r.global_rank,
+                    r.local_rank,
+                    host,
+                    printable(&r.reason)
+                );
+                ((), job.failure(now, &r.node_id, r.round, reason, detail))
+            }),
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -330,15 +138,28 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::ReportSuccessRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        let now = Instant::now();
-        self.on_job(&r.job_id, |job| ((), job.success(now, &r.node_id, r.round)))?;
+        ignore_non_member(
+            self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
+                ((), job.success(now, &r.node_id, r.round))
+            }),
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        info!(job = %r.job_id, node = %r.node_id, reason = %r.reason, "node left");
-        self.registry.depart(&r.job_id, &r.node_id, &r.reason, None);
+        limits::check_reason(&r.reason)?;
+        // Only the node itself may take itself out of the job.
+        ignore_non_member(
+            self.for_node(&r.job_id, &r.node_id, &r.session, |_, _| ((), Vec::new())),
+        )?;
+        self.registry.depart(
+            Instant::now(),
+            &r.job_id,
+            &r.node_id,
+            &printable(&r.reason),
+            None,
+        );
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -346,54 +167,18 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusResponse>, Status> {
-        let want = request.into_inner().job_id;
-        let jobs = self.registry.lock();
-        let mut out: Vec<pb::JobInfo> = jobs
-            .values()
-            .filter_map(|e| e.job.as_ref())
-            .filter(|j| want.is_empty() || j.id() == want)
-            .map(job_info)
-            .collect();
-        out.sort_by(|a, b| a.job_id.cmp(&b.job_id));
-        if !want.is_empty() && out.is_empty() {
-            return Err(Error::UnknownJob(want).into());
+        let r = request.into_inner();
+        if r.job_id.len() > limits::MAX_NAME_BYTES || r.page_token.len() > limits::MAX_NAME_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "job_id and page_token are at most {} bytes",
+                limits::MAX_NAME_BYTES
+            ))
+            .into());
         }
-        Ok(Response::new(pb::JobStatusResponse { jobs: out }))
-    }
-}
-
-fn node_state(job: &Job, m: &crate::job::Member) -> &'static str {
-    use crate::job::Phase;
-    match (job.phase(), m.rank, m.ready.is_some()) {
-        (Phase::Running, Some(_), _) if m.succeeded => "succeeded",
-        (Phase::Running, Some(_), _) => "running",
-        (Phase::Running, None, _) => "spare",
-        (Phase::Forming, _, true) => "ready",
-        (Phase::Forming, _, false) => "joining",
-        _ => "done",
-    }
-}
-
-fn job_info(job: &Job) -> pb::JobInfo {
-    let c = job.config();
-    pb::JobInfo {
-        job_id: job.id().to_owned(),
-        phase: job.phase().name().to_owned(),
-        round: job.round(),
-        restart_count: job.restart_count(),
-        max_restarts: c.max_restarts,
-        min_nodes: c.min_nodes,
-        max_nodes: c.max_nodes,
-        nodes: job
-            .members()
-            .iter()
-            .map(|(id, m)| pb::NodeStatus {
-                node_id: id.clone(),
-                hostname: m.hostname.clone(),
-                node_rank: m.rank,
-                state: node_state(job, m).to_owned(),
-            })
-            .collect(),
-        last_failure: job.last_failure().unwrap_or_default().to_owned(),
+        Ok(Response::new(self.registry.status(
+            &r.job_id,
+            r.page_size,
+            &r.page_token,
+        )?))
     }
 }

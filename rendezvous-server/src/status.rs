@@ -6,6 +6,8 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 use pb::rendezvous_client::RendezvousClient;
 
+use crate::auth::{AttachToken, Token};
+
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -14,13 +16,12 @@ pub enum StatusError {
     #[error("'{0}' is not a rendezvous endpoint; give HOST:PORT")]
     BadEndpoint(String),
     /// The server could not be reached.
-    #[error("cannot reach the rendezvous at {endpoint}: {source}")]
+    #[error("cannot reach the rendezvous at {endpoint}: {cause}; is rdzv-server running there?")]
     Connect {
         /// The endpoint.
         endpoint: String,
-        /// The cause.
-        #[source]
-        source: tonic::transport::Error,
+        /// The cause, with its sources.
+        cause: String,
     },
     /// The server answered with an error.
     #[error("the rendezvous at {endpoint} answered: {message}")]
@@ -32,31 +33,61 @@ pub enum StatusError {
     },
 }
 
-/// The status of every job (or of `job`) at `endpoint`, as text.
-pub async fn report(endpoint: &str, job: Option<&str>) -> Result<String, StatusError> {
+/// `e` and its sources, joined: a transport error's own text is often only
+/// "transport error".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The status of every job (or of `job`) at `endpoint`, as text; every page
+/// of a server with many jobs is fetched. `token`: the server's token, if it
+/// has one.
+pub async fn report(
+    endpoint: &str,
+    job: Option<&str>,
+    token: Option<&Token>,
+) -> Result<String, StatusError> {
     let uri = format!("http://{endpoint}");
     let channel = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|_| StatusError::BadEndpoint(endpoint.to_owned()))?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|source| StatusError::Connect {
+        .map_err(|e| StatusError::Connect {
             endpoint: endpoint.to_owned(),
-            source,
+            cause: error_chain(&e),
         })?;
-    let mut request = tonic::Request::new(pb::JobStatusRequest {
-        job_id: job.unwrap_or_default().to_owned(),
-    });
-    request.set_timeout(Duration::from_secs(10));
-    let jobs = RendezvousClient::new(channel)
-        .job_status(request)
-        .await
-        .map_err(|s| StatusError::Call {
-            endpoint: endpoint.to_owned(),
-            message: s.message().to_owned(),
-        })?
-        .into_inner()
-        .jobs;
+    let mut client = RendezvousClient::with_interceptor(channel, AttachToken::new(token));
+    let mut jobs = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let mut request = tonic::Request::new(pb::JobStatusRequest {
+            job_id: job.unwrap_or_default().to_owned(),
+            page_size: 0,
+            page_token,
+        });
+        request.set_timeout(Duration::from_secs(10));
+        let page = client
+            .job_status(request)
+            .await
+            .map_err(|s| StatusError::Call {
+                endpoint: endpoint.to_owned(),
+                message: s.message().to_owned(),
+            })?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
     Ok(render(&jobs))
 }
 
@@ -75,13 +106,7 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
         let _ = writeln!(
             out,
             "job {}  phase {}  round {}  restarts {}/{}  nnodes {}  members {}",
-            j.job_id,
-            j.phase,
-            j.round,
-            j.restart_count,
-            j.max_restarts,
-            nnodes,
-            j.nodes.len()
+            j.job_id, j.phase, j.round, j.restart_count, j.max_restarts, nnodes, j.node_count
         );
         if !j.last_failure.is_empty() {
             let _ = writeln!(out, "  last failure: {}", j.last_failure);
@@ -95,6 +120,10 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
                 "  node {}  host {}  rank {}  {}",
                 n.node_id, n.hostname, rank, n.state
             );
+        }
+        let unlisted = (j.node_count as usize).saturating_sub(j.nodes.len());
+        if unlisted > 0 {
+            let _ = writeln!(out, "  ... and {unlisted} more nodes");
         }
     }
     out

@@ -155,8 +155,16 @@ impl Server {
 
     /// Starts `rdzv-server --bind BIND` and waits until it listens.
     pub fn start_at(bind: &str) -> Self {
+        Self::start_with(bind, &[], &[])
+    }
+
+    /// Starts `rdzv-server --bind BIND ARGS` with `env` added, and waits
+    /// until it listens.
+    pub fn start_with(bind: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(bin("rdzv-server"))
             .args(["--bind", bind])
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

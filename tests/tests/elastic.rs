@@ -221,7 +221,9 @@ fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
 #[test]
 fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
     let hosts: Vec<Netns> = (1..=3).map(|i| Netns::create(77, i)).collect();
-    let server = Server::start_at("0.0.0.0:0");
+    // A server on a routable address needs a token; the agents present it.
+    let token = "elastic-test-token-0123456789";
+    let server = Server::start_with("0.0.0.0:0", &[], &[("RDZV_TOKEN", token)]);
     let port = server.addr.rsplit(':').next().expect("port").to_owned();
     let dir = scratch("netns");
     let rec = dir.to_string_lossy().to_string();
@@ -260,6 +262,7 @@ fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
                     ("AGENT_TAG", &tag),
                     ("RECORD_EACH_ROUND", "1"),
                     ("RUN_FOR", "10"),
+                    ("ACCEL_RDZV_TOKEN", token),
                 ],
             )
         })

@@ -106,7 +106,13 @@ impl Session<'_> {
         let endpoint = self.endpoint.clone();
         let mut pending: Option<Exit> = None;
         let result = {
-            let attempt = rejoin(cfg, &endpoint, self.join_req.clone(), Some(resume));
+            let session = self.client.session().to_vec();
+            let attempt = rejoin(
+                cfg,
+                &endpoint,
+                self.join_req.clone(),
+                Some((resume, session)),
+            );
             tokio::pin!(attempt);
             loop {
                 let live = group.as_ref().is_some_and(|g| !g.all_ended());

@@ -30,6 +30,9 @@ pub struct RdzvConf {
     /// How long an agent that lost the rendezvous keeps its workers while it
     /// reconnects (accel's own key).
     pub reconnect_grace: Duration,
+    /// File holding the rendezvous token (accel's own key; else the
+    /// variable `ACCEL_RDZV_TOKEN` holds it).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RdzvConf {
@@ -44,12 +47,14 @@ impl Default for RdzvConf {
             is_host: None,
             timeout: Duration::from_secs(900),
             reconnect_grace: Duration::from_secs(60),
+            token_file: None,
         }
     }
 }
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
-                         keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace";
+                         keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
+                         token_file";
 
 impl RdzvConf {
     /// Parses `k1=v1,k2=v2`; unknown keys and keys without a value are errors.
@@ -72,6 +77,10 @@ impl RdzvConf {
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
+                "token_file" if value.is_empty() => {
+                    return Err(bad("--rdzv-conf token_file needs a path"))
+                }
+                "token_file" => c.token_file = Some(value.into()),
                 "keep_alive_max_attempt" => {
                     c.keep_alive_max_attempt = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                         bad(format!("--rdzv-conf keep_alive_max_attempt: '{value}' is not a positive integer"))

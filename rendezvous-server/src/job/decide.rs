@@ -2,7 +2,7 @@
 //! the node-rank order. Each reads a [`Job`] and the current instant and
 //! changes nothing.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Job, Phase};
 
@@ -48,7 +48,8 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     if !job.participants.is_empty() && ready as usize == job.members.len() {
         return Decision::Complete(rank_order(job));
     }
-    let ends = job.min_ready_since.unwrap_or(now) + c.last_call;
+    let since = job.min_ready_since.unwrap_or(now);
+    let ends = since.checked_add(c.last_call).unwrap_or(since);
     if now >= ends {
         return Decision::Complete(rank_order(job));
     }
@@ -60,19 +61,30 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
 }
 
 /// Members silent for longer than the job's keep-alive limit, on the
-/// server's clock. O(members); run from the periodic tick only.
-pub fn lost(now: Instant, job: &Job) -> Vec<String> {
+/// server's clock, and the earliest instant another member could be lost
+/// (`None`: none can). O(members); run only when a liveness check is due.
+pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
     let Some(dead_after) = job.config.dead_after else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     if job.phase.is_terminal() {
-        return Vec::new();
+        return (Vec::new(), None);
     }
-    job.members
-        .iter()
-        .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > dead_after)
-        .map(|(id, _)| id.clone())
-        .collect()
+    let mut lost = Vec::new();
+    let mut next: Option<Instant> = None;
+    for (id, m) in &job.members {
+        if now.saturating_duration_since(m.last_seen) > dead_after {
+            lost.push(id.clone());
+        } else {
+            // Lost strictly after the limit: check again just past it.
+            let at = m
+                .last_seen
+                .checked_add(dead_after + Duration::from_millis(1))
+                .unwrap_or(now);
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    }
+    (lost, next)
 }
 
 /// Ready members in node-rank order, at most MAX (see the module docs of

@@ -44,6 +44,14 @@ pub enum JoinError {
         /// The node id.
         node: String,
     },
+    /// A reconnecting member did not present its session secret.
+    #[error("node id '{node}' is a member of job '{job}', but this request does not carry its session secret; a node can only resume itself")]
+    WrongSession {
+        /// The job id.
+        job: String,
+        /// The node id.
+        node: String,
+    },
     /// The job is over.
     #[error("job '{job}' has already {outcome}; start new jobs with a new --rdzv-id")]
     Finished {
@@ -52,4 +60,16 @@ pub enum JoinError {
         /// `succeeded` or `failed`.
         outcome: &'static str,
     },
+}
+
+/// Why a call may not act for a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// The node is not a member of the job.
+    #[error("the node is not a member of the job")]
+    NotMember,
+    /// The call does not carry the node's session secret.
+    #[error("the request does not carry the node's session secret")]
+    WrongSession,
 }

@@ -85,12 +85,17 @@ impl Job {
                     round: self.round,
                     node_rank: rank,
                     nnodes,
-                    world_size: nnodes * nproc,
-                    base_rank: rank * nproc,
+                    world_size: nnodes.saturating_mul(nproc),
+                    base_rank: rank.saturating_mul(nproc),
                     restart_count: self.restart_count,
                     max_restarts: self.config.max_restarts,
                     master_addr: master_addr.clone(),
                     master_port,
+                    member_addrs: if rank == 0 {
+                        self.member_addrs(&order)
+                    } else {
+                        Vec::new()
+                    },
                 }),
             });
         }
@@ -119,9 +124,26 @@ impl Job {
         out
     }
 
+    /// Where the nodes of `order` are: the address each offered and the one
+    /// its calls came from, without repeats (node rank 0's store admits them).
+    fn member_addrs(&self, order: &[String]) -> Vec<String> {
+        let mut seen = HashSet::new();
+        let mut addrs = Vec::new();
+        for m in order.iter().filter_map(|id| self.members.get(id)) {
+            let offered = m.ready.as_ref().map(|(addr, _)| addr.clone());
+            let from = m.seen_from.map(|ip| ip.to_string());
+            for a in offered.into_iter().chain(from) {
+                if !a.is_empty() && seen.insert(a.clone()) {
+                    addrs.push(a);
+                }
+            }
+        }
+        addrs
+    }
+
     pub(super) fn restart(&mut self, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
-        self.round += 1;
+        self.round = self.round.saturating_add(1);
         self.phase = Phase::Forming;
         self.succeeded = 0;
         self.ready = 0;

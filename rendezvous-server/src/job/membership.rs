@@ -6,16 +6,20 @@ use std::time::Instant;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
-use super::{joined, Job, JobConfig, JoinError, Member, Outbound, Phase, ABSENT};
+use super::{joined, Job, JobConfig, JoinError, Member, Outbound, Phase, Session, ABSENT};
 
 impl Job {
-    /// A node joins, or a member reconnects (`req.resume`). On success it is
-    /// told which round to get ready for, or that its round goes on.
+    /// A node joins, or a member reconnects (`req.resume`, with the secret it
+    /// was given in `req.session`). On success it is told which round to get
+    /// ready for, or that its round goes on, and its session secret: `fresh`
+    /// for a node new to the job (or claiming a relearned placeholder), its
+    /// own for a reconnecting member.
     pub fn join(
         &mut self,
         now: Instant,
         node_id: &str,
         req: &pb::JoinRequest,
+        fresh: Session,
     ) -> Result<Vec<Outbound>, JoinError> {
         match self.phase {
             Phase::Succeeded => return Err(self.finished("succeeded")),
@@ -30,9 +34,15 @@ impl Job {
                     node: node_id.to_owned(),
                 });
             }
+            if self.authorize(node_id, &req.session).is_err() {
+                return Err(JoinError::WrongSession {
+                    job: self.id.clone(),
+                    node: node_id.to_owned(),
+                });
+            }
             return Ok(self.reattach(now, node_id, req));
         }
-        if let Some(out) = self.claim_absent(now, node_id, req) {
+        if let Some(out) = self.claim_absent(now, node_id, req, fresh) {
             return Ok(out);
         }
         if let Some(rank) = req.node_rank {
@@ -55,8 +65,14 @@ impl Job {
                 });
             }
         }
-        self.insert(now, node_id.to_owned(), req.hostname.clone(), req.node_rank);
-        let mut out = vec![joined(node_id, self.round, false)];
+        self.insert(
+            now,
+            node_id.to_owned(),
+            req.hostname.clone(),
+            req.node_rank,
+            fresh,
+        );
+        let mut out = vec![joined(node_id, self.round, false, fresh)];
         if self.phase == Phase::Running {
             if (self.participants.len() as u32) < self.config.max_nodes {
                 // A node arriving while a round with free slots runs: re-form with it.
@@ -74,14 +90,16 @@ impl Job {
 
     /// A member reconnecting: it goes on if its round is still the running one.
     fn reattach(&mut self, now: Instant, node_id: &str, req: &pb::JoinRequest) -> Vec<Outbound> {
-        if let Some(m) = self.members.get_mut(node_id) {
-            m.last_seen = now;
-            m.hostname.clone_from(&req.hostname);
-        }
+        let Some(m) = self.members.get_mut(node_id) else {
+            return Vec::new();
+        };
+        m.last_seen = now;
+        m.hostname.clone_from(&req.hostname);
+        let session = m.session;
         let resumed = self.phase == Phase::Running
             && req.resume.as_ref().is_some_and(|r| r.round == self.round)
-            && self.members.get(node_id).is_some_and(|m| m.rank.is_some());
-        vec![joined(node_id, self.round, resumed)]
+            && m.rank.is_some();
+        vec![joined(node_id, self.round, resumed, session)]
     }
 
     /// A relearned job: the reconnecting node takes back its placeholder.
@@ -90,6 +108,7 @@ impl Job {
         now: Instant,
         node_id: &str,
         req: &pb::JoinRequest,
+        fresh: Session,
     ) -> Option<Vec<Outbound>> {
         let resume = req
             .resume
@@ -101,11 +120,17 @@ impl Job {
         }
         let placeholder = std::mem::replace(slot, node_id.to_owned());
         self.members.remove(&placeholder);
-        self.insert(now, node_id.to_owned(), req.hostname.clone(), req.node_rank);
+        self.insert(
+            now,
+            node_id.to_owned(),
+            req.hostname.clone(),
+            req.node_rank,
+            fresh,
+        );
         if let Some(m) = self.members.get_mut(node_id) {
             m.rank = Some(resume.node_rank);
         }
-        Some(vec![joined(node_id, self.round, true)])
+        Some(vec![joined(node_id, self.round, true, fresh)])
     }
 
     pub(super) fn insert(
@@ -114,6 +139,7 @@ impl Job {
         node_id: String,
         hostname: String,
         requested_rank: Option<u32>,
+        session: Session,
     ) {
         self.next_seq += 1;
         let member = Member {
@@ -123,8 +149,16 @@ impl Job {
             rank: None,
             succeeded: false,
             last_seen: now,
+            seen_from: None,
+            session,
             joined_seq: self.next_seq,
         };
         self.members.insert(node_id, member);
+        self.empty_since = None;
+        if let Some(limit) = self.config.dead_after {
+            // The newcomer can be lost no sooner than this.
+            let t = now.checked_add(limit).unwrap_or(now);
+            self.next_liveness = Some(self.next_liveness.map_or(t, |x| x.min(t)));
+        }
     }
 }

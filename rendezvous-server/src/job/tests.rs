@@ -1,5 +1,8 @@
 use super::*;
 
+/// The session secret tests hand out.
+const S: Session = Session::from_bytes([7; SESSION_BYTES]);
+
 fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
     pb::JoinRequest {
         job_id: "j".into(),
@@ -13,6 +16,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         dead_after_ms: 15_000,
         last_call_ms: 30_000,
         resume: None,
+        session: Vec::new(),
     }
 }
 
@@ -49,7 +53,7 @@ fn round_of(out: &[Outbound], node: &str) -> pb::RoundComplete {
 fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
     let mut j = job(hosts.len() as u32);
     for (i, h) in hosts.iter().enumerate() {
-        j.join(t, &format!("n{i}"), &req(h, hosts.len() as u32, None))
+        j.join(t, &format!("n{i}"), &req(h, hosts.len() as u32, None), S)
             .expect("join");
     }
     let mut out = Vec::new();
@@ -59,6 +63,7 @@ fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
             &format!("n{i}"),
             0,
             (format!("addr{i}"), 1000 + i as u32),
+            None,
         );
     }
     (j, out)
@@ -68,8 +73,8 @@ fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
 fn round_completes_only_when_every_node_is_ready() {
     let t = Instant::now();
     let mut j = job(2);
-    j.join(t, "a", &req("host-a", 2, None)).expect("join a");
-    j.join(t, "b", &req("host-b", 2, None)).expect("join b");
+    j.join(t, "a", &req("host-a", 2, None), S).expect("join a");
+    j.join(t, "b", &req("host-b", 2, None), S).expect("join b");
     assert_eq!(
         decide(t, &j),
         Decision::Wait {
@@ -78,9 +83,9 @@ fn round_completes_only_when_every_node_is_ready() {
             last_call_ends: None
         }
     );
-    let out = j.ready(t, "a", 0, ("addr-a".into(), 1));
+    let out = j.ready(t, "a", 0, ("addr-a".into(), 1), None);
     assert!(matches!(kinds_for(&out, "a")[0], Kind::Waiting(w) if w.ready == 1 && w.needed == 2));
-    let out = j.ready(t, "b", 0, ("addr-b".into(), 2));
+    let out = j.ready(t, "b", 0, ("addr-b".into(), 2), None);
     let (ra, rb) = (round_of(&out, "a"), round_of(&out, "b"));
     assert_eq!((ra.node_rank, rb.node_rank), (0, 1));
     assert_eq!((ra.base_rank, rb.base_rank), (0, 2));
@@ -101,7 +106,7 @@ fn dynamic_ranks_follow_host_names_then_stay_put() {
     j.failure(t, "n0", 0, "exited 1".into(), None);
     let mut out = Vec::new();
     for n in ["n0", "n1", "n2"] {
-        out = j.ready(t, n, 1, (format!("{n}-addr"), 7));
+        out = j.ready(t, n, 1, (format!("{n}-addr"), 7), None);
     }
     assert_eq!(round_of(&out, "n1").node_rank, 0);
     assert_eq!(round_of(&out, "n2").node_rank, 1);
@@ -113,21 +118,23 @@ fn dynamic_ranks_follow_host_names_then_stay_put() {
 fn static_ranks_are_the_requested_ones_and_unique() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(1))));
-    j.join(t, "b", &req("host-b", 2, Some(1))).expect("join b");
+    j.join(t, "b", &req("host-b", 2, Some(1)), S)
+        .expect("join b");
     let dup = j
-        .join(t, "c", &req("host-c", 2, Some(1)))
+        .join(t, "c", &req("host-c", 2, Some(1)), S)
         .expect_err("must be refused");
     assert!(matches!(&dup, JoinError::DuplicateRank { rank: 1, holder, .. } if holder == "host-b"));
     assert!(dup
         .to_string()
         .contains("node rank 1 is already taken by host 'host-b'"));
     let range = j
-        .join(t, "c", &req("host-c", 2, Some(2)))
+        .join(t, "c", &req("host-c", 2, Some(2)), S)
         .expect_err("must be refused");
     assert!(matches!(range, JoinError::RankOutOfRange { rank: 2, .. }));
-    j.join(t, "a", &req("host-a", 2, Some(0))).expect("join a");
-    j.ready(t, "b", 0, ("b".into(), 1));
-    let out = j.ready(t, "a", 0, ("a".into(), 2));
+    j.join(t, "a", &req("host-a", 2, Some(0)), S)
+        .expect("join a");
+    j.ready(t, "b", 0, ("b".into(), 1), None);
+    let out = j.ready(t, "a", 0, ("a".into(), 2), None);
     assert_eq!(round_of(&out, "b").node_rank, 1);
     assert_eq!(round_of(&out, "a").node_rank, 0);
     assert_eq!(round_of(&out, "b").master_addr, "a");
@@ -138,7 +145,7 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
     let t = Instant::now();
     let mut j = job(2);
     let e = j
-        .join(t, "x", &req("h", 3, None))
+        .join(t, "x", &req("h", 3, None), S)
         .expect_err("must be refused");
     let msg = e.to_string();
     assert!(
@@ -147,7 +154,10 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
     );
     let mut r = req("h", 2, None);
     r.nproc_per_node = 4;
-    let msg = j.join(t, "x", &r).expect_err("must be refused").to_string();
+    let msg = j
+        .join(t, "x", &r, S)
+        .expect_err("must be refused")
+        .to_string();
     assert!(
         msg.contains("--nproc-per-node 2") && msg.contains("--nproc-per-node 4"),
         "{msg}"
@@ -159,7 +169,7 @@ fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
     let out = j
-        .join(t, "n9", &req("c", 2, None))
+        .join(t, "n9", &req("c", 2, None), S)
         .expect("a spare may join");
     assert!(out
         .iter()
@@ -169,11 +179,11 @@ fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
         &Phase::Running,
         "a spare does not disturb the running round"
     );
-    j.ready(t, "n9", 0, ("c".into(), 9));
+    j.ready(t, "n9", 0, ("c".into(), 9), None);
     // A participant leaves: the spare takes its slot in the next round.
     j.leave(t, "n1", "SIGTERM");
-    j.ready(t, "n0", 1, ("a".into(), 1));
-    let out = j.ready(t, "n9", 1, ("c".into(), 9));
+    j.ready(t, "n0", 1, ("a".into(), 1), None);
+    let out = j.ready(t, "n9", 1, ("c".into(), 9), None);
     assert_eq!(round_of(&out, "n0").node_rank, 0);
     assert_eq!(round_of(&out, "n9").node_rank, 1);
     assert_eq!(j.restart_count(), 0, "membership changes are free");
@@ -184,10 +194,10 @@ fn a_first_round_waits_out_the_last_call_after_min() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b"] {
-        j.join(t, n, &elastic(n, 2, 3)).expect("join");
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
     }
-    j.ready(t, "a", 0, ("a".into(), 1));
-    let out = j.ready(t, "b", 0, ("b".into(), 2));
+    j.ready(t, "a", 0, ("a".into(), 1), None);
+    let out = j.ready(t, "b", 0, ("b".into(), 2), None);
     assert!(
         matches!(&out[0].event, Kind::Waiting(w) if w.ready == 2 && w.last_call_ms == Some(30_000))
     );
@@ -210,8 +220,8 @@ fn max_nodes_complete_a_round_before_the_last_call() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b", "c"] {
-        j.join(t, n, &elastic(n, 2, 3)).expect("join");
-        let out = j.ready(t, n, 0, (n.into(), 1));
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+        let out = j.ready(t, n, 0, (n.into(), 1), None);
         if n == "c" {
             assert_eq!(round_of(&out, "c").nnodes, 3);
         }
@@ -223,20 +233,20 @@ fn a_late_joiner_scales_the_job_up_for_free_and_ranks_stay() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["b", "c"] {
-        j.join(t, n, &elastic(n, 2, 3)).expect("join");
-        j.ready(t, n, 0, (n.into(), 1));
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+        j.ready(t, n, 0, (n.into(), 1), None);
     }
     j.keep_alive(t + Duration::from_secs(30), "b");
     j.keep_alive(t + Duration::from_secs(30), "c");
     let out = j.tick(t + Duration::from_secs(30));
     assert_eq!(round_of(&out, "b").node_rank, 0);
-    let out = j.join(t, "a", &elastic("a", 2, 3)).expect("join");
+    let out = j.join(t, "a", &elastic("a", 2, 3), S).expect("join");
     assert!(out
         .iter()
         .any(|o| o.to == "b" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
-    j.ready(t, "b", 1, ("b".into(), 1));
-    j.ready(t, "c", 1, ("c".into(), 1));
-    let out = j.ready(t, "a", 1, ("a".into(), 1));
+    j.ready(t, "b", 1, ("b".into(), 1), None);
+    j.ready(t, "c", 1, ("c".into(), 1), None);
+    let out = j.ready(t, "a", 1, ("a".into(), 1), None);
     assert_eq!(round_of(&out, "b").node_rank, 0, "members keep their order");
     assert_eq!(round_of(&out, "c").node_rank, 1);
     assert_eq!(round_of(&out, "a").node_rank, 2, "the newcomer follows");
@@ -248,8 +258,8 @@ fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
     let t = Instant::now();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b", "c"] {
-        j.join(t, n, &elastic(n, 2, 3)).expect("join");
-        j.ready(t, n, 0, (n.into(), 1));
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+        j.ready(t, n, 0, (n.into(), 1), None);
     }
     let later = t + Duration::from_secs(16);
     j.keep_alive(later, "a");
@@ -257,8 +267,8 @@ fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
     let out = j.tick(later);
     assert!(out.iter().any(|o| o.to == "a"
         && matches!(&o.event, Kind::RestartRequested(r) if r.reason.contains("'c'"))));
-    j.ready(later, "a", 1, ("a".into(), 1));
-    let out = j.ready(later, "b", 1, ("b".into(), 1));
+    j.ready(later, "a", 1, ("a".into(), 1), None);
+    let out = j.ready(later, "b", 1, ("b".into(), 1), None);
     assert_eq!(
         round_of(&out, "a").nnodes,
         2,
@@ -280,8 +290,8 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
     // A second report of the same round (the other node also saw a failure) is ignored.
     assert!(j.failure(t, "n0", 0, "exited 1".into(), None).is_empty());
     assert_eq!(j.restart_count(), 1);
-    j.ready(t, "n0", 1, ("a".into(), 1));
-    let out = j.ready(t, "n1", 1, ("b".into(), 1));
+    j.ready(t, "n0", 1, ("a".into(), 1), None);
+    let out = j.ready(t, "n1", 1, ("b".into(), 1), None);
     assert_eq!(round_of(&out, "n0").restart_count, 1);
     assert_eq!(round_of(&out, "n1").restart_count, 1);
     // Budget (1) spent: the next failure fails the job on every node.
@@ -292,7 +302,7 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
     }
     assert!(matches!(j.phase(), Phase::Failed(_)));
     assert!(matches!(
-        j.join(t, "n5", &req("c", 2, None)),
+        j.join(t, "n5", &req("c", 2, None), S),
         Err(JoinError::Finished {
             outcome: "failed",
             ..
@@ -324,9 +334,9 @@ fn a_running_node_leaving_restarts_the_rest_for_free() {
     assert_eq!(j.restart_count(), 0);
     assert_eq!(j.phase(), &Phase::Forming);
     // A replacement joins and the round forms again.
-    j.join(t, "n2", &req("c", 2, None)).expect("join");
-    j.ready(t, "n0", 1, ("a".into(), 1));
-    let out = j.ready(t, "n2", 1, ("c".into(), 1));
+    j.join(t, "n2", &req("c", 2, None), S).expect("join");
+    j.ready(t, "n0", 1, ("a".into(), 1), None);
+    let out = j.ready(t, "n2", 1, ("c".into(), 1), None);
     assert_eq!(
         round_of(&out, "n0").node_rank,
         0,
@@ -364,22 +374,116 @@ fn stale_reports_are_ignored() {
     assert!(j.failure(t, "n0", 7, "late".into(), None).is_empty());
     assert!(j.success(t, "n0", 7).is_empty());
     assert!(
-        j.ready(t, "n0", 0, ("x".into(), 1)).is_empty(),
+        j.ready(t, "n0", 0, ("x".into(), 1), None).is_empty(),
         "round 0 already runs"
     );
     assert_eq!(j.phase(), &Phase::Running);
 }
 
 #[test]
-fn finished_jobs_expire_after_their_nodes_left() {
+fn finished_jobs_and_jobs_without_members_expire_after_the_ttl() {
     let t = Instant::now();
+    let ttl = Duration::from_secs(30);
     let (mut j, _) = formed(&["a"], t);
     j.success(t, "n0", 0);
-    let ttl = Duration::from_secs(30);
-    assert!(!j.expired(t + ttl, ttl), "a member is still there");
-    j.leave(t, "n0", "done");
+    // Its members stay listed for status, but do not keep it alive.
     assert!(!j.expired(t + Duration::from_secs(1), ttl));
     assert!(j.expired(t + ttl, ttl));
+    assert_eq!(j.next_deadline(t, ttl), Some(t + ttl));
+    // A job whose every node left before it finished.
+    let mut j = job(2);
+    j.join(t, "n0", &req("a", 2, None), S).expect("join");
+    assert!(!j.expired(t + ttl * 10, ttl), "a member is there");
+    j.leave(t, "n0", "gone");
+    assert!(!j.expired(t + Duration::from_secs(1), ttl));
+    assert!(j.expired(t + ttl, ttl));
+}
+
+#[test]
+fn only_the_node_itself_presents_its_session() {
+    let t = Instant::now();
+    let (j, out) = formed(&["a", "b"], t);
+    let joined_secret = |node: &str| {
+        let mut j2 = job(2);
+        let out = j2
+            .join(
+                t,
+                node,
+                &req("x", 2, None),
+                Session::from_bytes([9; SESSION_BYTES]),
+            )
+            .expect("join");
+        match &out[0].event {
+            Kind::Joined(x) => x.session.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(joined_secret("z"), vec![9; SESSION_BYTES]);
+    assert!(j.authorize("n0", &S.to_vec()).is_ok());
+    assert_eq!(
+        j.authorize("n0", &[0; SESSION_BYTES]),
+        Err(AuthError::WrongSession)
+    );
+    assert_eq!(j.authorize("n0", &[]), Err(AuthError::WrongSession));
+    assert_eq!(j.authorize("zz", &S.to_vec()), Err(AuthError::NotMember));
+    let _ = out;
+}
+
+#[test]
+fn deadlines_follow_liveness_last_call_and_progress() {
+    let t = Instant::now();
+    let ttl = Duration::from_secs(30);
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("a", 2, 3)));
+    assert_eq!(
+        j.next_deadline(t, ttl),
+        None,
+        "nothing to do for an empty new job"
+    );
+    j.join(t, "a", &elastic("a", 2, 3), S).expect("join");
+    // Forming: progress is due now.
+    assert_eq!(j.next_deadline(t, ttl), Some(t));
+    j.tick(t);
+    let next = j.next_deadline(t, ttl).expect("some");
+    assert_eq!(next, t + PROGRESS_EVERY);
+    j.join(t, "b", &elastic("b", 2, 3), S).expect("join");
+    j.ready(t, "a", 0, ("a".into(), 1), None);
+    j.ready(t, "b", 0, ("b".into(), 1), None);
+    // MIN ready: the last call (30 s) is a deadline, progress an earlier one.
+    assert!(j.next_deadline(t, ttl).expect("some") <= t + PROGRESS_EVERY);
+    let t29 = t + Duration::from_secs(29);
+    j.keep_alive(t29, "a");
+    j.keep_alive(t29, "b");
+    let out = j.tick(t + Duration::from_secs(30));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o.event, Kind::RoundComplete(_))));
+    assert_eq!(j.members().len(), 2, "both kept alive");
+    // Running: only liveness (15 s keep-alive limit) remains.
+    let d = j
+        .next_deadline(t + Duration::from_secs(30), ttl)
+        .expect("liveness");
+    let limit = t29 + Duration::from_secs(15);
+    assert!(d > limit && d <= limit + Duration::from_millis(1), "{d:?}");
+}
+
+#[test]
+fn a_relearned_job_holds_at_most_its_max_nodes_placeholders() {
+    let t = Instant::now();
+    let mut r = req("a", 4, None);
+    r.resume = Some(pb::Resume {
+        round: 3,
+        restart_count: 0,
+        node_rank: 0,
+        nnodes: u32::MAX,
+    });
+    let j = Job::relearn(t, "j", &r, r.resume.as_ref().expect("resume"));
+    assert_eq!(j.members().len(), 4);
+    // Placeholders cannot be acted for, whatever is presented.
+    let placeholder = j.members().keys().next().expect("one").clone();
+    assert_eq!(
+        j.authorize(&placeholder, &[0; SESSION_BYTES]),
+        Err(AuthError::NotMember)
+    );
 }
 
 fn resume_of(out: &[Outbound], node: &str, round: u64, restart_count: u32) -> pb::Resume {
@@ -398,16 +502,22 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
     let (mut j, out) = formed(&["a", "b"], t);
     let mut again = req("a", 2, None);
     again.resume = Some(resume_of(&out, "n0", 0, 0));
-    let back = j.join(t, "n0", &again).expect("rejoin");
+    // Without its secret, nobody resumes a member (nor learns anything).
+    assert!(matches!(
+        j.join(t, "n0", &again, S),
+        Err(JoinError::WrongSession { .. })
+    ));
+    again.session = S.to_vec();
+    let back = j.join(t, "n0", &again, S).expect("rejoin");
     assert!(matches!(&back[0].event, Kind::Joined(x) if x.resumed && x.round == 0));
     assert_eq!(j.phase(), &Phase::Running, "nothing restarted");
     // The job moves on (a failure elsewhere): a stale resume is told the new round.
     j.failure(t, "n1", 0, "exited 1".into(), None);
-    let back = j.join(t, "n0", &again).expect("rejoin");
+    let back = j.join(t, "n0", &again, S).expect("rejoin");
     assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1));
     // A plain join with a member's id is still a duplicate.
     assert!(matches!(
-        j.join(t, "n0", &req("a", 2, None)),
+        j.join(t, "n0", &req("a", 2, None), S),
         Err(JoinError::DuplicateNode { .. })
     ));
 }
@@ -419,7 +529,7 @@ fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
     let mut r = req("a", 3, None);
     r.resume = Some(resume_of(&out, "n0", 4, 2));
     let mut j = Job::relearn(t, "j", &r, r.resume.as_ref().expect("resume"));
-    let back = j.join(t, "n0", &r).expect("first node back");
+    let back = j.join(t, "n0", &r, S).expect("first node back");
     assert!(matches!(&back[0].event, Kind::Joined(x) if x.resumed && x.round == 4));
     assert_eq!(
         (j.round(), j.restart_count(), j.phase()),
@@ -428,7 +538,7 @@ fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
     let mut r1 = req("b", 3, None);
     r1.resume = Some(resume_of(&out, "n1", 4, 2));
     assert!(
-        matches!(&j.join(t, "n1", &r1).expect("second")[0].event, Kind::Joined(x) if x.resumed)
+        matches!(&j.join(t, "n1", &r1, S).expect("second")[0].event, Kind::Joined(x) if x.resumed)
     );
     // n2 never comes back: lost after the keep-alive limit; the others re-form.
     let later = t + Duration::from_secs(16);

@@ -8,13 +8,19 @@
 //! `RoundComplete`, and the server's CPU time (from /proc) per node.
 //!
 //! Usage: rdzv-load --endpoint HOST:PORT --server-pid PID [--agents 100,1000,10000]
+//!        [--token-file PATH]   (the server's token, sent with every call)
 
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
+use rendezvous_server::auth::AttachToken;
+use rendezvous_server::Token;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+
+type Client = RendezvousClient<InterceptedService<Channel, AttachToken>>;
 
 const PER_CONNECTION: usize = 100;
 
@@ -42,12 +48,7 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn agent(
-    mut client: RendezvousClient<Channel>,
-    job: String,
-    i: usize,
-    n: u32,
-) -> Result<(), String> {
+async fn agent(mut client: Client, job: String, i: usize, n: u32) -> Result<(), String> {
     let node_id = format!("load-{i}");
     let req = pb::JoinRequest {
         job_id: job.clone(),
@@ -61,6 +62,7 @@ async fn agent(
         dead_after_ms: 600_000,
         last_call_ms: 0,
         resume: None,
+        session: Vec::new(),
     };
     let mut events = client
         .join(req)
@@ -81,6 +83,7 @@ async fn agent(
                     round: j.round,
                     master_addr: "10.0.0.1".into(),
                     master_port: 29500,
+                    session: j.session.clone(),
                 };
                 client.ready(ready).await.map_err(|s| s.to_string())?;
             }
@@ -99,6 +102,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
+    let token = arg("--token-file")
+        .map(|f| Token::from_file(std::path::Path::new(&f)))
+        .transpose()?;
     let rt = tokio::runtime::Runtime::new()?;
     println!("| agents | rendezvous wall time | server CPU | server CPU per agent |");
     println!("|---|---|---|---|");
@@ -119,7 +125,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             let tasks: Vec<_> = (0..n as usize)
                 .map(|i| {
-                    let client = RendezvousClient::new(channels[i / PER_CONNECTION].clone());
+                    let client = RendezvousClient::with_interceptor(
+                        channels[i / PER_CONNECTION].clone(),
+                        AttachToken::new(token.as_ref()),
+                    );
                     tokio::spawn(agent(client, job.clone(), i, n))
                 })
                 .collect();

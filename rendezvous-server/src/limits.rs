@@ -1,0 +1,315 @@
+//! Bounds on everything a caller sends, checked before the state machine
+//! sees it, and the escaping of text that is stored and printed.
+//!
+//! Every field of a request is untrusted: a `resume.nnodes` of 4 billion
+//! must not allocate 4 billion placeholders, a megabyte host name must not be
+//! stored, a failure message must not carry terminal escape sequences into
+//! an operator's console. Each refusal names the limit, so a legitimate
+//! caller that hits one knows what to change.
+
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+
+use crate::error::Error;
+
+/// Longest job id, node id, host name or store address, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Most text a failure report may carry (reason, message, traceback, file).
+pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
+/// Longest leave reason, in bytes.
+pub const MAX_REASON_BYTES: usize = 4096;
+/// Longest duration a request may ask for (keep-alive limit, last call).
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Highest round a resuming node may report (far beyond any real job, far
+/// below where the round counter could overflow).
+pub const MAX_ROUND: u64 = 1 << 53;
+/// Largest request the server decodes (a failure report with its traceback
+/// is the largest legitimate one).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// How much one server holds: refused beyond, with `RESOURCE_EXHAUSTED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most jobs known at once (running, forming, or finished within the TTL).
+    pub max_jobs: usize,
+    /// Most nodes of one job, spares included.
+    pub max_nodes_per_job: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_jobs: 10_000,
+            max_nodes_per_job: 100_000,
+        }
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+/// A job id, node id or host name: present, at most [`MAX_NAME_BYTES`], and
+/// free of control characters (they would corrupt logs and status output).
+pub fn check_name(field: &'static str, value: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} must not be empty")));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(invalid(format!(
+            "{field} has {} bytes; the limit is {MAX_NAME_BYTES}",
+            value.len()
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{field} '{}' contains control characters",
+            printable(value)
+        )));
+    }
+    Ok(())
+}
+
+fn check_ms(field: &'static str, ms: u64) -> Result<(), Error> {
+    if Duration::from_millis(ms) > MAX_DURATION {
+        return Err(invalid(format!(
+            "{field} is {ms} ms; the limit is 10 years"
+        )));
+    }
+    Ok(())
+}
+
+/// A join request, against the server's `limits`.
+pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
+    check_name("job_id", &req.job_id)?;
+    check_name("node_id", &req.node_id)?;
+    if req.hostname.len() > MAX_NAME_BYTES || req.hostname.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "hostname must be at most {MAX_NAME_BYTES} bytes without control characters"
+        )));
+    }
+    if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
+        return Err(invalid(format!(
+            "nnodes {}:{} is invalid; need 0 < MIN <= MAX",
+            req.min_nodes, req.max_nodes
+        )));
+    }
+    if req.max_nodes > limits.max_nodes_per_job {
+        return Err(Error::LimitReached(format!(
+            "--nnodes {} is more than this server's --max-nodes-per-job {}",
+            req.max_nodes, limits.max_nodes_per_job
+        )));
+    }
+    if req.nproc_per_node == 0 {
+        return Err(invalid("nproc_per_node must be at least 1".into()));
+    }
+    if req.max_nodes.checked_mul(req.nproc_per_node).is_none() {
+        return Err(invalid(format!(
+            "{} nodes of {} processes is more than 2^32 ranks",
+            req.max_nodes, req.nproc_per_node
+        )));
+    }
+    if let Some(rank) = req.node_rank {
+        if rank >= req.max_nodes {
+            return Err(invalid(format!(
+                "node rank {rank} is out of range for {} nodes",
+                req.max_nodes
+            )));
+        }
+    }
+    check_ms("dead_after_ms", req.dead_after_ms)?;
+    check_ms("last_call_ms", req.last_call_ms)?;
+    if let Some(r) = &req.resume {
+        if r.nnodes == 0 || r.nnodes > req.max_nodes || r.node_rank >= r.nnodes {
+            return Err(invalid(format!(
+                "resume: node rank {} of {} nodes does not fit the job's --nnodes {}:{}",
+                r.node_rank, r.nnodes, req.min_nodes, req.max_nodes
+            )));
+        }
+        if r.restart_count > req.max_restarts {
+            return Err(invalid(format!(
+                "resume: restart count {} is above --max-restarts {}",
+                r.restart_count, req.max_restarts
+            )));
+        }
+        if r.round > MAX_ROUND {
+            return Err(invalid(format!(
+                "resume: round {} is out of range",
+                r.round
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The store endpoint a ready node offers.
+pub fn check_ready(req: &pb::ReadyRequest) -> Result<(), Error> {
+    if req.master_addr.len() > MAX_NAME_BYTES || req.master_addr.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "master_addr must be at most {MAX_NAME_BYTES} bytes without control characters"
+        )));
+    }
+    if req.master_port > u32::from(u16::MAX) {
+        return Err(invalid(format!(
+            "master_port {} is not a TCP port",
+            req.master_port
+        )));
+    }
+    if req.round > MAX_ROUND {
+        return Err(invalid(format!("round {} is out of range", req.round)));
+    }
+    Ok(())
+}
+
+/// A failure report: its text in total at most [`MAX_FAILURE_BYTES`].
+pub fn check_failure(req: &pb::ReportFailureRequest) -> Result<(), Error> {
+    let f = req.failure.as_ref();
+    let total = req.reason.len()
+        + f.map_or(0, |f| {
+            f.host.len() + f.error_file.len() + f.message.len() + f.traceback.len()
+        });
+    if total > MAX_FAILURE_BYTES {
+        return Err(invalid(format!(
+            "the failure report carries {total} bytes of text; the limit is {MAX_FAILURE_BYTES} (shorten the message or traceback)"
+        )));
+    }
+    Ok(())
+}
+
+/// A leave reason.
+pub fn check_reason(reason: &str) -> Result<(), Error> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(invalid(format!(
+            "the reason has {} bytes; the limit is {MAX_REASON_BYTES}",
+            reason.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `s` with control characters escaped (`\n`, `\u{1b}`), so stored text
+/// prints as one line and cannot drive a terminal. Tabs and newlines in a
+/// traceback are kept where `keep_newlines` says so.
+pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' | '\t' if keep_newlines => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` with every control character escaped.
+pub fn printable(s: &str) -> String {
+    printable_keeping(s, false)
+}
+
+/// A failure with its text made printable (the traceback keeps its lines).
+pub fn printable_failure(f: &pb::Failure) -> pb::Failure {
+    pb::Failure {
+        host: printable(&f.host),
+        error_file: printable(&f.error_file),
+        message: printable_keeping(&f.message, true),
+        traceback: printable_keeping(&f.traceback, true),
+        ..f.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join() -> pb::JoinRequest {
+        pb::JoinRequest {
+            job_id: "j".into(),
+            node_id: "n".into(),
+            hostname: "h".into(),
+            min_nodes: 2,
+            max_nodes: 4,
+            nproc_per_node: 8,
+            max_restarts: 3,
+            ..Default::default()
+        }
+    }
+
+    fn refused(r: &pb::JoinRequest) -> String {
+        check_join(r, &Limits::default())
+            .expect_err("must be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn joins_are_bounded() {
+        assert!(check_join(&join(), &Limits::default()).is_ok());
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        assert!(refused(&pb::JoinRequest {
+            node_id: long.clone(),
+            ..join()
+        })
+        .contains("256"));
+        assert!(refused(&pb::JoinRequest {
+            hostname: long,
+            ..join()
+        })
+        .contains("256"));
+        assert!(refused(&pb::JoinRequest {
+            job_id: "a\u{1b}[2J".into(),
+            ..join()
+        })
+        .contains("control"));
+        let huge = pb::JoinRequest {
+            max_nodes: 200_000,
+            ..join()
+        };
+        assert!(refused(&huge).contains("--max-nodes-per-job 100000"));
+        let ranks = pb::JoinRequest {
+            max_nodes: 70_000,
+            nproc_per_node: 70_000,
+            ..join()
+        };
+        assert!(refused(&ranks).contains("2^32"));
+        let forever = pb::JoinRequest {
+            dead_after_ms: u64::MAX,
+            ..join()
+        };
+        assert!(refused(&forever).contains("10 years"));
+        let resume = |nnodes, node_rank, round| pb::JoinRequest {
+            resume: Some(pb::Resume {
+                round,
+                restart_count: 0,
+                node_rank,
+                nnodes,
+            }),
+            ..join()
+        };
+        assert!(check_join(&resume(4, 3, 9), &Limits::default()).is_ok());
+        assert!(refused(&resume(u32::MAX, 0, 1)).contains("resume"));
+        assert!(refused(&resume(4, 4, 1)).contains("resume"));
+        assert!(refused(&resume(2, 0, u64::MAX)).contains("round"));
+    }
+
+    #[test]
+    fn failure_text_is_bounded_and_made_printable() {
+        let big = pb::ReportFailureRequest {
+            failure: Some(pb::Failure {
+                traceback: "t".repeat(MAX_FAILURE_BYTES),
+                ..Default::default()
+            }),
+            reason: "exited 1".into(),
+            ..Default::default()
+        };
+        assert!(check_failure(&big).is_err());
+        assert_eq!(printable("a\u{1b}[31mred\nx"), "a\\u{1b}[31mred\\nx");
+        assert_eq!(
+            printable_keeping("line1\nline2\u{7}", true),
+            "line1\nline2\\u{7}"
+        );
+    }
+}

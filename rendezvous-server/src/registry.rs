@@ -1,0 +1,550 @@
+//! Every job the server knows, keyed by `rdzv_id`, with each member's live
+//! event stream, the deadline queue that drives periodic work, and the
+//! aggregated log of arrivals and departures.
+//!
+//! One mutex guards it all; it is never held across an await. Handlers lock
+//! it, call one method of the job's state machine and deliver the returned
+//! events into the members' bounded [`Outbox`]es.
+//!
+//! # Periodic work
+//! Each job says when it next has work ([`Job::next_deadline`]); the
+//! registry keeps those instants in a min-heap, so a tick touches only the
+//! jobs that are due, however many jobs are idle. A heap entry is acted on
+//! only if it is still the job's scheduled instant (stale entries are
+//! skipped and the heap is rebuilt when they pile up).
+//!
+//! # Logs
+//! A round formed, a restart and a job's end are logged once each. Joins and
+//! departures are counted per job and logged at most once a second per job,
+//! so a 10,000-node job's arrival is one line, not 10,000.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::net::IpAddr;
+use std::ops::Bound;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+use pb::event::Kind;
+use tokio_stream::Stream;
+use tonic::Status;
+use tracing::{info, warn};
+
+use crate::error::Error;
+use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
+use crate::limits::Limits;
+use crate::outbox::{outbox, Inbox, Outbox};
+
+/// How often at most the arrivals and departures of one job are logged.
+const TALLY_EVERY: Duration = Duration::from_secs(1);
+/// Most nodes listed per job in a status answer.
+pub const STATUS_NODES: usize = 1000;
+/// Jobs per status answer when the caller does not say, and at most.
+pub const STATUS_PAGE: (usize, usize) = (100, 1000);
+
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Debug)]
+struct Entry {
+    job: Job,
+    /// Each member's current stream, tagged with a number so that the end of
+    /// a stream a reconnected node replaced is not taken for the node leaving.
+    streams: HashMap<String, (u64, Outbox)>,
+    /// The instant this job's entry in the deadline heap stands for.
+    scheduled: Option<Instant>,
+}
+
+/// Arrivals and departures of one job since they were last logged.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    joined: u64,
+    resumed: u64,
+    left: u64,
+    disconnected: u64,
+    silent: u64,
+    too_slow: u64,
+}
+
+#[derive(Debug, Default)]
+struct Jobs {
+    map: BTreeMap<String, Entry>,
+    deadlines: BinaryHeap<Reverse<(Instant, String)>>,
+    tallies: HashMap<String, Tally>,
+    tally_logged: Option<Instant>,
+}
+
+/// Every job the server knows.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    inner: Arc<Mutex<Jobs>>,
+    ttl: Duration,
+    limits: Limits,
+}
+
+impl Registry {
+    /// An empty registry that forgets a job `ttl` after it finished or lost
+    /// its last member, and holds at most what `limits` allow.
+    pub fn new(ttl: Duration, limits: Limits) -> Self {
+        Self {
+            inner: Arc::default(),
+            ttl,
+            limits,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Jobs> {
+        // A poisoned lock means a handler panicked mid-update; the state machine
+        // methods do not panic, so keep serving with what is there.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What this registry holds at most.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Jobs known (for tests and metrics).
+    pub fn job_count(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// A node joins (or resumes); returns its event stream. `from`: the
+    /// address the call came from; `fresh`: the session secret it gets if it
+    /// is new to the job.
+    pub fn join(
+        &self,
+        now: Instant,
+        req: &pb::JoinRequest,
+        from: Option<IpAddr>,
+        fresh: Session,
+    ) -> Result<NodeStream, Error> {
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        if !jobs.map.contains_key(&req.job_id) {
+            if jobs.map.len() >= self.limits.max_jobs {
+                return Err(Error::LimitReached(format!(
+                    "this server already holds {} jobs (--max-jobs); finished jobs are forgotten after --finished-job-ttl",
+                    self.limits.max_jobs
+                )));
+            }
+            let job = match &req.resume {
+                // This server does not know the job (it restarted): relearn it.
+                Some(resume) => {
+                    info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
+                    Job::relearn(now, req.job_id.clone(), req, resume)
+                }
+                None => Job::new(req.job_id.clone(), JobConfig::from_join(req)),
+            };
+            jobs.map.insert(
+                req.job_id.clone(),
+                Entry {
+                    job,
+                    streams: HashMap::new(),
+                    scheduled: None,
+                },
+            );
+        }
+        let Some(entry) = jobs.map.get_mut(&req.job_id) else {
+            return Err(Error::UnknownJob(req.job_id.clone()));
+        };
+        let member = entry.job.members().contains_key(&req.node_id);
+        if !member && entry.job.members().len() >= self.limits.max_nodes_per_job as usize {
+            return Err(Error::LimitReached(format!(
+                "job '{}' already has {} nodes (--max-nodes-per-job)",
+                req.job_id, self.limits.max_nodes_per_job
+            )));
+        }
+        let out = match entry.job.join(now, &req.node_id, req, fresh) {
+            Ok(out) => out,
+            Err(e) => {
+                if entry.job.members().is_empty() && entry.streams.is_empty() {
+                    jobs.map.remove(&req.job_id);
+                }
+                return Err(e.into());
+            }
+        };
+        entry.job.seen_from(&req.node_id, from);
+        let stream = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = outbox();
+        // A replaced stream (the node reconnected) ends when its outbox drops.
+        entry.streams.insert(req.node_id.clone(), (stream, tx));
+        let tally = jobs.tallies.entry(req.job_id.clone()).or_default();
+        if req.resume.is_some() {
+            tally.resumed += 1;
+        } else {
+            tally.joined += 1;
+        }
+        self.after(jobs, &req.job_id, now, out);
+        Ok(NodeStream {
+            inbox: rx,
+            registry: self.clone(),
+            job_id: req.job_id.clone(),
+            node_id: req.node_id.clone(),
+            stream,
+        })
+    }
+
+    /// Runs `f` on job `job_id` for node `node_id`, once `session` proves the
+    /// caller is that node, and delivers the events it returns. A node that
+    /// is not a member gets [`Error::UnknownNode`].
+    pub fn for_node<R>(
+        &self,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        session: &[u8],
+        f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
+    ) -> Result<R, Error> {
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let entry = jobs
+            .map
+            .get_mut(job_id)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+        entry.job.authorize(node_id, session).map_err(|e| match e {
+            AuthError::NotMember => Error::UnknownNode(job_id.to_owned(), node_id.to_owned()),
+            _ => Error::WrongSession(job_id.to_owned(), node_id.to_owned()),
+        })?;
+        let (r, out) = f(&mut entry.job);
+        self.after(jobs, job_id, now, out);
+        Ok(r)
+    }
+
+    /// What follows every change to a job: logs, delivering its events,
+    /// ending streams of nodes it no longer has, rescheduling its deadline.
+    fn after(&self, jobs: &mut Jobs, job_id: &str, now: Instant, out: Vec<Outbound>) {
+        let Some(entry) = jobs.map.get_mut(job_id) else {
+            return;
+        };
+        log_transitions(&entry.job, &out);
+        let slow = deliver(entry, out);
+        if slow > 0 {
+            jobs.tallies.entry(job_id.to_owned()).or_default().too_slow += slow;
+        }
+        let job = &entry.job;
+        if job.phase().is_terminal() {
+            // The job is over: end every stream so agents see the end and a
+            // hosting agent can shut its embedded server down gracefully.
+            entry.streams.clear();
+        } else if entry.streams.len() > job.members().len() {
+            // A node the job dropped (lost, left) loses its stream: if it is in
+            // fact alive, it learns so when it reconnects. (Checked only when
+            // membership shrank, to keep each call O(log n).)
+            entry.streams.retain(|id, _| job.members().contains_key(id));
+        }
+        if let Some(t) = job.next_deadline(now, self.ttl) {
+            if entry.scheduled.is_none_or(|s| t < s) {
+                entry.scheduled = Some(t);
+                jobs.deadlines.push(Reverse((t, job_id.to_owned())));
+            }
+        }
+    }
+
+    /// Periodic work: runs the jobs whose deadline is due, forgets expired
+    /// ones, and logs arrivals and departures.
+    pub fn tick(&self, now: Instant) {
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        while let Some(Reverse((t, _))) = jobs.deadlines.peek() {
+            if *t > now {
+                break;
+            }
+            let Some(Reverse((t, id))) = jobs.deadlines.pop() else {
+                break;
+            };
+            let Some(entry) = jobs.map.get_mut(&id) else {
+                continue;
+            };
+            if entry.scheduled != Some(t) {
+                continue; // stale: the job was rescheduled earlier
+            }
+            entry.scheduled = None;
+            if entry.job.expired(now, self.ttl) {
+                jobs.map.remove(&id);
+                continue;
+            }
+            let members = entry.job.members().len();
+            let out = entry.job.tick(now);
+            let dropped = members.saturating_sub(entry.job.members().len());
+            if dropped > 0 {
+                jobs.tallies.entry(id.clone()).or_default().silent += dropped as u64;
+            }
+            self.after(jobs, &id, now, out);
+        }
+        // Stale entries pile up only when deadlines keep moving earlier.
+        if jobs.deadlines.len() > 2 * jobs.map.len() + 1024 {
+            let live = jobs
+                .map
+                .iter()
+                .filter_map(|(id, e)| e.scheduled.map(|t| Reverse((t, id.clone()))));
+            jobs.deadlines = live.collect();
+        }
+        if jobs
+            .tally_logged
+            .is_none_or(|t| now.saturating_duration_since(t) >= TALLY_EVERY)
+            && !jobs.tallies.is_empty()
+        {
+            jobs.tally_logged = Some(now);
+            for (job, t) in jobs.tallies.drain() {
+                log_tally(&job, &t);
+            }
+        }
+    }
+
+    /// Ends every job's streams (server shutdown).
+    pub fn close_all(&self, reason: &str, may_rejoin: bool) {
+        let now = Instant::now();
+        let mut jobs = self.lock();
+        for entry in jobs.map.values_mut() {
+            let out = entry.job.close(now, reason, may_rejoin);
+            deliver(entry, out);
+            entry.streams.clear();
+        }
+    }
+
+    /// A node leaves: its stream goes first (so the job's own bookkeeping
+    /// stays O(log n)), then the job learns. With `stream`, only if that
+    /// stream is still the node's current one (a reconnected node replaced
+    /// it, or the server ended it for being too slow).
+    pub fn depart(
+        &self,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        reason: &str,
+        stream: Option<u64>,
+    ) {
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let Some(entry) = jobs.map.get_mut(job_id) else {
+            return;
+        };
+        match (stream, entry.streams.get(node_id)) {
+            (Some(s), Some((current, _))) if *current != s => return,
+            (Some(_), None) => return, // already dropped by the job
+            _ => {}
+        }
+        entry.streams.remove(node_id);
+        let member = entry.job.members().contains_key(node_id);
+        if member && !entry.job.phase().is_terminal() {
+            let tally = jobs.tallies.entry(job_id.to_owned()).or_default();
+            if stream.is_some() {
+                tally.disconnected += 1;
+            } else {
+                tally.left += 1;
+            }
+        }
+        let out = entry.job.leave(now, node_id, reason);
+        self.after(jobs, job_id, now, out);
+    }
+
+    /// One page of job states: `job_id` alone, or every job after
+    /// `page_token` in id order, at most `page_size` of them.
+    pub fn status(
+        &self,
+        job_id: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<pb::JobStatusResponse, Error> {
+        let jobs = self.lock();
+        if !job_id.is_empty() {
+            let e = jobs
+                .map
+                .get(job_id)
+                .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+            return Ok(pb::JobStatusResponse {
+                jobs: vec![job_info(&e.job)],
+                next_page_token: String::new(),
+            });
+        }
+        let size = match page_size as usize {
+            0 => STATUS_PAGE.0,
+            n => n.min(STATUS_PAGE.1),
+        };
+        let start = if page_token.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(page_token.to_owned())
+        };
+        let mut page: Vec<pb::JobInfo> = jobs
+            .map
+            .range::<String, _>((start, Bound::Unbounded))
+            .take(size + 1)
+            .map(|(_, e)| job_info(&e.job))
+            .collect();
+        let next_page_token = if page.len() > size {
+            page.truncate(size);
+            page.last().map(|j| j.job_id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(pb::JobStatusResponse {
+            jobs: page,
+            next_page_token,
+        })
+    }
+}
+
+/// Delivers events to the members' streams; returns how many streams were
+/// ended because their node did not keep up.
+fn deliver(entry: &mut Entry, out: Vec<Outbound>) -> u64 {
+    let mut slow = Vec::new();
+    for o in out {
+        if let Some((_, tx)) = entry.streams.get(&o.to) {
+            if tx.send(o.event).is_err() {
+                slow.push(o.to);
+            }
+        }
+    }
+    let n = slow.len() as u64;
+    for id in slow {
+        // Dropping the outbox ends the stream after the error it holds; the
+        // node stays a member and may resume.
+        entry.streams.remove(&id);
+    }
+    n
+}
+
+/// Logs a round formed, a restart, or the job's end: once each.
+fn log_transitions(job: &Job, out: &[Outbound]) {
+    let id = job.id();
+    let formed = out.iter().find_map(|o| match &o.event {
+        Kind::RoundComplete(r) => Some(r),
+        _ => None,
+    });
+    if let Some(r) = formed {
+        info!(
+            job = id,
+            round = r.round,
+            nnodes = r.nnodes,
+            world_size = r.world_size,
+            restart_count = r.restart_count,
+            "round formed"
+        );
+    }
+    let restart = out.iter().find_map(|o| match &o.event {
+        Kind::RestartRequested(r) => Some(r),
+        _ => None,
+    });
+    if let Some(r) = restart {
+        let (used, budget) = (job.restart_count(), job.config().max_restarts);
+        if r.counted {
+            warn!(job = id, round = r.round, next_round = r.next_round, restarts = %format!("{used} of {budget}"), reason = %r.reason, "restarting the job after a failure");
+        } else {
+            info!(job = id, round = r.round, next_round = r.next_round, reason = %r.reason, "re-forming the job: membership changed");
+        }
+    }
+    let ended = out
+        .iter()
+        .any(|o| matches!(o.event, Kind::JobSucceeded(_) | Kind::JobFailed(_)));
+    if ended {
+        match job.phase() {
+            Phase::Succeeded => info!(job = id, round = job.round(), "job succeeded"),
+            Phase::Failed(reason) => warn!(job = id, round = job.round(), %reason, "job failed"),
+            _ => {}
+        }
+    }
+}
+
+fn log_tally(job: &str, t: &Tally) {
+    let mut parts = Vec::new();
+    for (n, what) in [
+        (t.joined, "joined"),
+        (t.resumed, "resumed after reconnecting"),
+        (t.left, "left"),
+        (t.disconnected, "lost their connection"),
+        (t.silent, "dropped for sending no keep-alive in time"),
+        (t.too_slow, "disconnected for not reading their events"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    if parts.is_empty() {
+        return;
+    }
+    let summary = parts.join(", ");
+    if t.disconnected + t.silent + t.too_slow > 0 {
+        warn!(job, nodes = %summary, "membership changed");
+    } else {
+        info!(job, nodes = %summary, "membership changed");
+    }
+}
+
+/// The event stream of one node; tells the registry when it is dropped.
+#[derive(Debug)]
+pub struct NodeStream {
+    inbox: Inbox,
+    registry: Registry,
+    job_id: String,
+    node_id: String,
+    stream: u64,
+}
+
+impl Stream for NodeStream {
+    type Item = Result<pb::Event, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.inbox).poll_next(cx)
+    }
+}
+
+impl Drop for NodeStream {
+    fn drop(&mut self) {
+        let why = "its connection to the rendezvous ended";
+        self.registry.depart(
+            Instant::now(),
+            &self.job_id,
+            &self.node_id,
+            why,
+            Some(self.stream),
+        );
+    }
+}
+
+fn node_state(job: &Job, m: &Member) -> &'static str {
+    match (job.phase(), m.rank, m.ready.is_some()) {
+        (Phase::Running, Some(_), _) if m.succeeded => "succeeded",
+        (Phase::Running, Some(_), _) => "running",
+        (Phase::Running, None, _) => "spare",
+        (Phase::Forming, _, true) => "ready",
+        (Phase::Forming, _, false) => "joining",
+        _ => "done",
+    }
+}
+
+/// A job's status: its nodes in node-rank order first, at most [`STATUS_NODES`].
+fn job_info(job: &Job) -> pb::JobInfo {
+    let c = job.config();
+    let members = job.members();
+    let in_round = job
+        .participants()
+        .iter()
+        .filter_map(|id| members.get_key_value(id));
+    let others = members.iter().filter(|(_, m)| m.rank.is_none());
+    let nodes = in_round
+        .chain(others)
+        .take(STATUS_NODES)
+        .map(|(id, m)| pb::NodeStatus {
+            node_id: id.clone(),
+            hostname: m.hostname.clone(),
+            node_rank: m.rank,
+            state: node_state(job, m).to_owned(),
+        })
+        .collect();
+    pb::JobInfo {
+        job_id: job.id().to_owned(),
+        phase: job.phase().name().to_owned(),
+        round: job.round(),
+        restart_count: job.restart_count(),
+        max_restarts: c.max_restarts,
+        min_nodes: c.min_nodes,
+        max_nodes: c.max_nodes,
+        nodes,
+        last_failure: job.last_failure().unwrap_or_default().to_owned(),
+        node_count: members.len() as u32,
+    }
+}
