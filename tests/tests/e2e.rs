@@ -7,6 +7,7 @@ mod errors;
 mod launch;
 mod logs;
 mod restart;
+mod security;
 mod shutdown;
 mod torch;
 

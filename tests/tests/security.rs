@@ -1,0 +1,510 @@
+//! The rendezvous as an attacker on the network sees it: no token, a stolen
+//! token without a node's session secret, oversized or out-of-range fields,
+//! too many jobs or nodes. Each refusal must leave the running job exactly
+//! as it was (restarts, members, ranks, MASTER_ADDR, worker pids).
+
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+use accel_tests::{bin, eventually, record_script, records, scratch, Agent, Server};
+use pb::rendezvous_client::RendezvousClient;
+use rendezvous_server::auth::AttachToken;
+use rendezvous_server::Token;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const TOKEN: &str = "security-test-token-4f1c9a7e2b";
+
+type Client = RendezvousClient<InterceptedService<Channel, AttachToken>>;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A raw client of `addr`, with `token` or without.
+async fn client(addr: &str, token: Option<&str>) -> Client {
+    let token = token.map(|t| Token::new(t, "test").expect("token"));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    RendezvousClient::with_interceptor(channel, AttachToken::new(token.as_ref()))
+}
+
+fn join_req(job: &str, node: &str, host: &str, nnodes: u32) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: job.into(),
+        node_id: node.into(),
+        hostname: host.into(),
+        min_nodes: nnodes,
+        max_nodes: nnodes,
+        nproc_per_node: 1,
+        max_restarts: 3,
+        dead_after_ms: 60_000,
+        ..Default::default()
+    }
+}
+
+async fn status(c: &mut Client, job: &str) -> pb::JobInfo {
+    c.job_status(pb::JobStatusRequest {
+        job_id: job.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("status with the token")
+    .into_inner()
+    .jobs
+    .remove(0)
+}
+
+fn agent(dir: &std::path::Path, tag: &str, addr: &str, job: &str) -> Agent {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    Agent::start(
+        dir,
+        tag,
+        &[
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            addr,
+            "--rdzv-id",
+            job,
+            script.to_str().expect("path"),
+        ],
+        &[
+            ("RECORD_DIR", &rec),
+            ("AGENT_TAG", tag),
+            ("RUN_FOR", "30"),
+            ("ACCEL_RDZV_TOKEN", TOKEN),
+        ],
+    )
+}
+
+/// The job's observable state: (restart count, members, ranks by host,
+/// MASTER_ADDR:PORT and pid of every worker).
+fn snapshot(
+    c: &mut Client,
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    job: &str,
+) -> String {
+    let info = rt.block_on(status(c, job));
+    let mut nodes: Vec<String> = info
+        .nodes
+        .iter()
+        .map(|n| format!("{}={:?}/{}", n.node_id, n.node_rank, n.state))
+        .collect();
+    nodes.sort();
+    let mut workers: Vec<String> = records(dir)
+        .iter()
+        .map(|r| {
+            format!(
+                "rank{} pid{} {}:{}",
+                r.rank, r.pid, r.env["MASTER_ADDR"], r.env["MASTER_PORT"]
+            )
+        })
+        .collect();
+    workers.sort();
+    format!(
+        "round {} restarts {} phase {} nodes {nodes:?} workers {workers:?}",
+        info.round, info.restart_count, info.phase
+    )
+}
+
+#[test]
+fn without_the_token_every_call_is_refused_and_the_job_is_untouched() {
+    let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
+    let dir = scratch("sec-token");
+    let rt = runtime();
+    let a = agent(&dir, "a", &server.addr, "victim");
+    let mut admin = rt.block_on(client(&server.addr, Some(TOKEN)));
+    assert!(eventually(Duration::from_secs(10), || rt
+        .block_on(admin.job_status(pb::JobStatusRequest {
+            job_id: "victim".into(),
+            ..Default::default()
+        }))
+        .is_ok()));
+    // While the job forms, an attacker without the token tries to take node
+    // rank 0 with a host name that sorts first.
+    let mut evil = rt.block_on(client(&server.addr, None));
+    let refused = rt
+        .block_on(evil.join(join_req("victim", "evil", "0000-evil", 2)))
+        .expect_err("no token");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("token"), "{refused:?}");
+    let b = agent(&dir, "b", &server.addr, "victim");
+    assert!(eventually(Duration::from_secs(20), || records(&dir).len() == 2));
+    let before = snapshot(&mut admin, &rt, &dir, "victim");
+    assert!(!before.contains("evil"), "{before}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    for r in records(&dir) {
+        assert_eq!(
+            r.env["MASTER_ADDR"],
+            host.trim(),
+            "MASTER_ADDR is a real agent's"
+        );
+    }
+    let info = rt.block_on(status(&mut admin, "victim"));
+    let node = info.nodes[0].node_id.clone();
+    // Every call of the API, without the token.
+    let codes = rt.block_on(async {
+        vec![
+            evil.ready(pb::ReadyRequest {
+                job_id: "victim".into(),
+                node_id: node.clone(),
+                master_addr: "6.6.6.6".into(),
+                master_port: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            evil.keep_alive(pb::KeepAliveRequest {
+                job_id: "victim".into(),
+                node_id: node.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            evil.report_failure(pb::ReportFailureRequest {
+                job_id: "victim".into(),
+                node_id: node.clone(),
+                round: info.round,
+                reason: "owned".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            evil.report_success(pb::ReportSuccessRequest {
+                job_id: "victim".into(),
+                node_id: node.clone(),
+                round: info.round,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            evil.leave(pb::LeaveRequest {
+                job_id: "victim".into(),
+                node_id: node.clone(),
+                reason: "owned".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            evil.job_status(pb::JobStatusRequest::default())
+                .await
+                .map(drop),
+        ]
+    });
+    for (i, r) in codes.into_iter().enumerate() {
+        assert_eq!(
+            r.expect_err("refused").code(),
+            Code::Unauthenticated,
+            "call {i}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(snapshot(&mut admin, &rt, &dir, "victim"), before);
+    drop((a, b));
+}
+
+#[test]
+fn the_token_without_a_nodes_session_secret_cannot_act_for_it() {
+    let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
+    let dir = scratch("sec-session");
+    let rt = runtime();
+    let a = agent(&dir, "a", &server.addr, "victim");
+    let b = agent(&dir, "b", &server.addr, "victim");
+    assert!(eventually(Duration::from_secs(20), || records(&dir).len() == 2));
+    let mut insider = rt.block_on(client(&server.addr, Some(TOKEN)));
+    let before = snapshot(&mut insider, &rt, &dir, "victim");
+    let info = rt.block_on(status(&mut insider, "victim"));
+    let node = info.nodes[0].node_id.clone();
+    let wrong = vec![0u8; 16];
+    let results = rt.block_on(async {
+        let mut out = Vec::new();
+        // Four failures would spend the job's --max-restarts 3.
+        for _ in 0..4 {
+            out.push(
+                insider
+                    .report_failure(pb::ReportFailureRequest {
+                        job_id: "victim".into(),
+                        node_id: node.clone(),
+                        round: info.round,
+                        reason: "\u{1b}[2Jowned".into(),
+                        session: wrong.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(drop),
+            );
+        }
+        out.push(
+            insider
+                .leave(pb::LeaveRequest {
+                    job_id: "victim".into(),
+                    node_id: node.clone(),
+                    reason: "owned".into(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+        );
+        out.push(
+            insider
+                .keep_alive(pb::KeepAliveRequest {
+                    job_id: "victim".into(),
+                    node_id: node.clone(),
+                    session: wrong.clone(),
+                })
+                .await
+                .map(drop),
+        );
+        out.push(
+            insider
+                .report_success(pb::ReportSuccessRequest {
+                    job_id: "victim".into(),
+                    node_id: node.clone(),
+                    round: info.round,
+                    session: wrong.clone(),
+                })
+                .await
+                .map(drop),
+        );
+        let mut resume = join_req("victim", &node, "evil", 2);
+        resume.max_restarts = 3;
+        resume.resume = Some(pb::Resume {
+            round: info.round,
+            restart_count: 0,
+            node_rank: 0,
+            nnodes: 2,
+        });
+        resume.session = wrong.clone();
+        out.push(insider.join(resume).await.map(drop));
+        out
+    });
+    for (i, r) in results.into_iter().enumerate() {
+        let s = r.expect_err("refused");
+        assert_eq!(s.code(), Code::PermissionDenied, "call {i}: {s:?}");
+        assert!(s.message().contains("session secret"), "{s:?}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(snapshot(&mut insider, &rt, &dir, "victim"), before);
+    drop((a, b));
+}
+
+#[test]
+fn every_bound_refuses_with_its_limit_and_the_server_stays_up() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--max-jobs", "2", "--max-nodes-per-job", "3"],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let mut c = client(&server.addr, Some(TOKEN)).await;
+        let code_and_message =
+            |r: Result<tonic::Response<tonic::Streaming<pb::Event>>, tonic::Status>| {
+                let s = r.expect_err("refused");
+                (s.code(), s.message().to_owned())
+            };
+        let long = "h".repeat(300);
+        let (code, msg) = code_and_message(c.join(join_req("j1", "n", &long, 2)).await);
+        assert_eq!(code, Code::InvalidArgument);
+        assert!(msg.contains("256"), "{msg}");
+        // A resume claiming 4 billion nodes for a job the server does not know.
+        let mut huge = join_req("ghost", "n", "h", 2);
+        huge.resume = Some(pb::Resume {
+            round: 1,
+            restart_count: 0,
+            node_rank: 0,
+            nnodes: u32::MAX,
+        });
+        let t0 = Instant::now();
+        let (code, msg) = code_and_message(c.join(huge).await);
+        assert_eq!(code, Code::InvalidArgument);
+        assert!(msg.contains("resume"), "{msg}");
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        let (code, msg) = code_and_message(c.join(join_req("j1", "n", "h", 4)).await);
+        assert_eq!(code, Code::ResourceExhausted);
+        assert!(msg.contains("--max-nodes-per-job 3"), "{msg}");
+        // Three nodes fit a job; a fourth does not (spares count).
+        let mut streams = Vec::new();
+        for i in 0..3 {
+            let mut r = join_req("j1", &format!("n{i}"), "h", 2);
+            r.min_nodes = 1;
+            r.max_nodes = 2;
+            streams.push(c.join(r).await.expect("fits").into_inner());
+        }
+        let mut r = join_req("j1", "n3", "h", 2);
+        r.min_nodes = 1;
+        r.max_nodes = 2;
+        let (code, msg) = code_and_message(c.join(r).await);
+        assert_eq!(code, Code::ResourceExhausted);
+        assert!(msg.contains("already has 3 nodes"), "{msg}");
+        // Two jobs fit the server; a third does not.
+        streams.push(
+            c.join(join_req("j2", "n", "h", 2))
+                .await
+                .expect("second job")
+                .into_inner(),
+        );
+        let (code, msg) = code_and_message(c.join(join_req("j3", "n", "h", 2)).await);
+        assert_eq!(code, Code::ResourceExhausted);
+        assert!(msg.contains("--max-jobs"), "{msg}");
+        // Failure text beyond 64 KiB.
+        let big = c
+            .report_failure(pb::ReportFailureRequest {
+                job_id: "j1".into(),
+                node_id: "n0".into(),
+                reason: "x".repeat(70 * 1024),
+                ..Default::default()
+            })
+            .await
+            .expect_err("too big");
+        assert_eq!(big.code(), Code::InvalidArgument);
+        assert!(big.message().contains("65536"), "{big:?}");
+        // Still serving.
+        let all = c
+            .job_status(pb::JobStatusRequest::default())
+            .await
+            .expect("status")
+            .into_inner();
+        assert_eq!(all.jobs.len(), 2);
+        drop(streams);
+    });
+}
+
+#[test]
+fn a_server_on_a_routable_address_needs_a_token_or_an_explicit_opt_out() {
+    let out = std::process::Command::new(bin("rdzv-server"))
+        .args(["--bind", "0.0.0.0:0"])
+        .env_remove("RDZV_TOKEN")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("without a token") && err.contains("--token-file"),
+        "{err}"
+    );
+    // With the opt-out it serves (and says what that means).
+    let server = Server::start_with("0.0.0.0:0", &["--allow-unauthenticated"], &[]);
+    let rt = runtime();
+    let port = server.addr.rsplit(':').next().expect("port");
+    let mut c = rt.block_on(client(&format!("127.0.0.1:{port}"), None));
+    assert!(rt
+        .block_on(c.job_status(pb::JobStatusRequest::default()))
+        .is_ok());
+}
+
+#[test]
+fn a_finished_jobs_id_is_reusable_after_the_ttl() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--finished-job-ttl", "1"],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let dir = scratch("sec-ttl");
+    let run = |tag: &str| {
+        Agent::start(
+            &dir,
+            tag,
+            &[
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                &server.addr,
+                "--rdzv-id",
+                "again",
+                "--no-python",
+                "true",
+            ],
+            &[("ACCEL_RDZV_TOKEN", TOKEN)],
+        )
+        .wait(Duration::from_secs(30))
+    };
+    assert_eq!(run("first").code(), 0);
+    let early = run("early");
+    assert_ne!(early.code(), 0, "the finished job is still remembered");
+    assert!(
+        early.stderr.contains("already succeeded"),
+        "{}",
+        early.stderr
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let again = run("again");
+    assert_eq!(again.code(), 0, "{}", again.stderr);
+}
+
+#[test]
+fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
+    let dir = scratch("sec-logs");
+    let log = dir.join("server.log");
+    let port = accel_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut server = std::process::Command::new(bin("rdzv-server"))
+        .args(["--bind", &addr, "--token-file"])
+        .arg(&token_file)
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start");
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    }));
+    let load = std::process::Command::new(bin("rdzv-load"))
+        .args([
+            "--endpoint",
+            &addr,
+            "--server-pid",
+            &server.id().to_string(),
+            "--agents",
+            "1000",
+            "--token-file",
+        ])
+        .arg(&token_file)
+        .output()
+        .expect("rdzv-load");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    // The load's streams end when it exits: aggregated too.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = std::fs::read_to_string(&log).expect("read log");
+    let lines = text.lines().count();
+    assert!(lines <= 12, "{lines} lines:\n{text}");
+    let joined: u32 = text
+        .lines()
+        .filter_map(|l| l.split("nodes=").nth(1))
+        .filter_map(|n| n.strip_suffix(" joined")?.parse::<u32>().ok())
+        .sum();
+    assert_eq!(joined, 1000, "{text}");
+    assert!(text.contains("round formed"), "{text}");
+    assert!(!text.contains("may be read by other users"), "{text}");
+    assert!(text.contains("1000 lost their connection"), "{text}");
+    assert!(!text.contains(TOKEN), "the token is never logged");
+}
