@@ -17,6 +17,8 @@ need_apt=()
 [ -n "$PY" ] || need_apt+=(python3 python3-venv)
 command -v kill >/dev/null || need_apt+=(procps)
 command -v ip >/dev/null || need_apt+=(iproute2)
+# certificates for the TLS tests.
+command -v openssl >/dev/null || need_apt+=(openssl)
 # gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).
 [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -64,8 +64,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             resume: None,
             session: Vec::new(),
         };
+        let link_tls = cfg.link_tls();
         let joined = tokio::select! {
-            r = RdzvClient::join(&host, port, join_req.clone(), cfg.token.as_ref(), cfg.rdzv.read_timeout, deadline) => r?,
+            r = RdzvClient::join(&host, port, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
             sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
         };
         let (client, events, first) = joined;
@@ -287,6 +288,7 @@ async fn rejoin(
         endpoint.1,
         req,
         cfg.token.as_ref(),
+        &cfg.link_tls(),
         cfg.rdzv.read_timeout,
         deadline,
     )

@@ -13,6 +13,7 @@ use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
 use rendezvous_server::auth::AttachToken;
 use rendezvous_server::limits::MAX_FAILURE_BYTES;
+use rendezvous_server::tls::{endpoint_uri, is_certificate_error, ClientTlsFiles};
 use rendezvous_server::Token;
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
@@ -44,15 +45,6 @@ impl std::fmt::Debug for RdzvClient {
     }
 }
 
-/// `http://host:port`, bracketing IPv6 literals.
-pub fn endpoint_uri(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("http://[{host}]:{port}")
-    } else {
-        format!("http://{host}:{port}")
-    }
-}
-
 /// Backoff before retry `attempt` (0-based): 50 ms doubling to 2 s, ±50 % jitter.
 pub fn backoff(attempt: u32) -> Duration {
     let base = Duration::from_millis(50)
@@ -65,20 +57,31 @@ impl RdzvClient {
     /// Connects to `host:port` and joins, retrying an unreachable endpoint with
     /// jittered backoff until `deadline`, and waits for `Joined`. A refusal by
     /// the server (a setting that disagrees with the job, a duplicate node
-    /// rank, a missing token) is not retried.
+    /// rank, a missing token, a certificate the other side refuses) is not
+    /// retried. `tls`: the link's TLS files (disabled: plain HTTP/2).
+    #[allow(clippy::too_many_arguments)]
     pub async fn join(
         host: &str,
         port: u16,
         req: pb::JoinRequest,
         token: Option<&Token>,
+        tls: &ClientTlsFiles,
         read_timeout: Duration,
         deadline: Instant,
     ) -> Result<(Self, Streaming<pb::Event>, pb::Joined), AgentError> {
-        let uri = endpoint_uri(host, port);
-        let endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|e| {
-                AgentError::Config(format!("rendezvous endpoint {host}:{port} is invalid: {e}"))
-            })?
+        let uri = endpoint_uri(host, port, tls.enabled());
+        let mut endpoint = Endpoint::from_shared(uri.clone()).map_err(|e| {
+            AgentError::Config(format!("rendezvous endpoint {host}:{port} is invalid: {e}"))
+        })?;
+        let tls_config = tls
+            .config(host)
+            .map_err(|e| AgentError::Config(e.to_string()))?;
+        if let Some(config) = tls_config {
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| AgentError::Config(format!("TLS: {}", source_chain(&e))))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(read_timeout.min(Duration::from_secs(10)))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
@@ -126,6 +129,13 @@ impl RdzvClient {
                     return Ok((client, stream, joined));
                 }
                 Ok(Ok(Err(refusal))) => return Err(AgentError::Rejected(refusal)),
+                Ok(Err(error)) if tls.enabled() && is_certificate_error(&error) => {
+                    return Err(AgentError::Rejected(format!(
+                        "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
+                         (the CA that signed the server's certificate, whose names must include '{host}') \
+                         and tls_cert/tls_key"
+                    )))
+                }
                 Ok(Err(error)) => error,
                 Err(_) => "no answer before the deadline".to_owned(),
             };

@@ -119,6 +119,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// The TLS files of the link to the rendezvous: none for a standalone
+    /// job (its rendezvous is on loopback inside this agent).
+    pub fn link_tls(&self) -> rendezvous_server::tls::ClientTlsFiles {
+        match self.rendezvous {
+            Rendezvous::Standalone => Default::default(),
+            _ => self.rdzv.tls.clone(),
+        }
+    }
+
     /// Validates `args`; `env` looks up the agent's environment.
     pub fn from_args(
         args: &AgentArgs,
@@ -127,7 +136,11 @@ impl Config {
         let mut warnings = Vec::new();
         let (min_nodes, max_nodes) = parse_nnodes(&args.nnodes)?;
         let nproc_per_node = parse_nproc(&args.nproc_per_node)?;
-        let rdzv = RdzvConf::parse(&args.rdzv_conf)?;
+        let mut rdzv = RdzvConf::parse(&args.rdzv_conf)?;
+        rdzv.tls = std::mem::take(&mut rdzv.tls).or_env(env);
+        rdzv.tls
+            .check("rendezvous")
+            .map_err(|e| bad(format!("--rdzv-conf tls_*: {e}")))?;
         let token = rendezvous_server::config::client_token(rdzv.token_file.as_deref(), env)
             .map_err(|e| bad(format!("--rdzv-conf token_file / ACCEL_RDZV_TOKEN: {e}")))?;
         let backend = args.rdzv_backend.as_str();

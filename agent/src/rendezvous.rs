@@ -14,14 +14,36 @@ use crate::config::{Config, Rendezvous};
 use crate::error::AgentError;
 
 /// An embedded rendezvous forgets finished jobs quickly, its shutdown ends
-/// the job for every node, and it requires the agents' token if they have one.
-fn embedded(token: Option<rendezvous_server::Token>) -> rendezvous_server::ServeOptions {
+/// the job for every node, and it requires the agents' token if they have
+/// one. With `tls`, it serves TLS with the agent's own certificate and key
+/// (which must then be valid for the rendezvous host name) and requires the
+/// other agents' certificates to chain to `tls_ca`.
+fn embedded(
+    token: Option<rendezvous_server::Token>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> rendezvous_server::ServeOptions {
     rendezvous_server::ServeOptions {
         finished_job_ttl: Duration::from_secs(5),
         may_rejoin_after_shutdown: false,
         token,
         limits: rendezvous_server::Limits::default(),
+        tls,
     }
+}
+
+/// The TLS settings of a rendezvous this agent hosts for other nodes.
+fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>, AgentError> {
+    let files = cfg.link_tls();
+    if !files.enabled() {
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (&files.cert, &files.key) else {
+        return Err(AgentError::Config(
+            "this agent hosts the rendezvous over TLS, so it needs its own certificate: give --rdzv-conf tls_cert=PEM,tls_key=PEM (valid for the rendezvous host name)".into(),
+        ));
+    };
+    rendezvous_server::tls::server_config(Some(cert), Some(key), files.ca.as_deref())
+        .map_err(|e| AgentError::Config(e.to_string()))
 }
 
 /// Where the rendezvous is, starting it inside this agent when this node hosts it.
@@ -29,9 +51,9 @@ pub(crate) async fn locate_rendezvous(
     cfg: &Config,
     stop: &CancellationToken,
 ) -> Result<(String, u16, Option<tokio::task::JoinHandle<()>>), AgentError> {
-    let host_at = |addr: SocketAddr| {
+    let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
-        let options = embedded(cfg.token.clone());
+        let options = embedded(cfg.token.clone(), tls);
         async move {
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();
@@ -49,7 +71,7 @@ pub(crate) async fn locate_rendezvous(
     };
     match &cfg.rendezvous {
         Rendezvous::Standalone => {
-            let (port, task) = host_at(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            let (port, task) = host_at(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None)
                 .await
                 .map_err(|e| {
                     AgentError::io("cannot start the embedded rendezvous on 127.0.0.1", e)
@@ -64,7 +86,8 @@ pub(crate) async fn locate_rendezvous(
             if *node_rank != 0 {
                 return Ok((host.clone(), *port, None));
             }
-            let (_, task) = host_at(wildcard(host, *port)).await.map_err(|e| {
+            let tls = hosted_tls(cfg)?;
+            let (_, task) = host_at(wildcard(host, *port), tls).await.map_err(|e| {
                 AgentError::Config(format!(
                     "node rank 0 cannot serve the rendezvous on port {port}: {e}; pick a free --master-port"
                 ))
@@ -73,9 +96,15 @@ pub(crate) async fn locate_rendezvous(
             Ok((host.clone(), *port, Some(task)))
         }
         Rendezvous::C10d { host, port } => {
-            let local = cfg.rdzv.is_host.unwrap_or_else(|| is_local_host(host));
+            // A TLS agent without its own certificate cannot host: it joins.
+            let can_host = !cfg.rdzv.tls.enabled() || cfg.rdzv.tls.cert.is_some();
+            let local = cfg
+                .rdzv
+                .is_host
+                .unwrap_or_else(|| can_host && is_local_host(host));
             if local {
-                match host_at(wildcard(host, *port)).await {
+                let tls = hosted_tls(cfg)?;
+                match host_at(wildcard(host, *port), tls).await {
                     Ok((_, task)) => {
                         info!(port, "this agent hosts the c10d rendezvous");
                         return Ok((host.clone(), *port, Some(task)));

@@ -33,6 +33,15 @@ pub struct ServerArgs {
     /// port can then join, fail or stop any job. Only for isolated networks.
     #[arg(long)]
     pub allow_unauthenticated: bool,
+    /// Certificate chain (PEM) to serve TLS with; needs --tls-key.
+    #[arg(long, env = "RDZV_TLS_CERT", value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "RDZV_TLS_KEY", value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) every agent's client certificate must chain to (mutual TLS).
+    #[arg(long, env = "RDZV_TLS_CLIENT_CA", value_name = "PEM")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Most jobs held at once; joins of new jobs beyond it are refused.
     #[arg(long, env = "RDZV_MAX_JOBS", default_value_t = Limits::default().max_jobs)]
     pub max_jobs: usize,
@@ -63,6 +72,15 @@ pub enum Command {
         /// File holding the server's token (else ACCEL_RDZV_TOKEN or RDZV_TOKEN).
         #[arg(long, value_name = "PATH")]
         token_file: Option<PathBuf>,
+        /// CA (PEM) of a TLS server's certificate (else ACCEL_RDZV_TLS_CA).
+        #[arg(long, value_name = "PEM")]
+        tls_ca: Option<PathBuf>,
+        /// Client certificate (PEM) for mutual TLS (else ACCEL_RDZV_TLS_CERT).
+        #[arg(long, value_name = "PEM")]
+        tls_cert: Option<PathBuf>,
+        /// Client key (PEM) for mutual TLS (else ACCEL_RDZV_TLS_KEY).
+        #[arg(long, value_name = "PEM")]
+        tls_key: Option<PathBuf>,
     },
 }
 
@@ -70,6 +88,15 @@ impl ServerArgs {
     /// The server's token: `--token-file`, else `RDZV_TOKEN` from `env`.
     pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>, TokenError> {
         Token::resolve(self.token_file.as_deref(), "RDZV_TOKEN", env)
+    }
+
+    /// The TLS settings the flags give (`None`: plain).
+    pub fn tls(&self) -> Result<Option<tonic::transport::ServerTlsConfig>, crate::tls::TlsError> {
+        crate::tls::server_config(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_client_ca.as_deref(),
+        )
     }
 
     /// The limits the flags set.

@@ -12,6 +12,7 @@
 //! - [`auth`]: the token every call carries, and nodes' session secrets;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
+//! - [`tls`]: certificates and keys for TLS on every link;
 //! - [`config`]: `rdzv-server`'s flags;
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
@@ -27,6 +28,7 @@ pub mod registry;
 pub mod service;
 pub mod signal;
 pub mod status;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -58,6 +60,8 @@ pub struct ServeOptions {
     pub token: Option<Token>,
     /// How much the server holds at most.
     pub limits: Limits,
+    /// TLS (`None`: plain HTTP/2).
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -97,7 +101,11 @@ pub async fn serve(
         rendezvous,
         auth::RequireToken::new(options.token.clone()),
     );
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls.clone() {
+        builder = builder.tls_config(tls)?;
+    }
+    let result = builder
         .add_service(health_service)
         .add_service(rendezvous)
         .serve_with_incoming_shutdown(incoming, async move {

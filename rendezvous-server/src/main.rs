@@ -20,11 +20,20 @@ fn main() -> ExitCode {
         endpoint,
         job,
         token_file,
+        tls_ca,
+        tls_cert,
+        tls_key,
     }) = &args.command
     {
+        let tls = rendezvous_server::tls::ClientTlsFiles {
+            ca: tls_ca.clone(),
+            cert: tls_cert.clone(),
+            key: tls_key.clone(),
+        }
+        .or_env(&env);
         let report = async {
             let token = client_token(token_file.as_deref(), &env).map_err(|e| e.to_string())?;
-            rendezvous_server::status::report(endpoint, job.as_deref(), token.as_ref())
+            rendezvous_server::status::report(endpoint, job.as_deref(), token.as_ref(), &tls)
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -39,10 +48,11 @@ fn main() -> ExitCode {
             }
         };
     }
-    let token = match args.token(&env).map_err(|e| e.to_string()).and_then(|t| {
+    let settings = args.token(&env).map_err(|e| e.to_string()).and_then(|t| {
         args.check_exposure(t.as_ref())?;
-        Ok(t)
-    }) {
+        Ok((t, args.tls().map_err(|e| e.to_string())?))
+    });
+    let (token, tls) = match settings {
         Ok(t) => t,
         Err(e) => {
             eprintln!("rdzv-server: {e}");
@@ -61,13 +71,14 @@ fn main() -> ExitCode {
             }
         };
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, authenticated = token.is_some(), "rdzv-server listening");
+            tracing::info!(%addr, authenticated = token.is_some(), tls = tls.is_some(), "rdzv-server listening");
         }
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,
             token,
             limits: args.limits(),
+            tls,
         };
         let shutdown = rendezvous_server::signal::shutdown();
         match rendezvous_server::serve(listener, options, shutdown).await {

@@ -7,6 +7,7 @@ use accel_proto::v1 as pb;
 use pb::rendezvous_client::RendezvousClient;
 
 use crate::auth::{AttachToken, Token};
+use crate::tls::{endpoint_uri, ClientTlsFiles};
 
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,9 @@ pub enum StatusError {
         /// The cause, with its sources.
         cause: String,
     },
+    /// A TLS file cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// The server answered with an error.
     #[error("the rendezvous at {endpoint} answered: {message}")]
     Call {
@@ -53,10 +57,20 @@ pub async fn report(
     endpoint: &str,
     job: Option<&str>,
     token: Option<&Token>,
+    tls: &ClientTlsFiles,
 ) -> Result<String, StatusError> {
-    let uri = format!("http://{endpoint}");
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|_| StatusError::BadEndpoint(endpoint.to_owned()))?
+    let bad = || StatusError::BadEndpoint(endpoint.to_owned());
+    let (host, port) = endpoint.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let uri = endpoint_uri(host, port, tls.enabled());
+    let mut ep = tonic::transport::Endpoint::from_shared(uri).map_err(|_| bad())?;
+    if let Some(config) = tls.config(host)? {
+        ep = ep.tls_config(config).map_err(|e| StatusError::Connect {
+            endpoint: endpoint.to_owned(),
+            cause: error_chain(&e),
+        })?;
+    }
+    let channel = ep
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await

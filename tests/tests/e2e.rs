@@ -9,6 +9,7 @@ mod logs;
 mod restart;
 mod security;
 mod shutdown;
+mod tls;
 mod torch;
 
 use std::path::Path;

@@ -33,6 +33,9 @@ pub struct RdzvConf {
     /// File holding the rendezvous token (accel's own key; else the
     /// variable `ACCEL_RDZV_TOKEN` holds it).
     pub token_file: Option<std::path::PathBuf>,
+    /// TLS files (accel's keys `tls_ca`, `tls_cert`, `tls_key`; else the
+    /// variables `ACCEL_RDZV_TLS_CA`, `_CERT`, `_KEY`).
+    pub tls: rendezvous_server::tls::ClientTlsFiles,
 }
 
 impl Default for RdzvConf {
@@ -48,13 +51,14 @@ impl Default for RdzvConf {
             timeout: Duration::from_secs(900),
             reconnect_grace: Duration::from_secs(60),
             token_file: None,
+            tls: Default::default(),
         }
     }
 }
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         token_file";
+                         token_file, tls_ca, tls_cert, tls_key";
 
 impl RdzvConf {
     /// Parses `k1=v1,k2=v2`; unknown keys and keys without a value are errors.
@@ -81,6 +85,12 @@ impl RdzvConf {
                     return Err(bad("--rdzv-conf token_file needs a path"))
                 }
                 "token_file" => c.token_file = Some(value.into()),
+                "tls_ca" | "tls_cert" | "tls_key" if value.is_empty() => {
+                    return Err(bad(format!("--rdzv-conf {key} needs a path")))
+                }
+                "tls_ca" => c.tls.ca = Some(value.into()),
+                "tls_cert" => c.tls.cert = Some(value.into()),
+                "tls_key" => c.tls.key = Some(value.into()),
                 "keep_alive_max_attempt" => {
                     c.keep_alive_max_attempt = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                         bad(format!("--rdzv-conf keep_alive_max_attempt: '{value}' is not a positive integer"))

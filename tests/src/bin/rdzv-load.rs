@@ -9,6 +9,7 @@
 //!
 //! Usage: rdzv-load --endpoint HOST:PORT --server-pid PID [--agents 100,1000,10000]
 //!        [--token-file PATH]   (the server's token, sent with every call)
+//!        [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]   (TLS, mutual with a certificate)
 
 use std::time::{Duration, Instant};
 
@@ -105,20 +106,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token = arg("--token-file")
         .map(|f| Token::from_file(std::path::Path::new(&f)))
         .transpose()?;
+    let tls = rendezvous_server::tls::ClientTlsFiles {
+        ca: arg("--tls-ca").map(Into::into),
+        cert: arg("--tls-cert").map(Into::into),
+        key: arg("--tls-key").map(Into::into),
+    };
     let rt = tokio::runtime::Runtime::new()?;
     println!("| agents | rendezvous wall time | server CPU | server CPU per agent |");
     println!("|---|---|---|---|");
     for (k, n) in sizes.into_iter().enumerate() {
         let (wall, cpu) = rt.block_on(async {
-            let uri = format!("http://{endpoint}");
+            let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
+            let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
             for _ in 0..(n as usize).div_ceil(PER_CONNECTION) {
-                channels.push(
-                    Endpoint::from_shared(uri.clone())?
-                        .tcp_nodelay(true)
-                        .connect()
-                        .await?,
-                );
+                let mut ep = Endpoint::from_shared(uri.clone())?.tcp_nodelay(true);
+                if let Some(config) = tls.config(host)? {
+                    ep = ep.tls_config(config)?;
+                }
+                channels.push(ep.connect().await?);
             }
             let job = format!("load-{k}-{n}");
             let cpu0 = cpu_seconds(&server_pid);

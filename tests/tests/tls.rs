@@ -1,0 +1,311 @@
+//! TLS on the rendezvous links, with certificates made by `openssl` for
+//! each test: mutual TLS end to end, a wrong CA, unusable files.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use accel_tests::{bin, eventually, record_script, records, scratch, Agent, Server};
+
+const TOKEN: &str = "tls-test-token-8d2e6b0c1a";
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (the test command installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA `name` in `dir`: `name.key`, `name.pem`.
+fn ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+}
+
+/// A certificate `name` signed by CA `ca`, valid for 127.0.0.1 and localhost,
+/// for servers and clients.
+fn leaf(dir: &Path, ca: &str, name: &str) {
+    let ext = dir.join(format!("{name}.ext"));
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("ext");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
+}
+
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = scratch("tls-pki");
+        ca(&dir, "ca");
+        ca(&dir, "other-ca");
+        leaf(&dir, "ca", "server");
+        leaf(&dir, "ca", "agent");
+        Self { dir }
+    }
+    fn path(&self, f: &str) -> String {
+        self.dir.join(f).to_string_lossy().into_owned()
+    }
+}
+
+fn agent(dir: &Path, tag: &str, endpoint: &str, conf: &str, timeout: &str) -> Agent {
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let conf = format!("{conf},join_timeout={timeout}");
+    Agent::start(
+        dir,
+        tag,
+        &[
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "tls",
+            "--rdzv-conf",
+            &conf,
+            script.to_str().expect("path"),
+        ],
+        &[
+            ("RECORD_DIR", &rec),
+            ("AGENT_TAG", tag),
+            ("RUN_FOR", "0.5"),
+            ("ACCEL_RDZV_TOKEN", TOKEN),
+        ],
+    )
+}
+
+#[test]
+fn mutual_tls_end_to_end() {
+    let pki = Pki::new();
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--tls-cert",
+            &pki.path("server.pem"),
+            "--tls-key",
+            &pki.path("server.key"),
+            "--tls-client-ca",
+            &pki.path("ca.pem"),
+        ],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let dir = scratch("tls-e2e");
+    let conf = format!(
+        "tls_ca={},tls_cert={},tls_key={}",
+        pki.path("ca.pem"),
+        pki.path("agent.pem"),
+        pki.path("agent.key")
+    );
+    let a = agent(&dir, "a", &server.addr, &conf, "30");
+    let b = agent(&dir, "b", &server.addr, &conf, "30");
+    assert!(
+        eventually(Duration::from_secs(30), || records(&dir).len() == 2),
+        "both workers ran"
+    );
+    // status over the same TLS, from the environment.
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, TOKEN).expect("token");
+    let out = Command::new(bin("rdzv-server"))
+        .args(["status", "--rdzv-endpoint", &server.addr, "--token-file"])
+        .arg(&token_file)
+        .env("ACCEL_RDZV_TLS_CA", pki.path("ca.pem"))
+        .env("ACCEL_RDZV_TLS_CERT", pki.path("agent.pem"))
+        .env("ACCEL_RDZV_TLS_KEY", pki.path("agent.key"))
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("job tls"));
+    assert_eq!(a.wait(Duration::from_secs(30)).code(), 0);
+    assert_eq!(b.wait(Duration::from_secs(30)).code(), 0);
+    // Without TLS the same server is unreachable: no plaintext fallback.
+    let plain = agent(
+        &scratch("tls-plain"),
+        "p",
+        &server.addr,
+        "keep_alive_interval=1",
+        "3",
+    )
+    .wait(Duration::from_secs(20));
+    assert_ne!(plain.code(), 0);
+}
+
+#[test]
+fn a_wrong_ca_or_a_missing_client_certificate_fails_fast_and_clearly() {
+    let pki = Pki::new();
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--tls-cert",
+            &pki.path("server.pem"),
+            "--tls-key",
+            &pki.path("server.key"),
+            "--tls-client-ca",
+            &pki.path("ca.pem"),
+        ],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let dir = scratch("tls-wrong");
+    let t0 = Instant::now();
+    let wrong = agent(
+        &dir,
+        "w",
+        &server.addr,
+        &format!("tls_ca={}", pki.path("other-ca.pem")),
+        "60",
+    )
+    .wait(Duration::from_secs(30));
+    assert_ne!(wrong.code(), 0);
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "not retried until join_timeout"
+    );
+    assert!(
+        wrong.stderr.contains("TLS") && wrong.stderr.contains("tls_ca"),
+        "{}",
+        wrong.stderr
+    );
+    // The right CA but no client certificate: the server refuses the handshake.
+    let anonymous = agent(
+        &dir,
+        "n",
+        &server.addr,
+        &format!("tls_ca={}", pki.path("ca.pem")),
+        "5",
+    )
+    .wait(Duration::from_secs(30));
+    assert_ne!(anonymous.code(), 0, "{}", anonymous.stderr);
+}
+
+#[test]
+fn unusable_tls_files_are_one_clear_line() {
+    let pki = Pki::new();
+    let run = |args: &[&str]| {
+        let out = Command::new(bin("rdzv-server"))
+            .args(["--bind", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A key where the certificate belongs.
+    let (code, err) = run(&[
+        "--tls-cert",
+        &pki.path("server.key"),
+        "--tls-key",
+        &pki.path("server.key"),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("server.key") && err.contains("no certificate"),
+        "{err}"
+    );
+    let (code, err) = run(&[
+        "--tls-cert",
+        &pki.path("server.pem"),
+        "--tls-key",
+        "/nonexistent/key.pem",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("/nonexistent/key.pem"), "{err}");
+    let (code, err) = run(&["--tls-cert", &pki.path("server.pem")]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--tls-key"), "{err}");
+    // The agent checks its files before joining.
+    let out = Command::new(bin("accel-agent"))
+        .args([
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:1",
+            "--rdzv-conf",
+            &format!("tls_ca={}", pki.path("ca.key")),
+            "--no-python",
+            "true",
+        ])
+        .output()
+        .expect("agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        err.contains("ca.key") && err.contains("no certificate"),
+        "{err}"
+    );
+}
