@@ -43,8 +43,12 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        let text = c.to_string();
+        // Wrappers often repeat their source's text; say it once.
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = c.source();
     }
     s
