@@ -332,12 +332,13 @@ async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) -> 
 
 /// What a forming round waits for, in words.
 fn describe_waiting(w: &pb::Waiting) -> String {
-    let mut hosts = if w.hosts.is_empty() {
-        "none".to_owned()
-    } else {
-        w.hosts.join(", ")
+    let mut hosts = match (w.hosts.is_empty(), w.members) {
+        (true, 0) => "none".to_owned(),
+        // A large job's progress names nobody, only counts.
+        (true, n) => format!("{n} nodes"),
+        (false, _) => w.hosts.join(", "),
     };
-    if w.members as usize > w.hosts.len() {
+    if !w.hosts.is_empty() && w.members as usize > w.hosts.len() {
         hosts.push_str(&format!(" and {} more", w.members as usize - w.hosts.len()));
     }
     if w.spare {

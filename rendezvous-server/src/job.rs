@@ -43,7 +43,8 @@
 //! Joining, getting ready, keep-alives and success reports are O(log n) in
 //! the number of members; O(n) work happens once per round (completing it,
 //! restarting it) and in the periodic liveness scan. Progress reports to
-//! every member are rate-limited ([`PROGRESS_EVERY`]), so a round of n nodes
+//! every member are rate-limited ([`Job::progress_every`]: once a second,
+//! slower for large jobs so a broadcast costs each node the same), so a round of n nodes
 //! costs O(n log n), not O(n²).
 
 mod decide;
@@ -63,8 +64,13 @@ pub use decide::{decide, liveness, rank_order, Decision};
 pub use error::{AuthError, JoinError};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
 
-/// How often at most every member of a forming round is sent its progress.
+/// How often at most every member of a forming round is sent its progress
+/// (for jobs of up to [`PROGRESS_NODES`] members; larger jobs less often).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Members per [`PROGRESS_EVERY`] of progress interval, up to [`PROGRESS_MAX`].
+const PROGRESS_NODES: usize = 1000;
+/// The longest progress interval.
+pub const PROGRESS_MAX: Duration = Duration::from_secs(10);
 /// Host names listed in a progress report.
 const HOSTS_LISTED: usize = 16;
 /// Prefix of the placeholder ids of a relearned job's absent nodes.
@@ -330,12 +336,19 @@ impl Job {
         let forming = decide(now, self);
         if let (false, Decision::Wait { last_call_ends, .. }) = (self.members.is_empty(), forming) {
             consider(last_call_ends);
-            consider(Some(
-                self.progress_sent
-                    .map_or(now, |t| t.checked_add(PROGRESS_EVERY).unwrap_or(t)),
-            ));
+            consider(Some(self.progress_sent.map_or(now, |t| {
+                t.checked_add(self.progress_every()).unwrap_or(t)
+            })));
         }
         due
+    }
+
+    /// How often every member of a forming round hears its progress: once a
+    /// second, and one more second per [`PROGRESS_NODES`] members beyond that
+    /// (at most [`PROGRESS_MAX`]), so the server's work per member stays flat.
+    pub fn progress_every(&self) -> Duration {
+        let steps = (self.members.len() / PROGRESS_NODES).max(1) as u32;
+        (PROGRESS_EVERY * steps).min(PROGRESS_MAX)
     }
 
     /// Checks that `session` is `node_id`'s secret.

@@ -8,10 +8,7 @@ use std::time::Instant;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
-use super::{
-    decide, Decision, Job, JobConfig, JoinError, Outbound, Phase, ABSENT, HOSTS_LISTED,
-    PROGRESS_EVERY,
-};
+use super::{decide, Decision, Job, JobConfig, JoinError, Outbound, Phase, ABSENT, HOSTS_LISTED};
 
 impl Job {
     /// Applies [`decide`]: completes the round, or reports progress when due.
@@ -32,7 +29,7 @@ impl Job {
         self.phase == Phase::Forming
             && self
                 .progress_sent
-                .is_none_or(|t| now.saturating_duration_since(t) >= PROGRESS_EVERY)
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.progress_every())
     }
 
     pub(super) fn track_min_ready(&mut self, now: Instant) {
@@ -56,12 +53,17 @@ impl Job {
             round: self.round,
             ready: self.ready,
             needed: self.config.min_nodes,
-            hosts: self
-                .members
-                .values()
-                .take(HOSTS_LISTED)
-                .map(|m| m.hostname.clone())
-                .collect(),
+            // Names help in small jobs; in large ones a sample of 16 says
+            // little and would be copied to every member.
+            hosts: if self.members.len() <= 4 * HOSTS_LISTED {
+                self.members
+                    .values()
+                    .take(HOSTS_LISTED)
+                    .map(|m| m.hostname.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
             min_nodes: self.config.min_nodes,
             max_nodes: self.config.max_nodes,
             last_call_ms: if spare { None } else { last_call },

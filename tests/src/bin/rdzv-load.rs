@@ -10,6 +10,9 @@
 //! Usage: rdzv-load --endpoint HOST:PORT --server-pid PID [--agents 100,1000,10000]
 //!        [--token-file PATH]   (the server's token, sent with every call)
 //!        [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]   (TLS, mutual with a certificate)
+//!        [--label TEXT] [--no-header]
+//! The peak-RSS column is the server's high-water mark since it started minus
+//! its RSS before this size: exact for a server that serves one size.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,16 @@ fn arg(name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// A `/proc/PID/status` field in KiB.
+fn status_kib(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn cpu_seconds(pid: &str) -> f64 {
@@ -111,11 +124,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cert: arg("--tls-cert").map(Into::into),
         key: arg("--tls-key").map(Into::into),
     };
+    let label = arg("--label").unwrap_or_else(|| "plain".into());
     let rt = tokio::runtime::Runtime::new()?;
-    println!("| agents | rendezvous wall time | server CPU | server CPU per agent |");
-    println!("|---|---|---|---|");
+    if !std::env::args().any(|a| a == "--no-header") {
+        println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent |");
+        println!("|---|---|---|---|---|---|");
+    }
     for (k, n) in sizes.into_iter().enumerate() {
-        let (wall, cpu) = rt.block_on(async {
+        let (wall, cpu, rss) = rt.block_on(async {
             let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
             let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
@@ -127,6 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 channels.push(ep.connect().await?);
             }
             let job = format!("load-{k}-{n}");
+            let rss0 = status_kib(&server_pid, "VmRSS:");
             let cpu0 = cpu_seconds(&server_pid);
             let t0 = Instant::now();
             let tasks: Vec<_> = (0..n as usize)
@@ -144,13 +161,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let wall = t0.elapsed();
             // Let the server finish its accounting of the round before reading its CPU.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            Ok::<_, Box<dyn std::error::Error>>((wall, cpu_seconds(&server_pid) - cpu0))
+            let cpu = cpu_seconds(&server_pid) - cpu0;
+            let rss = status_kib(&server_pid, "VmHWM:") - rss0;
+            Ok::<_, Box<dyn std::error::Error>>((wall, cpu, rss))
         })?;
         println!(
-            "| {n} | {:.3} s | {:.2} s | {:.0} µs |",
+            "| {n} | {label} | {:.3} s | {:.2} s | {:.0} µs | {:.1} KiB |",
             wall.as_secs_f64(),
             cpu,
-            cpu / f64::from(n) * 1e6
+            cpu / f64::from(n) * 1e6,
+            rss / f64::from(n)
         );
     }
     Ok(())
