@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use rendezvous_server::config::parse_duration;
+use rendezvous_server::input::excerpt;
 
 use crate::cli::AgentArgs;
 
@@ -134,7 +135,7 @@ impl Config {
             if max_nodes != 1 {
                 return Err(bad(format!(
                     "--standalone runs one node, but --nnodes is {}; drop --standalone and give --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
-                    args.nnodes
+                    excerpt(&args.nnodes)
                 )));
             }
             Rendezvous::Standalone
@@ -150,7 +151,7 @@ impl Config {
                     if min_nodes != max_nodes {
                         return Err(bad(format!(
                             "--nnodes {}: static rendezvous needs a fixed node count; use --rdzv-backend c10d for MIN:MAX",
-                            args.nnodes
+                            excerpt(&args.nnodes)
                         )));
                     }
                     if args.node_rank >= max_nodes {
@@ -180,7 +181,8 @@ impl Config {
                 }
                 other => {
                     return Err(bad(format!(
-                        "--rdzv-backend '{other}' is unknown; use static or c10d"
+                        "--rdzv-backend '{}' is unknown; use static or c10d",
+                        excerpt(other)
                     )))
                 }
             }
@@ -293,7 +295,8 @@ impl Config {
 pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
     let err = || {
         bad(format!(
-            "--nnodes '{s}' is invalid; use N or MIN:MAX with 0 < MIN <= MAX"
+            "--nnodes '{}' is invalid; use N or MIN:MAX with 0 < MIN <= MAX",
+            excerpt(s)
         ))
     };
     let parts: Vec<&str> = s.split(':').collect();
@@ -314,7 +317,12 @@ pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
     Ok((min, max))
 }
 
-/// A number, `cpu`, `gpu` or `auto`.
+/// Most workers one agent starts: far above any machine's accelerators or
+/// cores, low enough that a typo (`--nproc-per-node 4000000000`) is an error
+/// instead of an attempt to describe and spawn billions of workers.
+pub const MAX_NPROC_PER_NODE: u32 = 65_536;
+
+/// A number (at most [`MAX_NPROC_PER_NODE`]), `cpu`, `gpu` or `auto`.
 pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
     let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     match s {
@@ -330,9 +338,13 @@ pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
             n => n,
         }),
         n => match n.parse::<u32>() {
+            Ok(n) if n > MAX_NPROC_PER_NODE => Err(bad(format!(
+                "--nproc-per-node {n} is too many; at most {MAX_NPROC_PER_NODE} workers per node"
+            ))),
             Ok(n) if n > 0 => Ok(n),
             _ => Err(bad(format!(
-                "--nproc-per-node '{s}' is invalid; use a positive number, cpu, gpu or auto"
+                "--nproc-per-node '{}' is invalid; use a positive number, cpu, gpu or auto",
+                excerpt(s)
             ))),
         },
     }
@@ -363,7 +375,8 @@ pub fn parse_endpoint(
 ) -> Result<(String, Option<u16>), ConfigError> {
     let err = || {
         bad(format!(
-            "--rdzv-endpoint '{s}' is invalid; use HOST[:PORT], with IPv6 as [::1]:29400"
+            "--rdzv-endpoint '{}' is invalid; use HOST[:PORT], with IPv6 as [::1]:29400",
+            excerpt(s)
         ))
     };
     let port = |p: &str| p.parse::<u16>().map(Some).map_err(|_| err());
@@ -401,7 +414,8 @@ fn parse_signals(s: &str) -> Result<Vec<Signal>, ConfigError> {
                 .filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCHLD))
                 .ok_or_else(|| {
                     bad(format!(
-                        "--signals-to-handle: '{name}' is not a signal the agent can handle"
+                        "--signals-to-handle: '{}' is not a signal the agent can handle",
+                        excerpt(name)
                     ))
                 })
         })

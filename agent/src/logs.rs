@@ -17,6 +17,8 @@ pub mod tee;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use rendezvous_server::input::excerpt;
+
 use crate::config::ConfigError;
 
 /// Which of a worker's streams a flag applies to.
@@ -50,7 +52,8 @@ impl StdSpec {
     pub fn parse(flag: &str, s: &str) -> Result<Self, ConfigError> {
         let bad = || {
             ConfigError(format!(
-                "{flag} '{s}' is invalid; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank like 0:3,1:1"
+                "{flag} '{}' is invalid; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank like 0:3,1:1",
+                excerpt(s)
             ))
         };
         let bits = |v: &str| {
@@ -163,7 +166,9 @@ pub fn parse_ranks(flag: &str, s: &str) -> Result<Option<BTreeSet<u32>>, ConfigE
         .map(|r| {
             r.trim().parse::<u32>().map_err(|_| {
                 ConfigError(format!(
-                    "{flag} '{s}' is invalid: '{r}' is not a rank; give ranks like 0,3"
+                    "{flag} '{}' is invalid: '{}' is not a rank; give ranks like 0,3",
+                    excerpt(s),
+                    excerpt(r)
                 ))
             })
         })

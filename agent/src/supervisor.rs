@@ -240,7 +240,7 @@ impl WorkerGroup {
     pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
         let mut seen = Vec::new();
         self.signal_live(sig);
-        let deadline = Instant::now() + grace;
+        let deadline = crate::deadline::after(grace);
         seen.extend(self.collect_until(deadline).await);
         if !self.all_ended() {
             warn!(

@@ -9,12 +9,14 @@
 //! - [`job`]: one job's state machine and the pure [`job::decide`] function;
 //! - [`service`]: the gRPC handlers and the registry of jobs by `rdzv_id`;
 //! - [`config`]: `rdzv-server`'s flags;
+//! - [`input`]: bounded parsing of what people type (durations, excerpts);
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod error;
+pub mod input;
 pub mod job;
 pub mod service;
 pub mod signal;

@@ -9,8 +9,10 @@
 //! `launch` can apply accelerate's precedence rules field by field and
 //! `config update` can write the file back the way accelerate does.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use rendezvous_server::input::excerpt;
 use serde_json::{json, Map, Value};
 
 use super::yaml;
@@ -121,6 +123,19 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// Larger than [`MAX_CONFIG_BYTES`]; refused before parsing.
+    #[error(
+        "the configuration file {path} is {}; a configuration file may be at most 1 MiB \
+         (accelerate's are a few hundred bytes): check that --config_file names the right file",
+        size_text(*.size)
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size from its metadata; `None` when it said less than it held
+        /// (a file still growing).
+        size: Option<u64>,
+    },
     /// Not YAML (or not JSON, for `.json`).
     #[error("the configuration file {path} is not valid {format}: {message}")]
     Syntax {
@@ -211,12 +226,54 @@ pub fn load_optional(
     }
 }
 
-/// Reads and checks one file.
-pub fn load(path: &Path) -> Result<AccelerateConfig, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+/// Largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+fn size_text(size: Option<u64>) -> String {
+    match size {
+        Some(n) => format!("{n} bytes"),
+        None => format!("more than {MAX_CONFIG_BYTES} bytes"),
+    }
+}
+
+/// The text of `path`, refused unread when its metadata says it is over
+/// [`MAX_CONFIG_BYTES`], and never more than that read (so a file that grows
+/// while it is read cannot exhaust memory either).
+fn read_bounded(path: &Path) -> Result<String, LoadError> {
+    let io = |source| LoadError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    let too_large = |size| LoadError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+    };
+    if size > MAX_CONFIG_BYTES {
+        return Err(too_large(Some(size)));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_large(None));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "it is not UTF-8 text (byte {})",
+                e.utf8_error().valid_up_to()
+            ),
+        ))
+    })
+}
+
+/// Reads and checks one file.
+pub fn load(path: &Path) -> Result<AccelerateConfig, LoadError> {
+    let text = read_bounded(path)?;
     let json = path.extension().is_some_and(|e| e == "json");
     let parsed = if json {
         serde_json::from_str(&text).map_err(|e| e.to_string())
@@ -254,7 +311,8 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         Some("AMAZON_SAGEMAKER") => true,
         _ => {
             return Err(format!(
-                "compute_environment is {env}; use LOCAL_MACHINE or AMAZON_SAGEMAKER"
+                "compute_environment is {}; use LOCAL_MACHINE or AMAZON_SAGEMAKER",
+                excerpt(&env.to_string())
             ))
         }
     };
@@ -276,7 +334,8 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         }
         other => {
             return Err(format!(
-                "distributed_type {other} is not one of {}",
+                "distributed_type {} is not one of {}",
+                excerpt(&other.to_string()),
                 allowed.join(", ")
             ))
         }
@@ -315,7 +374,15 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         .filter(|k| !fields.iter().any(|(f, _)| f == k))
         .collect();
     if !unknown.is_empty() {
-        let names: Vec<String> = unknown.iter().map(|k| format!("'{k}'")).collect();
+        // A few names, each excerpted: a file may hold thousands of keys.
+        let mut names: Vec<String> = unknown
+            .iter()
+            .take(10)
+            .map(|k| format!("'{}'", excerpt(k)))
+            .collect();
+        if unknown.len() > names.len() {
+            names.push(format!("and {} more", unknown.len() - names.len()));
+        }
         return Err(format!(
             "unknown keys ([{}]); remove them or fix their spelling (the keys accelerate knows: {})",
             names.join(", "),
