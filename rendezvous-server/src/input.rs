@@ -196,8 +196,8 @@ pub fn parse_or_exit<P: clap::Parser>() -> P {
     }
 }
 
-/// `text` with each word longer than [`EXCERPT_CHARS`] excerpted, then each
-/// line longer than [`MAX_LINE_CHARS`] cut.
+/// `text` with each word longer than [`EXCERPT_CHARS`] (and a little slack)
+/// excerpted, then each line longer than [`MAX_LINE_CHARS`] cut.
 pub fn clip_message(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(64 * 1024));
     for line in text.split_inclusive('\n') {
@@ -210,7 +210,8 @@ pub fn clip_message(text: &str) -> String {
             if i > 0 {
                 clipped.push(' ');
             }
-            if word.chars().nth(EXCERPT_CHARS).is_some() {
+            // The slack keeps an excerpt already made (quotes, `…`) whole.
+            if word.chars().nth(EXCERPT_CHARS + 8).is_some() {
                 let _ = write!(clipped, "{}", excerpt(word));
             } else {
                 clipped.push_str(word);

@@ -74,13 +74,15 @@ impl RdzvConf {
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
-                "keep_alive_max_attempt" => c.keep_alive_max_attempt =
-                    value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        bad(format!(
+                "keep_alive_max_attempt" => {
+                    c.keep_alive_max_attempt =
+                        value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                            bad(format!(
                             "--rdzv-conf keep_alive_max_attempt: '{}' is not a positive integer",
                             excerpt(value)
                         ))
-                    })?,
+                        })?
+                }
                 "is_host" => {
                     c.is_host = Some(parse_bool(value).ok_or_else(|| {
                         bad(format!(

@@ -1,10 +1,17 @@
 //! Teeing a worker's stream: the agent reads the worker's pipe directly (no
 //! file polling), writes every byte to the log file, and hands whole lines,
-//! prefixed, to one console writer.
+//! prefixed, to one console writer. Redirected-only streams take the same
+//! path without the console.
 //!
 //! # Policy
 //! - The pipe is always drained as fast as the log file takes it, so a
 //!   worker never waits on the console.
+//! - The pipe is drained to its end whatever happens to the log file. When
+//!   the file cannot be created or written (a full disk, a quota), the agent
+//!   warns once per worker ([`RankFiles`]), naming the file and the OS error,
+//!   stops writing that file, and keeps copying lines to the console. Giving
+//!   up on the pipe instead would kill the worker with SIGPIPE on its next
+//!   write, and a full log disk would fail the job.
 //! - The console writer is a thread fed by a bounded queue
 //!   ([`CONSOLE_QUEUE`] lines). When the console is slower than the workers
 //!   and the queue is full, lines are dropped from the console only (never
@@ -16,11 +23,12 @@
 
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tracing::warn;
 
 /// Console lines queued before new ones are dropped.
 pub const CONSOLE_QUEUE: usize = 16 * 1024;
@@ -123,26 +131,101 @@ fn write_lines(rx: &Receiver<Line>) {
     }
 }
 
-/// Copies `pipe` to `file` and, with a `prefix`, its lines to the console.
-/// Returns when the worker (and anything that inherited its stream) closes it.
+/// Where a pumped stream's lines go on the console.
+#[derive(Debug, Clone)]
+pub struct ToConsole {
+    /// The console.
+    pub console: Console,
+    /// Put before each line.
+    pub prefix: Vec<u8>,
+    /// To the agent's stderr (else stdout).
+    pub err: bool,
+}
+
+/// One worker's log files, shared by the pumps of its stdout and stderr, so
+/// that a full disk is reported once per worker, not once per write.
+#[derive(Debug, Clone)]
+pub struct RankFiles {
+    local_rank: u32,
+    warned: Arc<AtomicBool>,
+}
+
+impl RankFiles {
+    /// The log files of the worker with `local_rank`.
+    pub fn new(local_rank: u32) -> Self {
+        Self {
+            local_rank,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Whether a failure was reported for this worker.
+    pub fn failed(&self) -> bool {
+        self.warned.load(Ordering::Relaxed)
+    }
+
+    fn report(&self, file: &Path, error: &io::Error) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            warn!(
+                local_rank = self.local_rank,
+                file = %file.display(),
+                %error,
+                "cannot write a worker's log file; it stays incomplete (said once per worker). \
+                 The worker keeps running, and tee'd output still reaches the console"
+            );
+        }
+    }
+}
+
+/// A log file that, once it fails, is given up (no gaps in the middle of a
+/// file: what it holds is a complete beginning of the stream).
+struct LogFile<'a> {
+    file: Option<std::fs::File>,
+    path: &'a Path,
+    rank: &'a RankFiles,
+}
+
+impl<'a> LogFile<'a> {
+    fn create(path: &'a Path, rank: &'a RankFiles) -> Self {
+        let file = std::fs::File::create(path)
+            .map_err(|e| rank.report(path, &e))
+            .ok();
+        Self { file, path, rank }
+    }
+
+    fn write(&mut self, chunk: &[u8]) {
+        // Unbuffered: one write per chunk read, so readers of the file
+        // (tail -f) see output as it comes.
+        if let Some(f) = &mut self.file {
+            if let Err(e) = f.write_all(chunk) {
+                self.rank.report(self.path, &e);
+                self.file = None;
+            }
+        }
+    }
+}
+
+/// Copies `pipe` to `file` and, with `console`, its lines to the console.
+/// Returns when the worker (and anything that inherited its stream) closes
+/// it; a log file that cannot be written does not stop it (see the module
+/// policy). Errors are the pipe's own.
 pub async fn pump(
     mut pipe: impl AsyncRead + Unpin,
     file: &Path,
-    prefix: Option<Vec<u8>>,
-    err: bool,
-    console: Console,
+    rank: &RankFiles,
+    console: Option<ToConsole>,
 ) -> io::Result<()> {
-    let mut log = io::BufWriter::with_capacity(CHUNK, std::fs::File::create(file)?);
+    let mut log = LogFile::create(file, rank);
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
-    let emit = |pending: &mut Vec<u8>, prefix: &[u8]| {
-        let mut line = Vec::with_capacity(prefix.len() + pending.len() + 1);
-        line.extend_from_slice(prefix);
+    let emit = |pending: &mut Vec<u8>, to: &ToConsole| {
+        let mut line = Vec::with_capacity(to.prefix.len() + pending.len() + 1);
+        line.extend_from_slice(&to.prefix);
         line.append(pending);
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }
-        console.line(err, line);
+        to.console.line(to.err, line);
     };
     loop {
         let n = pipe.read(&mut buf).await?;
@@ -150,30 +233,28 @@ pub async fn pump(
             break;
         }
         let chunk = &buf[..n];
-        log.write_all(chunk)?;
-        // Readers of the file (tail -f) see output as it comes.
-        log.flush()?;
-        let Some(prefix) = prefix.as_deref() else {
+        log.write(chunk);
+        let Some(to) = console.as_ref() else {
             continue;
         };
         let mut rest = chunk;
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
             pending.extend_from_slice(&rest[..=i]);
-            emit(&mut pending, prefix);
+            emit(&mut pending, to);
             rest = &rest[i + 1..];
         }
         pending.extend_from_slice(rest);
         while pending.len() >= MAX_LINE {
             let mut piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
-            emit(&mut piece, prefix);
+            emit(&mut piece, to);
         }
     }
-    if let Some(prefix) = prefix.as_deref() {
+    if let Some(to) = console.as_ref() {
         if !pending.is_empty() {
-            emit(&mut pending, prefix);
+            emit(&mut pending, to);
         }
     }
-    log.flush()
+    Ok(())
 }
 
 #[cfg(test)]
@@ -192,6 +273,14 @@ mod tests {
         )
     }
 
+    fn to(console: Console, prefix: &[u8], err: bool) -> Option<ToConsole> {
+        Some(ToConsole {
+            console,
+            prefix: prefix.to_vec(),
+            err,
+        })
+    }
+
     fn tmp(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("accel-tee-{}-{name}", std::process::id()))
     }
@@ -201,9 +290,14 @@ mod tests {
         let (console, rx) = test_console();
         let input: &[u8] = b"one\ntw\xffo\nthree without newline";
         let file = tmp("whole");
-        pump(input, &file, Some(b"[p]:".to_vec()), false, console)
-            .await
-            .expect("pump");
+        pump(
+            input,
+            &file,
+            &RankFiles::new(0),
+            to(console, b"[p]:", false),
+        )
+        .await
+        .expect("pump");
         let lines: Vec<Vec<u8>> = rx.try_iter().map(|l| l.bytes).collect();
         assert_eq!(
             lines,
@@ -226,9 +320,14 @@ mod tests {
         let (console, rx) = test_console();
         let input = vec![b'x'; 3 * MAX_LINE + 10];
         let file = tmp("long");
-        pump(&input[..], &file, Some(b">".to_vec()), true, console)
-            .await
-            .expect("pump");
+        pump(
+            &input[..],
+            &file,
+            &RankFiles::new(0),
+            to(console, b">", true),
+        )
+        .await
+        .expect("pump");
         let sizes: Vec<usize> = rx.try_iter().map(|l| l.bytes.len()).collect();
         assert_eq!(
             sizes,
@@ -246,11 +345,67 @@ mod tests {
         };
         let input = b"a\nb\nc\nd\ne\n";
         let file = tmp("drop");
-        pump(&input[..], &file, Some(Vec::new()), false, console.clone())
-            .await
-            .expect("pump");
+        pump(
+            &input[..],
+            &file,
+            &RankFiles::new(0),
+            to(console.clone(), b"", false),
+        )
+        .await
+        .expect("pump");
         assert_eq!(console.dropped(), 3);
         assert_eq!(std::fs::read(&file).expect("log"), input);
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_costs_the_file_not_the_stream() {
+        // /dev/full accepts the open and fails every write with ENOSPC.
+        let (console, rx) = test_console();
+        // More than one read's worth, fewer lines than the console queue holds.
+        let input: Vec<u8> = (0..10_000)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        let rank = RankFiles::new(3);
+        pump(
+            &input[..],
+            Path::new("/dev/full"),
+            &rank,
+            to(console, b"", false),
+        )
+        .await
+        .expect("the pipe is read to its end");
+        assert!(rank.failed(), "the failure is reported");
+        let shown: Vec<u8> = rx.try_iter().flat_map(|l| l.bytes).collect();
+        assert!(shown == input, "every line still reaches the console");
+        // Redirected only (no console): still read to the end.
+        let rank = RankFiles::new(4);
+        pump(&input[..], Path::new("/dev/full"), &rank, None)
+            .await
+            .expect("drained");
+        assert!(rank.failed());
+    }
+
+    #[tokio::test]
+    async fn a_file_that_cannot_be_created_costs_the_file_only() {
+        let (console, rx) = test_console();
+        let rank = RankFiles::new(0);
+        let missing = tmp("no-such-dir").join("stdout.log");
+        pump(&b"a\nb\n"[..], &missing, &rank, to(console, b"> ", false))
+            .await
+            .expect("drained");
+        assert!(rank.failed());
+        let shown: Vec<Vec<u8>> = rx.try_iter().map(|l| l.bytes).collect();
+        assert_eq!(shown, vec![b"> a\n".to_vec(), b"> b\n".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn a_writable_file_is_not_reported() {
+        let rank = RankFiles::new(0);
+        let file = tmp("fine");
+        pump(&b"ok\n"[..], &file, &rank, None).await.expect("pump");
+        assert!(!rank.failed());
+        assert_eq!(std::fs::read(&file).expect("log"), b"ok\n");
         let _ = std::fs::remove_file(file);
     }
 }

@@ -127,6 +127,15 @@ fn clap_messages_are_clipped_word_by_word() {
     );
     let ordinary = "error: unexpected argument '--nope' found\n";
     assert_eq!(clip_message(ordinary), ordinary);
+    let excerpted = format!(
+        "error: {}\n",
+        parse_duration(&"9".repeat(3000)).expect_err("too long")
+    );
+    assert_eq!(
+        clip_message(&excerpted),
+        excerpted,
+        "excerpts are not cut again"
+    );
 }
 
 #[test]

@@ -209,8 +209,12 @@ pub fn lookup(name: &str) -> Option<&'static Flag> {
 fn unknown(name: &str) -> String {
     let wanted = name.trim_start_matches('-').replace('-', "_");
     let limit = (wanted.len() / 4).max(2);
+    // The edit distance costs length × length: no suggestion for a word far
+    // longer than any flag (a 100 KiB one took seconds).
+    let plausible = wanted.len() <= 100;
     let close = FLAGS
         .iter()
+        .filter(|_| plausible)
         .filter(|f| {
             let prefix = f
                 .name
@@ -272,8 +276,10 @@ fn convert(flag: &Flag, name: &str, raw: &str, current: &Value) -> Result<Value,
         Kind::Str | Kind::Flag | Kind::SetTrue => Value::String(raw.to_owned()),
         Kind::Int => Value::from(raw.trim().parse::<i64>().map_err(|_| bad("int"))?),
         Kind::Float => {
+            // nan and inf parse, but no setting means them (and JSON holds neither).
             let f: f64 = raw.trim().parse().map_err(|_| bad("float"))?;
-            serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+            let n = serde_json::Number::from_f64(f).ok_or_else(|| bad("(finite) float"))?;
+            Value::Number(n)
         }
         Kind::Append => {
             let mut items = current.as_array().cloned().unwrap_or_default();
