@@ -170,8 +170,8 @@ impl RankFiles {
                 local_rank = self.local_rank,
                 file = %file.display(),
                 %error,
-                "cannot write a worker's log file; it stays incomplete (said once per worker). \
-                 The worker keeps running, and tee'd output still reaches the console"
+                "cannot write a worker's log file, so it ends here (reported once per worker); \
+                 the worker keeps running and tee'd lines still reach the console"
             );
         }
     }
