@@ -80,8 +80,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
         }
     };
     let secs = value * scale;
-    // `!(<=)` also catches NaN; an exponent like 1e999 parses as infinity.
-    if !(secs <= MAX_DURATION.as_secs_f64()) {
+    // An exponent like 1e999 parses as infinity.
+    if secs.is_nan() || secs > MAX_DURATION.as_secs_f64() {
         return Err(DurationError::TooLong(quoted()));
     }
     Duration::try_from_secs_f64(secs).map_err(|_| DurationError::TooLong(quoted()))
@@ -197,7 +197,7 @@ pub fn parse_or_exit<P: clap::Parser>() -> P {
 }
 
 /// `text` with each word longer than [`EXCERPT_CHARS`] (and a little slack)
-/// excerpted, then each line longer than [`MAX_LINE_CHARS`] cut.
+/// excerpted, then each line longer than 1,000 characters cut.
 pub fn clip_message(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(64 * 1024));
     for line in text.split_inclusive('\n') {
