@@ -179,6 +179,11 @@ impl RankFiles {
 
 /// A log file that, once it fails, is given up (no gaps in the middle of a
 /// file: what it holds is a complete beginning of the stream).
+///
+/// It is opened and written on tokio's blocking pool, never on the agent's
+/// runtime thread: a log directory on a hung network filesystem then stalls
+/// only this stream (its worker waits on its pipe, as it would writing the
+/// file itself), while keep-alives and the other workers carry on.
 struct LogFile<'a> {
     file: Option<std::fs::File>,
     path: &'a Path,
@@ -186,36 +191,62 @@ struct LogFile<'a> {
 }
 
 impl<'a> LogFile<'a> {
-    fn create(path: &'a Path, rank: &'a RankFiles) -> Self {
-        let file = std::fs::File::create(path)
-            .map_err(|e| rank.report(path, &e))
-            .ok();
+    async fn create(path: &'a Path, rank: &'a RankFiles) -> Self {
+        let owned = path.to_path_buf();
+        let file = match tokio::task::spawn_blocking(move || std::fs::File::create(owned)).await {
+            Ok(Ok(f)) => Some(f),
+            Ok(Err(e)) => {
+                rank.report(path, &e);
+                None
+            }
+            Err(e) => {
+                rank.report(path, &io::Error::other(e));
+                None
+            }
+        };
         Self { file, path, rank }
     }
 
-    fn write(&mut self, chunk: &[u8]) {
-        // Unbuffered: one write per chunk read, so readers of the file
-        // (tail -f) see output as it comes.
-        if let Some(f) = &mut self.file {
-            if let Err(e) = f.write_all(chunk) {
+    /// Writes `buf[..n]` and hands `buf` back. Unbuffered: one write per
+    /// chunk read, so readers of the file (tail -f) see output as it comes.
+    async fn write(&mut self, buf: Vec<u8>, n: usize) -> Vec<u8> {
+        let Some(mut file) = self.file.take() else {
+            return buf;
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let result = file.write_all(&buf[..n]);
+            (file, buf, result)
+        })
+        .await;
+        match written {
+            Ok((file, buf, Ok(()))) => {
+                self.file = Some(file);
+                buf
+            }
+            Ok((_, buf, Err(e))) => {
                 self.rank.report(self.path, &e);
-                self.file = None;
+                buf
+            }
+            Err(e) => {
+                self.rank.report(self.path, &io::Error::other(e));
+                vec![0; CHUNK]
             }
         }
     }
 }
 
-/// Copies `pipe` to `file` and, with `console`, its lines to the console.
-/// Returns when the worker (and anything that inherited its stream) closes
-/// it; a log file that cannot be written does not stop it (see the module
-/// policy). Errors are the pipe's own.
+/// Copies `pipe` to `file` and, with `console`, its lines to the console
+/// (first, so a slow file never delays them). Returns when the worker (and
+/// anything that inherited its stream) closes it; a log file that cannot be
+/// written does not stop it (see the module policy). Errors are the pipe's
+/// own.
 pub async fn pump(
     mut pipe: impl AsyncRead + Unpin,
     file: &Path,
     rank: &RankFiles,
     console: Option<ToConsole>,
 ) -> io::Result<()> {
-    let mut log = LogFile::create(file, rank);
+    let mut log = LogFile::create(file, rank).await;
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
     let emit = |pending: &mut Vec<u8>, to: &ToConsole| {
@@ -232,22 +263,20 @@ pub async fn pump(
         if n == 0 {
             break;
         }
-        let chunk = &buf[..n];
-        log.write(chunk);
-        let Some(to) = console.as_ref() else {
-            continue;
-        };
-        let mut rest = chunk;
-        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
-            pending.extend_from_slice(&rest[..=i]);
-            emit(&mut pending, to);
-            rest = &rest[i + 1..];
+        if let Some(to) = console.as_ref() {
+            let mut rest = &buf[..n];
+            while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+                pending.extend_from_slice(&rest[..=i]);
+                emit(&mut pending, to);
+                rest = &rest[i + 1..];
+            }
+            pending.extend_from_slice(rest);
+            while pending.len() >= MAX_LINE {
+                let mut piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
+                emit(&mut piece, to);
+            }
         }
-        pending.extend_from_slice(rest);
-        while pending.len() >= MAX_LINE {
-            let mut piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
-            emit(&mut piece, to);
-        }
+        buf = log.write(buf, n).await;
     }
     if let Some(to) = console.as_ref() {
         if !pending.is_empty() {
