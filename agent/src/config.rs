@@ -197,6 +197,13 @@ impl Config {
         if run_id.is_empty() {
             return Err(bad("--rdzv-id must not be empty"));
         }
+        if run_id.len() > MAX_RDZV_ID {
+            // The rendezvous refuses longer ids, and it names a directory.
+            return Err(bad(format!(
+                "--rdzv-id '{}' is too long; at most {MAX_RDZV_ID} bytes",
+                excerpt(&run_id)
+            )));
+        }
         if args.no_python && args.module {
             return Err(bad("--no-python and -m/--module cannot be used together"));
         }
@@ -238,6 +245,22 @@ impl Config {
             ));
         }
         let signals = parse_signals(&args.signals_to_handle)?;
+        let prefix_template = args
+            .log_line_prefix_template
+            .clone()
+            .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+            .filter(|t| !t.is_empty());
+        if let Some(t) = prefix_template
+            .as_ref()
+            .filter(|t| t.len() > MAX_PREFIX_TEMPLATE)
+        {
+            // Every console line carries the prefix, and the console queues
+            // 16,384 lines: a 100 KiB prefix would hold gigabytes.
+            return Err(bad(format!(
+                "--log-line-prefix-template is {} bytes; at most {MAX_PREFIX_TEMPLATE}",
+                t.len()
+            )));
+        }
         if args.role.is_empty() {
             return Err(bad("--role must not be empty"));
         }
@@ -265,11 +288,7 @@ impl Config {
             logs: crate::logs::LogSpec {
                 redirects: crate::logs::StdSpec::parse("--redirects", &args.redirects)?,
                 tee: crate::logs::StdSpec::parse("--tee", &args.tee)?,
-                prefix_template: args
-                    .log_line_prefix_template
-                    .clone()
-                    .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
-                    .filter(|t| !t.is_empty()),
+                prefix_template,
                 local_ranks: crate::logs::parse_ranks(
                     "--local-ranks-filter",
                     &args.local_ranks_filter,
@@ -316,6 +335,12 @@ pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
     }
     Ok((min, max))
 }
+
+/// Longest `--rdzv-id` accepted (the rendezvous server's limit on ids).
+pub const MAX_RDZV_ID: usize = 256;
+
+/// Longest `--log-line-prefix-template` accepted.
+pub const MAX_PREFIX_TEMPLATE: usize = 1024;
 
 /// Most workers one agent starts: far above any machine's accelerators or
 /// cores, low enough that a typo (`--nproc-per-node 4000000000`) is an error

@@ -230,6 +230,17 @@ fn huge_values_are_usage_errors_not_crashes() {
     ])
     .expect("ten years is accepted");
     assert_eq!(c.join_timeout(), rendezvous_server::config::MAX_DURATION);
+    let long_id = "j".repeat(257);
+    let e = parse(&["--rdzv-backend", "c10d", "--rdzv-id", &long_id, "t.py"]).expect_err("id");
+    assert!(e.0.ends_with("is too long; at most 256 bytes"), "{}", e.0);
+    let ok_id = "j".repeat(256);
+    parse(&["--rdzv-backend", "c10d", "--rdzv-id", &ok_id, "t.py"]).expect("256 bytes");
+    let long_prefix = "p".repeat(100_000);
+    let e = parse(&["--log-line-prefix-template", &long_prefix, "t.py"]).expect_err("prefix");
+    assert_eq!(
+        e.0,
+        "--log-line-prefix-template is 100000 bytes; at most 1024"
+    );
     let e = parse(&["--nproc-per-node", "4000000000", "t.py"]).expect_err("too many");
     assert!(e.0.contains("at most 65536 workers per node"), "{}", e.0);
     let e = parse(&["--rdzv-conf", &format!("{}=1", "k".repeat(100_000)), "t.py"])
