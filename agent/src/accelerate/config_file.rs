@@ -9,7 +9,6 @@
 //! `launch` can apply accelerate's precedence rules field by field and
 //! `config update` can write the file back the way accelerate does.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rendezvous_server::input::excerpt;
@@ -17,7 +16,10 @@ use serde_json::{json, Map, Value};
 
 use super::yaml;
 
+mod read;
 mod schema;
+use read::read_bounded;
+pub use read::MAX_CONFIG_BYTES;
 pub use schema::{CLUSTER_FIELDS, DISTRIBUTED_TYPES, SAGEMAKER_FIELDS};
 
 /// Why the file could not be written.
@@ -127,7 +129,7 @@ pub enum LoadError {
     #[error(
         "the configuration file {path} is {}; a configuration file may be at most 1 MiB \
          (accelerate's are a few hundred bytes): check that --config_file names the right file",
-        size_text(*.size)
+        read::size_text(*.size)
     )]
     TooLarge {
         /// The file.
@@ -224,51 +226,6 @@ pub fn load_optional(
             }
         }
     }
-}
-
-/// Largest configuration file read.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
-
-fn size_text(size: Option<u64>) -> String {
-    match size {
-        Some(n) => format!("{n} bytes"),
-        None => format!("more than {MAX_CONFIG_BYTES} bytes"),
-    }
-}
-
-/// The text of `path`, refused unread when its metadata says it is over
-/// [`MAX_CONFIG_BYTES`], and never more than that read (so a file that grows
-/// while it is read cannot exhaust memory either).
-fn read_bounded(path: &Path) -> Result<String, LoadError> {
-    let io = |source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
-    let too_large = |size| LoadError::TooLarge {
-        path: path.to_path_buf(),
-        size,
-    };
-    if size > MAX_CONFIG_BYTES {
-        return Err(too_large(Some(size)));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(too_large(None));
-    }
-    String::from_utf8(bytes).map_err(|e| {
-        io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "it is not UTF-8 text (byte {})",
-                e.utf8_error().valid_up_to()
-            ),
-        ))
-    })
 }
 
 /// Reads and checks one file.
