@@ -45,22 +45,25 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     let stop_server = CancellationToken::new();
     let (host, port, server) = locate_rendezvous(&cfg, &stop_server).await?;
     let session = async {
-        let deadline = Instant::now() + cfg.join_timeout();
+        let deadline = crate::deadline::after(cfg.join_timeout());
         let join_req = pb::JoinRequest {
             job_id: cfg.run_id.clone(),
             node_id: node_id.clone(),
             hostname: hostname.clone(),
             min_nodes: cfg.min_nodes,
             max_nodes: cfg.max_nodes,
-            last_call_ms: cfg.rdzv.last_call_timeout.as_millis() as u64,
+            last_call_ms: crate::deadline::millis(cfg.rdzv.last_call_timeout),
             nproc_per_node: cfg.nproc_per_node,
             max_restarts: cfg.max_restarts,
             node_rank: match cfg.rendezvous {
                 Rendezvous::Static { node_rank, .. } => Some(node_rank),
                 _ => None,
             },
-            dead_after_ms: (cfg.rdzv.keep_alive_interval * cfg.rdzv.keep_alive_max_attempt)
-                .as_millis() as u64,
+            dead_after_ms: crate::deadline::millis(
+                cfg.rdzv
+                    .keep_alive_interval
+                    .saturating_mul(cfg.rdzv.keep_alive_max_attempt),
+            ),
             resume: None,
             session: Vec::new(),
         };
@@ -125,7 +128,7 @@ fn spawn_keep_alive(
 ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<String>) {
     let (tx, rx) = mpsc::channel(1);
     let every = cfg.rdzv.keep_alive_interval;
-    let limit = every * cfg.rdzv.keep_alive_max_attempt;
+    let limit = every.saturating_mul(cfg.rdzv.keep_alive_max_attempt);
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
@@ -280,9 +283,7 @@ async fn rejoin(
         Some((r, session)) => (Some(r), session),
         None => (None, Vec::new()),
     };
-    let deadline = Instant::now()
-        .checked_add(cfg.rdzv.reconnect_grace)
-        .unwrap_or_else(Instant::now);
+    let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
     RdzvClient::join(
         &endpoint.0,
         endpoint.1,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::Parser;
-use rendezvous_server::config::parse_duration;
+use rendezvous_server::config::DurationParser;
 
 /// Launches and supervises a node's training processes (a drop-in for torchrun).
 ///
@@ -85,7 +85,7 @@ pub struct AgentArgs {
     /// How often (seconds) the agent re-checks its workers as a backstop; worker exits are
     /// seen at once regardless.
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL", default_value = "0.1",
-          value_parser = parse_duration, allow_hyphen_values = true)]
+          value_parser = DurationParser, allow_hyphen_values = true)]
     pub monitor_interval: Duration,
     /// Accepted for torchrun compatibility; only function entrypoints use it, and
     /// scripts are always started as new processes.
@@ -171,11 +171,11 @@ pub struct AgentArgs {
     pub signals_to_handle: String,
     /// Seconds between forwarding a stop signal and SIGKILL (default 30, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
     #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
-          value_parser = parse_duration, allow_hyphen_values = true)]
+          value_parser = DurationParser, allow_hyphen_values = true)]
     pub shutdown_timeout: Option<Duration>,
     /// Seconds a node whose workers all succeeded waits for the other nodes before exiting.
     #[arg(long = "exit-barrier-timeout", alias = "exit_barrier_timeout", env = "PET_EXIT_BARRIER_TIMEOUT",
-          default_value = "300", value_parser = parse_duration, allow_hyphen_values = true)]
+          default_value = "300", value_parser = DurationParser, allow_hyphen_values = true)]
     pub exit_barrier_timeout: Duration,
     /// Give every worker LOCAL_RANK=0 and only its own device in CUDA_VISIBLE_DEVICES.
     #[arg(

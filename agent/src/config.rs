@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use rendezvous_server::config::parse_duration;
+use rendezvous_server::input::excerpt;
 
 use crate::cli::AgentArgs;
 
@@ -152,7 +153,7 @@ impl Config {
             if max_nodes != 1 {
                 return Err(bad(format!(
                     "--standalone runs one node, but --nnodes is {}; drop --standalone and give --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
-                    args.nnodes
+                    excerpt(&args.nnodes)
                 )));
             }
             Rendezvous::Standalone
@@ -168,7 +169,7 @@ impl Config {
                     if min_nodes != max_nodes {
                         return Err(bad(format!(
                             "--nnodes {}: static rendezvous needs a fixed node count; use --rdzv-backend c10d for MIN:MAX",
-                            args.nnodes
+                            excerpt(&args.nnodes)
                         )));
                     }
                     if args.node_rank >= max_nodes {
@@ -198,7 +199,8 @@ impl Config {
                 }
                 other => {
                     return Err(bad(format!(
-                        "--rdzv-backend '{other}' is unknown; use static or c10d"
+                        "--rdzv-backend '{}' is unknown; use static or c10d",
+                        excerpt(other)
                     )))
                 }
             }
@@ -212,6 +214,13 @@ impl Config {
         };
         if run_id.is_empty() {
             return Err(bad("--rdzv-id must not be empty"));
+        }
+        if run_id.len() > MAX_RDZV_ID {
+            // The rendezvous refuses longer ids, and it names a directory.
+            return Err(bad(format!(
+                "--rdzv-id '{}' is too long; at most {MAX_RDZV_ID} bytes",
+                excerpt(&run_id)
+            )));
         }
         if args.no_python && args.module {
             return Err(bad("--no-python and -m/--module cannot be used together"));
@@ -254,6 +263,22 @@ impl Config {
             ));
         }
         let signals = parse_signals(&args.signals_to_handle)?;
+        let prefix_template = args
+            .log_line_prefix_template
+            .clone()
+            .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+            .filter(|t| !t.is_empty());
+        if let Some(t) = prefix_template
+            .as_ref()
+            .filter(|t| t.len() > MAX_PREFIX_TEMPLATE)
+        {
+            // Every console line carries the prefix, and the console queues
+            // 16,384 lines: a 100 KiB prefix would hold gigabytes.
+            return Err(bad(format!(
+                "--log-line-prefix-template is {} bytes; at most {MAX_PREFIX_TEMPLATE}",
+                t.len()
+            )));
+        }
         if args.role.is_empty() {
             return Err(bad("--role must not be empty"));
         }
@@ -282,11 +307,7 @@ impl Config {
             logs: crate::logs::LogSpec {
                 redirects: crate::logs::StdSpec::parse("--redirects", &args.redirects)?,
                 tee: crate::logs::StdSpec::parse("--tee", &args.tee)?,
-                prefix_template: args
-                    .log_line_prefix_template
-                    .clone()
-                    .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
-                    .filter(|t| !t.is_empty()),
+                prefix_template,
                 local_ranks: crate::logs::parse_ranks(
                     "--local-ranks-filter",
                     &args.local_ranks_filter,
@@ -312,7 +333,8 @@ impl Config {
 pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
     let err = || {
         bad(format!(
-            "--nnodes '{s}' is invalid; use N or MIN:MAX with 0 < MIN <= MAX"
+            "--nnodes '{}' is invalid; use N or MIN:MAX with 0 < MIN <= MAX",
+            excerpt(s)
         ))
     };
     let parts: Vec<&str> = s.split(':').collect();
@@ -333,7 +355,18 @@ pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
     Ok((min, max))
 }
 
-/// A number, `cpu`, `gpu` or `auto`.
+/// Longest `--rdzv-id` accepted (the rendezvous server's limit on ids).
+pub const MAX_RDZV_ID: usize = 256;
+
+/// Longest `--log-line-prefix-template` accepted.
+pub const MAX_PREFIX_TEMPLATE: usize = 1024;
+
+/// Most workers one agent starts: far above any machine's accelerators or
+/// cores, low enough that a typo (`--nproc-per-node 4000000000`) is an error
+/// instead of an attempt to describe and spawn billions of workers.
+pub const MAX_NPROC_PER_NODE: u32 = 65_536;
+
+/// A number (at most [`MAX_NPROC_PER_NODE`]), `cpu`, `gpu` or `auto`.
 pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
     let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     match s {
@@ -349,9 +382,13 @@ pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
             n => n,
         }),
         n => match n.parse::<u32>() {
+            Ok(n) if n > MAX_NPROC_PER_NODE => Err(bad(format!(
+                "--nproc-per-node {n} is too many; at most {MAX_NPROC_PER_NODE} workers per node"
+            ))),
             Ok(n) if n > 0 => Ok(n),
             _ => Err(bad(format!(
-                "--nproc-per-node '{s}' is invalid; use a positive number, cpu, gpu or auto"
+                "--nproc-per-node '{}' is invalid; use a positive number, cpu, gpu or auto",
+                excerpt(s)
             ))),
         },
     }
@@ -382,7 +419,8 @@ pub fn parse_endpoint(
 ) -> Result<(String, Option<u16>), ConfigError> {
     let err = || {
         bad(format!(
-            "--rdzv-endpoint '{s}' is invalid; use HOST[:PORT], with IPv6 as [::1]:29400"
+            "--rdzv-endpoint '{}' is invalid; use HOST[:PORT], with IPv6 as [::1]:29400",
+            excerpt(s)
         ))
     };
     let port = |p: &str| p.parse::<u16>().map(Some).map_err(|_| err());
@@ -420,7 +458,8 @@ fn parse_signals(s: &str) -> Result<Vec<Signal>, ConfigError> {
                 .filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCHLD))
                 .ok_or_else(|| {
                     bad(format!(
-                        "--signals-to-handle: '{name}' is not a signal the agent can handle"
+                        "--signals-to-handle: '{}' is not a signal the agent can handle",
+                        excerpt(name)
                     ))
                 })
         })

@@ -44,6 +44,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod config;
+mod deadline;
 pub mod error;
 pub mod failure;
 pub mod files;

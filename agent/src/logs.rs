@@ -3,19 +3,28 @@
 //! `--local-ranks-filter`, plus a global-ranks filter.
 //!
 //! Per stream of a worker, the pure [`LogSpec::sinks`] picks one [`Sink`]:
-//! - tee'd (`--tee`): a pipe the agent reads ([`tee`]); every byte goes to
-//!   `<attempt>/<local_rank>/std{out,err}.log`, and whole lines, prefixed, to
-//!   the agent's console unless a filter hides the rank;
-//! - redirected only: the log file itself (the worker writes it directly);
+//! - tee'd (`--tee`) or redirected (`--redirects`): a pipe the agent reads
+//!   ([`tee`]); every byte goes to `<attempt>/<local_rank>/std{out,err}.log`,
+//!   and, when tee'd, whole lines, prefixed, to the agent's console unless a
+//!   filter hides the rank;
 //! - neither: the agent's console, inherited, or nothing for filtered ranks
 //!   (as torchrun).
 //!
 //! Prefixes apply only to console lines, never to the log files.
+//!
+//! Redirected streams go through the agent too, not straight to the file as
+//! torchrun does, so a log file that cannot be written (a full disk, a quota)
+//! costs the logs and never the job: the agent says so once per worker and
+//! keeps draining the pipe. A worker writing to a full disk itself gets
+//! `ENOSPC` on `print` and fails; a worker whose reader stops dies of SIGPIPE
+//! (torchrun's tee did that, and reported SIGPIPE as the root cause).
 
 pub mod tee;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+
+use rendezvous_server::input::excerpt;
 
 use crate::config::ConfigError;
 
@@ -50,7 +59,8 @@ impl StdSpec {
     pub fn parse(flag: &str, s: &str) -> Result<Self, ConfigError> {
         let bad = || {
             ConfigError(format!(
-                "{flag} '{s}' is invalid; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank like 0:3,1:1"
+                "{flag} '{}' is invalid; use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank like 0:3,1:1",
+                excerpt(s)
             ))
         };
         let bits = |v: &str| {
@@ -97,11 +107,9 @@ pub enum Sink {
     Inherit,
     /// Nowhere (a filtered rank that is not redirected).
     Null,
-    /// This file, written by the worker itself.
-    File(PathBuf),
     /// A pipe read by the agent: everything to `file`, and prefixed lines to
-    /// the console when `prefix` is set.
-    Tee {
+    /// the console when `prefix` is set (tee'd and shown).
+    Pipe {
         /// The log file.
         file: PathBuf,
         /// The console prefix; `None`: the rank is filtered from the console.
@@ -163,7 +171,9 @@ pub fn parse_ranks(flag: &str, s: &str) -> Result<Option<BTreeSet<u32>>, ConfigE
         .map(|r| {
             r.trim().parse::<u32>().map_err(|_| {
                 ConfigError(format!(
-                    "{flag} '{s}' is invalid: '{r}' is not a rank; give ranks like 0,3"
+                    "{flag} '{}' is invalid: '{}' is not a rank; give ranks like 0,3",
+                    excerpt(s),
+                    excerpt(r)
                 ))
             })
         })
@@ -193,13 +203,11 @@ impl LogSpec {
         });
         let pick = |redirected: bool, teed: bool, name: &str| {
             let file = dir.join(name);
-            if teed {
-                Sink::Tee {
+            if teed || redirected {
+                Sink::Pipe {
                     file,
-                    prefix: prefix.clone(),
+                    prefix: prefix.clone().filter(|_| teed),
                 }
-            } else if redirected {
-                Sink::File(file)
             } else if shown {
                 Sink::Inherit
             } else {
@@ -281,18 +289,25 @@ mod tests {
         let (out, err) = spec.sinks(dir, &vars(1, 5));
         assert_eq!(
             out,
-            Sink::Tee {
+            Sink::Pipe {
                 file: dir.join("stdout.log"),
                 prefix: Some(b"[trainer1]:".to_vec())
             }
         );
-        assert_eq!(err, Sink::File(dir.join("stderr.log")));
+        assert_eq!(
+            err,
+            Sink::Pipe {
+                file: dir.join("stderr.log"),
+                prefix: None
+            },
+            "redirected only: through the agent to the file, not to the console"
+        );
         // Filtered ranks: tee'd output still reaches the file, plain output nothing.
         spec.local_ranks = parse_ranks("--local-ranks-filter", "0").expect("ok");
         let (out, _) = spec.sinks(dir, &vars(1, 5));
         assert_eq!(
             out,
-            Sink::Tee {
+            Sink::Pipe {
                 file: dir.join("stdout.log"),
                 prefix: None
             }

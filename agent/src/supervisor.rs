@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use crate::guard::Guard;
-use crate::logs::tee::{self, Console};
+use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
 use crate::sys::{self, Ended};
 
@@ -138,23 +138,18 @@ impl WorkerGroup {
                 }
             };
             let pid = child.id().map_or(0, |p| p as i32);
-            if let (Some(pipe), Sink::Tee { file, prefix }) = (child.stdout.take(), &spec.stdout) {
-                group.pumps.push(spawn_pump(
-                    pipe,
-                    file.clone(),
-                    prefix.clone(),
-                    false,
-                    console.clone(),
-                ));
+            let files = RankFiles::new(spec.local_rank);
+            if let (Some(pipe), Sink::Pipe { file, prefix }) = (child.stdout.take(), &spec.stdout) {
+                let to = to_console(prefix, false, &console);
+                group
+                    .pumps
+                    .push(spawn_pump(pipe, file.clone(), files.clone(), to));
             }
-            if let (Some(pipe), Sink::Tee { file, prefix }) = (child.stderr.take(), &spec.stderr) {
-                group.pumps.push(spawn_pump(
-                    pipe,
-                    file.clone(),
-                    prefix.clone(),
-                    true,
-                    console.clone(),
-                ));
+            if let (Some(pipe), Sink::Pipe { file, prefix }) = (child.stderr.take(), &spec.stderr) {
+                let to = to_console(prefix, true, &console);
+                group
+                    .pumps
+                    .push(spawn_pump(pipe, file.clone(), files.clone(), to));
             }
             if let Some(g) = &group.guard {
                 g.watch(pid);
@@ -240,7 +235,7 @@ impl WorkerGroup {
     pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
         let mut seen = Vec::new();
         self.signal_live(sig);
-        let deadline = Instant::now() + grace;
+        let deadline = crate::deadline::after(grace);
         seen.extend(self.collect_until(deadline).await);
         if !self.all_ended() {
             warn!(
@@ -301,22 +296,28 @@ fn stdio(sink: &Sink) -> std::io::Result<Stdio> {
     Ok(match sink {
         Sink::Inherit => Stdio::inherit(),
         Sink::Null => Stdio::null(),
-        Sink::File(path) => Stdio::from(std::fs::File::create(path)?),
-        Sink::Tee { .. } => Stdio::piped(),
+        Sink::Pipe { .. } => Stdio::piped(),
+    })
+}
+
+/// Console lines for a stream with a `prefix` (tee'd and shown).
+fn to_console(prefix: &Option<Vec<u8>>, err: bool, console: &Option<Console>) -> Option<ToConsole> {
+    Some(ToConsole {
+        console: console.clone()?,
+        prefix: prefix.clone()?,
+        err,
     })
 }
 
 fn spawn_pump(
     pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
     file: PathBuf,
-    prefix: Option<Vec<u8>>,
-    err: bool,
-    console: Option<Console>,
+    files: RankFiles,
+    console: Option<ToConsole>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let Some(console) = console else { return };
-        if let Err(e) = tee::pump(pipe, &file, prefix, err, console).await {
-            warn!(file = %file.display(), error = %e, "tee of worker output failed");
+        if let Err(e) = tee::pump(pipe, &file, &files, console).await {
+            warn!(file = %file.display(), error = %e, "cannot read a worker's output pipe");
         }
     })
 }

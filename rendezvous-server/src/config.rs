@@ -1,4 +1,7 @@
 //! Command-line and environment configuration of `rdzv-server`.
+//!
+//! Durations are parsed by [`crate::input`], bounded, and re-exported here
+//! for the agent, which shares them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +11,7 @@ use clap::Parser;
 
 use crate::auth::{Token, TokenError};
 use crate::limits::Limits;
+pub use crate::input::{parse_duration, DurationError, DurationParser, MAX_DURATION};
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -19,7 +23,7 @@ pub struct ServerArgs {
     pub bind: SocketAddr,
     /// How long a finished job is remembered after its last node left, so late
     /// joiners are told it finished (seconds, or with a unit: 500ms, 2m).
-    #[arg(long, env = "RDZV_FINISHED_JOB_TTL", default_value = "30", value_parser = parse_duration)]
+    #[arg(long, env = "RDZV_FINISHED_JOB_TTL", default_value = "30", value_parser = DurationParser)]
     pub finished_job_ttl: Duration,
     /// Log format.
     #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -138,46 +142,3 @@ pub fn client_token(
     }
 }
 
-/// Parses plain seconds (`30`, `0.5`) or a number with a unit (`500ms`, `30s`, `2m`, `1h`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num.parse().map_err(|_| {
-        format!("'{s}' is not a duration; use seconds like 30 or 0.5, or 500ms, 2m, 1h")
-    })?;
-    let scale = match unit.trim() {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit '{other}' in '{s}'; use ms, s, m or h"
-            ))
-        }
-    };
-    let secs = value * scale;
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("'{s}' is not a non-negative duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("-1").is_err());
-        assert!(parse_duration("abc").is_err());
-        assert!(parse_duration("3 fortnights").is_err());
-    }
-}

@@ -14,6 +14,7 @@
 //! - [`outbox`]: each node's bounded event queue;
 //! - [`tls`]: certificates and keys for TLS on every link;
 //! - [`config`]: `rdzv-server`'s flags;
+//! - [`input`]: bounded parsing of what people type (durations, excerpts);
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod input;
 pub mod job;
 pub mod limits;
 pub mod outbox;

@@ -2,11 +2,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use rendezvous_server::config::{client_token, Command, ServerArgs};
 
 fn main() -> ExitCode {
-    let args = ServerArgs::parse();
+    // Usage errors exit 2 and quote only excerpts of the values.
+    let args: ServerArgs = rendezvous_server::input::parse_or_exit();
     init_tracing(&args.log_format);
     let env = |k: &str| std::env::var(k).ok();
     let runtime = match tokio::runtime::Runtime::new() {

@@ -2,6 +2,7 @@
 //! loopback, real worker processes. One test binary, several modules.
 
 mod accelerate;
+mod bad_input;
 mod elastic;
 mod errors;
 mod launch;

@@ -11,11 +11,15 @@
 
 use std::path::{Path, PathBuf};
 
+use rendezvous_server::input::excerpt;
 use serde_json::{json, Map, Value};
 
 use super::yaml;
 
+mod read;
 mod schema;
+use read::read_bounded;
+pub use read::MAX_CONFIG_BYTES;
 pub use schema::{CLUSTER_FIELDS, DISTRIBUTED_TYPES, SAGEMAKER_FIELDS};
 
 /// Why the file could not be written.
@@ -121,6 +125,19 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// Larger than [`MAX_CONFIG_BYTES`]; refused before parsing.
+    #[error(
+        "the configuration file {path} is {}; a configuration file may be at most 1 MiB \
+         (accelerate's are a few hundred bytes): check that --config_file names the right file",
+        read::size_text(*.size)
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size from its metadata; `None` when it said less than it held
+        /// (a file still growing).
+        size: Option<u64>,
+    },
     /// Not YAML (or not JSON, for `.json`).
     #[error("the configuration file {path} is not valid {format}: {message}")]
     Syntax {
@@ -213,10 +230,7 @@ pub fn load_optional(
 
 /// Reads and checks one file.
 pub fn load(path: &Path) -> Result<AccelerateConfig, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = read_bounded(path)?;
     let json = path.extension().is_some_and(|e| e == "json");
     let parsed = if json {
         serde_json::from_str(&text).map_err(|e| e.to_string())
@@ -254,7 +268,8 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         Some("AMAZON_SAGEMAKER") => true,
         _ => {
             return Err(format!(
-                "compute_environment is {env}; use LOCAL_MACHINE or AMAZON_SAGEMAKER"
+                "compute_environment is {}; use LOCAL_MACHINE or AMAZON_SAGEMAKER",
+                excerpt(&env.to_string())
             ))
         }
     };
@@ -276,7 +291,8 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         }
         other => {
             return Err(format!(
-                "distributed_type {other} is not one of {}",
+                "distributed_type {} is not one of {}",
+                excerpt(&other.to_string()),
                 allowed.join(", ")
             ))
         }
@@ -315,7 +331,15 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
         .filter(|k| !fields.iter().any(|(f, _)| f == k))
         .collect();
     if !unknown.is_empty() {
-        let names: Vec<String> = unknown.iter().map(|k| format!("'{k}'")).collect();
+        // A few names, each excerpted: a file may hold thousands of keys.
+        let mut names: Vec<String> = unknown
+            .iter()
+            .take(10)
+            .map(|k| format!("'{}'", excerpt(k)))
+            .collect();
+        if unknown.len() > names.len() {
+            names.push(format!("and {} more", unknown.len() - names.len()));
+        }
         return Err(format!(
             "unknown keys ([{}]); remove them or fix their spelling (the keys accelerate knows: {})",
             names.join(", "),

@@ -22,6 +22,7 @@ pub mod nvidia;
 use std::path::PathBuf;
 
 use clap::Parser;
+use rendezvous_server::input::clip_message;
 use serde_json::Value;
 
 use crate::accelerate::config_file;
@@ -128,8 +129,10 @@ pub fn build(
         }
     }
     let (argv, single_process) = agent_argv(ns, launcher, &mut warnings).map_err(bad)?;
-    let agent_args = AgentArgs::try_parse_from(&argv)
-        .map_err(|e| bad(format!("{}", e.render()).trim().to_owned()))?;
+    let agent_args = AgentArgs::try_parse_from(&argv).map_err(|e| {
+        let text = clip_message(&e.render().to_string());
+        bad(text.trim().trim_start_matches("error: ").to_owned())
+    })?;
     // The agent sees accelerate's variables as part of its environment (so
     // its OMP_NUM_THREADS hint knows accelerate already set it).
     let view = |k: &str| {

@@ -9,7 +9,14 @@
 //! string). The writer produces what `yaml.safe_dump(d)` produces for the
 //! values a configuration holds: sorted keys, block style, indentless lists,
 //! single quotes exactly where PyYAML would need them to read the string back.
+//!
+//! The reader refuses what accelerate's files never contain and what would
+//! let a small file exhaust memory or the stack: anchors and aliases (nine
+//! lines of nested aliases expand to billions of values; one such file grew
+//! `accel launch` by 1.2 GB/s) and collections nested more than
+//! [`MAX_DEPTH`] deep. The caller bounds the text's size.
 
+use rendezvous_server::input::excerpt;
 use serde_json::{Map, Number, Value};
 use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
@@ -18,6 +25,9 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct YamlError(String);
+
+/// Deepest nesting of collections accepted (accelerate's files nest two).
+pub const MAX_DEPTH: usize = 32;
 
 /// Reads the first document of `text` as PyYAML's `safe_load` does. An empty
 /// text is `null`.
@@ -34,54 +44,63 @@ pub fn load(text: &str) -> Result<Value, YamlError> {
     Ok(builder.root.unwrap_or(Value::Null))
 }
 
-/// Builds values from parser events; anchors are kept for aliases.
+/// Builds values from parser events.
 #[derive(Default)]
 struct Builder {
-    stack: Vec<(Value, Option<String>, usize)>,
+    /// Open collections, each with the key awaiting its value (mappings).
+    stack: Vec<(Value, Option<String>)>,
     root: Option<Value>,
-    anchors: Vec<(usize, Value)>,
 }
 
 impl Builder {
     fn push(&mut self, event: Event, mark: Marker) -> Result<(), YamlError> {
+        let anchored = match &event {
+            Event::Scalar(_, _, anchor, _)
+            | Event::SequenceStart(anchor, _)
+            | Event::MappingStart(anchor, _) => *anchor != 0,
+            Event::Alias(_) => true,
+            _ => false,
+        };
+        if anchored {
+            return Err(YamlError(format!(
+                "line {}: YAML anchors (&name) and aliases (*name) are not accepted in a \
+                 configuration file (accelerate never writes them, and a few lines of them \
+                 can expand to gigabytes); write each value out in full",
+                mark.line()
+            )));
+        }
         match event {
-            Event::Scalar(text, style, anchor, tag) => {
+            Event::Scalar(text, style, _, tag) => {
                 let tag = tag.map(|t| t.suffix);
                 let v = scalar(&text, style, tag.as_deref())
                     .map_err(|m| YamlError(format!("line {}: {m}", mark.line())))?;
-                self.value(v, anchor, mark)
+                self.value(v, mark)
             }
-            Event::Alias(id) => {
-                let v = self
-                    .anchors
-                    .iter()
-                    .rev()
-                    .find(|(a, _)| *a == id)
-                    .map(|(_, v)| v.clone())
-                    .ok_or_else(|| YamlError(format!("line {}: unknown alias", mark.line())))?;
-                self.value(v, 0, mark)
-            }
-            Event::SequenceStart(anchor, _) => {
-                self.stack.push((Value::Array(Vec::new()), None, anchor));
-                Ok(())
-            }
-            Event::MappingStart(anchor, _) => {
-                self.stack.push((Value::Object(Map::new()), None, anchor));
+            Event::SequenceStart(..) | Event::MappingStart(..) => {
+                if self.stack.len() >= MAX_DEPTH {
+                    return Err(YamlError(format!(
+                        "line {}: collections nested more than {MAX_DEPTH} deep; \
+                         an accelerate configuration nests two or three",
+                        mark.line()
+                    )));
+                }
+                let empty = match event {
+                    Event::SequenceStart(..) => Value::Array(Vec::new()),
+                    _ => Value::Object(Map::new()),
+                };
+                self.stack.push((empty, None));
                 Ok(())
             }
             Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
-                Some((v, _, anchor)) => self.value(v, anchor, mark),
+                Some((v, _)) => self.value(v, mark),
                 None => Err(YamlError("unbalanced document".into())),
             },
             _ => Ok(()),
         }
     }
 
-    fn value(&mut self, v: Value, anchor: usize, mark: Marker) -> Result<(), YamlError> {
-        if anchor != 0 {
-            self.anchors.push((anchor, v.clone()));
-        }
-        let Some((parent, key, _)) = self.stack.last_mut() else {
+    fn value(&mut self, v: Value, mark: Marker) -> Result<(), YamlError> {
+        let Some((parent, key)) = self.stack.last_mut() else {
             self.root = Some(v);
             return Ok(());
         };
@@ -121,13 +140,15 @@ fn scalar(text: &str, style: TScalarStyle, tag: Option<&str>) -> Result<Value, S
         Some("bool") => {
             return bool11(text)
                 .map(Value::Bool)
-                .ok_or(format!("'{text}' is not a boolean"))
+                .ok_or_else(|| format!("'{}' is not a boolean", excerpt(text)))
         }
-        Some("int") => return int11(text).ok_or(format!("'{text}' is not an integer")),
+        Some("int") => {
+            return int11(text).ok_or_else(|| format!("'{}' is not an integer", excerpt(text)))
+        }
         Some("float") => {
             return float11(text)
                 .or_else(|| int11(text).and_then(|v| v.as_f64()).map(float_value))
-                .ok_or(format!("'{text}' is not a number"))
+                .ok_or_else(|| format!("'{}' is not a number", excerpt(text)))
         }
         Some("null") => return Ok(Value::Null),
         _ => {}

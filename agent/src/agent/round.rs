@@ -24,7 +24,7 @@ use crate::worker_env::{full_env, worker_argv, RoundInfo};
 impl Session<'_> {
     /// Gets ready for `round` and waits for it to form.
     pub(super) async fn form(&mut self, mut round: u64) -> Result<Formed, AgentError> {
-        let deadline = Instant::now() + self.cfg.join_timeout();
+        let deadline = crate::deadline::after(self.cfg.join_timeout());
         self.offer(round).await?;
         let mut waiting = String::from("no report from the rendezvous yet");
         loop {
@@ -396,7 +396,7 @@ impl Session<'_> {
             }
             if !failed && barrier.is_none() && group.as_ref().is_some_and(WorkerGroup::all_ended) {
                 self.client.report_success(info.round).await;
-                barrier = Some(Instant::now() + self.cfg.exit_barrier_timeout);
+                barrier = Some(crate::deadline::after(self.cfg.exit_barrier_timeout));
             }
         }
     }

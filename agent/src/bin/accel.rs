@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use accel_agent::accelerate::{run, AccelArgs, Action};
 use accel_agent::node;
-use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = AccelArgs::parse();
+    // Usage errors exit 2 and quote only excerpts of the values.
+    let args: AccelArgs = rendezvous_server::input::parse_or_exit();
     match run(args, &|k| std::env::var(k).ok()) {
         Ok(Action::Print(message)) => {
             // A closed pipe (`accel launch --help | head`) is not an error.

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rendezvous_server::config::parse_duration;
+use rendezvous_server::input::excerpt;
 
 use super::{bad, ConfigError};
 
@@ -66,6 +67,7 @@ impl RdzvConf {
         let mut c = Self::default();
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let Some((key, value)) = item.split_once('=') else {
+                let item = excerpt(item);
                 return Err(bad(format!(
                     "--rdzv-conf: '{item}' has no value; write it as {item}=VALUE"
                 )));
@@ -92,16 +94,26 @@ impl RdzvConf {
                 "tls_cert" => c.tls.cert = Some(value.into()),
                 "tls_key" => c.tls.key = Some(value.into()),
                 "keep_alive_max_attempt" => {
-                    c.keep_alive_max_attempt = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        bad(format!("--rdzv-conf keep_alive_max_attempt: '{value}' is not a positive integer"))
-                    })?
+                    c.keep_alive_max_attempt =
+                        value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                            bad(format!(
+                            "--rdzv-conf keep_alive_max_attempt: '{}' is not a positive integer",
+                            excerpt(value)
+                        ))
+                        })?
                 }
-                "is_host" => c.is_host = Some(parse_bool(value).ok_or_else(|| {
-                    bad(format!("--rdzv-conf is_host: '{value}' is not a boolean; use true or false"))
-                })?),
+                "is_host" => {
+                    c.is_host = Some(parse_bool(value).ok_or_else(|| {
+                        bad(format!(
+                            "--rdzv-conf is_host: '{}' is not a boolean; use true or false",
+                            excerpt(value)
+                        ))
+                    })?)
+                }
                 other => {
                     return Err(bad(format!(
-                        "--rdzv-conf: unknown key '{other}'; known keys: {RDZV_KEYS}"
+                        "--rdzv-conf: unknown key '{}'; known keys: {RDZV_KEYS}",
+                        excerpt(other)
                     )))
                 }
             }

@@ -181,3 +181,79 @@ fn elastic_ranges_need_c10d() {
         e.0
     );
 }
+
+#[test]
+fn huge_values_are_usage_errors_not_crashes() {
+    // Each of these once aborted the agent (exit 134).
+    for args in [
+        ["--monitor-interval", "100000000000000000000"],
+        ["--exit-barrier-timeout", "10000000000000000000"],
+        ["--shutdown-timeout", "1e20"],
+    ] {
+        let e = AgentArgs::try_parse_from(["accel-agent", args[0], args[1], "t.py"])
+            .expect_err("too long");
+        assert_eq!(e.exit_code(), 2);
+        let text = e.render().to_string();
+        assert!(
+            text.contains(&format!("invalid value for {}: ", args[0]))
+                && text.contains("is too long; at most 10 years"),
+            "{text}"
+        );
+    }
+    for key in [
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "keep_alive_interval",
+        "read_timeout",
+        "timeout",
+        "reconnect_grace",
+    ] {
+        let e = parse(&[
+            "--rdzv-conf",
+            &format!("{key}=10000000000000000000"),
+            "t.py",
+        ])
+        .expect_err(key);
+        assert_eq!(
+            e.0,
+            format!("--rdzv-conf {key}: '10000000000000000000' is too long; at most 10 years (315576000 s)")
+        );
+    }
+    // The longest accepted values make a configuration whose deadlines fit.
+    let c = parse(&[
+        "--rdzv-conf",
+        "join_timeout=315576000,keep_alive_interval=87660h,keep_alive_max_attempt=4294967295",
+        "--exit-barrier-timeout",
+        "315576000",
+        "t.py",
+    ])
+    .expect("ten years is accepted");
+    assert_eq!(c.join_timeout(), rendezvous_server::config::MAX_DURATION);
+    let long_id = "j".repeat(257);
+    let e = parse(&["--rdzv-backend", "c10d", "--rdzv-id", &long_id, "t.py"]).expect_err("id");
+    assert!(e.0.ends_with("is too long; at most 256 bytes"), "{}", e.0);
+    let ok_id = "j".repeat(256);
+    parse(&["--rdzv-backend", "c10d", "--rdzv-id", &ok_id, "t.py"]).expect("256 bytes");
+    let long_prefix = "p".repeat(100_000);
+    let e = parse(&["--log-line-prefix-template", &long_prefix, "t.py"]).expect_err("prefix");
+    assert_eq!(
+        e.0,
+        "--log-line-prefix-template is 100000 bytes; at most 1024"
+    );
+    let e = parse(&["--nproc-per-node", "4000000000", "t.py"]).expect_err("too many");
+    assert!(e.0.contains("at most 65536 workers per node"), "{}", e.0);
+    let e = parse(&["--rdzv-conf", &format!("{}=1", "k".repeat(100_000)), "t.py"])
+        .expect_err("unknown key");
+    assert!(e.0.len() < 600 && e.0.contains("(100000 bytes)"), "{}", e.0);
+    let endpoint = format!("{}:x", "h".repeat(100_000));
+    let e = parse(&[
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-backend",
+        "c10d",
+        "t.py",
+    ])
+    .expect_err("bad endpoint");
+    assert!(e.0.len() < 600, "{}", e.0);
+}

@@ -1,10 +1,17 @@
 //! Teeing a worker's stream: the agent reads the worker's pipe directly (no
 //! file polling), writes every byte to the log file, and hands whole lines,
-//! prefixed, to one console writer.
+//! prefixed, to one console writer. Redirected-only streams take the same
+//! path without the console.
 //!
 //! # Policy
 //! - The pipe is always drained as fast as the log file takes it, so a
 //!   worker never waits on the console.
+//! - The pipe is drained to its end whatever happens to the log file. When
+//!   the file cannot be created or written (a full disk, a quota), the agent
+//!   warns once per worker ([`RankFiles`]), naming the file and the OS error,
+//!   stops writing that file, and keeps copying lines to the console. Giving
+//!   up on the pipe instead would kill the worker with SIGPIPE on its next
+//!   write, and a full log disk would fail the job.
 //! - The console writer is a thread fed by a bounded queue
 //!   ([`CONSOLE_QUEUE`] lines). When the console is slower than the workers
 //!   and the queue is full, lines are dropped from the console only (never
@@ -16,11 +23,12 @@
 
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tracing::warn;
 
 /// Console lines queued before new ones are dropped.
 pub const CONSOLE_QUEUE: usize = 16 * 1024;
@@ -123,134 +131,160 @@ fn write_lines(rx: &Receiver<Line>) {
     }
 }
 
-/// Copies `pipe` to `file` and, with a `prefix`, its lines to the console.
-/// Returns when the worker (and anything that inherited its stream) closes it.
+/// Where a pumped stream's lines go on the console.
+#[derive(Debug, Clone)]
+pub struct ToConsole {
+    /// The console.
+    pub console: Console,
+    /// Put before each line.
+    pub prefix: Vec<u8>,
+    /// To the agent's stderr (else stdout).
+    pub err: bool,
+}
+
+/// One worker's log files, shared by the pumps of its stdout and stderr, so
+/// that a full disk is reported once per worker, not once per write.
+#[derive(Debug, Clone)]
+pub struct RankFiles {
+    local_rank: u32,
+    warned: Arc<AtomicBool>,
+}
+
+impl RankFiles {
+    /// The log files of the worker with `local_rank`.
+    pub fn new(local_rank: u32) -> Self {
+        Self {
+            local_rank,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Whether a failure was reported for this worker.
+    pub fn failed(&self) -> bool {
+        self.warned.load(Ordering::Relaxed)
+    }
+
+    fn report(&self, file: &Path, error: &io::Error) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            warn!(
+                local_rank = self.local_rank,
+                file = %file.display(),
+                %error,
+                "cannot write a worker's log file, so it ends here (reported once per worker); \
+                 the worker keeps running and tee'd lines still reach the console"
+            );
+        }
+    }
+}
+
+/// A log file that, once it fails, is given up (no gaps in the middle of a
+/// file: what it holds is a complete beginning of the stream).
+///
+/// It is opened and written on tokio's blocking pool, never on the agent's
+/// runtime thread: a log directory on a hung network filesystem then stalls
+/// only this stream (its worker waits on its pipe, as it would writing the
+/// file itself), while keep-alives and the other workers carry on.
+struct LogFile<'a> {
+    file: Option<std::fs::File>,
+    path: &'a Path,
+    rank: &'a RankFiles,
+}
+
+impl<'a> LogFile<'a> {
+    async fn create(path: &'a Path, rank: &'a RankFiles) -> Self {
+        let owned = path.to_path_buf();
+        let file = match tokio::task::spawn_blocking(move || std::fs::File::create(owned)).await {
+            Ok(Ok(f)) => Some(f),
+            Ok(Err(e)) => {
+                rank.report(path, &e);
+                None
+            }
+            Err(e) => {
+                rank.report(path, &io::Error::other(e));
+                None
+            }
+        };
+        Self { file, path, rank }
+    }
+
+    /// Writes `buf[..n]` and hands `buf` back. Unbuffered: one write per
+    /// chunk read, so readers of the file (tail -f) see output as it comes.
+    async fn write(&mut self, buf: Vec<u8>, n: usize) -> Vec<u8> {
+        let Some(mut file) = self.file.take() else {
+            return buf;
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let result = file.write_all(&buf[..n]);
+            (file, buf, result)
+        })
+        .await;
+        match written {
+            Ok((file, buf, Ok(()))) => {
+                self.file = Some(file);
+                buf
+            }
+            Ok((_, buf, Err(e))) => {
+                self.rank.report(self.path, &e);
+                buf
+            }
+            Err(e) => {
+                self.rank.report(self.path, &io::Error::other(e));
+                vec![0; CHUNK]
+            }
+        }
+    }
+}
+
+/// Copies `pipe` to `file` and, with `console`, its lines to the console
+/// (first, so a slow file never delays them). Returns when the worker (and
+/// anything that inherited its stream) closes it; a log file that cannot be
+/// written does not stop it (see the module policy). Errors are the pipe's
+/// own.
 pub async fn pump(
     mut pipe: impl AsyncRead + Unpin,
     file: &Path,
-    prefix: Option<Vec<u8>>,
-    err: bool,
-    console: Console,
+    rank: &RankFiles,
+    console: Option<ToConsole>,
 ) -> io::Result<()> {
-    let mut log = io::BufWriter::with_capacity(CHUNK, std::fs::File::create(file)?);
+    let mut log = LogFile::create(file, rank).await;
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
-    let emit = |pending: &mut Vec<u8>, prefix: &[u8]| {
-        let mut line = Vec::with_capacity(prefix.len() + pending.len() + 1);
-        line.extend_from_slice(prefix);
+    let emit = |pending: &mut Vec<u8>, to: &ToConsole| {
+        let mut line = Vec::with_capacity(to.prefix.len() + pending.len() + 1);
+        line.extend_from_slice(&to.prefix);
         line.append(pending);
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }
-        console.line(err, line);
+        to.console.line(to.err, line);
     };
     loop {
         let n = pipe.read(&mut buf).await?;
         if n == 0 {
             break;
         }
-        let chunk = &buf[..n];
-        log.write_all(chunk)?;
-        // Readers of the file (tail -f) see output as it comes.
-        log.flush()?;
-        let Some(prefix) = prefix.as_deref() else {
-            continue;
-        };
-        let mut rest = chunk;
-        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
-            pending.extend_from_slice(&rest[..=i]);
-            emit(&mut pending, prefix);
-            rest = &rest[i + 1..];
+        if let Some(to) = console.as_ref() {
+            let mut rest = &buf[..n];
+            while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+                pending.extend_from_slice(&rest[..=i]);
+                emit(&mut pending, to);
+                rest = &rest[i + 1..];
+            }
+            pending.extend_from_slice(rest);
+            while pending.len() >= MAX_LINE {
+                let mut piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
+                emit(&mut piece, to);
+            }
         }
-        pending.extend_from_slice(rest);
-        while pending.len() >= MAX_LINE {
-            let mut piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
-            emit(&mut piece, prefix);
-        }
+        buf = log.write(buf, n).await;
     }
-    if let Some(prefix) = prefix.as_deref() {
+    if let Some(to) = console.as_ref() {
         if !pending.is_empty() {
-            emit(&mut pending, prefix);
+            emit(&mut pending, to);
         }
     }
-    log.flush()
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A console whose lines a test can read.
-    fn test_console() -> (Console, Receiver<Line>) {
-        let (tx, rx) = sync_channel(CONSOLE_QUEUE);
-        (
-            Console {
-                tx,
-                dropped: Arc::default(),
-            },
-            rx,
-        )
-    }
-
-    fn tmp(name: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("accel-tee-{}-{name}", std::process::id()))
-    }
-
-    #[tokio::test]
-    async fn lines_stay_whole_and_files_get_every_byte() {
-        let (console, rx) = test_console();
-        let input: &[u8] = b"one\ntw\xffo\nthree without newline";
-        let file = tmp("whole");
-        pump(input, &file, Some(b"[p]:".to_vec()), false, console)
-            .await
-            .expect("pump");
-        let lines: Vec<Vec<u8>> = rx.try_iter().map(|l| l.bytes).collect();
-        assert_eq!(
-            lines,
-            vec![
-                b"[p]:one\n".to_vec(),
-                b"[p]:tw\xffo\n".to_vec(),
-                b"[p]:three without newline\n".to_vec()
-            ]
-        );
-        assert_eq!(
-            std::fs::read(&file).expect("log"),
-            input,
-            "the file is the raw stream"
-        );
-        let _ = std::fs::remove_file(file);
-    }
-
-    #[tokio::test]
-    async fn an_endless_line_reaches_the_console_in_bounded_pieces() {
-        let (console, rx) = test_console();
-        let input = vec![b'x'; 3 * MAX_LINE + 10];
-        let file = tmp("long");
-        pump(&input[..], &file, Some(b">".to_vec()), true, console)
-            .await
-            .expect("pump");
-        let sizes: Vec<usize> = rx.try_iter().map(|l| l.bytes.len()).collect();
-        assert_eq!(
-            sizes,
-            vec![MAX_LINE + 2, MAX_LINE + 2, MAX_LINE + 2, 10 + 2]
-        );
-        let _ = std::fs::remove_file(file);
-    }
-
-    #[tokio::test]
-    async fn a_full_console_drops_and_counts_but_the_file_keeps_all() {
-        let (tx, _rx) = sync_channel(2);
-        let console = Console {
-            tx,
-            dropped: Arc::default(),
-        };
-        let input = b"a\nb\nc\nd\ne\n";
-        let file = tmp("drop");
-        pump(&input[..], &file, Some(Vec::new()), false, console.clone())
-            .await
-            .expect("pump");
-        assert_eq!(console.dropped(), 3);
-        assert_eq!(std::fs::read(&file).expect("log"), input);
-        let _ = std::fs::remove_file(file);
-    }
-}
+mod tests;

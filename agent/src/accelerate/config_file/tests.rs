@@ -81,6 +81,76 @@ mod load {
     }
 
     #[test]
+    fn many_unknown_keys_are_named_briefly() {
+        let mut text = String::from("distributed_type: 'NO'\n");
+        for i in 0..5000 {
+            text.push_str(&format!("k{i}{}: 1\n", "x".repeat(300)));
+        }
+        let e = processed(&text).expect_err("unknown");
+        assert!(e.len() < 6000, "{} bytes", e.len());
+        assert!(
+            e.contains("and 4990 more") && e.contains("… (302 bytes)'"),
+            "{e}"
+        );
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "accel-config-{name}-{}-{}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("scratch");
+        dir
+    }
+
+    #[test]
+    fn files_over_1_mib_are_refused_unread() {
+        let dir = scratch("size");
+        let small = dir.join("small.yaml");
+        // Exactly 1 MiB, padded with a YAML comment, still loads.
+        let head = "distributed_type: 'NO'\n#";
+        let pad = "x".repeat(MAX_CONFIG_BYTES as usize - head.len() - 1);
+        std::fs::write(&small, format!("{head}{pad}\n")).expect("write");
+        assert_eq!(
+            std::fs::metadata(&small).expect("meta").len(),
+            MAX_CONFIG_BYTES
+        );
+        load(&small).expect("1 MiB loads");
+        let big = dir.join("big.yaml");
+        std::fs::write(&big, format!("{head}{pad}x\n")).expect("write");
+        let e = load(&big).expect_err("too large");
+        assert!(
+            matches!(
+                e,
+                LoadError::TooLarge {
+                    size: Some(1_048_577),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("is 1048577 bytes; a configuration file may be at most 1 MiB"),
+            "{text}"
+        );
+        // A sparse 8 GiB file is refused from its metadata, without reading.
+        let sparse = dir.join("sparse.yaml");
+        std::fs::File::create(&sparse)
+            .and_then(|f| f.set_len(8 << 30))
+            .expect("sparse");
+        let started = std::time::Instant::now();
+        assert!(matches!(load(&sparse), Err(LoadError::TooLarge { .. })));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let binary = dir.join("binary.yaml");
+        std::fs::write(&binary, b"a: \xff\n").expect("write");
+        let e = load(&binary).expect_err("not text").to_string();
+        assert!(e.contains("not UTF-8 text (byte 3)"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn sagemaker_configs_load_without_num_processes() {
         let f = processed(
             "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\nec2_instance_type: ml.p3.2xlarge\niam_role_name: r\n",

@@ -19,6 +19,7 @@
 //! - `PARALLELISM_CONFIG_SP_SEQ_LENGTH` is left out when unset instead of
 //!   being the text `None`.
 
+use rendezvous_server::input::excerpt;
 use serde_json::Value;
 
 use super::flags::{str_to_bool, Namespace};
@@ -104,13 +105,14 @@ pub fn accelerate_env(
         other => {
             return Err(format!(
                 "mixed_precision {} is not one of no, fp16, bf16, fp8",
-                py_repr(other)
+                excerpt(&py_repr(other))
             ))
         }
     };
     if !["no", "fp8", "fp16", "bf16"].contains(&mp.as_str()) {
         return Err(format!(
-            "unknown mixed_precision '{mp}': choose one of no, fp8, fp16, bf16"
+            "unknown mixed_precision '{}': choose one of no, fp8, fp16, bf16",
+            excerpt(&mp)
         ));
     }
     set("ACCELERATE_MIXED_PRECISION", mp.clone());
@@ -172,7 +174,8 @@ pub fn accelerate_env(
         let backend = py_str(ns.get("dynamo_backend")).to_uppercase();
         if !DYNAMO.contains(&backend.as_str()) {
             return Err(format!(
-                "unknown dynamo backend '{backend}': choose one of {}",
+                "unknown dynamo backend '{}': choose one of {}",
+                excerpt(&backend),
                 DYNAMO.join(", ")
             ));
         }

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rendezvous_server::input::excerpt;
 use serde_json::Value;
 
 /// How a flag's value is read.
@@ -143,7 +144,8 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
             Kind::Flag | Kind::SetTrue => {
                 if let Some(v) = inline {
                     return Err(format!(
-                        "{name} is an on/off flag and takes no value (got '{v}'): write {name} to turn it on, or leave it out"
+                        "{name} is an on/off flag and takes no value (got '{}'): write {name} to turn it on, or leave it out",
+                        excerpt(&v)
                     ));
                 }
                 if let Some(next) = argv.get(i) {
@@ -152,7 +154,8 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
                     let program = no_python && on_path(next);
                     if word && !program {
                         return Err(format!(
-                            "{name} is an on/off flag and takes no value (got '{next}', which would otherwise be taken for the training script): write {name} to turn it on, or leave it out"
+                            "{name} is an on/off flag and takes no value (got '{}', which would otherwise be taken for the training script): write {name} to turn it on, or leave it out",
+                            excerpt(next)
                         ));
                     }
                 }
@@ -206,8 +209,12 @@ pub fn lookup(name: &str) -> Option<&'static Flag> {
 fn unknown(name: &str) -> String {
     let wanted = name.trim_start_matches('-').replace('-', "_");
     let limit = (wanted.len() / 4).max(2);
+    // The edit distance costs length × length: no suggestion for a word far
+    // longer than any flag (a 100 KiB one took seconds).
+    let plausible = wanted.len() <= 100;
     let close = FLAGS
         .iter()
+        .filter(|_| plausible)
         .filter(|f| {
             let prefix = f
                 .name
@@ -228,7 +235,7 @@ fn unknown(name: &str) -> String {
     } else {
         format!("did you mean {}?", close.join(" or "))
     };
-    format!("unrecognized argument {name}: {hint}")
+    format!("unrecognized argument {}: {hint}", excerpt(name))
 }
 
 /// Edit distance, for suggestions.
@@ -259,17 +266,20 @@ pub fn str_to_bool(s: &str) -> Option<bool> {
 fn convert(flag: &Flag, name: &str, raw: &str, current: &Value) -> Result<Value, String> {
     if !flag.choices.is_empty() && !flag.choices.contains(&raw) {
         return Err(format!(
-            "{name}: invalid choice '{raw}' (choose from {})",
+            "{name}: invalid choice '{}' (choose from {})",
+            excerpt(raw),
             flag.choices.join(", ")
         ));
     }
-    let bad = |what: &str| format!("{name}: invalid {what} value '{raw}'");
+    let bad = |what: &str| format!("{name}: invalid {what} value '{}'", excerpt(raw));
     Ok(match flag.kind {
         Kind::Str | Kind::Flag | Kind::SetTrue => Value::String(raw.to_owned()),
         Kind::Int => Value::from(raw.trim().parse::<i64>().map_err(|_| bad("int"))?),
         Kind::Float => {
+            // nan and inf parse, but no setting means them (and JSON holds neither).
             let f: f64 = raw.trim().parse().map_err(|_| bad("float"))?;
-            serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+            let n = serde_json::Number::from_f64(f).ok_or_else(|| bad("(finite) float"))?;
+            Value::Number(n)
         }
         Kind::Append => {
             let mut items = current.as_array().cloned().unwrap_or_default();

@@ -9,6 +9,7 @@
 //! command line gives them (accelerate ignores both, because their flag
 //! defaults are not "not given").
 
+use rendezvous_server::input::excerpt;
 use serde_json::{json, Value};
 
 use super::flags::Namespace;
@@ -269,7 +270,7 @@ fn cpu_threads(
                 return v
                     .trim()
                     .parse()
-                    .map_err(|_| format!("{n}={v} is not a number"));
+                    .map_err(|_| format!("{n}={} is not a number", excerpt(&v)));
             }
         }
         Ok(default)

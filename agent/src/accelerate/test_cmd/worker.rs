@@ -17,6 +17,8 @@
 
 use std::time::Duration;
 
+use rendezvous_server::config::parse_duration;
+
 use super::client::{Client, ClientError};
 use super::TestError;
 
@@ -74,16 +76,22 @@ impl WorkerEnv {
             _ => 0,
         };
         let timeout = match env("ACCEL_TEST_TIMEOUT") {
-            Some(v) if !v.trim().is_empty() => v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| TestError::Env {
-                    var: "ACCEL_TEST_TIMEOUT",
-                    problem: format!("is {v:?}, not a positive number of seconds"),
-                })?,
+            // Bounded like every duration (a huge one once overflowed a deadline).
+            Some(v) if !v.trim().is_empty() => match parse_duration(&v) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    return Err(TestError::Env {
+                        var: "ACCEL_TEST_TIMEOUT",
+                        problem: "is 0; give a positive number of seconds".into(),
+                    })
+                }
+                Err(e) => {
+                    return Err(TestError::Env {
+                        var: "ACCEL_TEST_TIMEOUT",
+                        problem: format!("is invalid: {e}"),
+                    })
+                }
+            },
             _ => DEFAULT_TIMEOUT,
         };
         Ok(Self {

@@ -62,3 +62,75 @@ fn round_trip() {
         "tpu_env": [], "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": false}});
     assert_eq!(load(&dump(&v)).expect("reads back"), v);
 }
+
+/// The "billion laughs" shape: each line's list holds nine of the previous.
+fn alias_bomb(levels: usize) -> String {
+    let mut text = String::from(
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    for i in 1..levels {
+        let (prev, cur) = ((b'a' + i as u8 - 1) as char, (b'a' + i as u8) as char);
+        let refs = vec![format!("*{prev}"); 9].join(",");
+        text.push_str(&format!("{cur}: &{cur} [{refs}]\n"));
+    }
+    text
+}
+
+#[test]
+fn anchors_and_aliases_are_refused_before_anything_expands() {
+    let started = std::time::Instant::now();
+    let e = load(&alias_bomb(9)).expect_err("refused").to_string();
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    assert!(
+        e.starts_with("line 1: YAML anchors (&name) and aliases (*name) are not accepted"),
+        "{e}"
+    );
+    for text in [
+        "a: &x 1\n",
+        "a: &x [1]\n",
+        "a: &x {b: 1}\n",
+        "? &k a\n: 1\n",
+    ] {
+        let e = load(text).expect_err(text).to_string();
+        assert!(
+            e.contains("anchors (&name) and aliases (*name)"),
+            "{text:?}: {e}"
+        );
+    }
+    // `&` and `*` inside values are just text.
+    assert_eq!(
+        load("a: 'x &y *z'\nb: x&y*z\n").expect("plain text"),
+        json!({"a": "x &y *z", "b": "x&y*z"})
+    );
+}
+
+#[test]
+fn nesting_is_bounded() {
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let mut expected = json!(1);
+    for _ in 0..MAX_DEPTH {
+        expected = json!([expected]);
+    }
+    assert_eq!(load(&nested(MAX_DEPTH)).expect("at the limit"), expected);
+    let e = load(&nested(MAX_DEPTH + 1))
+        .expect_err("too deep")
+        .to_string();
+    assert!(e.contains("nested more than 32 deep"), "{e}");
+    // A megabyte of brackets is refused without exhausting the stack.
+    assert!(load(&nested(512 * 1024)).is_err());
+    let block: String = (0..100)
+        .map(|i| format!("{}k{i}:\n", "  ".repeat(i)))
+        .collect();
+    assert!(load(&block)
+        .expect_err("too deep")
+        .to_string()
+        .contains("nested more than"));
+}
+
+#[test]
+fn scalar_errors_quote_an_excerpt() {
+    let e = load(&format!("a: !!int {}\n", "x".repeat(100_000)))
+        .expect_err("not an int")
+        .to_string();
+    assert!(e.len() < 400 && e.contains("(100000 bytes)"), "{e}");
+}

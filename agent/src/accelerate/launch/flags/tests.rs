@@ -54,6 +54,16 @@ fn mistakes_are_errors() {
     assert!(err("--num_procs 2 t.py").contains("unrecognized"));
     assert!(err("--num_processes").contains("expects a value"));
     assert!(err("--cpu").contains("training_script"));
+    assert!(err("--monitor_interval nan t.py").contains("invalid (finite) float value 'nan'"));
+    assert!(err("--monitor_interval inf t.py").contains("invalid (finite) float"));
+    let long = format!("--num_processes {} t.py", "x".repeat(100_000));
+    let e = err(&long);
+    assert!(e.len() < 400 && e.contains("(100000 bytes)"), "{e}");
+    let e = err(&format!("--{} t.py", "y".repeat(100_000)));
+    assert!(
+        e.len() < 600 && e.starts_with("unrecognized argument"),
+        "{e}"
+    );
     // With --no_python, a program named `true` is a program.
     let ok = parse(&args("--no_python --cpu true"), &|p| p == "true").expect("program");
     assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));

@@ -67,6 +67,9 @@ fn reads_torchruns_environment() {
     assert!(with("MASTER_PORT", "70000").contains("MASTER_PORT"));
     assert!(with("RANK", "2").contains("outside a WORLD_SIZE of 2"));
     assert!(with("ACCEL_TEST_TIMEOUT", "-1").contains("ACCEL_TEST_TIMEOUT"));
+    assert!(with("ACCEL_TEST_TIMEOUT", "0").contains("is 0"));
+    let huge = with("ACCEL_TEST_TIMEOUT", "1e300");
+    assert!(huge.contains("is too long; at most 10 years"), "{huge}");
 }
 
 #[test]

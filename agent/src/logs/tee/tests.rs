@@ -1,0 +1,151 @@
+//! The pump and the console writer, with pipes given as byte slices.
+
+use super::*;
+
+/// A console whose lines a test can read.
+fn test_console() -> (Console, Receiver<Line>) {
+    let (tx, rx) = sync_channel(CONSOLE_QUEUE);
+    (
+        Console {
+            tx,
+            dropped: Arc::default(),
+        },
+        rx,
+    )
+}
+
+fn to(console: Console, prefix: &[u8], err: bool) -> Option<ToConsole> {
+    Some(ToConsole {
+        console,
+        prefix: prefix.to_vec(),
+        err,
+    })
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("accel-tee-{}-{name}", std::process::id()))
+}
+
+#[tokio::test]
+async fn lines_stay_whole_and_files_get_every_byte() {
+    let (console, rx) = test_console();
+    let input: &[u8] = b"one\ntw\xffo\nthree without newline";
+    let file = tmp("whole");
+    pump(
+        input,
+        &file,
+        &RankFiles::new(0),
+        to(console, b"[p]:", false),
+    )
+    .await
+    .expect("pump");
+    let lines: Vec<Vec<u8>> = rx.try_iter().map(|l| l.bytes).collect();
+    assert_eq!(
+        lines,
+        vec![
+            b"[p]:one\n".to_vec(),
+            b"[p]:tw\xffo\n".to_vec(),
+            b"[p]:three without newline\n".to_vec()
+        ]
+    );
+    assert_eq!(
+        std::fs::read(&file).expect("log"),
+        input,
+        "the file is the raw stream"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn an_endless_line_reaches_the_console_in_bounded_pieces() {
+    let (console, rx) = test_console();
+    let input = vec![b'x'; 3 * MAX_LINE + 10];
+    let file = tmp("long");
+    pump(
+        &input[..],
+        &file,
+        &RankFiles::new(0),
+        to(console, b">", true),
+    )
+    .await
+    .expect("pump");
+    let sizes: Vec<usize> = rx.try_iter().map(|l| l.bytes.len()).collect();
+    assert_eq!(
+        sizes,
+        vec![MAX_LINE + 2, MAX_LINE + 2, MAX_LINE + 2, 10 + 2]
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn a_full_console_drops_and_counts_but_the_file_keeps_all() {
+    let (tx, _rx) = sync_channel(2);
+    let console = Console {
+        tx,
+        dropped: Arc::default(),
+    };
+    let input = b"a\nb\nc\nd\ne\n";
+    let file = tmp("drop");
+    pump(
+        &input[..],
+        &file,
+        &RankFiles::new(0),
+        to(console.clone(), b"", false),
+    )
+    .await
+    .expect("pump");
+    assert_eq!(console.dropped(), 3);
+    assert_eq!(std::fs::read(&file).expect("log"), input);
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn a_full_disk_costs_the_file_not_the_stream() {
+    // /dev/full accepts the open and fails every write with ENOSPC.
+    let (console, rx) = test_console();
+    // More than one read's worth, fewer lines than the console queue holds.
+    let input: Vec<u8> = (0..10_000)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    let rank = RankFiles::new(3);
+    pump(
+        &input[..],
+        Path::new("/dev/full"),
+        &rank,
+        to(console, b"", false),
+    )
+    .await
+    .expect("the pipe is read to its end");
+    assert!(rank.failed(), "the failure is reported");
+    let shown: Vec<u8> = rx.try_iter().flat_map(|l| l.bytes).collect();
+    assert!(shown == input, "every line still reaches the console");
+    // Redirected only (no console): still read to the end.
+    let rank = RankFiles::new(4);
+    pump(&input[..], Path::new("/dev/full"), &rank, None)
+        .await
+        .expect("drained");
+    assert!(rank.failed());
+}
+
+#[tokio::test]
+async fn a_file_that_cannot_be_created_costs_the_file_only() {
+    let (console, rx) = test_console();
+    let rank = RankFiles::new(0);
+    let missing = tmp("no-such-dir").join("stdout.log");
+    pump(&b"a\nb\n"[..], &missing, &rank, to(console, b"> ", false))
+        .await
+        .expect("drained");
+    assert!(rank.failed());
+    let shown: Vec<Vec<u8>> = rx.try_iter().map(|l| l.bytes).collect();
+    assert_eq!(shown, vec![b"> a\n".to_vec(), b"> b\n".to_vec()]);
+}
+
+#[tokio::test]
+async fn a_writable_file_is_not_reported() {
+    let rank = RankFiles::new(0);
+    let file = tmp("fine");
+    pump(&b"ok\n"[..], &file, &rank, None).await.expect("pump");
+    assert!(!rank.failed());
+    assert_eq!(std::fs::read(&file).expect("log"), b"ok\n");
+    let _ = std::fs::remove_file(file);
+}
