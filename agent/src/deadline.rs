@@ -24,9 +24,11 @@ pub(crate) fn after(d: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// `d` in whole milliseconds for the wire, saturating at `u64::MAX`
-/// (`as u64` would wrap a huge value to a small one).
+/// `d` in whole milliseconds for the wire, at most the ten years the
+/// rendezvous accepts (`as u64` would wrap a huge value to a small one, and
+/// the server refuses a longer one).
 pub(crate) fn millis(d: Duration) -> u64 {
+    let d = d.min(rendezvous_server::input::MAX_DURATION);
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -46,10 +48,11 @@ mod tests {
     #[test]
     fn millis_saturate() {
         assert_eq!(millis(Duration::from_secs(2)), 2000);
-        assert_eq!(millis(Duration::MAX), u64::MAX);
+        let max = rendezvous_server::input::MAX_DURATION.as_millis() as u64;
+        assert_eq!(millis(Duration::MAX), max);
         assert_eq!(
             millis(Duration::from_secs(315_576_000).saturating_mul(u32::MAX)),
-            u64::MAX,
+            max,
             "ten years times the largest keep_alive_max_attempt"
         );
     }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::auth::{Token, TokenError};
-use crate::limits::Limits;
 pub use crate::input::{parse_duration, DurationError, DurationParser, MAX_DURATION};
+use crate::limits::Limits;
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -141,4 +141,3 @@ pub fn client_token(
         None => Token::resolve(None, "RDZV_TOKEN", env),
     }
 }
-

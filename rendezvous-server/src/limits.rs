@@ -19,8 +19,9 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
 /// Longest leave reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
-/// Longest duration a request may ask for (keep-alive limit, last call).
-pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Longest duration a request may ask for (keep-alive limit, last call):
+/// the same ten years as any duration a person types.
+pub use crate::input::MAX_DURATION;
 /// Highest round a resuming node may report (far beyond any real job, far
 /// below where the round counter could overflow).
 pub const MAX_ROUND: u64 = 1 << 53;

@@ -500,6 +500,7 @@ fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     let joined: u32 = text
         .lines()
         .filter_map(|l| l.split("nodes=").nth(1))
+        .flat_map(|counts| counts.split(", "))
         .filter_map(|n| n.strip_suffix(" joined")?.parse::<u32>().ok())
         .sum();
     assert_eq!(joined, 1000, "{text}");
