@@ -27,9 +27,25 @@ pub struct ErrorFile {
     pub raw: Value,
 }
 
-/// Reads a worker's error file; `None` if it wrote none (or nothing readable).
+/// The largest error file read: a worker writes a message and a traceback,
+/// not megabytes; a larger file is not read (and not forwarded).
+pub const MAX_ERROR_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a worker's error file; `None` if it wrote none (or nothing readable,
+/// or more than [`MAX_ERROR_FILE_BYTES`]).
 pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
-    let raw: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_ERROR_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() as u64 > MAX_ERROR_FILE_BYTES {
+        tracing::warn!(file = %path.display(), "the worker's error file is larger than 4 MiB; it is not read");
+        return None;
+    }
+    let raw: Value = serde_json::from_str(&text).ok()?;
     let num = |v: &Value| {
         v.as_f64()
             .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
@@ -221,6 +237,19 @@ pub fn parent_error_file(root: &pb::Failure) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_error_file_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("accel-errfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("error.json");
+        std::fs::write(&f, r#"{"message": "boom"}"#).expect("write");
+        assert_eq!(read_error_file(&f).expect("read").message, "boom");
+        let big = format!(r#"{{"message": "{}"}}"#, "x".repeat(5 << 20));
+        std::fs::write(&f, big).expect("write");
+        assert!(read_error_file(&f).is_none());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     fn failure(rank: u32, exitcode: i32, traceback: &str) -> pb::Failure {
         pb::Failure {
