@@ -91,6 +91,7 @@ impl Job {
                     max_restarts: self.config.max_restarts,
                     master_addr: master_addr.clone(),
                     master_port,
+                    member_addrs: Vec::new(),
                 }),
             });
         }
