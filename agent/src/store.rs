@@ -76,6 +76,10 @@ use state::{ConnId, State, DEFAULT_MAX_BYTES};
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest pause after a failed `accept`.
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// An episode of failing accepts ends after this long without a failure
+/// (at the descriptor limit, accepts alternate between succeeding and
+/// failing as connections come and go: that is one episode, not many).
+const ACCEPT_EPISODE_QUIET: Duration = Duration::from_secs(5);
 
 /// How a store is bounded and whom it admits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,8 +270,7 @@ struct Acceptor {
 impl Acceptor {
     async fn run(self, listener: TcpListener) {
         let mut backoff = ACCEPT_BACKOFF_MIN;
-        // The current episode of failing accepts: when it began and how many failed.
-        let mut failing: Option<(Instant, u64)> = None;
+        let mut trouble: Option<AcceptTrouble> = None;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -277,12 +280,20 @@ impl Acceptor {
                 Ok(a) => a,
                 // Too many open files and the like: keep serving the connections we have.
                 Err(e) => {
-                    match &mut failing {
+                    let now = Instant::now();
+                    match &mut trouble {
                         None => {
                             warn!(error = %e, "the worker store cannot accept connections; retrying with backoff up to {ACCEPT_BACKOFF_MAX:?}, quietly until it recovers");
-                            failing = Some((Instant::now(), 1));
+                            trouble = Some(AcceptTrouble {
+                                since: now,
+                                last: now,
+                                failures: 1,
+                            });
                         }
-                        Some((_, n)) => *n += 1,
+                        Some(t) => {
+                            t.last = now;
+                            t.failures += 1;
+                        }
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -292,14 +303,17 @@ impl Acceptor {
                     continue;
                 }
             };
-            if let Some((since, n)) = failing.take() {
-                info!(
-                    failed = n,
-                    after_s = since.elapsed().as_secs_f64(),
-                    "the worker store accepts connections again"
-                );
-            }
             backoff = ACCEPT_BACKOFF_MIN;
+            if let Some(t) = &trouble {
+                if t.last.elapsed() >= ACCEPT_EPISODE_QUIET {
+                    info!(
+                        failed = t.failures,
+                        lasted_s = (t.last - t.since).as_secs_f64(),
+                        "the worker store accepts connections again"
+                    );
+                    trouble = None;
+                }
+            }
             match self.admission.decide(peer.ip(), || local_ip(&sock)) {
                 Decision::Admit => self.serve(sock, peer),
                 Decision::Refuse => {
@@ -318,6 +332,13 @@ impl Acceptor {
                     });
                 }
             }
+        }
+        if let Some(t) = trouble {
+            warn!(
+                failed = t.failures,
+                lasted_s = (t.last - t.since).as_secs_f64(),
+                "the worker store stopped; it could not accept some connections"
+            );
         }
         self.shared.summarize();
     }
@@ -357,6 +378,13 @@ impl Acceptor {
             }
         });
     }
+}
+
+/// An episode of failing accepts.
+struct AcceptTrouble {
+    since: Instant,
+    last: Instant,
+    failures: u64,
 }
 
 fn local_ip(sock: &TcpStream) -> Option<IpAddr> {
