@@ -30,7 +30,7 @@
 //! Every input is bounded, so a client (even an admitted one) cannot make
 //! the agent allocate without limit or remember forever; each limit closes
 //! only the offending connection, and refusals are logged aggregated
-//! ([`quiet`]), never one line per connection:
+//! (at most a line a minute, with a count), never one line per connection:
 //!
 //! | what | bound | where |
 //! |---|---|---|

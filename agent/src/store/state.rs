@@ -161,9 +161,7 @@ impl State {
             Command::Ping(nonce) => out.raw(&nonce.to_le_bytes()),
             Command::Set(k, v) => {
                 self.check_put(&k, v.len())?;
-                let k = Bytes::from(k);
-                self.put(k.clone(), Bytes::from(v));
-                self.notify(&k, &mut fx);
+                self.put_and_notify(Bytes::from(k), Bytes::from(v), &mut fx);
             }
             Command::CompareSet {
                 key,
@@ -175,10 +173,9 @@ impl State {
                 Some(cur) if **cur != expected[..] => out.value(cur),
                 _ => {
                     self.check_put(&key, desired.len())?;
-                    let (key, desired) = (Bytes::from(key), Bytes::from(desired));
+                    let desired = Bytes::from(desired);
                     out.value(&desired);
-                    self.put(key.clone(), desired);
-                    self.notify(&key, &mut fx);
+                    self.put_and_notify(Bytes::from(key), desired, &mut fx);
                 }
             },
             Command::Get(k) => match self.kv.get(&k[..]) {
@@ -241,8 +238,7 @@ impl State {
                 // Extends in place when no pending reply shares the old value.
                 let mut value = BytesMut::from(old);
                 value.extend_from_slice(&v);
-                self.put(k.clone(), value.freeze());
-                self.notify(&k, &mut fx);
+                self.put_and_notify(k, value.freeze(), &mut fx);
             }
             Command::MultiGet(keys) => {
                 for k in keys {
@@ -255,9 +251,7 @@ impl State {
             Command::MultiSet(pairs) => {
                 self.check_multi_set(&pairs)?;
                 for (k, v) in pairs {
-                    let k = Bytes::from(k);
-                    self.put(k.clone(), Bytes::from(v));
-                    self.notify(&k, &mut fx);
+                    self.put_and_notify(Bytes::from(k), Bytes::from(v), &mut fx);
                 }
             }
             Command::QueuePush(k, v) => {
@@ -359,6 +353,17 @@ impl State {
             self.bytes -= key_len + len64(old.len());
         }
         self.bytes += add;
+    }
+
+    /// Stores `v` at `k` and wakes whoever waits for `k`.
+    fn put_and_notify(&mut self, k: Bytes, v: Bytes, fx: &mut Effects) {
+        if self.waiters.is_empty() {
+            // The common case: no clone of the key (the first would allocate).
+            self.put(k, v);
+        } else {
+            self.put(k.clone(), v);
+            self.notify(&k, fx);
+        }
     }
 
     fn pop(&mut self, k: &[u8]) -> Option<Bytes> {
