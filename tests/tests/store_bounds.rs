@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use accel_agent::store::wire::{encode, Command as Cmd, MAX_VALUE_LEN, VALIDATION_MAGIC};
 use accel_agent::store::{Admit, StoreOptions, WorkerStore};
-use accel_tests::{eventually, scratch, venv, worker, Agent, Netns, Server};
+use accel_tests::{
+    eventually, record_script, records, run_agent, scratch, venv, worker, Agent, Netns, Server,
+};
 
 use crate::heavy;
 
@@ -432,4 +434,71 @@ fn the_store_admits_exactly_the_members_it_is_given() {
     let mut local = client(SocketAddr::from(([127, 0, 0, 1], store.addr().port())));
     assert!(answers(&mut local), "this host is always admitted");
     drop(store);
+}
+
+/// A base port with `n` free loopback ports from it.
+fn free_range(n: u16) -> u16 {
+    for _ in 0..200 {
+        let random = {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        let base = 20_000 + (random % 40_000) as u16;
+        let held: Vec<_> = (base..base + n)
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no {n} free consecutive ports");
+}
+
+#[test]
+fn store_ports_give_every_round_a_fresh_port_from_the_range() {
+    let dir = scratch("store-ports");
+    let base = free_range(3);
+    // A port of the range held by someone else is skipped.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", base + 1)).expect("squat");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let conf = format!("store_ports={base}-{}", base + 2);
+    let out = run_agent(
+        &dir,
+        "agent",
+        &[
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-conf",
+            &conf,
+            script.to_str().expect("path"),
+        ],
+        &[
+            ("RECORD_DIR", &rec),
+            ("AGENT_TAG", "a"),
+            ("FAIL_RANKS", "0"),
+            ("FAIL_UNTIL", "3"),
+            ("FAIL_AFTER", "0"),
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let ports: Vec<u16> = records(&dir)
+        .iter()
+        .map(|r| r.var("MASTER_PORT").parse().expect("port"))
+        .collect();
+    assert_eq!(ports.len(), 4, "four attempts");
+    for pair in ports.windows(2) {
+        assert_ne!(pair[0], pair[1], "consecutive rounds differ: {ports:?}");
+    }
+    assert!(
+        ports.iter().all(|p| [base, base + 2].contains(p)),
+        "from the range, skipping the busy port {}: {ports:?}",
+        base + 1
+    );
+    drop(squatter);
 }
