@@ -8,6 +8,7 @@ mod launch;
 mod logs;
 mod restart;
 mod shutdown;
+mod store_admission;
 mod store_bounds;
 mod torch;
 

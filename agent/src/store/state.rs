@@ -30,6 +30,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::reply::Replies;
 use super::wire::{Command, MAX_VALUE_LEN, NOT_READY, READY, STOP_WAITING, WAIT_CANCELED};
+use waits::Wait;
 
 /// A connection's id within one store.
 pub type ConnId = u64;
@@ -85,16 +86,6 @@ pub enum ApplyError {
     },
 }
 
-#[derive(Debug)]
-struct Wait {
-    generation: u64,
-    remaining: usize,
-    /// BARRIER: woken when the counter at the key reaches this.
-    barrier_target: Option<i64>,
-    /// Every key it is registered under, to unregister it.
-    keys: Vec<Bytes>,
-}
-
 /// The store's keys, queues and parked waiters.
 #[derive(Debug)]
 pub struct State {
@@ -141,11 +132,6 @@ impl State {
     /// Bytes of keys and values held.
     pub fn bytes(&self) -> u64 {
         self.bytes
-    }
-
-    /// Entries in the per-key waiter index (each wait has one per key).
-    pub fn waiter_entries(&self) -> usize {
-        self.waiters.values().map(Vec::len).sum()
     }
 
     /// Serves `cmd` from connection `conn`, appending its reply to `out`.
@@ -298,16 +284,6 @@ impl State {
         Ok(fx)
     }
 
-    /// Drops `conn`'s wait; returns whether one was registered.
-    pub fn cancel(&mut self, conn: ConnId) -> bool {
-        self.unpark(conn).is_some()
-    }
-
-    /// Forgets a closed connection: its wait and every index entry of it.
-    pub fn disconnect(&mut self, conn: ConnId) {
-        self.unpark(conn);
-    }
-
     fn present(&self, k: &[u8]) -> bool {
         self.kv.contains_key(k) || self.queues.contains_key(k)
     }
@@ -397,122 +373,9 @@ impl State {
         self.put(key, Bytes::from(text));
         Ok(next)
     }
-
-    fn park(&mut self, conn: ConnId, keys: Vec<Bytes>, barrier_target: Option<i64>) -> u64 {
-        self.unpark(conn);
-        self.next_generation += 1;
-        let generation = self.next_generation;
-        for k in &keys {
-            self.waiters
-                .entry(k.clone())
-                .or_default()
-                .push((conn, generation));
-        }
-        self.waits.insert(
-            conn,
-            Wait {
-                generation,
-                remaining: keys.len(),
-                barrier_target,
-                keys,
-            },
-        );
-        generation
-    }
-
-    /// Removes `conn`'s wait and its entries in the per-key index.
-    fn unpark(&mut self, conn: ConnId) -> Option<Wait> {
-        let w = self.waits.remove(&conn)?;
-        for k in &w.keys {
-            if let Some(list) = self.waiters.get_mut(k) {
-                list.retain(|&(c, g)| (c, g) != (conn, w.generation));
-                if list.is_empty() {
-                    self.waiters.remove(k);
-                }
-            }
-        }
-        Some(w)
-    }
-
-    /// Whether the wait `(conn, generation)` is done after one write to `key`.
-    fn satisfied(&mut self, key: &[u8], conn: ConnId, generation: u64) -> Option<bool> {
-        let value = self
-            .kv
-            .get(key)
-            .map(|v| String::from_utf8_lossy(v).trim().parse::<i64>().ok());
-        let w = self
-            .waits
-            .get_mut(&conn)
-            .filter(|w| w.generation == generation)?;
-        Some(match w.barrier_target {
-            Some(target) => value.flatten().is_some_and(|v| v >= target),
-            None => {
-                w.remaining -= 1;
-                w.remaining == 0
-            }
-        })
-    }
-
-    /// A write to `key`: every wait on it counts it; barrier waits re-check the counter.
-    fn notify(&mut self, key: &[u8], fx: &mut Effects) {
-        if self.waiters.is_empty() {
-            return;
-        }
-        let Some((key, list)) = self.waiters.remove_entry(key) else {
-            return;
-        };
-        let mut keep = Vec::new();
-        for (conn, generation) in list {
-            match self.satisfied(&key, conn, generation) {
-                None => {} // stale: its wait ended already
-                Some(true) => {
-                    self.unpark(conn);
-                    fx.woken.push((conn, generation));
-                }
-                // A barrier keeps watching its counter; a key wait has counted this key.
-                Some(false)
-                    if self
-                        .waits
-                        .get(&conn)
-                        .is_some_and(|w| w.barrier_target.is_some()) =>
-                {
-                    keep.push((conn, generation));
-                }
-                Some(false) => {}
-            }
-        }
-        if !keep.is_empty() {
-            self.waiters.insert(key, keep);
-        }
-    }
-
-    /// A queue push wakes one waiter of the key.
-    fn notify_one(&mut self, key: &[u8], fx: &mut Effects) {
-        let Some((key, mut list)) = self.waiters.remove_entry(key) else {
-            return;
-        };
-        while !list.is_empty() {
-            let (conn, generation) = list.remove(0);
-            let Some(w) = self
-                .waits
-                .get_mut(&conn)
-                .filter(|w| w.generation == generation)
-            else {
-                continue;
-            };
-            w.remaining -= 1;
-            if w.remaining == 0 {
-                self.unpark(conn);
-                list.retain(|&e| e != (conn, generation));
-                fx.woken.push((conn, generation));
-            }
-            break;
-        }
-        if !list.is_empty() {
-            self.waiters.insert(key, list);
-        }
-    }
 }
+
+mod waits;
 
 #[cfg(test)]
 mod tests;
