@@ -5,8 +5,8 @@
 
 mod report;
 mod round;
+mod store_bind;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +94,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             hostname: hostname.clone(),
             run_dir: None,
             store_listener: None,
+            store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
             console,
             error_files: Vec::new(),
             failures: Vec::new(),
@@ -163,21 +164,9 @@ fn spawn_keep_alive(
     (task, rx)
 }
 
-/// A listener on a free port for the round's worker store: dual-stack where
-/// the host has IPv6, else IPv4.
-async fn bind_store(ip: IpAddr) -> Result<TcpListener, AgentError> {
-    match TcpListener::bind((ip, 0)).await {
-        Ok(l) => Ok(l),
-        Err(_) if ip.is_unspecified() && ip.is_ipv6() => {
-            TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).await
-        }
-        Err(e) => Err(e),
-    }
-    .map_err(|e| AgentError::io("cannot bind a port for the worker store (MASTER_PORT)", e))
-}
-
 enum Formed {
-    Round(RoundInfo),
+    /// The round, and where its members are (node rank 0 admits them to its store).
+    Round(RoundInfo, Vec<String>),
     Done(Outcome),
 }
 
@@ -216,6 +205,8 @@ struct Session<'a> {
     run_dir: Option<PathBuf>,
     /// The listener offered for the forming round's worker store.
     store_listener: Option<TcpListener>,
+    /// Binds each round's store listener.
+    store_binder: store_bind::StoreBinder,
     /// The console writer for tee'd worker output, if anything is tee'd.
     console: Option<crate::logs::tee::Console>,
     /// The running round's error files, by local rank.
@@ -238,11 +229,11 @@ impl Session<'_> {
     async fn run(&mut self, first_round: u64) -> Result<Outcome, AgentError> {
         let mut round = first_round;
         loop {
-            let info = match self.form(round).await? {
-                Formed::Round(info) => info,
+            let (info, members) = match self.form(round).await? {
+                Formed::Round(info, members) => (info, members),
                 Formed::Done(outcome) => return Ok(self.finish(outcome).await),
             };
-            match self.run_round(info).await? {
+            match self.run_round(info, members).await? {
                 RoundEnd::Restart(next) => round = next,
                 RoundEnd::Done(outcome) => return Ok(self.finish(outcome).await),
             }
@@ -367,7 +358,7 @@ fn describe_waiting(w: &pb::Waiting) -> String {
     s
 }
 
-fn round_info(r: pb::RoundComplete) -> RoundInfo {
+fn round_info(r: &pb::RoundComplete) -> RoundInfo {
     RoundInfo {
         round: r.round,
         node_rank: r.node_rank,
@@ -376,7 +367,7 @@ fn round_info(r: pb::RoundComplete) -> RoundInfo {
         base_rank: r.base_rank,
         restart_count: r.restart_count,
         max_restarts: r.max_restarts,
-        master_addr: r.master_addr,
+        master_addr: r.master_addr.clone(),
         master_port: r.master_port,
     }
 }

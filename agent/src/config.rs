@@ -15,7 +15,7 @@ use rendezvous_server::input::excerpt;
 use crate::cli::AgentArgs;
 
 mod rdzv_conf;
-pub use rdzv_conf::{parse_bool, RdzvConf};
+pub use rdzv_conf::{parse_bool, parse_bytes, PortRange, RdzvConf};
 
 /// A configuration the agent cannot run with; the message names the flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

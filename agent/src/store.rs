@@ -12,43 +12,189 @@
 //! One task per connection on the agent's event loop; all connections share
 //! one [`State`] behind a mutex that is never held across an await. A
 //! connection task parses whatever bytes have arrived ([`wire::parse`]),
-//! applies complete commands in order and writes their replies in one write.
-//! A connection parked in WAIT or BARRIER processes nothing else until it is
-//! woken (by another connection's write, through its wake channel) or sends
-//! CANCEL_WAIT, so replies are never reordered. A malformed request (bad
-//! magic, unknown command, oversized field, ADD to a non-number) closes that
-//! connection only.
+//! applies complete commands in order and writes their replies
+//! ([`conn`]). A connection parked in WAIT or BARRIER processes nothing else
+//! until it is woken (by another connection's write, through its wake
+//! channel) or sends CANCEL_WAIT, so replies are never reordered.
+//!
+//! # Who may connect
+//! TCPStore's protocol has no credentials, so the store admits connections
+//! by address ([`admission`]): this host, and the addresses of the round's
+//! members as the rendezvous reports them. Others are accepted and closed
+//! before a byte is read. The agent binds the store to the node's own
+//! address (loopback for a job on loopback), not every interface, and can
+//! take its port from a range (`--rdzv-conf store_ports=A-B`) that a
+//! firewall or NetworkPolicy names.
+//!
+//! # What a client cannot make it do
+//! Every input is bounded, so a client (even an admitted one) cannot make
+//! the agent allocate without limit or remember forever; each limit closes
+//! only the offending connection, and refusals are logged aggregated
+//! (at most a line a minute, with a count), never one line per connection:
+//!
+//! | what | bound | where |
+//! |---|---|---|
+//! | key, value, keys per request | 8 KiB, 8 MiB, 128 Ki (as PyTorch's libuv server) | [`wire`] |
+//! | one request | one maximal COMPARE_SET, ≈ 16 MiB | [`wire::MAX_REQUEST_LEN`] |
+//! | a value grown by APPEND | 8 MiB, as SET | [`state`] |
+//! | all keys and values | `store_max_bytes`, default 1 GiB; a write past it closes the writer | [`state`] |
+//! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | [`conn`] |
+//! | a parked connection's input | one maximal request | [`conn`] |
+//! | handshake; an incomplete request | 30 s; 30 s without progress | [`conn::Limits`] |
+//! | waiters of a closed connection | removed with it | [`state`] |
+//! | failing `accept` (EMFILE…) | backs off 10 ms doubling to 1 s, one line per episode | here |
+//!
+//! A malformed request (bad magic, unknown command, oversized field, ADD to
+//! a non-number) closes that connection only.
 
+pub mod admission;
+pub mod conn;
+mod quiet;
+pub mod reply;
 pub mod state;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use state::{ConnId, State};
-use wire::{Command, WireError, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED};
+pub use admission::Admit;
+use admission::{Admission, Decision, SharedAdmission};
+pub use conn::Limits;
+use conn::{ConnError, Connection};
+use quiet::{Quiet, Say};
+use state::{ConnId, State, DEFAULT_MAX_BYTES};
 
-#[derive(Debug, Default)]
+/// First pause after a failed `accept`; it doubles up to [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause after a failed `accept`.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// An episode of failing accepts ends after this long without a failure
+/// (at the descriptor limit, accepts alternate between succeeding and
+/// failing as connections come and go: that is one episode, not many).
+const ACCEPT_EPISODE_QUIET: Duration = Duration::from_secs(5);
+
+/// How a store is bounded and whom it admits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Most bytes of keys and values held (`--rdzv-conf store_max_bytes`).
+    pub max_bytes: u64,
+    /// Addresses admitted besides this host's.
+    pub admit: Admit,
+    /// Per-connection bounds.
+    pub limits: Limits,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_BYTES,
+            admit: Admit::default(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What a store holds now (for tests and diagnostics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Open, admitted connections.
+    pub connections: usize,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+    /// Entries in the waiter index.
+    pub waiter_entries: usize,
+    /// Connections refused for their address.
+    pub refused: u64,
+}
+
+#[derive(Debug)]
 struct Shared {
     state: State,
     wakers: HashMap<ConnId, mpsc::UnboundedSender<u64>>,
     next_conn: ConnId,
+    refused: u64,
+    /// Refused connections, for logging.
+    refusals: Quiet,
+    /// Connections closed for misbehaving, for logging.
+    closures: Quiet,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Handle(Arc<Mutex<Shared>>);
 
 impl Handle {
+    fn new(max_bytes: u64) -> Self {
+        Self(Arc::new(Mutex::new(Shared {
+            state: State::with_budget(max_bytes),
+            wakers: HashMap::new(),
+            next_conn: 0,
+            refused: 0,
+            refusals: Quiet::default(),
+            closures: Quiet::default(),
+        })))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Shared> {
         // State methods do not panic mid-update; a poisoned lock still holds consistent data.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refuse(&self, peer: SocketAddr) {
+        let mut s = self.lock();
+        s.refused += 1;
+        match s.refusals.hit(Instant::now()) {
+            Say::First => {
+                warn!(%peer, "the worker store refused a connection from an address that is not a member of this round (and not this host); further refusals are counted")
+            }
+            Say::Summary(n, over) => {
+                warn!(refused = n, over_s = over.as_secs(), latest = %peer, "the worker store refused connections from non-member addresses")
+            }
+            Say::Nothing => {}
+        }
+    }
+
+    fn closed(&self, peer: SocketAddr, e: &ConnError) {
+        if !e.is_misbehaviour() {
+            debug!(%peer, error = %e, "worker store connection failed");
+            return;
+        }
+        match self.lock().closures.hit(Instant::now()) {
+            Say::First => {
+                warn!(%peer, error = %e, "the worker store closed a connection; further closings are counted")
+            }
+            Say::Summary(n, over) => {
+                warn!(closed = n, over_s = over.as_secs(), latest = %peer, error = %e, "the worker store closed misbehaving connections")
+            }
+            Say::Nothing => {}
+        }
+    }
+
+    /// Logs what the counters have not said yet.
+    fn summarize(&self) {
+        let now = Instant::now();
+        let mut s = self.lock();
+        if let Some((n, over)) = s.refusals.take(now) {
+            warn!(
+                refused = n,
+                over_s = over.as_secs(),
+                "the worker store refused connections from non-member addresses"
+            );
+        }
+        if let Some((n, over)) = s.closures.take(now) {
+            warn!(
+                closed = n,
+                over_s = over.as_secs(),
+                "the worker store closed misbehaving connections"
+            );
+        }
     }
 }
 
@@ -57,20 +203,53 @@ impl Handle {
 pub struct WorkerStore {
     addr: SocketAddr,
     stop: CancellationToken,
+    shared: Handle,
 }
 
 impl WorkerStore {
-    /// Serves a fresh, empty store on `listener`.
+    /// Serves a fresh, empty store on `listener` with default bounds,
+    /// admitting this host only.
     pub fn start(listener: TcpListener) -> std::io::Result<Self> {
+        Self::start_with(listener, StoreOptions::default())
+    }
+
+    /// Serves a fresh, empty store on `listener`.
+    pub fn start_with(listener: TcpListener, options: StoreOptions) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        tokio::spawn(accept_loop(listener, Handle::default(), stop.clone()));
-        Ok(Self { addr, stop })
+        let shared = Handle::new(options.max_bytes);
+        let admission = Arc::new(Admission::new(&options.admit));
+        {
+            // Host names are looked up now, not at the first connection from them.
+            let admission = admission.clone();
+            tokio::spawn(async move {
+                admission.resolve().await;
+            });
+        }
+        let accept = Acceptor {
+            shared: shared.clone(),
+            stop: stop.clone(),
+            admission,
+            limits: options.limits,
+        };
+        tokio::spawn(accept.run(listener));
+        Ok(Self { addr, stop, shared })
     }
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What it holds now.
+    pub fn stats(&self) -> StoreStats {
+        let s = self.shared.lock();
+        StoreStats {
+            connections: s.wakers.len(),
+            bytes: s.state.bytes(),
+            waiter_entries: s.state.waiter_entries(),
+            refused: s.refused,
+        }
     }
 }
 
@@ -80,149 +259,136 @@ impl Drop for WorkerStore {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Handle, stop: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.cancelled() => return,
-        };
-        match accepted {
-            Ok((sock, peer)) => {
-                let _ = sock.set_nodelay(true);
-                let (tx, rx) = mpsc::unbounded_channel();
-                let id = {
-                    let mut s = shared.lock();
-                    s.next_conn += 1;
-                    let id = s.next_conn;
-                    s.wakers.insert(id, tx);
-                    id
-                };
-                let (shared, stop) = (shared.clone(), stop.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = Connection::new(id, &shared, rx).serve(sock, stop).await {
-                        warn!(%peer, error = %e, "worker store closed a connection");
-                    }
-                    let mut s = shared.lock();
-                    s.state.disconnect(id);
-                    s.wakers.remove(&id);
-                });
-            }
-            // Too many open files and the like: keep serving the connections we have.
-            Err(e) => {
-                warn!(error = %e, "worker store cannot accept a connection");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        }
-    }
+/// The accept loop of one store.
+struct Acceptor {
+    shared: Handle,
+    stop: CancellationToken,
+    admission: SharedAdmission,
+    limits: Limits,
 }
 
-/// Why a connection was closed by the server.
-#[derive(Debug, thiserror::Error)]
-enum ConnError {
-    #[error(transparent)]
-    Wire(#[from] WireError),
-    #[error(transparent)]
-    Apply(#[from] state::ApplyError),
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
-
-struct Connection<'a> {
-    id: ConnId,
-    shared: &'a Handle,
-    wake: mpsc::UnboundedReceiver<u64>,
-    validated: bool,
-    /// Generation of the wait this connection is parked in.
-    parked: Option<u64>,
-}
-
-const READ_CHUNK: usize = 16 * 1024;
-
-impl<'a> Connection<'a> {
-    fn new(id: ConnId, shared: &'a Handle, wake: mpsc::UnboundedReceiver<u64>) -> Self {
-        Self {
-            id,
-            shared,
-            wake,
-            validated: false,
-            parked: None,
-        }
-    }
-
-    async fn serve(mut self, sock: TcpStream, stop: CancellationToken) -> Result<(), ConnError> {
-        let (mut rd, mut wr) = sock.into_split();
-        let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-        let mut out: Vec<u8> = Vec::with_capacity(256);
-        // Registered once: a fresh `cancelled()` per request would cost a lock each time.
-        let stopped = stop.cancelled();
-        tokio::pin!(stopped);
+impl Acceptor {
+    async fn run(self, listener: TcpListener) {
+        let mut backoff = ACCEPT_BACKOFF_MIN;
+        let mut trouble: Option<AcceptTrouble> = None;
         loop {
-            let used = self.process(&buf, &mut out)?;
-            buf.drain(..used);
-            if !out.is_empty() {
-                wr.write_all(&out).await?;
-                out.clear();
-            }
-            buf.reserve(READ_CHUNK);
-            tokio::select! {
-                n = rd.read_buf(&mut buf) => {
-                    if n? == 0 {
-                        return Ok(());
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = self.stop.cancelled() => break,
+            };
+            let (sock, peer) = match accepted {
+                Ok(a) => a,
+                // Too many open files and the like: keep serving the connections we have.
+                Err(e) => {
+                    let now = Instant::now();
+                    match &mut trouble {
+                        None => {
+                            warn!(error = %e, "the worker store cannot accept connections; retrying with backoff up to {ACCEPT_BACKOFF_MAX:?}, quietly until it recovers");
+                            trouble = Some(AcceptTrouble {
+                                since: now,
+                                last: now,
+                                failures: 1,
+                            });
+                        }
+                        Some(t) => {
+                            t.last = now;
+                            t.failures += 1;
+                        }
                     }
-                }
-                Some(generation) = self.wake.recv() => {
-                    if self.parked == Some(generation) {
-                        self.parked = None;
-                        out.push(STOP_WAITING);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = self.stop.cancelled() => break,
                     }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
                 }
-                _ = &mut stopped => return Ok(()),
+            };
+            backoff = ACCEPT_BACKOFF_MIN;
+            if let Some(t) = &trouble {
+                if t.last.elapsed() >= ACCEPT_EPISODE_QUIET {
+                    info!(
+                        failed = t.failures,
+                        lasted_s = (t.last - t.since).as_secs_f64(),
+                        "the worker store accepts connections again"
+                    );
+                    trouble = None;
+                }
             }
+            match self.admission.decide(peer.ip(), || local_ip(&sock)) {
+                Decision::Admit => self.serve(sock, peer),
+                Decision::Refuse => {
+                    drop(sock);
+                    self.shared.refuse(peer);
+                }
+                Decision::AfterResolution => {
+                    let (admission, next) = (self.admission.clone(), self.clone_parts());
+                    tokio::spawn(async move {
+                        if admission.admits_resolved(peer.ip()).await {
+                            next.serve(sock, peer);
+                        } else {
+                            drop(sock);
+                            next.shared.refuse(peer);
+                        }
+                    });
+                }
+            }
+        }
+        if let Some(t) = trouble {
+            warn!(
+                failed = t.failures,
+                lasted_s = (t.last - t.since).as_secs_f64(),
+                "the worker store stopped; it could not accept some connections"
+            );
+        }
+        self.shared.summarize();
+    }
+
+    fn clone_parts(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            stop: self.stop.clone(),
+            admission: self.admission.clone(),
+            limits: self.limits,
         }
     }
 
-    /// Applies every complete command in `buf`; returns the bytes consumed.
-    fn process(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<usize, ConnError> {
-        let mut used = 0;
-        while let Some((cmd, n)) = wire::parse(&buf[used..])? {
-            if self.parked.is_some() && cmd != Command::CancelWait {
-                break; // answered once the wait ends
+    /// Serves an admitted connection on its own task.
+    fn serve(&self, sock: TcpStream, peer: SocketAddr) {
+        let _ = sock.set_nodelay(true);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = {
+            let mut s = self.shared.lock();
+            s.next_conn += 1;
+            let id = s.next_conn;
+            s.wakers.insert(id, tx);
+            id
+        };
+        let (shared, stop, limits) = (self.shared.clone(), self.stop.clone(), self.limits);
+        tokio::spawn(async move {
+            let served = Connection::new(id, &shared, rx, limits)
+                .serve(sock, stop)
+                .await;
+            {
+                let mut s = shared.lock();
+                s.state.disconnect(id);
+                s.wakers.remove(&id);
             }
-            used += n;
-            if !self.validated {
-                match cmd {
-                    Command::Validate(VALIDATION_MAGIC) => {
-                        self.validated = true;
-                        continue;
-                    }
-                    Command::Validate(other) => return Err(WireError::BadMagic(other).into()),
-                    _ => return Err(WireError::NotValidated.into()),
-                }
+            if let Err(e) = served {
+                shared.closed(peer, &e);
             }
-            let mut shared = self.shared.lock();
-            if cmd == Command::CancelWait {
-                let registered = shared.state.cancel(self.id);
-                if !registered && self.parked.is_some() {
-                    // Woken, but the wake-up has not been delivered: it goes first.
-                    out.push(STOP_WAITING);
-                }
-                self.parked = None;
-                out.push(WAIT_CANCELED);
-                continue;
-            }
-            let fx = shared.state.apply(self.id, cmd, out)?;
-            for (conn, generation) in fx.woken {
-                if let Some(tx) = shared.wakers.get(&conn) {
-                    let _ = tx.send(generation);
-                }
-            }
-            if fx.parked.is_some() {
-                debug!(conn = self.id, "parked");
-                self.parked = fx.parked;
-            }
-        }
-        Ok(used)
+        });
     }
+}
+
+/// An episode of failing accepts.
+struct AcceptTrouble {
+    since: Instant,
+    last: Instant,
+    failures: u64,
+}
+
+fn local_ip(sock: &TcpStream) -> Option<IpAddr> {
+    sock.local_addr().ok().map(|a| a.ip())
 }
 
 #[cfg(test)]

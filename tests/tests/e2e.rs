@@ -10,6 +10,8 @@ mod logs;
 mod restart;
 mod security;
 mod shutdown;
+mod store_admission;
+mod store_bounds;
 mod tls;
 mod torch;
 

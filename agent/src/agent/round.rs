@@ -2,7 +2,6 @@
 //! workers, follow the job's decision; and keep going through a lost
 //! rendezvous (reconnect within `reconnect_grace`, resume or stop).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
@@ -11,11 +10,11 @@ use pb::event::Kind;
 use tokio::time::{sleep_until, Instant};
 use tracing::{info, warn};
 
+use super::store_bind::store_options;
 use super::{
-    bind_store, closed, describe_waiting, gave_up, next_event, rejoin, round_info, stop, Formed,
-    Recovery, RoundEnd, RoundExit, Session, Wake,
+    closed, describe_waiting, gave_up, next_event, rejoin, round_info, stop, Formed, Recovery,
+    RoundEnd, RoundExit, Session, Wake,
 };
-use crate::config::Rendezvous;
 use crate::error::{AgentError, Outcome};
 use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup, WorkerSpec};
@@ -49,7 +48,7 @@ impl Session<'_> {
             };
             match kind {
                 Some(Kind::RoundComplete(r)) if r.round == round => {
-                    return Ok(Formed::Round(round_info(r)));
+                    return Ok(Formed::Round(round_info(&r), r.member_addrs));
                 }
                 Some(Kind::Waiting(w)) if w.round == round => {
                     waiting = describe_waiting(&w);
@@ -163,19 +162,7 @@ impl Session<'_> {
     /// Ready for `round`, offering a freshly bound store listener: if this
     /// node becomes node rank 0, its workers' store is served on it.
     async fn offer(&mut self, round: u64) -> Result<(), AgentError> {
-        let any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
-        let (addr, bind) = match &self.cfg.rendezvous {
-            Rendezvous::Standalone => ("127.0.0.1".to_owned(), IpAddr::from(Ipv4Addr::LOCALHOST)),
-            Rendezvous::Static { host, .. } => (host.clone(), any),
-            Rendezvous::C10d { .. } => (
-                self.cfg
-                    .local_addr
-                    .clone()
-                    .unwrap_or_else(|| self.hostname.clone()),
-                any,
-            ),
-        };
-        let listener = bind_store(bind).await?;
+        let (addr, listener) = self.store_binder.bind(self.cfg, &self.hostname).await?;
         let port = listener
             .local_addr()
             .map_err(|e| AgentError::io("worker store listener", e))?
@@ -259,7 +246,11 @@ impl Session<'_> {
     }
 
     /// Runs one round's workers until the job decides what comes next.
-    pub(super) async fn run_round(&mut self, info: RoundInfo) -> Result<RoundEnd, AgentError> {
+    pub(super) async fn run_round(
+        &mut self,
+        info: RoundInfo,
+        members: Vec<String>,
+    ) -> Result<RoundEnd, AgentError> {
         info!(
             round = info.round,
             node_rank = info.node_rank,
@@ -273,7 +264,7 @@ impl Session<'_> {
         // Node rank 0 serves this round's store; everyone else lets its offer go.
         let _store = match self.store_listener.take() {
             Some(l) if info.node_rank == 0 => Some(
-                WorkerStore::start(l)
+                WorkerStore::start_with(l, store_options(self.cfg, &info, members))
                     .map_err(|e| AgentError::io("cannot start the worker store", e))?,
             ),
             _ => None,

@@ -1,6 +1,6 @@
 //! `--rdzv-conf`: torchrun's rendezvous settings (plus accel's
-//! `reconnect_grace`), parsed strictly: an unknown key or a key without a
-//! value is an error that names it.
+//! `reconnect_grace`, `store_ports` and `store_max_bytes`), parsed strictly:
+//! an unknown key or a key without a value is an error that names it.
 
 use std::time::Duration;
 
@@ -37,6 +37,74 @@ pub struct RdzvConf {
     /// TLS files (accel's keys `tls_ca`, `tls_cert`, `tls_key`; else the
     /// variables `ACCEL_RDZV_TLS_CA`, `_CERT`, `_KEY`).
     pub tls: rendezvous_server::tls::ClientTlsFiles,
+    /// Ports the worker store may take, rotated through round by round
+    /// (accel's own key; `None`: any free port).
+    pub store_ports: Option<PortRange>,
+    /// Most bytes of keys and values the worker store holds (accel's own key).
+    pub store_max_bytes: u64,
+}
+
+/// An inclusive range of at least two ports, `A-B`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    /// The first port.
+    pub first: u16,
+    /// The last port (greater than `first`).
+    pub last: u16,
+}
+
+impl PortRange {
+    /// Number of ports.
+    pub fn ports(&self) -> u32 {
+        u32::from(self.last - self.first) + 1
+    }
+
+    /// Parses `A-B`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let how = "write it as FIRST-LAST, e.g. store_ports=29500-29599";
+        let (a, b) = s
+            .split_once('-')
+            .ok_or_else(|| format!("'{s}' is not a range; {how}"))?;
+        let port = |p: &str| {
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("'{}' is not a port (1-65535); {how}", p.trim()))
+        };
+        let (first, last) = (port(a)?, port(b)?);
+        if first >= last {
+            return Err(format!(
+                "'{s}' must name at least two ports, the first below the last, so each round can take a fresh one; {how}"
+            ));
+        }
+        Ok(Self { first, last })
+    }
+}
+
+/// Parses a byte count: plain bytes, or with a binary suffix (`KiB`, `MiB`,
+/// `GiB`, also written `K`, `M`, `G`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => {
+            return Err(format!(
+                "'{s}' has an unknown unit; use bytes or KiB, MiB, GiB"
+            ))
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("'{s}' is not a positive byte count (e.g. 1073741824 or 1GiB)"))
 }
 
 impl Default for RdzvConf {
@@ -53,13 +121,15 @@ impl Default for RdzvConf {
             reconnect_grace: Duration::from_secs(60),
             token_file: None,
             tls: Default::default(),
+            store_ports: None,
+            store_max_bytes: crate::store::state::DEFAULT_MAX_BYTES,
         }
     }
 }
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         token_file, tls_ca, tls_cert, tls_key";
+                         token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes";
 
 impl RdzvConf {
     /// Parses `k1=v1,k2=v2`; unknown keys and keys without a value are errors.
@@ -83,6 +153,16 @@ impl RdzvConf {
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
+                "store_ports" => {
+                    c.store_ports = Some(
+                        PortRange::parse(value)
+                            .map_err(|e| bad(format!("--rdzv-conf store_ports: {e}")))?,
+                    )
+                }
+                "store_max_bytes" => {
+                    c.store_max_bytes = parse_bytes(value)
+                        .map_err(|e| bad(format!("--rdzv-conf store_max_bytes: {e}")))?
+                }
                 "token_file" if value.is_empty() => {
                     return Err(bad("--rdzv-conf token_file needs a path"))
                 }

@@ -257,3 +257,39 @@ fn huge_values_are_usage_errors_not_crashes() {
     .expect_err("bad endpoint");
     assert!(e.0.len() < 600, "{}", e.0);
 }
+
+#[test]
+fn store_ports_and_budget() {
+    let c = RdzvConf::parse("store_ports=29500-29509,store_max_bytes=64MiB").expect("valid");
+    assert_eq!(
+        c.store_ports,
+        Some(PortRange {
+            first: 29500,
+            last: 29509
+        })
+    );
+    assert_eq!(c.store_ports.map(|r| r.ports()), Some(10));
+    assert_eq!(c.store_max_bytes, 64 << 20);
+    assert_eq!(RdzvConf::default().store_max_bytes, 1 << 30);
+    assert_eq!(parse_bytes("4096"), Ok(4096));
+    assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+    for (conf, needle) in [
+        (
+            "store_ports=29500",
+            "is not a range; write it as FIRST-LAST",
+        ),
+        ("store_ports=29500-29500", "at least two ports"),
+        ("store_ports=29510-29500", "the first below the last"),
+        ("store_ports=0-10", "'0' is not a port (1-65535)"),
+        ("store_ports=1-70000", "'70000' is not a port"),
+        ("store_ports=a-b", "'a' is not a port"),
+        ("store_max_bytes=0", "not a positive byte count"),
+        ("store_max_bytes=1TiB", "unknown unit"),
+        ("store_max_bytes=99999999999G", "not a positive byte count"),
+    ] {
+        let e = RdzvConf::parse(conf).expect_err(conf);
+        assert!(e.0.contains(needle), "{conf}: {}", e.0);
+        let key = conf.split('=').next().expect("key");
+        assert!(e.0.contains(&format!("--rdzv-conf {key}")), "{}", e.0);
+    }
+}

@@ -1,18 +1,42 @@
 //! The store's data and the meaning of each command, without any I/O.
 //!
-//! [`State::apply`] appends a command's reply to an output buffer and
+//! [`State::apply`] appends a command's reply to a [`Replies`] buffer and
 //! returns its [`Effects`]: whether the calling connection is now parked
 //! (a WAIT or BARRIER that cannot complete yet) and which parked connections
 //! the command woke. The server delivers the wake-ups; each carries the
 //! generation of the wait it ends, so a wake-up that crosses a CANCEL_WAIT is
 //! recognised as stale.
+//!
+//! # Bounds
+//! * **Byte budget.** Keys and values held (plain keys and queued values)
+//!   are counted; a write that would take the total past the budget
+//!   ([`DEFAULT_MAX_BYTES`] unless configured) is refused with
+//!   [`ApplyError::OverBudget`]. TCPStore's protocol has no error reply, so
+//!   the server closes the writer's connection (the PyTorch client raises a
+//!   connection error); everyone else is served as before, and writes that
+//!   shrink the store (DELETE, a shorter SET) always pass.
+//! * **APPEND** may not make a value longer than [`MAX_VALUE_LEN`], the
+//!   limit a SET has ([`ApplyError::ValueTooLarge`]); before, 13 APPENDs of
+//!   8 MiB built a 104 MiB value.
+//! * **Waiters are forgotten** when their wait ends in any way: woken,
+//!   cancelled, or the connection closed ([`State::disconnect`]). A wait
+//!   remembers its keys so that its entries in the per-key index can be
+//!   removed; before, every abandoned WAIT left one entry per key behind
+//!   (about 20 MB for a WAIT on 20,000 keys).
 
 use std::collections::{HashMap, VecDeque};
 
-use super::wire::{put_bytes, put_i64, Command, NOT_READY, READY, STOP_WAITING};
+use bytes::{Bytes, BytesMut};
+
+use super::reply::Replies;
+use super::wire::{Command, MAX_VALUE_LEN, NOT_READY, READY, STOP_WAITING, WAIT_CANCELED};
+use waits::Wait;
 
 /// A connection's id within one store.
 pub type ConnId = u64;
+
+/// Default budget of a store's keys and values: 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
 /// What a command did beyond its reply.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -42,83 +66,126 @@ pub enum ApplyError {
     /// VALIDATE after the handshake.
     #[error("VALIDATE is only valid as the first command")]
     LateValidate,
-}
-
-#[derive(Debug)]
-struct Wait {
-    generation: u64,
-    remaining: usize,
-    /// BARRIER: woken when the counter at the key reaches this.
-    barrier_target: Option<i64>,
+    /// APPEND past the value limit.
+    #[error("APPEND to key {key:?} would make its value {len} bytes, over the limit of {limit} bytes a value may have")]
+    ValueTooLarge {
+        /// The key, lossily decoded.
+        key: String,
+        /// The value's length after the APPEND.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A write past the store's byte budget.
+    #[error("the worker store is full: this write would bring its keys and values to {would} bytes, over its budget of {budget} bytes (raise it with --rdzv-conf store_max_bytes=BYTES)")]
+    OverBudget {
+        /// The total the write would make.
+        would: u64,
+        /// The budget.
+        budget: u64,
+    },
 }
 
 /// The store's keys, queues and parked waiters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct State {
-    kv: HashMap<Vec<u8>, Vec<u8>>,
-    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    kv: HashMap<Bytes, Bytes>,
+    /// Never holds an empty queue.
+    queues: HashMap<Bytes, VecDeque<Bytes>>,
     /// key → connections waiting for a write to it.
-    waiters: HashMap<Vec<u8>, Vec<(ConnId, u64)>>,
+    waiters: HashMap<Bytes, Vec<(ConnId, u64)>>,
     waits: HashMap<ConnId, Wait>,
     next_generation: u64,
+    /// Bytes of keys and values held in `kv` and `queues`.
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::with_budget(DEFAULT_MAX_BYTES)
+    }
 }
 
 fn lossy(k: &[u8]) -> String {
     String::from_utf8_lossy(k).into_owned()
 }
 
+fn len64(n: usize) -> u64 {
+    n as u64
+}
+
 impl State {
+    /// An empty store holding at most `max_bytes` of keys and values.
+    pub fn with_budget(max_bytes: u64) -> Self {
+        Self {
+            kv: HashMap::new(),
+            queues: HashMap::new(),
+            waiters: HashMap::new(),
+            waits: HashMap::new(),
+            next_generation: 0,
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// Bytes of keys and values held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Serves `cmd` from connection `conn`, appending its reply to `out`.
     pub fn apply(
         &mut self,
         conn: ConnId,
         cmd: Command,
-        out: &mut Vec<u8>,
+        out: &mut Replies,
     ) -> Result<Effects, ApplyError> {
         let mut fx = Effects::default();
         match cmd {
             Command::Validate(_) => return Err(ApplyError::LateValidate),
-            Command::Ping(nonce) => out.extend_from_slice(&nonce.to_le_bytes()),
+            Command::Ping(nonce) => out.raw(&nonce.to_le_bytes()),
             Command::Set(k, v) => {
-                self.kv.insert(k.clone(), v);
-                self.notify(&k, &mut fx);
+                self.check_put(&k, v.len())?;
+                self.put_and_notify(Bytes::from(k), Bytes::from(v), &mut fx);
             }
             Command::CompareSet {
                 key,
                 expected,
                 desired,
-            } => {
-                let current = match self.kv.get(&key) {
-                    None if expected.is_empty() => None,
-                    None => Some(expected),
-                    Some(cur) if *cur == expected => None,
-                    Some(cur) => Some(cur.clone()),
-                };
-                match current {
-                    // No write: report what is there (or the caller's expectation for a missing key).
-                    Some(v) => put_bytes(out, &v),
-                    None => {
-                        put_bytes(out, &desired);
-                        self.kv.insert(key.clone(), desired);
-                        self.notify(&key, &mut fx);
-                    }
+            } => match self.kv.get(&key[..]) {
+                // Missing key, non-empty expectation: it comes back, nothing is stored.
+                None if !expected.is_empty() => out.bytes(&expected),
+                Some(cur) if **cur != expected[..] => out.value(cur),
+                _ => {
+                    self.check_put(&key, desired.len())?;
+                    let desired = Bytes::from(desired);
+                    out.value(&desired);
+                    self.put_and_notify(Bytes::from(key), desired, &mut fx);
                 }
-            }
-            Command::Get(k) => put_bytes(out, self.kv.get(&k).map_or(&[][..], Vec::as_slice)),
+            },
+            Command::Get(k) => match self.kv.get(&k[..]) {
+                Some(v) => out.value(v),
+                None => out.bytes(&[]),
+            },
             Command::Add(k, delta) => {
                 let v = self.add(&k, delta)?;
-                put_i64(out, v);
+                out.i64(v);
                 self.notify(&k, &mut fx);
             }
-            Command::Check(keys) => out.push(if keys.iter().all(|k| self.present(k)) {
+            Command::Check(keys) => out.byte(if keys.iter().all(|k| self.present(k)) {
                 READY
             } else {
                 NOT_READY
             }),
             Command::Wait(keys) => {
-                let missing: Vec<Vec<u8>> = keys.into_iter().filter(|k| !self.present(k)).collect();
+                let missing: Vec<Bytes> = keys
+                    .into_iter()
+                    .filter(|k| !self.present(k))
+                    .map(Bytes::from)
+                    .collect();
                 if missing.is_empty() {
-                    out.push(STOP_WAITING);
+                    out.byte(STOP_WAITING);
                 } else {
                     fx.parked = Some(self.park(conn, missing, None));
                 }
@@ -126,71 +193,164 @@ impl State {
             Command::CancelWait => {
                 // Handled by the connection, which knows whether a wake-up is in flight.
                 self.cancel(conn);
-                out.push(super::wire::WAIT_CANCELED);
+                out.byte(WAIT_CANCELED);
             }
-            Command::NumKeys => put_i64(out, self.kv.len() as i64),
-            Command::DeleteKey(k) => put_i64(out, i64::from(self.kv.remove(&k).is_some())),
+            Command::NumKeys => out.i64(self.kv.len() as i64),
+            Command::DeleteKey(k) => {
+                let removed = self.kv.remove_entry(&k[..]);
+                if let Some((k, v)) = &removed {
+                    self.bytes -= len64(k.len() + v.len());
+                }
+                out.i64(i64::from(removed.is_some()));
+            }
             Command::Append(k, v) => {
-                self.kv.entry(k.clone()).or_default().extend_from_slice(&v);
-                self.notify(&k, &mut fx);
+                let old = self.kv.get(&k[..]).map_or(0, Bytes::len);
+                let len = len64(old + v.len());
+                if len > MAX_VALUE_LEN {
+                    return Err(ApplyError::ValueTooLarge {
+                        key: lossy(&k),
+                        len,
+                        limit: MAX_VALUE_LEN,
+                    });
+                }
+                self.check_put(&k, old + v.len())?;
+                let (k, old) = match self.kv.remove_entry(&k[..]) {
+                    Some((k, old)) => {
+                        self.bytes -= len64(k.len() + old.len());
+                        (k, old)
+                    }
+                    None => (Bytes::from(k), Bytes::new()),
+                };
+                // Extends in place when no pending reply shares the old value.
+                let mut value = BytesMut::from(old);
+                value.extend_from_slice(&v);
+                self.put_and_notify(k, value.freeze(), &mut fx);
             }
             Command::MultiGet(keys) => {
                 for k in keys {
-                    put_bytes(out, self.kv.get(&k).map_or(&[][..], Vec::as_slice));
+                    match self.kv.get(&k[..]) {
+                        Some(v) => out.value(v),
+                        None => out.bytes(&[]),
+                    }
                 }
             }
             Command::MultiSet(pairs) => {
+                self.check_multi_set(&pairs)?;
                 for (k, v) in pairs {
-                    self.kv.insert(k.clone(), v);
-                    self.notify(&k, &mut fx);
+                    self.put_and_notify(Bytes::from(k), Bytes::from(v), &mut fx);
                 }
             }
             Command::QueuePush(k, v) => {
-                self.queues.entry(k.clone()).or_default().push_back(v);
+                let key_cost = if self.queues.contains_key(&k[..]) {
+                    0
+                } else {
+                    k.len()
+                };
+                self.charge(len64(key_cost + v.len()), 0)?;
+                self.bytes += len64(key_cost + v.len());
+                let k = Bytes::from(k);
+                self.queues
+                    .entry(k.clone())
+                    .or_default()
+                    .push_back(Bytes::from(v));
                 self.notify_one(&k, &mut fx);
             }
             Command::QueuePop(k) => {
-                let q = self.queues.get_mut(&k);
-                let len = q.as_ref().map_or(0, |q| q.len());
-                put_i64(out, len as i64);
-                if let Some(v) = q.and_then(VecDeque::pop_front) {
-                    put_bytes(out, &v);
+                let len = self.queues.get(&k[..]).map_or(0, VecDeque::len);
+                out.i64(len as i64);
+                if let Some(v) = self.pop(&k) {
+                    out.value(&v);
                 }
             }
             Command::QueueLen(k) => {
-                put_i64(out, self.queues.get(&k).map_or(0, VecDeque::len) as i64)
+                out.i64(self.queues.get(&k[..]).map_or(0, VecDeque::len) as i64)
             }
             Command::ListKeys => {
-                put_i64(out, self.kv.len() as i64);
+                out.i64(self.kv.len() as i64);
                 for k in self.kv.keys() {
-                    put_bytes(out, k);
+                    out.value(k);
                 }
             }
             Command::Barrier(k, world_size) => {
                 let count = self.add(&k, 1)?;
                 self.notify(&k, &mut fx);
                 if count >= world_size {
-                    out.push(STOP_WAITING);
+                    out.byte(STOP_WAITING);
                 } else {
-                    fx.parked = Some(self.park(conn, vec![k], Some(world_size)));
+                    fx.parked = Some(self.park(conn, vec![Bytes::from(k)], Some(world_size)));
                 }
             }
         }
         Ok(fx)
     }
 
-    /// Drops `conn`'s wait; returns whether one was registered.
-    pub fn cancel(&mut self, conn: ConnId) -> bool {
-        self.waits.remove(&conn).is_some()
-    }
-
-    /// Forgets a closed connection.
-    pub fn disconnect(&mut self, conn: ConnId) {
-        self.waits.remove(&conn);
-    }
-
     fn present(&self, k: &[u8]) -> bool {
-        self.kv.contains_key(k) || self.queues.get(k).is_some_and(|q| !q.is_empty())
+        self.kv.contains_key(k) || self.queues.contains_key(k)
+    }
+
+    /// Refuses a write that adds `add` bytes and frees `free` if it would
+    /// take the store past its budget.
+    fn charge(&self, add: u64, free: u64) -> Result<(), ApplyError> {
+        let would = (self.bytes - free).saturating_add(add);
+        if add > free && would > self.max_bytes {
+            return Err(ApplyError::OverBudget {
+                would,
+                budget: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The size of `k`'s current entry, if any.
+    fn held(&self, k: &[u8]) -> u64 {
+        self.kv.get(k).map_or(0, |v| len64(k.len() + v.len()))
+    }
+
+    /// Checks a write of a `value_len`-byte value at `k` against the budget.
+    fn check_put(&self, k: &[u8], value_len: usize) -> Result<(), ApplyError> {
+        self.charge(len64(k.len() + value_len), self.held(k))
+    }
+
+    /// Checks a MULTI_SET as a whole (a key named twice counts once, its last value).
+    fn check_multi_set(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), ApplyError> {
+        let mut last: HashMap<&[u8], usize> = HashMap::with_capacity(pairs.len());
+        for (k, v) in pairs {
+            last.insert(k, v.len());
+        }
+        let add = last.iter().map(|(k, v)| len64(k.len() + v)).sum();
+        let free = last.keys().map(|k| self.held(k)).sum();
+        self.charge(add, free)
+    }
+
+    /// Stores `v` at `k`, keeping the byte count.
+    fn put(&mut self, k: Bytes, v: Bytes) {
+        let (key_len, add) = (len64(k.len()), len64(k.len() + v.len()));
+        if let Some(old) = self.kv.insert(k, v) {
+            self.bytes -= key_len + len64(old.len());
+        }
+        self.bytes += add;
+    }
+
+    /// Stores `v` at `k` and wakes whoever waits for `k`.
+    fn put_and_notify(&mut self, k: Bytes, v: Bytes, fx: &mut Effects) {
+        if self.waiters.is_empty() {
+            // The common case: no clone of the key (the first would allocate).
+            self.put(k, v);
+        } else {
+            self.put(k.clone(), v);
+            self.notify(&k, fx);
+        }
+    }
+
+    fn pop(&mut self, k: &[u8]) -> Option<Bytes> {
+        let q = self.queues.get_mut(k)?;
+        let v = q.pop_front()?;
+        self.bytes -= len64(v.len());
+        if q.is_empty() {
+            self.queues.remove(k);
+            self.bytes -= len64(k.len());
+        }
+        Some(v)
     }
 
     fn add(&mut self, k: &[u8], delta: i64) -> Result<i64, ApplyError> {
@@ -204,105 +364,18 @@ impl State {
         let next = current
             .checked_add(delta)
             .ok_or_else(|| ApplyError::Overflow { key: lossy(k) })?;
-        self.kv.insert(k.to_vec(), next.to_string().into_bytes());
+        let text = next.to_string().into_bytes();
+        self.check_put(k, text.len())?;
+        let key = match self.kv.get_key_value(k) {
+            Some((key, _)) => key.clone(),
+            None => Bytes::copy_from_slice(k),
+        };
+        self.put(key, Bytes::from(text));
         Ok(next)
     }
-
-    fn park(&mut self, conn: ConnId, keys: Vec<Vec<u8>>, barrier_target: Option<i64>) -> u64 {
-        self.next_generation += 1;
-        let generation = self.next_generation;
-        self.waits.insert(
-            conn,
-            Wait {
-                generation,
-                remaining: keys.len(),
-                barrier_target,
-            },
-        );
-        for k in keys {
-            self.waiters.entry(k).or_default().push((conn, generation));
-        }
-        generation
-    }
-
-    /// Whether the wait `(conn, generation)` is done after one write to `key`.
-    fn satisfied(&mut self, key: &[u8], conn: ConnId, generation: u64) -> Option<bool> {
-        let value = self
-            .kv
-            .get(key)
-            .map(|v| String::from_utf8_lossy(v).trim().parse::<i64>().ok());
-        let w = self
-            .waits
-            .get_mut(&conn)
-            .filter(|w| w.generation == generation)?;
-        Some(match w.barrier_target {
-            Some(target) => value.flatten().is_some_and(|v| v >= target),
-            None => {
-                w.remaining -= 1;
-                w.remaining == 0
-            }
-        })
-    }
-
-    /// A write to `key`: every wait on it counts it; barrier waits re-check the counter.
-    fn notify(&mut self, key: &[u8], fx: &mut Effects) {
-        if self.waiters.is_empty() {
-            return;
-        }
-        let Some(list) = self.waiters.remove(key) else {
-            return;
-        };
-        let mut keep = Vec::new();
-        for (conn, generation) in list {
-            match self.satisfied(key, conn, generation) {
-                None => {} // stale: cancelled, disconnected or re-parked
-                Some(true) => {
-                    self.waits.remove(&conn);
-                    fx.woken.push((conn, generation));
-                }
-                // A barrier keeps watching its counter; a key wait has counted this key.
-                Some(false)
-                    if self
-                        .waits
-                        .get(&conn)
-                        .is_some_and(|w| w.barrier_target.is_some()) =>
-                {
-                    keep.push((conn, generation));
-                }
-                Some(false) => {}
-            }
-        }
-        if !keep.is_empty() {
-            self.waiters.insert(key.to_vec(), keep);
-        }
-    }
-
-    /// A queue push wakes one waiter of the key.
-    fn notify_one(&mut self, key: &[u8], fx: &mut Effects) {
-        let Some(list) = self.waiters.get_mut(key) else {
-            return;
-        };
-        while !list.is_empty() {
-            let (conn, generation) = list.remove(0);
-            let Some(w) = self
-                .waits
-                .get_mut(&conn)
-                .filter(|w| w.generation == generation)
-            else {
-                continue;
-            };
-            w.remaining -= 1;
-            if w.remaining == 0 {
-                self.waits.remove(&conn);
-                fx.woken.push((conn, generation));
-            }
-            break;
-        }
-        if list.is_empty() {
-            self.waiters.remove(key);
-        }
-    }
 }
+
+mod waits;
 
 #[cfg(test)]
 mod tests;

@@ -6,13 +6,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::wire::{
-    encode, parse, Command, WireError, MAX_KEY_LEN, MAX_VALUE_LEN, VALIDATION_MAGIC,
+    encode, parse, Command, WireError, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
+    VALIDATION_MAGIC,
 };
-use super::WorkerStore;
+use super::{Limits, StoreOptions, WorkerStore};
 
 async fn store() -> WorkerStore {
+    store_with(StoreOptions::default()).await
+}
+
+async fn store_with(options: StoreOptions) -> WorkerStore {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    WorkerStore::start(l).expect("start")
+    WorkerStore::start_with(l, options).expect("start")
 }
 
 async fn client(s: &WorkerStore) -> TcpStream {
@@ -170,6 +175,232 @@ async fn thousands_of_connections_on_one_loop() {
         ));
     }
     assert_eq!(last, 2000);
+}
+
+/// A value of `n` bytes.
+fn value(n: u64) -> Vec<u8> {
+    vec![b'v'; n as usize]
+}
+
+/// Polls `f` until it holds (5 s at most).
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+async fn counter(s: &WorkerStore, key: &str) -> i64 {
+    let mut c = client(s).await;
+    c.write_all(&encode(&Command::Add(k(key), 0)))
+        .await
+        .expect("add");
+    i64::from_le_bytes(read_n(&mut c, 8).await.try_into().expect("8"))
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_stops_being_served_until_it_does() {
+    let s = store().await;
+    let mut c = client(&s).await;
+    c.write_all(&encode(&Command::Set(k("/big"), value(MAX_VALUE_LEN))))
+        .await
+        .expect("set");
+    // 100 GETs of an 8 MiB value (800 MiB of replies), each followed by a count.
+    let mut req = Vec::new();
+    for _ in 0..100 {
+        req.extend(encode(&Command::Get(k("/big"))));
+        req.extend(encode(&Command::Add(k("/served"), 1)));
+    }
+    c.write_all(&req).await.expect("pipelined");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let served = counter(&s, "/served").await;
+    assert!(
+        served < 10,
+        "applying stops while replies wait for the socket: {served} of 100 served"
+    );
+    // Reading lets it go on, in order, to the end.
+    let mut reply = vec![0u8; 8 + MAX_VALUE_LEN as usize + 8];
+    for i in 1..=100i64 {
+        tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut reply))
+            .await
+            .expect("in time")
+            .expect("read");
+        assert_eq!(&reply[..8], &MAX_VALUE_LEN.to_le_bytes());
+        assert_eq!(&reply[reply.len() - 8..], &i.to_le_bytes());
+    }
+}
+
+#[tokio::test]
+async fn a_parked_connection_is_closed_past_one_maximal_request() {
+    let s = store().await;
+    let mut c = client(&s).await;
+    c.write_all(&encode(&Command::Wait(vec![k("/never")])))
+        .await
+        .expect("wait");
+    // Pipelined behind the WAIT: buffered, up to one maximal request.
+    let pings: Vec<u8> = (0..(MAX_REQUEST_LEN / 5 + 1024))
+        .flat_map(|_| encode(&Command::Ping(1)))
+        .collect();
+    // The server may close before taking everything: a failed write is fine.
+    let _ = c.write_all(&pings).await;
+    assert!(closed(&mut c).await, "closed once it buffered too much");
+    // A parked connection within the bound stays, and CANCEL_WAIT still works.
+    let mut ok = client(&s).await;
+    ok.write_all(&encode(&Command::Wait(vec![k("/never")])))
+        .await
+        .expect("wait");
+    ok.write_all(&encode(&Command::CancelWait))
+        .await
+        .expect("cancel");
+    assert_eq!(read_n(&mut ok, 1).await, [1], "WAIT_CANCELED");
+}
+
+#[tokio::test]
+async fn handshake_and_incomplete_requests_have_deadlines_idle_clients_do_not() {
+    let limits = Limits {
+        handshake: Duration::from_millis(300),
+        partial_idle: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let s = store_with(StoreOptions {
+        limits,
+        ..StoreOptions::default()
+    })
+    .await;
+    let mut silent = TcpStream::connect(s.addr()).await.expect("connect");
+    let mut half = client(&s).await;
+    let set = encode(&Command::Set(k("/k"), value(1000)));
+    half.write_all(&set[..set.len() / 2]).await.expect("half");
+    let mut idle = client(&s).await;
+    let mut trickle = client(&s).await;
+    trickle.write_all(&set[..10]).await.expect("start");
+    let t0 = std::time::Instant::now();
+    // Progress keeps an incomplete request alive.
+    for chunk in set[10..].chunks(set.len() / 8) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        trickle.write_all(chunk).await.expect("trickle");
+    }
+    assert!(closed(&mut silent).await, "no VALIDATE: closed");
+    assert!(
+        closed(&mut half).await,
+        "half a request, then nothing: closed"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for c in [&mut idle, &mut trickle] {
+        c.write_all(&encode(&Command::Ping(3))).await.expect("ping");
+        assert_eq!(read_n(c, 4).await, 3u32.to_le_bytes(), "still served");
+    }
+    trickle
+        .write_all(&encode(&Command::Get(k("/k"))))
+        .await
+        .expect("get");
+    assert_eq!(read_n(&mut trickle, 8 + 1000).await[8..], value(1000)[..]);
+}
+
+#[tokio::test]
+async fn waiters_of_a_closed_connection_are_forgotten() {
+    let s = store().await;
+    let keys: Vec<Vec<u8>> = (0..20_000).map(|i| k(&format!("/wait/{i}"))).collect();
+    for _ in 0..3 {
+        let mut c = client(&s).await;
+        c.write_all(&encode(&Command::Wait(keys.clone())))
+            .await
+            .expect("wait");
+        assert!(eventually(|| s.stats().waiter_entries == 20_000).await);
+        drop(c);
+        assert!(
+            eventually(|| s.stats().waiter_entries == 0 && s.stats().connections == 0).await,
+            "{:?}",
+            s.stats()
+        );
+    }
+}
+
+#[tokio::test]
+async fn writes_past_the_byte_budget_close_only_the_writer() {
+    let s = store_with(StoreOptions {
+        max_bytes: 1 << 20,
+        ..StoreOptions::default()
+    })
+    .await;
+    let mut other = client(&s).await;
+    let mut w = client(&s).await;
+    w.write_all(&encode(&Command::Set(k("/a"), value(600 << 10))))
+        .await
+        .expect("set");
+    w.write_all(&encode(&Command::Ping(1))).await.expect("ping");
+    assert_eq!(read_n(&mut w, 4).await, 1u32.to_le_bytes());
+    let _ = w
+        .write_all(&encode(&Command::Set(k("/b"), value(600 << 10))))
+        .await;
+    assert!(closed(&mut w).await, "over budget: closed");
+    assert_eq!(s.stats().bytes, 2 + (600 << 10));
+    // APPEND past the value limit is refused the same way.
+    let mut a = client(&s).await;
+    a.write_all(&encode(&Command::Append(
+        k("/a"),
+        value(MAX_VALUE_LEN - 1000),
+    )))
+    .await
+    .expect("append");
+    assert!(closed(&mut a).await, "APPEND past 8 MiB: closed");
+    other
+        .write_all(&encode(&Command::Get(k("/b"))))
+        .await
+        .expect("get");
+    assert_eq!(
+        read_n(&mut other, 8).await,
+        0u64.to_le_bytes(),
+        "/b was not written"
+    );
+}
+
+#[test]
+fn parser_refuses_oversized_requests_from_their_length_prefix() {
+    // 3 keys, the third's length prefix taking the request past the limit.
+    let mut wait = vec![6u8];
+    wait.extend(3u64.to_le_bytes());
+    for _ in 0..2 {
+        wait.extend(MAX_KEY_LEN.to_le_bytes());
+        wait.extend(value(MAX_KEY_LEN));
+    }
+    assert_eq!(parse(&wait), Ok(None), "within the limit so far");
+    let mut mset = vec![11u8];
+    mset.extend(3i64.to_le_bytes());
+    for _ in 0..2 {
+        mset.extend(1u64.to_le_bytes());
+        mset.push(b'k');
+        mset.extend(MAX_VALUE_LEN.to_le_bytes());
+        mset.extend(value(MAX_VALUE_LEN));
+    }
+    mset.extend(1u64.to_le_bytes());
+    mset.push(b'k');
+    // A third value this long takes the request past the limit: refused
+    // before any of its bytes arrive.
+    mset.extend((2 * MAX_KEY_LEN).to_le_bytes());
+    assert!(
+        matches!(
+            parse(&mset),
+            Err(WireError::TooLarge {
+                what: "request length",
+                ..
+            })
+        ),
+        "{:?}",
+        parse(&mset).map(|_| ())
+    );
+    // The largest single-key request fits exactly.
+    let cas = encode(&Command::CompareSet {
+        key: value(MAX_KEY_LEN),
+        expected: value(MAX_VALUE_LEN),
+        desired: value(MAX_VALUE_LEN),
+    });
+    assert_eq!(cas.len() as u64, MAX_REQUEST_LEN);
+    assert!(matches!(parse(&cas), Ok(Some(_))));
 }
 
 #[test]

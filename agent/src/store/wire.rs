@@ -9,10 +9,21 @@
 //! one.
 //!
 //! # Limits
-//! The same as PyTorch's libuv server, so a client sees the same errors:
-//! keys up to [`MAX_KEY_LEN`] bytes, values up to [`MAX_VALUE_LEN`], at most
-//! [`MAX_KEY_COUNT`] keys in one CHECK/WAIT/MULTI_GET/MULTI_SET. A request
-//! beyond a limit, a bad VALIDATE magic or an unknown command is a
+//! Per field, the same as PyTorch's libuv server, so a client sees the same
+//! errors: keys up to [`MAX_KEY_LEN`] bytes, values up to [`MAX_VALUE_LEN`],
+//! at most [`MAX_KEY_COUNT`] keys in one CHECK/WAIT/MULTI_GET/MULTI_SET.
+//!
+//! Per request, accel adds one limit libuv's server does not have: a whole
+//! request is at most [`MAX_REQUEST_LEN`] bytes, the size of the largest
+//! single-key request (a COMPARE_SET with a maximal key and two maximal
+//! values). Without it the per-field limits multiply: 128 Ki keys of 8 KiB
+//! make a 1 GiB WAIT, and 128 Ki pairs of maximal values a 1 TiB MULTI_SET,
+//! all buffered before the request is complete. The limit is checked when a
+//! length prefix arrives, so an oversized request is refused before its
+//! bytes are. Real clients stay far below it (PyTorch's own multi-key
+//! requests carry a few keys per rank).
+//!
+//! A request beyond a limit, a bad VALIDATE magic or an unknown command is a
 //! [`WireError`]: the server closes that connection only.
 
 /// First message of every connection: `VALIDATE` with this magic.
@@ -23,6 +34,9 @@ pub const MAX_KEY_LEN: u64 = 8 * 1024;
 pub const MAX_VALUE_LEN: u64 = 8 * 1024 * 1024;
 /// Most keys in one multi-key request (128 Ki, as PyTorch's libuv server).
 pub const MAX_KEY_COUNT: u64 = 128 * 1024;
+/// Largest whole request: one maximal COMPARE_SET (command byte, a maximal
+/// key and two maximal values, each with its 8-byte length).
+pub const MAX_REQUEST_LEN: u64 = 1 + 3 * 8 + MAX_KEY_LEN + 2 * MAX_VALUE_LEN;
 
 /// `CHECK` reply: every key exists.
 pub const READY: u8 = 0;
@@ -147,7 +161,20 @@ impl Cursor<'_> {
         if len > limit {
             return Err(WireError::TooLarge { what, len, limit });
         }
+        self.within_request(len)?;
         Ok(self.take(len as usize).map(<[u8]>::to_vec))
+    }
+    /// Refuses a request that would grow past [`MAX_REQUEST_LEN`] with `more` bytes.
+    fn within_request(&self, more: u64) -> Result<(), WireError> {
+        let len = (self.pos as u64).saturating_add(more);
+        if len > MAX_REQUEST_LEN {
+            return Err(WireError::TooLarge {
+                what: "request length",
+                len,
+                limit: MAX_REQUEST_LEN,
+            });
+        }
+        Ok(())
     }
     fn key(&mut self) -> Step<Vec<u8>> {
         self.bytes("key length", MAX_KEY_LEN)
@@ -232,17 +259,18 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Command, usize)>, WireError> {
         18 => Command::Barrier(need!(c.key()?), need!(c.i64())),
         other => return Err(WireError::UnknownCommand(other)),
     };
+    // Fixed-size fields after the last length prefix may end a few bytes past it.
+    c.within_request(0)?;
     Ok(Some((cmd, c.pos)))
 }
 
 /// Appends a `u64` length and the bytes.
-pub fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u64).to_le_bytes());
     out.extend_from_slice(b);
 }
 
-/// Appends an `i64`.
-pub fn put_i64(out: &mut Vec<u8>, v: i64) {
+fn put_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 

@@ -1,5 +1,4 @@
 use super::*;
-use crate::store::wire::WAIT_CANCELED;
 
 fn k(s: &str) -> Vec<u8> {
     s.as_bytes().to_vec()
@@ -7,14 +6,20 @@ fn k(s: &str) -> Vec<u8> {
 
 /// Applies `cmd` for connection `conn`; returns (reply bytes, effects).
 fn run(st: &mut State, conn: ConnId, cmd: Command) -> (Vec<u8>, Effects) {
-    let mut out = Vec::new();
+    let mut out = Replies::default();
     let fx = st.apply(conn, cmd, &mut out).expect("applies");
-    (out, fx)
+    (out.to_vec(), fx)
+}
+
+/// Applies `cmd`, expecting it to be refused.
+fn refused(st: &mut State, cmd: Command) -> ApplyError {
+    st.apply(1, cmd, &mut Replies::default())
+        .expect_err("refused")
 }
 
 fn bytes_reply(v: &[u8]) -> Vec<u8> {
-    let mut o = Vec::new();
-    put_bytes(&mut o, v);
+    let mut o = (v.len() as u64).to_le_bytes().to_vec();
+    o.extend_from_slice(v);
     o
 }
 
@@ -76,10 +81,9 @@ fn add_append_and_non_numbers() {
         run(&mut st, 1, Command::Get(k("/s"))).0,
         bytes_reply(b"abcd")
     );
-    let mut out = Vec::new();
     assert!(matches!(
-        st.apply(1, Command::Add(k("/s"), 1), &mut out),
-        Err(ApplyError::NotANumber { .. })
+        refused(&mut st, Command::Add(k("/s"), 1)),
+        ApplyError::NotANumber { .. }
     ));
     run(
         &mut st,
@@ -87,12 +91,12 @@ fn add_append_and_non_numbers() {
         Command::Set(k("/big"), i64::MAX.to_string().into_bytes()),
     );
     assert!(matches!(
-        st.apply(1, Command::Add(k("/big"), 1), &mut out),
-        Err(ApplyError::Overflow { .. })
+        refused(&mut st, Command::Add(k("/big"), 1)),
+        ApplyError::Overflow { .. }
     ));
     assert!(matches!(
-        st.apply(1, Command::Validate(1), &mut out),
-        Err(ApplyError::LateValidate)
+        refused(&mut st, Command::Validate(1)),
+        ApplyError::LateValidate
     ));
 }
 
@@ -286,4 +290,165 @@ fn ping_echoes() {
         run(&mut st, 1, Command::Ping(0xdead_beef)).0,
         0xdead_beef_u32.to_le_bytes()
     );
+}
+
+#[test]
+fn waiters_are_removed_when_their_wait_ends_in_any_way() {
+    let mut st = State::default();
+    let keys: Vec<Vec<u8>> = (0..20_000).map(|i| k(&format!("/key/{i}"))).collect();
+    // Abandoned: the connection closes while parked on 20,000 keys.
+    run(&mut st, 1, Command::Wait(keys.clone()))
+        .1
+        .parked
+        .expect("parked");
+    assert_eq!(st.waiter_entries(), 20_000);
+    st.disconnect(1);
+    assert_eq!(
+        st.waiter_entries(),
+        0,
+        "nothing of a closed connection stays"
+    );
+    // Cancelled.
+    run(&mut st, 2, Command::Wait(keys.clone()));
+    assert!(st.cancel(2));
+    assert_eq!(st.waiter_entries(), 0, "nothing of a cancelled wait stays");
+    // Woken: every key written; no entry is left for the keys written first.
+    run(&mut st, 3, Command::Wait(keys[..3].to_vec()));
+    run(&mut st, 4, Command::Barrier(k("/bar"), 2));
+    run(&mut st, 5, Command::Wait(vec![k("/q")]));
+    assert_eq!(st.waiter_entries(), 5);
+    for key in &keys[..3] {
+        run(&mut st, 9, Command::Set(key.clone(), k("v")));
+    }
+    run(&mut st, 9, Command::Barrier(k("/bar"), 2));
+    run(&mut st, 9, Command::QueuePush(k("/q"), k("v")));
+    assert_eq!(st.waiter_entries(), 0, "woken waits leave nothing behind");
+    // Others' entries on a shared key survive one connection's departure.
+    run(&mut st, 6, Command::Wait(vec![k("/shared")]));
+    let g7 = run(&mut st, 7, Command::Wait(vec![k("/shared")]))
+        .1
+        .parked
+        .expect("parked");
+    st.disconnect(6);
+    assert_eq!(
+        run(&mut st, 9, Command::Set(k("/shared"), k("v"))).1.woken,
+        vec![(7, g7)]
+    );
+}
+
+#[test]
+fn append_may_not_grow_a_value_past_the_value_limit() {
+    let mut st = State::default();
+    let chunk = vec![b'x'; (MAX_VALUE_LEN / 2) as usize];
+    run(&mut st, 1, Command::Append(k("/a"), chunk.clone()));
+    run(&mut st, 1, Command::Append(k("/a"), chunk.clone()));
+    assert_eq!(
+        refused(&mut st, Command::Append(k("/a"), k("y"))),
+        ApplyError::ValueTooLarge {
+            key: "/a".into(),
+            len: MAX_VALUE_LEN + 1,
+            limit: MAX_VALUE_LEN
+        }
+    );
+    let (got, _) = run(&mut st, 1, Command::Get(k("/a")));
+    assert_eq!(
+        got.len(),
+        8 + MAX_VALUE_LEN as usize,
+        "the value is unchanged"
+    );
+    assert!(refused(&mut st, Command::Append(k("/a"), chunk))
+        .to_string()
+        .contains("over the limit of 8388608 bytes a value may have"));
+}
+
+#[test]
+fn the_byte_budget_refuses_growth_and_allows_shrinking() {
+    let mut st = State::with_budget(100);
+    run(&mut st, 1, Command::Set(k("/a"), vec![0; 48])); // 2 + 48
+    run(&mut st, 1, Command::Set(k("/b"), vec![0; 38])); // 2 + 38
+    assert_eq!(st.bytes(), 90);
+    let e = refused(&mut st, Command::Set(k("/c"), vec![0; 9])); // 2 + 9 → 101
+    assert_eq!(
+        e,
+        ApplyError::OverBudget {
+            would: 101,
+            budget: 100
+        }
+    );
+    assert!(e.to_string().contains("store_max_bytes"), "{e}");
+    // Replacing a value counts only the difference; shrinking always passes.
+    run(&mut st, 1, Command::Set(k("/a"), vec![0; 58]));
+    assert_eq!(st.bytes(), 100);
+    run(&mut st, 1, Command::Set(k("/a"), vec![0; 1]));
+    assert_eq!(st.bytes(), 43);
+    // Every kind of write is counted.
+    for cmd in [
+        Command::Append(k("/b"), vec![0; 60]),
+        Command::Add(
+            k("/n/123456789012345678901234567890123456789012345678901234567"),
+            1,
+        ),
+        Command::MultiSet(vec![(k("/m"), vec![0; 30]), (k("/m2"), vec![0; 30])]),
+        Command::QueuePush(k("/q"), vec![0; 60]),
+        Command::CompareSet {
+            key: k("/c"),
+            expected: vec![],
+            desired: vec![0; 60],
+        },
+    ] {
+        let name = format!("{cmd:?}").chars().take(20).collect::<String>();
+        assert!(
+            matches!(refused(&mut st, cmd), ApplyError::OverBudget { .. }),
+            "{name}"
+        );
+    }
+    assert_eq!(st.bytes(), 43, "refused writes change nothing");
+    // A MULTI_SET naming a key twice counts its last value once.
+    run(
+        &mut st,
+        1,
+        Command::MultiSet(vec![(k("/m"), vec![0; 50]), (k("/m"), vec![0; 20])]),
+    );
+    assert_eq!(st.bytes(), 43 + 2 + 20);
+    // Deleting and popping give bytes back.
+    run(&mut st, 1, Command::QueuePush(k("/q"), vec![0; 10]));
+    assert_eq!(st.bytes(), 65 + 2 + 10);
+    run(&mut st, 1, Command::QueuePop(k("/q")));
+    run(&mut st, 1, Command::DeleteKey(k("/m")));
+    run(&mut st, 1, Command::DeleteKey(k("/b")));
+    run(&mut st, 1, Command::DeleteKey(k("/a")));
+    assert_eq!(st.bytes(), 0);
+}
+
+#[test]
+fn byte_count_matches_contents_after_mixed_writes() {
+    let mut st = State::default();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..5_000 {
+        let key = k(&format!("/{}", rng.u8(..16)));
+        let val = vec![b'1'; rng.usize(..40)];
+        let cmd = match rng.u8(..8) {
+            0 => Command::Set(key, val),
+            1 => Command::Append(key, val),
+            2 => Command::Add(key, 1),
+            3 => Command::DeleteKey(key),
+            4 => Command::QueuePush(key, val),
+            5 => Command::QueuePop(key),
+            6 => Command::MultiSet(vec![(key.clone(), val.clone()), (key, val)]),
+            _ => Command::CompareSet {
+                key,
+                expected: vec![],
+                desired: val,
+            },
+        };
+        // Non-numbers under ADD are refused; that is fine here.
+        let _ = st.apply(1, cmd, &mut Replies::default());
+    }
+    let held: usize = st.kv.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + st.queues
+            .iter()
+            .map(|(k, q)| k.len() + q.iter().map(Bytes::len).sum::<usize>())
+            .sum::<usize>();
+    assert_eq!(st.bytes(), held as u64);
+    assert!(st.queues.values().all(|q| !q.is_empty()));
 }

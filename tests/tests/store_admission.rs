@@ -1,0 +1,209 @@
+//! Who may connect to the worker store, and on which port: a non-member
+//! address in another network namespace is refused while the job's own
+//! worker is served; the store admits exactly the members it is given; a
+//! port range gives every round a fresh port.
+
+use std::fs;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use accel_agent::store::{Admit, StoreOptions, WorkerStore};
+use accel_tests::{
+    eventually, record_script, records, run_agent, scratch, venv, worker, Agent, Netns, Server,
+};
+
+use crate::heavy;
+use crate::store_bounds::{answers, client, LIMIT};
+
+/// Where the worker store of a one-node c10d job on `local_addr` is, once its
+/// worker (a PyTorch client, `store_member.py`) has used it.
+fn member_job(dir: &Path, server: &Server, local_addr: &str) -> (Agent, PathBuf, String) {
+    let script = worker("store_member.py");
+    let python = venv().join("bin/python");
+    let agent = Agent::start(
+        dir,
+        "agent",
+        &[
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &server.addr,
+            "--rdzv-id",
+            "members",
+            "--local-addr",
+            local_addr,
+            "--no-python",
+            python.to_str().expect("path"),
+            script.to_str().expect("path"),
+        ],
+        &[("OUT_DIR", dir.to_str().expect("path"))],
+    );
+    let ok = dir.join("ok_0");
+    assert!(
+        eventually(Duration::from_secs(60), || fs::read_to_string(&ok)
+            .is_ok_and(|s| s.ends_with('\n'))),
+        "the worker used the store: {}",
+        fs::read_to_string(&agent.stderr).unwrap_or_default()
+    );
+    let master = fs::read_to_string(&ok).expect("ok").trim().to_owned();
+    (agent, ok, master)
+}
+
+/// What `store_probe.py HOST PORT` saw, run in `ns`.
+fn probe_from(ns: &Netns, host: &str, port: &str) -> String {
+    let python = venv().join("bin/python");
+    let mut argv = ns.exec();
+    let (py, script) = (python.to_str().expect("path"), worker("store_probe.py"));
+    argv.extend([py, script.to_str().expect("path"), host, port]);
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .expect("probe");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn a_non_member_address_is_refused_while_the_jobs_worker_is_served() {
+    let _heavy = heavy();
+    let outsider = Netns::create(78, 11);
+    let server = Server::start();
+    let dir = scratch("store-admission");
+    // The node's address is its side of the link to the outsider's namespace.
+    let (agent, _, master) = member_job(&dir, &server, &outsider.gateway);
+    let (host, port) = master.rsplit_once(' ').expect("MASTER_ADDR MASTER_PORT");
+    assert_eq!(host, outsider.gateway, "MASTER_ADDR is --local-addr");
+    // The outsider reaches the port (the TCP handshake completes) but is
+    // closed before a byte is read, three times over.
+    for _ in 0..3 {
+        assert_eq!(probe_from(&outsider, host, port), "closed");
+    }
+    // The store is bound to the node's address only: not on loopback.
+    assert!(TcpStream::connect(("127.0.0.1", port.parse::<u16>().expect("port"))).is_err());
+    fs::write(dir.join("done"), "").expect("done");
+    let out = agent.wait(LIMIT);
+    assert_eq!(
+        out.code(),
+        0,
+        "the worker was served throughout: {}",
+        out.stderr
+    );
+    let refusals = out.stderr.matches("worker store refused").count();
+    assert!(
+        out.stderr.contains(&format!("peer={}:", outsider.addr)),
+        "the refusal names the outsider: {}",
+        out.stderr
+    );
+    assert!(
+        (1..=2).contains(&refusals),
+        "refusals are aggregated, not one line each: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_store_admits_exactly_the_members_it_is_given() {
+    let _heavy = heavy();
+    let member = Netns::create(79, 12);
+    let other = Netns::create(79, 13);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // One store listening on both links, admitting the member's address.
+    let store = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("0.0.0.0:0")
+            .await
+            .expect("bind");
+        WorkerStore::start_with(
+            l,
+            StoreOptions {
+                admit: Admit::Members(vec![member.addr.clone()]),
+                ..StoreOptions::default()
+            },
+        )
+        .expect("store")
+    });
+    let port = store.addr().port().to_string();
+    assert_eq!(probe_from(&member, &member.gateway, &port), "answered");
+    assert_eq!(probe_from(&other, &other.gateway, &port), "closed");
+    assert_eq!(probe_from(&other, &other.gateway, &port), "closed");
+    assert_eq!(store.stats().refused, 2);
+    let mut local = client(SocketAddr::from(([127, 0, 0, 1], store.addr().port())));
+    assert!(answers(&mut local), "this host is always admitted");
+    drop(store);
+}
+
+/// A base port with `n` free loopback ports from it.
+fn free_range(n: u16) -> u16 {
+    for _ in 0..200 {
+        let random = {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        let base = 20_000 + (random % 40_000) as u16;
+        let held: Vec<_> = (base..base + n)
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no {n} free consecutive ports");
+}
+
+#[test]
+fn store_ports_give_every_round_a_fresh_port_from_the_range() {
+    let dir = scratch("store-ports");
+    let base = free_range(3);
+    // A port of the range held by someone else is skipped.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", base + 1)).expect("squat");
+    let rec = dir.to_string_lossy().to_string();
+    let script = record_script();
+    let conf = format!("store_ports={base}-{}", base + 2);
+    let out = run_agent(
+        &dir,
+        "agent",
+        &[
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-conf",
+            &conf,
+            script.to_str().expect("path"),
+        ],
+        &[
+            ("RECORD_DIR", &rec),
+            ("AGENT_TAG", "a"),
+            ("FAIL_RANKS", "0"),
+            ("FAIL_UNTIL", "3"),
+            ("FAIL_AFTER", "0"),
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let ports: Vec<u16> = records(&dir)
+        .iter()
+        .map(|r| r.var("MASTER_PORT").parse().expect("port"))
+        .collect();
+    assert_eq!(ports.len(), 4, "four attempts");
+    for pair in ports.windows(2) {
+        assert_ne!(pair[0], pair[1], "consecutive rounds differ: {ports:?}");
+    }
+    assert!(
+        ports.iter().all(|p| [base, base + 2].contains(p)),
+        "from the range, skipping the busy port {}: {ports:?}",
+        base + 1
+    );
+    drop(squatter);
+}
