@@ -22,11 +22,14 @@ use tonic::Status;
 /// Most events (other than progress) waiting for one node.
 pub const MAX_QUEUED: usize = 64;
 
+/// One per node, for the node's whole life: kept small. The queue is freed
+/// whenever it is drained (an event is a few hundred bytes, and a deque keeps
+/// its capacity), and the rare error is boxed.
 #[derive(Debug, Default)]
 struct Queue {
     events: VecDeque<pb::Event>,
     /// Ends the stream with this error once the events before it are read.
-    error: Option<Status>,
+    error: Option<Box<Status>>,
     /// The sending side is gone: the stream ends once drained.
     closed: bool,
     waker: Option<Waker>,
@@ -66,11 +69,11 @@ impl Outbox {
             Some(last) if progress && matches!(last.kind, Some(Kind::Waiting(_))) => *last = event,
             _ if progress || queued < MAX_QUEUED => q.events.push_back(event),
             _ => {
-                q.events.clear();
-                q.error = Some(Status::resource_exhausted(format!(
+                q.events = VecDeque::new();
+                q.error = Some(Box::new(Status::resource_exhausted(format!(
                     "this node did not read its rendezvous events ({MAX_QUEUED} waiting); \
                      the stream is ended, and the node may reconnect and resume"
-                )));
+                ))));
                 wake(&mut q);
                 return Err(Overflow);
             }
@@ -114,11 +117,14 @@ impl Stream for Inbox {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut q = lock(&self.0);
         if let Some(e) = q.events.pop_front() {
+            if q.events.is_empty() {
+                q.events = VecDeque::new();
+            }
             return Poll::Ready(Some(Ok(e)));
         }
         if let Some(status) = q.error.take() {
             q.closed = true;
-            return Poll::Ready(Some(Err(status)));
+            return Poll::Ready(Some(Err(*status)));
         }
         if q.closed {
             return Poll::Ready(None);

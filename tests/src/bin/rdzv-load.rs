@@ -10,7 +10,7 @@
 //! Usage: rdzv-load --endpoint HOST:PORT --server-pid PID [--agents 100,1000,10000]
 //!        [--token-file PATH]   (the server's token, sent with every call)
 //!        [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]   (TLS, mutual with a certificate)
-//!        [--label TEXT] [--no-header]
+//!        [--label TEXT] [--no-header] [--jobs J]   (split the agents into J jobs)
 //! The peak-RSS column is the server's high-water mark since it started minus
 //! its RSS before this size: exact for a server that serves one size.
 
@@ -125,6 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         key: arg("--tls-key").map(Into::into),
     };
     let label = arg("--label").unwrap_or_else(|| "plain".into());
+    let jobs: u32 = arg("--jobs").map_or(Ok(1), |j| j.parse())?.max(1);
     let rt = tokio::runtime::Runtime::new()?;
     if !std::env::args().any(|a| a == "--no-header") {
         println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent |");
@@ -152,7 +153,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         channels[i / PER_CONNECTION].clone(),
                         AttachToken::new(token.as_ref()),
                     );
-                    tokio::spawn(agent(client, job.clone(), i, n))
+                    let j = i as u32 % jobs;
+                    // Job j gets every jobs-th agent: n / jobs of them, plus one
+                    // for the first n % jobs jobs.
+                    let size = n / jobs + u32::from(j < n % jobs);
+                    tokio::spawn(agent(client, format!("{job}-{j}"), i, size))
                 })
                 .collect();
             for t in tasks {
