@@ -319,18 +319,22 @@ impl Drop for Agent {
 }
 
 /// A network namespace joined to this one by a veth pair: a separate host on
-/// `10.<net>.<index>.2`, reaching this namespace at `10.<net>.<index>.1`.
-/// Needs root; removed on drop.
+/// `10.<net>.<index>.2`, reaching this namespace at `10.<net>.<index>.1`
+/// (or a host on a [`Lan`]). Needs root; removed on drop.
 #[derive(Debug)]
 pub struct Netns {
     /// Namespace name.
     pub name: String,
-    /// The host-side interface (set it down to cut the link).
+    /// The far end of the namespace's link (set it down to cut the link).
     pub host_if: String,
+    /// The namespace holding `host_if`: this one, or a [`Lan`]'s switch.
+    link_ns: Option<String>,
     /// This namespace's side of the link, as the namespace reaches it.
     pub gateway: String,
     /// The namespace's own address.
     pub addr: String,
+    /// The namespace's interface on the link (e.g. for `GLOO_SOCKET_IFNAME`).
+    pub iface: String,
 }
 
 fn ip(args: &[&str]) {
@@ -377,8 +381,10 @@ impl Netns {
         Self {
             name,
             host_if,
+            link_ns: None,
             gateway,
             addr,
+            iface: peer_if,
         }
     }
 
@@ -387,19 +393,151 @@ impl Netns {
         vec!["ip", "netns", "exec", &self.name]
     }
 
+    /// `ip ARGS` where the far end of the link is.
+    fn ip_at_link(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        if let Some(ns) = &self.link_ns {
+            c.args(["-n", ns]);
+        }
+        c.args(args);
+        c
+    }
+
     /// Cuts the link: packets stop, no connection is reset.
     pub fn cut(&self) {
-        ip(&["link", "set", &self.host_if, "down"]);
+        let out = self
+            .ip_at_link(&["link", "set", &self.host_if, "down"])
+            .output()
+            .expect("run ip (iproute2)");
+        assert!(
+            out.status.success(),
+            "cutting {}: {}",
+            self.host_if,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .output();
+        let _ = self.ip_at_link(&["link", "del", &self.host_if]).output();
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// One network segment: hosts (network namespaces) whose links meet at a
+/// bridge in a namespace of its own, which this namespace joins at
+/// `10.<net>.0.1`; host `i` is `10.<net>.0.<i>`. The hosts reach each other
+/// directly, as machines on one switch do, so nothing in this namespace has
+/// to forward their traffic (no setting of this machine changes, and its
+/// firewall never sees it). Needs root; removed on drop.
+#[derive(Debug)]
+pub struct Lan {
+    net: u8,
+    /// The namespace holding the bridge.
+    switch: String,
+    /// This namespace's interface on the segment.
+    uplink: String,
+    /// This namespace's address on the segment.
+    pub gateway: String,
+}
+
+/// The bridge's name inside a [`Lan`]'s switch namespace.
+const BRIDGE: &str = "br0";
+
+impl Lan {
+    /// Creates the segment `10.<net>.0.0/24`, with this namespace on it.
+    pub fn create(net: u8) -> Self {
+        let pid = std::process::id();
+        let switch = format!("accel{pid}-lan{net}");
+        let uplink = format!("al{}x{net}", pid % 100_000);
+        let gateway = format!("10.{net}.0.1");
+        let _ = Command::new("ip").args(["netns", "del", &switch]).output();
+        ip(&["netns", "add", &switch]);
+        let lan = Self {
+            net,
+            switch,
+            uplink,
+            gateway,
+        };
+        let sw = lan.switch.as_str();
+        ip(&["-n", sw, "link", "add", BRIDGE, "type", "bridge"]);
+        ip(&["-n", sw, "link", "set", BRIDGE, "up"]);
+        ip(&[
+            "link",
+            "add",
+            &lan.uplink,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "up0",
+            "netns",
+            sw,
+        ]);
+        ip(&["-n", sw, "link", "set", "up0", "master", BRIDGE, "up"]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", lan.gateway),
+            "dev",
+            &lan.uplink,
+        ]);
+        ip(&["link", "set", &lan.uplink, "up"]);
+        lan
+    }
+
+    /// Creates host `index` (2–254) on the segment: a namespace at
+    /// `10.<net>.0.<index>` whose interface is `lan0`.
+    pub fn host(&self, index: u8) -> Netns {
+        assert!(
+            (2..=254).contains(&index),
+            "host index {index} is not 2-254"
+        );
+        let name = format!("accel{}-{}h{index}", std::process::id(), self.net);
+        let port = format!("p{index}");
+        let addr = format!("10.{}.0.{index}", self.net);
+        let iface = "lan0".to_owned();
+        let sw = self.switch.as_str();
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        ip(&["netns", "add", &name]);
+        let host = Netns {
+            name,
+            host_if: port,
+            link_ns: Some(self.switch.clone()),
+            gateway: self.gateway.clone(),
+            addr,
+            iface,
+        };
+        let (ns, port, iface) = (&host.name, &host.host_if, &host.iface);
+        ip(&[
+            "-n", sw, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", ns,
+        ]);
+        ip(&["-n", sw, "link", "set", port, "master", BRIDGE, "up"]);
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{}/24", host.addr),
+            "dev",
+            iface,
+        ]);
+        ip(&["-n", ns, "link", "set", iface, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        host
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.uplink])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.switch])
             .output();
     }
 }

@@ -1,7 +1,8 @@
 //! Who may connect to the worker store, and on which port: a non-member
 //! address in another network namespace is refused while the job's own
-//! worker is served; the store admits exactly the members it is given; a
-//! port range gives every round a fresh port.
+//! worker is served; a PyTorch job on two hosts is served across them while
+//! a third host is refused; the store admits exactly the members it is
+//! given; a port range gives every round a fresh port.
 
 use std::fs;
 use std::net::{SocketAddr, TcpStream};
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use accel_agent::store::{Admit, StoreOptions, WorkerStore};
 use accel_tests::{
-    eventually, record_script, records, run_agent, scratch, venv, worker, Agent, Netns, Server,
+    eventually, read_json, record_script, records, run_agent, scratch, venv, venv_path, worker,
+    Agent, Lan, Netns, Server,
 };
 
 use crate::heavy;
@@ -105,6 +107,120 @@ fn a_non_member_address_is_refused_while_the_jobs_worker_is_served() {
         "refusals are aggregated, not one line each: {}",
         out.stderr
     );
+}
+
+#[test]
+fn a_two_host_torch_job_is_served_across_hosts_while_a_third_host_is_refused() {
+    let _heavy = heavy();
+    // Three hosts on one segment; this namespace (the rendezvous) is on it too.
+    let lan = Lan::create(81);
+    let hosts = [lan.host(2), lan.host(3)];
+    let outsider = lan.host(4);
+    // A server on a routable address needs a token; the agents present it.
+    let token = "store-admission-token-0123456789";
+    let server = Server::start_with("0.0.0.0:0", &[], &[("RDZV_TOKEN", token)]);
+    let endpoint = format!(
+        "{}:{}",
+        lan.gateway,
+        server.addr.rsplit(':').next().expect("port")
+    );
+    let dir = scratch("store-two-hosts");
+    let (rec, done) = (dir.to_string_lossy().to_string(), dir.join("done"));
+    let (script, path) = (worker("allreduce.py"), venv_path());
+    let agents: Vec<Agent> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            Agent::start_with(
+                &h.exec(),
+                &dir,
+                &format!("h{i}"),
+                &[
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    &endpoint,
+                    "--rdzv-id",
+                    "two-hosts",
+                    "--local-addr",
+                    &h.addr,
+                    script.to_str().expect("path"),
+                ],
+                &[
+                    ("PATH", &path),
+                    ("RECORD_DIR", &rec),
+                    ("WAIT_FOR", done.to_str().expect("path")),
+                    // gloo's own connections go over the segment too.
+                    ("GLOO_SOCKET_IFNAME", &h.iface),
+                    ("ACCEL_RDZV_TOKEN", token),
+                ],
+            )
+        })
+        .collect();
+    let result = |rank: u32| dir.join(format!("allreduce_{rank}.json"));
+    // Every worker, on both hosts, has met the others through node rank 0's
+    // store and all-reduced; the workers now wait for `done`.
+    assert!(
+        eventually(Duration::from_secs(120), || (0..4)
+            .all(|r| result(r).exists())),
+        "all four workers all-reduced:\n{}",
+        agents
+            .iter()
+            .map(|a| fs::read_to_string(&a.stderr).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let first: Vec<_> = (0..4).map(|r| read_json(&result(r))).collect();
+    let var = |v: &serde_json::Value, k: &str| v["env"][k].as_str().expect(k).to_owned();
+    let (host, port) = (var(&first[0], "MASTER_ADDR"), var(&first[0], "MASTER_PORT"));
+    let rank0 = hosts
+        .iter()
+        .position(|h| h.addr == host)
+        .unwrap_or_else(|| panic!("MASTER_ADDR {host} is one of the hosts' --local-addr"));
+    let rank1 = &hosts[1 - rank0];
+    for v in &first {
+        assert_eq!(
+            (var(v, "MASTER_ADDR"), var(v, "MASTER_PORT")),
+            (host.clone(), port.clone())
+        );
+    }
+    assert_eq!(
+        first.iter().filter(|v| var(v, "GROUP_RANK") == "1").count(),
+        2,
+        "two workers ran on node rank 1, in the other namespace"
+    );
+    // A third host reaches the store's port but is closed unread; a process
+    // on the member host is answered.
+    for _ in 0..3 {
+        assert_eq!(probe_from(&outsider, &host, &port), "closed");
+    }
+    assert_eq!(probe_from(rank1, &host, &port), "answered");
+    fs::write(&done, "").expect("done");
+    let outs: Vec<_> = agents.into_iter().map(|a| a.wait(LIMIT)).collect();
+    for (i, out) in outs.iter().enumerate() {
+        assert_eq!(out.code(), 0, "host {i}: {}", out.stderr);
+    }
+    for rank in 0..4 {
+        let v = read_json(&result(rank));
+        assert_eq!(v["world"], 4);
+        assert_eq!(v["sum"], 10.0, "1+2+3+4 on rank {rank}");
+        assert_eq!(v["after"], 10.0, "again after the probes, on rank {rank}");
+    }
+    let store_log = &outs[rank0].stderr;
+    assert!(
+        store_log.contains(&format!("peer={}:", outsider.addr)),
+        "the refusal names the third host: {store_log}"
+    );
+    for key in ["peer", "latest"] {
+        assert!(
+            !store_log.contains(&format!("{key}={}:", rank1.addr)),
+            "node rank 1 was never refused: {store_log}"
+        );
+    }
 }
 
 #[test]
