@@ -262,18 +262,18 @@ impl Session<'_> {
     }
 }
 
-/// Joins again with the same node id, retrying until `reconnect_grace` ends;
-/// a resuming join presents `session`, the node's secret.
+/// Joins again with the same node id, retrying until `reconnect_grace` ends,
+/// presenting `session`, the node's secret (a server that still holds the
+/// node reattaches it only with it); `resume`: the round its workers run.
 async fn rejoin(
     cfg: &Config,
     endpoint: &(String, u16),
     mut req: pb::JoinRequest,
-    resume: Option<(pb::Resume, Vec<u8>)>,
+    resume: Option<pb::Resume>,
+    session: Vec<u8>,
 ) -> Result<(RdzvClient, Streaming<pb::Event>, pb::Joined), AgentError> {
-    (req.resume, req.session) = match resume {
-        Some((r, session)) => (Some(r), session),
-        None => (None, Vec::new()),
-    };
+    req.resume = resume;
+    req.session = session;
     let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
     RdzvClient::join(
         &endpoint.0,

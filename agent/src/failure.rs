@@ -159,7 +159,8 @@ pub fn format_time(ts: f64) -> String {
 
 fn block(out: &mut Vec<String>, idx: usize, f: &pb::Failure) {
     let signal = if f.exitcode < 0 {
-        format!(" ({})", signal_name(-f.exitcode))
+        // The exit code comes from another node's report: never negate i32::MIN.
+        format!(" ({})", signal_name(f.exitcode.saturating_neg()))
     } else {
         String::new()
     };

@@ -19,6 +19,7 @@ use crate::error::AgentError;
 /// (which must then be valid for the rendezvous host name) and requires the
 /// other agents' certificates to chain to `tls_ca`.
 fn embedded(
+    max_nodes_per_job: u32,
     token: Option<rendezvous_server::Token>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> rendezvous_server::ServeOptions {
@@ -26,7 +27,11 @@ fn embedded(
         finished_job_ttl: Duration::from_secs(5),
         may_rejoin_after_shutdown: false,
         token,
-        limits: rendezvous_server::Limits::default(),
+        // It serves this node's one job.
+        limits: rendezvous_server::Limits {
+            max_jobs: 1,
+            max_nodes_per_job,
+        },
         tls,
     }
 }
@@ -53,7 +58,7 @@ pub(crate) async fn locate_rendezvous(
 ) -> Result<(String, u16, Option<tokio::task::JoinHandle<()>>), AgentError> {
     let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
-        let options = embedded(cfg.token.clone(), tls);
+        let options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
         async move {
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();

@@ -18,6 +18,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Variables of the agent that workers do not inherit.
+pub const SECRET_VARIABLES: [&str; 2] = ["ACCEL_RDZV_TOKEN", "RDZV_TOKEN"];
+
 use nix::sys::signal::Signal;
 use tokio::process::Command;
 use tokio::sync::mpsc;
@@ -120,6 +123,11 @@ impl WorkerGroup {
             cmd.args(&spec.argv[1..])
                 .envs(spec.env.iter().map(|(k, v)| (k, v)))
                 .process_group(0);
+            // The rendezvous token is the agent's, not the training code's:
+            // with it, a worker could join and fail any job on the server.
+            for secret in SECRET_VARIABLES {
+                cmd.env_remove(secret);
+            }
             sys::kill_with_parent(&mut cmd);
             let spawned = stdio(&spec.stdout).and_then(|out| {
                 cmd.stdout(out).stderr(stdio(&spec.stderr)?);

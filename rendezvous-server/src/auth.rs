@@ -172,13 +172,29 @@ impl Interceptor for RequireToken {
 }
 
 /// The client's side: adds the token to every call (nothing without one).
-#[derive(Debug, Clone, Default)]
+/// Its `Debug` output never shows the token.
+#[derive(Clone, Default)]
 pub struct AttachToken(Option<MetadataValue<Ascii>>);
 
+impl fmt::Debug for AttachToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "AttachToken(..)"
+        } else {
+            "AttachToken(None)"
+        })
+    }
+}
+
 impl AttachToken {
-    /// Sends `token` with every call.
+    /// Sends `token` with every call (marked sensitive, so HTTP/2 never
+    /// indexes it in its header tables).
     pub fn new(token: Option<&Token>) -> Self {
-        Self(token.map(Token::bearer))
+        Self(token.map(|t| {
+            let mut v = t.bearer();
+            v.set_sensitive(true);
+            v
+        }))
     }
 }
 

@@ -68,13 +68,17 @@ pub use session::{constant_time_eq, Session, SESSION_BYTES};
 /// (for jobs of up to [`PROGRESS_NODES`] members; larger jobs less often).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Members per [`PROGRESS_EVERY`] of progress interval, up to [`PROGRESS_MAX`].
-const PROGRESS_NODES: usize = 1000;
+pub const PROGRESS_NODES: usize = 1000;
 /// The longest progress interval.
 pub const PROGRESS_MAX: Duration = Duration::from_secs(10);
 /// Host names listed in a progress report.
 const HOSTS_LISTED: usize = 16;
 /// Prefix of the placeholder ids of a relearned job's absent nodes.
 const ABSENT: &str = "\u{0}absent-rank-";
+/// The longest a relearned job keeps a placeholder for a node that does not
+/// come back (shorter if the job's keep-alive limit is): agents reconnect
+/// within their `reconnect_grace`, 60 s by default.
+pub const RELEARN_WINDOW: Duration = Duration::from_secs(60);
 
 /// The settings every node of a job must agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +202,8 @@ pub struct Job {
     next_liveness: Option<Instant>,
     /// Since when the job has had no members (it expires after the TTL).
     empty_since: Option<Instant>,
+    /// Placeholders of a relearned job not claimed yet.
+    absent: u32,
 }
 
 impl Job {
@@ -221,6 +227,7 @@ impl Job {
             progress_sent: None,
             next_liveness: None,
             empty_since: None,
+            absent: 0,
         }
     }
 
@@ -262,7 +269,24 @@ impl Job {
             }
             job.participants.push(id);
         }
+        job.absent = nnodes;
+        let window = now.checked_add(job.placeholder_limit()).unwrap_or(now);
+        job.next_liveness = Some(job.next_liveness.map_or(window, |t| t.min(window)));
         job
+    }
+
+    /// How long a placeholder waits for its node: the keep-alive limit, at
+    /// most [`RELEARN_WINDOW`].
+    pub fn placeholder_limit(&self) -> Duration {
+        self.config
+            .dead_after
+            .unwrap_or(RELEARN_WINDOW)
+            .min(RELEARN_WINDOW)
+    }
+
+    /// Placeholders of a relearned job that no node has claimed yet.
+    pub fn absent_count(&self) -> u32 {
+        self.absent
     }
 
     /// The job id.
@@ -417,6 +441,10 @@ impl Job {
         if round != self.round || self.phase != Phase::Running {
             return Vec::new();
         }
+        // Only a node of the running round can fail it (a spare has no workers).
+        if self.members.get(node_id).is_none_or(|m| m.rank.is_none()) {
+            return Vec::new();
+        }
         self.last_failure = Some(reason.clone());
         self.root_cause = detail;
         if self.restart_count < self.config.max_restarts {
@@ -455,6 +483,9 @@ impl Job {
         let Some(m) = self.members.remove(node_id) else {
             return Vec::new();
         };
+        if node_id.starts_with(ABSENT) {
+            self.absent = self.absent.saturating_sub(1);
+        }
         if m.ready.is_some() {
             self.ready = self.ready.saturating_sub(1);
         }

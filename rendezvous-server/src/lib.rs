@@ -19,6 +19,7 @@
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod auth;
 pub mod config;
 pub mod error;
@@ -37,8 +38,6 @@ use std::time::{Duration, Instant};
 
 use accel_proto::v1::rendezvous_server::RendezvousServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 use tracing::info;
 
 pub use auth::Token;
@@ -47,6 +46,8 @@ pub use limits::Limits;
 pub use registry::Registry;
 pub use service::RendezvousService;
 
+/// How long a TLS client may take to finish its handshake.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 /// How often lost nodes and finished jobs are looked for.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -89,13 +90,7 @@ pub async fn serve(
             }
         })
     };
-    let incoming = TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            // Events are small and latency matters more than packet count.
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
+    let incoming = accept::incoming(listener);
     let closing = registry.clone();
     let rendezvous = RendezvousServer::new(RendezvousService::new(registry))
         .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
@@ -105,7 +100,9 @@ pub async fn serve(
     );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = options.tls.clone() {
-        builder = builder.tls_config(tls)?;
+        // A client that opens a connection and never finishes the handshake
+        // does not hold a descriptor for ever.
+        builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE))?;
     }
     let result = builder
         .add_service(health_service)

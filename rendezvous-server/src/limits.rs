@@ -191,13 +191,18 @@ pub fn check_reason(reason: &str) -> Result<(), Error> {
 
 /// `s` with control characters escaped (`\n`, `\u{1b}`), so stored text
 /// prints as one line and cannot drive a terminal. Tabs and newlines in a
-/// traceback are kept where `keep_newlines` says so.
+/// traceback are kept where `keep_newlines` says so. Escaping can make a text
+/// six times longer, so the result is cut at [`MAX_FAILURE_BYTES`].
 pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(char::is_control) && s.len() <= MAX_FAILURE_BYTES {
         return s.to_owned();
     }
-    let mut out = String::with_capacity(s.len() + 8);
+    let mut out = String::with_capacity(s.len().min(MAX_FAILURE_BYTES) + 8);
     for c in s.chars() {
+        if out.len() >= MAX_FAILURE_BYTES {
+            out.push('…');
+            break;
+        }
         match c {
             '\n' | '\t' if keep_newlines => out.push(c),
             c if c.is_control() => out.extend(c.escape_default()),
@@ -298,6 +303,11 @@ mod tests {
 
     #[test]
     fn failure_text_is_bounded_and_made_printable() {
+        let bell = "\u{7}".repeat(MAX_FAILURE_BYTES);
+        assert!(
+            printable(&bell).len() <= MAX_FAILURE_BYTES + 16,
+            "escaping is bounded too"
+        );
         let big = pb::ReportFailureRequest {
             failure: Some(pb::Failure {
                 traceback: "t".repeat(MAX_FAILURE_BYTES),

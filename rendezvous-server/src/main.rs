@@ -59,6 +59,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if token.is_some() && tls.is_none() && !args.bind.ip().is_loopback() {
+        tracing::warn!(bind = %args.bind, "the token travels in clear text: give --tls-cert and --tls-key, or keep the network private");
+    }
+    let files = rendezvous_server::accept::raise_open_file_limit();
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {
             Ok(l) => l,
@@ -71,7 +75,7 @@ fn main() -> ExitCode {
             }
         };
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, authenticated = token.is_some(), tls = tls.is_some(), "rdzv-server listening");
+            tracing::info!(%addr, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
         }
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use accel_proto::prost::Message as _;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 use tokio_stream::Stream;
@@ -21,6 +22,9 @@ use tonic::Status;
 
 /// Most events (other than progress) waiting for one node.
 pub const MAX_QUEUED: usize = 64;
+/// Most encoded bytes of events waiting for one node (a failure report can
+/// be 64 KiB, and every member hears the job's end).
+pub const MAX_QUEUED_BYTES: usize = 1 << 20;
 
 /// One per node, for the node's whole life: kept small. The queue is freed
 /// whenever it is drained (an event is a few hundred bytes, and a deque keeps
@@ -28,6 +32,8 @@ pub const MAX_QUEUED: usize = 64;
 #[derive(Debug, Default)]
 struct Queue {
     events: VecDeque<pb::Event>,
+    /// Encoded size of `events`.
+    bytes: usize,
     /// Ends the stream with this error once the events before it are read.
     error: Option<Box<Status>>,
     /// The sending side is gone: the stream ends once drained.
@@ -65,11 +71,21 @@ impl Outbox {
         let progress = matches!(event, Kind::Waiting(_));
         let event = pb::Event { kind: Some(event) };
         let queued = q.events.len();
+        let size = event.encoded_len();
+        let fits = q.bytes + size <= MAX_QUEUED_BYTES;
         match q.events.back_mut() {
-            Some(last) if progress && matches!(last.kind, Some(Kind::Waiting(_))) => *last = event,
-            _ if progress || queued < MAX_QUEUED => q.events.push_back(event),
+            Some(last) if progress && matches!(last.kind, Some(Kind::Waiting(_))) => {
+                let old = last.encoded_len();
+                *last = event;
+                q.bytes = q.bytes - old + size;
+            }
+            _ if fits && (progress || queued < MAX_QUEUED) => {
+                q.events.push_back(event);
+                q.bytes += size;
+            }
             _ => {
                 q.events = VecDeque::new();
+                q.bytes = 0;
                 q.error = Some(Box::new(Status::resource_exhausted(format!(
                     "this node did not read its rendezvous events ({MAX_QUEUED} waiting); \
                      the stream is ended, and the node may reconnect and resume"
@@ -117,6 +133,7 @@ impl Stream for Inbox {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut q = lock(&self.0);
         if let Some(e) = q.events.pop_front() {
+            q.bytes = q.bytes.saturating_sub(e.encoded_len());
             if q.events.is_empty() {
                 q.events = VecDeque::new();
             }

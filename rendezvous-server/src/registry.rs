@@ -35,10 +35,13 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use crate::error::Error;
+use crate::input::excerpt;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::limits::Limits;
 use crate::outbox::{outbox, Inbox, Outbox};
 
+/// Most bytes of the last failure in a status answer (per job).
+const STATUS_FAILURE: usize = 4096;
 /// How often at most the arrivals and departures of one job are logged.
 const TALLY_EVERY: Duration = Duration::from_secs(1);
 /// Most nodes listed per job in a status answer.
@@ -124,7 +127,8 @@ impl Registry {
     ) -> Result<NodeStream, Error> {
         let mut guard = self.lock();
         let jobs = &mut *guard;
-        if !jobs.map.contains_key(&req.job_id) {
+        let created = !jobs.map.contains_key(&req.job_id);
+        if created {
             if jobs.map.len() >= self.limits.max_jobs {
                 return Err(Error::LimitReached(format!(
                     "this server already holds {} jobs (--max-jobs); finished jobs are forgotten after --finished-job-ttl",
@@ -134,6 +138,20 @@ impl Registry {
             let job = match &req.resume {
                 // This server does not know the job (it restarted): relearn it.
                 Some(resume) => {
+                    // Placeholders cost memory the resuming node does not
+                    // pay for: all relearned jobs together hold at most one
+                    // job's worth.
+                    let held: u64 = jobs
+                        .map
+                        .values()
+                        .map(|e| u64::from(e.job.absent_count()))
+                        .sum();
+                    if held + u64::from(resume.nnodes) > u64::from(self.limits.max_nodes_per_job) {
+                        return Err(Error::LimitReached(format!(
+                            "relearning job '{}' would keep more than {} placeholders for nodes that have not reconnected (--max-nodes-per-job)",
+                            req.job_id, self.limits.max_nodes_per_job
+                        )));
+                    }
                     info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
                     Job::relearn(now, req.job_id.clone(), req, resume)
                 }
@@ -152,19 +170,27 @@ impl Registry {
             return Err(Error::UnknownJob(req.job_id.clone()));
         };
         let member = entry.job.members().contains_key(&req.node_id);
-        if !member && entry.job.members().len() >= self.limits.max_nodes_per_job as usize {
-            return Err(Error::LimitReached(format!(
-                "job '{}' already has {} nodes (--max-nodes-per-job)",
-                req.job_id, self.limits.max_nodes_per_job
-            )));
-        }
-        let out = match entry.job.join(now, &req.node_id, req, fresh) {
+        let joined =
+            if !member && entry.job.members().len() >= self.limits.max_nodes_per_job as usize {
+                Err(Error::LimitReached(format!(
+                    "job '{}' already has {} nodes (--max-nodes-per-job)",
+                    req.job_id, self.limits.max_nodes_per_job
+                )))
+            } else {
+                entry
+                    .job
+                    .join(now, &req.node_id, req, fresh)
+                    .map_err(Error::from)
+            };
+        let out = match joined {
             Ok(out) => out,
             Err(e) => {
-                if entry.job.members().is_empty() && entry.streams.is_empty() {
+                // A job this request created goes with it (a relearned one
+                // with all its placeholders), so a refusal leaves nothing.
+                if created || (entry.job.members().is_empty() && entry.streams.is_empty()) {
                     jobs.map.remove(&req.job_id);
                 }
-                return Err(e.into());
+                return Err(e);
             }
         };
         entry.job.seen_from(&req.node_id, from);
@@ -319,7 +345,42 @@ impl Registry {
         stream: Option<u64>,
     ) {
         let mut guard = self.lock();
-        let jobs = &mut *guard;
+        self.depart_locked(&mut guard, now, job_id, node_id, reason, stream);
+    }
+
+    /// A node asks to leave: only with its own secret (checked under the same
+    /// lock as the departure); a call for a node that is not a member, or for
+    /// a relearned job's placeholder, changes nothing.
+    pub fn leave(
+        &self,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        session: &[u8],
+        reason: &str,
+    ) -> Result<(), Error> {
+        let mut guard = self.lock();
+        let Some(entry) = guard.map.get(job_id) else {
+            return Ok(());
+        };
+        match entry.job.authorize(node_id, session) {
+            Ok(()) => {}
+            Err(AuthError::NotMember) => return Ok(()),
+            Err(_) => return Err(Error::WrongSession(job_id.to_owned(), node_id.to_owned())),
+        }
+        self.depart_locked(&mut guard, now, job_id, node_id, reason, None);
+        Ok(())
+    }
+
+    fn depart_locked(
+        &self,
+        jobs: &mut Jobs,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        reason: &str,
+        stream: Option<u64>,
+    ) {
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
@@ -432,10 +493,12 @@ fn log_transitions(job: &Job, out: &[Outbound]) {
     });
     if let Some(r) = restart {
         let (used, budget) = (job.restart_count(), job.config().max_restarts);
+        // Reasons carry what a client wrote: an excerpt here, the whole in status.
+        let reason = excerpt(&r.reason);
         if r.counted {
-            warn!(job = id, round = r.round, next_round = r.next_round, restarts = %format!("{used} of {budget}"), reason = %r.reason, "restarting the job after a failure");
+            warn!(job = id, round = r.round, next_round = r.next_round, restarts = %format!("{used} of {budget}"), %reason, "restarting the job after a failure");
         } else {
-            info!(job = id, round = r.round, next_round = r.next_round, reason = %r.reason, "re-forming the job: membership changed");
+            info!(job = id, round = r.round, next_round = r.next_round, %reason, "re-forming the job: membership changed");
         }
     }
     let ended = out
@@ -444,7 +507,9 @@ fn log_transitions(job: &Job, out: &[Outbound]) {
     if ended {
         match job.phase() {
             Phase::Succeeded => info!(job = id, round = job.round(), "job succeeded"),
-            Phase::Failed(reason) => warn!(job = id, round = job.round(), %reason, "job failed"),
+            Phase::Failed(reason) => {
+                warn!(job = id, round = job.round(), reason = %excerpt(reason), "job failed")
+            }
             _ => {}
         }
     }
@@ -544,7 +609,14 @@ fn job_info(job: &Job) -> pb::JobInfo {
         min_nodes: c.min_nodes,
         max_nodes: c.max_nodes,
         nodes,
-        last_failure: job.last_failure().unwrap_or_default().to_owned(),
+        last_failure: {
+            let f = job.last_failure().unwrap_or_default();
+            let mut end = f.len().min(STATUS_FAILURE);
+            while !f.is_char_boundary(end) {
+                end -= 1;
+            }
+            f[..end].to_owned()
+        },
         node_count: members.len() as u32,
     }
 }

@@ -148,18 +148,18 @@ impl Rendezvous for RendezvousService {
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
+        limits::check_name("job_id", &r.job_id)?;
+        limits::check_name("node_id", &r.node_id)?;
         limits::check_reason(&r.reason)?;
-        // Only the node itself may take itself out of the job.
-        ignore_non_member(
-            self.for_node(&r.job_id, &r.node_id, &r.session, |_, _| ((), Vec::new())),
-        )?;
-        self.registry.depart(
+        // Only the node itself may take itself out of the job; the secret is
+        // checked under the same lock as the departure.
+        self.registry.leave(
             Instant::now(),
             &r.job_id,
             &r.node_id,
+            &r.session,
             &printable(&r.reason),
-            None,
-        );
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 

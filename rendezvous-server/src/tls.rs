@@ -157,7 +157,7 @@ pub struct ClientTlsFiles {
 impl ClientTlsFiles {
     /// Whether the link uses TLS at all.
     pub fn enabled(&self) -> bool {
-        self.ca.is_some() || self.cert.is_some()
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
     }
 
     /// Files from `ACCEL_RDZV_TLS_CA`, `_CERT` and `_KEY`, for each one not
@@ -177,7 +177,7 @@ impl ClientTlsFiles {
         }
         let Some(ca) = &self.ca else {
             return Err(TlsError::Incomplete(
-                "tls_cert is set but tls_ca is not; give the CA that signed the server's certificate".into(),
+                "tls_cert or tls_key is set but tls_ca is not; give the CA that signed the server's certificate".into(),
             ));
         };
         let mut config = ClientTlsConfig::new()

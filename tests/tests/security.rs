@@ -154,6 +154,10 @@ fn without_the_token_every_call_is_refused_and_the_job_is_untouched() {
             r.env["MASTER_ADDR"], "127.0.0.1",
             "MASTER_ADDR is a real agent's"
         );
+        assert!(
+            !r.env.contains_key("ACCEL_RDZV_TOKEN"),
+            "workers do not inherit the agent's token"
+        );
     }
     let info = rt.block_on(status(&mut admin, "victim"));
     let node = info.nodes[0].node_id.clone();

@@ -76,10 +76,16 @@ impl Session<'_> {
     /// Rejoins with no workers running; returns the round to get ready for.
     async fn reconnect_idle(&mut self, why: &str) -> Result<u64, AgentError> {
         warn!(reason = %why, grace_s = self.cfg.rdzv.reconnect_grace.as_secs_f64(), "lost the rendezvous; reconnecting");
-        let (client, events, joined) =
-            rejoin(self.cfg, &self.endpoint, self.join_req.clone(), None)
-                .await
-                .map_err(|e| gave_up(why, self.cfg, &e))?;
+        let session = self.client.session().to_vec();
+        let (client, events, joined) = rejoin(
+            self.cfg,
+            &self.endpoint,
+            self.join_req.clone(),
+            None,
+            session,
+        )
+        .await
+        .map_err(|e| gave_up(why, self.cfg, &e))?;
         self.adopt(client, events);
         Ok(joined.round)
     }
@@ -106,12 +112,7 @@ impl Session<'_> {
         let mut pending: Option<Exit> = None;
         let result = {
             let session = self.client.session().to_vec();
-            let attempt = rejoin(
-                cfg,
-                &endpoint,
-                self.join_req.clone(),
-                Some((resume, session)),
-            );
+            let attempt = rejoin(cfg, &endpoint, self.join_req.clone(), Some(resume), session);
             tokio::pin!(attempt);
             loop {
                 let live = group.as_ref().is_some_and(|g| !g.all_ended());

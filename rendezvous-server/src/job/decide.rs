@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Job, Phase};
+use super::{Job, Phase, ABSENT};
 
 /// What [`decide`] concluded for a job at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,16 +63,24 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
 /// Members silent for longer than the job's keep-alive limit, on the
 /// server's clock, and the earliest instant another member could be lost
 /// (`None`: none can). O(members); run only when a liveness check is due.
+///
+/// A relearned job's placeholders are lost after [`Job::placeholder_limit`]
+/// even when the job has no keep-alive limit.
 pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
-    let Some(dead_after) = job.config.dead_after else {
-        return (Vec::new(), None);
-    };
-    if job.phase.is_terminal() {
+    if job.phase.is_terminal() || (job.config.dead_after.is_none() && job.absent == 0) {
         return (Vec::new(), None);
     }
     let mut lost = Vec::new();
     let mut next: Option<Instant> = None;
     for (id, m) in &job.members {
+        let dead_after = if id.starts_with(ABSENT) {
+            job.placeholder_limit()
+        } else {
+            match job.config.dead_after {
+                Some(d) => d,
+                None => continue,
+            }
+        };
         if now.saturating_duration_since(m.last_seen) > dead_after {
             lost.push(id.clone());
         } else {

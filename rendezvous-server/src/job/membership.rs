@@ -28,13 +28,15 @@ impl Job {
         }
         self.check_config(&JobConfig::from_join(req))?;
         if self.members.contains_key(node_id) {
-            if req.resume.is_none() {
-                return Err(JoinError::DuplicateNode {
-                    job: self.id.clone(),
-                    node: node_id.to_owned(),
-                });
-            }
+            // A member may reconnect (resuming its round or not) only with
+            // its secret; without one, the id is someone else's.
             if self.authorize(node_id, &req.session).is_err() {
+                if req.resume.is_none() && req.session.is_empty() {
+                    return Err(JoinError::DuplicateNode {
+                        job: self.id.clone(),
+                        node: node_id.to_owned(),
+                    });
+                }
                 return Err(JoinError::WrongSession {
                     job: self.id.clone(),
                     node: node_id.to_owned(),
@@ -120,6 +122,7 @@ impl Job {
         }
         let placeholder = std::mem::replace(slot, node_id.to_owned());
         self.members.remove(&placeholder);
+        self.absent = self.absent.saturating_sub(1);
         self.insert(
             now,
             node_id.to_owned(),

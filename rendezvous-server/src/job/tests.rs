@@ -549,3 +549,55 @@ fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
         && matches!(&o.event, Kind::RestartRequested(x) if !x.counted && x.next_round == 5)));
     assert!(!j.members().contains_key("n2"));
 }
+
+#[test]
+fn a_spare_cannot_fail_the_running_round() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    // A third node joins the full job: it waits as a spare, with its own secret.
+    j.join(t, "spare", &req("c", 2, None), S)
+        .expect("spare joins");
+    assert!(j.failure(t, "spare", 0, "owned".into(), None).is_empty());
+    assert_eq!((j.restart_count(), j.phase()), (0, &Phase::Running));
+}
+
+#[test]
+fn placeholders_expire_even_without_a_keep_alive_limit() {
+    let t = Instant::now();
+    let mut r = req("a", 3, None);
+    r.dead_after_ms = 0;
+    r.resume = Some(pb::Resume {
+        round: 2,
+        restart_count: 0,
+        node_rank: 0,
+        nnodes: 3,
+    });
+    let mut j = Job::relearn(t, "j", &r, r.resume.as_ref().expect("resume"));
+    assert_eq!(j.absent_count(), 3);
+    j.join(t, "n0", &r, S).expect("claims rank 0");
+    assert_eq!(j.absent_count(), 2);
+    let ttl = Duration::from_secs(30);
+    let due = j
+        .next_deadline(t, ttl)
+        .expect("placeholders have a deadline");
+    assert!(due <= t + RELEARN_WINDOW + Duration::from_millis(1));
+    j.tick(t + RELEARN_WINDOW + Duration::from_secs(1));
+    assert_eq!(j.absent_count(), 0);
+    assert_eq!(j.members().len(), 1, "only the node that came back");
+}
+
+#[test]
+fn a_member_reconnects_with_its_secret_even_without_resume() {
+    let t = Instant::now();
+    let mut j = job(2);
+    j.join(t, "n0", &req("a", 2, None), S).expect("join");
+    let mut again = req("a", 2, None);
+    again.session = S.to_vec();
+    let back = j.join(t, "n0", &again, S).expect("reattaches");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.session == S.to_vec()));
+    again.session = vec![1; SESSION_BYTES];
+    assert!(matches!(
+        j.join(t, "n0", &again, S),
+        Err(JoinError::WrongSession { .. })
+    ));
+}

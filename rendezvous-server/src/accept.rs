@@ -1,0 +1,70 @@
+//! Accepting connections without spinning when the process is out of file
+//! descriptors.
+//!
+//! A plain accept loop retries a failing `accept` at once: at the descriptor
+//! limit (`EMFILE`) every pending connection fails again immediately, and the
+//! server burns a core while logging nothing. Here a failing accept backs
+//! off (10 ms doubling to 1 s), says so once when the episode starts and
+//! once when it ends, and the connections it does accept are handed to the
+//! gRPC server through a small channel.
+
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{info, warn};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The connections `listener` accepts, as a stream for tonic; the accepting
+/// task ends when the stream is dropped (the server stopped).
+pub(crate) fn incoming(listener: TcpListener) -> ReceiverStream<std::io::Result<TcpStream>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut backoff = FIRST_BACKOFF;
+        let mut failures = 0u64;
+        loop {
+            let accepted = tokio::select! {
+                r = listener.accept() => r,
+                () = tx.closed() => return,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    if failures > 0 {
+                        info!(failures, "accepting connections again");
+                        failures = 0;
+                        backoff = FIRST_BACKOFF;
+                    }
+                    // Events are small and latency matters more than packet count.
+                    let _ = stream.set_nodelay(true);
+                    if tx.send(Ok(stream)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    if failures == 0 {
+                        warn!(error = %e, "cannot accept connections (out of file descriptors? raise LimitNOFILE); backing off");
+                    }
+                    failures += 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Raises this process's soft limit on open files to its hard limit (each
+/// agent holds a connection), returning the new limit. systemd and most
+/// shells start services at 1,024.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
+    }
+    Some(hard.max(soft))
+}
