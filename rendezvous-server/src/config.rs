@@ -44,7 +44,12 @@ pub enum Command {
     },
 }
 
-/// Parses plain seconds (`30`, `0.5`) or a number with a unit (`500ms`, `30s`, `2m`, `1h`).
+/// The longest duration [`parse_duration`] accepts: every deadline computed
+/// from a flag (`now + duration`) then fits the clock.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Parses plain seconds (`30`, `0.5`) or a number with a unit (`500ms`, `30s`,
+/// `2m`, `1h`), up to [`MAX_DURATION`] (10 years).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -69,6 +74,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("'{s}' is not a non-negative duration"));
     }
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "'{s}' is longer than the longest duration accepted, 10 years ({} s)",
+            MAX_DURATION.as_secs()
+        ));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
 
@@ -85,5 +96,16 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("3 fortnights").is_err());
+        assert_eq!(parse_duration("87600h"), Ok(MAX_DURATION));
+    }
+
+    /// Found by fuzzing (agent_flags): `--monitor-interval 100000000000000000000`
+    /// panicked in `Duration::from_secs_f64`.
+    #[test]
+    fn huge_durations_are_refused() {
+        for s in ["100000000000000000000", "10000000000000000000", "87601h", "315360000.5"] {
+            let e = parse_duration(s).expect_err(s);
+            assert!(e.contains("10 years"), "{s}: {e}");
+        }
     }
 }

@@ -36,6 +36,8 @@
 
 mod decide;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lifecycle;
 mod membership;
 
@@ -383,6 +385,10 @@ impl Job {
             may_rejoin,
         }));
         self.members.clear();
+        // The counters follow the members: a join racing the shutdown must
+        // not find a ready count with nobody ready (fuzz_regressions.rs).
+        self.ready = 0;
+        self.min_ready_since = None;
         out
     }
 }
@@ -394,5 +400,7 @@ fn joined(node_id: &str, round: u64, resumed: bool) -> Outbound {
     }
 }
 
+#[cfg(test)]
+mod fuzz_regressions;
 #[cfg(test)]
 mod tests;

@@ -202,7 +202,10 @@ fn required(field: &'static str, value: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
+/// The checks a join request passes before it reaches a [`Job`] (public for
+/// the fuzz targets, which drive a `Job` as this service does).
+#[doc(hidden)]
+pub fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
     required("job_id", &req.job_id)?;
     required("node_id", &req.node_id)?;
     if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
@@ -215,6 +218,19 @@ fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
         return Err(Error::InvalidArgument(
             "nproc_per_node must be at least 1".into(),
         ));
+    }
+    // A resume may make a restarted server relearn the job from it: it must
+    // describe a round this job could have run.
+    if let Some(r) = &req.resume {
+        let fits = (req.min_nodes..=req.max_nodes).contains(&r.nnodes)
+            && r.node_rank < r.nnodes
+            && r.restart_count <= req.max_restarts;
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "resume names node rank {} of {} nodes after {} restarts, impossible for nnodes {}:{} and max_restarts {}",
+                r.node_rank, r.nnodes, r.restart_count, req.min_nodes, req.max_nodes, req.max_restarts
+            )));
+        }
     }
     Ok(())
 }
@@ -397,3 +413,6 @@ fn job_info(job: &Job) -> pb::JobInfo {
         last_failure: job.last_failure().unwrap_or_default().to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests;

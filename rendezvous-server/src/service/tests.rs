@@ -1,0 +1,56 @@
+//! Request validation, with the inputs fuzzing found.
+
+use super::*;
+
+fn join(resume: Option<pb::Resume>) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: "job".into(),
+        node_id: "n0".into(),
+        hostname: "host".into(),
+        min_nodes: 2,
+        max_nodes: 4,
+        nproc_per_node: 8,
+        max_restarts: 3,
+        resume,
+        ..Default::default()
+    }
+}
+
+fn resume(restart_count: u32, node_rank: u32, nnodes: u32) -> Option<pb::Resume> {
+    Some(pb::Resume {
+        round: 5,
+        restart_count,
+        node_rank,
+        nnodes,
+    })
+}
+
+#[test]
+fn a_resume_that_fits_the_job_is_accepted() {
+    assert!(validate_join(&join(None)).is_ok());
+    assert!(validate_join(&join(resume(3, 3, 4))).is_ok());
+    assert!(validate_join(&join(resume(0, 0, 2))).is_ok());
+}
+
+/// Found by fuzzing (rdzv_job): a resume for an unknown job made the server
+/// relearn a job of 2,744 nodes for nnodes 1, with 6 restarts spent of a
+/// budget of 0; with nnodes 4294967295 it allocated until it aborted.
+#[test]
+fn a_resume_beyond_the_jobs_bounds_is_refused() {
+    for (restarts, rank, nnodes) in [
+        (6, 0, 2),         // more restarts than --max-restarts
+        (0, 61, 2744),     // more nodes than MAX
+        (0, 0, u32::MAX),  // the allocation bomb
+        (0, 0, 1),         // fewer nodes than MIN
+        (0, 2, 2),         // a rank outside the round
+        (0, u32::MAX, 4),  // the rank + 1 overflow
+    ] {
+        let e = validate_join(&join(resume(restarts, rank, nnodes)))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("resume names") && e.contains("nnodes 2:4") && e.contains("max_restarts 3"),
+            "{e}"
+        );
+    }
+}
