@@ -35,3 +35,39 @@ fn close_leaves_no_ready_count_behind() {
     );
     assert_eq!(job.ready, 1, "only n2 is ready");
 }
+
+/// A static node reconnecting to a restarted server claimed its place
+/// before its requested rank was checked: it joined with rank 4294911743
+/// for nnodes 1, or with a requested rank another placeholder held.
+#[test]
+fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
+    let t = Instant::now();
+    let resuming = |node_rank, rank| pb::JoinRequest {
+        node_rank: Some(node_rank),
+        resume: Some(pb::Resume {
+            round: 3,
+            restart_count: 0,
+            node_rank: rank,
+            nnodes: 2,
+        }),
+        ..req(2, 2)
+    };
+    let relearned = |r: &pb::JoinRequest| Job::relearn(t, "job", r, r.resume.as_ref().expect("resume"));
+
+    let huge = resuming(4_294_911_743, 0);
+    let mut job = relearned(&huge);
+    let e = job.join(t, "n0", &huge).expect_err("out of range");
+    assert!(matches!(e, JoinError::RankOutOfRange { .. }), "{e}");
+
+    let crossed = resuming(1, 0);
+    let mut job = relearned(&crossed);
+    let e = job.join(t, "n0", &crossed).expect_err("another node's rank");
+    assert!(matches!(e, JoinError::DuplicateRank { rank: 1, .. }), "{e}");
+
+    let own = resuming(1, 1);
+    let mut job = relearned(&own);
+    let out = job.join(t, "n1", &own).expect("its own place");
+    assert!(matches!(out[0].event, Kind::Joined(pb::Joined { resumed: true, .. })));
+    assert_eq!(job.members()["n1"].requested_rank, Some(1));
+    assert_eq!(job.members()["n1"].rank, Some(1));
+}
