@@ -202,6 +202,11 @@ fn required(field: &'static str, value: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Most nodes a job may have (MAX of `--nnodes`): the default of the
+/// per-job limit of issue 12. A relearned job allocates one placeholder per
+/// node of the round it resumes, so MAX must be bounded before that.
+pub const MAX_NODES_PER_JOB: u32 = 100_000;
+
 /// The checks a join request passes before it reaches a [`Job`] (public for
 /// the fuzz targets, which drive a `Job` as this service does).
 #[doc(hidden)]
@@ -211,6 +216,12 @@ pub fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
     if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
         return Err(Error::InvalidArgument(format!(
             "nnodes {}:{} is invalid; need 0 < MIN <= MAX",
+            req.min_nodes, req.max_nodes
+        )));
+    }
+    if req.max_nodes > MAX_NODES_PER_JOB {
+        return Err(Error::InvalidArgument(format!(
+            "nnodes {}:{} is more nodes than this server takes in one job ({MAX_NODES_PER_JOB})",
             req.min_nodes, req.max_nodes
         )));
     }

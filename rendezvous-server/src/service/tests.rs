@@ -54,3 +54,16 @@ fn a_resume_beyond_the_jobs_bounds_is_refused() {
         );
     }
 }
+
+/// Found by fuzzing (rdzv_job, a timeout): a resume within nnodes 3:3,600,000,000
+/// made the server allocate a placeholder per node.
+#[test]
+fn more_nodes_than_a_job_may_have_are_refused() {
+    let mut r = join(resume(0, 0, MAX_NODES_PER_JOB + 1));
+    r.max_nodes = MAX_NODES_PER_JOB + 1;
+    let e = validate_join(&r).expect_err("refused").to_string();
+    assert!(e.contains("more nodes than this server takes in one job (100000)"), "{e}");
+    r.max_nodes = MAX_NODES_PER_JOB;
+    r.resume = resume(0, 0, MAX_NODES_PER_JOB);
+    assert!(validate_join(&r).is_ok());
+}
