@@ -35,7 +35,9 @@
 //! - 5 leave: node; 6 tick; 7 clock: milliseconds (u32);
 //! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job).
 //!
-//! `fuzz/seeds.py` writes the seeds in `fuzz/corpus/rdzv_job/`.
+//! `fuzz/seeds.py` writes the seeds in `fuzz/corpus/rdzv_job/`. To see what
+//! a crashing input does, replay it with `RDZV_FUZZ_TRACE=1` in the
+//! environment: every step and its events are printed.
 
 #![no_main]
 
@@ -70,8 +72,10 @@ fuzz_target!(|data: &[u8]| {
         dead_after_ms: 0,
         last_call_ms: 0,
     };
+    let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
     while !input.done() {
         let before = server.snapshot();
+        let at = input.at;
         let round = |input: &mut Input<'_>, s: &Server| input.round(s.job.as_ref().map_or(0, Job::round));
         let (out, decides) = match input.byte() % 10 {
             0 => {
@@ -148,6 +152,27 @@ fuzz_target!(|data: &[u8]| {
                 (Vec::new(), false)
             }
         };
+        if trace {
+            eprintln!("step at byte {at}: {:?}", &data[at..input.at.min(data.len())]);
+            if let Some(j) = &server.job {
+                let i = fuzzing::internals(j);
+                eprintln!(
+                    "  job: round {} {:?}, restarts {}, ready {}, succeeded {}, participants {:?}",
+                    j.round(),
+                    j.phase(),
+                    j.restart_count(),
+                    i.ready,
+                    i.succeeded,
+                    &i.participants[..i.participants.len().min(8)]
+                );
+                for (id, m) in j.members().iter().take(16) {
+                    eprintln!("  member {id:?}: rank {:?} ready {:?} succeeded {}", m.rank, m.ready, m.succeeded);
+                }
+            }
+            for o in &out {
+                eprintln!("  -> {:?}: {:?}", o.to, o.event);
+            }
+        }
         check(&server, &before, &out, decides);
     }
 });

@@ -199,6 +199,13 @@ fn required(field: &'static str, value: &str) -> Result<(), Error> {
     if value.is_empty() {
         return Err(Error::InvalidArgument(format!("{field} must not be empty")));
     }
+    // Ids are printed in logs and status; the job also reserves a
+    // NUL-prefixed form for the placeholders of a relearned job.
+    if value.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument(format!(
+            "{field} {value:?} contains control characters; use printable ones"
+        )));
+    }
     Ok(())
 }
 

@@ -67,3 +67,19 @@ fn more_nodes_than_a_job_may_have_are_refused() {
     r.resume = resume(0, 0, MAX_NODES_PER_JOB);
     assert!(validate_join(&r).is_ok());
 }
+
+/// Found by fuzzing (rdzv_job): a node whose id began like a relearned
+/// job's placeholders ("\0absent-rank-") was skipped by every broadcast, so
+/// it never heard of the restart its own join caused.
+#[test]
+fn ids_with_control_characters_are_refused() {
+    for (job, node) in [("job", "\u{0}absent-rank-0"), ("job", "n\u{1b}[2J"), ("j\nb", "n0")] {
+        let r = pb::JoinRequest {
+            job_id: job.into(),
+            node_id: node.into(),
+            ..join(None)
+        };
+        let e = validate_join(&r).expect_err("refused").to_string();
+        assert!(e.contains("contains control characters"), "{e}");
+    }
+}
