@@ -379,7 +379,7 @@ fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
     );
     if let Some(p) = prev {
         assert!(job.round() >= p.round, "round went back from {} to {}", p.round, job.round());
-        assert!(job.round() <= p.round + 1, "round jumped from {} to {}", p.round, job.round());
+        assert!(job.round() <= p.round.saturating_add(1), "round jumped from {} to {}", p.round, job.round());
         assert!(job.restart_count() >= p.restart_count, "restart_count went back");
         if p.phase.is_terminal() {
             assert_eq!(job.phase(), &p.phase, "a finished job changed its outcome");
@@ -404,7 +404,7 @@ fn check_events(job: &Job, prev: Option<&JobSnapshot>, out: &[Outbound]) {
         match &o.event {
             Kind::RoundComplete(rc) => completes.push((o.to.as_str(), rc)),
             Kind::RestartRequested(r) => {
-                assert_eq!(r.next_round, r.round + 1, "restart skips rounds");
+                assert_eq!(Some(r.next_round), r.round.checked_add(1), "restart skips rounds");
                 assert!(
                     job.round() >= r.next_round,
                     "restart to round {} but the job is at {}",
@@ -414,7 +414,7 @@ fn check_events(job: &Job, prev: Option<&JobSnapshot>, out: &[Outbound]) {
             }
             // A join that re-forms a running round is told the round it joined, then the restart.
             Kind::Joined(j) => assert!(
-                j.round == job.round() || (j.round + 1 == job.round() && restarted),
+                j.round == job.round() || (j.round.checked_add(1) == Some(job.round()) && restarted),
                 "joined for round {} of a job at {}",
                 j.round,
                 job.round()

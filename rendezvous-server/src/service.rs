@@ -214,6 +214,11 @@ fn required(field: &'static str, value: &str) -> Result<(), Error> {
 /// node of the round it resumes, so MAX must be bounded before that.
 pub const MAX_NODES_PER_JOB: u32 = 100_000;
 
+/// The highest round a resume may name: far beyond any job's life (a round
+/// takes at least the workers' start), and far from `u64::MAX`, so the
+/// relearned job's next round is always a larger number.
+pub const MAX_RESUME_ROUND: u64 = u32::MAX as u64;
+
 /// The checks a join request passes before it reaches a [`Job`] (public for
 /// the fuzz targets, which drive a `Job` as this service does).
 #[doc(hidden)]
@@ -247,6 +252,12 @@ pub fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
             return Err(Error::InvalidArgument(format!(
                 "resume names node rank {} of {} nodes after {} restarts, impossible for nnodes {}:{} and max_restarts {}",
                 r.node_rank, r.nnodes, r.restart_count, req.min_nodes, req.max_nodes, req.max_restarts
+            )));
+        }
+        if r.round > MAX_RESUME_ROUND {
+            return Err(Error::InvalidArgument(format!(
+                "resume names round {}, beyond any round a job reaches ({MAX_RESUME_ROUND})",
+                r.round
             )));
         }
     }

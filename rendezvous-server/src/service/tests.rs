@@ -83,3 +83,23 @@ fn ids_with_control_characters_are_refused() {
         assert!(e.contains("contains control characters"), "{e}");
     }
 }
+
+/// Found by fuzzing (rdzv_job): a resume of round u64::MAX made the server
+/// relearn a job whose next restart overflowed the round number (a panic in
+/// debug builds, round 0 again in release ones).
+#[test]
+fn a_resume_of_a_round_no_job_reaches_is_refused() {
+    for round in [u64::MAX, MAX_RESUME_ROUND + 1] {
+        let mut r = join(resume(0, 0, 2));
+        if let Some(resume) = r.resume.as_mut() {
+            resume.round = round;
+        }
+        let e = validate_join(&r).expect_err("refused").to_string();
+        assert!(e.contains("beyond any round a job reaches"), "{e}");
+    }
+    let mut r = join(resume(0, 0, 2));
+    if let Some(resume) = r.resume.as_mut() {
+        resume.round = MAX_RESUME_ROUND;
+    }
+    assert!(validate_join(&r).is_ok());
+}
