@@ -242,6 +242,16 @@ pub fn validate_join(req: &pb::JoinRequest) -> Result<(), Error> {
             "nproc_per_node must be at least 1".into(),
         ));
     }
+    // Every rank of the largest round must be a rank PyTorch can hold (int32).
+    let world = u64::from(req.max_nodes) * u64::from(req.nproc_per_node);
+    if world > i32::MAX as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "nnodes {} x nproc_per_node {} is a world of {world} ranks, more than PyTorch's {}",
+            req.max_nodes,
+            req.nproc_per_node,
+            i32::MAX
+        )));
+    }
     // A resume may make a restarted server relearn the job from it: it must
     // describe a round this job could have run.
     if let Some(r) = &req.resume {

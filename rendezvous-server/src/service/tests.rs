@@ -103,3 +103,17 @@ fn a_resume_of_a_round_no_job_reaches_is_refused() {
     }
     assert!(validate_join(&r).is_ok());
 }
+
+/// Found by fuzzing (rdzv_job): nnodes x nproc_per_node overflowed the
+/// round's world size (a panic in debug builds, a wrapped world size in
+/// release ones).
+#[test]
+fn a_world_larger_than_pytorchs_ranks_is_refused() {
+    let mut r = join(None);
+    r.max_nodes = 100_000;
+    r.nproc_per_node = 42_950;
+    let e = validate_join(&r).expect_err("refused").to_string();
+    assert!(e.contains("a world of 4295000000 ranks, more than PyTorch's 2147483647"), "{e}");
+    r.nproc_per_node = 21_474;
+    assert!(validate_join(&r).is_ok());
+}
