@@ -348,28 +348,38 @@ impl Job {
 
     /// A node left (or its stream ended, or it was lost).
     pub fn leave(&mut self, now: Instant, node_id: &str, reason: &str) -> Vec<Outbound> {
-        let Some(m) = self.members.remove(node_id) else {
-            return Vec::new();
-        };
+        let forming = self.phase == Phase::Forming;
+        match self.remove(node_id, reason) {
+            Some(_) if forming => self.step(now),
+            Some(out) => out,
+            None => Vec::new(),
+        }
+    }
+
+    /// Drops a member without deciding anything: a forming round is decided
+    /// by the caller, once. `None`: not a member.
+    fn remove(&mut self, node_id: &str, reason: &str) -> Option<Vec<Outbound>> {
+        let m = self.members.remove(node_id)?;
         if m.ready.is_some() {
             self.ready -= 1;
         }
-        match self.phase {
+        Some(match self.phase {
             // A node whose workers succeeded may go; the others finish the round.
             Phase::Running if m.rank.is_some() && !m.succeeded => self.restart(
                 format!("host '{}' left the job: {reason}", m.hostname),
                 false,
             ),
-            Phase::Forming => self.step(now),
             _ => Vec::new(),
-        }
+        })
     }
 
     /// Periodic work: lost nodes, the last call, rate-limited progress.
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
         let mut out = Vec::new();
+        // Every lost node goes before the round is decided, so a round never
+        // completes with a node this same tick drops (fuzz_regressions.rs).
         for id in lost(now, self) {
-            out.extend(self.leave(now, &id, "no keep-alive in time"));
+            out.extend(self.remove(&id, "no keep-alive in time").unwrap_or_default());
         }
         // step() completes the round if the last call ended and reports
         // progress when due; otherwise it does nothing.

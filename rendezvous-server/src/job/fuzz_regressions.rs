@@ -71,3 +71,33 @@ fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
     assert_eq!(job.members()["n1"].requested_rank, Some(1));
     assert_eq!(job.members()["n1"].rank, Some(1));
 }
+
+/// A tick dropped its lost nodes one by one and decided after each: the
+/// first departure completed the round with a node the same tick dropped
+/// next, so the survivor started a round that was restarted at once.
+#[test]
+fn a_tick_drops_every_lost_node_before_it_decides() {
+    let t = Instant::now();
+    let elastic = pb::JoinRequest {
+        dead_after_ms: 1_000,
+        last_call_ms: 200,
+        ..req(2, 4)
+    };
+    let mut job = Job::new("job", JobConfig::from_join(&elastic));
+    for n in ["n0", "n1", "n2"] {
+        job.join(t, n, &elastic).expect("join");
+    }
+    job.ready(t, "n1", 0, ("10.0.0.1".into(), 29500));
+    job.ready(t, "n2", 0, ("10.0.0.2".into(), 29500));
+    // The last call is over and n0, n1 are lost; only n2 is alive.
+    let later = t + Duration::from_millis(1_500);
+    assert!(job.keep_alive(later, "n2"));
+    let out = job.tick(later);
+    assert!(
+        !out.iter().any(|o| matches!(o.event, Kind::RoundComplete(_) | Kind::RestartRequested(_))),
+        "{out:?}"
+    );
+    assert_eq!(job.phase(), &Phase::Forming);
+    assert_eq!(job.round(), 0);
+    assert_eq!(job.members().keys().collect::<Vec<_>>(), ["n2"]);
+}
