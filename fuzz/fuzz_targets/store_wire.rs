@@ -17,11 +17,16 @@
 //! # Input
 //! A sequence of records; the low two bits of a record's first byte name the
 //! connection (0..4), the next two the action:
-//! - `0`, `1`: a length byte and that many bytes arrive on the connection;
+//! - `0`: a length byte and that many bytes arrive on the connection;
+//! - `1`: one well-formed command, made from the next bytes with keys and
+//!   values from small sets (so that connections meet on the same keys, which
+//!   random bytes rarely do), arrives cut in two at a place the input picks;
+//!   a connection's first such command is preceded by the handshake;
 //! - `2`: the connection's pending wake-ups are delivered;
 //! - `3`: the client disconnects, and the slot reconnects as a new client.
 //!
-//! `fuzz/corpus/store_wire/` holds real client sessions in this format.
+//! `fuzz/corpus/store_wire/` holds real client sessions in this format
+//! (`fuzz/seeds.py` writes them).
 
 #![no_main]
 
@@ -43,12 +48,26 @@ fuzz_target!(|data: &[u8]| {
         at += 1;
         let slot = usize::from(head & 3);
         match (head >> 2) & 3 {
-            0 | 1 => {
+            0 => {
                 let len = usize::from(data.get(at).copied().unwrap_or(0));
                 at += 1;
                 let chunk = data.get(at..).map_or(&[][..], |d| &d[..len.min(d.len())]);
                 at += len;
                 store.feed(&mut conns, slot, chunk);
+            }
+            1 => {
+                let mut fields = Fields { data, at };
+                let cmd = fields.command();
+                let cut = usize::from(fields.byte());
+                at = fields.at;
+                if conns[slot].received.is_empty() {
+                    let hello = wire::encode(&Command::Validate(VALIDATION_MAGIC));
+                    store.feed(&mut conns, slot, &hello);
+                }
+                let bytes = wire::encode(&cmd);
+                let (first, second) = bytes.split_at(cut % (bytes.len() + 1));
+                store.feed(&mut conns, slot, first);
+                store.feed(&mut conns, slot, second);
             }
             2 => store.deliver(&mut conns, slot),
             _ => {
@@ -63,6 +82,69 @@ fuzz_target!(|data: &[u8]| {
         store.disconnect(conn);
     }
 });
+
+/// Keys and values of the well-formed commands: few, so that they collide,
+/// with numbers at the edges of ADD's range and a text that is not one.
+const KEYS: [&[u8]; 4] = [b"/a", b"/b", b"q", b""];
+const VALUES: [&[u8]; 6] = [b"", b"1", b" -2 ", b"x", b"9223372036854775807", b"-9223372036854775808"];
+const DELTAS: [i64; 6] = [1, -1, 0, 7, i64::MAX, i64::MIN];
+
+/// The bytes a well-formed command is made from; zeros once exhausted.
+struct Fields<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Fields<'_> {
+    fn byte(&mut self) -> u8 {
+        self.at += 1;
+        self.data.get(self.at - 1).copied().unwrap_or(0)
+    }
+
+    fn key(&mut self) -> Vec<u8> {
+        KEYS[usize::from(self.byte()) % KEYS.len()].to_vec()
+    }
+
+    fn keys(&mut self) -> Vec<Vec<u8>> {
+        let n = self.byte() % 4;
+        (0..n).map(|_| self.key()).collect()
+    }
+
+    fn value(&mut self) -> Vec<u8> {
+        VALUES[usize::from(self.byte()) % VALUES.len()].to_vec()
+    }
+
+    fn command(&mut self) -> Command {
+        match self.byte() % 19 {
+            0 => Command::Validate(VALIDATION_MAGIC),
+            1 => Command::Set(self.key(), self.value()),
+            2 => Command::CompareSet {
+                key: self.key(),
+                expected: self.value(),
+                desired: self.value(),
+            },
+            3 => Command::Get(self.key()),
+            4 => Command::Add(self.key(), DELTAS[usize::from(self.byte()) % DELTAS.len()]),
+            5 => Command::Check(self.keys()),
+            6 => Command::Wait(self.keys()),
+            7 => Command::NumKeys,
+            8 => Command::DeleteKey(self.key()),
+            9 => Command::Append(self.key(), self.value()),
+            10 => Command::MultiGet(self.keys()),
+            11 => {
+                let n = self.byte() % 3;
+                Command::MultiSet((0..n).map(|_| (self.key(), self.value())).collect())
+            }
+            12 => Command::CancelWait,
+            13 => Command::Ping(u32::from(self.byte())),
+            14 => Command::QueuePush(self.key(), self.value()),
+            15 => Command::QueuePop(self.key()),
+            16 => Command::QueueLen(self.key()),
+            17 => Command::ListKeys,
+            _ => Command::Barrier(self.key(), i64::from(self.byte() % 4)),
+        }
+    }
+}
 
 /// One client connection, as the server's connection task keeps it.
 #[derive(Debug)]
