@@ -26,7 +26,8 @@
 //! - `3`: the client disconnects, and the slot reconnects as a new client.
 //!
 //! `fuzz/corpus/store_wire/` holds real client sessions in this format
-//! (`fuzz/seeds.py` writes them).
+//! (`fuzz/seeds.py` writes them). To see what a crashing input does, replay
+//! it with `STORE_FUZZ_TRACE=1` in the environment.
 
 #![no_main]
 
@@ -41,7 +42,10 @@ use libfuzzer_sys::fuzz_target;
 const CONNECTIONS: usize = 4;
 
 fuzz_target!(|data: &[u8]| {
-    let mut store = Store::default();
+    let mut store = Store {
+        trace: std::env::var_os("STORE_FUZZ_TRACE").is_some(),
+        ..Store::default()
+    };
     let mut conns: Vec<Conn> = (0..CONNECTIONS).map(|_| store.connect()).collect();
     let mut at = 0;
     while let Some(&head) = data.get(at) {
@@ -178,6 +182,8 @@ enum Awaiting {
 /// The real [`State`] and the reference model the harness compares it with.
 #[derive(Debug, Default)]
 struct Store {
+    /// Print every command and its effects (`STORE_FUZZ_TRACE`).
+    trace: bool,
     state: State,
     kv: HashMap<Vec<u8>, Vec<u8>>,
     queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
@@ -285,7 +291,12 @@ impl Store {
     /// Applies one command to the real state and the model; compares them.
     fn apply(&mut self, conns: &mut [Conn], id: ConnId, cmd: Command) -> Result<(), String> {
         let mut out = Vec::new();
-        let fx = match self.state.apply(id, cmd.clone(), &mut out) {
+        let result = self.state.apply(id, cmd.clone(), &mut out);
+        if self.trace {
+            let shown = format!("{cmd:?}");
+            eprintln!("conn {id}: {} -> {result:?}, reply {:?}", &shown[..shown.len().min(200)], &out[..out.len().min(32)]);
+        }
+        let fx = match result {
             Ok(fx) => fx,
             Err(e) => {
                 let expected = self.expected_error(&cmd);

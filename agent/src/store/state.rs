@@ -277,26 +277,25 @@ impl State {
         }
     }
 
-    /// A queue push wakes one waiter of the key.
+    /// A queue push wakes one key waiter of the key. A barrier on the key
+    /// keeps waiting: a push is not an arrival (fuzz_regressions.rs).
     fn notify_one(&mut self, key: &[u8], fx: &mut Effects) {
+        let waits = &mut self.waits;
         let Some(list) = self.waiters.get_mut(key) else {
             return;
         };
-        while !list.is_empty() {
-            let (conn, generation) = list.remove(0);
-            let Some(w) = self
-                .waits
-                .get_mut(&conn)
-                .filter(|w| w.generation == generation)
-            else {
-                continue;
-            };
-            w.remaining -= 1;
-            if w.remaining == 0 {
-                self.waits.remove(&conn);
-                fx.woken.push((conn, generation));
+        list.retain(|(conn, generation)| waits.get(conn).is_some_and(|w| w.generation == *generation));
+        let first = list
+            .iter()
+            .position(|(conn, _)| waits.get(conn).is_some_and(|w| w.barrier_target.is_none()));
+        if let Some((conn, generation)) = first.map(|i| list.remove(i)) {
+            if let Some(w) = waits.get_mut(&conn) {
+                w.remaining -= 1;
+                if w.remaining == 0 {
+                    waits.remove(&conn);
+                    fx.woken.push((conn, generation));
+                }
             }
-            break;
         }
         if list.is_empty() {
             self.waiters.remove(key);
@@ -304,5 +303,7 @@ impl State {
     }
 }
 
+#[cfg(test)]
+mod fuzz_regressions;
 #[cfg(test)]
 mod tests;
