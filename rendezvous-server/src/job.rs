@@ -49,6 +49,8 @@
 
 mod decide;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lifecycle;
 mod membership;
 mod session;
@@ -480,9 +482,18 @@ impl Job {
 
     /// A node left (or its stream ended, or it was lost).
     pub fn leave(&mut self, now: Instant, node_id: &str, reason: &str) -> Vec<Outbound> {
-        let Some(m) = self.members.remove(node_id) else {
-            return Vec::new();
-        };
+        let forming = self.phase == Phase::Forming;
+        match self.remove(now, node_id, reason) {
+            Some(_) if forming => self.step(now),
+            Some(out) => out,
+            None => Vec::new(),
+        }
+    }
+
+    /// Drops a member without deciding anything: a forming round is decided
+    /// by the caller, once. `None`: not a member.
+    fn remove(&mut self, now: Instant, node_id: &str, reason: &str) -> Option<Vec<Outbound>> {
+        let m = self.members.remove(node_id)?;
         if node_id.starts_with(ABSENT) {
             self.absent = self.absent.saturating_sub(1);
         }
@@ -492,15 +503,14 @@ impl Job {
         if self.members.is_empty() {
             self.empty_since = Some(now);
         }
-        match self.phase {
+        Some(match self.phase {
             // A node whose workers succeeded may go; the others finish the round.
             Phase::Running if m.rank.is_some() && !m.succeeded => self.restart(
                 format!("host '{}' left the job: {reason}", m.hostname),
                 false,
             ),
-            Phase::Forming => self.step(now),
             _ => Vec::new(),
-        }
+        })
     }
 
     /// Periodic work: lost nodes, the last call, rate-limited progress.
@@ -511,8 +521,14 @@ impl Job {
         if self.next_liveness.is_some_and(|t| now >= t) {
             let (lost, next) = liveness(now, self);
             self.next_liveness = next;
+            // Every lost node goes before the round is decided, so a round
+            // never completes with a node this same tick drops
+            // (fuzz_regressions.rs).
             for id in lost {
-                out.extend(self.leave(now, &id, "no keep-alive in time"));
+                out.extend(
+                    self.remove(now, &id, "no keep-alive in time")
+                        .unwrap_or_default(),
+                );
             }
         }
         // step() completes the round if the last call ended and reports
@@ -530,6 +546,10 @@ impl Job {
         }));
         self.members.clear();
         self.empty_since = Some(now);
+        // The counters follow the members: a join racing the shutdown must
+        // not find a ready count with nobody ready (fuzz_regressions.rs).
+        self.ready = 0;
+        self.min_ready_since = None;
         out
     }
 }
@@ -549,5 +569,7 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
 /// placeholder ids whatever is presented.
 const PLACEHOLDER_SESSION: Session = Session::from_bytes([0; SESSION_BYTES]);
 
+#[cfg(test)]
+mod fuzz_regressions;
 #[cfg(test)]
 mod tests;

@@ -22,9 +22,10 @@ pub const MAX_REASON_BYTES: usize = 4096;
 /// Longest duration a request may ask for (keep-alive limit, last call):
 /// the same ten years as any duration a person types.
 pub use crate::input::MAX_DURATION;
-/// Highest round a resuming node may report (far beyond any real job, far
-/// below where the round counter could overflow).
-pub const MAX_ROUND: u64 = 1 << 53;
+/// Highest round a resuming node may report: far beyond any job's life (a
+/// round takes at least the workers' start), far below where the round
+/// counter could overflow.
+pub const MAX_ROUND: u64 = u32::MAX as u64;
 /// Largest request the server decodes (a failure report with its traceback
 /// is the largest legitimate one).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
@@ -105,10 +106,14 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
     if req.nproc_per_node == 0 {
         return Err(invalid("nproc_per_node must be at least 1".into()));
     }
-    if req.max_nodes.checked_mul(req.nproc_per_node).is_none() {
+    // Every rank of the largest round must be a rank PyTorch can hold (int32).
+    let world = u64::from(req.max_nodes) * u64::from(req.nproc_per_node);
+    if world > i32::MAX as u64 {
         return Err(invalid(format!(
-            "{} nodes of {} processes is more than 2^32 ranks",
-            req.max_nodes, req.nproc_per_node
+            "nnodes {} x nproc_per_node {} is a world of {world} ranks, more than PyTorch's {}",
+            req.max_nodes,
+            req.nproc_per_node,
+            i32::MAX
         )));
     }
     if let Some(rank) = req.node_rank {
@@ -121,22 +126,21 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
     }
     check_ms("dead_after_ms", req.dead_after_ms)?;
     check_ms("last_call_ms", req.last_call_ms)?;
+    // A resume may make a restarted server relearn the job from it: it must
+    // describe a round this job could have run.
     if let Some(r) = &req.resume {
-        if r.nnodes == 0 || r.nnodes > req.max_nodes || r.node_rank >= r.nnodes {
+        let fits = (req.min_nodes..=req.max_nodes).contains(&r.nnodes)
+            && r.node_rank < r.nnodes
+            && r.restart_count <= req.max_restarts;
+        if !fits {
             return Err(invalid(format!(
-                "resume: node rank {} of {} nodes does not fit the job's --nnodes {}:{}",
-                r.node_rank, r.nnodes, req.min_nodes, req.max_nodes
-            )));
-        }
-        if r.restart_count > req.max_restarts {
-            return Err(invalid(format!(
-                "resume: restart count {} is above --max-restarts {}",
-                r.restart_count, req.max_restarts
+                "resume names node rank {} of {} nodes after {} restarts, impossible for nnodes {}:{} and max_restarts {}",
+                r.node_rank, r.nnodes, r.restart_count, req.min_nodes, req.max_nodes, req.max_restarts
             )));
         }
         if r.round > MAX_ROUND {
             return Err(invalid(format!(
-                "resume: round {} is out of range",
+                "resume names round {}, beyond any round a job reaches ({MAX_ROUND})",
                 r.round
             )));
         }
@@ -280,7 +284,7 @@ mod tests {
             nproc_per_node: 70_000,
             ..join()
         };
-        assert!(refused(&ranks).contains("2^32"));
+        assert!(refused(&ranks).contains("more than PyTorch's"));
         let forever = pb::JoinRequest {
             dead_after_ms: u64::MAX,
             ..join()

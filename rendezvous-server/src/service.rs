@@ -182,3 +182,6 @@ impl Rendezvous for RendezvousService {
         )?))
     }
 }
+
+#[cfg(test)]
+mod tests;

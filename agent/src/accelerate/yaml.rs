@@ -32,6 +32,7 @@ pub const MAX_DEPTH: usize = 32;
 /// Reads the first document of `text` as PyYAML's `safe_load` does. An empty
 /// text is `null`.
 pub fn load(text: &str) -> Result<Value, YamlError> {
+    refuse_special_characters(text)?;
     let mut parser = Parser::new_from_str(text);
     let mut builder = Builder::default();
     loop {
@@ -42,6 +43,24 @@ pub fn load(text: &str) -> Result<Value, YamlError> {
         }
     }
     Ok(builder.root.unwrap_or(Value::Null))
+}
+
+/// PyYAML's reader refuses control and other non-printable characters; so
+/// must we, and before parsing: yaml-rust2 takes a NUL for the end of the
+/// text and would silently drop the rest of the file.
+fn refuse_special_characters(text: &str) -> Result<(), YamlError> {
+    let printable = |c: char| {
+        matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{a0}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
+            || c >= '\u{10000}'
+    };
+    match text.char_indices().find(|(_, c)| !printable(*c)) {
+        None => Ok(()),
+        Some((at, c)) => Err(YamlError(format!(
+            "line {}: unacceptable character #x{:04x}: special characters are not allowed (as in PyYAML); remove it",
+            text[..at].matches('\n').count() + 1,
+            u32::from(c)
+        ))),
+    }
 }
 
 /// Builds values from parser events.

@@ -378,4 +378,6 @@ impl State {
 mod waits;
 
 #[cfg(test)]
+mod fuzz_regressions;
+#[cfg(test)]
 mod tests;

@@ -44,17 +44,18 @@ impl Job {
             }
             return Ok(self.reattach(now, node_id, req));
         }
+        // Checked before a reconnecting node may claim its place, too.
+        if let Some(rank) = req.node_rank.filter(|r| *r >= self.config.max_nodes) {
+            return Err(JoinError::RankOutOfRange {
+                job: self.id.clone(),
+                rank,
+                nnodes: self.config.max_nodes,
+            });
+        }
         if let Some(out) = self.claim_absent(now, node_id, req, fresh) {
             return Ok(out);
         }
         if let Some(rank) = req.node_rank {
-            if rank >= self.config.max_nodes {
-                return Err(JoinError::RankOutOfRange {
-                    job: self.id.clone(),
-                    rank,
-                    nnodes: self.config.max_nodes,
-                });
-            }
             if let Some(holder) = self
                 .members
                 .values()
@@ -112,10 +113,12 @@ impl Job {
         req: &pb::JoinRequest,
         fresh: Session,
     ) -> Option<Vec<Outbound>> {
-        let resume = req
-            .resume
-            .as_ref()
-            .filter(|r| self.phase == Phase::Running && r.round == self.round)?;
+        // A static node's place is its requested rank: it claims only that one.
+        let resume = req.resume.as_ref().filter(|r| {
+            self.phase == Phase::Running
+                && r.round == self.round
+                && req.node_rank.is_none_or(|n| n == r.node_rank)
+        })?;
         let slot = self.participants.get_mut(resume.node_rank as usize)?;
         if !slot.starts_with(ABSENT) {
             return None;

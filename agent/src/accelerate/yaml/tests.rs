@@ -134,3 +134,29 @@ fn scalar_errors_quote_an_excerpt() {
         .to_string();
     assert!(e.len() < 400 && e.contains("(100000 bytes)"), "{e}");
 }
+
+/// Found by fuzzing (accel_config): yaml-rust2 takes a NUL for the end of
+/// the text, so everything after one was silently dropped (`c` below).
+/// PyYAML refuses the file; so do we, for every character it refuses.
+#[test]
+fn special_characters_are_refused_like_pyyaml() {
+    for text in [
+        "a: 1\nb:\0\0 +0\nc: 3\n",
+        "a: 1\u{7}\nc: 3\n",
+        "a: '\u{1b}[2J'\n",
+        "a: \u{fffe}\n",
+    ] {
+        let e = load(text).expect_err(text).to_string();
+        assert!(e.contains("unacceptable character #x"), "{text:?}: {e}");
+    }
+    let e = load("a: 1\nb: 2\0\n").expect_err("NUL").to_string();
+    assert!(
+        e.starts_with("line 2: unacceptable character #x0000"),
+        "{e}"
+    );
+    // What PyYAML accepts: tabs, line breaks and printable Unicode.
+    assert_eq!(
+        load("a: 'x\ty'\r\nb: \u{e9}\u{1f600}\n").expect("printable"),
+        json!({"a": "x\ty", "b": "\u{e9}\u{1f600}"})
+    );
+}

@@ -135,22 +135,24 @@ impl State {
         let Some((key, mut list)) = self.waiters.remove_entry(key) else {
             return;
         };
-        while !list.is_empty() {
-            let (conn, generation) = list.remove(0);
-            let Some(w) = self
-                .waits
-                .get_mut(&conn)
-                .filter(|w| w.generation == generation)
-            else {
-                continue;
-            };
-            w.remaining -= 1;
-            if w.remaining == 0 {
-                self.unpark(conn);
-                list.retain(|&e| e != (conn, generation));
-                fx.woken.push((conn, generation));
+        let waits = &self.waits;
+        list.retain(|(conn, generation)| {
+            waits.get(conn).is_some_and(|w| w.generation == *generation)
+        });
+        // A barrier on the key keeps waiting: a push is not an arrival
+        // (fuzz_regressions.rs).
+        let first = list
+            .iter()
+            .position(|(conn, _)| waits.get(conn).is_some_and(|w| w.barrier_target.is_none()));
+        if let Some((conn, generation)) = first.map(|i| list.remove(i)) {
+            if let Some(w) = self.waits.get_mut(&conn) {
+                w.remaining -= 1;
+                if w.remaining == 0 {
+                    self.unpark(conn);
+                    list.retain(|&e| e != (conn, generation));
+                    fx.woken.push((conn, generation));
+                }
             }
-            break;
         }
         if !list.is_empty() {
             self.waiters.insert(key, list);

@@ -1,0 +1,595 @@
+//! The rendezvous [`Job`] state machine driven as the gRPC service drives it,
+//! by arbitrary sequences of requests from a handful of nodes, server
+//! restarts and steps of the clock. After every step it checks:
+//! - no panic, and every refusal renders as a message;
+//! - one round at a time: the round number never decreases and moves by at
+//!   most one per step; a terminal job stays terminal;
+//! - the restart budget: `restart_count` never decreases and never exceeds
+//!   `max_restarts`;
+//! - node ranks: a completed round hands out ranks `0..n` once each, with
+//!   `n` within `[min_nodes, max_nodes]` and consistent sizes; a running
+//!   round's participants are unique and every ranked member sits at its
+//!   rank; static ranks are unique and in range;
+//! - members: the ready count equals the members that are ready; nobody is
+//!   ready or succeeded in a way the phase forbids; the success count covers
+//!   the members that succeeded and never exceeds the participants;
+//! - events go only to members (before or after the step), and a round that
+//!   can complete has completed after every step that decides.
+//!
+//! # Keeping up with the Job API
+//! Every call into `Job` (and the service's request validation) is in
+//! [`Server`]'s impl block; a change of the API (session secrets, bounds)
+//! changes that block only.
+//!
+//! # Input
+//! A sequence of operations, each an opcode byte (mod 10) and its fields.
+//! Numbers are one byte below 0xF0, else 0xF0 and 4 (u32) or 8 (u64) bytes
+//! little-endian. A round is one byte relative to the job's current round
+//! (0 current, 1 next, 2 previous; 3..0xEF that number; 0xF0 and 8 bytes).
+//! - 0 join: node, host, flags (1 same settings as before, 2 node_rank,
+//!   4 resume), then unless flag 1 min, max, nproc, max_restarts (u32),
+//!   dead_after_ms, last_call_ms (u64); with 2 the node rank (u32); with 4
+//!   round, restart_count, node_rank, nnodes;
+//! - 1 ready: node, round, endpoint byte; 2 keep-alive: node;
+//! - 3 failure: node, round, detail byte; 4 success: node, round;
+//! - 5 leave: node; 6 tick; 7 clock: milliseconds (u32);
+//! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job).
+//!
+//! `fuzz/seeds.py` writes the seeds in `fuzz/corpus/rdzv_job/`. To see what
+//! a crashing input does, replay it with `RDZV_FUZZ_TRACE=1` in the
+//! environment: every step and its events are printed.
+
+#![no_main]
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+use libfuzzer_sys::fuzz_target;
+use pb::event::Kind;
+use rendezvous_server::job::{decide, fuzzing, Decision, Job, Member, Outbound, Phase};
+use rendezvous_server::service::validate_join;
+
+const JOB_ID: &str = "job";
+/// Node ids: a few honest ones, one that mimics a relearned job's
+/// placeholder, and an invalid empty one.
+const NODES: [&str; 7] = ["n0", "n1", "n2", "n3", "n4", "\u{0}absent-rank-0", ""];
+/// Host names, including ones that sort first and carry control characters.
+const HOSTS: [&str; 6] = ["host-b", "host-a", "host-c", "", "\u{1b}[2Jevil", "aaaaaaaaaaaaaaaa"];
+/// How long the registry remembers a finished job after its last node left.
+const FINISHED_TTL: Duration = Duration::from_millis(100);
+/// The clock never runs further than this from the start (Instant's range).
+const MAX_ELAPSED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input { data, at: 0 };
+    let mut server = Server::new();
+    let mut settings = Settings {
+        min: 1,
+        max: 1,
+        nproc: 1,
+        max_restarts: 0,
+        dead_after_ms: 0,
+        last_call_ms: 0,
+    };
+    let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
+    while !input.done() {
+        let before = server.snapshot();
+        let at = input.at;
+        let round = |input: &mut Input<'_>, s: &Server| input.round(s.job.as_ref().map_or(0, Job::round));
+        let (out, decides) = match input.byte() % 10 {
+            0 => {
+                let node = input.node();
+                let host = HOSTS[usize::from(input.byte()) % HOSTS.len()];
+                let flags = input.byte();
+                if flags & 1 == 0 {
+                    settings = Settings {
+                        min: input.u32(),
+                        max: input.u32(),
+                        nproc: input.u32(),
+                        max_restarts: input.u32(),
+                        dead_after_ms: input.u64(),
+                        last_call_ms: input.u64(),
+                    };
+                }
+                let node_rank = (flags & 2 != 0).then(|| input.u32());
+                let resume = (flags & 4 != 0).then(|| pb::Resume {
+                    round: round(&mut input, &server),
+                    restart_count: input.u32(),
+                    node_rank: input.u32(),
+                    nnodes: input.u32(),
+                });
+                let req = settings.request(node, host, node_rank, resume);
+                (server.join(&req), false)
+            }
+            1 => {
+                let node = input.node();
+                let r = round(&mut input, &server);
+                let endpoint = match input.byte() {
+                    0 => (String::new(), 0),
+                    b => (format!("10.0.0.{b}"), 29_500 + u32::from(b)),
+                };
+                let decides = before.forming_member(node) && before.job.as_ref().is_some_and(|j| j.round == r);
+                (server.ready(node, r, endpoint), decides)
+            }
+            2 => {
+                let node = input.node();
+                server.keep_alive(node);
+                (Vec::new(), false)
+            }
+            3 => {
+                let node = input.node();
+                let r = round(&mut input, &server);
+                let detail = (input.byte() & 1 == 1).then(|| pb::Failure {
+                    host: "host".into(),
+                    message: "RuntimeError: boom".into(),
+                    ..Default::default()
+                });
+                (server.failure(node, r, detail), false)
+            }
+            4 => {
+                let node = input.node();
+                let r = round(&mut input, &server);
+                (server.success(node, r), false)
+            }
+            5 => {
+                let node = input.node();
+                let decides = before.forming_member(node);
+                (server.leave(node), decides)
+            }
+            6 => (server.tick(), true),
+            7 => {
+                let ms = Duration::from_millis(u64::from(input.u32()));
+                server.elapsed = (server.elapsed + ms).min(MAX_ELAPSED);
+                (Vec::new(), false)
+            }
+            8 => {
+                let may_rejoin = input.byte() & 1 == 1;
+                (server.close(may_rejoin), false)
+            }
+            _ => {
+                server.job = None;
+                (Vec::new(), false)
+            }
+        };
+        if trace {
+            eprintln!("step at byte {at}: {:?}", &data[at..input.at.min(data.len())]);
+            if let Some(j) = &server.job {
+                let i = fuzzing::internals(j);
+                eprintln!(
+                    "  job: round {} {:?}, restarts {}, ready {}, succeeded {}, participants {:?}",
+                    j.round(),
+                    j.phase(),
+                    j.restart_count(),
+                    i.ready,
+                    i.succeeded,
+                    &i.participants[..i.participants.len().min(8)]
+                );
+                for (id, m) in j.members().iter().take(16) {
+                    eprintln!("  member {id:?}: rank {:?} ready {:?} succeeded {}", m.rank, m.ready, m.succeeded);
+                }
+            }
+            for o in &out {
+                eprintln!("  -> {:?}: {:?}", o.to, o.event);
+            }
+        }
+        check(&server, &before, &out, decides);
+    }
+});
+
+/// The settings a join request carries.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    min: u32,
+    max: u32,
+    nproc: u32,
+    max_restarts: u32,
+    dead_after_ms: u64,
+    last_call_ms: u64,
+}
+
+impl Settings {
+    fn request(
+        &self,
+        node: &str,
+        host: &str,
+        node_rank: Option<u32>,
+        resume: Option<pb::Resume>,
+    ) -> pb::JoinRequest {
+        pb::JoinRequest {
+            job_id: JOB_ID.into(),
+            node_id: node.into(),
+            hostname: host.into(),
+            min_nodes: self.min,
+            max_nodes: self.max,
+            nproc_per_node: self.nproc,
+            max_restarts: self.max_restarts,
+            node_rank,
+            dead_after_ms: self.dead_after_ms,
+            last_call_ms: self.last_call_ms,
+            resume,
+        }
+    }
+}
+
+/// One job's slot of the service's registry, and the server's clock.
+struct Server {
+    job: Option<Job>,
+    start: Instant,
+    elapsed: Duration,
+    /// Bumped whenever the slot gets a new `Job` (so history resets).
+    generation: u64,
+}
+
+/// The adapter: the only code that calls the `Job` API, doing what
+/// `rendezvous-server/src/service.rs` does for each request.
+impl Server {
+    fn new() -> Self {
+        Self {
+            job: None,
+            start: Instant::now(),
+            elapsed: Duration::ZERO,
+            generation: 0,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.start + self.elapsed
+    }
+
+    fn join(&mut self, req: &pb::JoinRequest) -> Vec<Outbound> {
+        if let Err(e) = validate_join(req) {
+            assert!(!e.to_string().is_empty());
+            return Vec::new();
+        }
+        let now = self.now();
+        if self.job.is_none() {
+            self.generation += 1;
+        }
+        let job = self.job.get_or_insert_with(|| match &req.resume {
+            Some(resume) => Job::relearn(now, JOB_ID, req, resume),
+            None => Job::new(JOB_ID, rendezvous_server::job::JobConfig::from_join(req)),
+        });
+        match job.join(now, &req.node_id, req) {
+            Ok(out) => out,
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                if job.members().is_empty() {
+                    self.job = None;
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    fn ready(&mut self, node: &str, round: u64, endpoint: (String, u32)) -> Vec<Outbound> {
+        let now = self.now();
+        self.job
+            .as_mut()
+            .map(|j| j.ready(now, node, round, endpoint))
+            .unwrap_or_default()
+    }
+
+    fn keep_alive(&mut self, node: &str) {
+        let now = self.now();
+        if let Some(j) = self.job.as_mut() {
+            j.keep_alive(now, node);
+        }
+    }
+
+    fn failure(&mut self, node: &str, round: u64, detail: Option<pb::Failure>) -> Vec<Outbound> {
+        let now = self.now();
+        let Some(j) = self.job.as_mut() else {
+            return Vec::new();
+        };
+        let host = j.members().get(node).map_or(node.to_owned(), |m| m.hostname.clone());
+        let reason = format!("worker rank 0 (local rank 0) on host '{host}' exited with 1");
+        j.failure(now, node, round, reason, detail)
+    }
+
+    fn success(&mut self, node: &str, round: u64) -> Vec<Outbound> {
+        let now = self.now();
+        self.job
+            .as_mut()
+            .map(|j| j.success(now, node, round))
+            .unwrap_or_default()
+    }
+
+    fn leave(&mut self, node: &str) -> Vec<Outbound> {
+        let now = self.now();
+        self.job
+            .as_mut()
+            .map(|j| j.leave(now, node, "the agent is shutting down"))
+            .unwrap_or_default()
+    }
+
+    /// The registry's periodic tick: the job's own, then forgetting it once expired.
+    fn tick(&mut self) -> Vec<Outbound> {
+        let now = self.now();
+        let out = self.job.as_mut().map(|j| j.tick(now)).unwrap_or_default();
+        if self.job.as_ref().is_some_and(|j| j.expired(now, FINISHED_TTL)) {
+            self.job = None;
+        }
+        out
+    }
+
+    fn close(&mut self, may_rejoin: bool) -> Vec<Outbound> {
+        self.job
+            .as_mut()
+            .map(|j| j.close("the server is shutting down", may_rejoin))
+            .unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            generation: self.generation,
+            job: self.job.as_ref().map(|j| JobSnapshot {
+                round: j.round(),
+                restart_count: j.restart_count(),
+                phase: j.phase().clone(),
+                members: j.members().keys().cloned().collect(),
+            }),
+        }
+    }
+}
+
+/// What the checks compare a step's result with.
+struct Snapshot {
+    generation: u64,
+    job: Option<JobSnapshot>,
+}
+
+impl Snapshot {
+    /// Whether `node` was a member of a forming job: a step for it decides.
+    fn forming_member(&self, node: &str) -> bool {
+        self.job
+            .as_ref()
+            .is_some_and(|j| j.phase == Phase::Forming && j.members.contains(node))
+    }
+}
+
+struct JobSnapshot {
+    round: u64,
+    restart_count: u32,
+    phase: Phase,
+    members: BTreeSet<String>,
+}
+
+fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
+    let Some(job) = &server.job else {
+        return;
+    };
+    let config = *job.config();
+    let same_job = before.generation == server.generation;
+    let prev = before.job.as_ref().filter(|_| same_job);
+
+    // Events go to members only (before or after the step).
+    for o in out {
+        let known = job.members().contains_key(&o.to)
+            || prev.is_some_and(|p| p.members.contains(&o.to));
+        assert!(known, "event for '{}', not a member: {:?}", o.to, o.event);
+    }
+
+    // One round at a time; the budget.
+    assert!(
+        job.restart_count() <= config.max_restarts,
+        "restart_count {} above max_restarts {}",
+        job.restart_count(),
+        config.max_restarts
+    );
+    if let Some(p) = prev {
+        assert!(job.round() >= p.round, "round went back from {} to {}", p.round, job.round());
+        assert!(job.round() <= p.round.saturating_add(1), "round jumped from {} to {}", p.round, job.round());
+        assert!(job.restart_count() >= p.restart_count, "restart_count went back");
+        if p.phase.is_terminal() {
+            assert_eq!(job.phase(), &p.phase, "a finished job changed its outcome");
+        }
+    }
+    check_events(job, prev, out);
+    check_members(job);
+    if decides {
+        assert!(
+            !matches!(decide(server.now(), job), Decision::Complete(_)),
+            "a round that can complete is still forming after a step that decides"
+        );
+    }
+}
+
+/// The events of one step, against the job after it.
+fn check_events(job: &Job, prev: Option<&JobSnapshot>, out: &[Outbound]) {
+    let config = job.config();
+    let mut completes = Vec::new();
+    let restarted = out.iter().any(|o| matches!(o.event, Kind::RestartRequested(_)));
+    for o in out {
+        match &o.event {
+            Kind::RoundComplete(rc) => completes.push((o.to.as_str(), rc)),
+            Kind::RestartRequested(r) => {
+                assert_eq!(Some(r.next_round), r.round.checked_add(1), "restart skips rounds");
+                assert!(
+                    job.round() >= r.next_round,
+                    "restart to round {} but the job is at {}",
+                    r.next_round,
+                    job.round()
+                );
+            }
+            // A join that re-forms a running round is told the round it joined, then the restart.
+            Kind::Joined(j) => assert!(
+                j.round == job.round() || (j.round.checked_add(1) == Some(job.round()) && restarted),
+                "joined for round {} of a job at {}",
+                j.round,
+                job.round()
+            ),
+            Kind::JobSucceeded(_) => {
+                assert_eq!(job.phase(), &Phase::Succeeded, "success announced, not recorded")
+            }
+            Kind::JobFailed(_) => {
+                assert!(matches!(job.phase(), Phase::Failed(_)), "failure announced, not recorded")
+            }
+            Kind::Waiting(w) => assert!(w.round <= job.round(), "progress of a future round"),
+            Kind::JobClosed(_) => {}
+        }
+    }
+    if completes.is_empty() {
+        return;
+    }
+    let n = completes.len() as u32;
+    assert!(
+        (config.min_nodes..=config.max_nodes).contains(&n),
+        "a round of {n} nodes for nnodes {}:{}",
+        config.min_nodes,
+        config.max_nodes
+    );
+    let ids: HashSet<&str> = completes.iter().map(|(to, _)| *to).collect();
+    assert_eq!(ids.len(), completes.len(), "a node got two ranks");
+    let mut ranks: Vec<u32> = completes.iter().map(|(_, rc)| rc.node_rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, (0..n).collect::<Vec<_>>(), "node ranks not 0..{n}");
+    let first = completes[0].1;
+    for (to, rc) in &completes {
+        assert_eq!(rc.nnodes, n);
+        assert_eq!(rc.round, first.round, "one completion, two rounds");
+        assert_eq!((&rc.master_addr, rc.master_port), (&first.master_addr, first.master_port));
+        assert_eq!(rc.restart_count, job.restart_count());
+        let world = n.checked_mul(config.nproc_per_node);
+        assert_eq!(Some(rc.world_size), world, "world size of {n} x {}", config.nproc_per_node);
+        assert_eq!(Some(rc.base_rank), rc.node_rank.checked_mul(config.nproc_per_node));
+        if let Some(m) = job.members().get(*to) {
+            assert_eq!(m.rank, Some(rc.node_rank), "'{to}' holds another rank than it was told");
+        }
+    }
+    if let Some(p) = prev {
+        assert!(first.round >= p.round);
+    }
+    let participants = fuzzing::internals(job).participants;
+    assert_eq!(participants.len() as u32, n, "participants differ from the round told");
+}
+
+/// The job's members against its own counters and phase.
+fn check_members(job: &Job) {
+    let config = job.config();
+    let internals = fuzzing::internals(job);
+    let members = job.members();
+    let ready = members.values().filter(|m| m.ready.is_some()).count();
+    assert_eq!(internals.ready as usize, ready, "ready count vs members that are ready");
+
+    let mut requested = BTreeMap::new();
+    for (id, m) in members {
+        if let Some(r) = m.requested_rank {
+            assert!(r < config.max_nodes, "'{id}' holds requested rank {r} of {}", config.max_nodes);
+            if let Some(other) = requested.insert(r, id) {
+                panic!("rank {r} requested by '{other}' and '{id}'");
+            }
+        }
+    }
+
+    let participants = internals.participants;
+    let unique: HashSet<&String> = participants.iter().collect();
+    assert_eq!(unique.len(), participants.len(), "a node takes part twice");
+    let running = job.phase() == &Phase::Running;
+    for (id, m) in members {
+        // While forming, a rank is the member's place in the last round (it
+        // orders the veterans); the departed are already dropped from it.
+        if let Some(r) = m.rank.filter(|_| running) {
+            assert_eq!(
+                participants.get(r as usize),
+                Some(id),
+                "'{id}' has rank {r} but is not at that place in the round"
+            );
+        }
+        check_member(job, id, m);
+    }
+    match job.phase() {
+        Phase::Forming => {
+            assert!(
+                internals.ready < config.max_nodes,
+                "{} ready for a round of at most {}",
+                internals.ready,
+                config.max_nodes
+            );
+        }
+        Phase::Running => {
+            let n = participants.len() as u32;
+            assert!(
+                (config.min_nodes..=config.max_nodes).contains(&n),
+                "running a round of {n} nodes for nnodes {}:{}",
+                config.min_nodes,
+                config.max_nodes
+            );
+            let succeeded = members.values().filter(|m| m.succeeded).count();
+            assert!(succeeded <= internals.succeeded, "members that succeeded are not counted");
+            assert!(internals.succeeded < participants.len(), "running though every participant succeeded");
+        }
+        Phase::Succeeded => {
+            assert_eq!(internals.succeeded, participants.len(), "succeeded before every participant did");
+        }
+        Phase::Failed(reason) => assert!(!reason.is_empty()),
+    }
+}
+
+fn check_member(job: &Job, id: &str, m: &Member) {
+    match job.phase() {
+        Phase::Forming => assert!(!m.succeeded, "'{id}' succeeded in a round that has not started"),
+        Phase::Running => {
+            assert!(
+                m.ready.is_none() || m.rank.is_none(),
+                "'{id}' runs in the round and is ready for the next"
+            );
+            assert!(!m.succeeded || m.rank.is_some(), "'{id}' succeeded without a rank");
+        }
+        Phase::Succeeded | Phase::Failed(_) => {}
+    }
+}
+
+/// The fuzzer's bytes, read as the fields above; zeros once exhausted.
+struct Input<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Input<'_> {
+    fn done(&self) -> bool {
+        self.at >= self.data.len()
+    }
+
+    fn byte(&mut self) -> u8 {
+        let b = self.data.get(self.at).copied().unwrap_or(0);
+        self.at += 1;
+        b
+    }
+
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        for b in &mut out {
+            *b = self.byte();
+        }
+        out
+    }
+
+    fn u32(&mut self) -> u32 {
+        match self.byte() {
+            b @ 0..0xF0 => u32::from(b),
+            _ => u32::from_le_bytes(self.bytes()),
+        }
+    }
+
+    fn u64(&mut self) -> u64 {
+        match self.byte() {
+            b @ 0..0xF0 => u64::from(b),
+            _ => u64::from_le_bytes(self.bytes()),
+        }
+    }
+
+    fn round(&mut self, current: u64) -> u64 {
+        match self.byte() {
+            0 => current,
+            1 => current.saturating_add(1),
+            2 => current.saturating_sub(1),
+            b @ 3..0xF0 => u64::from(b),
+            _ => u64::from_le_bytes(self.bytes()),
+        }
+    }
+
+    fn node(&mut self) -> &'static str {
+        NODES[usize::from(self.byte()) % NODES.len()]
+    }
+}

@@ -1,0 +1,113 @@
+//! Inputs the `rdzv_job` fuzz target (fuzz/fuzz_targets/rdzv_job.rs) found,
+//! each replayed on the `Job` API with the invariant it broke.
+
+use super::*;
+
+const S: Session = Session::from_bytes([7; SESSION_BYTES]);
+
+fn req(min: u32, max: u32) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: "job".into(),
+        hostname: "host".into(),
+        min_nodes: min,
+        max_nodes: max,
+        nproc_per_node: 4,
+        max_restarts: 5,
+        ..Default::default()
+    }
+}
+
+/// `close` emptied the members but kept the ready count: a join that raced
+/// the shutdown found one node "ready" with nobody ready, and a round of
+/// one node completed for nnodes 2.
+#[test]
+fn close_leaves_no_ready_count_behind() {
+    let t = Instant::now();
+    let mut job = Job::new("job", JobConfig::from_join(&req(2, 2)));
+    job.join(t, "n0", &req(2, 2), S).expect("join n0");
+    job.join(t, "n1", &req(2, 2), S).expect("join n1");
+    job.ready(t, "n0", 0, ("10.0.0.1".into(), 29500), None);
+    job.close(t, "the server is shutting down", true);
+    // One node joins and gets ready: still one short of MIN.
+    job.join(t, "n2", &req(2, 2), S).expect("join n2");
+    let out = job.ready(t, "n2", 0, ("10.0.0.2".into(), 29500), None);
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o.event, Kind::RoundComplete(_))),
+        "a round of one node for nnodes 2: {out:?}"
+    );
+    assert_eq!(job.ready, 1, "only n2 is ready");
+}
+
+/// A static node reconnecting to a restarted server claimed its place
+/// before its requested rank was checked: it joined with rank 4294911743
+/// for nnodes 1, or with a requested rank another placeholder held.
+#[test]
+fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
+    let t = Instant::now();
+    let resuming = |node_rank, rank| pb::JoinRequest {
+        node_rank: Some(node_rank),
+        resume: Some(pb::Resume {
+            round: 3,
+            restart_count: 0,
+            node_rank: rank,
+            nnodes: 2,
+        }),
+        ..req(2, 2)
+    };
+    let relearned =
+        |r: &pb::JoinRequest| Job::relearn(t, "job", r, r.resume.as_ref().expect("resume"));
+
+    let huge = resuming(4_294_911_743, 0);
+    let mut job = relearned(&huge);
+    let e = job.join(t, "n0", &huge, S).expect_err("out of range");
+    assert!(matches!(e, JoinError::RankOutOfRange { .. }), "{e}");
+
+    let crossed = resuming(1, 0);
+    let mut job = relearned(&crossed);
+    let e = job
+        .join(t, "n0", &crossed, S)
+        .expect_err("another node's rank");
+    assert!(matches!(e, JoinError::DuplicateRank { rank: 1, .. }), "{e}");
+
+    let own = resuming(1, 1);
+    let mut job = relearned(&own);
+    let out = job.join(t, "n1", &own, S).expect("its own place");
+    assert!(matches!(
+        out[0].event,
+        Kind::Joined(pb::Joined { resumed: true, .. })
+    ));
+    assert_eq!(job.members()["n1"].requested_rank, Some(1));
+    assert_eq!(job.members()["n1"].rank, Some(1));
+}
+
+/// A tick dropped its lost nodes one by one and decided after each: the
+/// first departure completed the round with a node the same tick dropped
+/// next, so the survivor started a round that was restarted at once.
+#[test]
+fn a_tick_drops_every_lost_node_before_it_decides() {
+    let t = Instant::now();
+    let elastic = pb::JoinRequest {
+        dead_after_ms: 1_000,
+        last_call_ms: 200,
+        ..req(2, 4)
+    };
+    let mut job = Job::new("job", JobConfig::from_join(&elastic));
+    for n in ["n0", "n1", "n2"] {
+        job.join(t, n, &elastic, S).expect("join");
+    }
+    job.ready(t, "n1", 0, ("10.0.0.1".into(), 29500), None);
+    job.ready(t, "n2", 0, ("10.0.0.2".into(), 29500), None);
+    // The last call is over and n0, n1 are lost; only n2 is alive.
+    let later = t + Duration::from_millis(1_500);
+    assert!(job.keep_alive(later, "n2"));
+    let out = job.tick(later);
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o.event, Kind::RoundComplete(_) | Kind::RestartRequested(_))),
+        "{out:?}"
+    );
+    assert_eq!(job.phase(), &Phase::Forming);
+    assert_eq!(job.round(), 0);
+    assert_eq!(job.members().keys().collect::<Vec<_>>(), ["n2"]);
+}
