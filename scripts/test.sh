@@ -19,3 +19,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
 cargo test --workspace --locked
+# Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
+# SECONDS runs them longer); a crash fails the run.
+scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"

@@ -112,7 +112,7 @@ fn check_rdzv(r: &RdzvConf) {
 fn single_values(line: &str) {
     match parse_duration(line) {
         Ok(d) => assert_duration("a duration", d),
-        Err(e) => assert!(!e.is_empty()),
+        Err(e) => assert!(!e.to_string().is_empty()),
     }
     if let Ok((min, max)) = parse_nnodes(line) {
         assert!(0 < min && min <= max, "--nnodes {line:?} gave {min}:{max}");

@@ -47,8 +47,19 @@ use std::time::{Duration, Instant};
 use accel_proto::v1 as pb;
 use libfuzzer_sys::fuzz_target;
 use pb::event::Kind;
-use rendezvous_server::job::{decide, fuzzing, Decision, Job, Member, Outbound, Phase};
-use rendezvous_server::service::validate_join;
+use rendezvous_server::job::{
+    decide, fuzzing, Decision, Job, Member, Outbound, Phase, Session, SESSION_BYTES,
+};
+
+/// The service's checks of a join (the server's default limits).
+fn validate_join(req: &pb::JoinRequest) -> Result<(), rendezvous_server::Error> {
+    rendezvous_server::limits::check_join(req, &rendezvous_server::Limits::default())
+}
+
+/// Every node's session secret: this target checks the state machine's
+/// invariants; who may call for a node is the service's check, fuzzed
+/// through the integration tests.
+const SESSION: Session = Session::from_bytes([7; SESSION_BYTES]);
 
 const JOB_ID: &str = "job";
 /// Node ids: a few honest ones, one that mimics a relearned job's
@@ -208,6 +219,7 @@ impl Settings {
             dead_after_ms: self.dead_after_ms,
             last_call_ms: self.last_call_ms,
             resume,
+            session: SESSION.to_vec(),
         }
     }
 }
@@ -250,7 +262,7 @@ impl Server {
             Some(resume) => Job::relearn(now, JOB_ID, req, resume),
             None => Job::new(JOB_ID, rendezvous_server::job::JobConfig::from_join(req)),
         });
-        match job.join(now, &req.node_id, req) {
+        match job.join(now, &req.node_id, req, SESSION) {
             Ok(out) => out,
             Err(e) => {
                 assert!(!e.to_string().is_empty());
@@ -266,7 +278,7 @@ impl Server {
         let now = self.now();
         self.job
             .as_mut()
-            .map(|j| j.ready(now, node, round, endpoint))
+            .map(|j| j.ready(now, node, round, endpoint, None))
             .unwrap_or_default()
     }
 
@@ -314,9 +326,10 @@ impl Server {
     }
 
     fn close(&mut self, may_rejoin: bool) -> Vec<Outbound> {
+        let now = self.now();
         self.job
             .as_mut()
-            .map(|j| j.close("the server is shutting down", may_rejoin))
+            .map(|j| j.close(now, "the server is shutting down", may_rejoin))
             .unwrap_or_default()
     }
 

@@ -33,6 +33,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use accel_agent::store::reply::Replies;
 use accel_agent::store::state::{ApplyError, ConnId, State};
 use accel_agent::store::wire::{
     self, Command, WireError, NOT_READY, READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
@@ -290,8 +291,9 @@ impl Store {
 
     /// Applies one command to the real state and the model; compares them.
     fn apply(&mut self, conns: &mut [Conn], id: ConnId, cmd: Command) -> Result<(), String> {
-        let mut out = Vec::new();
-        let result = self.state.apply(id, cmd.clone(), &mut out);
+        let mut replies = Replies::default();
+        let result = self.state.apply(id, cmd.clone(), &mut replies);
+        let out = replies.to_vec();
         if self.trace {
             let shown = format!("{cmd:?}");
             eprintln!("conn {id}: {} -> {result:?}, reply {:?}", &shown[..shown.len().min(200)], &out[..out.len().min(32)]);

@@ -87,8 +87,7 @@ impl Replies {
         self.seal();
     }
 
-    /// Everything, concatenated (for tests).
-    #[cfg(test)]
+    /// Everything, concatenated (for tests and the fuzz target's model).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
         for c in &self.chunks {

@@ -264,13 +264,15 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Command, usize)>, WireError> {
     Ok(Some((cmd, c.pos)))
 }
 
-/// Appends a `u64` length and the bytes.
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+/// Appends a `u64` length and the bytes (a value reply; also how a model of
+/// the store, e.g. the fuzz target's, writes the replies it expects).
+pub fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u64).to_le_bytes());
     out.extend_from_slice(b);
 }
 
-fn put_i64(out: &mut Vec<u8>, v: i64) {
+/// Appends an `i64` reply (ADD, NUM_KEYS, QUEUE_LEN).
+pub fn put_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
