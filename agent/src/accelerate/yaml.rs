@@ -294,11 +294,12 @@ fn float11(t: &str) -> Option<Value> {
         return None;
     }
     if let Some(e) = exponent {
-        let (sign, rest) = e.split_at(e.len().min(1));
-        if !matches!(sign, "+" | "-")
-            || rest.is_empty()
-            || !rest.bytes().all(|b| b.is_ascii_digit())
-        {
+        // The sign is one ASCII byte; anything else (a multi-byte
+        // character included: fuzzing found `1.0eս`) is not a float.
+        let Some(rest) = e.strip_prefix(['+', '-']) else {
+            return None;
+        };
+        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
     }

@@ -160,3 +160,13 @@ fn special_characters_are_refused_like_pyyaml() {
         json!({"a": "x\ty", "b": "\u{e9}\u{1f600}"})
     );
 }
+
+/// Found by fuzzing (accel_config): an exponent starting with a multi-byte
+/// character split a string inside it (a panic).
+#[test]
+fn a_float_with_a_non_ascii_exponent_is_a_string() {
+    assert_eq!(
+        load("f: 1.0e\u{57d}\n").expect("loads"),
+        json!({"f": "1.0e\u{57d}"})
+    );
+}
