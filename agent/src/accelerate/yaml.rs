@@ -296,9 +296,7 @@ fn float11(t: &str) -> Option<Value> {
     if let Some(e) = exponent {
         // The sign is one ASCII byte; anything else (a multi-byte
         // character included: fuzzing found `1.0eս`) is not a float.
-        let Some(rest) = e.strip_prefix(['+', '-']) else {
-            return None;
-        };
+        let rest = e.strip_prefix(['+', '-'])?;
         if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }

@@ -62,7 +62,14 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn agent(mut client: Client, job: String, i: usize, n: u32) -> Result<(), String> {
+/// One simulated agent; returns its event stream, still open (the node stays
+/// connected, as a real agent does while its workers run).
+async fn agent(
+    mut client: Client,
+    job: String,
+    i: usize,
+    n: u32,
+) -> Result<tonic::Streaming<pb::Event>, String> {
     let node_id = format!("load-{i}");
     let req = pb::JoinRequest {
         job_id: job.clone(),
@@ -101,7 +108,7 @@ async fn agent(mut client: Client, job: String, i: usize, n: u32) -> Result<(), 
                 };
                 client.ready(ready).await.map_err(|s| s.to_string())?;
             }
-            Some(Kind::RoundComplete(r)) if r.nnodes == n => return Ok(()),
+            Some(Kind::RoundComplete(r)) if r.nnodes == n => return Ok(events),
             Some(_) => {}
             None => return Err("stream ended".into()),
         }
@@ -128,11 +135,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jobs: u32 = arg("--jobs").map_or(Ok(1), |j| j.parse())?.max(1);
     let rt = tokio::runtime::Runtime::new()?;
     if !std::env::args().any(|a| a == "--no-header") {
-        println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent |");
-        println!("|---|---|---|---|---|---|");
+        println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent | server RSS per connected agent |");
+        println!("|---|---|---|---|---|---|---|");
     }
     for (k, n) in sizes.into_iter().enumerate() {
-        let (wall, cpu, rss) = rt.block_on(async {
+        let (wall, cpu, peak, steady) = rt.block_on(async {
             let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
             let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
@@ -160,22 +167,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     tokio::spawn(agent(client, format!("{job}-{j}"), i, size))
                 })
                 .collect();
+            let mut open = Vec::with_capacity(n as usize);
             for t in tasks {
-                t.await??;
+                open.push(t.await??);
             }
             let wall = t0.elapsed();
             // Let the server finish its accounting of the round before reading its CPU.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let cpu = cpu_seconds(&server_pid) - cpu0;
-            let rss = status_kib(&server_pid, "VmHWM:") - rss0;
-            Ok::<_, Box<dyn std::error::Error>>((wall, cpu, rss))
+            let peak = status_kib(&server_pid, "VmHWM:") - rss0;
+            // Every node still connected, the round running: what a job costs
+            // while it runs (the peak adds every node joining at once).
+            let steady = status_kib(&server_pid, "VmRSS:") - rss0;
+            drop(open);
+            Ok::<_, Box<dyn std::error::Error>>((wall, cpu, peak, steady))
         })?;
         println!(
-            "| {n} | {label} | {:.3} s | {:.2} s | {:.0} µs | {:.1} KiB |",
+            "| {n} | {label} | {:.3} s | {:.2} s | {:.0} µs | {:.1} KiB | {:.1} KiB |",
             wall.as_secs_f64(),
             cpu,
             cpu / f64::from(n) * 1e6,
-            rss / f64::from(n)
+            peak / f64::from(n),
+            steady / f64::from(n)
         );
     }
     Ok(())
