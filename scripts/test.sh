@@ -19,3 +19,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
 cargo test --workspace --locked
+# A fuzzing smoke: each fuzz target 30 s from its seeds (scripts/fuzz.sh
+# SECONDS runs them longer); fails on any crash.
+scripts/fuzz.sh 30

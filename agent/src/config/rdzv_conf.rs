@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rendezvous_server::config::parse_duration;
+use rendezvous_server::config::{parse_duration, MAX_DURATION};
 
 use super::{bad, ConfigError};
 
@@ -94,6 +94,17 @@ impl RdzvConf {
             return Err(bad(
                 "--rdzv-conf keep_alive_interval must be greater than 0",
             ));
+        }
+        // The server is told this limit in milliseconds (a u64).
+        if c
+            .keep_alive_interval
+            .checked_mul(c.keep_alive_max_attempt)
+            .is_none_or(|limit| limit > MAX_DURATION)
+        {
+            return Err(bad(format!(
+                "--rdzv-conf keep_alive_interval {:?} x keep_alive_max_attempt {} is longer than 10 years; lower one of them",
+                c.keep_alive_interval, c.keep_alive_max_attempt
+            )));
         }
         Ok(c)
     }
