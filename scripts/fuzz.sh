@@ -5,8 +5,8 @@
 # non-zero if any target crashed (the input is under fuzz/artifacts/<target>/).
 #
 # Usage: scripts/fuzz.sh SECONDS [TARGET...]   (default: every target)
-# Needs the nightly toolchain (rustup toolchain install nightly); installs
-# cargo-fuzz if it is missing. Builds go to $CARGO_TARGET_DIR (under its
+# libFuzzer's sanitizers need the nightly toolchain; the script installs it
+# and cargo-fuzz if they are missing. Builds go to $CARGO_TARGET_DIR (under its
 # x86_64-unknown-linux-gnu/, apart from normal builds); inputs libFuzzer finds
 # interesting are kept in $CARGO_TARGET_DIR/fuzz-corpus/<target>/ between
 # runs, not in the repository.
@@ -26,8 +26,8 @@ fi
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 if ! rustup toolchain list | grep -q '^nightly'; then
-    echo "scripts/fuzz.sh: the nightly toolchain is missing; install it with: rustup toolchain install nightly" >&2
-    exit 69
+    echo "scripts/fuzz.sh: installing the nightly toolchain (cargo-fuzz needs it)" >&2
+    rustup toolchain install nightly --profile minimal
 fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "scripts/fuzz.sh: installing cargo-fuzz" >&2

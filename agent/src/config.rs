@@ -480,4 +480,6 @@ pub fn random_id() -> String {
 }
 
 #[cfg(test)]
+mod fuzz_regressions;
+#[cfg(test)]
 mod tests;

@@ -49,10 +49,6 @@ pub fn load(text: &str) -> Result<Value, YamlError> {
 /// must we, and before parsing: yaml-rust2 takes a NUL for the end of the
 /// text and would silently drop the rest of the file.
 fn refuse_special_characters(text: &str) -> Result<(), YamlError> {
-    let printable = |c: char| {
-        matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{a0}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
-            || c >= '\u{10000}'
-    };
     match text.char_indices().find(|(_, c)| !printable(*c)) {
         None => Ok(()),
         Some((at, c)) => Err(YamlError(format!(
@@ -61,6 +57,12 @@ fn refuse_special_characters(text: &str) -> Result<(), YamlError> {
             u32::from(c)
         ))),
     }
+}
+
+/// The characters PyYAML's reader accepts in a text.
+fn printable(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{a0}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
+        || c >= '\u{10000}'
 }
 
 /// Builds values from parser events.

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::resolve_plain;
+use super::{printable, resolve_plain};
 
 /// Writes `value` as `yaml.safe_dump(value)` does (sorted keys, block style).
 pub fn dump(value: &Value) -> String {
@@ -157,16 +157,46 @@ pub fn float_repr(f: f64) -> String {
 }
 
 /// A string as PyYAML writes it: plain when it reads back as the same string,
-/// else single-quoted (double-quoted when it holds control characters).
+/// else single-quoted; double-quoted, with escapes, when it holds characters
+/// that neither style keeps: control characters (tabs too: folding a long
+/// line drops a tab that starts the next one) and line separators.
 fn string(s: &str) -> String {
-    if s.chars().any(|c| c.is_control() && c != '\t') {
-        return serde_json::to_string(s).unwrap_or_default();
+    if s.chars()
+        .any(|c| c.is_control() || !printable(c) || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
+        return double_quoted(s);
     }
     if plain_ok(s) {
         s.to_owned()
     } else {
         format!("'{}'", s.replace('\'', "''"))
     }
+}
+
+/// YAML's double-quoted style; every character the reader would refuse or
+/// fold is escaped (a JSON string is not enough: it leaves DEL and C1
+/// control characters raw, which no YAML reader accepts).
+fn double_quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\u{85}' => out.push_str("\\N"),
+            '\u{2028}' => out.push_str("\\L"),
+            '\u{2029}' => out.push_str("\\P"),
+            c if printable(c) && !c.is_control() => out.push(c),
+            c if u32::from(c) < 0x100 => out.push_str(&format!("\\x{:02X}", u32::from(c))),
+            c if u32::from(c) < 0x10000 => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push_str(&format!("\\U{:08X}", u32::from(c))),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn plain_ok(s: &str) -> bool {

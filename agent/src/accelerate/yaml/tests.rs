@@ -170,3 +170,36 @@ fn a_float_with_a_non_ascii_exponent_is_a_string() {
         json!({"f": "1.0e\u{57d}"})
     );
 }
+
+/// Found by fuzzing (accel_config): `config update` wrote a long string
+/// with tabs single-quoted and folded it at a space before the tabs, which a
+/// reader then drops: the file changed meaning. PyYAML double-quotes such
+/// strings; so do we, escaping what no reader keeps raw.
+#[test]
+fn strings_with_tabs_and_control_characters_read_back() {
+    let long = format!("{} y{{ \t\t\tus", "x".repeat(70));
+    for s in [
+        long.as_str(),
+        "a\tb",
+        "\u{7f}",
+        "\u{9b}x",
+        "a\u{85}b",
+        "\u{2028}",
+        "\u{fffe}",
+        "line\nbreak\r",
+        "\t\"\\",
+    ] {
+        let v = json!({"k": s});
+        let text = dump(&v);
+        assert!(
+            text.starts_with("k: \""),
+            "{s:?} is written double-quoted: {text:?}"
+        );
+        assert_eq!(load(&text).expect("reads back"), v, "{text:?}");
+    }
+    assert_eq!(
+        dump(&json!({"k": "a\tb"})),
+        "k: \"a\\tb\"\n",
+        "as PyYAML writes it"
+    );
+}
