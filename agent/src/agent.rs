@@ -59,11 +59,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 Rendezvous::Static { node_rank, .. } => Some(node_rank),
                 _ => None,
             },
-            dead_after_ms: crate::deadline::millis(
-                cfg.rdzv
-                    .keep_alive_interval
-                    .saturating_mul(cfg.rdzv.keep_alive_max_attempt),
-            ),
+            dead_after_ms: crate::deadline::millis(cfg.rdzv.dead_after()),
             resume: None,
             session: Vec::new(),
         };

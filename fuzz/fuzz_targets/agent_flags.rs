@@ -98,11 +98,13 @@ fn check_rdzv(r: &RdzvConf) {
     ] {
         assert_duration(what, d);
     }
-    // The keep-alive limit the agent derives and sends to the server in ms.
-    let limit = r.keep_alive_interval.checked_mul(r.keep_alive_max_attempt);
+    // The keep-alive limit the agent derives and sends to the server in ms:
+    // within the server's bound, and never shorter than one interval.
+    let limit = r.dead_after();
     assert!(
-        limit.is_some_and(|l| u64::try_from(l.as_millis()).is_ok()),
-        "keep_alive_interval {:?} x keep_alive_max_attempt {} does not fit the server's u64 milliseconds",
+        limit <= rendezvous_server::input::MAX_DURATION
+            && limit >= r.keep_alive_interval.min(rendezvous_server::input::MAX_DURATION),
+        "keep_alive_interval {:?} x keep_alive_max_attempt {} gave {limit:?}",
         r.keep_alive_interval,
         r.keep_alive_max_attempt
     );

@@ -12,9 +12,7 @@ use rendezvous_server::config::MAX_DURATION;
 fn a_keep_alive_limit_beyond_ten_years_is_sent_as_ten_years() {
     let c = RdzvConf::parse("keep_alive_interval=2400h,keep_alive_max_attempt=4000000000")
         .expect("each value is within its bound");
-    let sent = crate::deadline::millis(
-        c.keep_alive_interval
-            .saturating_mul(c.keep_alive_max_attempt),
-    );
+    assert_eq!(c.dead_after(), MAX_DURATION);
+    let sent = crate::deadline::millis(c.dead_after());
     assert_eq!(u128::from(sent), MAX_DURATION.as_millis());
 }

@@ -208,6 +208,16 @@ impl RdzvConf {
         }
         Ok(c)
     }
+
+    /// How long the server may hear nothing from this node before dropping
+    /// it: `keep_alive_interval × keep_alive_max_attempt`, at most the ten
+    /// years the server accepts (each factor is bounded, their product is
+    /// not: 100 days × 4e9 attempts once wrapped around as u64 ms).
+    pub fn dead_after(&self) -> Duration {
+        self.keep_alive_interval
+            .saturating_mul(self.keep_alive_max_attempt)
+            .min(rendezvous_server::input::MAX_DURATION)
+    }
 }
 
 /// torchrun's boolean spellings.
