@@ -243,7 +243,8 @@ fn int11(t: &str) -> Option<Value> {
             if n > 59 {
                 return None;
             }
-            v = v * 60 + n;
+            // Beyond i128, like a decimal beyond i128: not an int.
+            v = v.checked_mul(60)?.checked_add(n)?;
         }
         v
     } else if body == "0" {

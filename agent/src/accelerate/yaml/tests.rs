@@ -203,3 +203,15 @@ fn strings_with_tabs_and_control_characters_read_back() {
         "as PyYAML writes it"
     );
 }
+
+/// Seen while triaging a fuzz crash: a base-60 integer whose first part is
+/// near i128::MAX overflowed (a panic in debug builds, a wrapped number in
+/// release ones). It reads as a string, as a decimal too long for i128 does.
+#[test]
+fn a_base_60_integer_beyond_i128_is_a_string() {
+    let huge = "99999999999999999999999999999999999999:00";
+    assert_eq!(
+        load(&format!("a: {huge}\nb: 1:00:00\n")).expect("reads"),
+        json!({"a": huge, "b": 3600})
+    );
+}
