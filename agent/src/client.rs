@@ -12,7 +12,7 @@ use accel_proto::v1 as pb;
 use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
 use rendezvous_server::auth::AttachToken;
-use rendezvous_server::limits::MAX_FAILURE_BYTES;
+use rendezvous_server::limits::{truncated, MAX_FAILURE_BYTES};
 use rendezvous_server::tls::{endpoint_uri, is_certificate_error, ClientTlsFiles};
 use rendezvous_server::Token;
 use tokio::time::Instant;
@@ -247,11 +247,7 @@ impl RdzvClient {
 
 /// The longest prefix of `s` of at most `max` bytes, on a char boundary.
 fn truncate_head(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+    truncated(s, max).to_owned()
 }
 
 /// The longest suffix of `s` of at most `max` bytes, on a char boundary.

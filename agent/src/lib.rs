@@ -61,8 +61,10 @@ pub mod worker_env;
 pub use error::{AgentError, Outcome};
 pub use sys::Ended;
 
-/// Raises the open-file limit to the hard limit (see the worker store); call
-/// once at start-up. Returns the limit now in force.
+/// Raises the open-file limit to the hard limit: the node-rank-0 agent's
+/// worker store holds one connection per worker client, and a soft limit of
+/// 1,024 would refuse the rest of a large job. Call once at start-up;
+/// returns the limit now in force. (The rendezvous server's, shared.)
 pub fn raise_open_file_limit() -> Option<u64> {
-    sys::raise_open_file_limit()
+    rendezvous_server::accept::raise_open_file_limit()
 }

@@ -134,18 +134,6 @@ pub(crate) fn ignore_stop_signals() {
     }
 }
 
-/// Raises this process's open-file limit to its hard limit: the node-rank-0
-/// agent's worker store holds one connection per worker client, and a soft
-/// limit of 1,024 would refuse the rest of a large job. Returns the new limit.
-pub(crate) fn raise_open_file_limit() -> Option<u64> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
-    }
-    Some(hard.max(soft))
-}
-
 /// Ends this (forked) process at once, without running atexit handlers.
 pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit is async-signal-safe and never returns.

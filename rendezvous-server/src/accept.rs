@@ -58,8 +58,9 @@ pub(crate) fn incoming(listener: TcpListener) -> ReceiverStream<std::io::Result<
 }
 
 /// Raises this process's soft limit on open files to its hard limit (each
-/// agent holds a connection), returning the new limit. systemd and most
-/// shells start services at 1,024.
+/// agent holds a connection to the server, each worker one to the agent's
+/// store), returning the new limit. systemd and most shells start services
+/// at 1,024.
 pub fn raise_open_file_limit() -> Option<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;

@@ -112,9 +112,16 @@ impl ServerArgs {
     }
 
     /// Refuses to serve a non-loopback address without a token, unless
-    /// `--allow-unauthenticated` says so (then warns once).
-    pub fn check_exposure(&self, token: Option<&Token>) -> Result<(), String> {
-        if token.is_some() || self.bind.ip().is_loopback() {
+    /// `--allow-unauthenticated` says so (then warns once); warns once when
+    /// a token would travel there without TLS.
+    pub fn check_exposure(&self, token: Option<&Token>, tls: bool) -> Result<(), String> {
+        if self.bind.ip().is_loopback() {
+            return Ok(());
+        }
+        if token.is_some() {
+            if !tls {
+                tracing::warn!(bind = %self.bind, "the token travels in clear text: give --tls-cert and --tls-key, or keep the network private");
+            }
             return Ok(());
         }
         if self.allow_unauthenticated {

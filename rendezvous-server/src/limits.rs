@@ -193,6 +193,16 @@ pub fn check_reason(reason: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a character
+/// boundary.
+pub fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// `s` with control characters escaped (`\n`, `\u{1b}`), so stored text
 /// prints as one line and cannot drive a terminal. Tabs and newlines in a
 /// traceback are kept where `keep_newlines` says so. Escaping can make a text

@@ -49,8 +49,9 @@ fn main() -> ExitCode {
         };
     }
     let settings = args.token(&env).map_err(|e| e.to_string()).and_then(|t| {
-        args.check_exposure(t.as_ref())?;
-        Ok((t, args.tls().map_err(|e| e.to_string())?))
+        let tls = args.tls().map_err(|e| e.to_string())?;
+        args.check_exposure(t.as_ref(), tls.is_some())?;
+        Ok((t, tls))
     });
     let (token, tls) = match settings {
         Ok(t) => t,
@@ -59,9 +60,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if token.is_some() && tls.is_none() && !args.bind.ip().is_loopback() {
-        tracing::warn!(bind = %args.bind, "the token travels in clear text: give --tls-cert and --tls-key, or keep the network private");
-    }
     let files = rendezvous_server::accept::raise_open_file_limit();
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {

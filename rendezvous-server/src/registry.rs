@@ -37,7 +37,7 @@ use tracing::{info, warn};
 use crate::error::Error;
 use crate::input::excerpt;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
-use crate::limits::Limits;
+use crate::limits::{truncated, Limits};
 use crate::outbox::{outbox, Inbox, Outbox};
 
 /// Most bytes of the last failure in a status answer (per job).
@@ -609,14 +609,7 @@ fn job_info(job: &Job) -> pb::JobInfo {
         min_nodes: c.min_nodes,
         max_nodes: c.max_nodes,
         nodes,
-        last_failure: {
-            let f = job.last_failure().unwrap_or_default();
-            let mut end = f.len().min(STATUS_FAILURE);
-            while !f.is_char_boundary(end) {
-                end -= 1;
-            }
-            f[..end].to_owned()
-        },
+        last_failure: truncated(job.last_failure().unwrap_or_default(), STATUS_FAILURE).to_owned(),
         node_count: members.len() as u32,
     }
 }
