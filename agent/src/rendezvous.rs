@@ -31,6 +31,7 @@ fn embedded(
         limits: rendezvous_server::Limits {
             max_jobs: 1,
             max_nodes_per_job,
+            ..rendezvous_server::Limits::default()
         },
         tls,
     }

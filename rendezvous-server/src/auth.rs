@@ -160,14 +160,21 @@ impl RequireToken {
 
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        match &self.0 {
-            None => Ok(request),
-            Some(t) if t.admits(request.metadata().get(AUTHORIZATION)) => Ok(request),
-            Some(_) => Err(Status::unauthenticated(
-                "this rendezvous requires its token: give the agent --rdzv-conf token_file=PATH \
-                 or ACCEL_RDZV_TOKEN (the same token as rdzv-server's --token-file / RDZV_TOKEN)",
-            )),
+        let admitted = match &self.0 {
+            None => true,
+            Some(t) => t.admits(request.metadata().get(AUTHORIZATION)),
+        };
+        if admitted {
+            // The connection proved itself: it is kept (see `admission`).
+            if let Some(conn) = crate::admission::ConnInfo::of(&request) {
+                conn.prove();
+            }
+            return Ok(request);
         }
+        Err(Status::unauthenticated(
+            "this rendezvous requires its token: give the agent --rdzv-conf token_file=PATH \
+                 or ACCEL_RDZV_TOKEN (the same token as rdzv-server's --token-file / RDZV_TOKEN)",
+        ))
     }
 }
 

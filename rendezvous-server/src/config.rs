@@ -52,6 +52,16 @@ pub struct ServerArgs {
     /// Most nodes of one job (spares included); joins beyond it are refused.
     #[arg(long, env = "RDZV_MAX_NODES_PER_JOB", default_value_t = Limits::default().max_nodes_per_job)]
     pub max_nodes_per_job: u32,
+    /// Most connections one client address may hold at once; more are closed
+    /// as they are accepted (agents hold one each).
+    #[arg(long, env = "RDZV_MAX_CONNECTIONS_PER_IP", default_value_t = Limits::default().max_connections_per_ip,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_ip: u32,
+    /// How long a new connection has to make its first authenticated call
+    /// (any call, without a token) before it is closed. Health checks do not count.
+    #[arg(long, env = "RDZV_AUTH_TIMEOUT", default_value = "30",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+    pub auth_timeout: Duration,
     /// Without a subcommand, serve the rendezvous.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -88,6 +98,16 @@ pub enum Command {
     },
 }
 
+/// A time a client is given to do something: zero would close every
+/// connection before its first call.
+fn positive(d: Duration) -> Result<Duration, &'static str> {
+    if d.is_zero() {
+        Err("must be more than 0 s: a client needs time to make its first call")
+    } else {
+        Ok(d)
+    }
+}
+
 impl ServerArgs {
     /// The server's token: `--token-file`, else `RDZV_TOKEN` from `env`.
     pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>, TokenError> {
@@ -108,6 +128,8 @@ impl ServerArgs {
         Limits {
             max_jobs: self.max_jobs,
             max_nodes_per_job: self.max_nodes_per_job,
+            max_connections_per_ip: self.max_connections_per_ip,
+            auth_timeout: self.auth_timeout,
         }
     }
 

@@ -10,6 +10,7 @@
 //! - [`registry`]: every job by `rdzv_id`, their streams and deadlines;
 //! - [`service`]: the gRPC handlers;
 //! - [`auth`]: the token every call carries, and nodes' session secrets;
+//! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
 //! - [`tls`]: certificates and keys for TLS on every link;
@@ -20,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod error;
@@ -90,7 +92,11 @@ pub async fn serve(
             }
         })
     };
-    let incoming = accept::incoming(listener);
+    let admission = admission::Admission::new(
+        options.limits.max_connections_per_ip,
+        options.limits.auth_timeout,
+    );
+    let incoming = accept::incoming(listener, admission);
     let closing = registry.clone();
     let rendezvous = RendezvousServer::new(RendezvousService::new(registry))
         .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);

@@ -37,6 +37,10 @@ pub struct Limits {
     pub max_jobs: usize,
     /// Most nodes of one job, spares included.
     pub max_nodes_per_job: u32,
+    /// Most connections one client address holds at once.
+    pub max_connections_per_ip: u32,
+    /// How long a new connection has to make its first authenticated call.
+    pub auth_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -44,6 +48,8 @@ impl Default for Limits {
         Self {
             max_jobs: 10_000,
             max_nodes_per_job: 100_000,
+            max_connections_per_ip: 1024,
+            auth_timeout: Duration::from_secs(30),
         }
     }
 }

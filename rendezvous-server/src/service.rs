@@ -53,7 +53,9 @@ impl RendezvousService {
 
 /// The caller's IP address, IPv4-mapped IPv6 shown as IPv4.
 fn peer<T>(request: &Request<T>) -> Option<IpAddr> {
-    request.remote_addr().map(|a| a.ip().to_canonical())
+    crate::admission::ConnInfo::of(request)
+        .and_then(|c| c.remote())
+        .map(|a| a.ip().to_canonical())
 }
 
 /// A call for a node that is not (or no longer) a member changes nothing;

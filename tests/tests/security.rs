@@ -519,3 +519,80 @@ fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     assert!(!text.contains("may be read by other users"), "{text}");
     assert!(!text.contains(TOKEN), "the token is never logged");
 }
+
+/// Reads from `s` until the server closes it (end of file or reset), or
+/// `limit` passes; true if it was closed.
+fn closed_within(s: &mut std::net::TcpStream, limit: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    let mut buf = [0u8; 256];
+    let t0 = Instant::now();
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // The server's HTTP/2 preface, or whatever it sends first.
+            Ok(_) if t0.elapsed() < limit => continue,
+            Ok(_) => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn connections_without_the_token_are_few_per_address_and_do_not_linger() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--max-connections-per-ip", "4", "--auth-timeout", "1"],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let rt = runtime();
+    let raw = || std::net::TcpStream::connect(&server.addr).expect("connect");
+    // An agent with the token holds one connection and makes its calls.
+    let mut agent = rt.block_on(client(&server.addr, Some(TOKEN)));
+    rt.block_on(agent.job_status(pb::JobStatusRequest::default()))
+        .expect("status with the token");
+    // Three silent connections fill this address's share...
+    let mut idle: Vec<_> = (0..3).map(|_| raw()).collect();
+    // ...so a fifth is closed as it is accepted, before it sends a byte.
+    let mut over = raw();
+    assert!(
+        closed_within(&mut over, Duration::from_millis(500)),
+        "a connection beyond --max-connections-per-ip is closed at once"
+    );
+    // The silent ones are closed once --auth-timeout passes without a call.
+    let t0 = Instant::now();
+    for s in &mut idle {
+        assert!(
+            closed_within(s, Duration::from_secs(5)),
+            "an idle connection is closed after --auth-timeout"
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    // Calls without the token do not keep their connections either: three
+    // refused callers fill the share again, and are closed in time.
+    let mut anonymous = Vec::new();
+    for _ in 0..3 {
+        let mut c = rt.block_on(client(&server.addr, None));
+        let refused = rt
+            .block_on(c.job_status(pb::JobStatusRequest::default()))
+            .expect_err("no token");
+        assert_eq!(refused.code(), Code::Unauthenticated);
+        anonymous.push(c);
+    }
+    assert!(
+        closed_within(&mut raw(), Duration::from_millis(500)),
+        "refused callers hold their places until --auth-timeout"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut again = raw();
+    assert!(
+        !closed_within(&mut again, Duration::from_millis(300)),
+        "the refused callers' places were given back"
+    );
+    // The agent's connection proved itself and is kept.
+    rt.block_on(agent.job_status(pb::JobStatusRequest::default()))
+        .expect("the authenticated connection outlives --auth-timeout");
+    drop(anonymous);
+}

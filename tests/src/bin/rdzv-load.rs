@@ -11,6 +11,9 @@
 //!        [--token-file PATH]   (the server's token, sent with every call)
 //!        [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]   (TLS, mutual with a certificate)
 //!        [--label TEXT] [--no-header] [--jobs J]   (split the agents into J jobs)
+//!        [--per-connection K]   (agents per HTTP/2 connection, default 100)
+//!        [--hold SECONDS]   (keep every node connected this long after measuring,
+//!                            e.g. to profile the server in that state)
 //! The peak-RSS column is the server's high-water mark since it started minus
 //! its RSS before this size: exact for a server that serves one size.
 
@@ -26,6 +29,7 @@ use tonic::transport::{Channel, Endpoint};
 
 type Client = RendezvousClient<InterceptedService<Channel, AttachToken>>;
 
+/// Simulated agents sharing one HTTP/2 connection, unless `--per-connection`.
 const PER_CONNECTION: usize = 100;
 
 fn arg(name: &str) -> Option<String> {
@@ -133,6 +137,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let label = arg("--label").unwrap_or_else(|| "plain".into());
     let jobs: u32 = arg("--jobs").map_or(Ok(1), |j| j.parse())?.max(1);
+    let per_connection: usize = arg("--per-connection")
+        .map_or(Ok(PER_CONNECTION), |s| s.parse())?
+        .max(1);
+    let hold = Duration::from_secs_f64(arg("--hold").map_or(Ok(0.0), |s| s.parse())?);
     let rt = tokio::runtime::Runtime::new()?;
     if !std::env::args().any(|a| a == "--no-header") {
         println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent | server RSS per connected agent |");
@@ -143,7 +151,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
             let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
-            for _ in 0..(n as usize).div_ceil(PER_CONNECTION) {
+            for _ in 0..(n as usize).div_ceil(per_connection) {
                 let mut ep = Endpoint::from_shared(uri.clone())?.tcp_nodelay(true);
                 if let Some(config) = tls.config(host)? {
                     ep = ep.tls_config(config)?;
@@ -157,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tasks: Vec<_> = (0..n as usize)
                 .map(|i| {
                     let client = RendezvousClient::with_interceptor(
-                        channels[i / PER_CONNECTION].clone(),
+                        channels[i / per_connection].clone(),
                         AttachToken::new(token.as_ref()),
                     );
                     let j = i as u32 % jobs;
@@ -179,6 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Every node still connected, the round running: what a job costs
             // while it runs (the peak adds every node joining at once).
             let steady = status_kib(&server_pid, "VmRSS:") - rss0;
+            tokio::time::sleep(hold).await;
             drop(open);
             Ok::<_, Box<dyn std::error::Error>>((wall, cpu, peak, steady))
         })?;
