@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 VENV="$(scripts/setup.sh)"
-cargo build --release --locked -p accel-agent -p rendezvous-server -p accel-tests --bins >&2
+cargo build --release --locked -p accel-agent -p accel-cli -p rendezvous-server -p accel-tests --bins >&2
 R="$CARGO_TARGET_DIR/release"
 PY="$VENV/bin/python"
 TR="$VENV/bin/torchrun"

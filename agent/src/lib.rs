@@ -35,11 +35,10 @@
 //! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
 //! prefixes · [`failure`] error files and failure summaries · [`files`]
 //! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
-//! signals · [`accelerate`] the `accel` command set · `sys` the only
-//! `unsafe` code.
+//! signals · `sys` the only `unsafe` code. Accelerate's command set (`accel`)
+//! is its own crate, `accel-cli`, on this library.
 #![deny(unsafe_code)]
 
-pub mod accelerate;
 pub mod agent;
 pub mod cli;
 pub mod client;

@@ -13,9 +13,9 @@
 
 use std::path::PathBuf;
 
-use accel_agent::accelerate::config_file::{self, AccelerateConfig};
-use accel_agent::accelerate::launch::{build, flags, merge};
-use accel_agent::accelerate::yaml;
+use accel_cli::config_file::{self, AccelerateConfig};
+use accel_cli::launch::{build, flags, merge};
+use accel_cli::yaml;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 

@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::thread;
 
 use super::*;
-use crate::accelerate::test_cmd::client::tests::store;
+use crate::test_cmd::client::tests::store;
 
 fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let map: HashMap<String, String> = pairs

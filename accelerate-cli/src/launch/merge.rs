@@ -13,7 +13,7 @@ use rendezvous_server::input::excerpt;
 use serde_json::{json, Value};
 
 use super::flags::Namespace;
-use crate::accelerate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
+use crate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
 
 /// The machine facts the merge depends on.
 #[derive(Debug, Clone, Copy)]
@@ -216,7 +216,7 @@ fn prefixed(dict: &str, key: &str) -> String {
 /// The machine count, or MAX of `MIN:MAX` (1 when unset or unreadable: the
 /// launch itself then reports the bad value).
 pub fn machines_max(v: &Value) -> i64 {
-    crate::config::parse_nnodes(&crate::accelerate::pyvalue::str_of(v))
+    accel_agent::config::parse_nnodes(&crate::pyvalue::str_of(v))
         .map_or(1, |(_, max)| i64::from(max))
 }
 

@@ -79,7 +79,7 @@ impl Namespace {
 
     /// Python truthiness of a value.
     pub fn truthy(&self, dest: &str) -> bool {
-        crate::accelerate::pyvalue::truthy(self.get(dest))
+        crate::pyvalue::truthy(self.get(dest))
     }
 
     /// Sets a value.

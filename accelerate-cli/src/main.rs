@@ -1,10 +1,10 @@
-//! `accel`: accelerate's command set on accel's agent (see `accel_agent::accelerate`).
+//! `accel`: accelerate's command set on accel's agent (see the `accel_cli` library).
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use accel_agent::accelerate::{run, AccelArgs, Action};
 use accel_agent::node;
+use accel_cli::{run, AccelArgs, Action};
 
 fn main() -> ExitCode {
     // Usage errors exit 2 and quote only excerpts of the values.

@@ -5,7 +5,7 @@
 //! as they read `accelerate env`: a blank line, the "Copy-and-paste" line,
 //! `- key: value` lines, then the configuration as tab-indented items in the
 //! order of accelerate's config class, each value spelled as Python prints
-//! it ([`crate::accelerate::pyvalue`]). Dictionary values keep the file's key order, as Python's
+//! it ([`crate::pyvalue`]). Dictionary values keep the file's key order, as Python's
 //! dicts do (serde_json's `preserve_order`, enabled for the workspace).
 //!
 //! The versions come from the Python environment a launched script would
@@ -21,7 +21,7 @@
 
 pub mod probe;
 
-use crate::accelerate::{python, pyvalue};
+use crate::{python, pyvalue};
 use std::path::Path;
 use std::time::Duration;
 

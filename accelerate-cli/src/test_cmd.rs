@@ -149,7 +149,7 @@ pub fn worker(env: &dyn Fn(&str) -> Option<String>) -> Result<String, TestError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accelerate::yaml;
+    use crate::yaml;
 
     fn config(text: &str) -> AccelerateConfig {
         let (sagemaker, fields) =

@@ -25,9 +25,9 @@ use clap::Parser;
 use rendezvous_server::input::clip_message;
 use serde_json::Value;
 
-use crate::accelerate::config_file;
-use crate::cli::AgentArgs;
-use crate::config::Config;
+use crate::config_file;
+use accel_agent::cli::AgentArgs;
+use accel_agent::config::Config;
 use env::Launcher;
 use flags::{Namespace, Parsed};
 
@@ -72,7 +72,7 @@ pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pla
     let explicit = ns.get("config_file").as_str().map(PathBuf::from);
     let config = config_file::load_optional(explicit.as_deref(), env)?;
     let machine = merge::Machine {
-        gpus: crate::config::cuda_devices(),
+        gpus: accel_agent::config::cuda_devices(),
         physical_cores: physical_cores(),
     };
     let merged = merge::merge(ns, config, machine, env).map_err(LaunchError::Invalid)?;
@@ -165,8 +165,8 @@ fn agent_argv(
         Value::Null => "1".to_owned(),
         v => env::py_str(v),
     };
-    let (min_m, max_m) =
-        crate::config::parse_nnodes(&machines_text).map_err(|e| format!("--num_machines: {e}"))?;
+    let (min_m, max_m) = accel_agent::config::parse_nnodes(&machines_text)
+        .map_err(|e| format!("--num_machines: {e}"))?;
     let total = ns.get("num_processes").as_i64().unwrap_or(1);
     let mut argv: Vec<String> = vec!["accel-agent".into()];
     let single_process = launcher == Launcher::Simple && total <= 1 && max_m <= 1;
@@ -286,7 +286,7 @@ fn on_path(program: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
     if program.contains('/') {
         return std::path::Path::new(program).is_file();
     }
-    crate::accelerate::find_program(program, env("PATH").as_deref()).is_some()
+    crate::find_program(program, env("PATH").as_deref()).is_some()
 }
 
 /// Physical cores (distinct core ids per package), as psutil counts them;

@@ -7,8 +7,8 @@ use serde_json::json;
 use super::flags::{parse, Parsed};
 use super::merge::{merge, Machine};
 use super::{agent_argv, build, env::Launcher};
-use crate::accelerate::config_file::{process, AccelerateConfig};
-use crate::accelerate::yaml;
+use crate::config_file::{process, AccelerateConfig};
+use crate::yaml;
 
 const CPU_BOX: Machine = Machine {
     gpus: 0,

@@ -3,8 +3,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::store::wire::{parse, Command, VALIDATION_MAGIC};
-use crate::store::WorkerStore;
+use accel_agent::store::wire::{parse, Command, VALIDATION_MAGIC};
+use accel_agent::store::WorkerStore;
 
 /// accel's store on a loopback port, served by its own runtime.
 pub(crate) fn store() -> (tokio::runtime::Runtime, WorkerStore) {

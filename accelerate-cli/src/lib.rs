@@ -4,7 +4,16 @@
 //! same configuration file, the same environment for training scripts), so a
 //! project can switch by changing the command name. `launch` does not start
 //! torchrun: it turns accelerate's flags and configuration into an agent
-//! [`Config`](crate::config::Config) and runs the same agent as `accel-agent`.
+//! [`Config`](accel_agent::config::Config) and runs the same agent as `accel-agent`.
+//!
+//! It is its own crate so that the agent, and everything built on it (the
+//! `worker-runtime` launcher, the tests' clients), compiles none of it: its
+//! YAML reader, questionnaire and probes are used only by `accel`. What it
+//! takes from the agent is narrow and one-way: the agent's flags and
+//! [`Config`](accel_agent::config::Config), `parse_nnodes` and the GPU count
+//! ([`accel_agent::config`]), and the store's client side for `accel test`.
+
+#![forbid(unsafe_code)]
 
 pub mod config_file;
 pub mod env_cmd;
@@ -152,7 +161,7 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             print(config_file::write_default(
                 &path,
                 &mixed_precision,
-                crate::config::cuda_devices(),
+                accel_agent::config::cuda_devices(),
             )?)
         }
         AccelCommand::Config {

@@ -128,7 +128,7 @@ pub(super) fn fetch(
             .unwrap_or_else(|| "https://huggingface.co".into());
         probe(&endpoint).map_err(unreachable)?;
     }
-    let python = crate::accelerate::python::interpreter(env);
+    let python = crate::python::interpreter(env);
     let mut command = Command::new(&python);
     // A server that accepts connections and then stalls should not hold the
     // user for huggingface_hub's default 10 s per request.
@@ -148,15 +148,14 @@ pub(super) fn fetch(
                  huggingface_hub, or download the model folder and pass its path"
             ))
         })?;
-    let (status, stdout, stderr) =
-        crate::accelerate::python::wait_with_deadline(child, QUERY_TIMEOUT)
-            .map_err(|e| failed(format!("waiting for `{python}`: {e}")))?
-            .ok_or_else(|| {
-                unreachable(format!(
-                    "the Hub did not answer within {} s",
-                    QUERY_TIMEOUT.as_secs()
-                ))
-            })?;
+    let (status, stdout, stderr) = crate::python::wait_with_deadline(child, QUERY_TIMEOUT)
+        .map_err(|e| failed(format!("waiting for `{python}`: {e}")))?
+        .ok_or_else(|| {
+            unreachable(format!(
+                "the Hub did not answer within {} s",
+                QUERY_TIMEOUT.as_secs()
+            ))
+        })?;
     let reply: Value = stdout
         .lines()
         .last()

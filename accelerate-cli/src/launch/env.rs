@@ -35,7 +35,7 @@ pub enum Launcher {
     DeepSpeed,
 }
 
-pub use crate::accelerate::pyvalue::{repr as py_repr, str_of as py_str, truthy};
+pub use crate::pyvalue::{repr as py_repr, str_of as py_str, truthy};
 
 /// accelerate's `DynamoBackend` values.
 const DYNAMO: &[&str] = &[

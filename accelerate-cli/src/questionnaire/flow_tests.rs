@@ -10,7 +10,7 @@ use super::cluster::{self, expand_user};
 use super::precision::abspath;
 use super::prompt::Prompter;
 use super::QuestionnaireError;
-use crate::accelerate::config_file::to_dict;
+use crate::config_file::to_dict;
 
 fn env(k: &str) -> Option<String> {
     (k == "HOME").then(|| "/home/u".to_owned())

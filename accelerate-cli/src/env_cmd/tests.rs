@@ -1,5 +1,5 @@
 use super::*;
-use crate::accelerate::yaml;
+use crate::yaml;
 
 fn config(text: &str) -> AccelerateConfig {
     let (sagemaker, fields) =
