@@ -4,8 +4,9 @@
 //! configuration file and merge it in ([`merge`]), pick the launcher
 //! accelerate would pick and compute the variables it would export
 //! ([`mod@env`]). Where accelerate then calls torchrun, accel turns the same
-//! decisions into `accel-agent` flags, validated by the agent's own
-//! [`Config::from_args`], so there is one launcher behind both commands.
+//! decisions into the agent's typed [`LaunchOptions`] (no command line is
+//! rendered and parsed again), validated by the same `build` as
+//! `accel-agent`'s flags, so there is one launcher behind both commands.
 //!
 //! Deviations (all in the README): one machine always uses a private
 //! rendezvous on a free port (no port clash between jobs); several CPU
@@ -21,15 +22,16 @@ pub mod nvidia;
 
 use std::path::PathBuf;
 
-use clap::Parser;
-use rendezvous_server::input::clip_message;
 use serde_json::Value;
 
 use crate::config_file;
-use accel_agent::cli::AgentArgs;
-use accel_agent::config::Config;
+use accel_agent::config::{
+    rank_filter, std_spec, Backend, Config, ConfigError, LaunchOptions, NodeCount, Nproc, RdzvConf,
+};
 use env::Launcher;
 use flags::{Namespace, Parsed};
+use rendezvous_server::config::parse_duration;
+use rendezvous_server::input::excerpt;
 
 /// A launch ready to run.
 #[derive(Debug)]
@@ -72,7 +74,7 @@ pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pla
     let explicit = ns.get("config_file").as_str().map(PathBuf::from);
     let config = config_file::load_optional(explicit.as_deref(), env)?;
     let machine = merge::Machine {
-        gpus: accel_agent::config::cuda_devices(),
+        gpus: accel_agent::config::cuda_devices(env),
         physical_cores: physical_cores(),
     };
     let merged = merge::merge(ns, config, machine, env).map_err(LaunchError::Invalid)?;
@@ -128,13 +130,13 @@ pub fn build(
             warnings.push("Using RTX 4000 series which doesn't support faster communication speedups. Ensuring P2P and IB communications are disabled.".into());
         }
     }
-    let (argv, single_process) = agent_argv(ns, launcher, &mut warnings).map_err(bad)?;
-    let agent_args = AgentArgs::try_parse_from(&argv).map_err(|e| {
-        let text = clip_message(&e.render().to_string());
-        bad(text.trim().trim_start_matches("error: ").to_owned())
-    })?;
+    let (mut options, single_process) = agent_options(ns, launcher, &mut warnings).map_err(bad)?;
+    options.warnings = warnings;
+    options.torchrun_env = !single_process;
+    options.base_env = vars;
     // The agent sees accelerate's variables as part of its environment (so
     // its OMP_NUM_THREADS hint knows accelerate already set it).
+    let vars = &options.base_env;
     let view = |k: &str| {
         vars.iter()
             .rev()
@@ -142,10 +144,7 @@ pub fn build(
             .map(|(_, v)| v.clone())
             .or_else(|| env(k))
     };
-    let mut config = Config::from_args(&agent_args, &view).map_err(|e| bad(e.to_string()))?;
-    config.warnings.extend(warnings);
-    config.base_env = vars;
-    config.torchrun_env = !single_process;
+    let config = options.build(&view).map_err(|e| bad(e.to_string()))?;
     Ok(LaunchPlan {
         config,
         quiet: ns.truthy("quiet"),
@@ -153,22 +152,28 @@ pub fn build(
     })
 }
 
-/// The `accel-agent` command line for the launch, and whether it is
-/// accelerate's single plain process.
-fn agent_argv(
+/// The agent's options for the launch, and whether it is accelerate's
+/// single plain process.
+fn agent_options(
     ns: &Namespace,
     launcher: Launcher,
     warnings: &mut Vec<String>,
-) -> Result<(Vec<String>, bool), String> {
+) -> Result<(LaunchOptions, bool), String> {
     let text = |k: &str| env::py_str(ns.get(k));
     let machines_text = match ns.get("num_machines") {
         Value::Null => "1".to_owned(),
         v => env::py_str(v),
     };
-    let (min_m, max_m) = accel_agent::config::parse_nnodes(&machines_text)
+    let nnodes: NodeCount = machines_text
+        .parse()
         .map_err(|e| format!("--num_machines: {e}"))?;
+    let NodeCount {
+        min: min_m,
+        max: max_m,
+    } = nnodes;
     let total = ns.get("num_processes").as_i64().unwrap_or(1);
-    let mut argv: Vec<String> = vec!["accel-agent".into()];
+    let mut o = LaunchOptions::new(ns.script.clone());
+    o.training_script_args = ns.script_args.clone();
     let single_process = launcher == Launcher::Simple && total <= 1 && max_m <= 1;
     if launcher == Launcher::Simple && !ns.get("mpirun_hostfile").is_null() {
         return Err("accel starts the processes itself and does not run mpirun: drop --mpirun_hostfile (mpirun_config) and run `accel launch --num_machines N --machine_rank R ...` on each machine".into());
@@ -192,8 +197,12 @@ fn agent_argv(
             total / m
         }
     };
-    push(&mut argv, "--nproc-per-node", nproc.to_string());
-    push(&mut argv, "--nnodes", format!("{min_m}:{max_m}"));
+    // The agent's own rule for a worker count (and its message).
+    o.nproc_per_node = nproc
+        .to_string()
+        .parse::<Nproc>()
+        .map_err(|e| e.to_string())?;
+    o.nnodes = nnodes;
     if max_m > 1 {
         let ip = ns.get("main_process_ip");
         let Some(ip) = ip.as_str().filter(|s| !s.is_empty()) else {
@@ -202,37 +211,45 @@ fn agent_argv(
         let port = match ns.get("main_process_port").as_i64() {
             None => 29500,
             Some(0) => return Err("--main_process_port 0 would pick a different port on each machine; give a fixed port".into()),
-            Some(p) => p,
+            Some(p) => u16::try_from(p).map_err(|_| {
+                format!("--main_process_port {p} is not a port; give one from 1 to 65535")
+            })?,
         };
         let backend = text("rdzv_backend");
+        o.rdzv_backend = backend
+            .parse::<Backend>()
+            .map_err(|e| format!("--rdzv_backend: {e}"))?;
         // With static rendezvous, machine rank 0 hosts it at the main address
         // either way, so `same_network` changes nothing; c10d always uses
         // the main address (torchrun would fall back to localhost there).
-        if backend == "static" {
+        if o.rdzv_backend == Backend::Static {
             let rank = ns.get("machine_rank").as_i64().ok_or(
                 "--machine_rank is required with more than one machine and static rendezvous (0 on the main machine)",
             )?;
             if min_m != max_m {
                 return Err("--num_machines MIN:MAX needs --rdzv_backend c10d".into());
             }
-            push(&mut argv, "--rdzv-backend", "static".into());
-            push(&mut argv, "--master-addr", ip.to_owned());
-            push(&mut argv, "--master-port", port.to_string());
-            push(&mut argv, "--node-rank", rank.to_string());
+            o.master_addr = ip.to_owned();
+            o.master_port = Some(port);
+            o.node_rank = u32::try_from(rank).map_err(|_| {
+                format!(
+                    "--machine_rank {rank} is out of range; use 0 to {}",
+                    max_m - 1
+                )
+            })?;
         } else {
-            push(&mut argv, "--rdzv-backend", backend);
             let host = if ip.contains(':') {
                 format!("[{ip}]")
             } else {
                 ip.to_owned()
             };
-            push(&mut argv, "--rdzv-endpoint", format!("{host}:{port}"));
+            o.rdzv_endpoint = format!("{host}:{port}");
         }
         if let Some(id) = ns.get("rdzv_id").as_str() {
-            push(&mut argv, "--rdzv-id", id.to_owned());
+            o.rdzv_id = id.to_owned();
         }
     } else {
-        argv.push("--standalone".into());
+        o.standalone = true;
     }
     if launcher == Launcher::DeepSpeed && max_m > 1 {
         let l = ns.get("deepspeed_multinode_launcher");
@@ -243,42 +260,38 @@ fn agent_argv(
             ));
         }
     }
-    push(&mut argv, "--rdzv-conf", text("rdzv_conf"));
-    push(&mut argv, "--max-restarts", text("max_restarts"));
-    push(&mut argv, "--monitor-interval", text("monitor_interval"));
-    push(&mut argv, "--role", text("role"));
-    push(&mut argv, "--tee", text("tee"));
-    push(&mut argv, "--redirects", text("redirects"));
-    push(
-        &mut argv,
-        "--local-ranks-filter",
-        text("local_ranks_filter"),
-    );
-    push(&mut argv, "--ranks-filter", text("ranks_filter"));
-    for (flag, opt) in [
-        ("log_dir", "--log-dir"),
-        ("log_line_prefix_template", "--log-line-prefix-template"),
-        ("shutdown_timeout", "--shutdown-timeout"),
-    ] {
-        if !ns.get(flag).is_null() {
-            push(&mut argv, opt, text(flag));
-        }
+    let e = |err: ConfigError| err.to_string();
+    o.rdzv_conf = RdzvConf::parse(&text("rdzv_conf")).map_err(e)?;
+    let restarts = text("max_restarts");
+    o.max_restarts = restarts.trim().parse().map_err(|_| {
+        format!(
+            "--max_restarts '{}' is not a number of restarts; give 0 or more",
+            excerpt(&restarts)
+        )
+    })?;
+    o.monitor_interval = parse_duration(&text("monitor_interval"))
+        .map_err(|err| format!("--monitor_interval: {err}"))?;
+    o.role = text("role");
+    o.tee = std_spec("--tee")(&text("tee")).map_err(e)?;
+    o.redirects = std_spec("--redirects")(&text("redirects")).map_err(e)?;
+    o.local_ranks_filter =
+        rank_filter("--local_ranks_filter")(&text("local_ranks_filter")).map_err(e)?;
+    o.ranks_filter = rank_filter("--ranks_filter")(&text("ranks_filter")).map_err(e)?;
+    if !ns.get("log_dir").is_null() {
+        o.log_dir = Some(text("log_dir").into());
     }
-    if ns.truthy("module") {
-        argv.push("--module".into());
+    if !ns.get("log_line_prefix_template").is_null() {
+        o.log_line_prefix_template = Some(text("log_line_prefix_template"));
     }
-    if ns.truthy("no_python") {
-        argv.push("--no-python".into());
+    if !ns.get("shutdown_timeout").is_null() {
+        o.shutdown_timeout = Some(
+            parse_duration(&text("shutdown_timeout"))
+                .map_err(|err| format!("--shutdown_timeout: {err}"))?,
+        );
     }
-    argv.push("--".into());
-    argv.push(ns.script.clone());
-    argv.extend(ns.script_args.iter().cloned());
-    Ok((argv, single_process))
-}
-
-fn push(argv: &mut Vec<String>, flag: &str, value: String) {
-    argv.push(flag.to_owned());
-    argv.push(value);
+    o.module = ns.truthy("module");
+    o.no_python = ns.truthy("no_python");
+    Ok((o, single_process))
 }
 
 /// Whether `program` is an executable on `PATH` (or a path to one).

@@ -161,7 +161,7 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             print(config_file::write_default(
                 &path,
                 &mixed_precision,
-                accel_agent::config::cuda_devices(),
+                accel_agent::config::cuda_devices(env),
             )?)
         }
         AccelCommand::Config {

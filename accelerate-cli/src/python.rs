@@ -11,7 +11,9 @@
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use wait_timeout::ChildExt;
 
 /// Why the Python program gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -120,16 +122,13 @@ pub fn wait_with_deadline(
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        match child.try_wait()? {
-            Some(status) => break status,
-            None if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(None);
-            }
+    // The child's exit wakes the wait (SIGCHLD), not a polling loop.
+    let status = match child.wait_timeout(limit)? {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
         }
     };
     Ok(Some((

@@ -2,8 +2,9 @@
 //! (`--nproc-per-node` and `--nproc_per_node`), each with torchrun's `PET_*`
 //! environment fallback. An explicit flag always wins over the environment.
 //!
-//! Parsing only checks syntax; [`crate::config::Config::from_args`] turns the
-//! result into a validated configuration.
+//! Each value is typed as it is parsed (its `value_parser`), so a bad value
+//! is a usage error naming the flag; the result converts into
+//! [`LaunchOptions`], whose `build` checks how the values combine.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +12,11 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::Parser;
 use rendezvous_server::config::DurationParser;
+
+use crate::config::{
+    rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, RdzvConf, Signals,
+};
+use crate::logs::StdSpec;
 
 /// Launches and supervises a node's training processes (a drop-in for torchrun).
 ///
@@ -25,26 +31,29 @@ pub struct AgentArgs {
         long,
         env = "PET_NNODES",
         default_value = "1:1",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = str::parse::<NodeCount>
     )]
-    pub nnodes: String,
+    pub nnodes: NodeCount,
     /// Workers per node: a number, `cpu` (usable CPUs), `gpu` (CUDA devices) or `auto` (GPUs, else CPUs).
     #[arg(
         long = "nproc-per-node",
         alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
         default_value = "1",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = str::parse::<Nproc>
     )]
-    pub nproc_per_node: String,
+    pub nproc_per_node: Nproc,
     /// Rendezvous backend: `static` (node rank 0 hosts it) or `c10d` (join an rdzv-server).
     #[arg(
         long = "rdzv-backend",
         alias = "rdzv_backend",
         env = "PET_RDZV_BACKEND",
-        default_value = "static"
+        default_value = "static",
+        value_parser = str::parse::<Backend>
     )]
-    pub rdzv_backend: String,
+    pub rdzv_backend: Backend,
     /// Rendezvous endpoint `HOST[:PORT]` (c10d default port 29400; IPv6 as `[::1]:29400`).
     #[arg(
         long = "rdzv-endpoint",
@@ -67,9 +76,10 @@ pub struct AgentArgs {
         long = "rdzv-conf",
         alias = "rdzv_conf",
         env = "PET_RDZV_CONF",
-        default_value = ""
+        default_value = "",
+        value_parser = RdzvConf::parse
     )]
-    pub rdzv_conf: String,
+    pub rdzv_conf: RdzvConf,
     /// Single-node job with an embedded rendezvous on a free port (no server needed).
     #[arg(long, env = "PET_STANDALONE", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub standalone: bool,
@@ -109,11 +119,11 @@ pub struct AgentArgs {
     pub log_dir: Option<PathBuf>,
     /// Send worker output to `<log-dir>/.../attempt_N/<local_rank>/std{out,err}.log`:
     /// 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, like `0:3,1:1`.
-    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
-    pub redirects: String,
+    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0", value_parser = std_spec("--redirects"))]
+    pub redirects: StdSpec,
     /// Like --redirects, and also copy the lines, prefixed, to this agent's console.
-    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
-    pub tee: String,
+    #[arg(short = 't', long, env = "PET_TEE", default_value = "0", value_parser = std_spec("--tee"))]
+    pub tee: StdSpec,
     /// Console prefix of tee'd lines: `${role_name}`, `${rank}`, `${local_rank}`, `${hostname}`,
     /// `${node_rank}` (default `[${role_name}${local_rank}]:`; also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE).
     #[arg(
@@ -127,17 +137,19 @@ pub struct AgentArgs {
         long = "local-ranks-filter",
         alias = "local_ranks_filter",
         env = "PET_LOCAL_RANKS_FILTER",
-        default_value = ""
+        default_value = "",
+        value_parser = ranks("--local-ranks-filter")
     )]
-    pub local_ranks_filter: String,
+    pub local_ranks_filter: Ranks,
     /// Only these global ranks' output reaches the console, like `0,8` (files keep everything).
     #[arg(
         long = "ranks-filter",
         alias = "ranks_filter",
         env = "PET_RANKS_FILTER",
-        default_value = ""
+        default_value = "",
+        value_parser = ranks("--ranks-filter")
     )]
-    pub ranks_filter: String,
+    pub ranks_filter: Ranks,
     /// Static rendezvous: this node's rank.
     #[arg(
         long = "node-rank",
@@ -166,9 +178,10 @@ pub struct AgentArgs {
         long = "signals-to-handle",
         alias = "signals_to_handle",
         env = "PET_SIGNALS_TO_HANDLE",
-        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        value_parser = str::parse::<Signals>
     )]
-    pub signals_to_handle: String,
+    pub signals_to_handle: Signals,
     /// Seconds between forwarding a stop signal and SIGKILL (default 30, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
     #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
           value_parser = DurationParser, allow_hyphen_values = true)]
@@ -189,4 +202,53 @@ pub struct AgentArgs {
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub training_script_args: Vec<String>,
+}
+
+/// A rank filter as clap holds it: clap reads a bare `Option` field as "the
+/// flag may be absent", so the filter's own `None` (every rank) is wrapped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranks(pub RankFilter);
+
+fn ranks(
+    flag: &'static str,
+) -> impl Fn(&str) -> Result<Ranks, crate::config::ConfigError> + Clone + Send + Sync + 'static {
+    let parse = rank_filter(flag);
+    move |s| parse(s).map(Ranks)
+}
+
+impl From<AgentArgs> for LaunchOptions {
+    fn from(a: AgentArgs) -> Self {
+        Self {
+            nnodes: a.nnodes,
+            nproc_per_node: a.nproc_per_node,
+            rdzv_backend: a.rdzv_backend,
+            rdzv_endpoint: a.rdzv_endpoint,
+            rdzv_id: a.rdzv_id,
+            rdzv_conf: a.rdzv_conf,
+            standalone: a.standalone,
+            max_restarts: a.max_restarts,
+            monitor_interval: a.monitor_interval,
+            role: a.role,
+            module: a.module,
+            no_python: a.no_python,
+            run_path: a.run_path,
+            log_dir: a.log_dir,
+            redirects: a.redirects,
+            tee: a.tee,
+            log_line_prefix_template: a.log_line_prefix_template,
+            local_ranks_filter: a.local_ranks_filter.0,
+            ranks_filter: a.ranks_filter.0,
+            node_rank: a.node_rank,
+            master_addr: a.master_addr,
+            master_port: a.master_port,
+            local_addr: a.local_addr,
+            signals_to_handle: a.signals_to_handle,
+            shutdown_timeout: a.shutdown_timeout,
+            exit_barrier_timeout: a.exit_barrier_timeout,
+            virtual_local_rank: a.virtual_local_rank,
+            training_script: a.training_script,
+            training_script_args: a.training_script_args,
+            ..LaunchOptions::new(String::new())
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The agent's validated configuration, derived from [`AgentArgs`] and the
+//! The agent's validated configuration, built from [`LaunchOptions`] and the
 //! environment by the same rules as torchrun's `run()` (reference: torchrun
 //! §1 "Derivation rules"), with the deviations the README lists.
 //!
@@ -9,12 +9,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use rendezvous_server::config::parse_duration;
 use rendezvous_server::input::excerpt;
 
-use crate::cli::AgentArgs;
-
+mod options;
 mod rdzv_conf;
+pub use options::{
+    rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, Signals,
+};
 pub use rdzv_conf::{parse_bool, parse_bytes, PortRange, RdzvConf};
 
 /// A configuration the agent cannot run with; the message names the flag.
@@ -129,197 +130,6 @@ impl Config {
         }
     }
 
-    /// Validates `args`; `env` looks up the agent's environment.
-    pub fn from_args(
-        args: &AgentArgs,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        let mut warnings = Vec::new();
-        let (min_nodes, max_nodes) = parse_nnodes(&args.nnodes)?;
-        let nproc_per_node = parse_nproc(&args.nproc_per_node)?;
-        let mut rdzv = RdzvConf::parse(&args.rdzv_conf)?;
-        rdzv.tls = std::mem::take(&mut rdzv.tls).or_env(env);
-        rdzv.tls
-            .check("rendezvous")
-            .map_err(|e| bad(format!("--rdzv-conf tls_*: {e}")))?;
-        let token = rendezvous_server::config::client_token(rdzv.token_file.as_deref(), env)
-            .map_err(|e| bad(format!("--rdzv-conf token_file / ACCEL_RDZV_TOKEN: {e}")))?;
-        let backend = args.rdzv_backend.as_str();
-        let implicit_standalone = backend == "static"
-            && args.rdzv_endpoint.is_empty()
-            && args.master_port.is_none()
-            && max_nodes == 1;
-        let rendezvous = if args.standalone || implicit_standalone {
-            if max_nodes != 1 {
-                return Err(bad(format!(
-                    "--standalone runs one node, but --nnodes is {}; drop --standalone and give --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
-                    excerpt(&args.nnodes)
-                )));
-            }
-            Rendezvous::Standalone
-        } else {
-            match backend {
-                "static" => {
-                    let (host, port) = if args.rdzv_endpoint.is_empty() {
-                        (args.master_addr.clone(), args.master_port.unwrap_or(STATIC_PORT))
-                    } else {
-                        let (h, p) = parse_endpoint(&args.rdzv_endpoint, None)?;
-                        (h, p.unwrap_or(STATIC_PORT))
-                    };
-                    if min_nodes != max_nodes {
-                        return Err(bad(format!(
-                            "--nnodes {}: static rendezvous needs a fixed node count; use --rdzv-backend c10d for MIN:MAX",
-                            excerpt(&args.nnodes)
-                        )));
-                    }
-                    if args.node_rank >= max_nodes {
-                        return Err(bad(format!(
-                            "--node-rank {} is out of range for --nnodes {}; use 0 to {}",
-                            args.node_rank,
-                            max_nodes,
-                            max_nodes - 1
-                        )));
-                    }
-                    Rendezvous::Static { host, port, node_rank: args.node_rank }
-                }
-                "c10d" => {
-                    let endpoint = if args.rdzv_endpoint.is_empty() { "localhost" } else { &args.rdzv_endpoint };
-                    let (host, port) = parse_endpoint(endpoint, Some(C10D_PORT))?;
-                    if args.rdzv_id == "none" {
-                        warnings.push(
-                            "no --rdzv-id given: the job id is 'none', and every job on this endpoint without one joins the same job".into(),
-                        );
-                    }
-                    Rendezvous::C10d { host, port: port.unwrap_or(C10D_PORT) }
-                }
-                "etcd" | "etcd-v2" => {
-                    return Err(bad(format!(
-                        "--rdzv-backend {backend} is not available in this version; use c10d with rdzv-server, or static"
-                    )))
-                }
-                other => {
-                    return Err(bad(format!(
-                        "--rdzv-backend '{}' is unknown; use static or c10d",
-                        excerpt(other)
-                    )))
-                }
-            }
-        };
-        if args.node_rank != 0 && !matches!(rendezvous, Rendezvous::Static { .. }) {
-            warnings.push("--node-rank is used only by the static backend; ignoring it".into());
-        }
-        let run_id = match rendezvous {
-            Rendezvous::Standalone => random_id(),
-            _ => args.rdzv_id.clone(),
-        };
-        if run_id.is_empty() {
-            return Err(bad("--rdzv-id must not be empty"));
-        }
-        if run_id.len() > MAX_RDZV_ID {
-            // The rendezvous refuses longer ids, and it names a directory.
-            return Err(bad(format!(
-                "--rdzv-id '{}' is too long; at most {MAX_RDZV_ID} bytes",
-                excerpt(&run_id)
-            )));
-        }
-        if args.no_python && args.module {
-            return Err(bad("--no-python and -m/--module cannot be used together"));
-        }
-        let entrypoint = if args.no_python && !args.run_path {
-            Entrypoint {
-                program: args.training_script.clone(),
-                leading_args: Vec::new(),
-                script_args: args.training_script_args.clone(),
-            }
-        } else {
-            let mut leading_args = vec!["-u".to_owned()];
-            if args.module {
-                leading_args.push("-m".into());
-            }
-            leading_args.push(args.training_script.clone());
-            Entrypoint {
-                program: env("PYTHON_EXEC")
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or_else(|| "python3".into()),
-                leading_args,
-                script_args: args.training_script_args.clone(),
-            }
-        };
-        let shutdown_timeout = match args.shutdown_timeout {
-            Some(d) => d,
-            None => match env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
-                Some(v) => parse_duration(&v)
-                    .map_err(|e| bad(format!("TORCH_ELASTIC_SHUTDOWN_TIMEOUT: {e}")))?,
-                None => Duration::from_secs(30),
-            },
-        };
-        if args.monitor_interval.is_zero() {
-            return Err(bad("--monitor-interval must be greater than 0"));
-        }
-        if nproc_per_node > 1 && env("OMP_NUM_THREADS").is_none() {
-            warnings.push(format!(
-                "OMP_NUM_THREADS is not set: each of the {nproc_per_node} workers gets OMP_NUM_THREADS=1 so they do not \
-                 oversubscribe the CPUs; set it yourself to tune"
-            ));
-        }
-        let signals = parse_signals(&args.signals_to_handle)?;
-        let prefix_template = args
-            .log_line_prefix_template
-            .clone()
-            .or_else(|| env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
-            .filter(|t| !t.is_empty());
-        if let Some(t) = prefix_template
-            .as_ref()
-            .filter(|t| t.len() > MAX_PREFIX_TEMPLATE)
-        {
-            // Every console line carries the prefix, and the console queues
-            // 16,384 lines: a 100 KiB prefix would hold gigabytes.
-            return Err(bad(format!(
-                "--log-line-prefix-template is {} bytes; at most {MAX_PREFIX_TEMPLATE}",
-                t.len()
-            )));
-        }
-        if args.role.is_empty() {
-            return Err(bad("--role must not be empty"));
-        }
-        Ok(Self {
-            rendezvous,
-            run_id,
-            min_nodes,
-            max_nodes,
-            nproc_per_node,
-            max_restarts: args.max_restarts,
-            monitor_interval: args.monitor_interval,
-            shutdown_timeout,
-            exit_barrier_timeout: args.exit_barrier_timeout,
-            token,
-            rdzv,
-            role: args.role.clone(),
-            entrypoint,
-            log_dir: args.log_dir.clone(),
-            local_addr: args.local_addr.clone().filter(|a| !a.is_empty()),
-            signals,
-            signals_text: args.signals_to_handle.clone(),
-            virtual_local_rank: args.virtual_local_rank,
-            parent_error_file: env("TORCHELASTIC_ERROR_FILE")
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from),
-            logs: crate::logs::LogSpec {
-                redirects: crate::logs::StdSpec::parse("--redirects", &args.redirects)?,
-                tee: crate::logs::StdSpec::parse("--tee", &args.tee)?,
-                prefix_template,
-                local_ranks: crate::logs::parse_ranks(
-                    "--local-ranks-filter",
-                    &args.local_ranks_filter,
-                )?,
-                ranks: crate::logs::parse_ranks("--ranks-filter", &args.ranks_filter)?,
-            },
-            warnings,
-            base_env: Vec::new(),
-            torchrun_env: true,
-        })
-    }
-
     /// How long a round may take to form before the agent gives up.
     pub fn join_timeout(&self) -> Duration {
         match self.rendezvous {
@@ -366,45 +176,17 @@ pub const MAX_PREFIX_TEMPLATE: usize = 1024;
 /// instead of an attempt to describe and spawn billions of workers.
 pub const MAX_NPROC_PER_NODE: u32 = 65_536;
 
-/// A number (at most [`MAX_NPROC_PER_NODE`]), `cpu`, `gpu` or `auto`.
-pub fn parse_nproc(s: &str) -> Result<u32, ConfigError> {
-    let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    match s {
-        "cpu" => Ok(cpus()),
-        "gpu" => match cuda_device_count() {
-            0 => Err(bad(
-                "--nproc-per-node gpu: no CUDA device found on this node; give a number or use cpu",
-            )),
-            n => Ok(n),
-        },
-        "auto" => Ok(match cuda_device_count() {
-            0 => cpus(),
-            n => n,
-        }),
-        n => match n.parse::<u32>() {
-            Ok(n) if n > MAX_NPROC_PER_NODE => Err(bad(format!(
-                "--nproc-per-node {n} is too many; at most {MAX_NPROC_PER_NODE} workers per node"
-            ))),
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(bad(format!(
-                "--nproc-per-node '{}' is invalid; use a positive number, cpu, gpu or auto",
-                excerpt(s)
-            ))),
-        },
-    }
+/// CUDA devices visible to this process: those the NVIDIA driver exposes,
+/// limited to the ones `CUDA_VISIBLE_DEVICES` (from `env`) lists, without
+/// loading any CUDA library.
+pub fn cuda_devices(env: &dyn Fn(&str) -> Option<String>) -> u32 {
+    cuda_device_count(env)
 }
 
-/// CUDA devices the NVIDIA driver exposes, honouring `CUDA_VISIBLE_DEVICES`
-/// when it lists devices (without loading any CUDA library).
-/// CUDA devices visible to this process (see `cuda_device_count`).
-pub fn cuda_devices() -> u32 {
-    cuda_device_count()
-}
-
-fn cuda_device_count() -> u32 {
+fn cuda_device_count(env: &dyn Fn(&str) -> Option<String>) -> u32 {
     let present = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count() as u32);
-    match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(v) if present > 0 => {
+    match env("CUDA_VISIBLE_DEVICES") {
+        Some(v) if present > 0 => {
             let listed = v.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
             listed.min(present)
         }
@@ -468,15 +250,7 @@ fn parse_signals(s: &str) -> Result<Vec<Signal>, ConfigError> {
 
 /// A random version-4 UUID (standalone run ids, as torchrun's `uuid4()`).
 pub fn random_id() -> String {
-    let (a, b) = (fastrand::u64(..), fastrand::u64(..));
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        0x4000 | (a & 0x0fff),
-        0x8000 | ((b >> 48) & 0x3fff),
-        b & 0xffff_ffff_ffff
-    )
+    uuid::Uuid::new_v4().to_string()
 }
 
 #[cfg(test)]

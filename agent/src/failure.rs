@@ -241,7 +241,9 @@ mod tests {
 
     #[test]
     fn an_oversized_error_file_is_not_read() {
-        let dir = std::env::temp_dir().join(format!("accel-errfile-{}", std::process::id()));
+        // Each test its own directory: tests run in parallel, and each
+        // removes its directory at the end.
+        let dir = std::env::temp_dir().join(format!("accel-errfile-big-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let f = dir.join("error.json");
         std::fs::write(&f, r#"{"message": "boom"}"#).expect("write");
@@ -307,7 +309,8 @@ mod tests {
 
     #[test]
     fn error_files_are_read_in_both_layouts() {
-        let dir = std::env::temp_dir().join(format!("accel-errfile-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("accel-errfile-layouts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let nested = dir.join("nested.json");
         std::fs::write(&nested, r#"{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "tb", "timestamp": "1700000000"}}}"#).expect("write");

@@ -3,14 +3,14 @@
 use std::process::ExitCode;
 
 use accel_agent::cli::AgentArgs;
-use accel_agent::config::Config;
+use accel_agent::config::LaunchOptions;
 use accel_agent::node;
 
 fn main() -> ExitCode {
     // Usage errors exit 2 and quote only excerpts of the values.
     let args: AgentArgs = rendezvous_server::input::parse_or_exit();
     node::init_tracing(node::DEFAULT_LOG_FILTER);
-    match Config::from_args(&args, &|k| std::env::var(k).ok()) {
+    match LaunchOptions::from(args).build(&|k| std::env::var(k).ok()) {
         Ok(cfg) => node::run(cfg, "accel-agent"),
         Err(e) => {
             eprintln!("accel-agent: error: {e}");

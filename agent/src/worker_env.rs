@@ -154,7 +154,9 @@ mod tests {
 
     fn cfg(args: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
         let args = AgentArgs::try_parse_from(args.iter().copied()).expect("args parse");
-        Config::from_args(&args, env).expect("valid config")
+        crate::config::LaunchOptions::from(args)
+            .build(env)
+            .expect("valid config")
     }
 
     fn round() -> RoundInfo {

@@ -1,6 +1,6 @@
 //! The agent's command line as a user (or a launcher passing user input)
 //! can write it: clap's parsing of [`AgentArgs`], then
-//! [`Config::from_args`] with an injected environment, plus the value
+//! `LaunchOptions::build` with an injected environment, plus the value
 //! parsers on their own (`--rdzv-conf`, durations, `--nnodes`, endpoints).
 //! Besides "no panic", a configuration that is accepted must be one the
 //! agent can run with: counts in range, positive intervals, and every
@@ -17,7 +17,9 @@
 use std::time::{Duration, Instant};
 
 use accel_agent::cli::AgentArgs;
-use accel_agent::config::{parse_endpoint, parse_nnodes, Config, RdzvConf, Rendezvous};
+use accel_agent::config::{
+    parse_endpoint, parse_nnodes, Config, LaunchOptions, RdzvConf, Rendezvous,
+};
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
 use rendezvous_server::config::parse_duration;
@@ -51,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_duration("--monitor-interval", parsed.monitor_interval);
     assert_duration("--exit-barrier-timeout", parsed.exit_barrier_timeout);
-    match Config::from_args(&parsed, &lookup) {
+    match LaunchOptions::from(parsed).build(&lookup) {
         Ok(config) => check_config(&config),
         Err(e) => assert!(!e.to_string().is_empty(), "an error without a message"),
     }

@@ -22,10 +22,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use accel_agent::cli::AgentArgs;
-use accel_agent::config::Config;
+use accel_agent::config::{Config, LaunchOptions, Nproc};
 use accel_agent::Outcome;
-use clap::Parser;
 
 use crate::env::WorkerEnv;
 
@@ -132,30 +130,25 @@ impl Launcher {
             return Err(LaunchError::NoProcesses);
         }
         let exe = std::env::current_exe().map_err(LaunchError::NoExecutable)?;
-        let mut argv: Vec<String> = vec![
-            "accel-agent".into(),
-            "--standalone".into(),
-            "--nproc-per-node".into(),
-            self.num_processes.to_string(),
-            "--max-restarts".into(),
-            self.max_restarts.to_string(),
-            "--no-python".into(),
-            "--".into(),
-            exe.display().to_string(),
-        ];
-        argv.extend(std::env::args().skip(1));
-        let args =
-            AgentArgs::try_parse_from(&argv).map_err(|e| LaunchError::Config(e.to_string()))?;
-        let mut cfg =
-            Config::from_args(&args, env).map_err(|e| LaunchError::Config(e.to_string()))?;
-        cfg.base_env.push((CHILD_VAR.into(), "1".into()));
+        let mut options = LaunchOptions::new(exe.display().to_string());
+        options.standalone = true;
+        options.nproc_per_node = Nproc::Count(self.num_processes);
+        options.max_restarts = self.max_restarts;
+        options.no_python = true;
+        options.training_script_args = std::env::args().skip(1).collect();
+        options.base_env.push((CHILD_VAR.into(), "1".into()));
         if self.debug {
-            cfg.base_env.push((DEBUG_VAR.into(), "1".into()));
-            cfg.base_env
+            options.base_env.push((DEBUG_VAR.into(), "1".into()));
+            options
+                .base_env
                 .push(("CUDA_VISIBLE_DEVICES".into(), String::new()));
-            cfg.base_env
+            options
+                .base_env
                 .push(("GLOO_SOCKET_IFNAME".into(), "lo".into()));
         }
+        let cfg = options
+            .build(env)
+            .map_err(|e| LaunchError::Config(e.to_string()))?;
         Ok(cfg)
     }
 }

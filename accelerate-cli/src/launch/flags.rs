@@ -238,20 +238,9 @@ fn unknown(name: &str) -> String {
     format!("unrecognized argument {}: {hint}", excerpt(name))
 }
 
-/// Edit distance, for suggestions.
+/// Edit distance (Levenshtein), for suggestions.
 fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 /// accelerate's `str_to_bool`.

@@ -6,9 +6,10 @@ use serde_json::json;
 
 use super::flags::{parse, Parsed};
 use super::merge::{merge, Machine};
-use super::{agent_argv, build, env::Launcher};
+use super::{agent_options, build, env::Launcher};
 use crate::config_file::{process, AccelerateConfig};
 use crate::yaml;
+use accel_agent::config::{Backend, LaunchOptions, NodeCount, Nproc};
 
 const CPU_BOX: Machine = Machine {
     gpus: 0,
@@ -36,15 +37,11 @@ fn merged(args: &str, file: Option<&str>) -> super::merge::Merged {
     merge(ns, file.map(config), CPU_BOX, &no_env).expect("merges")
 }
 
-fn argv(args: &str, file: Option<&str>, launcher: Launcher) -> Vec<String> {
+fn options(args: &str, file: Option<&str>, launcher: Launcher) -> LaunchOptions {
     let m = merged(args, file);
-    agent_argv(&m.ns, launcher, &mut Vec::new())
-        .expect("argv")
+    agent_options(&m.ns, launcher, &mut Vec::new())
+        .expect("options")
         .0
-}
-
-fn has(argv: &[String], flag: &str, value: &str) -> bool {
-    argv.windows(2).any(|w| w[0] == flag && w[1] == value)
 }
 
 #[test]
@@ -80,41 +77,41 @@ fn command_line_beats_file_and_file_beats_defaults() {
 fn file_rdzv_backend_and_same_network_count_unless_given() {
     let file = "distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 2\nrdzv_backend: c10d\nsame_network: false\n\
                 main_process_ip: head\nmachine_rank: 1\n";
-    let a = argv("t.py", Some(file), Launcher::MultiGpu);
-    assert!(
-        has(&a, "--rdzv-backend", "c10d") && has(&a, "--rdzv-endpoint", "head:29500"),
-        "{a:?}"
+    let a = options("t.py", Some(file), Launcher::MultiGpu);
+    assert_eq!(a.rdzv_backend, Backend::C10d);
+    assert_eq!(a.rdzv_endpoint, "head:29500");
+    assert_eq!(
+        (a.nproc_per_node, a.nnodes),
+        (Nproc::Count(2), NodeCount::fixed(2))
     );
-    assert!(has(&a, "--nproc-per-node", "2") && has(&a, "--nnodes", "2:2"));
-    let b = argv("--rdzv_backend static t.py", Some(file), Launcher::MultiGpu);
-    assert!(
-        has(&b, "--rdzv-backend", "static") && has(&b, "--node-rank", "1"),
-        "{b:?}"
+    let b = options("--rdzv_backend static t.py", Some(file), Launcher::MultiGpu);
+    assert_eq!((b.rdzv_backend, b.node_rank), (Backend::Static, 1));
+    assert_eq!(
+        (b.master_addr.as_str(), b.master_port),
+        ("head", Some(29500))
     );
-    assert!(has(&b, "--master-addr", "head") && has(&b, "--master-port", "29500"));
 }
 
 #[test]
 fn elastic_machines_and_accel_extras() {
-    let a = argv(
+    let a = options(
         "--multi_gpu --num_processes 8 --num_machines 2:4 --rdzv_backend c10d --main_process_ip h \
          --main_process_port 29400 --rdzv_id job7 --max_restarts 3 t.py --x 1",
         None,
         Launcher::MultiGpu,
     );
-    assert!(
-        has(&a, "--nnodes", "2:4") && has(&a, "--nproc-per-node", "2"),
-        "{a:?}"
-    );
-    assert!(has(&a, "--rdzv-id", "job7") && has(&a, "--max-restarts", "3"));
-    assert!(a.ends_with(&["--".into(), "t.py".into(), "--x".into(), "1".into()]));
+    assert_eq!(a.nnodes, NodeCount { min: 2, max: 4 });
+    assert_eq!(a.nproc_per_node, Nproc::Count(2));
+    assert_eq!((a.rdzv_id.as_str(), a.max_restarts), ("job7", 3));
+    assert_eq!(a.training_script, "t.py");
+    assert_eq!(a.training_script_args, ["--x", "1"]);
 }
 
 #[test]
 fn one_machine_is_standalone_and_one_process_is_plain() {
     let m = merged("--cpu t.py", None);
-    let (a, single) = agent_argv(&m.ns, Launcher::Simple, &mut Vec::new()).expect("argv");
-    assert!(single && a.contains(&"--standalone".to_owned()) && has(&a, "--nproc-per-node", "1"));
+    let (a, single) = agent_options(&m.ns, Launcher::Simple, &mut Vec::new()).expect("options");
+    assert!(single && a.standalone && a.nproc_per_node == Nproc::Count(1));
     let plan = build(m, "/w", &no_env).expect("plan");
     assert!(!plan.config.torchrun_env);
     assert!(plan

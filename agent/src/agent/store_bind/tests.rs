@@ -7,7 +7,9 @@ fn cfg(args: &[&str]) -> Config {
     v.extend_from_slice(args);
     v.push("t.py");
     let a = AgentArgs::try_parse_from(v).expect("syntax");
-    Config::from_args(&a, &|_| None).expect("valid")
+    crate::config::LaunchOptions::from(a)
+        .build(&|_| None)
+        .expect("valid")
 }
 
 fn c10d(endpoint: &str, extra: &[&str]) -> Config {
