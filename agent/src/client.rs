@@ -103,17 +103,18 @@ impl RdzvClient {
                             Ok(Some(pb::Event {
                                 kind: Some(Kind::Joined(j)),
                             })) => Ok(Ok((inner, stream, j))),
-                            Ok(other) => Ok(Err(format!(
-                                "unexpected first event from the rendezvous: {other:?}"
+                            Ok(other) => Ok(Err((
+                                Code::Internal,
+                                format!("unexpected first event from the rendezvous: {other:?}"),
                             ))),
                             Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
-                            Err(s) => Ok(Err(s.message().to_owned())),
+                            Err(s) => Ok(Err((s.code(), s.message().to_owned()))),
                         }
                     }
                     // Only the server's own verdicts are final; transport trouble
                     // (a server going down, a reset connection) is retried.
                     Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
-                    Err(s) => Ok(Err(s.message().to_owned())),
+                    Err(s) => Ok(Err((s.code(), s.message().to_owned()))),
                 }
             };
             // No attempt outlives the deadline (a cut link would hang a connect).
@@ -128,9 +129,11 @@ impl RdzvClient {
                     };
                     return Ok((client, stream, joined));
                 }
-                Ok(Ok(Err(refusal))) => return Err(AgentError::Rejected(refusal)),
+                Ok(Ok(Err((code, message)))) => {
+                    return Err(AgentError::Rejected { code, message })
+                }
                 Ok(Err(error)) if tls.enabled() && is_certificate_error(&error) => {
-                    return Err(AgentError::Rejected(format!(
+                    return Err(AgentError::Tls(format!(
                         "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
                          (the CA that signed the server's certificate, whose names must include '{host}') \
                          and tls_cert/tls_key"
@@ -313,5 +316,84 @@ mod tests {
             "the end of a traceback is kept"
         );
         assert!(f.message.starts_with('m'));
+    }
+
+    /// A real rendezvous on loopback with `token`, serving until the test ends.
+    async fn serve(token: &str) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let options = rendezvous_server::ServeOptions {
+            finished_job_ttl: Duration::from_secs(5),
+            may_rejoin_after_shutdown: false,
+            token: Some(Token::new(token, "test").expect("token")),
+            limits: rendezvous_server::Limits::default(),
+            tls: None,
+        };
+        tokio::spawn(rendezvous_server::serve(
+            listener,
+            options,
+            std::future::pending(),
+        ));
+        port
+    }
+
+    fn request(nnodes: u32) -> pb::JoinRequest {
+        pb::JoinRequest {
+            job_id: "j".into(),
+            node_id: "n".into(),
+            hostname: "h".into(),
+            min_nodes: nnodes,
+            max_nodes: nnodes,
+            nproc_per_node: 1,
+            dead_after_ms: 60_000,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_keeps_the_servers_status_code() {
+        let port = serve("right-token-0123456789").await;
+        let join = |req, token: Option<Token>| async move {
+            RdzvClient::join(
+                "127.0.0.1",
+                port,
+                req,
+                token.as_ref(),
+                &ClientTlsFiles::default(),
+                Duration::from_secs(5),
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+        };
+        let wrong = Token::new("wrong-token-0123456789", "test").expect("token");
+        match join(request(1), Some(wrong)).await {
+            Err(AgentError::Rejected { code, message }) => {
+                assert_eq!(code, Code::Unauthenticated, "{message}");
+                assert!(message.contains("token"), "{message}");
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        }
+        let right = Token::new("right-token-0123456789", "test").expect("token");
+        let (_client, _events, _joined) = join(request(2), Some(right.clone()))
+            .await
+            .expect("joins with the token");
+        // The job now wants 2 nodes: another node asking for 3 disagrees.
+        let mut other = request(3);
+        other.node_id = "m".into();
+        match join(other, Some(right)).await {
+            Err(e @ AgentError::Rejected { .. }) => {
+                let AgentError::Rejected { code, .. } = &e else {
+                    unreachable!()
+                };
+                assert!(
+                    matches!(code, Code::FailedPrecondition | Code::InvalidArgument),
+                    "{code:?}: {e}"
+                );
+                assert_eq!(e.exit_code(), 2);
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        }
     }
 }

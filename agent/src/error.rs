@@ -9,9 +9,22 @@ pub enum AgentError {
     /// A bad flag or value (exit code 2).
     #[error("{0}")]
     Config(String),
-    /// The rendezvous refused this node, e.g. its settings disagree with the job's (exit code 2).
+    /// The rendezvous refused this node, e.g. its settings disagree with the
+    /// job's or the token is wrong (exit code 2). `code` is the server's gRPC
+    /// status code, so callers can tell a refusal of the job's settings
+    /// (`InvalidArgument`, `FailedPrecondition`) from one of credentials
+    /// (`Unauthenticated`, `PermissionDenied`).
+    #[error("the rendezvous refused this node: {message}")]
+    Rejected {
+        /// The server's status code.
+        code: tonic::Code,
+        /// The server's explanation.
+        message: String,
+    },
+    /// TLS with the rendezvous failed: a certificate this side or the other
+    /// refuses (exit code 2).
     #[error("the rendezvous refused this node: {0}")]
-    Rejected(String),
+    Tls(String),
     /// A round did not form in time.
     #[error("rendezvous timed out: {0}")]
     JoinTimeout(String),
@@ -33,7 +46,7 @@ impl AgentError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            AgentError::Config(_) | AgentError::Rejected(_) => 2,
+            AgentError::Config(_) | AgentError::Rejected { .. } | AgentError::Tls(_) => 2,
             _ => 1,
         }
     }
