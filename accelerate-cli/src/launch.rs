@@ -130,7 +130,8 @@ pub fn build(
             warnings.push("Using RTX 4000 series which doesn't support faster communication speedups. Ensuring P2P and IB communications are disabled.".into());
         }
     }
-    let (mut options, single_process) = agent_options(ns, launcher, &mut warnings).map_err(bad)?;
+    let (mut options, single_process) =
+        agent_options(ns, launcher, &mut warnings, env).map_err(bad)?;
     options.warnings = warnings;
     options.torchrun_env = !single_process;
     options.base_env = vars;
@@ -154,10 +155,17 @@ pub fn build(
 
 /// The agent's options for the launch, and whether it is accelerate's
 /// single plain process.
+///
+/// torchrun's flags that accelerate's launch does not have keep their
+/// `PET_*` environment fallbacks, read from `env`: accelerate hands
+/// torchrun a namespace parsed from the environment and overrides only the
+/// keys it has itself, so `PET_LOCAL_ADDR` (a pod's address on
+/// Kubernetes, say) reaches the launch there as well.
 fn agent_options(
     ns: &Namespace,
     launcher: Launcher,
     warnings: &mut Vec<String>,
+    env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(LaunchOptions, bool), String> {
     let text = |k: &str| env::py_str(ns.get(k));
     let machines_text = match ns.get("num_machines") {
@@ -291,6 +299,26 @@ fn agent_options(
     }
     o.module = ns.truthy("module");
     o.no_python = ns.truthy("no_python");
+    if let Some(addr) = env("PET_LOCAL_ADDR").filter(|a| !a.is_empty()) {
+        o.local_addr = Some(addr);
+    }
+    if let Some(signals) = env("PET_SIGNALS_TO_HANDLE") {
+        o.signals_to_handle = signals
+            .parse()
+            .map_err(|err: ConfigError| format!("PET_SIGNALS_TO_HANDLE: {err}"))?;
+    }
+    if let Some(t) = env("PET_EXIT_BARRIER_TIMEOUT") {
+        o.exit_barrier_timeout =
+            parse_duration(&t).map_err(|err| format!("PET_EXIT_BARRIER_TIMEOUT: {err}"))?;
+    }
+    if let Some(v) = env("PET_VIRTUAL_LOCAL_RANK") {
+        o.virtual_local_rank = accel_agent::config::parse_bool(&v).ok_or_else(|| {
+            format!(
+                "PET_VIRTUAL_LOCAL_RANK '{}' is not a boolean; use true or false",
+                excerpt(&v)
+            )
+        })?;
+    }
     Ok((o, single_process))
 }
 

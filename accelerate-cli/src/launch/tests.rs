@@ -39,7 +39,7 @@ fn merged(args: &str, file: Option<&str>) -> super::merge::Merged {
 
 fn options(args: &str, file: Option<&str>, launcher: Launcher) -> LaunchOptions {
     let m = merged(args, file);
-    agent_options(&m.ns, launcher, &mut Vec::new())
+    agent_options(&m.ns, launcher, &mut Vec::new(), &no_env)
         .expect("options")
         .0
 }
@@ -110,7 +110,8 @@ fn elastic_machines_and_accel_extras() {
 #[test]
 fn one_machine_is_standalone_and_one_process_is_plain() {
     let m = merged("--cpu t.py", None);
-    let (a, single) = agent_options(&m.ns, Launcher::Simple, &mut Vec::new()).expect("options");
+    let (a, single) =
+        agent_options(&m.ns, Launcher::Simple, &mut Vec::new(), &no_env).expect("options");
     assert!(single && a.standalone && a.nproc_per_node == Nproc::Count(1));
     let plan = build(m, "/w", &no_env).expect("plan");
     assert!(!plan.config.torchrun_env);
@@ -152,4 +153,26 @@ fn bad_combinations_are_errors() {
         fails("--multi_gpu --num_processes 4 --num_machines 2 --machine_rank 0 --main_process_ip h --main_process_port 0 t.py", None)
             .contains("fixed port")
     );
+}
+
+#[test]
+fn torchruns_flags_accelerate_lacks_keep_their_environment_fallback() {
+    let m = merged("--cpu --num_processes 2 t.py", None);
+    let env = |k: &str| match k {
+        "PET_LOCAL_ADDR" => Some("10.0.0.7".to_owned()),
+        "PET_EXIT_BARRIER_TIMEOUT" => Some("12".to_owned()),
+        "PET_VIRTUAL_LOCAL_RANK" => Some("1".to_owned()),
+        // accelerate has its own flags for these: the environment is ignored.
+        "PET_MAX_RESTARTS" | "PET_MODULE" => Some("7".to_owned()),
+        _ => None,
+    };
+    let (o, _) = agent_options(&m.ns, Launcher::Simple, &mut Vec::new(), &env).expect("options");
+    assert_eq!(o.local_addr.as_deref(), Some("10.0.0.7"));
+    assert_eq!(o.exit_barrier_timeout, std::time::Duration::from_secs(12));
+    assert!(o.virtual_local_rank);
+    assert_eq!(o.max_restarts, 0);
+    assert!(!o.module);
+    let bad = |k: &str| (k == "PET_SIGNALS_TO_HANDLE").then(|| "SIGNOPE".to_owned());
+    let e = agent_options(&m.ns, Launcher::Simple, &mut Vec::new(), &bad).expect_err("bad signal");
+    assert!(e.contains("PET_SIGNALS_TO_HANDLE"), "{e}");
 }
