@@ -26,8 +26,9 @@ use serde_json::Value;
 
 use crate::config_file;
 use accel_agent::config::{
-    rank_filter, std_spec, Backend, Config, ConfigError, LaunchOptions, NodeCount, Nproc, RdzvConf,
+    Backend, Config, ConfigError, LaunchOptions, NodeCount, Nproc, RdzvConf,
 };
+use accel_agent::logs::{parse_ranks, StdSpec};
 use env::Launcher;
 use flags::{Namespace, Parsed};
 use rendezvous_server::config::parse_duration;
@@ -280,11 +281,11 @@ fn agent_options(
     o.monitor_interval = parse_duration(&text("monitor_interval"))
         .map_err(|err| format!("--monitor_interval: {err}"))?;
     o.role = text("role");
-    o.tee = std_spec("--tee")(&text("tee")).map_err(e)?;
-    o.redirects = std_spec("--redirects")(&text("redirects")).map_err(e)?;
+    o.tee = StdSpec::parse("--tee", &text("tee")).map_err(e)?;
+    o.redirects = StdSpec::parse("--redirects", &text("redirects")).map_err(e)?;
     o.local_ranks_filter =
-        rank_filter("--local_ranks_filter")(&text("local_ranks_filter")).map_err(e)?;
-    o.ranks_filter = rank_filter("--ranks_filter")(&text("ranks_filter")).map_err(e)?;
+        parse_ranks("--local_ranks_filter", &text("local_ranks_filter")).map_err(e)?;
+    o.ranks_filter = parse_ranks("--ranks_filter", &text("ranks_filter")).map_err(e)?;
     if !ns.get("log_dir").is_null() {
         o.log_dir = Some(text("log_dir").into());
     }

@@ -49,7 +49,6 @@
 
 pub mod admission;
 pub mod conn;
-mod quiet;
 pub mod reply;
 pub mod state;
 pub mod wire;
@@ -69,7 +68,7 @@ pub use admission::Admit;
 use admission::{Admission, Decision, SharedAdmission};
 pub use conn::Limits;
 use conn::{ConnError, Connection};
-use quiet::{Quiet, Say};
+use rendezvous_server::quiet::{Quiet, Say};
 use state::{ConnId, State, DEFAULT_MAX_BYTES};
 
 /// First pause after a failed `accept`; it doubles up to [`ACCEPT_BACKOFF_MAX`].

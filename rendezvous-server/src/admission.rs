@@ -15,23 +15,26 @@
 //!   as soon as they connect, so this never touches them.
 //!
 //! Refusals and closures are counted and logged at most once per
-//! [`REPORT_EVERY`], so a flood cannot flood the log as well.
+//! [`REPORT_EVERY`] ([`crate::quiet`]), so a flood cannot flood the log as
+//! well.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tracing::warn;
+
+use crate::quiet::{Quiet, Say};
 
 /// Refused and closed connections are reported at most this often.
 pub const REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -42,8 +45,8 @@ pub struct Admission {
     max_per_ip: u32,
     prove_within: Duration,
     open: Mutex<HashMap<IpAddr, u32>>,
-    refused: Tally,
-    expired: Tally,
+    refused: Mutex<Quiet>,
+    expired: Mutex<Quiet>,
 }
 
 impl Admission {
@@ -54,8 +57,8 @@ impl Admission {
             max_per_ip,
             prove_within,
             open: Mutex::new(HashMap::new()),
-            refused: Tally::default(),
-            expired: Tally::default(),
+            refused: Mutex::new(Quiet::every(REPORT_EVERY)),
+            expired: Mutex::new(Quiet::every(REPORT_EVERY)),
         })
     }
 
@@ -73,7 +76,7 @@ impl Admission {
             let held = open.entry(ip).or_insert(0);
             if *held >= self.max_per_ip {
                 drop(open);
-                if let Some(n) = self.refused.add(Instant::now()) {
+                if let Some(n) = report(&self.refused, Instant::now()) {
                     warn!(refused = n, max = self.max_per_ip, last_from = %ip,
                         "refused connections over the per-address limit (--max-connections-per-ip)");
                 }
@@ -101,7 +104,7 @@ impl Admission {
     }
 
     fn expired(&self) {
-        if let Some(n) = self.expired.add(Instant::now()) {
+        if let Some(n) = report(&self.expired, Instant::now()) {
             warn!(
                 closed = n,
                 within_s = self.prove_within.as_secs_f64(),
@@ -111,24 +114,15 @@ impl Admission {
     }
 }
 
-/// Events counted between reports: `add` returns the count to report when
-/// one is due (the first event, then at most once per [`REPORT_EVERY`]).
-#[derive(Debug, Default)]
-struct Tally {
-    pending: AtomicU64,
-    last: Mutex<Option<Instant>>,
-}
-
-impl Tally {
-    fn add(&self, now: Instant) -> Option<u64> {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let due = last.is_none_or(|t| now.saturating_duration_since(t) >= REPORT_EVERY);
-        if !due {
-            return None;
-        }
-        *last = Some(now);
-        Some(self.pending.swap(0, Ordering::Relaxed))
+/// Counts one event at `now`; the number to log when a line is due (the
+/// first event, then at most once per period, with every event since).
+fn report(quiet: &Mutex<Quiet>, now: Instant) -> Option<u64> {
+    // Counting does not panic; a poisoned lock still holds a valid count.
+    let mut q = quiet.lock().unwrap_or_else(|e| e.into_inner());
+    match q.hit(now) {
+        Say::First => Some(1),
+        Say::Summary(n, _) => Some(n),
+        Say::Nothing => None,
     }
 }
 
@@ -256,13 +250,13 @@ mod tests {
 
     #[test]
     fn reports_the_first_event_then_at_most_every_period() {
-        let t = Tally::default();
+        let t = Mutex::new(Quiet::every(REPORT_EVERY));
         let t0 = Instant::now();
-        assert_eq!(t.add(t0), Some(1));
-        assert_eq!(t.add(t0 + Duration::from_secs(1)), None);
-        assert_eq!(t.add(t0 + Duration::from_secs(2)), None);
-        assert_eq!(t.add(t0 + REPORT_EVERY), Some(3));
-        assert_eq!(t.add(t0 + REPORT_EVERY * 2), Some(1));
+        assert_eq!(report(&t, t0), Some(1));
+        assert_eq!(report(&t, t0 + Duration::from_secs(1)), None);
+        assert_eq!(report(&t, t0 + Duration::from_secs(2)), None);
+        assert_eq!(report(&t, t0 + REPORT_EVERY), Some(3));
+        assert_eq!(report(&t, t0 + REPORT_EVERY * 2), Some(1));
     }
 
     /// A connection accepted from `listener`, and its client end (kept

@@ -13,6 +13,7 @@
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
+//! - [`quiet`]: logging a recurring problem once per episode, then counts;
 //! - [`tls`]: certificates and keys for TLS on every link;
 //! - [`config`]: `rdzv-server`'s flags;
 //! - [`input`]: bounded parsing of what people type (durations, excerpts);
@@ -29,6 +30,7 @@ pub mod input;
 pub mod job;
 pub mod limits;
 pub mod outbox;
+pub mod quiet;
 pub mod registry;
 pub mod service;
 pub mod signal;

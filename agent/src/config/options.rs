@@ -83,27 +83,40 @@ impl FromStr for Nproc {
             "gpu" => Ok(Self::Gpu),
             "auto" => Ok(Self::Auto),
             n => match n.parse::<u32>() {
-                Ok(n) if n > MAX_NPROC_PER_NODE => Err(bad(format!(
-                    "--nproc-per-node {n} is too many; at most {MAX_NPROC_PER_NODE} workers per node"
-                ))),
-                Ok(n) if n > 0 => Ok(Self::Count(n)),
-                _ => Err(bad(format!(
-                    "--nproc-per-node '{}' is invalid; use a positive number, cpu, gpu or auto",
-                    excerpt(s)
-                ))),
+                Ok(n) => Self::count(n, s).map(Self::Count),
+                Err(_) => Err(invalid_nproc(s)),
             },
         }
     }
 }
 
+fn invalid_nproc(s: &str) -> ConfigError {
+    bad(format!(
+        "--nproc-per-node '{}' is invalid; use a positive number, cpu, gpu or auto",
+        excerpt(s)
+    ))
+}
+
 impl Nproc {
+    /// `n` (written `as_written`) if it is a worker count the agent
+    /// accepts: 1 to [`MAX_NPROC_PER_NODE`].
+    fn count(n: u32, as_written: &str) -> Result<u32, ConfigError> {
+        match n {
+            0 => Err(invalid_nproc(as_written)),
+            n if n > MAX_NPROC_PER_NODE => Err(bad(format!(
+                "--nproc-per-node {n} is too many; at most {MAX_NPROC_PER_NODE} workers per node"
+            ))),
+            n => Ok(n),
+        }
+    }
+
     /// The number of workers on this node; `env` supplies
     /// `CUDA_VISIBLE_DEVICES`.
     pub fn resolve(self, env: &dyn Fn(&str) -> Option<String>) -> Result<u32, ConfigError> {
         let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         match self {
             // Options may be built without parsing text: the same bounds.
-            Self::Count(n) => n.to_string().parse::<Self>().map(|_| n),
+            Self::Count(n) => Self::count(n, &n.to_string()),
             Self::Cpu => Ok(cpus()),
             Self::Gpu => match cuda_device_count(env) {
                 0 => Err(bad(
