@@ -1,25 +1,34 @@
-//! The agent's life: reach the rendezvous, then for each round get ready,
-//! wait for the round to form, run the workers, and follow the server's
-//! decision (restart, fail, succeed). This module holds the session (the
-//! connection to the rendezvous, rejoining it); `round` holds one round.
+//! The agent's life: reach the rendezvous, join, then let the node's state
+//! machine ([`machine::NodeMachine`]) decide, round after round, while this
+//! module's driver does the I/O it asks for.
+//!
+//! The driver waits only for what the machine's phase listens to
+//! ([`machine::Sources`]): the event stream and the keep-alive watch, worker
+//! exits (and the monitor's backstop), a rejoin attempt, a stop in flight,
+//! the phase's deadline, and always the stop signals. What it hears becomes
+//! one [`machine::Event`]; the returned actions run in order
+//! (`actions`). A stop runs as its own task, so a second signal is heard
+//! while the workers stop.
 
+mod actions;
+pub mod machine;
 mod report;
-mod round;
 mod store_bind;
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use nix::sys::signal::Signal;
-use pb::event::Kind;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::client::RdzvClient;
 use crate::config::{Config, Rendezvous};
@@ -27,8 +36,9 @@ use crate::error::{AgentError, Outcome};
 use crate::guard::Guard;
 use crate::rendezvous::{hostname, locate_rendezvous};
 use crate::signal::Signals;
+use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup};
-use crate::worker_env::RoundInfo;
+use machine::{Action, Event, NodeMachine, Settings};
 
 /// How long an exiting agent waits for its embedded rendezvous to drain.
 const EMBEDDED_DRAIN: Duration = Duration::from_secs(5);
@@ -77,8 +87,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     .map_err(|e| AgentError::io("cannot start the console writer", e))?,
             ),
         };
+        let (machine, first_actions) =
+            NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
+        let mut monitor = tokio::time::interval(cfg.monitor_interval);
+        monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut session = Session {
             cfg: &cfg,
+            machine,
             endpoint: (host.clone(), port),
             join_req,
             keep_alive,
@@ -91,11 +106,17 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             run_dir: None,
             store_listener: None,
             store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
+            store: None,
+            group: None,
+            monitor,
+            stopping: None,
+            stopping_pids: Vec::new(),
+            rejoin: None,
             console,
             error_files: Vec::new(),
             failures: Vec::new(),
         };
-        let result = session.run(first.round).await;
+        let result = session.drive(first_actions).await;
         session.keep_alive.abort();
         if let Some(console) = &session.console {
             console.drain(Duration::from_secs(2));
@@ -160,32 +181,19 @@ fn spawn_keep_alive(
     (task, rx)
 }
 
-enum Formed {
-    /// The round, and where its members are (node rank 0 admits them to its store).
-    Round(RoundInfo, Vec<String>),
-    Done(Outcome),
-}
+/// A new connection to the rendezvous: the client, its event stream, and
+/// what joining said.
+type Joining = Result<(RdzvClient, Streaming<pb::Event>, pb::Joined), AgentError>;
 
-enum RoundEnd {
-    Restart(u64),
-    Done(Outcome),
-}
+/// A rejoin attempt in flight.
+type Rejoining<'a> = Pin<Box<dyn Future<Output = Joining> + Send + 'a>>;
 
-/// How a round ended early, from inside a helper.
-type RoundExit = Result<RoundEnd, AgentError>;
-
-/// What rejoining after a lost stream found.
-enum Recovery {
-    /// The round is still current: go on.
-    Resumed,
-    /// The job moved on: get ready for this round.
-    MovedOn(u64),
-    /// A stop signal arrived meanwhile.
-    Signaled(Signal),
-}
-
+/// The driver of one node's [`NodeMachine`]: it owns the I/O (the rendezvous
+/// connection, the workers, the store, the files) and does what the machine
+/// decides.
 struct Session<'a> {
     cfg: &'a Config,
+    machine: NodeMachine,
     /// The rendezvous `(host, port)`.
     endpoint: (String, u16),
     /// This node's join request, reused to rejoin.
@@ -203,6 +211,18 @@ struct Session<'a> {
     store_listener: Option<TcpListener>,
     /// Binds each round's store listener.
     store_binder: store_bind::StoreBinder,
+    /// The running round's store (node rank 0 only).
+    store: Option<WorkerStore>,
+    /// The running round's workers.
+    group: Option<WorkerGroup>,
+    /// Drives [`WorkerGroup::check`], the backstop for missed exits.
+    monitor: tokio::time::Interval,
+    /// A stop in flight: the group comes back with the exits it saw.
+    stopping: Option<tokio::task::JoinHandle<(WorkerGroup, Vec<Exit>)>>,
+    /// The process groups being stopped, for a second signal's SIGKILL.
+    stopping_pids: Vec<i32>,
+    /// A rejoin attempt in flight.
+    rejoin: Option<Rejoining<'a>>,
     /// The console writer for tee'd worker output, if anything is tee'd.
     console: Option<crate::logs::tee::Console>,
     /// The running round's error files, by local rank.
@@ -211,28 +231,85 @@ struct Session<'a> {
     failures: Vec<pb::Failure>,
 }
 
-/// What woke the round loop.
-enum Wake {
-    Exit(Exit),
-    Tick,
-    Event(Option<Kind>),
-    Lost(String),
-    Signal(Signal),
-    BarrierExpired,
+/// What woke the driver.
+enum Woke {
+    Event(Event),
+    Rejoined(Box<Joining>),
+    /// The monitor's backstop found these exits.
+    Checked(Vec<Exit>),
 }
 
 impl Session<'_> {
-    async fn run(&mut self, first_round: u64) -> Result<Outcome, AgentError> {
-        let mut round = first_round;
+    /// Does what the machine decides until it exits.
+    async fn drive(&mut self, first: Vec<Action>) -> Result<Outcome, AgentError> {
+        let mut queue: VecDeque<Event> = VecDeque::new();
+        let mut actions = first;
         loop {
-            let (info, members) = match self.form(round).await? {
-                Formed::Round(info, members) => (info, members),
-                Formed::Done(outcome) => return Ok(self.finish(outcome).await),
-            };
-            match self.run_round(info, members).await? {
-                RoundEnd::Restart(next) => round = next,
-                RoundEnd::Done(outcome) => return Ok(self.finish(outcome).await),
+            for action in std::mem::take(&mut actions) {
+                if let Some(outcome) = self.perform(action, &mut queue).await? {
+                    return Ok(outcome);
+                }
             }
+            let event = match queue.pop_front() {
+                Some(event) => event,
+                None => match self.wait().await {
+                    Woke::Event(event) => event,
+                    Woke::Rejoined(joined) => match *joined {
+                        Ok((client, events, joined)) => {
+                            self.adopt(client, events);
+                            Event::Rejoined {
+                                round: joined.round,
+                                resumed: joined.resumed,
+                            }
+                        }
+                        Err(e) => Event::RejoinFailed(e),
+                    },
+                    Woke::Checked(exits) => {
+                        queue.extend(exits.into_iter().map(Event::Exited));
+                        continue;
+                    }
+                },
+            };
+            actions = self.machine.step(Instant::now(), event);
+        }
+    }
+
+    /// Waits for whatever the machine listens to now.
+    async fn wait(&mut self) -> Woke {
+        let src = self.machine.sources();
+        let deadline = self.machine.deadline();
+        let Session {
+            group,
+            stopping,
+            rejoin,
+            events,
+            silent,
+            signals,
+            monitor,
+            ..
+        } = self;
+        let live = src.workers && group.as_ref().is_some_and(|g| !g.all_ended());
+        tokio::select! {
+            done = async { stopping.as_mut().expect("guarded").await }, if src.stop && stopping.is_some() => {
+                *stopping = None;
+                Woke::Event(Event::Stopped(done.map(|(_, exits)| exits).unwrap_or_default()))
+            }
+            joined = async { rejoin.as_mut().expect("guarded").await }, if src.rejoin && rejoin.is_some() => {
+                *rejoin = None;
+                Woke::Rejoined(Box::new(joined))
+            }
+            exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => Woke::Event(Event::Exited(exit)),
+            _ = monitor.tick(), if live => Woke::Checked(group.as_mut().map(WorkerGroup::check).unwrap_or_default()),
+            Some(why) = silent.recv(), if src.stream => Woke::Event(Event::Lost(why)),
+            ev = events.message(), if src.stream => Woke::Event(match ev {
+                Ok(Some(pb::Event { kind: Some(kind) })) => Event::Message(kind),
+                // An empty event carries nothing to act on.
+                Ok(Some(_)) => return Woke::Checked(Vec::new()),
+                Ok(None) => Event::Lost("the rendezvous ended this node's session".into()),
+                Err(s) => Event::Lost(format!("lost the rendezvous: {}", s.message())),
+            }),
+            sig = signals.recv() => Woke::Event(Event::Signal(sig)),
+            _ = async { sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Woke::Event(Event::Timer),
         }
     }
 
@@ -243,19 +320,6 @@ impl Session<'_> {
         self.client = client;
         self.events = events;
     }
-
-    async fn finish(&mut self, outcome: Outcome) -> Outcome {
-        match &outcome {
-            Outcome::Signaled(sig) => {
-                self.client
-                    .leave(&format!("its agent received {sig}"))
-                    .await
-            }
-            Outcome::Succeeded => info!("job succeeded"),
-            Outcome::Failed(reason) => tracing::error!(%reason, "job failed"),
-        }
-        outcome
-    }
 }
 
 /// Joins again with the same node id, retrying until `reconnect_grace` ends,
@@ -263,11 +327,11 @@ impl Session<'_> {
 /// node reattaches it only with it); `resume`: the round its workers run.
 async fn rejoin(
     cfg: &Config,
-    endpoint: &(String, u16),
+    endpoint: (String, u16),
     mut req: pb::JoinRequest,
     resume: Option<pb::Resume>,
     session: Vec<u8>,
-) -> Result<(RdzvClient, Streaming<pb::Event>, pb::Joined), AgentError> {
+) -> Joining {
     req.resume = resume;
     req.session = session;
     let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
@@ -281,89 +345,4 @@ async fn rejoin(
         deadline,
     )
     .await
-}
-
-fn gave_up(why: &str, cfg: &Config, e: &AgentError) -> AgentError {
-    AgentError::Rendezvous(format!(
-        "lost the rendezvous ({why}) and could not rejoin within reconnect_grace={:.0} s ({e}); this node stopped its workers",
-        cfg.rdzv.reconnect_grace.as_secs_f64()
-    ))
-}
-
-fn closed(c: &pb::JobClosed) -> AgentError {
-    AgentError::Rendezvous(format!("the rendezvous closed the job: {}", c.reason))
-}
-
-/// The next event of a node's stream; its end is an error.
-async fn next_event(events: &mut Streaming<pb::Event>) -> Result<Option<Kind>, AgentError> {
-    {
-        match events.message().await {
-            Ok(Some(ev)) => Ok(ev.kind),
-            Ok(None) => Err(AgentError::Rendezvous(
-                "the rendezvous ended this node's session".into(),
-            )),
-            Err(s) => Err(AgentError::Rendezvous(format!(
-                "lost the rendezvous: {}",
-                s.message()
-            ))),
-        }
-    }
-}
-
-/// Stops the group, if any; returns the exits it saw.
-async fn stop(group: &mut Option<WorkerGroup>, sig: Signal, grace: Duration) -> Vec<Exit> {
-    match group.as_mut() {
-        Some(g) => g.stop(sig, grace).await,
-        None => Vec::new(),
-    }
-}
-
-/// What a forming round waits for, in words.
-fn describe_waiting(w: &pb::Waiting) -> String {
-    let mut hosts = match (w.hosts.is_empty(), w.members) {
-        (true, 0) => "none".to_owned(),
-        // A large job's progress names nobody, only counts.
-        (true, n) => format!("{n} nodes"),
-        (false, _) => w.hosts.join(", "),
-    };
-    if !w.hosts.is_empty() && w.members as usize > w.hosts.len() {
-        hosts.push_str(&format!(" and {} more", w.members as usize - w.hosts.len()));
-    }
-    if w.spare {
-        return format!(
-            "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",
-            w.max_nodes
-        );
-    }
-    let range = if w.min_nodes == w.max_nodes {
-        w.max_nodes.to_string()
-    } else {
-        format!("{}..{}", w.min_nodes, w.max_nodes)
-    };
-    let mut s = format!("{} of {range} nodes ready", w.ready);
-    if w.ready < w.min_nodes {
-        s.push_str(&format!(", {} missing", w.min_nodes - w.ready));
-    }
-    if let Some(ms) = w.last_call_ms {
-        s.push_str(&format!(
-            ", last call closes in {:.1} s",
-            ms as f64 / 1000.0
-        ));
-    }
-    s.push_str(&format!(" (joined: {hosts})"));
-    s
-}
-
-fn round_info(r: &pb::RoundComplete) -> RoundInfo {
-    RoundInfo {
-        round: r.round,
-        node_rank: r.node_rank,
-        nnodes: r.nnodes,
-        world_size: r.world_size,
-        base_rank: r.base_rank,
-        restart_count: r.restart_count,
-        max_restarts: r.max_restarts,
-        master_addr: r.master_addr.clone(),
-        master_port: r.master_port,
-    }
 }

@@ -18,7 +18,11 @@ const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 /// The instant `d` from now, or a far future one when that does not fit.
 pub(crate) fn after(d: Duration) -> Instant {
-    let now = Instant::now();
+    after_from(Instant::now(), d)
+}
+
+/// The instant `d` after `now`, or a far future one when that does not fit.
+pub(crate) fn after_from(now: Instant, d: Duration) -> Instant {
     now.checked_add(d)
         .or_else(|| now.checked_add(FAR_FUTURE))
         .unwrap_or(now)

@@ -8,11 +8,10 @@ use tracing::warn;
 use super::Session;
 use crate::failure;
 use crate::supervisor::Exit;
-use crate::worker_env::RoundInfo;
 
 impl Session<'_> {
     /// Reports a worker failure to the rendezvous, with what its error file says.
-    pub(super) async fn report(&mut self, info: &RoundInfo, exit: &Exit) {
+    pub(super) async fn report(&mut self, round: u64, exit: &Exit) {
         let f = self.describe(exit);
         let reason = match f.error_file.as_str() {
             "<N/A>" => exit.ended.to_string(),
@@ -21,7 +20,7 @@ impl Session<'_> {
         self.failures.push(f.clone());
         self.client
             .report_failure(
-                info.round,
+                round,
                 exit.local_rank,
                 exit.global_rank,
                 exit.ended.code(),

@@ -1,0 +1,182 @@
+//! Doing what the node's state machine decided: offering a store listener,
+//! starting a round's workers (and node rank 0's store), stopping them,
+//! calling the rendezvous, rejoining it. An error here (a listener that
+//! cannot bind, a run directory that cannot be made, a refused ready) ends
+//! the agent; a worker that cannot start is an event for the machine.
+
+use std::collections::VecDeque;
+
+use nix::sys::signal::Signal;
+
+use super::machine::{Action, Event};
+use super::store_bind::store_options;
+use super::{rejoin, Session};
+use crate::error::{AgentError, Outcome};
+use crate::store::WorkerStore;
+use crate::supervisor::{WorkerGroup, WorkerSpec};
+use crate::worker_env::{full_env, worker_argv, RoundInfo};
+
+impl Session<'_> {
+    /// Performs one action; events it causes at once go to `queue`.
+    /// `Some` when the node's life is over.
+    pub(super) async fn perform(
+        &mut self,
+        action: Action,
+        queue: &mut VecDeque<Event>,
+    ) -> Result<Option<Outcome>, AgentError> {
+        match action {
+            Action::Offer { round } => {
+                // The last round's store ends with the round.
+                self.store = None;
+                self.offer(round).await?;
+            }
+            Action::Start { info, members } => {
+                if let Some(failed) = self.start(info, members).await? {
+                    queue.push_back(failed);
+                }
+            }
+            Action::Stop { signal, grace } => match self.group.take() {
+                Some(mut group) => {
+                    self.stopping_pids = group.pids();
+                    self.stopping = Some(tokio::spawn(async move {
+                        let exits = group.stop(signal, grace).await;
+                        (group, exits)
+                    }));
+                }
+                None => queue.push_back(Event::Stopped(Vec::new())),
+            },
+            Action::Kill => {
+                for &pid in &self.stopping_pids {
+                    crate::sys::killpg(pid, Signal::SIGKILL);
+                }
+            }
+            Action::ReportFailure { round, exit } => self.report(round, &exit).await,
+            Action::ReportStartFailure {
+                round,
+                local_rank,
+                global_rank,
+                message,
+            } => {
+                self.client
+                    .report_failure(round, local_rank, global_rank, 127, message, None)
+                    .await
+            }
+            Action::Note(exit) => {
+                let f = self.describe(&exit);
+                self.failures.push(f);
+            }
+            Action::ReportSuccess { round } => self.client.report_success(round).await,
+            Action::Rejoin { resume } => {
+                let session = self.client.session().to_vec();
+                self.rejoin = Some(Box::pin(rejoin(
+                    self.cfg,
+                    self.endpoint.clone(),
+                    self.join_req.clone(),
+                    resume,
+                    session,
+                )));
+            }
+            Action::Leave { reason } => self.client.leave(&reason).await,
+            Action::Summarize { root } => self.report_job_failure(root.as_ref()),
+            Action::Exit(result) => return result.map(Some),
+        }
+        Ok(None)
+    }
+
+    /// Ready for `round`, offering a freshly bound store listener: if this
+    /// node becomes node rank 0, its workers' store is served on it.
+    async fn offer(&mut self, round: u64) -> Result<(), AgentError> {
+        let (addr, listener) = self.store_binder.bind(self.cfg, &self.hostname).await?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| AgentError::io("worker store listener", e))?
+            .port();
+        self.store_listener = Some(listener);
+        self.client
+            .ready(round, (addr, u32::from(port)))
+            .await
+            .map_err(|s| {
+                AgentError::Rendezvous(format!(
+                    "the rendezvous did not accept this node as ready: {}",
+                    s.message()
+                ))
+            })
+    }
+
+    /// Starts the round's store (node rank 0; everyone else lets its offer
+    /// go) and workers. A worker that cannot start is returned as an event.
+    async fn start(
+        &mut self,
+        info: RoundInfo,
+        members: Vec<String>,
+    ) -> Result<Option<Event>, AgentError> {
+        self.store = match self.store_listener.take() {
+            Some(l) if info.node_rank == 0 => Some(
+                WorkerStore::start_with(l, store_options(self.cfg, &info, members))
+                    .map_err(|e| AgentError::io("cannot start the worker store", e))?,
+            ),
+            _ => None,
+        };
+        let specs = self.specs(&info)?;
+        self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
+        self.failures.clear();
+        self.monitor.reset();
+        match WorkerGroup::spawn(specs, self.guard.clone(), self.console.clone()).await {
+            Ok(group) => {
+                self.group = Some(group);
+                Ok(None)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "worker failed to start");
+                self.group = None;
+                Ok(Some(Event::StartFailed {
+                    local_rank: e.local_rank,
+                    global_rank: e.global_rank,
+                    message: e.to_string(),
+                }))
+            }
+        }
+    }
+
+    fn specs(&mut self, info: &RoundInfo) -> Result<Vec<WorkerSpec>, AgentError> {
+        let run_dir = match &self.run_dir {
+            Some(d) => d.clone(),
+            None => {
+                let d = crate::files::run_dir(self.cfg.log_dir.as_deref(), &self.cfg.run_id)?;
+                self.run_dir = Some(d.clone());
+                d
+            }
+        };
+        let attempt = crate::files::attempt_dir(&run_dir, info.restart_count)?;
+        let env = |k: &str| std::env::var(k).ok();
+        (0..self.cfg.nproc_per_node)
+            .map(|local_rank| {
+                let dir = crate::files::rank_dir(&attempt, local_rank)?;
+                let error_file = dir.join("error.json");
+                let vars = crate::logs::PrefixVars {
+                    role_name: &self.cfg.role,
+                    rank: info.base_rank + local_rank,
+                    local_rank,
+                    hostname: &self.hostname,
+                    node_rank: info.node_rank,
+                };
+                let (stdout, stderr) = self.cfg.logs.sinks(&dir, &vars);
+                Ok(WorkerSpec {
+                    local_rank,
+                    global_rank: info.base_rank + local_rank,
+                    argv: worker_argv(&self.cfg.entrypoint, local_rank),
+                    env: full_env(
+                        self.cfg,
+                        info,
+                        local_rank,
+                        &error_file.to_string_lossy(),
+                        &env,
+                    ),
+                    stdout,
+                    stderr,
+                    error_file,
+                })
+            })
+            .collect()
+    }
+}

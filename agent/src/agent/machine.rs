@@ -1,0 +1,825 @@
+//! One node's life as a pure, clock-injected state machine: no I/O.
+//!
+//! The agent's driver ([`super::Session`]) waits for whatever can happen
+//! next (a message on the node's event stream, a worker exit, a signal, the
+//! end of a rejoin attempt or of a stop, a deadline), hands it to
+//! [`NodeMachine::step`] with the current time, and performs the returned
+//! [`Action`]s in order. Every decision the agent makes about its round lives
+//! here, so reconnecting, resuming, the exit barrier and signals are
+//! unit-tested with synthetic instants and no process, as the server's `Job`
+//! is.
+//!
+//! # Phases
+//! - **Forming** round `r`: this node has said it is ready for `r` (offering
+//!   a store listener) and waits for the round to complete, until
+//!   `join_timeout`. A restart request for a later round makes it ready for
+//!   that one instead.
+//! - **Running** round `r`: its workers run. The first worker failure is
+//!   reported and the node's other workers are stopped; then the node waits
+//!   for the job's decision (restart, fail). When every worker succeeded the
+//!   node reports success and waits at the exit barrier, until
+//!   `exit_barrier_timeout`.
+//! - **Reconnecting** (no workers) and **Recovering** (workers running): the
+//!   stream broke or keep-alives went unanswered; the node rejoins with the
+//!   same id within `reconnect_grace`. Recovering presents the round it runs:
+//!   if it is still current the workers were never interrupted; if the job
+//!   re-formed without this node, or the grace ended, they are stopped.
+//! - **Stopping**: the workers are being stopped (a stop signal to their
+//!   process groups, SIGKILL after `shutdown_timeout`); what follows is
+//!   decided already and happens when the stop completes. A stop signal
+//!   during a signal-initiated stop kills the workers at once.
+//!
+//! Whatever ends the node's life is the last action, [`Action::Exit`].
+
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+use nix::sys::signal::Signal;
+use pb::event::Kind;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::error::{AgentError, Outcome};
+use crate::supervisor::Exit;
+use crate::worker_env::RoundInfo;
+
+/// What the machine needs of the agent's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The job id, for messages.
+    pub run_id: String,
+    /// Workers this node runs per round.
+    pub nproc_per_node: u32,
+    /// How long a round may take to form.
+    pub join_timeout: Duration,
+    /// How long a node whose workers succeeded waits for the others.
+    pub exit_barrier_timeout: Duration,
+    /// How long workers get to stop before SIGKILL.
+    pub shutdown_timeout: Duration,
+    /// How long a node may take to reach the rendezvous again.
+    pub reconnect_grace: Duration,
+}
+
+impl Settings {
+    /// The machine's part of `cfg`.
+    pub fn of(cfg: &crate::config::Config) -> Self {
+        Self {
+            run_id: cfg.run_id.clone(),
+            nproc_per_node: cfg.nproc_per_node,
+            join_timeout: cfg.join_timeout(),
+            exit_barrier_timeout: cfg.exit_barrier_timeout,
+            shutdown_timeout: cfg.shutdown_timeout,
+            reconnect_grace: cfg.rdzv.reconnect_grace,
+        }
+    }
+}
+
+/// Something that happened to the node.
+#[derive(Debug)]
+pub enum Event {
+    /// A message on the node's event stream.
+    Message(Kind),
+    /// The stream ended or broke, or keep-alives went unanswered: why.
+    Lost(String),
+    /// A worker ended.
+    Exited(Exit),
+    /// A worker could not be started (the others were killed).
+    StartFailed {
+        /// Its local rank.
+        local_rank: u32,
+        /// Its global rank.
+        global_rank: u32,
+        /// Why.
+        message: String,
+    },
+    /// A [`Action::Stop`] completed: the exits it saw.
+    Stopped(Vec<Exit>),
+    /// A stop signal arrived.
+    Signal(Signal),
+    /// A [`Action::Rejoin`] succeeded: the job's current round, and whether
+    /// this node's running round is still it.
+    Rejoined {
+        /// The job's round.
+        round: u64,
+        /// Whether the presented round was resumed.
+        resumed: bool,
+    },
+    /// A [`Action::Rejoin`] gave up (the grace ended, or a refusal).
+    RejoinFailed(AgentError),
+    /// [`NodeMachine::deadline`] passed.
+    Timer,
+}
+
+/// What the driver does, in order.
+#[derive(Debug)]
+pub enum Action {
+    /// Bind a store listener and tell the rendezvous this node is ready for
+    /// `round`, offering it (a failure ends the agent).
+    Offer {
+        /// The round.
+        round: u64,
+    },
+    /// Start the round's workers (and, on node rank 0, its store). A worker
+    /// that cannot start comes back as [`Event::StartFailed`].
+    Start {
+        /// This node's place in the round.
+        info: RoundInfo,
+        /// The members' addresses (the store admits them).
+        members: Vec<String>,
+    },
+    /// Stop the workers: `signal` to their process groups, SIGKILL after
+    /// `grace`, then sweep the groups. Completion is [`Event::Stopped`].
+    Stop {
+        /// The stop signal.
+        signal: Signal,
+        /// How long they get.
+        grace: Duration,
+    },
+    /// SIGKILL the workers being stopped, now.
+    Kill,
+    /// Report a worker's failure to the rendezvous, with what its error file
+    /// says, and keep it for the failure summary.
+    ReportFailure {
+        /// The round it ran in.
+        round: u64,
+        /// How it ended.
+        exit: Exit,
+    },
+    /// Report that a worker could not be started (exit code 127).
+    ReportStartFailure {
+        /// The round.
+        round: u64,
+        /// Its local rank.
+        local_rank: u32,
+        /// Its global rank.
+        global_rank: u32,
+        /// Why.
+        message: String,
+    },
+    /// Keep a failure this node caused by stopping its workers, for the
+    /// summary (as torchrun lists them); not reported.
+    Note(Exit),
+    /// Report that every worker of this node succeeded in `round`.
+    ReportSuccess {
+        /// The round.
+        round: u64,
+    },
+    /// Join again with the same node id and session secret, until
+    /// `reconnect_grace` ends; `resume`: the round the workers run.
+    /// Completion is [`Event::Rejoined`] or [`Event::RejoinFailed`].
+    Rejoin {
+        /// The running round, if workers run.
+        resume: Option<pb::Resume>,
+    },
+    /// Leave the job (best effort).
+    Leave {
+        /// Why, for the other nodes.
+        reason: String,
+    },
+    /// Print torchrun's failure summary (root cause first: the job's, else
+    /// this node's first) and write it to a parent's error file.
+    Summarize {
+        /// The job-wide root cause, if the rendezvous named one.
+        root: Option<pb::Failure>,
+    },
+    /// The node's life is over.
+    Exit(Result<Outcome, AgentError>),
+}
+
+/// What the driver should wait for in the current phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sources {
+    /// The event stream and the keep-alive watch.
+    pub stream: bool,
+    /// A rejoin attempt in flight.
+    pub rejoin: bool,
+    /// Worker exits.
+    pub workers: bool,
+    /// A stop in flight.
+    pub stop: bool,
+}
+
+/// A round this node runs.
+#[derive(Debug, Clone)]
+struct Round {
+    info: RoundInfo,
+    /// Workers not known to have ended.
+    live: u32,
+    /// A worker of this node failed (or could not start) in this round.
+    failed: bool,
+    /// When the exit barrier ends, once every worker succeeded.
+    barrier: Option<Instant>,
+}
+
+/// What happens when a stop completes.
+#[derive(Debug)]
+enum Then {
+    /// Get ready for this round.
+    Form(u64),
+    /// Go on running (the stop followed this node's own failure).
+    Run(Round),
+    /// Go on rejoining.
+    Recover {
+        round: Round,
+        pending: Option<Exit>,
+        why: String,
+    },
+    /// These actions, then the outcome.
+    Finish(Vec<Action>, Outcome),
+    /// End with this error.
+    Fail(AgentError),
+}
+
+#[derive(Debug)]
+enum Phase {
+    Forming {
+        round: u64,
+        deadline: Instant,
+        /// The last progress report, for a timeout's message.
+        waiting: String,
+    },
+    Reconnecting {
+        /// The forming deadline, which a reconnect does not extend.
+        deadline: Instant,
+        why: String,
+    },
+    Running(Round),
+    Recovering {
+        round: Round,
+        /// A failure seen while unreachable, reported once back.
+        pending: Option<Exit>,
+        why: String,
+    },
+    Stopping {
+        then: Then,
+        /// Whether failed exits the stop sees go into the summary.
+        note: bool,
+    },
+    Done,
+}
+
+/// One node's life in its job.
+#[derive(Debug)]
+pub struct NodeMachine {
+    settings: Settings,
+    phase: Phase,
+}
+
+impl NodeMachine {
+    /// A node that has joined; the job is at `round`.
+    pub fn new(settings: Settings, now: Instant, round: u64) -> (Self, Vec<Action>) {
+        let mut machine = Self {
+            settings,
+            phase: Phase::Done,
+        };
+        let actions = machine.form(now, round);
+        (machine, actions)
+    }
+
+    /// When [`Event::Timer`] is due, if anything waits on time.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Forming { deadline, .. } => Some(*deadline),
+            Phase::Running(r) => r.barrier,
+            _ => None,
+        }
+    }
+
+    /// What the driver listens to now. Nothing else is read meanwhile:
+    /// while workers stop, the stream waits; while rejoining, the old stream
+    /// is dead. Signals are always heard.
+    pub fn sources(&self) -> Sources {
+        let none = Sources {
+            stream: false,
+            rejoin: false,
+            workers: false,
+            stop: false,
+        };
+        match &self.phase {
+            Phase::Forming { .. } => Sources {
+                stream: true,
+                ..none
+            },
+            Phase::Running(_) => Sources {
+                stream: true,
+                workers: true,
+                ..none
+            },
+            Phase::Reconnecting { .. } => Sources {
+                rejoin: true,
+                ..none
+            },
+            Phase::Recovering { .. } => Sources {
+                rejoin: true,
+                workers: true,
+                ..none
+            },
+            Phase::Stopping { .. } => Sources { stop: true, ..none },
+            Phase::Done => none,
+        }
+    }
+
+    /// Whether the life is over.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// Handles one event at `now`; returns what to do, in order.
+    pub fn step(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Done);
+        match (phase, event) {
+            (Phase::Done, _) => Vec::new(),
+            // Signals first: they are heard in every phase.
+            (Phase::Stopping { then, note }, Event::Signal(sig)) => {
+                self.signal_stopping(then, note, sig)
+            }
+            (Phase::Running(_) | Phase::Recovering { .. }, Event::Signal(sig)) => {
+                warn!(signal = %sig, grace_s = self.settings.shutdown_timeout.as_secs_f64(), "stopping workers; a second signal kills them at once");
+                self.stop(sig, Then::Finish(Vec::new(), Outcome::Signaled(sig)), false)
+            }
+            (Phase::Forming { .. } | Phase::Reconnecting { .. }, Event::Signal(sig)) => {
+                self.finish(Vec::new(), Outcome::Signaled(sig))
+            }
+            (
+                Phase::Forming {
+                    round,
+                    deadline,
+                    waiting,
+                },
+                event,
+            ) => self.forming(now, round, deadline, waiting, event),
+            (Phase::Reconnecting { deadline, why }, event) => {
+                self.reconnecting(deadline, why, event)
+            }
+            (Phase::Running(round), event) => self.running(now, round, event),
+            (
+                Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                },
+                event,
+            ) => self.recovering(now, round, pending, why, event),
+            (Phase::Stopping { then, note }, Event::Stopped(exits)) => {
+                let mut actions: Vec<Action> = match note {
+                    true => exits
+                        .into_iter()
+                        .filter(|e| !e.ended.success())
+                        .map(Action::Note)
+                        .collect(),
+                    false => Vec::new(),
+                };
+                actions.extend(self.then(now, then));
+                actions
+            }
+            (phase @ Phase::Stopping { .. }, _) => {
+                self.phase = phase;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Gets ready for `round`; the round must form within `join_timeout`.
+    fn form(&mut self, now: Instant, round: u64) -> Vec<Action> {
+        self.phase = Phase::Forming {
+            round,
+            deadline: saturating_add(now, self.settings.join_timeout),
+            waiting: String::from("no report from the rendezvous yet"),
+        };
+        vec![Action::Offer { round }]
+    }
+
+    fn forming(
+        &mut self,
+        now: Instant,
+        round: u64,
+        deadline: Instant,
+        mut waiting: String,
+        event: Event,
+    ) -> Vec<Action> {
+        let kind = match event {
+            Event::Message(kind) => kind,
+            Event::Lost(why) => return self.reconnect(deadline, why),
+            Event::Timer if now >= deadline => {
+                return self.exit(Err(AgentError::JoinTimeout(format!(
+                    "round {round} of job '{}' did not form within {:.0} s: {waiting}; start the missing nodes with the same --rdzv-id, --nnodes and endpoint",
+                    self.settings.run_id,
+                    self.settings.join_timeout.as_secs_f64()
+                ))))
+            }
+            _ => {
+                self.phase = Phase::Forming {
+                    round,
+                    deadline,
+                    waiting,
+                };
+                return Vec::new();
+            }
+        };
+        match kind {
+            Kind::RoundComplete(r) if r.round == round => {
+                let info = round_info(&r);
+                let nproc = self.settings.nproc_per_node;
+                info!(
+                    round = info.round,
+                    node_rank = info.node_rank,
+                    nnodes = info.nnodes,
+                    ranks = %format!("{}..{}", info.base_rank, info.base_rank.saturating_add(nproc)),
+                    world_size = info.world_size,
+                    restart_count = info.restart_count,
+                    master = %format!("{}:{}", info.master_addr, info.master_port),
+                    "round formed; starting workers"
+                );
+                self.phase = Phase::Running(Round {
+                    info: info.clone(),
+                    live: nproc,
+                    failed: false,
+                    barrier: None,
+                });
+                vec![Action::Start {
+                    info,
+                    members: r.member_addrs,
+                }]
+            }
+            Kind::RestartRequested(r) if r.next_round > round => {
+                self.form_again(deadline, r.next_round)
+            }
+            Kind::JobFailed(f) => self.finish(
+                vec![Action::Summarize { root: f.root_cause }],
+                Outcome::Failed(f.reason),
+            ),
+            Kind::JobSucceeded(_) => self.finish(Vec::new(), Outcome::Succeeded),
+            Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason),
+            Kind::JobClosed(c) => self.exit(Err(closed(&c))),
+            kind => {
+                if let Kind::Waiting(w) = &kind {
+                    if w.round == round {
+                        waiting = describe_waiting(w);
+                        info!(round, "{waiting}");
+                    }
+                }
+                self.phase = Phase::Forming {
+                    round,
+                    deadline,
+                    waiting,
+                };
+                Vec::new()
+            }
+        }
+    }
+
+    /// Ready for a later round while forming: the forming deadline stays.
+    fn form_again(&mut self, deadline: Instant, round: u64) -> Vec<Action> {
+        self.phase = Phase::Forming {
+            round,
+            deadline,
+            waiting: String::from("no report from the rendezvous yet"),
+        };
+        vec![Action::Offer { round }]
+    }
+
+    /// The rendezvous was lost with no workers running: rejoin.
+    fn reconnect(&mut self, deadline: Instant, why: String) -> Vec<Action> {
+        warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; reconnecting");
+        self.phase = Phase::Reconnecting { deadline, why };
+        vec![Action::Rejoin { resume: None }]
+    }
+
+    fn reconnecting(&mut self, deadline: Instant, why: String, event: Event) -> Vec<Action> {
+        match event {
+            Event::Rejoined { round, .. } => self.form_again(deadline, round),
+            Event::RejoinFailed(e) => {
+                let e = self.gave_up(&why, &e);
+                self.exit(Err(e))
+            }
+            _ => {
+                self.phase = Phase::Reconnecting { deadline, why };
+                Vec::new()
+            }
+        }
+    }
+
+    fn running(&mut self, now: Instant, mut round: Round, event: Event) -> Vec<Action> {
+        let this = round.info.round;
+        match event {
+            Event::Message(Kind::RestartRequested(r)) if r.round == this => {
+                info!(reason = %r.reason, counted = r.counted, "restart requested; stopping workers");
+                self.stop(Signal::SIGTERM, Then::Form(r.next_round), false)
+            }
+            Event::Message(Kind::JobFailed(f)) => self.stop(
+                Signal::SIGTERM,
+                Then::Finish(
+                    vec![Action::Summarize { root: f.root_cause }],
+                    Outcome::Failed(f.reason),
+                ),
+                false,
+            ),
+            Event::Message(Kind::JobSucceeded(_)) => self.stop(
+                Signal::SIGTERM,
+                Then::Finish(Vec::new(), Outcome::Succeeded),
+                false,
+            ),
+            Event::Message(Kind::JobClosed(c)) if !c.may_rejoin => {
+                self.stop(Signal::SIGTERM, Then::Fail(closed(&c)), false)
+            }
+            Event::Message(Kind::JobClosed(c)) => self.recover(round, c.reason),
+            Event::Lost(why) => self.recover(round, why),
+            Event::Timer if round.barrier.is_some_and(|b| now >= b) => {
+                warn!(
+                    timeout_s = self.settings.exit_barrier_timeout.as_secs_f64(),
+                    "this node's workers succeeded but other nodes did not finish within --exit-barrier-timeout; exiting"
+                );
+                self.stop(
+                    Signal::SIGTERM,
+                    Then::Finish(
+                        vec![Action::Leave {
+                            reason: "its workers succeeded; exit barrier timed out".into(),
+                        }],
+                        Outcome::Succeeded,
+                    ),
+                    false,
+                )
+            }
+            Event::StartFailed {
+                local_rank,
+                global_rank,
+                message,
+            } => {
+                round.live = 0;
+                round.failed = true;
+                self.phase = Phase::Running(round);
+                vec![Action::ReportStartFailure {
+                    round: this,
+                    local_rank,
+                    global_rank,
+                    message,
+                }]
+            }
+            Event::Exited(exit) => {
+                round.live = round.live.saturating_sub(1);
+                if exit.ended.success() || round.failed {
+                    return self.go_on(now, round, Vec::new());
+                }
+                round.failed = true;
+                warn!(local_rank = exit.local_rank, rank = exit.global_rank, ended = %exit.ended, "worker failed");
+                let mut actions = vec![Action::ReportFailure { round: this, exit }];
+                // Workers this stops show in the summary too (as torchrun's do).
+                actions.extend(self.stop(Signal::SIGTERM, Then::Run(round), true));
+                actions
+            }
+            _ => {
+                self.phase = Phase::Running(round);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Running on: once every worker succeeded, report it and start the
+    /// exit barrier.
+    fn go_on(&mut self, now: Instant, mut round: Round, mut actions: Vec<Action>) -> Vec<Action> {
+        if !round.failed && round.barrier.is_none() && round.live == 0 {
+            actions.push(Action::ReportSuccess {
+                round: round.info.round,
+            });
+            round.barrier = Some(saturating_add(now, self.settings.exit_barrier_timeout));
+        }
+        self.phase = Phase::Running(round);
+        actions
+    }
+
+    /// The rendezvous was lost while workers run: they keep running while
+    /// the node rejoins, presenting its round.
+    fn recover(&mut self, round: Round, why: String) -> Vec<Action> {
+        warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; workers keep running while this node reconnects");
+        let info = &round.info;
+        let resume = pb::Resume {
+            round: info.round,
+            restart_count: info.restart_count,
+            node_rank: info.node_rank,
+            nnodes: info.nnodes,
+        };
+        self.phase = Phase::Recovering {
+            round,
+            pending: None,
+            why,
+        };
+        vec![Action::Rejoin {
+            resume: Some(resume),
+        }]
+    }
+
+    fn recovering(
+        &mut self,
+        now: Instant,
+        mut round: Round,
+        mut pending: Option<Exit>,
+        why: String,
+        event: Event,
+    ) -> Vec<Action> {
+        match event {
+            Event::Exited(exit) => {
+                round.live = round.live.saturating_sub(1);
+                if exit.ended.success() || round.failed {
+                    self.phase = Phase::Recovering {
+                        round,
+                        pending,
+                        why,
+                    };
+                    return Vec::new();
+                }
+                warn!(local_rank = exit.local_rank, rank = exit.global_rank, ended = %exit.ended, "worker failed while the rendezvous is unreachable");
+                round.failed = true;
+                pending = Some(exit);
+                self.stop(
+                    Signal::SIGTERM,
+                    Then::Recover {
+                        round,
+                        pending,
+                        why,
+                    },
+                    true,
+                )
+            }
+            Event::Rejoined {
+                round: now_at,
+                resumed: false,
+            } => {
+                info!(
+                    round = now_at,
+                    "the job moved on without this node; stopping its workers"
+                );
+                self.stop(Signal::SIGTERM, Then::Form(now_at), false)
+            }
+            Event::Rejoined { resumed: true, .. } => {
+                info!(
+                    round = round.info.round,
+                    "reconnected; the round is still current"
+                );
+                let mut actions = Vec::new();
+                if let Some(exit) = pending {
+                    actions.push(Action::ReportFailure {
+                        round: round.info.round,
+                        exit,
+                    });
+                }
+                if round.barrier.is_some() {
+                    // A restarted server has forgotten; say it again.
+                    actions.push(Action::ReportSuccess {
+                        round: round.info.round,
+                    });
+                }
+                self.go_on(now, round, actions)
+            }
+            Event::RejoinFailed(e) => {
+                let e = self.gave_up(&why, &e);
+                self.stop(Signal::SIGTERM, Then::Fail(e), false)
+            }
+            _ => {
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                Vec::new()
+            }
+        }
+    }
+
+    /// Stops the workers; `then` follows when they have stopped.
+    fn stop(&mut self, signal: Signal, then: Then, note: bool) -> Vec<Action> {
+        self.phase = Phase::Stopping { then, note };
+        vec![Action::Stop {
+            signal,
+            grace: self.settings.shutdown_timeout,
+        }]
+    }
+
+    /// A signal while workers stop: a second one (the stop was a signal's)
+    /// kills them now; otherwise the node ends, signaled, once they stopped.
+    fn signal_stopping(&mut self, then: Then, note: bool, sig: Signal) -> Vec<Action> {
+        let (then, actions) = match then {
+            Then::Finish(pre, Outcome::Signaled(first)) => {
+                warn!(signal = %sig, "second signal: killing workers now");
+                (
+                    Then::Finish(pre, Outcome::Signaled(first)),
+                    vec![Action::Kill],
+                )
+            }
+            Then::Form(_) | Then::Run(_) | Then::Recover { .. } => {
+                warn!(signal = %sig, "stopping; a second signal kills the workers at once");
+                (Then::Finish(Vec::new(), Outcome::Signaled(sig)), Vec::new())
+            }
+            // Already ending: the stop finishes within the grace.
+            then => (then, Vec::new()),
+        };
+        self.phase = Phase::Stopping { then, note };
+        actions
+    }
+
+    fn then(&mut self, now: Instant, then: Then) -> Vec<Action> {
+        match then {
+            Then::Form(round) => self.form(now, round),
+            Then::Run(round) => self.go_on(now, round, Vec::new()),
+            Then::Recover {
+                round,
+                pending,
+                why,
+            } => {
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                Vec::new()
+            }
+            Then::Finish(pre, outcome) => self.finish(pre, outcome),
+            Then::Fail(e) => self.exit(Err(e)),
+        }
+    }
+
+    /// `pre`, then the outcome: a signaled node leaves the job first.
+    fn finish(&mut self, mut pre: Vec<Action>, outcome: Outcome) -> Vec<Action> {
+        match &outcome {
+            Outcome::Signaled(sig) => pre.push(Action::Leave {
+                reason: format!("its agent received {sig}"),
+            }),
+            Outcome::Succeeded => info!("job succeeded"),
+            Outcome::Failed(reason) => error!(%reason, "job failed"),
+        }
+        pre.extend(self.exit(Ok(outcome)));
+        pre
+    }
+
+    fn exit(&mut self, result: Result<Outcome, AgentError>) -> Vec<Action> {
+        self.phase = Phase::Done;
+        vec![Action::Exit(result)]
+    }
+
+    fn gave_up(&self, why: &str, e: &AgentError) -> AgentError {
+        AgentError::Rendezvous(format!(
+            "lost the rendezvous ({why}) and could not rejoin within reconnect_grace={:.0} s ({e}); this node stopped its workers",
+            self.settings.reconnect_grace.as_secs_f64()
+        ))
+    }
+}
+
+fn saturating_add(now: Instant, d: Duration) -> Instant {
+    crate::deadline::after_from(now, d)
+}
+
+fn closed(c: &pb::JobClosed) -> AgentError {
+    AgentError::Rendezvous(format!("the rendezvous closed the job: {}", c.reason))
+}
+
+/// What a forming round waits for, in words.
+pub(super) fn describe_waiting(w: &pb::Waiting) -> String {
+    let mut hosts = match (w.hosts.is_empty(), w.members) {
+        (true, 0) => "none".to_owned(),
+        // A large job's progress names nobody, only counts.
+        (true, n) => format!("{n} nodes"),
+        (false, _) => w.hosts.join(", "),
+    };
+    if !w.hosts.is_empty() && w.members as usize > w.hosts.len() {
+        hosts.push_str(&format!(" and {} more", w.members as usize - w.hosts.len()));
+    }
+    if w.spare {
+        return format!(
+            "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",
+            w.max_nodes
+        );
+    }
+    let range = if w.min_nodes == w.max_nodes {
+        w.max_nodes.to_string()
+    } else {
+        format!("{}..{}", w.min_nodes, w.max_nodes)
+    };
+    let mut s = format!("{} of {range} nodes ready", w.ready);
+    if w.ready < w.min_nodes {
+        s.push_str(&format!(", {} missing", w.min_nodes - w.ready));
+    }
+    if let Some(ms) = w.last_call_ms {
+        s.push_str(&format!(
+            ", last call closes in {:.1} s",
+            ms as f64 / 1000.0
+        ));
+    }
+    s.push_str(&format!(" (joined: {hosts})"));
+    s
+}
+
+fn round_info(r: &pb::RoundComplete) -> RoundInfo {
+    RoundInfo {
+        round: r.round,
+        node_rank: r.node_rank,
+        nnodes: r.nnodes,
+        world_size: r.world_size,
+        base_rank: r.base_rank,
+        restart_count: r.restart_count,
+        max_restarts: r.max_restarts,
+        master_addr: r.master_addr.clone(),
+        master_port: r.master_port,
+    }
+}
+
+#[cfg(test)]
+mod tests;

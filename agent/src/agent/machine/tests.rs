@@ -1,0 +1,597 @@
+//! The node's life driven by synthetic events and instants: no process,
+//! no network.
+
+use super::*;
+use crate::sys::Ended;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn settings() -> Settings {
+    Settings {
+        run_id: "job".into(),
+        nproc_per_node: 2,
+        join_timeout: Duration::from_secs(600),
+        exit_barrier_timeout: Duration::from_secs(300),
+        shutdown_timeout: Duration::from_secs(30),
+        reconnect_grace: Duration::from_secs(60),
+    }
+}
+
+/// A node that joined at round 0 and was told to get ready for it.
+fn joined() -> (NodeMachine, Instant) {
+    let t0 = Instant::now();
+    let (m, actions) = NodeMachine::new(settings(), t0, 0);
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 0 }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(t0 + Duration::from_secs(600)));
+    (m, t0)
+}
+
+fn complete(round: u64, restart_count: u32) -> Event {
+    Event::Message(Kind::RoundComplete(pb::RoundComplete {
+        round,
+        node_rank: 1,
+        nnodes: 2,
+        world_size: 4,
+        base_rank: 2,
+        restart_count,
+        max_restarts: 3,
+        master_addr: "10.0.0.1".into(),
+        master_port: 29500,
+        member_addrs: Vec::new(),
+    }))
+}
+
+/// A node whose round 0 formed and whose two workers run.
+fn running() -> (NodeMachine, Instant) {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0 + SECOND, complete(0, 0));
+    match &actions[..] {
+        [Action::Start { info, .. }] => {
+            assert_eq!((info.round, info.node_rank, info.base_rank), (0, 1, 2));
+        }
+        other => panic!("expected the workers to start, got {other:?}"),
+    }
+    assert!(m.sources().workers && m.sources().stream);
+    (m, t0)
+}
+
+fn exit(local_rank: u32, code: i32) -> Exit {
+    Exit {
+        local_rank,
+        global_rank: 2 + local_rank,
+        pid: 100 + local_rank,
+        ended: Ended::Exited(code),
+    }
+}
+
+fn restart(round: u64, next_round: u64) -> Event {
+    Event::Message(Kind::RestartRequested(pb::RestartRequested {
+        round,
+        next_round,
+        reason: "a worker failed".into(),
+        counted: true,
+    }))
+}
+
+fn job_failed() -> Event {
+    Event::Message(Kind::JobFailed(pb::JobFailed {
+        round: 0,
+        reason: "budget spent".into(),
+        root_cause: Some(pb::Failure {
+            host: "h".into(),
+            ..Default::default()
+        }),
+    }))
+}
+
+fn succeeded() -> Event {
+    Event::Message(Kind::JobSucceeded(pb::JobSucceeded { round: 0 }))
+}
+
+fn is_stop(a: &Action, sig: Signal) -> bool {
+    matches!(a, Action::Stop { signal, grace } if *signal == sig && *grace == Duration::from_secs(30))
+}
+
+fn outcome(actions: &[Action]) -> &Outcome {
+    match actions.last() {
+        Some(Action::Exit(Ok(o))) => o,
+        other => panic!("expected an outcome last, got {other:?}"),
+    }
+}
+
+fn error(actions: Vec<Action>) -> AgentError {
+    match actions.into_iter().last() {
+        Some(Action::Exit(Err(e))) => e,
+        other => panic!("expected an error last, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_worker_failure_is_reported_the_others_are_stopped_and_the_restart_followed() {
+    let (mut m, t0) = running();
+    let t = t0 + 2 * SECOND;
+    let actions = m.step(t, Event::Exited(exit(1, 3)));
+    match &actions[..] {
+        [Action::ReportFailure { round: 0, exit }, stop] => {
+            assert_eq!(exit.ended, Ended::Exited(3));
+            assert!(is_stop(stop, Signal::SIGTERM), "{stop:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        m.sources(),
+        Sources {
+            stream: false,
+            rejoin: false,
+            workers: false,
+            stop: true
+        }
+    );
+    // The stop saw local rank 0 end by SIGTERM: it goes into the summary.
+    let stopped = Exit {
+        ended: Ended::Signaled(15),
+        ..exit(0, 0)
+    };
+    let actions = m.step(t, Event::Stopped(vec![stopped]));
+    assert!(
+        matches!(&actions[..], [Action::Note(e)] if e.local_rank == 0),
+        "{actions:?}"
+    );
+    // No success once a worker failed, however the others end.
+    assert!(m.step(t, Event::Exited(exit(0, 0))).is_empty());
+    assert_eq!(m.deadline(), None, "no exit barrier after a failure");
+    // The job restarts: ready for round 1, with a fresh forming deadline.
+    let later = t + 5 * SECOND;
+    let actions = m.step(later, restart(0, 1));
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(later, Event::Stopped(Vec::new()));
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 1 }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(later + Duration::from_secs(600)));
+    let actions = m.step(later, complete(1, 1));
+    assert!(matches!(&actions[..], [Action::Start { info, .. }] if info.restart_count == 1));
+}
+
+#[test]
+fn a_restart_for_another_round_is_ignored() {
+    let (mut m, t0) = running();
+    assert!(m.step(t0, restart(7, 8)).is_empty());
+    assert!(m.sources().workers);
+}
+
+#[test]
+fn a_spent_budget_fails_the_job_with_the_summary() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Exited(exit(0, 1)));
+    m.step(t0, Event::Stopped(Vec::new()));
+    let actions = m.step(t0, job_failed());
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(t0, Event::Stopped(Vec::new()));
+    match &actions[..] {
+        [Action::Summarize { root: Some(root) }, Action::Exit(Ok(Outcome::Failed(reason)))] => {
+            assert_eq!(root.host, "h");
+            assert_eq!(reason, "budget spent");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(m.is_done());
+    assert!(m.step(t0, Event::Timer).is_empty(), "nothing after the end");
+}
+
+#[test]
+fn a_job_that_fails_while_forming_prints_the_summary() {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0, job_failed());
+    assert!(
+        matches!(
+            &actions[..],
+            [
+                Action::Summarize { .. },
+                Action::Exit(Ok(Outcome::Failed(_)))
+            ]
+        ),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_worker_that_cannot_start_is_reported_as_exit_code_127() {
+    let (mut m, t0) = running();
+    let actions = m.step(
+        t0,
+        Event::StartFailed {
+            local_rank: 1,
+            global_rank: 3,
+            message: "no such file".into(),
+        },
+    );
+    assert!(
+        matches!(
+            &actions[..],
+            [Action::ReportStartFailure {
+                round: 0,
+                local_rank: 1,
+                global_rank: 3,
+                ..
+            }]
+        ),
+        "{actions:?}"
+    );
+    assert_eq!(
+        m.deadline(),
+        None,
+        "a node that could not start does not succeed"
+    );
+}
+
+#[test]
+fn a_lost_rendezvous_keeps_the_workers_and_resumes_the_round() {
+    let (mut m, t0) = running();
+    let actions = m.step(t0, Event::Lost("no keep-alive answered for 30.0 s".into()));
+    match &actions[..] {
+        [Action::Rejoin { resume: Some(r) }] => {
+            assert_eq!(
+                (r.round, r.restart_count, r.node_rank, r.nnodes),
+                (0, 0, 1, 2)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        m.sources(),
+        Sources {
+            stream: false,
+            rejoin: true,
+            workers: true,
+            stop: false
+        }
+    );
+    // A worker succeeding meanwhile is just noted.
+    assert!(m.step(t0, Event::Exited(exit(0, 0))).is_empty());
+    let actions = m.step(
+        t0 + SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(actions.is_empty(), "no stop, no report: {actions:?}");
+    assert!(m.sources().stream && m.sources().workers);
+    // The round goes on: the last worker's success is reported.
+    let actions = m.step(t0 + 2 * SECOND, Event::Exited(exit(1, 0)));
+    assert!(
+        matches!(actions[..], [Action::ReportSuccess { round: 0 }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_failure_while_unreachable_is_reported_once_back() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    let actions = m.step(t0, Event::Exited(exit(1, 9)));
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    // While the others stop, the rejoin waits.
+    assert!(!m.sources().rejoin);
+    assert!(m.step(t0, Event::Stopped(Vec::new())).is_empty());
+    assert!(m.sources().rejoin, "back to rejoining");
+    let actions = m.step(
+        t0,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(&actions[..], [Action::ReportFailure { round: 0, exit }] if exit.local_rank == 1),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_success_is_said_again_to_a_server_that_restarted() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Exited(exit(0, 0)));
+    let actions = m.step(t0, Event::Exited(exit(1, 0)));
+    assert!(matches!(actions[..], [Action::ReportSuccess { round: 0 }]));
+    let closing = Event::Message(Kind::JobClosed(pb::JobClosed {
+        reason: "the rendezvous server is shutting down".into(),
+        may_rejoin: true,
+    }));
+    assert!(matches!(
+        m.step(t0, closing)[..],
+        [Action::Rejoin { resume: Some(_) }]
+    ));
+    let actions = m.step(
+        t0,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(actions[..], [Action::ReportSuccess { round: 0 }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_job_that_reformed_without_this_node_stops_its_workers_and_gets_ready() {
+    let (mut m, t0) = running();
+    m.step(
+        t0,
+        Event::Lost("lost the rendezvous: connection reset".into()),
+    );
+    let later = t0 + 20 * SECOND;
+    let actions = m.step(
+        later,
+        Event::Rejoined {
+            round: 3,
+            resumed: false,
+        },
+    );
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(
+        later,
+        Event::Stopped(vec![Exit {
+            ended: Ended::Signaled(15),
+            ..exit(0, 0)
+        }]),
+    );
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 3 }]),
+        "not noted as a failure: {actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(later + Duration::from_secs(600)));
+}
+
+#[test]
+fn a_grace_that_expires_stops_the_workers_and_ends_the_agent() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("no keep-alive answered for 30.0 s".into()));
+    let actions = m.step(
+        t0 + 60 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
+    );
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let e = error(m.step(t0 + 61 * SECOND, Event::Stopped(Vec::new())));
+    let text = e.to_string();
+    assert!(
+        text.contains("no keep-alive answered") && text.contains("reconnect_grace=60 s"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_lost_rendezvous_while_forming_rejoins_and_gets_ready_for_the_current_round() {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0 + SECOND, Event::Lost("lost the rendezvous: eof".into()));
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: None }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), None, "the grace bounds the rejoin");
+    let actions = m.step(
+        t0 + 2 * SECOND,
+        Event::Rejoined {
+            round: 4,
+            resumed: false,
+        },
+    );
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 4 }]),
+        "{actions:?}"
+    );
+    // Reconnecting does not extend the time a round may take to form.
+    assert_eq!(m.deadline(), Some(t0 + Duration::from_secs(600)));
+}
+
+#[test]
+fn a_round_that_does_not_form_in_time_ends_the_agent_with_the_last_progress() {
+    let (mut m, t0) = joined();
+    let waiting = Event::Message(Kind::Waiting(pb::Waiting {
+        round: 0,
+        ready: 1,
+        needed: 2,
+        hosts: vec!["a".into()],
+        min_nodes: 2,
+        max_nodes: 2,
+        members: 1,
+        ..Default::default()
+    }));
+    assert!(m.step(t0, waiting).is_empty());
+    assert!(
+        m.step(t0 + 599 * SECOND, Event::Timer).is_empty(),
+        "early timer"
+    );
+    let text = error(m.step(t0 + 600 * SECOND, Event::Timer)).to_string();
+    assert!(
+        text.contains("1 of 2 nodes ready, 1 missing (joined: a)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_later_round_while_forming_is_offered_again() {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0, restart(0, 2));
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 2 }]),
+        "{actions:?}"
+    );
+    assert!(
+        m.step(t0, complete(0, 0)).is_empty(),
+        "the stale round is ignored"
+    );
+    assert!(matches!(
+        m.step(t0, complete(2, 0))[..],
+        [Action::Start { .. }]
+    ));
+}
+
+#[test]
+fn the_exit_barrier_ends_when_the_job_succeeds() {
+    let (mut m, t0) = running();
+    assert!(m.step(t0, Event::Exited(exit(0, 0))).is_empty());
+    let actions = m.step(t0 + SECOND, Event::Exited(exit(1, 0)));
+    assert!(
+        matches!(actions[..], [Action::ReportSuccess { round: 0 }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(t0 + SECOND + Duration::from_secs(300)));
+    let actions = m.step(t0 + 2 * SECOND, succeeded());
+    assert!(
+        is_stop(&actions[0], Signal::SIGTERM),
+        "the groups are swept: {actions:?}"
+    );
+    let actions = m.step(t0 + 2 * SECOND, Event::Stopped(Vec::new()));
+    assert_eq!(outcome(&actions), &Outcome::Succeeded);
+    assert_eq!(actions.len(), 1, "no leave after success: {actions:?}");
+}
+
+#[test]
+fn the_exit_barrier_times_out_into_success_after_leaving() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Exited(exit(0, 0)));
+    m.step(t0, Event::Exited(exit(1, 0)));
+    let end = t0 + Duration::from_secs(300);
+    let actions = m.step(end, Event::Timer);
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(end, Event::Stopped(Vec::new()));
+    match &actions[..] {
+        [Action::Leave { reason }, Action::Exit(Ok(Outcome::Succeeded))] => {
+            assert!(reason.contains("exit barrier timed out"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_signal_while_waiting_leaves_the_job() {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0, Event::Signal(Signal::SIGTERM));
+    match &actions[..] {
+        [Action::Leave { reason }, Action::Exit(Ok(Outcome::Signaled(Signal::SIGTERM)))] => {
+            assert!(reason.contains("SIGTERM"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_signal_while_reconnecting_ends_the_wait() {
+    let (mut m, t0) = joined();
+    m.step(t0, Event::Lost("eof".into()));
+    let actions = m.step(t0, Event::Signal(Signal::SIGINT));
+    assert_eq!(outcome(&actions), &Outcome::Signaled(Signal::SIGINT));
+}
+
+#[test]
+fn a_signal_while_running_is_forwarded_then_the_node_leaves() {
+    let (mut m, t0) = running();
+    let actions = m.step(t0, Event::Signal(Signal::SIGINT));
+    assert!(
+        is_stop(&actions[0], Signal::SIGINT),
+        "the signal itself goes to the workers: {actions:?}"
+    );
+    let actions = m.step(t0, Event::Stopped(Vec::new()));
+    assert!(
+        matches!(
+            &actions[..],
+            [
+                Action::Leave { .. },
+                Action::Exit(Ok(Outcome::Signaled(Signal::SIGINT)))
+            ]
+        ),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_second_signal_kills_the_workers_at_once() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Signal(Signal::SIGTERM));
+    let actions = m.step(t0 + SECOND, Event::Signal(Signal::SIGTERM));
+    assert!(matches!(actions[..], [Action::Kill]), "{actions:?}");
+    let actions = m.step(t0 + SECOND, Event::Stopped(Vec::new()));
+    assert_eq!(
+        outcome(&actions),
+        &Outcome::Signaled(Signal::SIGTERM),
+        "the first signal decides the exit code"
+    );
+}
+
+#[test]
+fn a_signal_during_a_restart_ends_the_node_once_the_workers_stopped() {
+    let (mut m, t0) = running();
+    m.step(t0, restart(0, 1));
+    assert!(
+        m.step(t0, Event::Signal(Signal::SIGTERM)).is_empty(),
+        "the stop goes on"
+    );
+    let actions = m.step(t0, Event::Stopped(Vec::new()));
+    assert_eq!(
+        outcome(&actions),
+        &Outcome::Signaled(Signal::SIGTERM),
+        "no offer for round 1"
+    );
+    // A further signal now would have killed them.
+    let (mut m, t0) = running();
+    m.step(t0, restart(0, 1));
+    m.step(t0, Event::Signal(Signal::SIGTERM));
+    assert!(matches!(
+        m.step(t0, Event::Signal(Signal::SIGTERM))[..],
+        [Action::Kill]
+    ));
+}
+
+#[test]
+fn a_signal_while_rejoining_with_workers_stops_them() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("eof".into()));
+    let actions = m.step(t0, Event::Signal(Signal::SIGHUP));
+    assert!(is_stop(&actions[0], Signal::SIGHUP), "{actions:?}");
+    assert!(!m.sources().rejoin, "the rejoin is abandoned");
+    let actions = m.step(t0, Event::Stopped(Vec::new()));
+    assert_eq!(outcome(&actions), &Outcome::Signaled(Signal::SIGHUP));
+}
+
+#[test]
+fn a_closed_job_ends_the_agent_with_the_reason() {
+    let (mut m, t0) = running();
+    let closed = Event::Message(Kind::JobClosed(pb::JobClosed {
+        reason: "the agent hosting the rendezvous stopped".into(),
+        may_rejoin: false,
+    }));
+    let actions = m.step(t0, closed);
+    assert!(is_stop(&actions[0], Signal::SIGTERM));
+    let text = error(m.step(t0, Event::Stopped(Vec::new()))).to_string();
+    assert!(text.contains("closed the job: the agent hosting"), "{text}");
+}
+
+#[test]
+fn events_for_other_phases_change_nothing() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Signal(Signal::SIGTERM));
+    // While stopping, a stray message or timer is not acted on.
+    assert!(m.step(t0, succeeded()).is_empty());
+    assert!(m.step(t0, Event::Timer).is_empty());
+    assert!(m.sources().stop);
+    let (mut m, t0) = joined();
+    assert!(m.step(t0, Event::Exited(exit(0, 0))).is_empty());
+    assert!(m
+        .step(
+            t0,
+            Event::Rejoined {
+                round: 9,
+                resumed: true
+            }
+        )
+        .is_empty());
+    assert!(m.sources().stream);
+}
