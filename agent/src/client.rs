@@ -330,6 +330,7 @@ mod tests {
             token: Some(Token::new(token, "test").expect("token")),
             limits: rendezvous_server::Limits::default(),
             tls: None,
+            store: None,
         };
         tokio::spawn(rendezvous_server::serve(
             listener,

@@ -34,6 +34,7 @@ fn embedded(
             ..rendezvous_server::Limits::default()
         },
         tls,
+        store: None,
     }
 }
 

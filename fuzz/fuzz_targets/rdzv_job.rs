@@ -400,6 +400,10 @@ fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
     }
     check_events(job, prev, out);
     check_members(job);
+    // What a job store keeps is the whole state: restored, it is the same job.
+    let now = server.now();
+    let record = job.record(now);
+    assert_eq!(Job::restore(record.clone(), now).record(now), record, "a record restores to another job");
     if decides {
         assert!(
             !matches!(decide(server.now(), job), Decision::Complete(_)),

@@ -29,6 +29,9 @@ pub enum Error {
     /// The listener failed.
     #[error("serving the rendezvous failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The job store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl From<Error> for Status {
@@ -40,7 +43,7 @@ impl From<Error> for Status {
             Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
-            Error::Transport(_) => Code::Unavailable,
+            Error::Transport(_) | Error::Store(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

@@ -53,6 +53,7 @@ mod error;
 pub mod fuzzing;
 mod lifecycle;
 mod membership;
+mod record;
 mod session;
 
 use std::collections::BTreeMap;
@@ -64,6 +65,7 @@ use pb::event::Kind;
 
 pub use decide::{decide, liveness, rank_order, Decision};
 pub use error::{AuthError, JoinError};
+pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
 
 /// How often at most every member of a forming round is sent its progress
@@ -550,6 +552,9 @@ impl Job {
         // not find a ready count with nobody ready (fuzz_regressions.rs).
         self.ready = 0;
         self.min_ready_since = None;
+        // So do the placeholders: a closed relearned job holds none, and
+        // must not count against the registry's placeholder budget.
+        self.absent = 0;
         out
     }
 }

@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`job`]: one job's state machine and the pure [`job::decide`] function;
 //! - [`registry`]: every job by `rdzv_id`, their streams and deadlines;
+//! - [`store`]: the seam through which job state outlives the process;
 //! - [`service`]: the gRPC handlers;
 //! - [`auth`]: the token every call carries, and nodes' session secrets;
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
@@ -35,14 +36,16 @@ pub mod registry;
 pub mod service;
 pub mod signal;
 pub mod status;
+pub mod store;
 pub mod tls;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_proto::v1::rendezvous_server::RendezvousServer;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use auth::Token;
 pub use error::Error;
@@ -69,6 +72,10 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// TLS (`None`: plain HTTP/2).
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Where job state is kept beyond this process (`None`: memory only).
+    /// The server loads the jobs it holds before serving and writes every
+    /// change once per tick.
+    pub store: Option<Arc<dyn store::JobStore>>,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -78,7 +85,17 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let registry = Registry::new(options.finished_job_ttl, options.limits);
+    let registry = match options.store.clone() {
+        Some(store) => {
+            let registry = Registry::with_store(options.finished_job_ttl, options.limits, store);
+            let loaded = registry.load().await?;
+            if loaded > 0 {
+                info!(jobs = loaded, "continuing the jobs the job store holds");
+            }
+            registry
+        }
+        None => Registry::new(options.finished_job_ttl, options.limits),
+    };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<RendezvousServer<RendezvousService>>()
@@ -88,9 +105,21 @@ pub async fn serve(
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(TICK);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = quiet::Quiet::every(Duration::from_secs(10));
             loop {
                 interval.tick().await;
                 registry.tick(Instant::now());
+                if let Err(e) = registry.flush().await {
+                    match failing.hit(tokio::time::Instant::now()) {
+                        quiet::Say::First => {
+                            warn!(error = %e, "cannot write job state to the job store; retrying every tick")
+                        }
+                        quiet::Say::Summary(n, over) => {
+                            warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
+                        }
+                        quiet::Say::Nothing => {}
+                    }
+                }
             }
         })
     };
@@ -117,6 +146,9 @@ pub async fn serve(
         .add_service(rendezvous)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
+            if let Err(e) = closing.flush().await {
+                warn!(error = %e, "cannot write the last job state to the job store");
+            }
             info!("shutting down: closing every job's streams");
             closing.close_all(
                 "the rendezvous server is shutting down",

@@ -81,6 +81,7 @@ fn main() -> ExitCode {
             token,
             limits: args.limits(),
             tls,
+            store: None,
         };
         let shutdown = rendezvous_server::signal::shutdown();
         match rendezvous_server::serve(listener, options, shutdown).await {

@@ -13,13 +13,21 @@
 //! only if it is still the job's scheduled instant (stale entries are
 //! skipped and the heap is rebuilt when they pile up).
 //!
+//! # Persistence
+//! With a [`JobStore`], every call that changes a job marks it, and
+//! [`Registry::flush`] (once per tick) writes the marked jobs' records as one
+//! batch without holding the lock; [`Registry::load`] brings a store's jobs
+//! into a new registry, which continues them. Keep-alives change nothing a
+//! store needs (a record's instants are relative to when it was taken), so
+//! they mark nothing. Without a store nothing is marked.
+//!
 //! # Logs
 //! A round formed, a restart and a job's end are logged once each. Joins and
 //! departures are counted per job and logged at most once a second per job,
 //! so a 10,000-node job's arrival is one line, not 10,000.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::pin::Pin;
@@ -39,6 +47,7 @@ use crate::input::excerpt;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::limits::{truncated, Limits};
 use crate::outbox::{outbox, Inbox, Outbox};
+use crate::store::{Batch, JobStore, StoreError};
 
 /// Most bytes of the last failure in a status answer (per job).
 const STATUS_FAILURE: usize = 4096;
@@ -78,6 +87,10 @@ struct Jobs {
     deadlines: BinaryHeap<Reverse<(Instant, String)>>,
     tallies: HashMap<String, Tally>,
     tally_logged: Option<Instant>,
+    /// Jobs changed since the last flush (only with a store).
+    dirty: BTreeSet<String>,
+    /// The server is shutting down: nothing more is written.
+    closing: bool,
 }
 
 /// Every job the server knows.
@@ -86,6 +99,7 @@ pub struct Registry {
     inner: Arc<Mutex<Jobs>>,
     ttl: Duration,
     limits: Limits,
+    store: Option<Arc<dyn JobStore>>,
 }
 
 impl Registry {
@@ -96,6 +110,87 @@ impl Registry {
             inner: Arc::default(),
             ttl,
             limits,
+            store: None,
+        }
+    }
+
+    /// The same, writing every change to `store` ([`Registry::flush`]).
+    pub fn with_store(ttl: Duration, limits: Limits, store: Arc<dyn JobStore>) -> Self {
+        Self {
+            store: Some(store),
+            ..Self::new(ttl, limits)
+        }
+    }
+
+    /// Brings every job `store` holds into this registry (a server that
+    /// starts); returns how many. Jobs this registry already has are kept.
+    pub async fn load(&self) -> Result<usize, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(0);
+        };
+        let records = store.load().await?;
+        let now = Instant::now();
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let mut loaded = 0;
+        for record in records {
+            if jobs.map.contains_key(&record.id) {
+                continue;
+            }
+            let id = record.id.clone();
+            let entry = Entry {
+                job: Job::restore(record, now),
+                streams: HashMap::new(),
+                scheduled: None,
+            };
+            jobs.map.insert(id.clone(), entry);
+            self.schedule(jobs, &id, now);
+            loaded += 1;
+        }
+        if jobs.map.len() > self.limits.max_jobs {
+            warn!(jobs = jobs.map.len(), max_jobs = self.limits.max_jobs, "the job store holds more jobs than --max-jobs; no new job is admitted until some end");
+        }
+        Ok(loaded)
+    }
+
+    /// Writes every job changed since the last flush to the store, as one
+    /// batch; returns how many jobs it wrote. The lock is held only to take
+    /// the records. A batch that fails is retried by the next flush.
+    pub async fn flush(&self) -> Result<usize, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(0);
+        };
+        let (batch, ids) = {
+            let mut jobs = self.lock();
+            if jobs.closing {
+                return Ok(0);
+            }
+            let ids = std::mem::take(&mut jobs.dirty);
+            let now = Instant::now();
+            let mut batch = Batch::default();
+            for id in &ids {
+                match jobs.map.get(id) {
+                    Some(e) => batch.put.push(e.job.record(now)),
+                    None => batch.removed.push(id.clone()),
+                }
+            }
+            (batch, ids)
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        match store.save(batch).await {
+            Ok(()) => Ok(ids.len()),
+            Err(e) => {
+                self.lock().dirty.extend(ids);
+                Err(e)
+            }
+        }
+    }
+
+    fn changed(&self, jobs: &mut Jobs, job_id: &str) {
+        if self.store.is_some() && !jobs.closing && !jobs.dirty.contains(job_id) {
+            jobs.dirty.insert(job_id.to_owned());
         }
     }
 
@@ -189,6 +284,7 @@ impl Registry {
                 // with all its placeholders), so a refusal leaves nothing.
                 if created || (entry.job.members().is_empty() && entry.streams.is_empty()) {
                     jobs.map.remove(&req.job_id);
+                    self.changed(jobs, &req.job_id);
                 }
                 return Err(e);
             }
@@ -231,10 +327,7 @@ impl Registry {
             .map
             .get_mut(job_id)
             .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
-        entry.job.authorize(node_id, session).map_err(|e| match e {
-            AuthError::NotMember => Error::UnknownNode(job_id.to_owned(), node_id.to_owned()),
-            _ => Error::WrongSession(job_id.to_owned(), node_id.to_owned()),
-        })?;
+        authorize(&entry.job, job_id, node_id, session)?;
         let (r, out) = f(&mut entry.job);
         self.after(jobs, job_id, now, out);
         Ok(r)
@@ -243,6 +336,7 @@ impl Registry {
     /// What follows every change to a job: logs, delivering its events,
     /// ending streams of nodes it no longer has, rescheduling its deadline.
     fn after(&self, jobs: &mut Jobs, job_id: &str, now: Instant, out: Vec<Outbound>) {
+        self.changed(jobs, job_id);
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
@@ -262,12 +356,40 @@ impl Registry {
             // membership shrank, to keep each call O(log n).)
             entry.streams.retain(|id, _| job.members().contains_key(id));
         }
-        if let Some(t) = job.next_deadline(now, self.ttl) {
+        self.schedule(jobs, job_id, now);
+    }
+
+    /// Puts the job's next deadline in the heap, if it is earlier than the
+    /// one there.
+    fn schedule(&self, jobs: &mut Jobs, job_id: &str, now: Instant) {
+        let Some(entry) = jobs.map.get_mut(job_id) else {
+            return;
+        };
+        if let Some(t) = entry.job.next_deadline(now, self.ttl) {
             if entry.scheduled.is_none_or(|s| t < s) {
                 entry.scheduled = Some(t);
                 jobs.deadlines.push(Reverse((t, job_id.to_owned())));
             }
         }
+    }
+
+    /// A node's keep-alive, once `session` proves the caller is that node;
+    /// false if it is not a member. Nothing else changes, so nothing is
+    /// delivered, rescheduled or marked for the store.
+    pub fn keep_alive(
+        &self,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        session: &[u8],
+    ) -> Result<bool, Error> {
+        let mut jobs = self.lock();
+        let entry = jobs
+            .map
+            .get_mut(job_id)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+        authorize(&entry.job, job_id, node_id, session)?;
+        Ok(entry.job.keep_alive(now, node_id))
     }
 
     /// Periodic work: runs the jobs whose deadline is due, forgets expired
@@ -291,6 +413,7 @@ impl Registry {
             entry.scheduled = None;
             if entry.job.expired(now, self.ttl) {
                 jobs.map.remove(&id);
+                self.changed(jobs, &id);
                 continue;
             }
             let members = entry.job.members().len();
@@ -321,10 +444,14 @@ impl Registry {
         }
     }
 
-    /// Ends every job's streams (server shutdown).
+    /// Ends every job's streams (server shutdown). A store is written no
+    /// more: the jobs were not closed for the server that continues them, so
+    /// it starts from the last batch (flush first to make that the latest).
     pub fn close_all(&self, reason: &str, may_rejoin: bool) {
         let now = Instant::now();
         let mut jobs = self.lock();
+        jobs.closing = true;
+        jobs.dirty.clear();
         for entry in jobs.map.values_mut() {
             let out = entry.job.close(now, reason, may_rejoin);
             deliver(entry, out);
@@ -448,6 +575,14 @@ impl Registry {
             next_page_token,
         })
     }
+}
+
+/// Checks that `session` is `node_id`'s secret in `job`.
+fn authorize(job: &Job, job_id: &str, node_id: &str, session: &[u8]) -> Result<(), Error> {
+    job.authorize(node_id, session).map_err(|e| match e {
+        AuthError::NotMember => Error::UnknownNode(job_id.to_owned(), node_id.to_owned()),
+        _ => Error::WrongSession(job_id.to_owned(), node_id.to_owned()),
+    })
 }
 
 /// Delivers events to the members' streams; returns how many streams were

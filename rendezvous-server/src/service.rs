@@ -102,9 +102,8 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
-            (job.keep_alive(now, &r.node_id), Vec::new())
-        })?;
+        self.registry
+            .keep_alive(Instant::now(), &r.job_id, &r.node_id, &r.session)?;
         Ok(Response::new(pb::Ack {}))
     }
 

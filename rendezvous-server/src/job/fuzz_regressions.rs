@@ -111,3 +111,26 @@ fn a_tick_drops_every_lost_node_before_it_decides() {
     assert_eq!(job.round(), 0);
     assert_eq!(job.members().keys().collect::<Vec<_>>(), ["n2"]);
 }
+
+/// `close` emptied a relearned job's members but kept its count of
+/// unclaimed placeholders: the registry went on counting 64 placeholders
+/// against `--max-nodes-per-job` for a job that had none, and the job's
+/// record disagreed with itself (found by the record round trip).
+#[test]
+fn close_leaves_no_placeholder_count_behind() {
+    let t = Instant::now();
+    let mut join = req(1, 206);
+    let resume = pb::Resume {
+        round: 1,
+        restart_count: 0,
+        node_rank: 63,
+        nnodes: 64,
+    };
+    join.resume = Some(resume);
+    let mut job = Job::relearn(t, "job", &join, &resume);
+    assert_eq!(job.absent_count(), 64);
+    job.close(t, "the server is shutting down", true);
+    assert_eq!(job.absent_count(), 0, "no placeholder is left");
+    let record = job.record(t);
+    assert_eq!(Job::restore(record.clone(), t).record(t), record);
+}

@@ -25,6 +25,11 @@ impl Session {
         Self(bytes)
     }
 
+    /// The bytes, for a job store's record.
+    pub fn bytes(self) -> [u8; SESSION_BYTES] {
+        self.0
+    }
+
     /// The bytes to send to the node.
     pub fn to_vec(self) -> Vec<u8> {
         self.0.to_vec()

@@ -1,0 +1,207 @@
+//! A job's state as plain data, for a [`crate::store::JobStore`]: what a new
+//! server process needs to continue the job where this one left it.
+//!
+//! A [`Job`] holds instants on this process's monotonic clock, which mean
+//! nothing to another process. A record keeps each one as an offset from the
+//! moment the record was taken (negative: in the past), and
+//! [`Job::restore`] rebases the offsets onto its own `now`. The time between
+//! taking a record and restoring it is therefore elided: a member's last sign
+//! of life, a last call, a finished job's age are as they were when the
+//! record was taken, so a failover does not by itself drop members for
+//! silence (they could not reach any server meanwhile) and a new leader gives
+//! every deadline the same time left.
+//!
+//! The record carries the members' session secrets: a resuming node must
+//! present its secret to the new server as to the old one. A store keeps
+//! records where only the rendezvous servers can read them.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use accel_proto::v1 as pb;
+
+use super::{Job, JobConfig, Member, Phase, Session, SESSION_BYTES};
+
+/// An instant as microseconds after the record was taken (negative: before).
+pub type Offset = i64;
+
+/// One member of a recorded job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRecord {
+    /// The agent's host name.
+    pub hostname: String,
+    /// Static rendezvous: the rank it asked for.
+    pub requested_rank: Option<u32>,
+    /// Its offer for the forming round.
+    pub ready: Option<(String, u32)>,
+    /// Its rank in the running (or last) round.
+    pub rank: Option<u32>,
+    /// Its workers succeeded in the running round.
+    pub succeeded: bool,
+    /// Its last sign of life.
+    pub last_seen: Offset,
+    /// Where its calls came from.
+    pub seen_from: Option<IpAddr>,
+    /// Its session secret.
+    pub session: [u8; SESSION_BYTES],
+    /// Order of arrival.
+    pub joined_seq: u64,
+}
+
+/// One job's whole state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// The job id (`rdzv_id`).
+    pub id: String,
+    /// The settings every node agrees on.
+    pub config: JobConfig,
+    /// Where the job is in its life.
+    pub phase: Phase,
+    /// The current round.
+    pub round: u64,
+    /// Restarts consumed from the budget.
+    pub restart_count: u32,
+    /// Members by node id, in id order.
+    pub members: Vec<(String, MemberRecord)>,
+    /// Node ids of the running (or last) round, in node-rank order.
+    pub participants: Vec<String>,
+    /// Members ready for the forming round.
+    pub ready: u32,
+    /// Participants whose workers succeeded.
+    pub succeeded: usize,
+    /// The first failure of the latest failed round.
+    pub last_failure: Option<String>,
+    /// The running round's first failure.
+    pub root_cause: Option<pb::Failure>,
+    /// When the job finished.
+    pub finished_at: Option<Offset>,
+    /// The next member's arrival number.
+    pub next_seq: u64,
+    /// Since when MIN members are ready.
+    pub min_ready_since: Option<Offset>,
+    /// When progress was last sent.
+    pub progress_sent: Option<Offset>,
+    /// When the next liveness check is due.
+    pub next_liveness: Option<Offset>,
+    /// Since when the job has had no members.
+    pub empty_since: Option<Offset>,
+    /// Placeholders of a relearned job not claimed yet.
+    pub absent: u32,
+}
+
+fn offset(at: Instant, now: Instant) -> Offset {
+    let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    match at.checked_duration_since(now) {
+        Some(ahead) => micros(ahead),
+        None => -micros(now.duration_since(at)),
+    }
+}
+
+fn instant(offset: Offset, now: Instant) -> Instant {
+    let by = Duration::from_micros(offset.unsigned_abs());
+    let at = match offset >= 0 {
+        true => now.checked_add(by),
+        false => now.checked_sub(by),
+    };
+    // An offset this clock cannot express is clamped to now: the deadline
+    // it stood for is due at once (a past instant) or soon (a future one).
+    at.unwrap_or(now)
+}
+
+impl Job {
+    /// This job's state at `now`, as data.
+    pub fn record(&self, now: Instant) -> JobRecord {
+        let at = |t: Option<Instant>| t.map(|t| offset(t, now));
+        JobRecord {
+            id: self.id.clone(),
+            config: self.config,
+            phase: self.phase.clone(),
+            round: self.round,
+            restart_count: self.restart_count,
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| {
+                    let record = MemberRecord {
+                        hostname: m.hostname.clone(),
+                        requested_rank: m.requested_rank,
+                        ready: m.ready.clone(),
+                        rank: m.rank,
+                        succeeded: m.succeeded,
+                        last_seen: offset(m.last_seen, now),
+                        seen_from: m.seen_from,
+                        session: m.session.bytes(),
+                        joined_seq: m.joined_seq,
+                    };
+                    (id.clone(), record)
+                })
+                .collect(),
+            participants: self.participants.clone(),
+            ready: self.ready,
+            succeeded: self.succeeded,
+            last_failure: self.last_failure.clone(),
+            root_cause: self.root_cause.clone(),
+            finished_at: at(self.finished_at),
+            next_seq: self.next_seq,
+            min_ready_since: at(self.min_ready_since),
+            progress_sent: at(self.progress_sent),
+            next_liveness: at(self.next_liveness),
+            empty_since: at(self.empty_since),
+            absent: self.absent,
+        }
+    }
+
+    /// The job a record describes, its instants rebased onto `now`. The
+    /// counters that follow from the members (ready, unclaimed placeholders)
+    /// are counted again rather than trusted, so a record that disagrees
+    /// with itself cannot break the state machine's invariants.
+    pub fn restore(record: JobRecord, now: Instant) -> Self {
+        let at = |t: Option<Offset>| t.map(|t| instant(t, now));
+        let members = record
+            .members
+            .into_iter()
+            .map(|(id, m)| {
+                let member = Member {
+                    hostname: m.hostname,
+                    requested_rank: m.requested_rank,
+                    ready: m.ready,
+                    rank: m.rank,
+                    succeeded: m.succeeded,
+                    last_seen: instant(m.last_seen, now),
+                    seen_from: m.seen_from,
+                    session: Session::from_bytes(m.session),
+                    joined_seq: m.joined_seq,
+                };
+                (id, member)
+            })
+            .collect();
+        let mut job = Self {
+            id: record.id,
+            config: record.config,
+            phase: record.phase,
+            round: record.round,
+            restart_count: record.restart_count,
+            members,
+            participants: record.participants,
+            ready: record.ready,
+            succeeded: record.succeeded,
+            last_failure: record.last_failure,
+            root_cause: record.root_cause,
+            finished_at: at(record.finished_at),
+            next_seq: record.next_seq,
+            min_ready_since: at(record.min_ready_since),
+            progress_sent: at(record.progress_sent),
+            next_liveness: at(record.next_liveness),
+            empty_since: at(record.empty_since),
+            absent: record.absent,
+        };
+        job.ready = job.members.values().filter(|m| m.ready.is_some()).count() as u32;
+        job.absent = job
+            .members
+            .keys()
+            .filter(|id| id.starts_with(super::ABSENT))
+            .count() as u32;
+        job.succeeded = job.succeeded.min(job.participants.len());
+        job
+    }
+}
