@@ -332,7 +332,10 @@ fn on_path(program: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
 }
 
 /// Physical cores (distinct core ids per package), as psutil counts them;
-/// the logical count when the topology is not readable.
+/// the logical count when the topology is not readable. Hand-written rather
+/// than `num_cpus::get_physical`: that one reads `/proc/cpuinfo`, whose
+/// package fields ARM servers lack (it then counts logical CPUs), while
+/// accelerate's thread count follows psutil's sysfs topology.
 pub fn physical_cores() -> u32 {
     let mut cores = std::collections::BTreeSet::new();
     if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {

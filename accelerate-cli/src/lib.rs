@@ -26,7 +26,7 @@ pub mod test_cmd;
 pub mod tpu;
 pub mod yaml;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
@@ -207,12 +207,6 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
 /// The first executable `name` in `path` (a `PATH` value; unset means
 /// `/bin:/usr/bin`, as Python's subprocess assumes).
 pub(crate) fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dirs = path.unwrap_or("/bin:/usr/bin");
-    dirs.split(':')
-        .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(name))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    which::which_in(name, Some(path.unwrap_or("/bin:/usr/bin")), cwd).ok()
 }

@@ -138,7 +138,8 @@ mod tests {
 
     #[test]
     fn writes_the_file_and_says_where() {
-        let dir = std::env::temp_dir().join(format!("accel-questionnaire-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("sub/cfg.yaml");
         let mut input = "\n0\nyes\nno\nno\n\n".as_bytes();
         let mut output = Vec::new();

@@ -187,7 +187,8 @@ mod tests {
 
     #[test]
     fn without_python_the_builtin_check_runs() {
-        let dir = std::env::temp_dir().join(format!("accel-test-unit-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         let hf = dir.to_string_lossy().into_owned();
         let env = move |k: &str| match k {
             "PYTHON_EXEC" => Some("/nonexistent/python".to_owned()),
@@ -203,7 +204,8 @@ mod tests {
 
     #[test]
     fn with_a_config_file_it_is_passed_through() {
-        let dir = std::env::temp_dir().join(format!("accel-test-unit2-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).expect("dir");
         let file = dir.join("my config.yaml");
         std::fs::write(&file, "distributed_type: MULTI_GPU\nnum_processes: 3\n").expect("write");

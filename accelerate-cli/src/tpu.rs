@@ -226,74 +226,7 @@ fn install_spec(version: &str) -> Result<String, TpuError> {
 /// Whether `text` is a version `packaging.version.parse` accepts (PEP 440,
 /// case-insensitive, optional `v` prefix and surrounding whitespace).
 fn is_pep440(text: &str) -> bool {
-    let lower = text.trim().to_ascii_lowercase();
-    let mut s = lower.strip_prefix('v').unwrap_or(&lower);
-    let digits = |s: &mut &str| {
-        let n = s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        *s = &s[n..];
-        n > 0
-    };
-    let sep = |s: &mut &str| {
-        if let Some(rest) = s.strip_prefix(['-', '_', '.']) {
-            *s = rest;
-        }
-    };
-    // A labelled segment: [sep] label [sep] [digits]; `s` is left alone when
-    // no label follows.
-    let labelled = |s: &mut &str, labels: &[&str]| {
-        let mut t = *s;
-        sep(&mut t);
-        match labels.iter().find(|l| t.starts_with(**l)) {
-            Some(l) => {
-                t = &t[l.len()..];
-                sep(&mut t);
-                digits(&mut t);
-                *s = t;
-                true
-            }
-            None => false,
-        }
-    };
-    // Epoch.
-    if let Some((epoch, rest)) = s.split_once('!') {
-        if epoch.is_empty() || !epoch.chars().all(|c| c.is_ascii_digit()) {
-            return false;
-        }
-        s = rest;
-    }
-    // Release: N(.N)*
-    if !digits(&mut s) {
-        return false;
-    }
-    while let Some(rest) = s.strip_prefix('.') {
-        let mut t = rest;
-        if !digits(&mut t) {
-            break;
-        }
-        s = t;
-    }
-    labelled(
-        &mut s,
-        &["alpha", "a", "beta", "b", "preview", "pre", "c", "rc"],
-    );
-    // Post release: `-N`, else [sep] post|rev|r [sep] [N].
-    match s
-        .strip_prefix('-')
-        .map(|r| (r, r.trim_start_matches(|c: char| c.is_ascii_digit())))
-    {
-        Some((rest, after)) if after.len() < rest.len() => s = after,
-        _ => {
-            labelled(&mut s, &["post", "rev", "r"]);
-        }
-    }
-    labelled(&mut s, &["dev"]);
-    if let Some(local) = s.strip_prefix('+') {
-        let parts_ok = local
-            .split(['-', '_', '.'])
-            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric()));
-        return parts_ok;
-    }
-    s.is_empty()
+    text.trim().parse::<pep440_rs::Version>().is_ok()
 }
 
 /// The characters Python's `str.splitlines()` ends lines at (`\r\n` aside).

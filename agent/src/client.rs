@@ -45,12 +45,17 @@ impl std::fmt::Debug for RdzvClient {
     }
 }
 
-/// Backoff before retry `attempt` (0-based): 50 ms doubling to 2 s, ±50 % jitter.
-pub fn backoff(attempt: u32) -> Duration {
-    let base = Duration::from_millis(50)
-        .saturating_mul(1 << attempt.min(6))
-        .min(Duration::from_secs(2));
-    base.mul_f64(0.5 + fastrand::f64())
+/// Delays between attempts to reach the rendezvous: 25 ms doubling to 1 s,
+/// each plus up to as much again at random (so at most 2 s), for ever; the
+/// caller's deadline ends the retries.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(25))
+        .with_max_delay(Duration::from_secs(1))
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 impl RdzvClient {
@@ -89,7 +94,8 @@ impl RdzvClient {
             .keep_alive_while_idle(true);
         let started = Instant::now();
         let mut last_notice: Option<Instant> = None;
-        for attempt in 0u32.. {
+        let mut delays = retry_delays();
+        loop {
             let try_once = async {
                 let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
                 let mut inner =
@@ -155,9 +161,9 @@ impl RdzvClient {
                 info!(endpoint = %format!("{host}:{port}"), %error, "waiting for the rendezvous to be reachable");
                 last_notice = Some(now);
             }
-            tokio::time::sleep(backoff(attempt).min(deadline.saturating_duration_since(now))).await;
+            let delay = delays.next().unwrap_or(Duration::from_secs(2));
+            tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
         }
-        unreachable!("the retry loop only ends by returning")
     }
 
     /// The session secret, for a `Join` that resumes this node.

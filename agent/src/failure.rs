@@ -135,26 +135,15 @@ fn signal_name(sig: i32) -> String {
     Signal::try_from(sig).map_or_else(|_| format!("signal {sig}"), |s| s.to_string())
 }
 
-/// `YYYY-MM-DD_HH:MM:SS` in UTC.
+/// `YYYY-MM-DD_HH:MM:SS` in UTC (torchrun's summary format).
 pub fn format_time(ts: f64) -> String {
+    const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] =
+        time::macros::format_description!("[year]-[month]-[day]_[hour]:[minute]:[second]");
     let secs = ts.max(0.0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}_{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| t.format(FORMAT).ok())
+        .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
 fn block(out: &mut Vec<String>, idx: usize, f: &pb::Failure) {
@@ -243,7 +232,8 @@ mod tests {
     fn an_oversized_error_file_is_not_read() {
         // Each test its own directory: tests run in parallel, and each
         // removes its directory at the end.
-        let dir = std::env::temp_dir().join(format!("accel-errfile-big-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).expect("dir");
         let f = dir.join("error.json");
         std::fs::write(&f, r#"{"message": "boom"}"#).expect("write");
@@ -309,8 +299,8 @@ mod tests {
 
     #[test]
     fn error_files_are_read_in_both_layouts() {
-        let dir =
-            std::env::temp_dir().join(format!("accel-errfile-layouts-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).expect("dir");
         let nested = dir.join("nested.json");
         std::fs::write(&nested, r#"{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "tb", "timestamp": "1700000000"}}}"#).expect("write");

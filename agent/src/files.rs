@@ -46,15 +46,24 @@ pub fn rank_dir(attempt_dir: &Path, local_rank: u32) -> Result<PathBuf, AgentErr
     Ok(dir)
 }
 
-/// A new directory `<parent>/<prefix><random>` that did not exist before.
+/// A new directory `<parent>/<prefix><random>` that did not exist before
+/// (created as Python's `tempfile.mkdtemp` creates torchrun's: mode 0700, a
+/// name nobody else holds). It is kept: the worker files outlive the agent.
 fn fresh_dir(parent: &Path, prefix: &str) -> Result<PathBuf, AgentError> {
-    let names = (0..16).map(|_| {
-        let suffix: String = (0..8)
-            .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
-            .collect();
-        format!("{prefix}{suffix}")
-    });
-    create_first_free(parent, names)
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .rand_bytes(8)
+        .tempdir_in(parent)
+        .map(tempfile::TempDir::keep)
+        .map_err(|e| {
+            AgentError::io(
+                format!(
+                    "cannot create a directory {prefix}* in {}",
+                    parent.display()
+                ),
+                e,
+            )
+        })
 }
 
 /// Creates the first of `names` under `parent` that does not exist yet.

@@ -259,7 +259,8 @@ mod tests {
 
     #[test]
     fn token_files_are_bounded() {
-        let dir = std::env::temp_dir().join(format!("accel-token-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).expect("dir");
         let f = dir.join("token");
         std::fs::write(&f, format!("{T}\n")).expect("write");

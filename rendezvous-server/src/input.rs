@@ -13,6 +13,11 @@
 //!   so a 100 KiB argument or a terminal escape sequence is not echoed back.
 //!   [`parse_or_exit`] applies the same rule to clap's own messages, which
 //!   quote whole values.
+//!
+//! [`parse_duration`] is written here rather than taken from `humantime`:
+//! torchrun's timeouts are seconds as floats (`0.5`, `1e3`), and people write
+//! `1.5m` or `0.5s`, which `humantime` refuses (it has no fractions); the
+//! ten-year bound and the excerpting errors are this module's either way.
 
 use std::ffi::OsStr;
 use std::fmt::{self, Write as _};

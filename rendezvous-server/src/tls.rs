@@ -223,7 +223,8 @@ mod tests {
 
     #[test]
     fn bad_files_name_the_file_and_the_cause() {
-        let dir = std::env::temp_dir().join(format!("accel-tls-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).expect("dir");
         let junk = dir.join("junk.pem");
         std::fs::write(&junk, "not a certificate\n").expect("write");

@@ -113,22 +113,14 @@ pub fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, kept afterwards (a failed test's
+/// logs and worker files stay readable).
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "accel-test-{name}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos() ^ u128::from(fastrand_u32())
-    ));
-    fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
-}
-
-fn fastrand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish() as u32
+    tempfile::Builder::new()
+        .prefix(&format!("accel-test-{name}-"))
+        .tempdir()
+        .expect("create scratch dir")
+        .keep()
 }
 
 /// A free loopback port (bound, then released).

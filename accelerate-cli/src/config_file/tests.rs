@@ -95,13 +95,11 @@ mod load {
     }
 
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "accel-config-{name}-{}-{}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir_all(&dir).expect("scratch");
-        dir
+        tempfile::Builder::new()
+            .prefix(&format!("accel-config-{name}-"))
+            .tempdir()
+            .expect("scratch")
+            .keep()
     }
 
     #[test]

@@ -150,7 +150,8 @@ fn meminfo() {
 
 #[test]
 fn run_without_python_or_config() {
-    let dir = std::env::temp_dir().join(format!("accel-env-unit-{}", std::process::id()));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let dir = scratch.path().to_path_buf();
     let hf = dir.to_string_lossy().into_owned();
     let env = move |k: &str| match k {
         "PYTHON_EXEC" => Some("/nonexistent/python".to_owned()),

@@ -24,10 +24,11 @@ fn tensors(list: &[(&str, u64)]) -> Tensors {
 
 /// A scratch folder for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("accel-estimate-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    tempfile::Builder::new()
+        .prefix(&format!("accel-estimate-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
+        .keep()
 }
 
 /// Writes a safetensors file of F16 tensors (zeros) with a padded header.

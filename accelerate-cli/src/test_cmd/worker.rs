@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rendezvous_server::config::parse_duration;
+use rendezvous_server::input::parse_duration;
 
 use super::client::{Client, ClientError};
 use super::TestError;

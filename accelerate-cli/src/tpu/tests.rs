@@ -63,7 +63,8 @@ fn flags_build_accelerates_gcloud_command() {
 
 #[test]
 fn the_configuration_fills_in_with_accelerates_precedence() {
-    let dir = std::env::temp_dir().join(format!("accel-tpu-{}", std::process::id()));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let dir = scratch.path().to_path_buf();
     std::fs::create_dir_all(&dir).expect("dir");
     let file = dir.join("cmds.txt");
     std::fs::write(&file, "one\r\ntwo\n\nthree\n").expect("write");
@@ -188,7 +189,8 @@ fn lines_split_as_python_splits_them() {
 #[test]
 fn gcloud_is_found_on_path_and_its_failure_reported() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("accel-tpu-bin-{}", std::process::id()));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let dir = scratch.path().to_path_buf();
     std::fs::create_dir_all(&dir).expect("dir");
     let args = parse(&["--tpu_name", "n", "--tpu_zone", "z", "--command", "x"]);
     let path = dir.to_str().expect("utf-8").to_owned();

@@ -18,8 +18,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use rendezvous_server::config::parse_duration;
 use rendezvous_server::input::excerpt;
+use rendezvous_server::input::parse_duration;
 
 use super::{
     bad, cuda_device_count, parse_endpoint, parse_nnodes, random_id, Config, ConfigError,

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use rendezvous_server::config::parse_duration;
 use rendezvous_server::input::excerpt;
+use rendezvous_server::input::parse_duration;
 
 use super::{bad, ConfigError};
 

@@ -22,8 +22,15 @@ fn to(console: Console, prefix: &[u8], err: bool) -> Option<ToConsole> {
     })
 }
 
+/// A path for one test's log file, in a fresh directory (kept: a failing
+/// test's file can be read).
 fn tmp(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("accel-tee-{}-{name}", std::process::id()))
+    tempfile::Builder::new()
+        .prefix("accel-tee-")
+        .tempdir()
+        .expect("scratch dir")
+        .keep()
+        .join(name)
 }
 
 #[tokio::test]
