@@ -110,7 +110,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             group: None,
             monitor,
             stopping: None,
-            stopping_pids: Vec::new(),
+            kill: None,
             rejoin: None,
             console,
             error_files: Vec::new(),
@@ -219,8 +219,8 @@ struct Session<'a> {
     monitor: tokio::time::Interval,
     /// A stop in flight: the group comes back with the exits it saw.
     stopping: Option<tokio::task::JoinHandle<(WorkerGroup, Vec<Exit>)>>,
-    /// The process groups being stopped, for a second signal's SIGKILL.
-    stopping_pids: Vec<i32>,
+    /// Tells the stop in flight to SIGKILL now (a second signal).
+    kill: Option<Arc<tokio::sync::Notify>>,
     /// A rejoin attempt in flight.
     rejoin: Option<Rejoining<'a>>,
     /// The console writer for tee'd worker output, if anything is tee'd.
@@ -281,6 +281,7 @@ impl Session<'_> {
         let Session {
             group,
             stopping,
+            kill,
             rejoin,
             events,
             silent,
@@ -292,7 +293,13 @@ impl Session<'_> {
         tokio::select! {
             done = async { stopping.as_mut().expect("guarded").await }, if src.stop && stopping.is_some() => {
                 *stopping = None;
-                Woke::Event(Event::Stopped(done.map(|(_, exits)| exits).unwrap_or_default()))
+                *kill = None;
+                let exits = done.map(|(_, exits)| exits).unwrap_or_else(|e| {
+                    // The group went with the task; its Drop SIGKILLed what lived.
+                    tracing::error!(error = %e, "stopping the workers failed");
+                    Vec::new()
+                });
+                Woke::Event(Event::Stopped(exits))
             }
             joined = async { rejoin.as_mut().expect("guarded").await }, if src.rejoin && rejoin.is_some() => {
                 *rejoin = None;

@@ -6,7 +6,11 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use nix::sys::signal::Signal;
+use tokio::sync::Notify;
 
 use super::machine::{Action, Event};
 use super::store_bind::store_options;
@@ -37,17 +41,22 @@ impl Session<'_> {
             }
             Action::Stop { signal, grace } => match self.group.take() {
                 Some(mut group) => {
-                    self.stopping_pids = group.pids();
+                    let kill = Arc::new(Notify::new());
+                    self.kill = Some(kill.clone());
                     self.stopping = Some(tokio::spawn(async move {
-                        let exits = group.stop(signal, grace).await;
+                        let exits = tokio::select! {
+                            exits = group.stop(signal, grace) => exits,
+                            // Killing now also ends the wait for the grace.
+                            _ = kill.notified() => group.stop(Signal::SIGKILL, Duration::ZERO).await,
+                        };
                         (group, exits)
                     }));
                 }
                 None => queue.push_back(Event::Stopped(Vec::new())),
             },
             Action::Kill => {
-                for &pid in &self.stopping_pids {
-                    crate::sys::killpg(pid, Signal::SIGKILL);
+                if let Some(kill) = &self.kill {
+                    kill.notify_one();
                 }
             }
             Action::ReportFailure { round, exit } => self.report(round, &exit).await,
@@ -78,7 +87,12 @@ impl Session<'_> {
             }
             Action::Leave { reason } => self.client.leave(&reason).await,
             Action::Summarize { root } => self.report_job_failure(root.as_ref()),
-            Action::Exit(result) => return result.map(Some),
+            Action::Exit(result) => {
+                // The round's store ends with the node's life, before the
+                // console drains.
+                self.store = None;
+                return result.map(Some);
+            }
         }
         Ok(None)
     }

@@ -242,6 +242,8 @@ enum Phase {
         /// The forming deadline, which a reconnect does not extend.
         deadline: Instant,
         why: String,
+        /// The forming round's last progress, for a timeout's message.
+        waiting: String,
     },
     Running(Round),
     Recovering {
@@ -254,6 +256,8 @@ enum Phase {
         then: Then,
         /// Whether failed exits the stop sees go into the summary.
         note: bool,
+        /// A stop signal arrived during this stop (a second one kills).
+        heard: bool,
     },
     Done,
 }
@@ -330,8 +334,8 @@ impl NodeMachine {
         match (phase, event) {
             (Phase::Done, _) => Vec::new(),
             // Signals first: they are heard in every phase.
-            (Phase::Stopping { then, note }, Event::Signal(sig)) => {
-                self.signal_stopping(then, note, sig)
+            (Phase::Stopping { then, note, heard }, Event::Signal(sig)) => {
+                self.signal_stopping(then, note, heard, sig)
             }
             (Phase::Running(_) | Phase::Recovering { .. }, Event::Signal(sig)) => {
                 warn!(signal = %sig, grace_s = self.settings.shutdown_timeout.as_secs_f64(), "stopping workers; a second signal kills them at once");
@@ -348,9 +352,14 @@ impl NodeMachine {
                 },
                 event,
             ) => self.forming(now, round, deadline, waiting, event),
-            (Phase::Reconnecting { deadline, why }, event) => {
-                self.reconnecting(deadline, why, event)
-            }
+            (
+                Phase::Reconnecting {
+                    deadline,
+                    why,
+                    waiting,
+                },
+                event,
+            ) => self.reconnecting(deadline, why, waiting, event),
             (Phase::Running(round), event) => self.running(now, round, event),
             (
                 Phase::Recovering {
@@ -360,7 +369,7 @@ impl NodeMachine {
                 },
                 event,
             ) => self.recovering(now, round, pending, why, event),
-            (Phase::Stopping { then, note }, Event::Stopped(exits)) => {
+            (Phase::Stopping { then, note, .. }, Event::Stopped(exits)) => {
                 let mut actions: Vec<Action> = match note {
                     true => exits
                         .into_iter()
@@ -399,7 +408,7 @@ impl NodeMachine {
     ) -> Vec<Action> {
         let kind = match event {
             Event::Message(kind) => kind,
-            Event::Lost(why) => return self.reconnect(deadline, why),
+            Event::Lost(why) => return self.reconnect(deadline, why, waiting),
             Event::Timer if now >= deadline => {
                 return self.exit(Err(AgentError::JoinTimeout(format!(
                     "round {round} of job '{}' did not form within {:.0} s: {waiting}; start the missing nodes with the same --rdzv-id, --nnodes and endpoint",
@@ -441,15 +450,17 @@ impl NodeMachine {
                     members: r.member_addrs,
                 }]
             }
-            Kind::RestartRequested(r) if r.next_round > round => {
-                self.form_again(deadline, r.next_round)
-            }
+            Kind::RestartRequested(r) if r.next_round > round => self.form_again(
+                deadline,
+                r.next_round,
+                String::from("no report from the rendezvous yet"),
+            ),
             Kind::JobFailed(f) => self.finish(
                 vec![Action::Summarize { root: f.root_cause }],
                 Outcome::Failed(f.reason),
             ),
             Kind::JobSucceeded(_) => self.finish(Vec::new(), Outcome::Succeeded),
-            Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason),
+            Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason, waiting),
             Kind::JobClosed(c) => self.exit(Err(closed(&c))),
             kind => {
                 if let Kind::Waiting(w) = &kind {
@@ -468,32 +479,47 @@ impl NodeMachine {
         }
     }
 
-    /// Ready for a later round while forming: the forming deadline stays.
-    fn form_again(&mut self, deadline: Instant, round: u64) -> Vec<Action> {
+    /// Ready for `round` while forming: the forming deadline stays, and so
+    /// does the last progress (until the round's own arrives).
+    fn form_again(&mut self, deadline: Instant, round: u64, waiting: String) -> Vec<Action> {
         self.phase = Phase::Forming {
             round,
             deadline,
-            waiting: String::from("no report from the rendezvous yet"),
+            waiting,
         };
         vec![Action::Offer { round }]
     }
 
     /// The rendezvous was lost with no workers running: rejoin.
-    fn reconnect(&mut self, deadline: Instant, why: String) -> Vec<Action> {
+    fn reconnect(&mut self, deadline: Instant, why: String, waiting: String) -> Vec<Action> {
         warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; reconnecting");
-        self.phase = Phase::Reconnecting { deadline, why };
+        self.phase = Phase::Reconnecting {
+            deadline,
+            why,
+            waiting,
+        };
         vec![Action::Rejoin { resume: None }]
     }
 
-    fn reconnecting(&mut self, deadline: Instant, why: String, event: Event) -> Vec<Action> {
+    fn reconnecting(
+        &mut self,
+        deadline: Instant,
+        why: String,
+        waiting: String,
+        event: Event,
+    ) -> Vec<Action> {
         match event {
-            Event::Rejoined { round, .. } => self.form_again(deadline, round),
+            Event::Rejoined { round, .. } => self.form_again(deadline, round, waiting),
             Event::RejoinFailed(e) => {
                 let e = self.gave_up(&why, &e);
                 self.exit(Err(e))
             }
             _ => {
-                self.phase = Phase::Reconnecting { deadline, why };
+                self.phase = Phase::Reconnecting {
+                    deadline,
+                    why,
+                    waiting,
+                };
                 Vec::new()
             }
         }
@@ -630,6 +656,9 @@ impl NodeMachine {
                 warn!(local_rank = exit.local_rank, rank = exit.global_rank, ended = %exit.ended, "worker failed while the rendezvous is unreachable");
                 round.failed = true;
                 pending = Some(exit);
+                // The failure itself is recorded when it is reported, once
+                // back; the workers this stop ends are not (they would come
+                // before it in the summary).
                 self.stop(
                     Signal::SIGTERM,
                     Then::Recover {
@@ -637,7 +666,7 @@ impl NodeMachine {
                         pending,
                         why,
                     },
-                    true,
+                    false,
                 )
             }
             Event::Rejoined {
@@ -687,32 +716,41 @@ impl NodeMachine {
 
     /// Stops the workers; `then` follows when they have stopped.
     fn stop(&mut self, signal: Signal, then: Then, note: bool) -> Vec<Action> {
-        self.phase = Phase::Stopping { then, note };
+        self.phase = Phase::Stopping {
+            then,
+            note,
+            heard: false,
+        };
         vec![Action::Stop {
             signal,
             grace: self.settings.shutdown_timeout,
         }]
     }
 
-    /// A signal while workers stop: a second one (the stop was a signal's)
-    /// kills them now; otherwise the node ends, signaled, once they stopped.
-    fn signal_stopping(&mut self, then: Then, note: bool, sig: Signal) -> Vec<Action> {
-        let (then, actions) = match then {
-            Then::Finish(pre, Outcome::Signaled(first)) => {
-                warn!(signal = %sig, "second signal: killing workers now");
-                (
-                    Then::Finish(pre, Outcome::Signaled(first)),
-                    vec![Action::Kill],
-                )
-            }
+    /// A signal while workers stop. A stop the node itself started for a
+    /// new round or its own failure now ends the node, signaled, once the
+    /// workers stopped. A second signal during any stop (the signal that
+    /// started it counts) kills the workers at once.
+    fn signal_stopping(&mut self, then: Then, note: bool, heard: bool, sig: Signal) -> Vec<Action> {
+        let second = heard || matches!(then, Then::Finish(_, Outcome::Signaled(_)));
+        let then = match then {
             Then::Form(_) | Then::Run(_) | Then::Recover { .. } => {
-                warn!(signal = %sig, "stopping; a second signal kills the workers at once");
-                (Then::Finish(Vec::new(), Outcome::Signaled(sig)), Vec::new())
+                Then::Finish(Vec::new(), Outcome::Signaled(sig))
             }
-            // Already ending: the stop finishes within the grace.
-            then => (then, Vec::new()),
+            then => then,
         };
-        self.phase = Phase::Stopping { then, note };
+        let actions = if second {
+            warn!(signal = %sig, "second signal: killing workers now");
+            vec![Action::Kill]
+        } else {
+            warn!(signal = %sig, "stopping; a second signal kills the workers at once");
+            Vec::new()
+        };
+        self.phase = Phase::Stopping {
+            then,
+            note,
+            heard: true,
+        };
         actions
     }
 

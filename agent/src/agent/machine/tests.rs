@@ -200,7 +200,7 @@ fn a_job_that_fails_while_forming_prints_the_summary() {
 }
 
 #[test]
-fn a_worker_that_cannot_start_is_reported_as_exit_code_127() {
+fn a_worker_that_cannot_start_is_reported_as_a_start_failure() {
     let (mut m, t0) = running();
     let actions = m.step(
         t0,
@@ -276,9 +276,14 @@ fn a_failure_while_unreachable_is_reported_once_back() {
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
     let actions = m.step(t0, Event::Exited(exit(1, 9)));
     assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
-    // While the others stop, the rejoin waits.
+    // While the others stop, the rejoin waits; the workers the stop ends do
+    // not go into the summary before the failure that caused it.
     assert!(!m.sources().rejoin);
-    assert!(m.step(t0, Event::Stopped(Vec::new())).is_empty());
+    let killed = Exit {
+        ended: Ended::Signaled(15),
+        ..exit(0, 0)
+    };
+    assert!(m.step(t0, Event::Stopped(vec![killed])).is_empty());
     assert!(m.sources().rejoin, "back to rejoining");
     let actions = m.step(
         t0,
@@ -594,4 +599,135 @@ fn events_for_other_phases_change_nothing() {
         )
         .is_empty());
     assert!(m.sources().stream);
+}
+
+#[test]
+fn a_second_signal_kills_during_any_stop() {
+    // The job succeeded and the groups are being swept: the first signal is
+    // noted, the second kills; the outcome stays the job's.
+    let (mut m, t0) = running();
+    m.step(t0, succeeded());
+    assert!(m.step(t0, Event::Signal(Signal::SIGTERM)).is_empty());
+    assert!(matches!(
+        m.step(t0, Event::Signal(Signal::SIGTERM))[..],
+        [Action::Kill]
+    ));
+    assert_eq!(
+        outcome(&m.step(t0, Event::Stopped(Vec::new()))),
+        &Outcome::Succeeded
+    );
+}
+
+#[test]
+fn a_signal_while_stopping_after_a_failure_unreachable_ends_the_node() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("eof".into()));
+    m.step(t0, Event::Exited(exit(1, 1)));
+    assert!(m.step(t0, Event::Signal(Signal::SIGINT)).is_empty());
+    let actions = m.step(t0, Event::Stopped(Vec::new()));
+    assert!(
+        matches!(
+            &actions[..],
+            [
+                Action::Leave { .. },
+                Action::Exit(Ok(Outcome::Signaled(Signal::SIGINT)))
+            ]
+        ),
+        "no rejoin after the signal: {actions:?}"
+    );
+}
+
+#[test]
+fn a_job_that_ends_while_forming_ends_the_node() {
+    let (mut m, t0) = joined();
+    let actions = m.step(t0, succeeded());
+    assert!(
+        matches!(actions[..], [Action::Exit(Ok(Outcome::Succeeded))]),
+        "{actions:?}"
+    );
+
+    let (mut m, t0) = joined();
+    let closed = Event::Message(Kind::JobClosed(pb::JobClosed {
+        reason: "the agent hosting the rendezvous stopped".into(),
+        may_rejoin: false,
+    }));
+    let text = error(m.step(t0, closed)).to_string();
+    assert!(text.contains("closed the job"), "{text}");
+
+    let (mut m, t0) = joined();
+    let restarting = Event::Message(Kind::JobClosed(pb::JobClosed {
+        reason: "the rendezvous server is shutting down".into(),
+        may_rejoin: true,
+    }));
+    assert!(matches!(
+        m.step(t0, restarting)[..],
+        [Action::Rejoin { resume: None }]
+    ));
+}
+
+#[test]
+fn a_rejoin_that_gives_up_with_no_workers_ends_the_agent() {
+    let (mut m, t0) = joined();
+    m.step(t0, Event::Lost("lost the rendezvous: eof".into()));
+    let e = error(m.step(
+        t0,
+        Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
+    ));
+    assert!(matches!(e, AgentError::Rendezvous(_)), "{e:?}");
+    assert!(e.to_string().contains("(lost the rendezvous: eof)"), "{e}");
+}
+
+#[test]
+fn a_reconnect_keeps_the_last_progress_for_the_timeout_message() {
+    let (mut m, t0) = joined();
+    let waiting = Event::Message(Kind::Waiting(pb::Waiting {
+        round: 0,
+        ready: 1,
+        min_nodes: 3,
+        max_nodes: 3,
+        members: 2,
+        ..Default::default()
+    }));
+    m.step(t0, waiting);
+    m.step(t0, Event::Lost("eof".into()));
+    m.step(
+        t0,
+        Event::Rejoined {
+            round: 0,
+            resumed: false,
+        },
+    );
+    let text = error(m.step(t0 + Duration::from_secs(600), Event::Timer)).to_string();
+    assert!(text.contains("1 of 3 nodes ready, 2 missing"), "{text}");
+}
+
+#[test]
+fn an_early_timer_changes_nothing_at_the_barrier() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Exited(exit(0, 0)));
+    m.step(t0, Event::Exited(exit(1, 0)));
+    assert!(m
+        .step(t0 + Duration::from_secs(299), Event::Timer)
+        .is_empty());
+    assert!(m.sources().stream, "still at the barrier");
+}
+
+#[test]
+fn a_node_that_could_not_start_still_follows_the_job() {
+    let (mut m, t0) = running();
+    m.step(
+        t0,
+        Event::StartFailed {
+            local_rank: 0,
+            global_rank: 2,
+            message: "no such file".into(),
+        },
+    );
+    // The job restarts it like any other node.
+    let actions = m.step(t0, restart(0, 1));
+    assert!(is_stop(&actions[0], Signal::SIGTERM));
+    assert!(matches!(
+        m.step(t0, Event::Stopped(Vec::new()))[..],
+        [Action::Offer { round: 1 }]
+    ));
 }
