@@ -15,12 +15,13 @@ use rendezvous_server::input::excerpt;
 use serde_json::{json, Map, Value};
 
 use super::yaml;
+use crate::vocab::DistributedType;
 
 mod read;
 mod schema;
 use read::read_bounded;
 pub use read::MAX_CONFIG_BYTES;
-pub use schema::{CLUSTER_FIELDS, DISTRIBUTED_TYPES, SAGEMAKER_FIELDS};
+pub use schema::{CLUSTER_FIELDS, SAGEMAKER_FIELDS};
 
 /// Why the file could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -279,10 +280,11 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
                 .into(),
         );
     };
+    let cluster: Vec<&str> = DistributedType::ALL.map(DistributedType::name).to_vec();
     let allowed = if sagemaker {
         schema::SAGEMAKER_DISTRIBUTED_TYPES
     } else {
-        DISTRIBUTED_TYPES
+        &cluster[..]
     };
     match &kind {
         Value::String(s) if allowed.contains(&s.as_str()) => {}

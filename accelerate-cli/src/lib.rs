@@ -24,6 +24,7 @@ pub mod pyvalue;
 pub mod questionnaire;
 pub mod test_cmd;
 pub mod tpu;
+pub mod vocab;
 pub mod yaml;
 
 use std::path::PathBuf;

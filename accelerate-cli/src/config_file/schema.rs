@@ -74,23 +74,5 @@ pub const SAGEMAKER_FIELDS: &[(&str, FieldDefault)] = &[
     ("enable_cpu_affinity", V("false")),
 ];
 
-/// accelerate's `DistributedType` values.
-pub const DISTRIBUTED_TYPES: &[&str] = &[
-    "NO",
-    "MULTI_CPU",
-    "MULTI_GPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_SDAA",
-    "MULTI_MUSA",
-    "MULTI_XPU",
-    "DEEPSPEED",
-    "FSDP",
-    "XLA",
-    "MEGATRON_LM",
-    "MULTI_HPU",
-    "MULTI_NEURON",
-];
-
 /// accelerate's `SageMakerDistributedType` values.
 pub(super) const SAGEMAKER_DISTRIBUTED_TYPES: &[&str] = &["NO", "DATA_PARALLEL", "MODEL_PARALLEL"];

@@ -36,26 +36,7 @@ pub enum Launcher {
 }
 
 pub use crate::pyvalue::{repr as py_repr, str_of as py_str, truthy};
-
-/// accelerate's `DynamoBackend` values.
-const DYNAMO: &[&str] = &[
-    "NO",
-    "EAGER",
-    "AOT_EAGER",
-    "INDUCTOR",
-    "AOT_TS_NVFUSER",
-    "NVPRIMS_NVFUSER",
-    "CUDAGRAPHS",
-    "OFI",
-    "FX2TRT",
-    "ONNXRT",
-    "TENSORRT",
-    "AOT_TORCHXLA_TRACE_ONCE",
-    "TORCHXLA_TRACE_ONCE",
-    "TVM",
-    "HPU_BACKEND",
-    "NEURON",
-];
+use crate::vocab::{DynamoBackend, MixedPrecision};
 
 /// The variables for `launcher`. `ds_fields` is DeepSpeed's
 /// `ACCELERATE_CONFIG_DS_FIELDS` list; `cwd` the working directory and
@@ -109,7 +90,7 @@ pub fn accelerate_env(
             ))
         }
     };
-    if !["no", "fp8", "fp16", "bf16"].contains(&mp.as_str()) {
+    if MixedPrecision::parse(&mp).is_none() {
         return Err(format!(
             "unknown mixed_precision '{}': choose one of no, fp8, fp16, bf16",
             excerpt(&mp)
@@ -172,11 +153,12 @@ pub fn accelerate_env(
         }
     } else {
         let backend = py_str(ns.get("dynamo_backend")).to_uppercase();
-        if !DYNAMO.contains(&backend.as_str()) {
+        if DynamoBackend::parse(&backend).is_none() {
+            let names: Vec<&str> = DynamoBackend::ALL.map(DynamoBackend::name).to_vec();
             return Err(format!(
                 "unknown dynamo backend '{}': choose one of {}",
                 excerpt(&backend),
-                DYNAMO.join(", ")
+                names.join(", ")
             ));
         }
         set("ACCELERATE_DYNAMO_BACKEND", backend);

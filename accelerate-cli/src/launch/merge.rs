@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::flags::Namespace;
 use crate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
+use crate::vocab::DistributedType;
 
 /// The machine facts the merge depends on.
 #[derive(Debug, Clone, Copy)]
@@ -36,18 +37,6 @@ pub struct Merged {
     /// accelerate's "values were not passed" warning, when it applies.
     pub warning: Option<String>,
 }
-
-/// Distributed types that select the multi-GPU launcher.
-const MULTI_DEVICE: &[&str] = &[
-    "MULTI_GPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_SDAA",
-    "MULTI_MUSA",
-    "MULTI_XPU",
-    "MULTI_HPU",
-    "MULTI_NEURON",
-];
 
 /// Checks `ns` and merges `config` (the explicit or default file, already
 /// loaded; `None` when there is none) into it.
@@ -122,12 +111,23 @@ fn apply_file(
         "use_megatron_lm",
     ];
     if !chosen.iter().any(|f| ns.truthy(f)) {
-        ns.set("use_deepspeed", json!(kind == "DEEPSPEED"));
-        ns.set("multi_gpu", json!(MULTI_DEVICE.contains(&kind.as_str())));
-        ns.set("tpu", json!(kind == "XLA"));
-        ns.set("use_fsdp", json!(kind == "FSDP"));
-        ns.set("use_megatron_lm", json!(kind == "MEGATRON_LM"));
-        let cluster = kind == "XLA" && cfg.get("tpu_use_cluster") == &Value::Bool(true);
+        let t = DistributedType::parse(&kind);
+        ns.set(
+            "use_deepspeed",
+            json!(t == Some(DistributedType::DeepSpeed)),
+        );
+        ns.set(
+            "multi_gpu",
+            json!(t.is_some_and(DistributedType::is_multi_device)),
+        );
+        ns.set("tpu", json!(t == Some(DistributedType::Xla)));
+        ns.set("use_fsdp", json!(t == Some(DistributedType::Fsdp)));
+        ns.set(
+            "use_megatron_lm",
+            json!(t == Some(DistributedType::MegatronLm)),
+        );
+        let cluster =
+            t == Some(DistributedType::Xla) && cfg.get("tpu_use_cluster") == &Value::Bool(true);
         ns.set("tpu_use_cluster", json!(cluster));
         ns.set(
             "use_parallelism_config",

@@ -8,24 +8,9 @@ use serde_json::{json, Map, Value};
 use super::prompt::Prompter;
 use super::{deepspeed, fsdp, precision, QuestionnaireError};
 
-/// accelerate's `DistributedType` values the questionnaire can end with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Dist {
-    No,
-    MultiCpu,
-    MultiXpu,
-    MultiHpu,
-    MultiGpu,
-    MultiNpu,
-    MultiMlu,
-    MultiSdaa,
-    MultiMusa,
-    MultiNeuron,
-    Xla,
-    DeepSpeed,
-    Fsdp,
-    MegatronLm,
-}
+/// accelerate's `DistributedType`: what the questionnaire ends with.
+pub(super) use crate::vocab::DistributedType as Dist;
+use crate::vocab::DynamoBackend;
 
 /// The machine-type menu, in accelerate's order.
 const MACHINES: [(&str, Dist); 11] = [
@@ -43,44 +28,9 @@ const MACHINES: [(&str, Dist); 11] = [
 ];
 
 impl Dist {
-    /// The value written to `distributed_type`.
-    pub(super) fn value(self) -> &'static str {
-        match self {
-            Dist::No => "NO",
-            Dist::MultiCpu => "MULTI_CPU",
-            Dist::MultiXpu => "MULTI_XPU",
-            Dist::MultiHpu => "MULTI_HPU",
-            Dist::MultiGpu => "MULTI_GPU",
-            Dist::MultiNpu => "MULTI_NPU",
-            Dist::MultiMlu => "MULTI_MLU",
-            Dist::MultiSdaa => "MULTI_SDAA",
-            Dist::MultiMusa => "MULTI_MUSA",
-            Dist::MultiNeuron => "MULTI_NEURON",
-            Dist::Xla => "XLA",
-            Dist::DeepSpeed => "DEEPSPEED",
-            Dist::Fsdp => "FSDP",
-            Dist::MegatronLm => "MEGATRON_LM",
-        }
-    }
-
     /// The multi-process types, CPU included (asked about machines).
     fn is_multi(self) -> bool {
         self == Dist::MultiCpu || self.is_multi_device()
-    }
-
-    /// The multi-accelerator types (asked about DeepSpeed, FSDP, GPU ids).
-    pub(super) fn is_multi_device(self) -> bool {
-        matches!(
-            self,
-            Dist::MultiXpu
-                | Dist::MultiHpu
-                | Dist::MultiGpu
-                | Dist::MultiNpu
-                | Dist::MultiMlu
-                | Dist::MultiSdaa
-                | Dist::MultiMusa
-                | Dist::MultiNeuron
-        )
     }
 
     /// What "How many ... should be used" counts: accelerate derives it from
@@ -90,27 +40,10 @@ impl Dist {
             Dist::MultiCpu => "processes".into(),
             Dist::MultiNeuron => "NEURON cores".into(),
             Dist::DeepSpeed | Dist::Fsdp | Dist::MegatronLm => "GPU(s)".into(),
-            other => format!("{}(s)", other.value().trim_start_matches("MULTI_")),
+            other => format!("{}(s)", other.name().trim_start_matches("MULTI_")),
         }
     }
 }
-
-/// accelerate's dynamo backends, as its menu lists them (lower-cased).
-const DYNAMO_BACKENDS: [&str; 13] = [
-    "EAGER",
-    "AOT_EAGER",
-    "INDUCTOR",
-    "AOT_TS_NVFUSER",
-    "NVPRIMS_NVFUSER",
-    "CUDAGRAPHS",
-    "OFI",
-    "FX2TRT",
-    "ONNXRT",
-    "TENSORRT",
-    "AOT_TORCHXLA_TRACE_ONCE",
-    "TORHCHXLA_TRACE_ONCE",
-    "TVM",
-];
 
 /// `torch.compile` modes.
 const DYNAMO_MODES: [&str; 3] = ["default", "reduce-overhead", "max-autotune"];
@@ -233,7 +166,7 @@ pub(super) fn ask(
         f.insert(k.to_owned(), v);
     };
     put("compute_environment", json!("LOCAL_MACHINE"));
-    put("distributed_type", json!(dist.value()));
+    put("distributed_type", json!(dist.name()));
     put("num_processes", json!(num_processes));
     put("gpu_ids", json!(gpu_ids));
     put("mixed_precision", json!(tail.mixed_precision));
@@ -310,14 +243,12 @@ fn dynamo(p: &mut Prompter<'_>) -> Result<Option<Map<String, Value>>, Questionna
     )? {
         return Ok(None);
     }
-    let labels = DYNAMO_BACKENDS.map(str::to_lowercase);
-    let backend = match DYNAMO_BACKENDS
+    // accelerate's menu misspells one backend and crashes on it; the
+    // backend meant is written.
+    let labels = DynamoBackend::MENU.map(|b| b.offered_name().to_lowercase());
+    let backend = DynamoBackend::MENU
         [p.choose("Which dynamo backend would you like to use?", &labels, 2)?]
-    {
-        // accelerate's list misspells it and crashes on it; write the backend meant.
-        "TORHCHXLA_TRACE_ONCE" => "TORCHXLA_TRACE_ONCE",
-        other => other,
-    };
+    .name();
     let mut d = Map::new();
     d.insert("dynamo_backend".into(), json!(backend));
     if p.yes_no(

@@ -10,7 +10,7 @@ use super::cluster::Dist;
 use super::prompt::Prompter;
 use super::QuestionnaireError;
 
-const PRECISIONS: [&str; 4] = ["no", "fp16", "bf16", "fp8"];
+const PRECISIONS: [&str; 4] = crate::vocab::MixedPrecision::CHOICES;
 const FP8_FORMATS: [&str; 3] = ["HYBRID", "E4M3", "E5M2"];
 
 /// The TPU-pod fields, accelerate's defaults when not asked.

@@ -62,7 +62,7 @@ pub const FLAGS: &[Flag] = &[
     c(
         "mixed_precision",
         "null",
-        &["no", "fp16", "bf16", "fp8"],
+        &crate::vocab::MixedPrecision::CHOICES,
         RES,
     ),
     f("num_processes", Int, "null", RES),
@@ -73,22 +73,7 @@ pub const FLAGS: &[Flag] = &[
     c(
         "dynamo_backend",
         "null",
-        &[
-            "no",
-            "eager",
-            "aot_eager",
-            "inductor",
-            "aot_ts_nvfuser",
-            "nvprims_nvfuser",
-            "cudagraphs",
-            "ofi",
-            "fx2trt",
-            "onnxrt",
-            "tensorrt",
-            "aot_torchxla_trace_once",
-            "torhchxla_trace_once",
-            "tvm",
-        ],
+        &crate::vocab::DynamoBackend::LAUNCH_CHOICES,
         RES,
     ),
     c(
