@@ -278,8 +278,11 @@ fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
     ] {
         set(var, lc(flag));
     }
-    if !ns.get("fsdp_ignored_modules").is_null() {
-        set("FSDP_IGNORED_MODULES", s("fsdp_ignored_modules"));
+    if !ns.attr("fsdp_ignored_modules").is_null() {
+        set(
+            "FSDP_IGNORED_MODULES",
+            py_str(ns.attr("fsdp_ignored_modules")),
+        );
     }
     Ok(())
 }
@@ -326,7 +329,7 @@ fn megatron_env(ns: &Namespace, set: &mut Set<'_>) {
 }
 
 fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
-    let s = |k: &str| py_str(ns.get(&format!("parallelism_config_{k}")));
+    let pc = |k: &str| py_str(ns.get(&format!("parallelism_config_{k}")));
     let int = |k: &str| {
         ns.get(&format!("parallelism_config_{k}"))
             .as_i64()
@@ -342,23 +345,26 @@ fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
         "sp_size",
         "sp_backend",
     ] {
-        set(&format!("PARALLELISM_CONFIG_{}", k.to_uppercase()), s(k));
+        set(&format!("PARALLELISM_CONFIG_{}", k.to_uppercase()), pc(k));
     }
     if int("cp_size") > 1 {
-        set("PARALLELISM_CONFIG_CP_COMM_STRATEGY", s("cp_comm_strategy"));
+        set(
+            "PARALLELISM_CONFIG_CP_COMM_STRATEGY",
+            pc("cp_comm_strategy"),
+        );
     }
     if int("sp_size") > 1 {
         // accel's fix: no `None` text when the length is unset.
         if !ns.get("parallelism_config_sp_seq_length").is_null() {
-            set("PARALLELISM_CONFIG_SP_SEQ_LENGTH", s("sp_seq_length"));
+            set("PARALLELISM_CONFIG_SP_SEQ_LENGTH", pc("sp_seq_length"));
         }
         set(
             "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
-            s("sp_seq_length_is_variable"),
+            pc("sp_seq_length_is_variable"),
         );
         set(
             "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
-            s("sp_attn_implementation"),
+            pc("sp_attn_implementation"),
         );
     }
 }

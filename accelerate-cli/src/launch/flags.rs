@@ -55,6 +55,15 @@ pub struct Flag {
 mod table;
 pub use table::{ACCEL, FLAGS};
 
+/// Destinations that are no flag's: the configuration merge sets them as
+/// accelerate does (`use_cpu` from `--cpu` or the file).
+pub const MERGED: &[&str] = &["use_cpu"];
+
+/// Whether `name` is a flag's destination or one the merge sets.
+pub fn is_destination(name: &str) -> bool {
+    MERGED.contains(&name) || FLAGS.iter().any(|f| f.dest == name)
+}
+
 /// Short options and the long flag each stands for.
 const SHORT: &[(&str, &str)] = &[("-q", "quiet"), ("-m", "module"), ("-t", "tee")];
 
@@ -72,9 +81,24 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// A value (`null` when unset).
+    /// A flag's value (`null` when it has none). `dest` is a destination in
+    /// [`FLAGS`] or one the configuration merge adds ([`MERGED`]); any other
+    /// name is misspelt, a bug that debug builds (every test) stop at and
+    /// that `every_name_read_is_a_flag` finds in the sources. For a name a
+    /// configuration file may or may not bring, use [`Namespace::attr`].
     pub fn get(&self, dest: &str) -> &Value {
-        self.values.get(dest).unwrap_or(&Value::Null)
+        debug_assert!(
+            is_destination(dest),
+            "no `accel launch` flag has the destination '{dest}'"
+        );
+        self.attr(dest)
+    }
+
+    /// A value by any name, `null` when there is none: Python's
+    /// `getattr(args, name, None)`, for the keys a configuration file brings
+    /// beside the flags (e.g. `fsdp_ignored_modules`).
+    pub fn attr(&self, name: &str) -> &Value {
+        self.values.get(name).unwrap_or(&Value::Null)
     }
 
     /// Python truthiness of a value.

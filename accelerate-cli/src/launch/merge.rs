@@ -161,7 +161,7 @@ fn apply_file(
         } else if !matches!(
             *name,
             "compute_environment" | "mixed_precision" | "distributed_type"
-        ) && ns.get(name).is_null()
+        ) && ns.attr(name).is_null()
         {
             ns.set(name, value.clone());
         }

@@ -79,3 +79,77 @@ fn help_lists_every_flag() {
         assert!(h.contains(&format!("--{}", f.name)), "{}", f.name);
     }
 }
+
+/// Every flag name the launcher reads by a literal is a destination in the
+/// table: a misspelt name would read `null` (accelerate's `Namespace` raises
+/// on one), so it is caught here, for every literal, whichever paths the
+/// other tests take.
+#[test]
+fn every_name_read_is_a_flag() {
+    let sources = [
+        ("launch.rs", include_str!("../../launch.rs")),
+        ("launch/env.rs", include_str!("../env.rs")),
+        ("launch/merge.rs", include_str!("../merge.rs")),
+    ];
+    let mut read = 0;
+    for (file, text) in sources {
+        for opener in [
+            "ns.get(\"",
+            "ns.truthy(\"",
+            " s(\"",
+            "(s(\"",
+            " lc(\"",
+            "(lc(\"",
+            "text(\"",
+        ] {
+            for (at, _) in text.match_indices(opener) {
+                let rest = &text[at + opener.len()..];
+                let name = &rest[..rest.find('"').expect("a closing quote")];
+                assert!(
+                    is_destination(name),
+                    "{file} reads '{name}', which no flag has as its destination"
+                );
+                read += 1;
+            }
+        }
+    }
+    // The tables of (flag, VARIABLE) pairs the environment is built from.
+    let env = include_str!("../env.rs");
+    let mut pairs = 0;
+    let mut rest = env;
+    while let Some(open) = rest.find('(') {
+        rest = &rest[open + 1..];
+        let t = rest.trim_start();
+        let Some(t) = t.strip_prefix('"') else {
+            continue;
+        };
+        let Some(end) = t.find('"') else { break };
+        let (name, after) = (&t[..end], t[end + 1..].trim_start());
+        let Some(after) = after.strip_prefix(',') else {
+            continue;
+        };
+        let var = after.trim_start();
+        let is_var = var.strip_prefix('"').is_some_and(|v| {
+            v.split('"').next().is_some_and(|v| {
+                !v.is_empty()
+                    && v.bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
+        });
+        let is_name = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if is_var && is_name {
+            assert!(
+                is_destination(name),
+                "launch/env.rs maps '{name}', which no flag has as its destination"
+            );
+            pairs += 1;
+        }
+    }
+    assert!(
+        read > 50 && pairs > 10,
+        "the scan found the reads ({read}) and pairs ({pairs})"
+    );
+}
