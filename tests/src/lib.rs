@@ -6,6 +6,7 @@
 //! the README's test command builds them first (`cargo build --workspace`).
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -247,16 +248,7 @@ impl Agent {
     ) -> Self {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
-        let agent = bin("accel-agent");
-        let mut cmd = match prefix.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&agent);
-                c
-            }
-            None => Command::new(&agent),
-        };
-        let child = cmd
+        let child = agent_command(prefix)
             .args(args)
             .envs(env.iter().copied())
             .env("ACCEL_LOG", "info")
@@ -298,6 +290,19 @@ impl Agent {
             stdout: fs::read_to_string(&self.stdout).unwrap_or_default(),
             stderr: fs::read_to_string(&self.stderr).unwrap_or_default(),
         }
+    }
+}
+
+/// `PREFIX... accel-agent`, or `accel-agent` alone for an empty prefix.
+fn agent_command(prefix: &[&str]) -> Command {
+    let agent = bin("accel-agent");
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(&agent);
+            c
+        }
+        None => Command::new(&agent),
     }
 }
 
@@ -534,6 +539,227 @@ impl Drop for Lan {
     }
 }
 
+/// An `accel-agent` command line said the way a test means it: flags in the
+/// order they are set, every [`conf`](Self::conf) in one `--rdzv-conf`, then
+/// `--no-python` (if asked), the program and its arguments, always last.
+#[derive(Debug, Clone, Default)]
+pub struct AgentCmd {
+    /// Flags and their values, in the order they were set.
+    flags: Vec<String>,
+    /// Where in `flags` the `--rdzv-conf` goes: where the first `conf` was.
+    conf_at: Option<usize>,
+    /// The `--rdzv-conf` entries, in the order given.
+    conf: Vec<String>,
+    /// Whether `--no-python` precedes the program.
+    no_python: bool,
+    /// The program and its arguments.
+    program: Vec<String>,
+    /// Variables added to the agent's environment, in order.
+    env: Vec<(String, String)>,
+}
+
+/// A path as the `&str` an argv entry is.
+fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("path")
+}
+
+impl AgentCmd {
+    /// No flags at all: one node, the default (static) rendezvous.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `--standalone`: one node with an embedded rendezvous on a free port.
+    pub fn standalone() -> Self {
+        Self::new().arg("--standalone")
+    }
+
+    /// Node `node_rank` of a static job: `--node-rank R --master-port P`.
+    pub fn static_node(master_port: impl Display, node_rank: impl Display) -> Self {
+        Self::new()
+            .flag("--node-rank", node_rank)
+            .flag("--master-port", master_port)
+    }
+
+    /// A loopback node of c10d job `job` at `endpoint` (`--local-addr 127.0.0.1`).
+    pub fn c10d(endpoint: &str, job: &str) -> Self {
+        Self::c10d_no_local_addr(endpoint, job).local_addr("127.0.0.1")
+    }
+
+    /// A node of c10d job `job` at `endpoint` that finds its own address (no `--local-addr`).
+    pub fn c10d_no_local_addr(endpoint: &str, job: &str) -> Self {
+        Self::new()
+            .flag("--rdzv-backend", "c10d")
+            .flag("--rdzv-endpoint", endpoint)
+            .flag("--rdzv-id", job)
+    }
+
+    /// `--nnodes N` (or `MIN:MAX`).
+    pub fn nnodes(self, n: impl Display) -> Self {
+        self.flag("--nnodes", n)
+    }
+
+    /// `--nproc-per-node N`.
+    pub fn nproc(self, n: impl Display) -> Self {
+        self.flag("--nproc-per-node", n)
+    }
+
+    /// `--max-restarts N`.
+    pub fn max_restarts(self, n: impl Display) -> Self {
+        self.flag("--max-restarts", n)
+    }
+
+    /// `--local-addr ADDR`, in place of one already set.
+    pub fn local_addr(mut self, addr: impl Display) -> Self {
+        match self.flags.iter().position(|f| f == "--local-addr") {
+            Some(i) => {
+                self.flags[i + 1] = addr.to_string();
+                self
+            }
+            None => self.flag("--local-addr", addr),
+        }
+    }
+
+    /// `--master-addr ADDR`.
+    pub fn master_addr(self, addr: impl Display) -> Self {
+        self.flag("--master-addr", addr)
+    }
+
+    /// `--log-dir DIR`.
+    pub fn log_dir(self, dir: &Path) -> Self {
+        self.flag("--log-dir", path_arg(dir))
+    }
+
+    /// `--tee SPEC`.
+    pub fn tee(self, spec: impl Display) -> Self {
+        self.flag("--tee", spec)
+    }
+
+    /// `--redirects SPEC`.
+    pub fn redirects(self, spec: impl Display) -> Self {
+        self.flag("--redirects", spec)
+    }
+
+    /// Adds `key=value` to the one `--rdzv-conf`, after the entries added before.
+    pub fn conf(mut self, entry: impl Display) -> Self {
+        let at = self.flags.len();
+        self.conf_at.get_or_insert(at);
+        self.conf.push(entry.to_string());
+        self
+    }
+
+    /// `NAME VALUE`, for a flag without a setter of its own.
+    pub fn flag(mut self, name: &str, value: impl Display) -> Self {
+        self.flags.push(name.to_owned());
+        self.flags.push(value.to_string());
+        self
+    }
+
+    /// A lone `ARG` (a switch), for one without a setter of its own.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.flags.push(arg.to_owned());
+        self
+    }
+
+    /// Flags given as a raw list, as they are.
+    pub fn flags(mut self, flags: &[&str]) -> Self {
+        self.flags.extend(flags.iter().map(|f| (*f).to_owned()));
+        self
+    }
+
+    /// The Python script to run, without arguments.
+    pub fn script(self, path: impl AsRef<Path>) -> Self {
+        self.program(path, &[])
+    }
+
+    /// The program (a script, or an executable with `--no-python`) and its arguments.
+    pub fn program(mut self, program: impl AsRef<Path>, args: &[&str]) -> Self {
+        self.program = std::iter::once(path_arg(program.as_ref()))
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        self
+    }
+
+    /// `--no-python PROGRAM ARGS`: the program runs directly, not through Python.
+    pub fn no_python(mut self, program: impl AsRef<Path>, args: &[&str]) -> Self {
+        self.no_python = true;
+        self.program(program, args)
+    }
+
+    /// Adds `KEY=VALUE` to the agent's environment.
+    pub fn env(mut self, key: &str, value: impl Display) -> Self {
+        self.env.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    /// Adds every `(KEY, VALUE)` of `env` to the agent's environment.
+    pub fn envs(mut self, env: &[(&str, &str)]) -> Self {
+        self.env
+            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        self
+    }
+
+    /// The recording worker's environment: records into `dir` (`RECORD_DIR`), tagged `tag` (`AGENT_TAG`).
+    pub fn record_env(self, dir: &Path, tag: &str) -> Self {
+        self.env("RECORD_DIR", dir.to_string_lossy())
+            .env("AGENT_TAG", tag)
+    }
+
+    /// Runs the recording worker (`workers/record.py`) with [`record_env`](Self::record_env).
+    pub fn recording(self, dir: &Path, tag: &str) -> Self {
+        self.record_env(dir, tag).script(record_script())
+    }
+
+    /// The arguments after `accel-agent`.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = self.flags.clone();
+        if let Some(at) = self.conf_at {
+            args.splice(at..at, ["--rdzv-conf".to_owned(), self.conf.join(",")]);
+        }
+        if self.no_python {
+            args.push("--no-python".to_owned());
+        }
+        args.extend(self.program.iter().cloned());
+        args
+    }
+
+    /// `accel-agent ARGS` with the environment added (no `ACCEL_LOG`), for a caller that runs it.
+    pub fn command(&self) -> Command {
+        self.command_with(&[])
+    }
+
+    /// `PREFIX... accel-agent ARGS` with the environment added, as [`command`](Self::command).
+    pub fn command_with(&self, prefix: &[&str]) -> Command {
+        let mut cmd = agent_command(prefix);
+        cmd.args(self.args())
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Starts it as [`Agent::start`] does, output under `dir/<name>.*`.
+    pub fn start(&self, dir: &Path, name: &str) -> Agent {
+        self.start_with(&[], dir, name)
+    }
+
+    /// Starts `PREFIX... accel-agent ARGS` as [`Agent::start_with`] does.
+    pub fn start_with(&self, prefix: &[&str], dir: &Path, name: &str) -> Agent {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Agent::start_with(prefix, dir, name, &args, &env)
+    }
+
+    /// Runs it to completion, failing the test after `limit`.
+    pub fn run(&self, dir: &Path, name: &str, limit: Duration) -> Finished {
+        self.start(dir, name).wait(limit)
+    }
+}
+
 /// Starts a c10d agent of `job` at `endpoint` running the recording worker
 /// (`workers/record.py`, records into `dir`), tagged `tag` (`AGENT_TAG`),
 /// with `flags` (`--nnodes`, `--rdzv-conf`, …) and `env` added.
@@ -545,23 +771,11 @@ pub fn start_recording_c10d(
     flags: &[&str],
     env: &[(&str, &str)],
 ) -> Agent {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let mut args = vec![
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        endpoint,
-        "--rdzv-id",
-        job,
-        "--local-addr",
-        "127.0.0.1",
-    ];
-    args.extend_from_slice(flags);
-    args.push(script.to_str().expect("path"));
-    let mut e = vec![("RECORD_DIR", rec.as_str()), ("AGENT_TAG", tag)];
-    e.extend_from_slice(env);
-    Agent::start(dir, tag, &args, &e)
+    AgentCmd::c10d(endpoint, job)
+        .flags(flags)
+        .recording(dir, tag)
+        .envs(env)
+        .start(dir, tag)
 }
 
 /// Runs `accel-agent ARGS` to completion.

@@ -2,10 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{
-    alive, eventually, record_script, records, scratch, start_recording_c10d, Agent, Netns, Record,
-    Server,
-};
+use accel_tests::{alive, eventually, records, scratch, Agent, AgentCmd, Netns, Record, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -18,17 +15,14 @@ fn elastic_agent(
     conf: &str,
     env: &[(&str, &str)],
 ) -> Agent {
-    let mut e = vec![("RECORD_EACH_ROUND", "1")];
-    e.extend_from_slice(env);
-    let flags = [
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "2",
-        "--rdzv-conf",
-        conf,
-    ];
-    start_recording_c10d(&server.addr, job, dir, name, &flags, &e)
+    AgentCmd::c10d(&server.addr, job)
+        .nnodes(nnodes)
+        .nproc(2)
+        .conf(conf)
+        .recording(dir, name)
+        .env("RECORD_EACH_ROUND", "1")
+        .envs(env)
+        .start(dir, name)
 }
 
 fn with_world(recs: &[Record], world: u32) -> Vec<&Record> {
@@ -226,8 +220,6 @@ fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
     let server = Server::start_with("0.0.0.0:0", &[], &[("RDZV_TOKEN", token)]);
     let port = server.addr.rsplit(':').next().expect("port").to_owned();
     let dir = scratch("netns");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
     let conf =
         "last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=2,reconnect_grace=3";
     let agents: Vec<Agent> = hosts
@@ -236,35 +228,16 @@ fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
         .map(|(i, h)| {
             let tag = format!("h{i}");
             let endpoint = format!("{}:{port}", h.gateway);
-            Agent::start_with(
-                &h.exec(),
-                &dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    "2:3",
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &endpoint,
-                    "--rdzv-id",
-                    "netns",
-                    "--rdzv-conf",
-                    conf,
-                    "--local-addr",
-                    &h.addr,
-                    script.to_str().expect("path"),
-                ],
-                &[
-                    ("RECORD_DIR", &rec),
-                    ("AGENT_TAG", &tag),
-                    ("RECORD_EACH_ROUND", "1"),
-                    ("RUN_FOR", "10"),
-                    ("ACCEL_RDZV_TOKEN", token),
-                ],
-            )
+            AgentCmd::c10d(&endpoint, "netns")
+                .local_addr(&h.addr)
+                .nnodes("2:3")
+                .nproc(2)
+                .conf(conf)
+                .recording(&dir, &tag)
+                .env("RECORD_EACH_ROUND", "1")
+                .env("RUN_FOR", "10")
+                .env("ACCEL_RDZV_TOKEN", token)
+                .start_with(&h.exec(), &dir, &tag)
         })
         .collect();
     assert!(

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, run_agent, scratch, Agent, Server};
+use accel_tests::{free_port, run_agent, scratch, AgentCmd, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -42,35 +42,22 @@ fn bad_flags_exit_2_naming_the_flag() {
 fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
     let server = Server::start();
     let dir = scratch("mismatch");
-    let base = [
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        &server.addr,
-        "--rdzv-id",
-        "mm",
-        "--no-python",
-        "true",
-    ];
-    let mut first_args = vec!["--nnodes", "2", "--nproc-per-node", "2"];
-    first_args.extend_from_slice(&base);
-    let first = Agent::start(&dir, "first", &first_args, &[]);
+    let base = AgentCmd::c10d_no_local_addr(&server.addr, "mm").no_python("true", &[]);
+    let first = base.clone().nnodes(2).nproc(2).start(&dir, "first");
     std::thread::sleep(Duration::from_millis(500));
-    for (name, extra, want) in [
-        (
-            "nnodes",
-            ["--nnodes", "3", "--nproc-per-node", "2"],
-            ["--nnodes 2", "--nnodes 3"],
-        ),
+    for (name, (nnodes, nproc), want) in [
+        ("nnodes", (3, 2), ["--nnodes 2", "--nnodes 3"]),
         (
             "nproc",
-            ["--nnodes", "2", "--nproc-per-node", "4"],
+            (2, 4),
             ["--nproc-per-node 2", "--nproc-per-node 4"],
         ),
     ] {
-        let mut args = extra.to_vec();
-        args.extend_from_slice(&base);
-        let out = run_agent(&dir, name, &args, &[], LIMIT);
+        let out = base
+            .clone()
+            .nnodes(nnodes)
+            .nproc(nproc)
+            .run(&dir, name, LIMIT);
         assert_eq!(out.code(), 2, "{}", out.stderr);
         for w in want {
             assert!(out.stderr.contains(w), "message names {w}: {}", out.stderr);
@@ -84,24 +71,16 @@ fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
 fn a_duplicate_static_node_rank_is_rejected_by_name() {
     let dir = scratch("duprank");
     let port = free_port().to_string();
-    let common = [
-        "--nnodes",
-        "3",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        &port,
-        "--no-python",
-        "true",
-    ];
-    let mut a0 = vec!["--node-rank", "0"];
-    a0.extend_from_slice(&common);
-    let host = Agent::start(&dir, "rank0", &a0, &[]);
-    let mut a1 = vec!["--node-rank", "1"];
-    a1.extend_from_slice(&common);
-    let one = Agent::start(&dir, "rank1", &a1, &[]);
+    let node = |rank: u32| {
+        AgentCmd::static_node(&port, rank)
+            .nnodes(3)
+            .master_addr("127.0.0.1")
+            .no_python("true", &[])
+    };
+    let host = node(0).start(&dir, "rank0");
+    let one = node(1).start(&dir, "rank1");
     std::thread::sleep(Duration::from_millis(800));
-    let out = run_agent(&dir, "dup", &a1, &[], LIMIT);
+    let out = node(1).run(&dir, "dup", LIMIT);
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(
         out.stderr.contains("node rank 1 is already taken"),
@@ -119,26 +98,12 @@ fn an_unreachable_endpoint_is_retried_until_join_timeout() {
     let dir = scratch("unreachable");
     let endpoint = format!("127.0.0.1:{}", free_port());
     let started = std::time::Instant::now();
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nnodes",
-            "2",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            &endpoint,
-            "--rdzv-id",
-            "x",
-            "--rdzv-conf",
-            "join_timeout=2,is_host=false",
-            "--no-python",
-            "true",
-        ],
-        &[],
-        LIMIT,
-    );
+    let out = AgentCmd::c10d_no_local_addr(&endpoint, "x")
+        .nnodes(2)
+        .conf("join_timeout=2")
+        .conf("is_host=false")
+        .no_python("true", &[])
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 1, "{}", out.stderr);
     assert!(
         started.elapsed() >= Duration::from_secs(2),

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{
-    free_port, record_script, records, run_agent, scratch, start_recording_c10d, Agent, Server,
-};
+use accel_tests::{free_port, record_script, records, scratch, Agent, AgentCmd, Server};
 
 use crate::check_layout;
 
@@ -13,21 +11,11 @@ const LIMIT: Duration = Duration::from_secs(60);
 #[test]
 fn standalone_one_node_two_workers() {
     let dir = scratch("standalone");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nproc-per-node",
-            "2",
-            script.to_str().expect("path"),
-            "--out=o${local_rank}",
-            "plain",
-        ],
-        &[("RECORD_DIR", &rec), ("AGENT_TAG", "only")],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .nproc(2)
+        .record_env(&dir, "only")
+        .program(record_script(), &["--out=o${local_rank}", "plain"])
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let recs = records(&dir);
     check_layout(&recs, 1, 2, 0, 0);
@@ -41,35 +29,22 @@ fn standalone_one_node_two_workers() {
 #[test]
 fn static_three_nodes_ranks_follow_node_rank() {
     let dir = scratch("static");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
     let port = free_port().to_string();
     // Start the non-zero ranks first: they wait for node rank 0 to serve.
     let agents: Vec<Agent> = [2, 1, 0]
         .iter()
         .map(|rank: &u32| {
-            let r = rank.to_string();
             let tag = format!("node{rank}");
-            Agent::start(
-                &dir,
-                &tag,
-                &[
-                    "--nnodes",
-                    "3",
-                    "--nproc_per_node",
-                    "2",
-                    "--node_rank",
-                    &r,
-                    "--master_addr",
-                    "127.0.0.1",
-                    "--master_port",
-                    &port,
-                    "--rdzv-id",
-                    "static-job",
-                    script.to_str().expect("path"),
-                ],
-                &[("RECORD_DIR", &rec), ("AGENT_TAG", &tag)],
-            )
+            // torchrun's underscore spellings, as this test has always given them.
+            AgentCmd::new()
+                .nnodes(3)
+                .flag("--nproc_per_node", 2)
+                .flag("--node_rank", rank)
+                .flag("--master_addr", "127.0.0.1")
+                .flag("--master_port", &port)
+                .flag("--rdzv-id", "static-job")
+                .recording(&dir, &tag)
+                .start(&dir, &tag)
         })
         .collect();
     for a in agents {
@@ -93,17 +68,11 @@ fn static_three_nodes_ranks_follow_node_rank() {
 fn c10d_three_agents_on_rdzv_server() {
     let server = Server::start();
     let dir = scratch("c10d");
-    let flags = ["--nnodes", "3", "--nproc-per-node", "2"];
+    let job = AgentCmd::c10d(&server.addr, "c10d-job").nnodes(3).nproc(2);
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
-            start_recording_c10d(
-                &server.addr,
-                "c10d-job",
-                &dir,
-                &format!("agent{i}"),
-                &flags,
-                &[],
-            )
+            let tag = format!("agent{i}");
+            job.clone().recording(&dir, &tag).start(&dir, &tag)
         })
         .collect();
     for a in agents {
@@ -123,21 +92,14 @@ fn c10d_three_agents_on_rdzv_server() {
 #[test]
 fn pet_environment_fallbacks_and_no_python() {
     let dir = scratch("pet");
-    let rec = dir.to_string_lossy().to_string();
     let script = record_script();
     // PET_NPROC_PER_NODE supplies --nproc-per-node; PET_NO_PYTHON runs the program directly.
-    let out = run_agent(
-        &dir,
-        "agent",
-        &["python3", "-u", script.to_str().expect("path")],
-        &[
-            ("RECORD_DIR", &rec),
-            ("AGENT_TAG", "t"),
-            ("PET_NPROC_PER_NODE", "3"),
-            ("PET_NO_PYTHON", "1"),
-        ],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .program("python3", &["-u", script.to_str().expect("path")])
+        .record_env(&dir, "t")
+        .env("PET_NPROC_PER_NODE", "3")
+        .env("PET_NO_PYTHON", "1")
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     check_layout(&records(&dir), 1, 3, 0, 0);
 }
@@ -145,13 +107,9 @@ fn pet_environment_fallbacks_and_no_python() {
 #[test]
 fn the_agent_raises_its_open_file_limit_for_the_store() {
     let dir = scratch("nofile");
-    let agent = accel_tests::bin("accel-agent");
-    let out = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "ulimit -Sn 256 && exec \"$0\" --no-python sh -c 'ulimit -Sn; ulimit -Hn'",
-        ])
-        .arg(&agent)
+    let out = AgentCmd::new()
+        .no_python("sh", &["-c", "ulimit -Sn; ulimit -Hn"])
+        .command_with(&["sh", "-c", "ulimit -Sn 256 && exec \"$0\" \"$@\""])
         .current_dir(&dir)
         .output()
         .expect("run");

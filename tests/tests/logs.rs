@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use accel_tests::{eventually, run_agent, scratch, Agent};
+use accel_tests::{eventually, scratch, AgentCmd};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -21,28 +21,20 @@ fn run_dir(log_dir: &Path) -> PathBuf {
 fn tee_prefixes_every_placeholder_and_keeps_files_raw() {
     let dir = scratch("tee");
     let logs = dir.join("logs");
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nproc-per-node",
-            "2",
-            "--tee",
-            "3",
-            "--role",
-            "trainer",
-            "--log-dir",
-            logs.to_str().expect("path"),
+    let out = AgentCmd::new()
+        .nproc(2)
+        .tee(3)
+        .flag("--role", "trainer")
+        .log_dir(&logs)
+        .flag(
             "--log-line-prefix-template",
             "<${role_name}|${rank}|${local_rank}|${hostname}|${node_rank}|${nope}>",
-            "--no-python",
+        )
+        .no_python(
             "sh",
-            "-c",
-            "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2",
-        ],
-        &[],
-        LIMIT,
-    );
+            &["-c", "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2"],
+        )
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .expect("hostname")
@@ -75,14 +67,11 @@ fn tee_prefixes_every_placeholder_and_keeps_files_raw() {
 #[test]
 fn default_prefix_and_filters() {
     let dir = scratch("filters");
-    let cmd = ["--no-python", "sh", "-c", "echo line-$RANK"];
-    let with = |extra: &[&str], name: &str| {
-        let mut args = vec!["--nproc-per-node", "3", "--tee", "1"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&cmd);
-        run_agent(&dir, name, &args, &[], LIMIT)
-    };
-    let all = with(&[], "all");
+    let job = AgentCmd::new()
+        .nproc(3)
+        .no_python("sh", &["-c", "echo line-$RANK"]);
+    let teed = job.clone().tee(1);
+    let all = teed.run(&dir, "all", LIMIT);
     for r in 0..3 {
         assert!(
             all.stdout.contains(&format!("[default{r}]:line-{r}\n")),
@@ -90,30 +79,20 @@ fn default_prefix_and_filters() {
             all.stdout
         );
     }
-    let local = with(&["--local-ranks-filter", "0,2"], "local");
+    let local = teed
+        .clone()
+        .flag("--local-ranks-filter", "0,2")
+        .run(&dir, "local", LIMIT);
     assert!(
         local.stdout.contains("[default0]:line-0") && local.stdout.contains("[default2]:line-2")
     );
     assert!(!local.stdout.contains("line-1"), "{}", local.stdout);
-    let global = with(&["--ranks-filter", "1"], "global");
+    let global = teed.flag("--ranks-filter", "1").run(&dir, "global", LIMIT);
     assert_eq!(global.stdout.trim(), "[default1]:line-1");
     // Without tee or redirects, a filtered rank's output is dropped (as torchrun).
-    let plain = run_agent(
-        &dir,
-        "plain",
-        &[
-            "--nproc-per-node",
-            "3",
-            "--local-ranks-filter",
-            "1",
-            cmd[0],
-            cmd[1],
-            cmd[2],
-            cmd[3],
-        ],
-        &[],
-        LIMIT,
-    );
+    let plain = job
+        .flag("--local-ranks-filter", "1")
+        .run(&dir, "plain", LIMIT);
     assert_eq!(plain.stdout.trim(), "line-1");
 }
 
@@ -124,26 +103,13 @@ fn the_log_tree_keeps_every_attempt() {
     // Local rank 1 fails in attempts 0 and 1; attempt 2 succeeds.
     let script = "echo attempt-$TORCHELASTIC_RESTART_COUNT-rank-$LOCAL_RANK; echo oops >&2; \
                   if [ $LOCAL_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 4; fi; sleep 0.3";
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "--redirects",
-            "3",
-            "--log-dir",
-            logs.to_str().expect("path"),
-            "--no-python",
-            "sh",
-            "-c",
-            script,
-        ],
-        &[],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .nproc(2)
+        .max_restarts(2)
+        .redirects(3)
+        .log_dir(&logs)
+        .no_python("sh", &["-c", script])
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     assert!(
         !out.stdout.contains("attempt-"),
@@ -176,22 +142,11 @@ fn the_log_tree_keeps_every_attempt() {
 fn bytes_that_are_not_utf8_pass_through() {
     let dir = scratch("binary");
     let logs = dir.join("logs");
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--tee",
-            "1",
-            "--log-dir",
-            logs.to_str().expect("path"),
-            "--no-python",
-            "sh",
-            "-c",
-            r"printf 'a\377\376b\nc\200'",
-        ],
-        &[],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .tee(1)
+        .log_dir(&logs)
+        .no_python("sh", &["-c", r"printf 'a\377\376b\nc\200'"])
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let raw = std::fs::read(out_path(&dir)).expect("agent stdout");
     assert_eq!(
@@ -217,21 +172,11 @@ fn a_100_mb_line_without_newline_does_not_grow_the_agent() {
     let dir = scratch("bigline");
     let logs = dir.join("logs");
     let script = "head -c 104857600 /dev/zero | tr '\\0' x; sleep 3";
-    let agent = Agent::start(
-        &dir,
-        "agent",
-        &[
-            "--tee",
-            "1",
-            "--log-dir",
-            logs.to_str().expect("path"),
-            "--no-python",
-            "sh",
-            "-c",
-            script,
-        ],
-        &[],
-    );
+    let agent = AgentCmd::new()
+        .tee(1)
+        .log_dir(&logs)
+        .no_python("sh", &["-c", script])
+        .start(&dir, "agent");
     let pid = agent.pid();
     let log = || {
         std::fs::read_dir(&logs)

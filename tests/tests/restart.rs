@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{records, scratch, start_recording_c10d, Agent, Server};
+use accel_tests::{records, scratch, Agent, AgentCmd, Server};
 
 use crate::check_layout;
 
@@ -17,17 +17,15 @@ fn c10d_agents(
     max_restarts: &str,
     env: &[(&str, &str)],
 ) -> Vec<Agent> {
-    let nnodes = n.to_string();
-    let flags = [
-        "--nnodes",
-        &nnodes,
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        max_restarts,
-    ];
+    let cmd = AgentCmd::c10d(&server.addr, job)
+        .nnodes(n)
+        .nproc(2)
+        .max_restarts(max_restarts);
     (0..n)
-        .map(|i| start_recording_c10d(&server.addr, job, dir, &format!("{job}-{i}"), &flags, env))
+        .map(|i| {
+            let tag = format!("{job}-{i}");
+            cmd.clone().recording(dir, &tag).envs(env).start(dir, &tag)
+        })
         .collect()
 }
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
-use accel_tests::{bin, eventually, record_script, records, scratch, Agent, Server};
+use accel_tests::{bin, eventually, records, scratch, Agent, AgentCmd, Server};
 use pb::rendezvous_client::RendezvousClient;
 use rendezvous_server::auth::AttachToken;
 use rendezvous_server::Token;
@@ -63,33 +63,14 @@ async fn status(c: &mut Client, job: &str) -> pb::JobInfo {
 }
 
 fn agent(dir: &std::path::Path, tag: &str, addr: &str, job: &str) -> Agent {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    Agent::start(
-        dir,
-        tag,
-        &[
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            addr,
-            "--rdzv-id",
-            job,
-            script.to_str().expect("path"),
-        ],
-        &[
-            ("RECORD_DIR", &rec),
-            ("AGENT_TAG", tag),
-            ("RUN_FOR", "30"),
-            ("ACCEL_RDZV_TOKEN", TOKEN),
-        ],
-    )
+    AgentCmd::c10d_no_local_addr(addr, job)
+        .nnodes(2)
+        .nproc(1)
+        .max_restarts(3)
+        .recording(dir, tag)
+        .env("RUN_FOR", "30")
+        .env("ACCEL_RDZV_TOKEN", TOKEN)
+        .start(dir, tag)
 }
 
 /// The job's observable state: (restart count, members, ranks by host,
@@ -420,28 +401,12 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         &[("RDZV_TOKEN", TOKEN)],
     );
     let dir = scratch("sec-ttl");
-    let run = |tag: &str| {
-        Agent::start(
-            &dir,
-            tag,
-            &[
-                "--nnodes",
-                "1",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                &server.addr,
-                "--rdzv-id",
-                "again",
-                "--no-python",
-                "true",
-            ],
-            &[("ACCEL_RDZV_TOKEN", TOKEN)],
-        )
-        .wait(Duration::from_secs(30))
-    };
+    let job = AgentCmd::c10d_no_local_addr(&server.addr, "again")
+        .nnodes(1)
+        .nproc(1)
+        .no_python("true", &[])
+        .env("ACCEL_RDZV_TOKEN", TOKEN);
+    let run = |tag: &str| job.run(&dir, tag, Duration::from_secs(30));
     assert_eq!(run("first").code(), 0);
     let early = run("early");
     assert_ne!(early.code(), 0, "the finished job is still remembered");

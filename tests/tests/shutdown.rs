@@ -3,25 +3,16 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{
-    alive, eventually, record_script, records, scratch, start_recording_c10d, Agent, Server,
-};
+use accel_tests::{alive, eventually, records, scratch, Agent, AgentCmd, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn start_standalone(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Agent {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let mut args = vec!["--nproc-per-node", "2"];
-    args.extend_from_slice(extra);
-    args.push(script.to_str().expect("path"));
-    let mut e = vec![
-        ("RECORD_DIR", rec.as_str()),
-        ("AGENT_TAG", "t"),
-        ("RUN_FOR", "600"),
-    ];
-    e.extend_from_slice(env);
-    Agent::start(dir, "agent", &args, &e)
+/// A one-node job of two recording workers that run for ten minutes.
+fn one_node(dir: &std::path::Path) -> AgentCmd {
+    AgentCmd::new()
+        .nproc(2)
+        .recording(dir, "t")
+        .env("RUN_FOR", "600")
 }
 
 fn wait_records(dir: &std::path::Path, n: usize) {
@@ -34,7 +25,9 @@ fn wait_records(dir: &std::path::Path, n: usize) {
 #[test]
 fn sigterm_reaches_workers_before_sigkill() {
     let dir = scratch("sigterm");
-    let agent = start_standalone(&dir, &[], &[("ON_SIGTERM", "exit")]);
+    let agent = one_node(&dir)
+        .env("ON_SIGTERM", "exit")
+        .start(&dir, "agent");
     wait_records(&dir, 2);
     agent.signal("TERM");
     let out = agent.wait(LIMIT);
@@ -55,11 +48,10 @@ fn sigterm_reaches_workers_before_sigkill() {
 #[test]
 fn workers_ignoring_sigterm_get_sigkill_after_the_shutdown_timeout() {
     let dir = scratch("sigkill");
-    let agent = start_standalone(
-        &dir,
-        &["--shutdown-timeout", "1"],
-        &[("ON_SIGTERM", "ignore")],
-    );
+    let agent = one_node(&dir)
+        .flag("--shutdown-timeout", "1")
+        .env("ON_SIGTERM", "ignore")
+        .start(&dir, "agent");
     wait_records(&dir, 2);
     let sent = Instant::now();
     agent.signal("INT");
@@ -83,7 +75,7 @@ fn workers_ignoring_sigterm_get_sigkill_after_the_shutdown_timeout() {
 #[test]
 fn kill_9_of_an_agent_leaves_no_worker_alive() {
     let dir = scratch("kill9");
-    let agent = start_standalone(&dir, &[], &[("SPAWN_CHILD", "1")]);
+    let agent = one_node(&dir).env("SPAWN_CHILD", "1").start(&dir, "agent");
     wait_records(&dir, 2);
     let recs = records(&dir);
     let pids: Vec<u32> = recs
@@ -105,25 +97,18 @@ fn kill_9_of_an_agent_leaves_no_worker_alive() {
 fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
     let server = Server::start();
     let dir = scratch("kill9-node");
-    let flags = [
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-conf",
-        "join_timeout=3",
-    ];
-    let env = [("RUN_FOR", "600"), ("SPAWN_CHILD", "1")];
+    let job = AgentCmd::c10d(&server.addr, "kill9-node")
+        .nnodes(2)
+        .nproc(2)
+        .conf("join_timeout=3");
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
-            start_recording_c10d(
-                &server.addr,
-                "kill9-node",
-                &dir,
-                &format!("n{i}"),
-                &flags,
-                &env,
-            )
+            let tag = format!("n{i}");
+            job.clone()
+                .recording(&dir, &tag)
+                .env("RUN_FOR", "600")
+                .env("SPAWN_CHILD", "1")
+                .start(&dir, &tag)
         })
         .collect();
     wait_records(&dir, 4);
@@ -152,24 +137,17 @@ fn kill_9_of_one_node_stops_the_other_nodes_workers_too() {
 fn rdzv_server_sigterm_exits_cleanly_and_agents_stop_after_their_grace() {
     let server = Server::start();
     let dir = scratch("server-term");
-    let flags = [
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-conf",
-        "reconnect_grace=1",
-    ];
+    let job = AgentCmd::c10d(&server.addr, "server-term")
+        .nnodes(2)
+        .nproc(1)
+        .conf("reconnect_grace=1");
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
-            start_recording_c10d(
-                &server.addr,
-                "server-term",
-                &dir,
-                &format!("n{i}"),
-                &flags,
-                &[("RUN_FOR", "600")],
-            )
+            let tag = format!("n{i}");
+            job.clone()
+                .recording(&dir, &tag)
+                .env("RUN_FOR", "600")
+                .start(&dir, &tag)
         })
         .collect();
     wait_records(&dir, 2);
@@ -201,11 +179,10 @@ fn rdzv_server_sigterm_exits_cleanly_and_agents_stop_after_their_grace() {
 #[test]
 fn a_second_signal_skips_the_grace_period() {
     let dir = scratch("second-signal");
-    let agent = start_standalone(
-        &dir,
-        &["--shutdown-timeout", "30"],
-        &[("ON_SIGTERM", "ignore")],
-    );
+    let agent = one_node(&dir)
+        .flag("--shutdown-timeout", "30")
+        .env("ON_SIGTERM", "ignore")
+        .start(&dir, "agent");
     wait_records(&dir, 2);
     let sent = Instant::now();
     agent.signal("TERM");

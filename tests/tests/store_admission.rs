@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use accel_agent::store::{Admit, StoreOptions, WorkerStore};
 use accel_tests::{
-    eventually, read_json, record_script, records, run_agent, scratch, venv, venv_path, worker,
-    Agent, Lan, Netns, Server,
+    eventually, read_json, records, scratch, venv, venv_path, worker, Agent, AgentCmd, Lan, Netns,
+    Server,
 };
 
 use crate::heavy;
@@ -24,24 +24,11 @@ use crate::store_bounds::{answers, client, LIMIT};
 fn member_job(dir: &Path, server: &Server, local_addr: &str) -> (Agent, PathBuf, String) {
     let script = worker("store_member.py");
     let python = venv().join("bin/python");
-    let agent = Agent::start(
-        dir,
-        "agent",
-        &[
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            &server.addr,
-            "--rdzv-id",
-            "members",
-            "--local-addr",
-            local_addr,
-            "--no-python",
-            python.to_str().expect("path"),
-            script.to_str().expect("path"),
-        ],
-        &[("OUT_DIR", dir.to_str().expect("path"))],
-    );
+    let agent = AgentCmd::c10d(&server.addr, "members")
+        .local_addr(local_addr)
+        .no_python(&python, &[script.to_str().expect("path")])
+        .env("OUT_DIR", dir.to_str().expect("path"))
+        .start(dir, "agent");
     let ok = dir.join("ok_0");
     assert!(
         eventually(Duration::from_secs(60), || fs::read_to_string(&ok)
@@ -131,34 +118,18 @@ fn a_two_host_torch_job_is_served_across_hosts_while_a_third_host_is_refused() {
         .iter()
         .enumerate()
         .map(|(i, h)| {
-            Agent::start_with(
-                &h.exec(),
-                &dir,
-                &format!("h{i}"),
-                &[
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    &endpoint,
-                    "--rdzv-id",
-                    "two-hosts",
-                    "--local-addr",
-                    &h.addr,
-                    script.to_str().expect("path"),
-                ],
-                &[
-                    ("PATH", &path),
-                    ("RECORD_DIR", &rec),
-                    ("WAIT_FOR", done.to_str().expect("path")),
-                    // gloo's own connections go over the segment too.
-                    ("GLOO_SOCKET_IFNAME", &h.iface),
-                    ("ACCEL_RDZV_TOKEN", token),
-                ],
-            )
+            AgentCmd::c10d(&endpoint, "two-hosts")
+                .local_addr(&h.addr)
+                .nnodes(2)
+                .nproc(2)
+                .script(&script)
+                .env("PATH", &path)
+                .env("RECORD_DIR", &rec)
+                .env("WAIT_FOR", done.to_str().expect("path"))
+                // gloo's own connections go over the segment too.
+                .env("GLOO_SOCKET_IFNAME", &h.iface)
+                .env("ACCEL_RDZV_TOKEN", token)
+                .start_with(&h.exec(), &dir, &format!("h{i}"))
         })
         .collect();
     let result = |rank: u32| dir.join(format!("allreduce_{rank}.json"));
@@ -283,30 +254,15 @@ fn store_ports_give_every_round_a_fresh_port_from_the_range() {
     let base = free_range(3);
     // A port of the range held by someone else is skipped.
     let squatter = std::net::TcpListener::bind(("127.0.0.1", base + 1)).expect("squat");
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let conf = format!("store_ports={base}-{}", base + 2);
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-            "--rdzv-conf",
-            &conf,
-            script.to_str().expect("path"),
-        ],
-        &[
-            ("RECORD_DIR", &rec),
-            ("AGENT_TAG", "a"),
-            ("FAIL_RANKS", "0"),
-            ("FAIL_UNTIL", "3"),
-            ("FAIL_AFTER", "0"),
-        ],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .nproc(1)
+        .max_restarts(3)
+        .conf(format!("store_ports={base}-{}", base + 2))
+        .recording(&dir, "a")
+        .env("FAIL_RANKS", "0")
+        .env("FAIL_UNTIL", "3")
+        .env("FAIL_AFTER", "0")
+        .run(&dir, "agent", LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let ports: Vec<u16> = records(&dir)
         .iter()

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use accel_agent::store::wire::{encode, Command as Cmd, MAX_VALUE_LEN, VALIDATION_MAGIC};
-use accel_tests::{eventually, scratch, Agent};
+use accel_tests::{eventually, scratch, Agent, AgentCmd};
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(90);
 
@@ -37,16 +37,17 @@ struct StoreHost {
 impl StoreHost {
     fn start(dir: &Path, prefix: &str) -> Self {
         let master = dir.join("master");
-        let script = format!(
-            "{prefix} exec \"$0\" --no-python sh -c 'echo \"$MASTER_ADDR:$MASTER_PORT\" > \"$MASTER_FILE\"; exec sleep 300'"
-        );
-        let agent = Agent::start_with(
-            &["sh", "-c", &script],
-            dir,
-            "agent",
-            &[],
-            &[("MASTER_FILE", master.to_str().expect("path"))],
-        );
+        let shell = format!("{prefix} exec \"$0\" \"$@\"");
+        let agent = AgentCmd::new()
+            .no_python(
+                "sh",
+                &[
+                    "-c",
+                    "echo \"$MASTER_ADDR:$MASTER_PORT\" > \"$MASTER_FILE\"; exec sleep 300",
+                ],
+            )
+            .env("MASTER_FILE", master.to_str().expect("path"))
+            .start_with(&["sh", "-c", &shell], dir, "agent");
         assert!(
             eventually(Duration::from_secs(20), || fs::read_to_string(&master)
                 .is_ok_and(|s| s.ends_with('\n'))),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use accel_tests::{bin, eventually, record_script, records, scratch, Agent, Server};
+use accel_tests::{bin, eventually, records, scratch, Agent, AgentCmd, Server};
 
 const TOKEN: &str = "tls-test-token-8d2e6b0c1a";
 
@@ -113,34 +113,15 @@ impl Pki {
 }
 
 fn agent(dir: &Path, tag: &str, endpoint: &str, conf: &str, timeout: &str) -> Agent {
-    let rec = dir.to_string_lossy().to_string();
-    let script = record_script();
-    let conf = format!("{conf},join_timeout={timeout}");
-    Agent::start(
-        dir,
-        tag,
-        &[
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "1",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            "tls",
-            "--rdzv-conf",
-            &conf,
-            script.to_str().expect("path"),
-        ],
-        &[
-            ("RECORD_DIR", &rec),
-            ("AGENT_TAG", tag),
-            ("RUN_FOR", "0.5"),
-            ("ACCEL_RDZV_TOKEN", TOKEN),
-        ],
-    )
+    AgentCmd::c10d_no_local_addr(endpoint, "tls")
+        .nnodes(2)
+        .nproc(1)
+        .conf(conf)
+        .conf(format!("join_timeout={timeout}"))
+        .recording(dir, tag)
+        .env("RUN_FOR", "0.5")
+        .env("ACCEL_RDZV_TOKEN", TOKEN)
+        .start(dir, tag)
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_tests::{
-    bin, free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    Finished,
+    free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
+    AgentCmd, Finished,
 };
 use serde_json::Value;
 
@@ -16,11 +16,10 @@ const LIMIT: Duration = Duration::from_secs(240);
 
 use crate::heavy;
 
-fn accel(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(bin("accel-agent"));
-    c.args(args)
-        .env("PATH", venv_path())
-        .envs(env.iter().copied());
+/// `accel-agent` as `cmd` says, with the venv first on `PATH`.
+fn accel(cmd: &AgentCmd) -> Command {
+    let mut c = cmd.command();
+    c.env("PATH", venv_path());
     c
 }
 
@@ -54,32 +53,12 @@ fn assert_all_ok(outs: &[Finished], what: &str) {
     }
 }
 
-/// Two accel agents (static rendezvous) × 2 workers running `script ARGS`.
-fn accel_2x2(
-    dir: &Path,
-    tag: &str,
-    extra: &[&str],
-    script: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> Vec<Finished> {
-    let port = free_port().to_string();
+/// Two accel agents (static rendezvous) × 2 workers, each node's command
+/// line completed by `job` (its program, further flags, environment).
+fn accel_2x2(dir: &Path, tag: &str, job: impl Fn(AgentCmd) -> AgentCmd) -> Vec<Finished> {
+    let port = free_port();
     run_nodes(dir, tag, 2, |node| {
-        let rank = node.to_string();
-        let mut a = vec![
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--node-rank",
-            &rank,
-            "--master-port",
-            &port,
-        ];
-        a.extend_from_slice(extra);
-        a.push(script.to_str().expect("path"));
-        a.extend_from_slice(args);
-        accel(&a, env)
+        accel(&job(AgentCmd::static_node(port, node).nnodes(2).nproc(2)))
     })
 }
 
@@ -88,14 +67,9 @@ fn gloo_all_reduce_two_agents_two_workers() {
     let _heavy = heavy();
     let dir = scratch("gloo");
     let rec = dir.to_string_lossy().to_string();
-    let outs = accel_2x2(
-        &dir,
-        "node",
-        &[],
-        &worker("allreduce.py"),
-        &[],
-        &[("RECORD_DIR", &rec)],
-    );
+    let outs = accel_2x2(&dir, "node", |c| {
+        c.script(worker("allreduce.py")).env("RECORD_DIR", &rec)
+    });
     assert_all_ok(&outs, "accel");
     for rank in 0..4 {
         let v = read_json(&dir.join(format!("allreduce_{rank}.json")));
@@ -127,20 +101,16 @@ fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
     let script = worker("ddp_train.py");
     // accel, one worker failing at step 17 of 30, checkpoints every 5 steps.
     let (ck, out) = dirs(&root, "accel-fail");
-    let outs = accel_2x2(
-        &root,
-        "accel-fail",
-        &["--max-restarts", "1"],
-        &script,
-        &[&ck, &out, "--fail-at", "17"],
-        &[],
-    );
+    let outs = accel_2x2(&root, "accel-fail", |c| {
+        c.max_restarts(1)
+            .program(&script, &[&ck, &out, "--fail-at", "17"])
+    });
     assert_all_ok(&outs, "accel (failing)");
     let resumed = final_states(Path::new(&out));
     // accel, uninterrupted.
     let (ck, out) = dirs(&root, "accel-clean");
     assert_all_ok(
-        &accel_2x2(&root, "accel-clean", &[], &script, &[&ck, &out], &[]),
+        &accel_2x2(&root, "accel-clean", |c| c.program(&script, &[&ck, &out])),
         "accel (clean)",
     );
     let clean = final_states(Path::new(&out));
@@ -233,17 +203,11 @@ fn workers_see_the_environment_torchrun_gives() {
     std::fs::create_dir_all(&a_dir).expect("dir");
     std::fs::create_dir_all(&t_dir).expect("dir");
     let script = worker("dump_env.py");
-    let flags = [
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "2",
-        "--role",
-        "trainer",
-    ];
-    let mut args = flags.to_vec();
-    args.push(script.to_str().expect("path"));
+    let job = AgentCmd::standalone()
+        .nproc(2)
+        .max_restarts(2)
+        .flag("--role", "trainer")
+        .script(&script);
     // Both launchers start in the same directory, with PWD saying so.
     // Both launchers get the same small environment and start in the same directory.
     let same_env = |cmd: &mut Command, record_dir: &Path| {
@@ -255,13 +219,14 @@ fn workers_see_the_environment_torchrun_gives() {
             .env("PWD", &root)
             .current_dir(&root);
     };
-    let mut cmd = accel(&args, &[]);
+    let mut cmd = accel(&job);
     same_env(&mut cmd, &a_dir);
     let out = run_logged(cmd, &root, "accel", LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
     let torchrun = venv().join("bin/torchrun");
+    let args = job.args();
     let mut targs = vec![torchrun.to_str().expect("path")];
-    targs.extend_from_slice(&args);
+    targs.extend(args.iter().map(String::as_str));
     let mut cmd = with_private_hosts(&root, &targs);
     same_env(&mut cmd, &t_dir);
     let out = run_logged(cmd, &root, "torchrun", LIMIT);
@@ -313,16 +278,14 @@ fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
     let ours = dir.join("agent.json");
     let theirs = dir.join("torch.json");
     let out = run_logged(
-        accel(
+        accel(&AgentCmd::new().no_python(
+            &python,
             &[
-                "--no-python",
-                python.to_str().expect("path"),
                 script.to_str().expect("path"),
                 ours.to_str().expect("path"),
                 "agent",
             ],
-            &[],
-        ),
+        )),
         &dir,
         "agent",
         LIMIT,
@@ -357,14 +320,11 @@ fn no_worker_reads_a_key_from_an_earlier_round() {
     let _heavy = heavy();
     let dir = scratch("hygiene");
     let rec = dir.to_string_lossy().to_string();
-    let outs = accel_2x2(
-        &dir,
-        "node",
-        &["--max-restarts", "1"],
-        &worker("store_hygiene.py"),
-        &[],
-        &[("RECORD_DIR", &rec)],
-    );
+    let outs = accel_2x2(&dir, "node", |c| {
+        c.max_restarts(1)
+            .script(worker("store_hygiene.py"))
+            .env("RECORD_DIR", &rec)
+    });
     assert_all_ok(&outs, "accel");
     let mut ports = Vec::new();
     for rank in 0..4 {
@@ -404,27 +364,13 @@ fn record_errors_reach_every_node_as_the_job_wide_root_cause() {
         let logs = dir.join(format!("logs{node}"));
         let parent = dir.join(format!("parent{node}.json"));
         accel(
-            &[
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                &server.addr,
-                "--rdzv-id",
-                "record",
-                "--local-addr",
-                "127.0.0.1",
-                "--log-dir",
-                logs.to_str().expect("path"),
-                script.to_str().expect("path"),
-            ],
-            &[
-                ("FAIL_RANK", "3"),
-                ("TORCHELASTIC_ERROR_FILE", parent.to_str().expect("path")),
-            ],
+            &AgentCmd::c10d(&server.addr, "record")
+                .nnodes(2)
+                .nproc(2)
+                .log_dir(&logs)
+                .script(&script)
+                .env("FAIL_RANK", "3")
+                .env("TORCHELASTIC_ERROR_FILE", parent.to_str().expect("path")),
         )
     });
     for (node, out) in outs.iter().enumerate() {

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use accel_tests::{bin, run_agent, run_logged, scratch, venv, with_private_hosts};
+use accel_tests::{bin, run_logged, scratch, venv, with_private_hosts, AgentCmd};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -25,19 +25,10 @@ fn worker_lines(stdout: &str, world: usize) -> Vec<String> {
 fn test_worker_passes_when_launched_three_way_by_the_agent() {
     let dir = scratch("accel-test-worker");
     let accel = bin("accel");
-    let out = run_agent(
-        &dir,
-        "agent",
-        &[
-            "--nproc-per-node",
-            "3",
-            "--no-python",
-            accel.to_str().expect("path"),
-            "test-worker",
-        ],
-        &[],
-        LIMIT,
-    );
+    let out = AgentCmd::new()
+        .nproc(3)
+        .no_python(&accel, &["test-worker"])
+        .run(&dir, "agent", LIMIT);
     assert_eq!(
         out.code(),
         0,
