@@ -39,6 +39,7 @@ use pb::event::Kind;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use crate::deadline::after_from;
 use crate::error::{AgentError, Outcome};
 use crate::supervisor::Exit;
 use crate::worker_env::RoundInfo;
@@ -392,7 +393,7 @@ impl NodeMachine {
     fn form(&mut self, now: Instant, round: u64) -> Vec<Action> {
         self.phase = Phase::Forming {
             round,
-            deadline: saturating_add(now, self.settings.join_timeout),
+            deadline: after_from(now, self.settings.join_timeout),
             waiting: String::from("no report from the rendezvous yet"),
         };
         vec![Action::Offer { round }]
@@ -607,7 +608,7 @@ impl NodeMachine {
             actions.push(Action::ReportSuccess {
                 round: round.info.round,
             });
-            round.barrier = Some(saturating_add(now, self.settings.exit_barrier_timeout));
+            round.barrier = Some(after_from(now, self.settings.exit_barrier_timeout));
         }
         self.phase = Phase::Running(round);
         actions
@@ -799,10 +800,6 @@ impl NodeMachine {
             self.settings.reconnect_grace.as_secs_f64()
         ))
     }
-}
-
-fn saturating_add(now: Instant, d: Duration) -> Instant {
-    crate::deadline::after_from(now, d)
 }
 
 fn closed(c: &pb::JobClosed) -> AgentError {
