@@ -47,13 +47,14 @@
 //! slower for large jobs so a broadcast costs each node the same), so a round of n nodes
 //! costs O(n log n), not O(n²).
 
+mod config;
 mod decide;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
-mod lifecycle;
 mod membership;
 mod record;
+mod rounds;
 mod session;
 
 use std::collections::BTreeMap;
@@ -63,6 +64,7 @@ use std::time::{Duration, Instant};
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
+pub use config::JobConfig;
 pub use decide::{decide, liveness, rank_order, Decision};
 pub use error::{AuthError, JoinError};
 pub use record::{JobRecord, MemberRecord, Offset};
@@ -75,45 +77,12 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 pub const PROGRESS_NODES: usize = 1000;
 /// The longest progress interval.
 pub const PROGRESS_MAX: Duration = Duration::from_secs(10);
-/// Host names listed in a progress report.
-const HOSTS_LISTED: usize = 16;
 /// Prefix of the placeholder ids of a relearned job's absent nodes.
 const ABSENT: &str = "\u{0}absent-rank-";
 /// The longest a relearned job keeps a placeholder for a node that does not
 /// come back (shorter if the job's keep-alive limit is): agents reconnect
 /// within their `reconnect_grace`, 60 s by default.
 pub const RELEARN_WINDOW: Duration = Duration::from_secs(60);
-
-/// The settings every node of a job must agree on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobConfig {
-    /// Fewest nodes a round may run with.
-    pub min_nodes: u32,
-    /// Most nodes a round may hold.
-    pub max_nodes: u32,
-    /// Workers per node.
-    pub nproc_per_node: u32,
-    /// Job-wide restart budget.
-    pub max_restarts: u32,
-    /// A node silent this long is lost; `None`: never.
-    pub dead_after: Option<Duration>,
-    /// Once `min_nodes` are ready, how long a first round waits for more.
-    pub last_call: Duration,
-}
-
-impl JobConfig {
-    /// The job settings a join request carries.
-    pub fn from_join(req: &pb::JoinRequest) -> Self {
-        Self {
-            min_nodes: req.min_nodes,
-            max_nodes: req.max_nodes,
-            nproc_per_node: req.nproc_per_node,
-            max_restarts: req.max_restarts,
-            dead_after: (req.dead_after_ms > 0).then(|| Duration::from_millis(req.dead_after_ms)),
-            last_call: Duration::from_millis(req.last_call_ms),
-        }
-    }
-}
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]

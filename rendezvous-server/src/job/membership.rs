@@ -26,7 +26,14 @@ impl Job {
             Phase::Failed(_) => return Err(self.finished("failed")),
             _ => {}
         }
-        self.check_config(&JobConfig::from_join(req))?;
+        if let Some(m) = self.config.mismatch(&JobConfig::from_join(req)) {
+            return Err(JoinError::Mismatch {
+                job: self.id.clone(),
+                flag: m.flag,
+                job_value: m.job_value,
+                node_value: m.node_value,
+            });
+        }
         if self.members.contains_key(node_id) {
             // A member may reconnect (resuming its round or not) only with
             // its secret; without one, the id is someone else's.
@@ -165,6 +172,13 @@ impl Job {
             // The newcomer can be lost no sooner than this.
             let t = now.checked_add(limit).unwrap_or(now);
             self.next_liveness = Some(self.next_liveness.map_or(t, |x| x.min(t)));
+        }
+    }
+
+    fn finished(&self, outcome: &'static str) -> JoinError {
+        JoinError::Finished {
+            job: self.id.clone(),
+            outcome,
         }
     }
 }

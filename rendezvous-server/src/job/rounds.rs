@@ -1,6 +1,9 @@
-//! The parts of a job's life that every operation shares: applying
-//! [`decide`], completing and restarting rounds, finishing the job, and the
-//! progress and events it sends.
+//! How a round forms and ends, whatever operation moved it: applying
+//! [`decide`] (completing the round, or reporting progress when due),
+//! assigning node ranks and telling every member its place, restarting as
+//! the next round, finishing the job, and sending one event to every member.
+//! The operations in `job.rs` and `membership.rs` change who is ready, failed
+//! or present; this module turns that into the round's next state.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -8,7 +11,10 @@ use std::time::Instant;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
-use super::{decide, Decision, Job, JobConfig, JoinError, Outbound, Phase, ABSENT, HOSTS_LISTED};
+use super::{decide, Decision, Job, Outbound, Phase, ABSENT};
+
+/// Host names listed in a progress report.
+const HOSTS_LISTED: usize = 16;
 
 impl Job {
     /// Applies [`decide`]: completes the round, or reports progress when due.
@@ -187,47 +193,5 @@ impl Job {
                 event: event.clone(),
             })
             .collect()
-    }
-
-    pub(super) fn finished(&self, outcome: &'static str) -> JoinError {
-        JoinError::Finished {
-            job: self.id.clone(),
-            outcome,
-        }
-    }
-
-    pub(super) fn check_config(&self, other: &JobConfig) -> Result<(), JoinError> {
-        let nnodes = |c: &JobConfig| {
-            if c.min_nodes == c.max_nodes {
-                c.max_nodes.to_string()
-            } else {
-                format!("{}:{}", c.min_nodes, c.max_nodes)
-            }
-        };
-        let c = &self.config;
-        let checks = [
-            ("--nnodes", nnodes(c), nnodes(other)),
-            (
-                "--nproc-per-node",
-                c.nproc_per_node.to_string(),
-                other.nproc_per_node.to_string(),
-            ),
-            (
-                "--max-restarts",
-                c.max_restarts.to_string(),
-                other.max_restarts.to_string(),
-            ),
-        ];
-        for (flag, job_value, node_value) in checks {
-            if job_value != node_value {
-                return Err(JoinError::Mismatch {
-                    job: self.id.clone(),
-                    flag,
-                    job_value,
-                    node_value,
-                });
-            }
-        }
-        Ok(())
     }
 }

@@ -1,0 +1,120 @@
+//! The settings every node of a job must agree on, and the check that a
+//! joining node agrees: a node started with another `--nnodes`,
+//! `--nproc-per-node` or `--max-restarts` than the job's is refused with both
+//! values named, rather than silently reshaping a running job.
+
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+
+/// The settings every node of a job must agree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobConfig {
+    /// Fewest nodes a round may run with.
+    pub min_nodes: u32,
+    /// Most nodes a round may hold.
+    pub max_nodes: u32,
+    /// Workers per node.
+    pub nproc_per_node: u32,
+    /// Job-wide restart budget.
+    pub max_restarts: u32,
+    /// A node silent this long is lost; `None`: never.
+    pub dead_after: Option<Duration>,
+    /// Once `min_nodes` are ready, how long a first round waits for more.
+    pub last_call: Duration,
+}
+
+impl JobConfig {
+    /// The job settings a join request carries.
+    pub fn from_join(req: &pb::JoinRequest) -> Self {
+        Self {
+            min_nodes: req.min_nodes,
+            max_nodes: req.max_nodes,
+            nproc_per_node: req.nproc_per_node,
+            max_restarts: req.max_restarts,
+            dead_after: (req.dead_after_ms > 0).then(|| Duration::from_millis(req.dead_after_ms)),
+            last_call: Duration::from_millis(req.last_call_ms),
+        }
+    }
+}
+
+/// A setting on which a joining node disagrees with its job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The agent flag that sets it.
+    pub flag: &'static str,
+    /// The job's value.
+    pub job_value: String,
+    /// The node's value.
+    pub node_value: String,
+}
+
+impl JobConfig {
+    /// The first setting on which `node` disagrees with this job's config.
+    pub fn mismatch(&self, node: &JobConfig) -> Option<Mismatch> {
+        let nnodes = |c: &JobConfig| {
+            if c.min_nodes == c.max_nodes {
+                c.max_nodes.to_string()
+            } else {
+                format!("{}:{}", c.min_nodes, c.max_nodes)
+            }
+        };
+        let checks = [
+            ("--nnodes", nnodes(self), nnodes(node)),
+            (
+                "--nproc-per-node",
+                self.nproc_per_node.to_string(),
+                node.nproc_per_node.to_string(),
+            ),
+            (
+                "--max-restarts",
+                self.max_restarts.to_string(),
+                node.max_restarts.to_string(),
+            ),
+        ];
+        checks
+            .into_iter()
+            .find(|(_, job_value, node_value)| job_value != node_value)
+            .map(|(flag, job_value, node_value)| Mismatch {
+                flag,
+                job_value,
+                node_value,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(min_nodes: u32, max_nodes: u32, nproc_per_node: u32) -> JobConfig {
+        JobConfig {
+            min_nodes,
+            max_nodes,
+            nproc_per_node,
+            max_restarts: 3,
+            dead_after: None,
+            last_call: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn agreeing_nodes_pass_and_the_first_difference_is_named() {
+        let job = config(2, 4, 8);
+        assert_eq!(job.mismatch(&job), None);
+        // Timing settings are the node's own: they may differ.
+        let mut timing = job;
+        timing.dead_after = Some(Duration::from_secs(1));
+        assert_eq!(job.mismatch(&timing), None);
+        assert_eq!(
+            job.mismatch(&config(3, 3, 1)),
+            Some(Mismatch {
+                flag: "--nnodes",
+                job_value: "2:4".into(),
+                node_value: "3".into(),
+            })
+        );
+        let m = job.mismatch(&config(2, 4, 1)).expect("differs");
+        assert_eq!((m.flag, m.node_value.as_str()), ("--nproc-per-node", "1"));
+    }
+}
