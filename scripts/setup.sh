@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
-#   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev;
+#   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
+#     etcd-server and etcd-client (etcd 3.4 on Debian 12), protobuf-compiler
+#     and libprotobuf-dev (protoc, for the etcd-client crate's build);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher.
@@ -21,6 +23,14 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 command -v openssl >/dev/null || need_apt+=(openssl)
 # gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).
 [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
+# etcd 3.4+ (v3 API with elections) for the HA tests; the tests start their own
+# clusters on loopback ports, never the packaged service.
+command -v etcd >/dev/null || need_apt+=(etcd-server)
+command -v etcdctl >/dev/null || need_apt+=(etcd-client)
+# protoc and the well-known types: the etcd-client crate generates its code at
+# build time (accel's own protos are compiled by protox and need neither).
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"

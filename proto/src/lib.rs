@@ -63,3 +63,12 @@ pub mod v1 {
     #![allow(missing_docs, unreachable_pub, clippy::all)]
     tonic::include_proto!("accel.rendezvous.v1");
 }
+
+/// How `rdzv-server` keeps job state in a key-value store (not an API).
+pub mod store {
+    /// Version 1 of the stored records.
+    pub mod v1 {
+        #![allow(missing_docs, unreachable_pub, clippy::all)]
+        tonic::include_proto!("accel.rendezvous.store.v1");
+    }
+}

@@ -73,8 +73,8 @@ pub struct ServeOptions {
     /// TLS (`None`: plain HTTP/2).
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// Where job state is kept beyond this process (`None`: memory only).
-    /// The server loads the jobs it holds before serving and writes every
-    /// change once per tick.
+    /// The server loads the jobs it holds before serving, and writes every
+    /// change before sending the events it causes.
     pub store: Option<Arc<dyn store::JobStore>>,
 }
 
@@ -107,8 +107,12 @@ pub async fn serve(
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = quiet::Quiet::every(Duration::from_secs(10));
             loop {
-                interval.tick().await;
-                registry.tick(Instant::now());
+                tokio::select! {
+                    _ = interval.tick() => registry.tick(Instant::now()),
+                    // With a store, changes are written (and their events
+                    // sent) at once, not at the next tick.
+                    _ = registry.changes() => {}
+                }
                 if let Err(e) = registry.flush().await {
                     match failing.hit(tokio::time::Instant::now()) {
                         quiet::Say::First => {

@@ -14,9 +14,14 @@
 //! skipped and the heap is rebuilt when they pile up).
 //!
 //! # Persistence
-//! With a [`JobStore`], every call that changes a job marks it, and
-//! [`Registry::flush`] (once per tick) writes the marked jobs' records as one
-//! batch without holding the lock; [`Registry::load`] brings a store's jobs
+//! With a [`JobStore`], every call that changes a job marks it and wakes the
+//! server's flusher ([`Registry::changes`]); [`Registry::flush`] writes the
+//! marked jobs' records as one batch without holding the lock, and only then
+//! delivers the events those changes caused. Changes made while a batch is
+//! being written go in the next one (group commit: one write per store round
+//! trip, however many nodes call meanwhile). So no node acts on a decision
+//! the store does not hold: a server that dies before a write took no
+//! decision its successor lacks. [`Registry::load`] brings a store's jobs
 //! into a new registry, which continues them. Keep-alives change nothing a
 //! store needs (a record's instants are relative to when it was taken), so
 //! they mark nothing. Without a store nothing is marked.
@@ -89,6 +94,8 @@ struct Jobs {
     tally_logged: Option<Instant>,
     /// Jobs changed since the last flush (only with a store).
     dirty: BTreeSet<String>,
+    /// Events of changes not yet durable, in order (only with a store).
+    held: Vec<(String, Vec<Outbound>)>,
     /// The server is shutting down: nothing more is written.
     closing: bool,
 }
@@ -100,6 +107,10 @@ pub struct Registry {
     ttl: Duration,
     limits: Limits,
     store: Option<Arc<dyn JobStore>>,
+    /// Woken by every change a flush should write.
+    wake: Arc<tokio::sync::Notify>,
+    /// One flush at a time, so batches reach the store in the order taken.
+    flushing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Registry {
@@ -111,6 +122,8 @@ impl Registry {
             ttl,
             limits,
             store: None,
+            wake: Arc::default(),
+            flushing: Arc::default(),
         }
     }
 
@@ -154,18 +167,22 @@ impl Registry {
     }
 
     /// Writes every job changed since the last flush to the store, as one
-    /// batch; returns how many jobs it wrote. The lock is held only to take
-    /// the records. A batch that fails is retried by the next flush.
+    /// batch, then delivers the events those changes caused; returns how many
+    /// jobs it wrote. The lock is held only to take the records and to
+    /// deliver. A batch that fails is retried by the next flush, its events
+    /// still held.
     pub async fn flush(&self) -> Result<usize, StoreError> {
         let Some(store) = &self.store else {
             return Ok(0);
         };
-        let (batch, ids) = {
+        let _one = self.flushing.lock().await;
+        let (batch, ids, held) = {
             let mut jobs = self.lock();
             if jobs.closing {
                 return Ok(0);
             }
             let ids = std::mem::take(&mut jobs.dirty);
+            let held = std::mem::take(&mut jobs.held);
             let now = Instant::now();
             let mut batch = Batch::default();
             for id in &ids {
@@ -174,18 +191,30 @@ impl Registry {
                     None => batch.removed.push(id.clone()),
                 }
             }
-            (batch, ids)
+            (batch, ids, held)
         };
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        match store.save(batch).await {
-            Ok(()) => Ok(ids.len()),
-            Err(e) => {
-                self.lock().dirty.extend(ids);
-                Err(e)
+        if !batch.is_empty() {
+            if let Err(e) = store.save(batch).await {
+                let mut jobs = self.lock();
+                jobs.dirty.extend(ids);
+                let later = std::mem::replace(&mut jobs.held, held);
+                jobs.held.extend(later);
+                return Err(e);
             }
         }
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        if !jobs.closing {
+            for (job_id, out) in held {
+                release(jobs, &job_id, out);
+            }
+        }
+        Ok(ids.len())
+    }
+
+    /// Resolves when a change waits to be written ([`Registry::flush`]).
+    pub async fn changes(&self) {
+        self.wake.notified().await;
     }
 
     fn changed(&self, jobs: &mut Jobs, job_id: &str) {
@@ -341,16 +370,21 @@ impl Registry {
             return;
         };
         log_transitions(&entry.job, &out);
-        let slow = deliver(entry, out);
-        if slow > 0 {
-            jobs.tallies.entry(job_id.to_owned()).or_default().too_slow += slow;
+        if self.store.is_some() {
+            // Nobody acts on a change before it is durable: a leader that
+            // dies before the write took no decision its successor lacks.
+            if !out.is_empty() || entry.job.phase().is_terminal() {
+                jobs.held.push((job_id.to_owned(), out));
+            }
+            self.wake.notify_one();
+        } else {
+            release(jobs, job_id, out);
         }
+        let Some(entry) = jobs.map.get_mut(job_id) else {
+            return;
+        };
         let job = &entry.job;
-        if job.phase().is_terminal() {
-            // The job is over: end every stream so agents see the end and a
-            // hosting agent can shut its embedded server down gracefully.
-            entry.streams.clear();
-        } else if entry.streams.len() > job.members().len() {
+        if !job.phase().is_terminal() && entry.streams.len() > job.members().len() {
             // A node the job dropped (lost, left) loses its stream: if it is in
             // fact alive, it learns so when it reconnects. (Checked only when
             // membership shrank, to keep each call O(log n).)
@@ -452,6 +486,9 @@ impl Registry {
         let mut jobs = self.lock();
         jobs.closing = true;
         jobs.dirty.clear();
+        // Not durable, so never decided: the server that continues the jobs
+        // decides again.
+        jobs.held.clear();
         for entry in jobs.map.values_mut() {
             let out = entry.job.close(now, reason, may_rejoin);
             deliver(entry, out);
@@ -583,6 +620,23 @@ fn authorize(job: &Job, job_id: &str, node_id: &str, session: &[u8]) -> Result<(
         AuthError::NotMember => Error::UnknownNode(job_id.to_owned(), node_id.to_owned()),
         _ => Error::WrongSession(job_id.to_owned(), node_id.to_owned()),
     })
+}
+
+/// Delivers a change's events to job `job_id`'s streams, counting the
+/// streams ended for being too slow; a job that is over ends every stream
+/// (agents see the end, and a hosting agent can shut its embedded server
+/// down gracefully).
+fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>) {
+    let Some(entry) = jobs.map.get_mut(job_id) else {
+        return;
+    };
+    let slow = deliver(entry, out);
+    if entry.job.phase().is_terminal() {
+        entry.streams.clear();
+    }
+    if slow > 0 {
+        jobs.tallies.entry(job_id.to_owned()).or_default().too_slow += slow;
+    }
 }
 
 /// Delivers events to the members' streams; returns how many streams were

@@ -28,6 +28,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::job::JobRecord;
 
+pub mod etcd;
+pub mod records;
+
 /// A future a store returns (object-safe, so the registry holds any store).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -41,6 +44,10 @@ pub enum StoreError {
     /// What the store holds cannot be read back as jobs.
     #[error("the job store holds a record that cannot be read: {0}")]
     Corrupt(String),
+    /// This server is no longer the leader: another replica decides now, so
+    /// nothing was written and this one must stop deciding.
+    #[error("this rdzv-server is no longer the leader: {0}")]
+    Fenced(String),
 }
 
 /// One tick's changes, applied together.

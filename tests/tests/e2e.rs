@@ -5,6 +5,7 @@ mod accelerate;
 mod bad_input;
 mod elastic;
 mod errors;
+mod ha;
 mod launch;
 mod logs;
 mod restart;

@@ -90,6 +90,15 @@ async fn a_new_registry_continues_the_jobs_a_store_holds() {
         .expect("b joins");
     ready(&first, "a", session(1), 0).expect("ready");
     ready(&first, "b", session(2), 0).expect("ready");
+    // Nothing is sent before the change is in the store.
+    assert!(store.get("job").is_none(), "nothing written yet");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), a.next())
+            .await
+            .is_err(),
+        "no event before the change is durable"
+    );
+    assert_eq!(first.flush().await.expect("flushed"), 1, "one job written");
     // Round 0 runs; a failure spends the job's one restart; round 1 runs.
     let rank_of_a = until(&mut a, |k| match k {
         Kind::RoundComplete(r) => Some(r.node_rank),
@@ -97,17 +106,18 @@ async fn a_new_registry_continues_the_jobs_a_store_holds() {
     })
     .await;
     fail(&first, "b", session(2), 0).expect("failure");
+    first.flush().await.expect("flushed");
     until(&mut b, |k| {
         matches!(k, Kind::RestartRequested(_)).then_some(())
     })
     .await;
     ready(&first, "a", session(1), 1).expect("ready");
     ready(&first, "b", session(2), 1).expect("ready");
+    first.flush().await.expect("flushed");
     until(&mut a, |k| {
         matches!(k, Kind::RoundComplete(r) if r.round == 1).then_some(())
     })
     .await;
-    assert_eq!(first.flush().await.expect("flushed"), 1, "one job written");
     assert_eq!(
         first.flush().await.expect("flushed"),
         0,
@@ -155,6 +165,7 @@ async fn a_new_registry_continues_the_jobs_a_store_holds() {
             session(7),
         )
         .expect("a resumes");
+    second.flush().await.expect("flushed");
     match next(&mut a2).await {
         Kind::Joined(j) => {
             assert!(j.resumed, "round 1 goes on");
@@ -164,6 +175,7 @@ async fn a_new_registry_continues_the_jobs_a_store_holds() {
     }
     // The budget carried over: the next failure fails the job.
     fail(&second, "a", session(1), 1).expect("failure");
+    second.flush().await.expect("flushed");
     let reason = until(&mut a2, |k| match k {
         Kind::JobFailed(f) => Some(f.reason),
         _ => None,

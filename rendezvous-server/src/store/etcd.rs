@@ -1,0 +1,265 @@
+//! A [`JobStore`] on etcd: job state that outlives any one server host.
+//!
+//! Jobs are kept as one key per member plus two per job ([`super::records`]),
+//! and a batch writes only the values that differ from what this store last
+//! wrote or loaded. A batch is applied in transactions of at most
+//! [`TXN_OPS`] operations and [`TXN_BYTES`] bytes (etcd's own limits are 128
+//! operations and 1.5 MiB a request by default), members before the job's
+//! meta. A batch that ends half-written (etcd lost quorum between two
+//! transactions) is retried whole; its events were not delivered meanwhile
+//! (the registry sends a change's events only once it is durable), so no
+//! node acted on the part that was written.
+//!
+//! # Fencing
+//! A store made for a leader carries a [`Fence`]: the key its election
+//! campaign holds and that key's creation revision. Every transaction is
+//! conditioned on that key still existing at that revision, so once the
+//! leader's lease is gone (it lost etcd, or was paused beyond the lease) no
+//! write of it can land, whatever its clock believes; the registry learns so
+//! as [`StoreError::Fenced`] and the server stops deciding.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+use tokio::sync::Mutex;
+use tracing::warn;
+
+use super::records::{self, Change, Encoded, Slot};
+use super::{Batch, JobStore, StoreError, StoreFuture};
+use crate::job::JobRecord;
+
+/// Most operations in one transaction.
+pub const TXN_OPS: usize = 100;
+/// Most value bytes in one transaction.
+pub const TXN_BYTES: usize = 1 << 20;
+/// Keys read per request when loading.
+const PAGE: i64 = 1000;
+
+/// The election key a leader holds, and its creation revision.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The campaign's key (`<election>/<lease id>`).
+    pub key: Vec<u8>,
+    /// The revision at which that key was created.
+    pub revision: i64,
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Fence({} @ {})",
+            String::from_utf8_lossy(&self.key),
+            self.revision
+        )
+    }
+}
+
+/// Job state in etcd under a key prefix.
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    fence: Option<Fence>,
+    /// What etcd holds of each job, as this store last wrote or loaded it.
+    /// Saves take it in turn, so they apply in order.
+    held: Mutex<BTreeMap<String, Encoded>>,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.prefix)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: etcd_client::Error) -> StoreError {
+    StoreError::Unavailable(format!("etcd: {e}"))
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdStore {
+    /// A store under `prefix` (e.g. `/accel`; no trailing slash) whose every
+    /// write is conditioned on `fence`, if given.
+    pub fn new(client: Client, prefix: &str, fence: Option<Fence>) -> Self {
+        Self {
+            client,
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            fence,
+            held: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn op(&self, change: &Change) -> (TxnOp, usize) {
+        match change {
+            Change::Put { job, slot, value } => (
+                TxnOp::put(slot.key(&self.prefix, job), value.clone(), None),
+                value.len(),
+            ),
+            Change::DeleteMember { job, node } => (
+                TxnOp::delete(Slot::Member(node.clone()).key(&self.prefix, job), None),
+                0,
+            ),
+            Change::DeleteJob { job } => (
+                TxnOp::delete(
+                    records::job_prefix(&self.prefix, job),
+                    Some(DeleteOptions::new().with_prefix()),
+                ),
+                0,
+            ),
+        }
+    }
+
+    fn guard(&self) -> Vec<Compare> {
+        match &self.fence {
+            Some(f) => vec![Compare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.revision,
+            )],
+            None => Vec::new(),
+        }
+    }
+
+    async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let mut client = self.client.clone();
+        let start = records::jobs_prefix(&self.prefix);
+        let end = prefix_end(&start);
+        let mut from = start.clone().into_bytes();
+        let mut revision = 0;
+        let mut found: BTreeMap<String, (Encoded, bool)> = BTreeMap::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if revision > 0 {
+                // Every page from the first page's snapshot.
+                options = options.with_revision(revision);
+            }
+            let mut resp = client
+                .get(from.clone(), Some(options))
+                .await
+                .map_err(unavailable)?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            for kv in &kvs {
+                let key = String::from_utf8_lossy(kv.key());
+                let Some((job, slot)) = Slot::parse(&self.prefix, &key) else {
+                    warn!(key = %key, "ignoring a key under the job prefix that no rdzv-server writes");
+                    continue;
+                };
+                let (e, has_meta) = found.entry(job).or_default();
+                let value = kv.value().to_vec();
+                match slot {
+                    Slot::Meta => {
+                        e.meta = value;
+                        *has_meta = true;
+                    }
+                    Slot::Participants => e.participants = value,
+                    Slot::Member(node) => {
+                        e.members.insert(node, value);
+                    }
+                }
+            }
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        let mut held = self.held.lock().await;
+        held.clear();
+        let mut jobs = Vec::with_capacity(found.len());
+        for (id, (encoded, has_meta)) in found {
+            if !has_meta {
+                // Its first write did not finish: no node was told of it.
+                warn!(job = %records::escape(&id), "ignoring a job whose first write did not finish");
+                continue;
+            }
+            jobs.push(records::decode(&id, &encoded)?);
+            held.insert(id, encoded);
+        }
+        Ok(jobs)
+    }
+
+    async fn save_batch(&self, batch: Batch) -> Result<(), StoreError> {
+        let mut held = self.held.lock().await;
+        let mut changes: Vec<Change> = batch
+            .removed
+            .into_iter()
+            .map(|job| Change::DeleteJob { job })
+            .collect();
+        for record in &batch.put {
+            let encoded = records::encode(record);
+            changes.extend(records::diff(&record.id, held.get(&record.id), &encoded));
+        }
+        let mut client = self.client.clone();
+        let mut rest = changes.as_slice();
+        while !rest.is_empty() {
+            let mut ops = Vec::new();
+            let mut bytes = 0;
+            let mut n = 0;
+            for change in rest {
+                let (op, size) = self.op(change);
+                if n > 0 && (n == TXN_OPS || bytes + size > TXN_BYTES) {
+                    break;
+                }
+                ops.push(op);
+                bytes += size;
+                n += 1;
+            }
+            let txn = Txn::new().when(self.guard()).and_then(ops);
+            let resp = client.txn(txn).await.map_err(unavailable)?;
+            if !resp.succeeded() {
+                return Err(StoreError::Fenced(
+                    "its election key is gone (its etcd lease expired); another replica leads"
+                        .into(),
+                ));
+            }
+            let (done, left) = rest.split_at(n);
+            for change in done {
+                records::apply(&mut held, change);
+            }
+            rest = left;
+        }
+        Ok(())
+    }
+}
+
+impl JobStore for EtcdStore {
+    fn load(&self) -> StoreFuture<'_, Vec<JobRecord>> {
+        Box::pin(self.load_all())
+    }
+
+    fn save(&self, batch: Batch) -> StoreFuture<'_, ()> {
+        Box::pin(self.save_batch(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn the_end_of_a_prefix_is_the_first_key_past_it() {
+        assert_eq!(prefix_end("/accel/jobs/"), b"/accel/jobs0".to_vec());
+        // 'ÿ' is c3 bf in UTF-8: the last byte goes up.
+        assert_eq!(prefix_end("a\u{ff}"), vec![0x61, 0xc3, 0xc0]);
+    }
+}

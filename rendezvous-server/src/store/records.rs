@@ -1,0 +1,368 @@
+//! A [`JobRecord`] as the keys and values of a key-value store
+//! (`accel.rendezvous.store.v1`): one key for the job's counters and phase,
+//! one for the round's participants, one per member.
+//!
+//! # Why a key per member
+//! A 10,000-node job is megabytes as one value, over etcd's request limit
+//! (1.5 MiB by default), and rewriting it for every join would cost O(n²)
+//! bytes while the job forms. With a key per member, a join writes one small
+//! member and the job's counters; only a completed or restarted round touches
+//! every member. A store compares what it would write with what it wrote
+//! last ([`Encoded`]) and writes only what differs.
+//!
+//! A member's last sign of life is not stored: it changes with every
+//! keep-alive (which writes nothing) and its offset with every record taken.
+//! A job restored from a store treats every member as seen at that moment,
+//! so a failover never drops a member for silence it could not help.
+//!
+//! # Keys
+//! `P/jobs/<job>/meta`, `P/jobs/<job>/participants`, `P/jobs/<job>/m/<node>`
+//! under the store's prefix `P`. Ids are percent-escaped (`%`, `/` and
+//! control characters), so no id can reach into another job's keys.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use accel_proto::store::v1 as st;
+use prost::Message;
+
+use super::StoreError;
+use crate::job::{JobConfig, JobRecord, MemberRecord, Phase, SESSION_BYTES};
+
+/// The record format this server writes and reads.
+pub const FORMAT: u32 = 1;
+
+/// One job, encoded: the values a store holds for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Encoded {
+    /// The job's phase, round, budget and counters.
+    pub meta: Vec<u8>,
+    /// The running (or last) round's node ids, in rank order.
+    pub participants: Vec<u8>,
+    /// Each member, by node id.
+    pub members: BTreeMap<String, Vec<u8>>,
+}
+
+/// Escapes an id for use as one key segment.
+pub fn escape(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for c in id.chars() {
+        if c == '%' || c == '/' || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Reverses [`escape`]; `None` for a segment no id escapes to.
+pub fn unescape(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The key prefix of every job.
+pub fn jobs_prefix(prefix: &str) -> String {
+    format!("{prefix}/jobs/")
+}
+
+/// The key prefix of job `id`'s keys.
+pub fn job_prefix(prefix: &str, id: &str) -> String {
+    format!("{prefix}/jobs/{}/", escape(id))
+}
+
+/// Which of a job's values a key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// [`Encoded::meta`].
+    Meta,
+    /// [`Encoded::participants`].
+    Participants,
+    /// One member.
+    Member(String),
+}
+
+impl Slot {
+    /// The key of this slot of job `id`.
+    pub fn key(&self, prefix: &str, id: &str) -> String {
+        let job = job_prefix(prefix, id);
+        match self {
+            Slot::Meta => format!("{job}meta"),
+            Slot::Participants => format!("{job}participants"),
+            Slot::Member(node) => format!("{job}m/{}", escape(node)),
+        }
+    }
+
+    /// The job and slot a key under [`jobs_prefix`] names.
+    pub fn parse(prefix: &str, key: &str) -> Option<(String, Slot)> {
+        let rest = key.strip_prefix(&jobs_prefix(prefix))?;
+        let (job, slot) = rest.split_once('/')?;
+        let slot = match slot {
+            "meta" => Slot::Meta,
+            "participants" => Slot::Participants,
+            s => Slot::Member(unescape(s.strip_prefix("m/")?)?),
+        };
+        Some((unescape(job)?, slot))
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Encodes a record.
+pub fn encode(r: &JobRecord) -> Encoded {
+    let (phase, failed_reason) = match &r.phase {
+        Phase::Forming => (0, String::new()),
+        Phase::Running => (1, String::new()),
+        Phase::Succeeded => (2, String::new()),
+        Phase::Failed(reason) => (3, reason.clone()),
+    };
+    let meta = st::JobMeta {
+        format: FORMAT,
+        id: r.id.clone(),
+        min_nodes: r.config.min_nodes,
+        max_nodes: r.config.max_nodes,
+        nproc_per_node: r.config.nproc_per_node,
+        max_restarts: r.config.max_restarts,
+        dead_after_us: r.config.dead_after.map_or(0, micros),
+        last_call_us: micros(r.config.last_call),
+        phase,
+        failed_reason,
+        round: r.round,
+        restart_count: r.restart_count,
+        ready: r.ready,
+        succeeded: r.succeeded as u64,
+        last_failure: r.last_failure.clone(),
+        root_cause: r.root_cause.clone(),
+        finished_at: r.finished_at,
+        next_seq: r.next_seq,
+        min_ready_since: r.min_ready_since,
+        progress_sent: r.progress_sent,
+        next_liveness: r.next_liveness,
+        empty_since: r.empty_since,
+        absent: r.absent,
+    };
+    let participants = st::Participants {
+        ids: r.participants.clone(),
+    };
+    let members = r
+        .members
+        .iter()
+        .map(|(id, m)| {
+            let (ready_addr, ready_port) = match &m.ready {
+                Some((addr, port)) => (Some(addr.clone()), *port),
+                None => (None, 0),
+            };
+            let member = st::Member {
+                hostname: m.hostname.clone(),
+                requested_rank: m.requested_rank,
+                ready_addr,
+                ready_port,
+                rank: m.rank,
+                succeeded: m.succeeded,
+                seen_from: m.seen_from.map(|ip| ip.to_string()),
+                session: m.session.to_vec(),
+                joined_seq: m.joined_seq,
+            };
+            (id.clone(), member.encode_to_vec())
+        })
+        .collect();
+    Encoded {
+        meta: meta.encode_to_vec(),
+        participants: participants.encode_to_vec(),
+        members,
+    }
+}
+
+/// Decodes job `id`'s values (members' last signs of life: the moment of
+/// decoding, offset 0).
+pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
+    let corrupt = |what: &str, err: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("job '{}': {what}: {err}", escape(id)))
+    };
+    let meta = st::JobMeta::decode(e.meta.as_slice()).map_err(|err| corrupt("meta", &err))?;
+    if meta.format > FORMAT {
+        return Err(corrupt(
+            "meta",
+            &format!(
+                "format {} is newer than this server's ({FORMAT}); run the newer rdzv-server",
+                meta.format
+            ),
+        ));
+    }
+    if meta.id != id {
+        return Err(corrupt(
+            "meta",
+            &format!("names job '{}'", escape(&meta.id)),
+        ));
+    }
+    let participants = st::Participants::decode(e.participants.as_slice())
+        .map_err(|err| corrupt("participants", &err))?;
+    let phase = match meta.phase {
+        0 => Phase::Forming,
+        1 => Phase::Running,
+        2 => Phase::Succeeded,
+        3 => Phase::Failed(meta.failed_reason),
+        other => return Err(corrupt("meta", &format!("unknown phase {other}"))),
+    };
+    let mut members = Vec::with_capacity(e.members.len());
+    for (node, bytes) in &e.members {
+        let what = || format!("member '{}'", escape(node));
+        let m = st::Member::decode(bytes.as_slice()).map_err(|err| corrupt(&what(), &err))?;
+        let session: [u8; SESSION_BYTES] = m
+            .session
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt(&what(), &"a session secret of the wrong length"))?;
+        let seen_from = match m.seen_from {
+            Some(ip) => Some(ip.parse().map_err(|err| corrupt(&what(), &err))?),
+            None => None,
+        };
+        members.push((
+            node.clone(),
+            MemberRecord {
+                hostname: m.hostname,
+                requested_rank: m.requested_rank,
+                ready: m.ready_addr.map(|addr| (addr, m.ready_port)),
+                rank: m.rank,
+                succeeded: m.succeeded,
+                last_seen: 0,
+                seen_from,
+                session,
+                joined_seq: m.joined_seq,
+            },
+        ));
+    }
+    Ok(JobRecord {
+        id: meta.id,
+        config: JobConfig {
+            min_nodes: meta.min_nodes,
+            max_nodes: meta.max_nodes,
+            nproc_per_node: meta.nproc_per_node,
+            max_restarts: meta.max_restarts,
+            dead_after: (meta.dead_after_us > 0).then(|| Duration::from_micros(meta.dead_after_us)),
+            last_call: Duration::from_micros(meta.last_call_us),
+        },
+        phase,
+        round: meta.round,
+        restart_count: meta.restart_count,
+        members,
+        participants: participants.ids,
+        ready: meta.ready,
+        succeeded: usize::try_from(meta.succeeded).unwrap_or(usize::MAX),
+        last_failure: meta.last_failure,
+        root_cause: meta.root_cause,
+        finished_at: meta.finished_at,
+        next_seq: meta.next_seq,
+        min_ready_since: meta.min_ready_since,
+        progress_sent: meta.progress_sent,
+        next_liveness: meta.next_liveness,
+        empty_since: meta.empty_since,
+        absent: meta.absent,
+    })
+}
+
+/// A change to one value of a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Write `value` at the slot of job `job`.
+    Put {
+        /// The job.
+        job: String,
+        /// Which value.
+        slot: Slot,
+        /// Its new bytes.
+        value: Vec<u8>,
+    },
+    /// Remove a member.
+    DeleteMember {
+        /// The job.
+        job: String,
+        /// The member.
+        node: String,
+    },
+    /// Remove every key of a job.
+    DeleteJob {
+        /// The job.
+        job: String,
+    },
+}
+
+/// What turns `old` (what the store holds for job `id`; `None`: nothing)
+/// into `new`: members and participants first, the job's meta last, so a
+/// reader that sees the new meta sees its members too.
+pub fn diff(id: &str, old: Option<&Encoded>, new: &Encoded) -> Vec<Change> {
+    let empty = Encoded::default();
+    let old = old.unwrap_or(&empty);
+    let put = |slot: Slot, value: &Vec<u8>| Change::Put {
+        job: id.to_owned(),
+        slot,
+        value: value.clone(),
+    };
+    let mut out = Vec::new();
+    for (node, value) in &new.members {
+        if old.members.get(node) != Some(value) {
+            out.push(put(Slot::Member(node.clone()), value));
+        }
+    }
+    for node in old.members.keys() {
+        if !new.members.contains_key(node) {
+            out.push(Change::DeleteMember {
+                job: id.to_owned(),
+                node: node.clone(),
+            });
+        }
+    }
+    if old.participants != new.participants || old.meta.is_empty() {
+        out.push(put(Slot::Participants, &new.participants));
+    }
+    if old.meta != new.meta {
+        out.push(put(Slot::Meta, &new.meta));
+    }
+    out
+}
+
+/// Applies one change to the encoded jobs it concerns.
+pub fn apply(jobs: &mut BTreeMap<String, Encoded>, change: &Change) {
+    match change {
+        Change::Put { job, slot, value } => {
+            let e = jobs.entry(job.clone()).or_default();
+            match slot {
+                Slot::Meta => e.meta = value.clone(),
+                Slot::Participants => e.participants = value.clone(),
+                Slot::Member(node) => {
+                    e.members.insert(node.clone(), value.clone());
+                }
+            }
+        }
+        Change::DeleteMember { job, node } => {
+            if let Some(e) = jobs.get_mut(job) {
+                e.members.remove(node);
+            }
+        }
+        Change::DeleteJob { job } => {
+            jobs.remove(job);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
