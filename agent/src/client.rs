@@ -337,6 +337,7 @@ mod tests {
             limits: rendezvous_server::Limits::default(),
             tls: None,
             store: None,
+            replication: None,
         };
         tokio::spawn(rendezvous_server::serve(
             listener,

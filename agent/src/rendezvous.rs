@@ -35,6 +35,7 @@ fn embedded(
         },
         tls,
         store: None,
+        replication: None,
     }
 }
 

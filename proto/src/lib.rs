@@ -3,7 +3,7 @@
 //! The `.proto` file under `proto/` is the contract between `rdzv-server` and
 //! `accel-agent`; see its comments for what each call and event means. The
 //! Rust code is generated at build time by `protox` + `tonic-prost-build`, so
-//! no `protoc` is needed. `tonic` and `prost` are re-exported so users of this
+//! this crate needs no `protoc`. `tonic` and `prost` are re-exported so users of this
 //! crate name one version of each.
 #![forbid(unsafe_code)]
 

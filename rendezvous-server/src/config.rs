@@ -62,6 +62,60 @@ pub struct ServerArgs {
     #[arg(long, env = "RDZV_AUTH_TIMEOUT", default_value = "30",
           value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
     pub auth_timeout: Duration,
+    /// etcd client URLs, comma-separated (`http://h1:2379,http://h2:2379`):
+    /// run as one of several replicas. They elect a leader through etcd, which
+    /// serves with every job's state in etcd; the others send agents to it and
+    /// take over if it goes.
+    #[arg(
+        long,
+        env = "RDZV_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "URLS"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of this cluster's election and job state in etcd.
+    #[arg(long, env = "RDZV_ETCD_PREFIX", default_value = "/accel")]
+    pub etcd_prefix: String,
+    /// Lease of the leader's election key: a leader that vanished (host down,
+    /// network cut) is replaced after about this long. Whole seconds, at least 1.
+    #[arg(long, env = "RDZV_ETCD_LEASE", default_value = "5",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, whole_seconds))]
+    pub etcd_lease: Duration,
+    /// etcd user (with --etcd-password-file).
+    #[arg(long, env = "RDZV_ETCD_USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(
+        long,
+        env = "RDZV_ETCD_PASSWORD_FILE",
+        value_name = "PATH",
+        requires = "etcd_user"
+    )]
+    pub etcd_password_file: Option<PathBuf>,
+    /// CA (PEM) of etcd's server certificates (https:// endpoints).
+    #[arg(long, env = "RDZV_ETCD_CA", value_name = "PEM")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's mutual TLS; needs --etcd-key.
+    #[arg(
+        long,
+        env = "RDZV_ETCD_CERT",
+        value_name = "PEM",
+        requires = "etcd_key"
+    )]
+    pub etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(
+        long,
+        env = "RDZV_ETCD_KEY",
+        value_name = "PEM",
+        requires = "etcd_cert"
+    )]
+    pub etcd_key: Option<PathBuf>,
+    /// The address agents reach this replica at, announced to the others
+    /// (default: --bind, or this host's name with --bind's port when --bind
+    /// is a wildcard address).
+    #[arg(long, env = "RDZV_ADVERTISE", value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
     /// Without a subcommand, serve the rendezvous.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -108,7 +162,109 @@ fn positive(d: Duration) -> Result<Duration, &'static str> {
     }
 }
 
+/// An etcd lease: whole seconds (etcd's unit), at least one.
+fn whole_seconds(d: Duration) -> Result<Duration, &'static str> {
+    if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+        Err("must be whole seconds, at least 1 (etcd leases are counted in seconds)")
+    } else {
+        Ok(d)
+    }
+}
+
 impl ServerArgs {
+    /// Replication on etcd, if `--etcd-endpoints` asks for it; `bound`: the
+    /// address the server listens on. Errors name the flag to fix.
+    pub fn etcd(&self, bound: SocketAddr) -> Result<Option<crate::ha::EtcdOptions>, String> {
+        if self.etcd_endpoints.is_empty() {
+            return Ok(None);
+        }
+        let mut tls_needed = false;
+        for url in &self.etcd_endpoints {
+            match url.split_once("://") {
+                Some(("http", rest)) | Some(("https", rest)) if !rest.is_empty() => {
+                    tls_needed |= url.starts_with("https");
+                }
+                _ => {
+                    return Err(format!(
+                        "--etcd-endpoints: '{}' is not an etcd client URL; write http://HOST:PORT or https://HOST:PORT",
+                        crate::input::excerpt(url)
+                    ))
+                }
+            }
+        }
+        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() < 2 {
+            return Err(format!(
+                "--etcd-prefix '{}' must start with '/' and name something, e.g. /accel",
+                crate::input::excerpt(&self.etcd_prefix)
+            ));
+        }
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+        };
+        let user = match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => {
+                let password = String::from_utf8(read("--etcd-password-file", file)?)
+                    .map_err(|_| "--etcd-password-file does not hold UTF-8 text".to_owned())?;
+                Some((
+                    user.clone(),
+                    password.trim_end_matches(['\n', '\r']).to_owned(),
+                ))
+            }
+            _ => None,
+        };
+        let tls = match (tls_needed, &self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
+            (false, None, None, None) => None,
+            (false, ..) => {
+                return Err(
+                    "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints; the endpoints are http://"
+                        .into(),
+                )
+            }
+            (true, ca, cert, key) => {
+                let mut tls = etcd_client::TlsOptions::new();
+                if let Some(ca) = ca {
+                    tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read("--etcd-ca", ca)?));
+                }
+                if let (Some(cert), Some(key)) = (cert, key) {
+                    tls = tls.identity(etcd_client::Identity::from_pem(
+                        read("--etcd-cert", cert)?,
+                        read("--etcd-key", key)?,
+                    ));
+                }
+                Some(tls)
+            }
+        };
+        let advertise = match &self.advertise {
+            Some(a) => {
+                if a.rsplit_once(':')
+                    .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+                {
+                    return Err(format!(
+                        "--advertise '{}' is not HOST:PORT",
+                        crate::input::excerpt(a)
+                    ));
+                }
+                a.clone()
+            }
+            None if bound.ip().is_unspecified() => {
+                let host = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .ok_or("cannot read this host's name; give --advertise HOST:PORT")?;
+                format!("{host}:{}", bound.port())
+            }
+            None => bound.to_string(),
+        };
+        Ok(Some(crate::ha::EtcdOptions {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.trim_end_matches('/').to_owned(),
+            lease: self.etcd_lease,
+            user,
+            tls,
+            advertise,
+        }))
+    }
+
     /// The server's token: `--token-file`, else `RDZV_TOKEN` from `env`.
     pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>, TokenError> {
         Token::resolve(self.token_file.as_deref(), "RDZV_TOKEN", env)
@@ -168,5 +324,94 @@ pub fn client_token(
     match Token::resolve(file, "ACCEL_RDZV_TOKEN", env)? {
         Some(t) => Ok(Some(t)),
         None => Token::resolve(None, "RDZV_TOKEN", env),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ServerArgs;
+
+    fn etcd(args: &[&str]) -> Result<Option<crate::ha::EtcdOptions>, String> {
+        let argv = std::iter::once("rdzv-server").chain(args.iter().copied());
+        let parsed = ServerArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+        parsed.etcd("10.0.0.5:29400".parse().expect("addr"))
+    }
+
+    #[test]
+    fn replication_is_off_without_endpoints_and_defaults_sensibly_with_them() {
+        assert!(etcd(&[]).expect("valid").is_none());
+        let o = etcd(&["--etcd-endpoints", "http://a:2379,http://b:2379"])
+            .expect("valid")
+            .expect("replicated");
+        assert_eq!(o.endpoints, ["http://a:2379", "http://b:2379"]);
+        assert_eq!((o.prefix.as_str(), o.lease.as_secs()), ("/accel", 5));
+        assert_eq!(o.advertise, "10.0.0.5:29400", "the bound address");
+        let o = etcd(&[
+            "--etcd-endpoints",
+            "http://a:2379",
+            "--etcd-prefix",
+            "/team/",
+            "--advertise",
+            "head-1:29400",
+        ])
+        .expect("valid")
+        .expect("replicated");
+        assert_eq!(
+            (o.prefix.as_str(), o.advertise.as_str()),
+            ("/team", "head-1:29400")
+        );
+    }
+
+    #[test]
+    fn bad_replication_flags_name_the_flag_and_the_fix() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--etcd-endpoints", "a:2379"], "http://HOST:PORT"),
+            (
+                &[
+                    "--etcd-endpoints",
+                    "http://a:2379",
+                    "--etcd-prefix",
+                    "accel",
+                ],
+                "--etcd-prefix",
+            ),
+            (
+                &["--etcd-endpoints", "http://a:2379", "--etcd-lease", "500ms"],
+                "whole seconds",
+            ),
+            (
+                &["--etcd-endpoints", "http://a:2379", "--etcd-lease", "0"],
+                "at least 1",
+            ),
+            (
+                &["--etcd-endpoints", "http://a:2379", "--advertise", "head"],
+                "HOST:PORT",
+            ),
+            (
+                &["--etcd-endpoints", "http://a:2379", "--etcd-ca", "/ca.pem"],
+                "https://",
+            ),
+            (
+                &["--etcd-endpoints", "http://a:2379", "--etcd-user", "root"],
+                "--etcd-password-file",
+            ),
+            (
+                &[
+                    "--etcd-endpoints",
+                    "http://a:2379",
+                    "--etcd-user",
+                    "u",
+                    "--etcd-password-file",
+                    "/nonexistent/pw",
+                ],
+                "/nonexistent/pw",
+            ),
+        ];
+        for (args, expected) in cases {
+            let e = etcd(args).expect_err("refused");
+            assert!(e.contains(expected), "{args:?}: {e}");
+        }
     }
 }

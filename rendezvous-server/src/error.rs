@@ -32,10 +32,16 @@ pub enum Error {
     /// The job store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// This replica does not lead: the status names the leader.
+    #[error("{}", .0.message())]
+    Redirect(Status),
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
+        if let Error::Redirect(status) = e {
+            return status;
+        }
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
@@ -43,7 +49,7 @@ impl From<Error> for Status {
             Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
-            Error::Transport(_) | Error::Store(_) => Code::Unavailable,
+            Error::Transport(_) | Error::Store(_) | Error::Redirect(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

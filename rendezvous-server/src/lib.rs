@@ -8,7 +8,9 @@
 //! # Layout
 //! - [`job`]: one job's state machine and the pure [`job::decide`] function;
 //! - [`registry`]: every job by `rdzv_id`, their streams and deadlines;
-//! - [`store`]: the seam through which job state outlives the process;
+//! - [`store`]: the seam through which job state outlives the process, and
+//!   its etcd implementation;
+//! - [`ha`]: replicas on etcd: election, leading, stepping down;
 //! - [`service`]: the gRPC handlers;
 //! - [`auth`]: the token every call carries, and nodes' session secrets;
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
@@ -27,6 +29,7 @@ pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod ha;
 pub mod input;
 pub mod job;
 pub mod limits;
@@ -76,64 +79,89 @@ pub struct ServeOptions {
     /// The server loads the jobs it holds before serving, and writes every
     /// change before sending the events it causes.
     pub store: Option<Arc<dyn store::JobStore>>,
+    /// Run as one replica of several, on etcd ([`ha`]); `store` is then unused.
+    pub replication: Option<ha::EtcdOptions>,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
-/// every connected node the server is going away and drains.
+/// every connected node the server is going away and drains. With
+/// [`ServeOptions::replication`], this process is one replica ([`ha`]): it
+/// serves only while it leads.
 pub async fn serve(
     listener: TcpListener,
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let registry = match options.store.clone() {
-        Some(store) => {
-            let registry = Registry::with_store(options.finished_job_ttl, options.limits, store);
-            let loaded = registry.load().await?;
-            if loaded > 0 {
-                info!(jobs = loaded, "continuing the jobs the job store holds");
-            }
-            registry
-        }
-        None => Registry::new(options.finished_job_ttl, options.limits),
-    };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<RendezvousServer<RendezvousService>>()
-        .await;
-    let ticker = {
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(TICK);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut failing = quiet::Quiet::every(Duration::from_secs(10));
-            loop {
-                tokio::select! {
-                    _ = interval.tick() => registry.tick(Instant::now()),
-                    // With a store, changes are written (and their events
-                    // sent) at once, not at the next tick.
-                    _ = registry.changes() => {}
+    let (roles, seat) = tokio::sync::watch::channel(ha::Role::Follower { leader: None });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let background = match options.replication.clone() {
+        None => {
+            let registry = match options.store.clone() {
+                Some(store) => {
+                    let registry =
+                        Registry::with_store(options.finished_job_ttl, options.limits, store);
+                    let loaded = registry.load().await?;
+                    if loaded > 0 {
+                        info!(jobs = loaded, "continuing the jobs the job store holds");
+                    }
+                    registry
                 }
+                None => Registry::new(options.finished_job_ttl, options.limits),
+            };
+            roles.send_replace(ha::Role::Leader(registry.clone()));
+            health_reporter
+                .set_serving::<RendezvousServer<RendezvousService>>()
+                .await;
+            let ticker = tokio::spawn(tick_and_flush(registry.clone(), None));
+            let stop = stop.clone();
+            let may_rejoin = options.may_rejoin_after_shutdown;
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                ticker.abort();
                 if let Err(e) = registry.flush().await {
-                    match failing.hit(tokio::time::Instant::now()) {
-                        quiet::Say::First => {
-                            warn!(error = %e, "cannot write job state to the job store; retrying every tick")
-                        }
-                        quiet::Say::Summary(n, over) => {
-                            warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
-                        }
-                        quiet::Say::Nothing => {}
+                    warn!(error = %e, "cannot write the last job state to the job store");
+                }
+                registry.close_all("the rendezvous server is shutting down", may_rejoin);
+            })
+        }
+        Some(etcd) => {
+            health_reporter
+                .set_not_serving::<RendezvousServer<RendezvousService>>()
+                .await;
+            // Health follows the role: NOT_SERVING while following.
+            let mut watching = seat.clone();
+            let reporter = health_reporter.clone();
+            tokio::spawn(async move {
+                while watching.changed().await.is_ok() {
+                    let leading = matches!(*watching.borrow_and_update(), ha::Role::Leader(_));
+                    if leading {
+                        reporter
+                            .set_serving::<RendezvousServer<RendezvousService>>()
+                            .await;
+                    } else {
+                        reporter
+                            .set_not_serving::<RendezvousServer<RendezvousService>>()
+                            .await;
                     }
                 }
-            }
-        })
+            });
+            info!(endpoints = %etcd.endpoints.join(","), prefix = %etcd.prefix, advertise = %etcd.advertise, "replica: campaigning for leadership through etcd");
+            tokio::spawn(ha::replicate(
+                etcd,
+                options.finished_job_ttl,
+                options.limits,
+                roles,
+                stop.clone(),
+            ))
+        }
     };
     let admission = admission::Admission::new(
         options.limits.max_connections_per_ip,
         options.limits.auth_timeout,
     );
     let incoming = accept::incoming(listener, admission);
-    let closing = registry.clone();
-    let rendezvous = RendezvousServer::new(RendezvousService::new(registry))
+    let rendezvous = RendezvousServer::new(RendezvousService::seated(seat))
         .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let rendezvous = tonic::service::interceptor::InterceptedService::new(
         rendezvous,
@@ -150,16 +178,52 @@ pub async fn serve(
         .add_service(rendezvous)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
-            if let Err(e) = closing.flush().await {
-                warn!(error = %e, "cannot write the last job state to the job store");
-            }
             info!("shutting down: closing every job's streams");
-            closing.close_all(
-                "the rendezvous server is shutting down",
-                options.may_rejoin_after_shutdown,
-            );
+            stop.cancel();
+            if let Err(e) = background.await {
+                warn!(error = %e, "the rendezvous did not shut down cleanly");
+            }
         })
         .await;
-    ticker.abort();
     result.map_err(Error::from)
+}
+
+/// The registry's periodic work, and writing its changes as they come.
+/// A store that refuses a write because another replica leads cancels
+/// `fenced` and ends this (the replica steps down); other store errors are
+/// logged, quietly, and retried.
+pub(crate) async fn tick_and_flush(
+    registry: Registry,
+    fenced: Option<tokio_util::sync::CancellationToken>,
+) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = quiet::Quiet::every(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = interval.tick() => registry.tick(Instant::now()),
+            // With a store, changes are written (and their events
+            // sent) at once, not at the next tick.
+            _ = registry.changes() => {}
+        }
+        match registry.flush().await {
+            Ok(_) => {}
+            Err(e) if ha::is_fenced(&e) && fenced.is_some() => {
+                warn!(error = %e, "stepping down");
+                if let Some(f) = fenced {
+                    f.cancel();
+                }
+                return;
+            }
+            Err(e) => match failing.hit(tokio::time::Instant::now()) {
+                quiet::Say::First => {
+                    warn!(error = %e, "cannot write job state to the job store; retrying")
+                }
+                quiet::Say::Summary(n, over) => {
+                    warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
+                }
+                quiet::Say::Nothing => {}
+            },
+        }
+    }
 }

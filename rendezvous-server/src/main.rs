@@ -72,9 +72,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
-        }
+        let bound = listener.local_addr().unwrap_or(args.bind);
+        let replication = match args.etcd(bound) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("rdzv-server: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        tracing::info!(addr = %bound, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
             limits: args.limits(),
             tls,
             store: None,
+            replication,
         };
         let shutdown = rendezvous_server::signal::shutdown();
         match rendezvous_server::serve(listener, options, shutdown).await {

@@ -17,10 +17,12 @@ use std::time::Instant;
 
 use accel_proto::v1 as pb;
 use pb::rendezvous_server::Rendezvous;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::auth::new_session;
 use crate::error::Error;
+use crate::ha::Role;
 use crate::job::Job;
 use crate::limits::{self, printable, printable_failure};
 use crate::registry::{NodeStream, Registry};
@@ -28,13 +30,25 @@ use crate::registry::{NodeStream, Registry};
 /// The `accel.rendezvous.v1.Rendezvous` service.
 #[derive(Debug, Clone)]
 pub struct RendezvousService {
-    registry: Registry,
+    /// What this server is now: the leader with its registry, or a follower
+    /// that sends callers to the leader.
+    seat: watch::Receiver<Role>,
 }
 
 impl RendezvousService {
-    /// A service over `registry`.
+    /// A service over `registry`, for good.
     pub fn new(registry: Registry) -> Self {
-        Self { registry }
+        Self::seated(watch::channel(Role::Leader(registry)).1)
+    }
+
+    /// A service for a replica whose role changes ([`crate::ha`]).
+    pub fn seated(seat: watch::Receiver<Role>) -> Self {
+        Self { seat }
+    }
+
+    /// The registry to serve a call with; a follower's status otherwise.
+    fn registry(&self) -> Result<Registry, Status> {
+        self.seat.borrow().registry().cloned()
     }
 
     /// Runs `f` for the node a request names, once its secret is checked.
@@ -46,7 +60,8 @@ impl RendezvousService {
         f: impl FnOnce(&mut Job, Instant) -> (R, Vec<crate::job::Outbound>),
     ) -> Result<R, Error> {
         let now = Instant::now();
-        self.registry
+        self.registry()
+            .map_err(Error::Redirect)?
             .for_node(now, job_id, node_id, session, |job| f(job, now))
     }
 }
@@ -77,10 +92,9 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<NodeStream>, Status> {
         let from = peer(&request);
         let req = request.into_inner();
-        limits::check_join(&req, self.registry.limits())?;
-        let stream = self
-            .registry
-            .join(Instant::now(), &req, from, new_session()?)?;
+        let registry = self.registry()?;
+        limits::check_join(&req, registry.limits())?;
+        let stream = registry.join(Instant::now(), &req, from, new_session()?)?;
         Ok(Response::new(stream))
     }
 
@@ -102,7 +116,7 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        self.registry
+        self.registry()?
             .keep_alive(Instant::now(), &r.job_id, &r.node_id, &r.session)?;
         Ok(Response::new(pb::Ack {}))
     }
@@ -154,7 +168,7 @@ impl Rendezvous for RendezvousService {
         limits::check_reason(&r.reason)?;
         // Only the node itself may take itself out of the job; the secret is
         // checked under the same lock as the departure.
-        self.registry.leave(
+        self.registry()?.leave(
             Instant::now(),
             &r.job_id,
             &r.node_id,
@@ -176,7 +190,7 @@ impl Rendezvous for RendezvousService {
             ))
             .into());
         }
-        Ok(Response::new(self.registry.status(
+        Ok(Response::new(self.registry()?.status(
             &r.job_id,
             r.page_size,
             &r.page_token,

@@ -314,3 +314,232 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
         "running"
     );
 }
+
+mod replicas {
+    //! Two `rdzv-server` replicas on a three-member etcd: one leads, the
+    //! other sends callers to it; `kill -9` of the leader hands the job, its
+    //! round and its restart budget, to the other.
+
+    use super::*;
+    use accel_tests::Server;
+    use pb::rendezvous_client::RendezvousClient;
+    use tonic::transport::Channel;
+    use tonic::{Code, Streaming};
+
+    type Rdzv = RendezvousClient<Channel>;
+
+    async fn client(addr: &str) -> Rdzv {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        RendezvousClient::new(channel)
+    }
+
+    async fn status(c: &mut Rdzv) -> Result<pb::JobInfo, tonic::Status> {
+        c.job_status(pb::JobStatusRequest {
+            job_id: "team/job".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().jobs.into_iter().next().unwrap_or_default())
+    }
+
+    /// The next event of a stream, skipping progress reports.
+    async fn next(s: &mut Streaming<pb::Event>) -> Kind {
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(15), s.message())
+                .await
+                .expect("an event in time")
+                .expect("the stream goes on")
+                .expect("not the end");
+            match ev.kind {
+                Some(Kind::Waiting(_)) | None => continue,
+                Some(k) => return k,
+            }
+        }
+    }
+
+    struct Node {
+        id: &'static str,
+        session: Vec<u8>,
+        events: Streaming<pb::Event>,
+    }
+
+    async fn join(c: &mut Rdzv, id: &'static str, session: Vec<u8>) -> Node {
+        let mut req = join_request(id, None, None);
+        req.session = session;
+        let mut events = c.join(req).await.expect("joins").into_inner();
+        let session = match next(&mut events).await {
+            Kind::Joined(j) => j.session,
+            other => panic!("expected Joined, got {other:?}"),
+        };
+        Node {
+            id,
+            session,
+            events,
+        }
+    }
+
+    async fn ready(c: &mut Rdzv, n: &Node, round: u64) {
+        c.ready(pb::ReadyRequest {
+            job_id: "team/job".into(),
+            node_id: n.id.into(),
+            round,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            session: n.session.clone(),
+        })
+        .await
+        .expect("ready");
+    }
+
+    async fn fail(c: &mut Rdzv, n: &Node, round: u64) {
+        c.report_failure(pb::ReportFailureRequest {
+            job_id: "team/job".into(),
+            node_id: n.id.into(),
+            round,
+            local_rank: 0,
+            global_rank: 0,
+            reason: "exited with code 1".into(),
+            session: n.session.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("failure reported");
+    }
+
+    async fn form(c: &mut Rdzv, nodes: &mut [Node], round: u64) {
+        for n in nodes.iter() {
+            ready(c, n, round).await;
+        }
+        for n in nodes.iter_mut() {
+            match next(&mut n.events).await {
+                Kind::RoundComplete(r) => assert_eq!(r.round, round),
+                other => panic!("expected round {round} complete, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_follower_names_the_leader_and_takes_the_job_over_when_it_is_killed() {
+        let dir = scratch("ha-replicas");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let args = [
+            "--etcd-endpoints",
+            &etcd.endpoints(),
+            "--etcd-prefix",
+            "/replicas",
+            "--etcd-lease",
+            "2",
+        ];
+        let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        let mut c1 = client(&first.addr).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The first replica wins the empty election.
+        loop {
+            match status(&mut c1).await {
+                Err(s) if s.code() == Code::NotFound => break,
+                Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => panic!("the first replica leads: {other:?}"),
+            }
+        }
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let mut c2 = client(&second.addr).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            let s = status(&mut c2)
+                .await
+                .expect_err("a follower serves nothing");
+            assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+            if s.metadata()
+                .get(rendezvous_server::ha::LEADER_METADATA)
+                .is_some()
+                || Instant::now() > deadline
+            {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            refused
+                .metadata()
+                .get(rendezvous_server::ha::LEADER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            Some(first.addr.as_str()),
+            "the follower names the leader: {refused:?}"
+        );
+        assert!(refused.message().contains(&first.addr), "{refused:?}");
+
+        // A job on the leader: round 0, a failure, round 1 (one restart spent).
+        let mut nodes = vec![
+            join(&mut c1, "a", Vec::new()).await,
+            join(&mut c1, "b", Vec::new()).await,
+        ];
+        form(&mut c1, &mut nodes, 0).await;
+        fail(&mut c1, &nodes[1], 0).await;
+        for n in nodes.iter_mut() {
+            assert!(matches!(
+                next(&mut n.events).await,
+                Kind::RestartRequested(_)
+            ));
+        }
+        form(&mut c1, &mut nodes, 1).await;
+
+        // kill -9 the leader: the follower leads within about the lease.
+        let killed = Instant::now();
+        drop(first);
+        let info = loop {
+            match status(&mut c2).await {
+                Ok(info) => break info,
+                Err(s)
+                    if s.code() == Code::Unavailable
+                        && killed.elapsed() < Duration::from_secs(20) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(s) => panic!("the follower did not take over: {s:?}"),
+            }
+        };
+        eprintln!(
+            "failover: leader killed -> follower serving in {:?}",
+            killed.elapsed()
+        );
+        assert_eq!(
+            (
+                info.phase.as_str(),
+                info.round,
+                info.restart_count,
+                info.node_count
+            ),
+            ("running", 1, 1, 2),
+            "the job as the first leader left it"
+        );
+        // The nodes come back with their secrets; the budget is counted
+        // across both leaders: one restart left of two.
+        let mut nodes = vec![
+            join(&mut c2, "a", nodes[0].session.clone()).await,
+            join(&mut c2, "b", nodes[1].session.clone()).await,
+        ];
+        fail(&mut c2, &nodes[0], 1).await;
+        for n in nodes.iter_mut() {
+            match next(&mut n.events).await {
+                Kind::RestartRequested(r) => assert!(r.counted && r.next_round == 2),
+                other => panic!("expected a counted restart, got {other:?}"),
+            }
+        }
+        form(&mut c2, &mut nodes, 2).await;
+        fail(&mut c2, &nodes[1], 2).await;
+        match next(&mut nodes[0].events).await {
+            Kind::JobFailed(f) => assert!(
+                f.reason.contains("budget is spent (2 of --max-restarts 2)"),
+                "{}",
+                f.reason
+            ),
+            other => panic!("expected the job to fail, got {other:?}"),
+        }
+    }
+}

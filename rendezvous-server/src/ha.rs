@@ -1,0 +1,368 @@
+//! Replicas of `rdzv-server` on etcd: one leads, the others stand by.
+//!
+//! # Why
+//! A single server's jobs end with its host. With `--etcd-endpoints`, any
+//! number of replicas run; they campaign through etcd's election API
+//! (`<prefix>/leader`, each replica's value: the address agents reach it
+//! at). The leader serves the rendezvous with its job state in etcd
+//! ([`crate::store::etcd`]); a follower answers every call with
+//! UNAVAILABLE naming the leader (message and [`LEADER_METADATA`]), and its
+//! health service reports NOT_SERVING, so a load balancer or an agent with
+//! several endpoints finds the leader.
+//!
+//! # A leader's term
+//! A replica grants itself a lease of `--etcd-lease` and keeps it alive
+//! (every third of it); it campaigns with that lease; once elected it loads
+//! every job from etcd and serves them, round numbers, ranks, budgets and
+//! secrets as the last leader left them. Nodes reconnect and resume (their
+//! workers ran on meanwhile).
+//!
+//! # Never two leaders acting
+//! Every write of a leader is conditioned on its election key (which lives
+//! only as long as its lease), and no decision's events are sent before its
+//! write succeeded ([`crate::registry`]). A leader whose lease expired (etcd
+//! unreachable, the process paused) therefore cannot act on anything even
+//! before it notices; it steps down when a write is refused (fenced), or when
+//! it has not renewed its lease for two thirds of it, whichever comes first:
+//! it stops deciding, ends every node's stream (they reconnect to the new
+//! leader) and campaigns again.
+//!
+//! On shutdown a leader writes what is pending and resigns, so another
+//! replica takes over at once instead of after the lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, LeaderKey, ResignOptions, TlsOptions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::{info, warn};
+
+use crate::limits::Limits;
+use crate::registry::Registry;
+use crate::store::etcd::{EtcdStore, Fence};
+use crate::store::StoreError;
+
+/// The response metadata in which a follower names the leader's address.
+pub const LEADER_METADATA: &str = "accel-leader";
+/// How often a follower asks who leads.
+const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+/// Pause before campaigning again after etcd failed us.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// How a replica reaches etcd and what it announces.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// etcd client URLs (`http://h1:2379`, `https://…`).
+    pub endpoints: Vec<String>,
+    /// Key prefix of this server's election and jobs.
+    pub prefix: String,
+    /// Lease of a replica's election key: how long a leader that vanished
+    /// keeps its place.
+    pub lease: Duration,
+    /// etcd user and password.
+    pub user: Option<(String, String)>,
+    /// TLS to etcd.
+    pub tls: Option<TlsOptions>,
+    /// The address agents reach this replica at (`HOST:PORT`).
+    pub advertise: String,
+}
+
+impl EtcdOptions {
+    fn election(&self) -> String {
+        format!("{}/leader", self.prefix)
+    }
+
+    fn lease_secs(&self) -> i64 {
+        // etcd leases are whole seconds.
+        i64::try_from(self.lease.as_secs().max(1)).unwrap_or(i64::MAX)
+    }
+}
+
+/// What this replica is now, as the service sees it.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// It serves the rendezvous with this registry.
+    Leader(Registry),
+    /// Another replica serves (at `leader`, once known).
+    Follower {
+        /// The leader's address.
+        leader: Option<String>,
+    },
+}
+
+impl Role {
+    /// The registry to serve a call with, or the status that sends the
+    /// caller to the leader.
+    pub fn registry(&self) -> Result<&Registry, Status> {
+        match self {
+            Role::Leader(r) => Ok(r),
+            Role::Follower { leader } => {
+                let mut status = Status::unavailable(match leader {
+                    Some(addr) => {
+                        format!("this rdzv-server is a follower; the leader is at {addr}")
+                    }
+                    None => {
+                        "this rdzv-server is a follower and no leader is elected yet; retry shortly"
+                            .to_owned()
+                    }
+                });
+                if let Some(addr) = leader.as_deref().and_then(|a| a.parse().ok()) {
+                    status.metadata_mut().insert(LEADER_METADATA, addr);
+                }
+                Err(status)
+            }
+        }
+    }
+}
+
+/// Connects to etcd with the options' credentials.
+pub async fn connect(o: &EtcdOptions) -> Result<Client, etcd_client::Error> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    if let Some((user, password)) = &o.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    if let Some(tls) = &o.tls {
+        options = options.with_tls(tls.clone());
+    }
+    Client::connect(&o.endpoints, Some(options)).await
+}
+
+/// Why a term ended.
+#[derive(Debug)]
+enum Ended {
+    Shutdown,
+    Lost(String),
+}
+
+/// Campaigns, leads and steps down, term after term, until `stop`; then
+/// hands over (flush, close, resign) if leading.
+pub async fn replicate(
+    options: EtcdOptions,
+    ttl: Duration,
+    limits: Limits,
+    roles: watch::Sender<Role>,
+    stop: CancellationToken,
+) {
+    loop {
+        match term(&options, ttl, limits, &roles, &stop).await {
+            Ended::Shutdown => return,
+            Ended::Lost(why) => {
+                warn!(reason = %why, "not leading; campaigning again");
+                roles.send_replace(Role::Follower { leader: None });
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+async fn term(
+    o: &EtcdOptions,
+    ttl: Duration,
+    limits: Limits,
+    roles: &watch::Sender<Role>,
+    stop: &CancellationToken,
+) -> Ended {
+    let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
+    let mut client = match connect(o).await {
+        Ok(c) => c,
+        Err(e) => return lost("cannot reach etcd", e),
+    };
+    let lease = match client.lease_grant(o.lease_secs(), None).await {
+        Ok(l) => l.id(),
+        Err(e) => return lost("cannot get an etcd lease", e),
+    };
+    let ended = hold(&mut client, o, ttl, limits, roles, stop, lease).await;
+    // However the term ended, its lease goes with it, so no key of this
+    // replica outlives the term.
+    let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    ended
+}
+
+/// Campaigns with `lease`, then leads until the lease or a write is lost, or
+/// `stop`.
+async fn hold(
+    client: &mut Client,
+    o: &EtcdOptions,
+    ttl: Duration,
+    limits: Limits,
+    roles: &watch::Sender<Role>,
+    stop: &CancellationToken,
+    lease: i64,
+) -> Ended {
+    let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
+    let expired = CancellationToken::new();
+    let keeper = tokio::spawn(keep_lease(client.clone(), lease, o.lease, expired.clone()));
+    let _keeper = AbortOnDrop(keeper);
+    let follower = client.clone();
+    let mut campaigner = client.clone();
+    let won = tokio::select! {
+        r = campaigner.campaign(o.election(), o.advertise.clone(), lease) => r,
+        _ = follow(follower, o.election(), roles) => unreachable!("following never ends"),
+        _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
+        _ = stop.cancelled() => return Ended::Shutdown,
+    };
+    let key = match won {
+        Ok(mut r) => match r.take_leader() {
+            Some(k) => k,
+            None => return Ended::Lost("etcd elected this replica without a key".into()),
+        },
+        Err(e) => return lost("the campaign failed", e),
+    };
+    let fence = Fence {
+        key: key.key().to_vec(),
+        revision: key.rev(),
+    };
+    let store = EtcdStore::new(client.clone(), &o.prefix, Some(fence));
+    let registry = Registry::with_store(ttl, limits, Arc::new(store));
+    let loaded = match registry.load().await {
+        Ok(n) => n,
+        Err(e) => {
+            resign(client, key).await;
+            return Ended::Lost(format!("cannot load the jobs: {e}"));
+        }
+    };
+    info!(jobs = loaded, advertise = %o.advertise, "leading: serving the rendezvous");
+    roles.send_replace(Role::Leader(registry.clone()));
+    let fenced = CancellationToken::new();
+    let ticker = tokio::spawn(crate::tick_and_flush(
+        registry.clone(),
+        Some(fenced.clone()),
+    ));
+    let _ticker = AbortOnDrop(ticker);
+    let ended = tokio::select! {
+        _ = expired.cancelled() => Ended::Lost("the etcd lease could not be renewed in time".into()),
+        _ = fenced.cancelled() => Ended::Lost("etcd refused a write: another replica leads".into()),
+        _ = stop.cancelled() => Ended::Shutdown,
+    };
+    roles.send_replace(Role::Follower { leader: None });
+    match &ended {
+        Ended::Shutdown => {
+            if let Err(e) = registry.flush().await {
+                warn!(error = %e, "cannot write the last job state to etcd");
+            }
+            registry.close_all("the rendezvous server is shutting down", true);
+            resign(client, key).await;
+        }
+        Ended::Lost(_) => {
+            registry.close_all(
+                "this rdzv-server is no longer the leader; reconnect to the new one",
+                true,
+            );
+        }
+    }
+    ended
+}
+
+/// Gives up leadership at once so another replica need not wait for the lease.
+async fn resign(client: &mut Client, key: LeaderKey) {
+    if let Err(e) = client
+        .resign(Some(ResignOptions::new().with_leader(key)))
+        .await
+    {
+        warn!(error = %e, "cannot resign; another replica leads once the lease expires");
+    }
+}
+
+/// Renews `lease` every third of it; cancels `expired` once it has not been
+/// renewed for two thirds of it (or etcd says it is gone).
+async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: CancellationToken) {
+    let every = length / 3;
+    let mut renewed = Instant::now();
+    let mut link = None;
+    loop {
+        if renewed.elapsed() > length * 2 / 3 {
+            expired.cancel();
+            return;
+        }
+        if link.is_none() {
+            link = tokio::time::timeout(every, client.lease_keep_alive(lease))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        if let Some((keeper, stream)) = &mut link {
+            let answer = tokio::time::timeout(every, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = Instant::now(),
+                Ok(Ok(Some(_))) => {
+                    expired.cancel();
+                    return;
+                }
+                // The stream broke (its etcd member went away): a new one.
+                _ => link = None,
+            }
+        }
+        tokio::time::sleep_until(renewed + every).await;
+    }
+}
+
+/// Keeps the follower's idea of the leader's address current.
+async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role>) {
+    loop {
+        // "No leader" is an error of the election API.
+        let leader = match client.leader(election.clone()).await {
+            Ok(r) => r.kv().and_then(|kv| kv.value_str().ok()).map(str::to_owned),
+            Err(_) => None,
+        };
+        roles.send_if_modified(|role| match role {
+            Role::Follower { leader: known } if *known != leader => {
+                *known = leader.clone();
+                true
+            }
+            _ => false,
+        });
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// Aborts a background task when its owner goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Whether a store error means another replica leads.
+pub fn is_fenced(e: &StoreError) -> bool {
+    matches!(e, StoreError::Fenced(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Role, LEADER_METADATA};
+
+    #[test]
+    fn a_follower_names_the_leader_in_its_refusal() {
+        let s = Role::Follower {
+            leader: Some("head-2:29400".into()),
+        }
+        .registry()
+        .expect_err("a follower serves nothing");
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(s.message().contains("head-2:29400"), "{s:?}");
+        assert_eq!(
+            s.metadata()
+                .get(LEADER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            Some("head-2:29400")
+        );
+        let s = Role::Follower { leader: None }
+            .registry()
+            .expect_err("a follower serves nothing");
+        assert!(s.message().contains("no leader"), "{s:?}");
+    }
+}
