@@ -53,7 +53,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         fastrand::u16(..)
     );
     let stop_server = CancellationToken::new();
-    let (host, port, server) = locate_rendezvous(&cfg, &stop_server).await?;
+    let (endpoints, server) = locate_rendezvous(&cfg, &stop_server).await?;
     let session = async {
         let deadline = crate::deadline::after(cfg.join_timeout());
         let join_req = pb::JoinRequest {
@@ -75,10 +75,10 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         };
         let link_tls = cfg.link_tls();
         let joined = tokio::select! {
-            r = RdzvClient::join(&host, port, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
+            r = RdzvClient::join(&endpoints, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
             sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
         };
-        let (client, events, first) = joined;
+        let (client, events, first, serving) = joined;
         let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
         let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
             true => None,
@@ -94,7 +94,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         let mut session = Session {
             cfg: &cfg,
             machine,
-            endpoint: (host.clone(), port),
+            endpoints: endpoints.clone(),
+            serving,
             join_req,
             keep_alive,
             silent,
@@ -183,7 +184,7 @@ fn spawn_keep_alive(
 
 /// A new connection to the rendezvous: the client, its event stream, and
 /// what joining said.
-type Joining = Result<(RdzvClient, Streaming<pb::Event>, pb::Joined), AgentError>;
+type Joining = Result<(RdzvClient, Streaming<pb::Event>, pb::Joined, usize), AgentError>;
 
 /// A rejoin attempt in flight.
 type Rejoining<'a> = Pin<Box<dyn Future<Output = Joining> + Send + 'a>>;
@@ -194,8 +195,10 @@ type Rejoining<'a> = Pin<Box<dyn Future<Output = Joining> + Send + 'a>>;
 struct Session<'a> {
     cfg: &'a Config,
     machine: NodeMachine,
-    /// The rendezvous `(host, port)`.
-    endpoint: (String, u16),
+    /// Every replica of the rendezvous, `(host, port)`.
+    endpoints: Vec<(String, u16)>,
+    /// Which of them served last: a rejoin starts there.
+    serving: usize,
     /// This node's join request, reused to rejoin.
     join_req: pb::JoinRequest,
     keep_alive: tokio::task::JoinHandle<()>,
@@ -255,7 +258,9 @@ impl Session<'_> {
                 None => match self.wait().await {
                     Woke::Event(event) => event,
                     Woke::Rejoined(joined) => match *joined {
-                        Ok((client, events, joined)) => {
+                        Ok((client, events, joined, at)) => {
+                            // `at` counts from the endpoint tried first.
+                            self.serving = (self.serving + at) % self.endpoints.len().max(1);
                             self.adopt(client, events);
                             Event::Rejoined {
                                 round: joined.round,
@@ -329,12 +334,13 @@ impl Session<'_> {
     }
 }
 
-/// Joins again with the same node id, retrying until `reconnect_grace` ends,
+/// Joins again with the same node id through `endpoints` (the last one that
+/// served first), retrying until `reconnect_grace` ends,
 /// presenting `session`, the node's secret (a server that still holds the
 /// node reattaches it only with it); `resume`: the round its workers run.
 async fn rejoin(
     cfg: &Config,
-    endpoint: (String, u16),
+    endpoints: Vec<(String, u16)>,
     mut req: pb::JoinRequest,
     resume: Option<pb::Resume>,
     session: Vec<u8>,
@@ -343,8 +349,7 @@ async fn rejoin(
     req.session = session;
     let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
     RdzvClient::join(
-        &endpoint.0,
-        endpoint.1,
+        &endpoints,
         req,
         cfg.token.as_ref(),
         &cfg.link_tls(),

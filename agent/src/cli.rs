@@ -54,7 +54,8 @@ pub struct AgentArgs {
         value_parser = str::parse::<Backend>
     )]
     pub rdzv_backend: Backend,
-    /// Rendezvous endpoint `HOST[:PORT]` (c10d default port 29400; IPv6 as `[::1]:29400`).
+    /// Rendezvous endpoint `HOST[:PORT]` (c10d default port 29400; IPv6 as `[::1]:29400`);
+    /// with c10d, several comma-separated for rdzv-server replicas (the agent finds the leader).
     #[arg(
         long = "rdzv-endpoint",
         alias = "rdzv_endpoint",

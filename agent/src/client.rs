@@ -59,73 +59,45 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
 }
 
 impl RdzvClient {
-    /// Connects to `host:port` and joins, retrying an unreachable endpoint with
-    /// jittered backoff until `deadline`, and waits for `Joined`. A refusal by
-    /// the server (a setting that disagrees with the job, a duplicate node
-    /// rank, a missing token, a certificate the other side refuses) is not
-    /// retried. `tls`: the link's TLS files (disabled: plain HTTP/2).
+    /// Joins through the first of `endpoints` that serves the job, retrying
+    /// unreachable ones with jittered backoff until `deadline`, and waits for
+    /// `Joined`. Several endpoints are replicas of one rendezvous: a follower
+    /// names the leader, which is tried next if it is one of `endpoints`
+    /// (the token goes nowhere else); otherwise the next endpoint is. A
+    /// refusal by the server (a setting that disagrees with the job, a
+    /// duplicate node rank, a missing token, a certificate the other side
+    /// refuses) is not retried. `tls`: the link's TLS files (disabled: plain
+    /// HTTP/2). Returns which endpoint served, so a rejoin starts there.
     #[allow(clippy::too_many_arguments)]
     pub async fn join(
-        host: &str,
-        port: u16,
+        endpoints: &[(String, u16)],
         req: pb::JoinRequest,
         token: Option<&Token>,
         tls: &ClientTlsFiles,
         read_timeout: Duration,
         deadline: Instant,
-    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined), AgentError> {
-        let uri = endpoint_uri(host, port, tls.enabled());
-        let mut endpoint = Endpoint::from_shared(uri.clone()).map_err(|e| {
-            AgentError::Config(format!("rendezvous endpoint {host}:{port} is invalid: {e}"))
-        })?;
-        let tls_config = tls
-            .config(host)
-            .map_err(|e| AgentError::Config(e.to_string()))?;
-        if let Some(config) = tls_config {
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|e| AgentError::Config(format!("TLS: {}", source_chain(&e))))?;
-        }
-        let endpoint = endpoint
-            .connect_timeout(read_timeout.min(Duration::from_secs(10)))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(20))
-            .keep_alive_while_idle(true);
+    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+        let Some(first) = endpoints.first() else {
+            return Err(AgentError::Config("no rendezvous endpoint".into()));
+        };
+        let named = || {
+            endpoints
+                .iter()
+                .map(|(h, p)| format!("{h}:{p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         let started = Instant::now();
         let mut last_notice: Option<Instant> = None;
         let mut delays = retry_delays();
+        let mut at = 0;
         loop {
-            let try_once = async {
-                let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
-                let mut inner =
-                    RendezvousClient::with_interceptor(channel, AttachToken::new(token))
-                        // node rank 0 hears every member's address in its RoundComplete.
-                        .max_decoding_message_size(64 << 20);
-                match inner.join(req.clone()).await {
-                    Ok(stream) => {
-                        let mut stream = stream.into_inner();
-                        match stream.message().await {
-                            Ok(Some(pb::Event {
-                                kind: Some(Kind::Joined(j)),
-                            })) => Ok(Ok((inner, stream, j))),
-                            Ok(other) => Ok(Err((
-                                Code::Internal,
-                                format!("unexpected first event from the rendezvous: {other:?}"),
-                            ))),
-                            Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
-                            Err(s) => Ok(Err((s.code(), s.message().to_owned()))),
-                        }
-                    }
-                    // Only the server's own verdicts are final; transport trouble
-                    // (a server going down, a reset connection) is retried.
-                    Err(s) if !is_refusal(s.code()) => Err(s.message().to_owned()),
-                    Err(s) => Ok(Err((s.code(), s.message().to_owned()))),
-                }
-            };
+            let (host, port) = endpoints.get(at).unwrap_or(first);
+            let attempt = attempt(host, *port, &req, token, tls, read_timeout);
             // No attempt outlives the deadline (a cut link would hang a connect).
-            let error = match tokio::time::timeout_at(deadline, try_once).await {
-                Ok(Ok(Ok((inner, stream, joined)))) => {
+            let (error, leader) = match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Attempt::Joined(joined)) => {
+                    let (inner, stream, joined) = *joined;
                     let client = Self {
                         inner,
                         job_id: req.job_id.clone(),
@@ -133,27 +105,31 @@ impl RdzvClient {
                         session: joined.session.clone(),
                         read_timeout,
                     };
-                    return Ok((client, stream, joined));
+                    return Ok((client, stream, joined, at));
                 }
-                Ok(Ok(Err((code, message)))) => {
+                Ok(Attempt::Refused(code, message)) => {
                     return Err(AgentError::Rejected { code, message })
                 }
-                Ok(Err(error)) if tls.enabled() && is_certificate_error(&error) => {
+                Ok(Attempt::Config(e)) => return Err(AgentError::Config(e)),
+                Ok(Attempt::Retry(Retry { error, .. }))
+                    if tls.enabled() && is_certificate_error(&error) =>
+                {
                     return Err(AgentError::Tls(format!(
                         "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
                          (the CA that signed the server's certificate, whose names must include '{host}') \
                          and tls_cert/tls_key"
                     )))
                 }
-                Ok(Err(error)) => error,
-                Err(_) => "no answer before the deadline".to_owned(),
+                Ok(Attempt::Retry(Retry { error, leader })) => (error, leader),
+                Err(_) => ("no answer before the deadline".to_owned(), None),
             };
             let now = Instant::now();
             if now >= deadline {
                 return Err(AgentError::JoinTimeout(format!(
-                    "could not reach the rendezvous at {host}:{port} within {:.0} s ({error}); \
+                    "could not reach the rendezvous at {} within {:.0} s ({error}); \
                      start rdzv-server there (or the node-rank-0 agent for static rendezvous), \
                      or fix --rdzv-endpoint / --master-addr",
+                    named(),
                     now.duration_since(started).as_secs_f64()
                 )));
             }
@@ -161,8 +137,24 @@ impl RdzvClient {
                 info!(endpoint = %format!("{host}:{port}"), %error, "waiting for the rendezvous to be reachable");
                 last_notice = Some(now);
             }
-            let delay = delays.next().unwrap_or(Duration::from_secs(2));
-            tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
+            let named_leader = leader.and_then(|l| {
+                endpoints
+                    .iter()
+                    .position(|(h, p)| l == format!("{h}:{p}") || l == format!("[{h}]:{p}"))
+            });
+            match named_leader {
+                // A follower named the leader: go there at once.
+                Some(i) if i != at => {
+                    at = i;
+                    continue;
+                }
+                _ => at = (at + 1) % endpoints.len(),
+            }
+            // Back off once every endpoint has been tried.
+            if at == 0 {
+                let delay = delays.next().unwrap_or(Duration::from_secs(2));
+                tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
+            }
         }
     }
 
@@ -251,6 +243,102 @@ impl RdzvClient {
         });
         req.set_timeout(self.read_timeout.min(Duration::from_secs(2)));
         let _ = self.inner.leave(req).await;
+    }
+}
+
+/// Why an attempt to join is worth another: what went wrong, and the leader
+/// a follower named.
+struct Retry {
+    error: String,
+    leader: Option<String>,
+}
+
+impl Retry {
+    fn of(s: &Status) -> Self {
+        Self {
+            error: s.message().to_owned(),
+            leader: s
+                .metadata()
+                .get(rendezvous_server::ha::LEADER_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        }
+    }
+}
+
+/// How one attempt to join ended.
+enum Attempt {
+    /// Joined: the client, its event stream, what `Joined` said.
+    Joined(Box<(Inner, Streaming<pb::Event>, pb::Joined)>),
+    /// The server refused this node: final.
+    Refused(Code, String),
+    /// The endpoint or its TLS settings are unusable: final.
+    Config(String),
+    /// Worth another attempt.
+    Retry(Retry),
+}
+
+/// One attempt to join at `host:port`: joined, refused (final), or to retry.
+async fn attempt(
+    host: &str,
+    port: u16,
+    req: &pb::JoinRequest,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+    read_timeout: Duration,
+) -> Attempt {
+    let uri = endpoint_uri(host, port, tls.enabled());
+    let mut endpoint = match Endpoint::from_shared(uri) {
+        Ok(e) => e,
+        Err(e) => {
+            return Attempt::Config(format!("rendezvous endpoint {host}:{port} is invalid: {e}"))
+        }
+    };
+    match tls.config(host) {
+        Ok(Some(config)) => match endpoint.tls_config(config) {
+            Ok(e) => endpoint = e,
+            Err(e) => return Attempt::Config(format!("TLS: {}", source_chain(&e))),
+        },
+        Ok(None) => {}
+        Err(e) => return Attempt::Config(e.to_string()),
+    }
+    let endpoint = endpoint
+        .connect_timeout(read_timeout.min(Duration::from_secs(10)))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            return Attempt::Retry(Retry {
+                error: source_chain(&e),
+                leader: None,
+            })
+        }
+    };
+    let mut inner = RendezvousClient::with_interceptor(channel, AttachToken::new(token))
+        // node rank 0 hears every member's address in its RoundComplete.
+        .max_decoding_message_size(64 << 20);
+    match inner.join(req.clone()).await {
+        Ok(stream) => {
+            let mut stream = stream.into_inner();
+            match stream.message().await {
+                Ok(Some(pb::Event {
+                    kind: Some(Kind::Joined(j)),
+                })) => Attempt::Joined(Box::new((inner, stream, j))),
+                Ok(other) => Attempt::Refused(
+                    Code::Internal,
+                    format!("unexpected first event from the rendezvous: {other:?}"),
+                ),
+                Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
+                Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
+            }
+        }
+        // Only the server's own verdicts are final; transport trouble (a
+        // server going down, a reset connection, a follower) is retried.
+        Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
+        Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
     }
 }
 
@@ -365,8 +453,7 @@ mod tests {
         let port = serve("right-token-0123456789").await;
         let join = |req, token: Option<Token>| async move {
             RdzvClient::join(
-                "127.0.0.1",
-                port,
+                &[("127.0.0.1".to_owned(), port)],
                 req,
                 token.as_ref(),
                 &ClientTlsFiles::default(),
@@ -384,7 +471,7 @@ mod tests {
             other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
         }
         let right = Token::new("right-token-0123456789", "test").expect("token");
-        let (_client, _events, _joined) = join(request(2), Some(right.clone()))
+        let (_client, _events, _joined, _at) = join(request(2), Some(right.clone()))
             .await
             .expect("joins with the token");
         // The job now wants 2 nodes: another node asking for 3 disagrees.

@@ -52,6 +52,10 @@ pub enum Rendezvous {
         host: String,
         /// Server port.
         port: u16,
+        /// Further replicas of the same rendezvous (`--rdzv-endpoint A,B,C`,
+        /// rdzv-server on etcd): the agent joins whichever leads, and moves
+        /// to the new leader when it changes. Never hosted by an agent.
+        replicas: Vec<(String, u16)>,
     },
 }
 

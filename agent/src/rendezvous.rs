@@ -54,11 +54,12 @@ fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>,
         .map_err(|e| AgentError::Config(e.to_string()))
 }
 
-/// Where the rendezvous is, starting it inside this agent when this node hosts it.
+/// Where the rendezvous is (every replica's `HOST:PORT`, in the order given),
+/// starting it inside this agent when this node hosts it.
 pub(crate) async fn locate_rendezvous(
     cfg: &Config,
     stop: &CancellationToken,
-) -> Result<(String, u16, Option<tokio::task::JoinHandle<()>>), AgentError> {
+) -> Result<(Vec<(String, u16)>, Option<tokio::task::JoinHandle<()>>), AgentError> {
     let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
         let options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
@@ -84,7 +85,7 @@ pub(crate) async fn locate_rendezvous(
                 .map_err(|e| {
                     AgentError::io("cannot start the embedded rendezvous on 127.0.0.1", e)
                 })?;
-            Ok(("127.0.0.1".into(), port, Some(task)))
+            Ok((vec![("127.0.0.1".into(), port)], Some(task)))
         }
         Rendezvous::Static {
             host,
@@ -92,7 +93,7 @@ pub(crate) async fn locate_rendezvous(
             node_rank,
         } => {
             if *node_rank != 0 {
-                return Ok((host.clone(), *port, None));
+                return Ok((vec![(host.clone(), *port)], None));
             }
             let tls = hosted_tls(cfg)?;
             let (_, task) = host_at(wildcard(host, *port), tls).await.map_err(|e| {
@@ -101,11 +102,19 @@ pub(crate) async fn locate_rendezvous(
                 ))
             })?;
             info!(port, "node rank 0 serves the static rendezvous");
-            Ok((host.clone(), *port, Some(task)))
+            Ok((vec![(host.clone(), *port)], Some(task)))
         }
-        Rendezvous::C10d { host, port } => {
-            // A TLS agent without its own certificate cannot host: it joins.
-            let can_host = !cfg.rdzv.tls.enabled() || cfg.rdzv.tls.cert.is_some();
+        Rendezvous::C10d {
+            host,
+            port,
+            replicas,
+        } => {
+            let mut endpoints = vec![(host.clone(), *port)];
+            endpoints.extend(replicas.iter().cloned());
+            // A TLS agent without its own certificate cannot host: it joins;
+            // several endpoints are rdzv-server replicas.
+            let can_host =
+                (!cfg.rdzv.tls.enabled() || cfg.rdzv.tls.cert.is_some()) && replicas.is_empty();
             let local = cfg
                 .rdzv
                 .is_host
@@ -115,7 +124,7 @@ pub(crate) async fn locate_rendezvous(
                 match host_at(wildcard(host, *port), tls).await {
                     Ok((_, task)) => {
                         info!(port, "this agent hosts the c10d rendezvous");
-                        return Ok((host.clone(), *port, Some(task)));
+                        return Ok((endpoints, Some(task)));
                     }
                     // Another process (rdzv-server, or an agent of this host) serves it.
                     Err(e) if cfg.rdzv.is_host.is_none() => {
@@ -128,7 +137,7 @@ pub(crate) async fn locate_rendezvous(
                     }
                 }
             }
-            Ok((host.clone(), *port, None))
+            Ok((endpoints, None))
         }
     }
 }

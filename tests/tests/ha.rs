@@ -542,4 +542,108 @@ mod replicas {
             other => panic!("expected the job to fail, got {other:?}"),
         }
     }
+
+    #[test]
+    fn agents_follow_a_failover_with_their_workers_running_and_the_budget_counted_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = scratch("ha-agents");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let args = [
+            "--etcd-endpoints",
+            &etcd.endpoints(),
+            "--etcd-prefix",
+            "/agents",
+            "--etcd-lease",
+            "2",
+        ];
+        let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        rt.block_on(async {
+            let mut c = client(&first.addr).await;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while status(&mut c)
+                .await
+                .is_err_and(|s| s.code() == Code::Unavailable)
+            {
+                assert!(Instant::now() < deadline, "the first replica leads");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        // The follower first: the agents find the leader through its answer.
+        let endpoints = format!("{},{}", second.addr, first.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(2)
+            .max_restarts(2);
+        // Global rank 3 fails 6 s into the first attempt (after the
+        // failover); every other worker runs 8 s.
+        let env = [
+            ("RECORD_EACH_ROUND", "1"),
+            ("FAIL_RANKS", "3"),
+            ("FAIL_UNTIL", "1"),
+            ("FAIL_AFTER", "6"),
+            ("RUN_FOR", "8"),
+        ];
+        let agents: Vec<_> = (0..2)
+            .map(|i| {
+                let tag = format!("node-{i}");
+                cmd.clone()
+                    .recording(&dir, &tag)
+                    .envs(&env)
+                    .start(&dir, &tag)
+            })
+            .collect();
+        let started = |restart: u32| {
+            accel_tests::records(&dir)
+                .into_iter()
+                .filter(|r| r.restart == restart)
+                .count()
+        };
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || started(0) == 4),
+            "four workers run"
+        );
+        let killed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        drop(first);
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|a| a.wait(Duration::from_secs(90)))
+            .collect();
+        for out in &outs {
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        let recs = accel_tests::records(&dir);
+        let first_attempt: Vec<_> = recs.iter().filter(|r| r.restart == 0).collect();
+        assert_eq!(
+            first_attempt.len(),
+            4,
+            "no worker was started again by the failover: {:?}",
+            first_attempt
+                .iter()
+                .map(|r| (r.rank, r.pid))
+                .collect::<Vec<_>>()
+        );
+        let failed = first_attempt
+            .iter()
+            .find(|r| r.rank == 3)
+            .expect("rank 3 of the first attempt");
+        assert!(
+            failed.start + 6.0 > killed,
+            "the failure came after the leader was killed"
+        );
+        assert_eq!(started(1), 4, "one restart, on both nodes");
+        assert!(recs.iter().all(|r| r.restart <= 1), "exactly one restart");
+        // The leader that took over counted the one restart.
+        rt.block_on(async {
+            let mut c = client(&second.addr).await;
+            let info = status(&mut c).await.expect("the new leader knows the job");
+            assert_eq!((info.phase.as_str(), info.restart_count), ("succeeded", 1));
+        });
+    }
 }

@@ -79,7 +79,13 @@ impl Session<'_> {
                 let session = self.client.session().to_vec();
                 self.rejoin = Some(Box::pin(rejoin(
                     self.cfg,
-                    self.endpoint.clone(),
+                    {
+                        // The replica that served last first, then the others.
+                        let mut order = self.endpoints.clone();
+                        let first = self.serving.min(order.len());
+                        order.rotate_left(first);
+                        order
+                    },
                     self.join_req.clone(),
                     resume,
                     session,

@@ -496,7 +496,17 @@ impl LaunchOptions {
                 } else {
                     &self.rdzv_endpoint
                 };
-                let (host, port) = parse_endpoint(endpoint, Some(C10D_PORT))?;
+                let mut endpoints = Vec::new();
+                for one in endpoint.split(',').map(str::trim) {
+                    let (host, port) = parse_endpoint(one, Some(C10D_PORT))?;
+                    endpoints.push((host, port.unwrap_or(C10D_PORT)));
+                }
+                let (host, port) = endpoints.remove(0);
+                if !endpoints.is_empty() && self.rdzv_conf.is_host == Some(true) {
+                    return Err(bad(
+                        "--rdzv-conf is_host=true needs one --rdzv-endpoint: several endpoints are rdzv-server replicas, which no agent hosts",
+                    ));
+                }
                 if self.rdzv_id == "none" {
                     warnings.push(
                         "no --rdzv-id given: the job id is 'none', and every job on this endpoint without one joins the same job".into(),
@@ -504,7 +514,8 @@ impl LaunchOptions {
                 }
                 Ok(Rendezvous::C10d {
                     host,
-                    port: port.unwrap_or(C10D_PORT),
+                    port,
+                    replicas: endpoints,
                 })
             }
             backend @ (Backend::Etcd | Backend::EtcdV2) => Err(bad(format!(

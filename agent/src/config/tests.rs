@@ -72,7 +72,8 @@ fn static_and_c10d_endpoints() {
         c.rendezvous,
         Rendezvous::C10d {
             host: "::1".into(),
-            port: 7
+            port: 7,
+            replicas: Vec::new(),
         }
     );
     let c = parse(&[
@@ -89,7 +90,8 @@ fn static_and_c10d_endpoints() {
         c.rendezvous,
         Rendezvous::C10d {
             host: "head".into(),
-            port: 29400
+            port: 29400,
+            replicas: Vec::new(),
         }
     );
     assert!(c.warnings.iter().any(|w| w.contains("--rdzv-id")));
@@ -330,7 +332,8 @@ fn options_build_without_any_command_line() {
         c.rendezvous,
         Rendezvous::C10d {
             host: "head".into(),
-            port: 7
+            port: 7,
+            replicas: Vec::new(),
         }
     );
     assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (2, 3, 4));
@@ -345,4 +348,50 @@ fn options_build_without_any_command_line() {
     o.rdzv_backend = Backend::Etcd;
     let e = o.build(&|_| None).expect_err("etcd");
     assert!(e.0.contains("not available in this version"), "{}", e.0);
+}
+
+#[test]
+fn several_c10d_endpoints_are_replicas_that_no_agent_hosts() {
+    let c = parse(&[
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "head1:7, [::1]:8,head3",
+        "--rdzv-id",
+        "x",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::C10d {
+            host: "head1".into(),
+            port: 7,
+            replicas: vec![("::1".into(), 8), ("head3".into(), 29400)],
+        }
+    );
+    let refused = parse(&[
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "a:1,b:2",
+        "--rdzv-conf",
+        "is_host=true",
+        "t.py",
+    ])
+    .expect_err("is_host with replicas");
+    assert!(refused.to_string().contains("is_host"), "{refused}");
+    let bad = parse(&[
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "a:1,,b",
+        "t.py",
+    ])
+    .expect_err("an empty endpoint");
+    assert!(bad.to_string().contains("--rdzv-endpoint"), "{bad}");
 }

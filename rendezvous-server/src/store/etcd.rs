@@ -79,6 +79,40 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
     StoreError::Unavailable(format!("etcd: {e}"))
 }
 
+/// Attempts of one request before its error is returned.
+const ATTEMPTS: u32 = 6;
+
+/// Whether an error may be another etcd member's to answer: the client
+/// spreads requests over the endpoints without checking them, so a request
+/// may go to a member that is down while the others serve.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs `request` again (briefly backing off) while it fails in a way
+/// another member may not. Every request here may be repeated: reads, and
+/// transactions of puts and deletes under the same condition.
+async fn retrying<T, F, Fut>(mut request: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut attempt = 1;
+    loop {
+        match request().await {
+            Err(e) if attempt < ATTEMPTS && transient(&e) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10 << attempt)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The first key after every key that starts with `prefix`.
 fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
@@ -135,7 +169,7 @@ impl EtcdStore {
     }
 
     async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let start = records::jobs_prefix(&self.prefix);
         let end = prefix_end(&start);
         let mut from = start.clone().into_bytes();
@@ -147,10 +181,13 @@ impl EtcdStore {
                 // Every page from the first page's snapshot.
                 options = options.with_revision(revision);
             }
-            let mut resp = client
-                .get(from.clone(), Some(options))
-                .await
-                .map_err(unavailable)?;
+            let mut resp = retrying(|| {
+                let mut client = client.clone();
+                let (from, options) = (from.clone(), options.clone());
+                async move { client.get(from, Some(options)).await }
+            })
+            .await
+            .map_err(unavailable)?;
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
@@ -209,7 +246,7 @@ impl EtcdStore {
             let encoded = records::encode(record);
             changes.extend(records::diff(&record.id, held.get(&record.id), &encoded));
         }
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let mut rest = changes.as_slice();
         while !rest.is_empty() {
             let mut ops = Vec::new();
@@ -225,7 +262,13 @@ impl EtcdStore {
                 n += 1;
             }
             let txn = Txn::new().when(self.guard()).and_then(ops);
-            let resp = client.txn(txn).await.map_err(unavailable)?;
+            let resp = retrying(|| {
+                let mut client = client.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await
+            .map_err(unavailable)?;
             if !resp.succeeded() {
                 return Err(StoreError::Fenced(
                     "its election key is gone (its etcd lease expired); another replica leads"
