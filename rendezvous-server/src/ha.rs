@@ -30,6 +30,7 @@
 //! On shutdown a leader writes what is pending and resigns, so another
 //! replica takes over at once instead of after the lease.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use crate::limits::Limits;
+use crate::quiet::{Quiet, Say};
 use crate::registry::Registry;
 use crate::store::etcd::{EtcdStore, Fence};
 use crate::store::StoreError;
@@ -132,6 +134,18 @@ pub async fn connect(o: &EtcdOptions) -> Result<Client, etcd_client::Error> {
     Client::connect(&o.endpoints, Some(options)).await
 }
 
+/// What one term of a replica works with.
+struct Replica<'a> {
+    o: &'a EtcdOptions,
+    /// How long finished jobs are remembered.
+    ttl: Duration,
+    limits: Limits,
+    roles: &'a watch::Sender<Role>,
+    stop: &'a CancellationToken,
+    /// Whether this term led (its end is then news, not a retry).
+    led: AtomicBool,
+}
+
 /// Why a term ended.
 #[derive(Debug)]
 enum Ended {
@@ -148,11 +162,35 @@ pub async fn replicate(
     roles: watch::Sender<Role>,
     stop: CancellationToken,
 ) {
+    // etcd down or without quorum fails every attempt: said once, then
+    // summed up every 10 s.
+    let mut failing = Quiet::every(Duration::from_secs(10));
     loop {
-        match term(&options, ttl, limits, &roles, &stop).await {
+        let replica = Replica {
+            o: &options,
+            ttl,
+            limits,
+            roles: &roles,
+            stop: &stop,
+            led: AtomicBool::new(false),
+        };
+        match term(&replica).await {
             Ended::Shutdown => return,
             Ended::Lost(why) => {
-                warn!(reason = %why, "not leading; campaigning again");
+                if replica.led.load(Ordering::Relaxed) {
+                    warn!(reason = %why, "stepped down: no longer leading; campaigning again");
+                    failing = Quiet::every(Duration::from_secs(10));
+                } else {
+                    match failing.hit(Instant::now()) {
+                        Say::First => {
+                            warn!(reason = %why, "cannot campaign; retrying every second")
+                        }
+                        Say::Summary(n, over) => {
+                            warn!(reason = %why, attempts = n, over_s = over.as_secs(), "still cannot campaign")
+                        }
+                        Say::Nothing => tracing::debug!(reason = %why, "cannot campaign"),
+                    }
+                }
                 roles.send_replace(Role::Follower { leader: None });
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY) => {}
@@ -163,23 +201,17 @@ pub async fn replicate(
     }
 }
 
-async fn term(
-    o: &EtcdOptions,
-    ttl: Duration,
-    limits: Limits,
-    roles: &watch::Sender<Role>,
-    stop: &CancellationToken,
-) -> Ended {
+async fn term(r: &Replica<'_>) -> Ended {
     let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
-    let mut client = match connect(o).await {
+    let mut client = match connect(r.o).await {
         Ok(c) => c,
         Err(e) => return lost("cannot reach etcd", e),
     };
-    let lease = match client.lease_grant(o.lease_secs(), None).await {
+    let lease = match client.lease_grant(r.o.lease_secs(), None).await {
         Ok(l) => l.id(),
         Err(e) => return lost("cannot get an etcd lease", e),
     };
-    let ended = hold(&mut client, o, ttl, limits, roles, stop, lease).await;
+    let ended = hold(r, &mut client, lease).await;
     // However the term ended, its lease goes with it, so no key of this
     // replica outlives the term.
     let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
@@ -188,26 +220,23 @@ async fn term(
 
 /// Campaigns with `lease`, then leads until the lease or a write is lost, or
 /// `stop`.
-async fn hold(
-    client: &mut Client,
-    o: &EtcdOptions,
-    ttl: Duration,
-    limits: Limits,
-    roles: &watch::Sender<Role>,
-    stop: &CancellationToken,
-    lease: i64,
-) -> Ended {
+async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
     let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
     let expired = CancellationToken::new();
-    let keeper = tokio::spawn(keep_lease(client.clone(), lease, o.lease, expired.clone()));
+    let keeper = tokio::spawn(keep_lease(
+        client.clone(),
+        lease,
+        r.o.lease,
+        expired.clone(),
+    ));
     let _keeper = AbortOnDrop(keeper);
     let follower = client.clone();
     let mut campaigner = client.clone();
     let won = tokio::select! {
-        r = campaigner.campaign(o.election(), o.advertise.clone(), lease) => r,
-        _ = follow(follower, o.election(), roles) => unreachable!("following never ends"),
+        r = campaigner.campaign(r.o.election(), r.o.advertise.clone(), lease) => r,
+        _ = follow(follower, r.o.election(), r.roles) => unreachable!("following never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
-        _ = stop.cancelled() => return Ended::Shutdown,
+        _ = r.stop.cancelled() => return Ended::Shutdown,
     };
     let key = match won {
         Ok(mut r) => match r.take_leader() {
@@ -220,8 +249,8 @@ async fn hold(
         key: key.key().to_vec(),
         revision: key.rev(),
     };
-    let store = EtcdStore::new(client.clone(), &o.prefix, Some(fence));
-    let registry = Registry::with_store(ttl, limits, Arc::new(store));
+    let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
+    let registry = Registry::with_store(r.ttl, r.limits, Arc::new(store));
     let loaded = match registry.load().await {
         Ok(n) => n,
         Err(e) => {
@@ -229,8 +258,9 @@ async fn hold(
             return Ended::Lost(format!("cannot load the jobs: {e}"));
         }
     };
-    info!(jobs = loaded, advertise = %o.advertise, "leading: serving the rendezvous");
-    roles.send_replace(Role::Leader(registry.clone()));
+    info!(jobs = loaded, advertise = %r.o.advertise, "leading: serving the rendezvous");
+    r.led.store(true, Ordering::Relaxed);
+    r.roles.send_replace(Role::Leader(registry.clone()));
     let fenced = CancellationToken::new();
     let ticker = tokio::spawn(crate::tick_and_flush(
         registry.clone(),
@@ -240,9 +270,9 @@ async fn hold(
     let ended = tokio::select! {
         _ = expired.cancelled() => Ended::Lost("the etcd lease could not be renewed in time".into()),
         _ = fenced.cancelled() => Ended::Lost("etcd refused a write: another replica leads".into()),
-        _ = stop.cancelled() => Ended::Shutdown,
+        _ = r.stop.cancelled() => Ended::Shutdown,
     };
-    roles.send_replace(Role::Follower { leader: None });
+    r.roles.send_replace(Role::Follower { leader: None });
     match &ended {
         Ended::Shutdown => {
             if let Err(e) = registry.flush().await {

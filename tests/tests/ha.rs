@@ -646,4 +646,93 @@ mod replicas {
             assert_eq!((info.phase.as_str(), info.restart_count), ("succeeded", 1));
         });
     }
+
+    #[test]
+    fn losing_etcd_quorum_stops_every_decision_and_the_job_goes_on_when_it_returns() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = scratch("ha-quorum-lost");
+        let mut etcd = EtcdCluster::start(&dir, 3);
+        let args = [
+            "--etcd-endpoints",
+            &etcd.endpoints(),
+            "--etcd-prefix",
+            "/quorum",
+            "--etcd-lease",
+            "2",
+        ];
+        let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(1)
+            .max_restarts(1);
+        let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "25")];
+        let agents: Vec<_> = (0..2)
+            .map(|i| {
+                let tag = format!("node-{i}");
+                cmd.clone()
+                    .recording(&dir, &tag)
+                    .envs(&env)
+                    .start(&dir, &tag)
+            })
+            .collect();
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || {
+                accel_tests::records(&dir).len() == 2
+            }),
+            "both workers run"
+        );
+        // Two of three members gone: no write can land, so nothing is decided.
+        etcd.kill(1);
+        etcd.kill(2);
+        let lost = Instant::now();
+        rt.block_on(async {
+            let mut clients = [client(&first.addr).await, client(&second.addr).await];
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                let mut serving = 0;
+                for c in &mut clients {
+                    if status(c).await.is_ok() {
+                        serving += 1;
+                    }
+                }
+                if serving == 0 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "a replica still decides without quorum"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        eprintln!("quorum lost -> no replica serving in {:?}", lost.elapsed());
+        // A while without quorum (within the agents' 60 s grace): the workers
+        // keep running; then quorum returns and a replica leads again.
+        std::thread::sleep(Duration::from_secs(3));
+        etcd.restart(1);
+        etcd.restart(2);
+        etcd.wait_healthy(Duration::from_secs(30));
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|a| a.wait(Duration::from_secs(90)))
+            .collect();
+        for out in &outs {
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+            assert!(out.stderr.contains("reconnected"), "{}", out.stderr);
+        }
+        let recs = accel_tests::records(&dir);
+        assert_eq!(
+            recs.len(),
+            2,
+            "the workers ran through the outage, not restarted: {:?}",
+            recs.iter()
+                .map(|r| (r.restart, r.rank, r.pid))
+                .collect::<Vec<_>>()
+        );
+    }
 }
