@@ -735,4 +735,94 @@ mod replicas {
                 .collect::<Vec<_>>()
         );
     }
+
+    #[test]
+    fn a_ddp_job_trains_through_a_leader_failover_to_the_same_parameters() {
+        let _heavy = crate::heavy();
+        let dir = scratch("ha-ddp");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let args = [
+            "--etcd-endpoints",
+            &etcd.endpoints(),
+            "--etcd-prefix",
+            "/ddp",
+            "--etcd-lease",
+            "2",
+        ];
+        let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let script = accel_tests::worker("ddp_train.py");
+        let run = |name: &str, endpoints: Option<&str>, sleep: &str| {
+            let (ck, out) = (dir.join(name).join("ckpt"), dir.join(name).join("out"));
+            std::fs::create_dir_all(&ck).expect("ckpt dir");
+            std::fs::create_dir_all(&out).expect("out dir");
+            let (ck, out) = (
+                ck.to_string_lossy().into_owned(),
+                out.to_string_lossy().into_owned(),
+            );
+            let job = |c: accel_tests::AgentCmd| {
+                c.nnodes(2)
+                    .nproc(2)
+                    .program(&script, &[&ck, &out, "--step-sleep", sleep])
+                    .env("PATH", &accel_tests::venv_path())
+            };
+            let port = accel_tests::free_port();
+            let agents: Vec<_> = (0..2)
+                .map(|node| {
+                    let cmd = match endpoints {
+                        Some(e) => job(accel_tests::AgentCmd::c10d(e, "ddp")),
+                        None => job(accel_tests::AgentCmd::static_node(port, node)),
+                    };
+                    cmd.start(&dir, &format!("{name}-{node}"))
+                })
+                .collect();
+            (
+                agents,
+                std::path::PathBuf::from(ck),
+                std::path::PathBuf::from(out),
+            )
+        };
+        let finals = |out: &std::path::Path| -> Vec<serde_json::Value> {
+            (0..4)
+                .map(|r| accel_tests::read_json(&out.join(format!("final_{r}.json"))))
+                .collect()
+        };
+        // Uninterrupted.
+        let (agents, _, clean_out) = run("clean", None, "0");
+        for a in agents {
+            let out = a.wait(Duration::from_secs(240));
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        // Through a failover: 30 steps of 0.3 s; the leader is killed once
+        // the step-5 checkpoint is written.
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let (agents, ck, out) = run("failover", Some(&endpoints), "0.3");
+        assert!(
+            accel_tests::eventually(Duration::from_secs(120), || ck.join("ckpt_5.pt").exists()),
+            "training reached step 5"
+        );
+        assert!(
+            !ck.join("ckpt_25.pt").exists(),
+            "the failover happens while the job trains"
+        );
+        drop(first);
+        for a in agents {
+            let o = a.wait(Duration::from_secs(240));
+            assert_eq!(o.code(), 0, "{}", o.stderr);
+            assert!(o.stderr.contains("reconnected"), "{}", o.stderr);
+        }
+        let (through, clean) = (finals(&out), finals(&clean_out));
+        for (t, c) in through.iter().zip(&clean) {
+            assert_eq!(
+                t["restart"], 0,
+                "no restart: the workers trained through the failover"
+            );
+            assert_eq!(t["start"], 0);
+            assert_eq!(
+                t["params"], c["params"],
+                "bit-identical to the uninterrupted run (rank {})",
+                t["rank"]
+            );
+        }
+    }
 }

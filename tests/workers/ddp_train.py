@@ -1,12 +1,14 @@
 """A small, deterministic DDP job (CPU, gloo) with checkpoints.
 
   ddp_train.py CKPT_DIR OUT_DIR [--steps 30] [--ckpt-every 5] [--fail-at 17] [--fail-rank 3]
+               [--step-sleep 0.2]
 
 Every rank draws its batch from a generator seeded by (step, rank), so a run
 resumed from a checkpoint computes what an uninterrupted run would. Rank 0
 saves model and optimizer every `ckpt-every` steps; on start every rank loads
 the newest checkpoint. With --fail-at, rank --fail-rank exits 13 at that step
-in the first attempt only. At the end every rank writes its parameters
+in the first attempt only; --step-sleep makes each step last that much longer
+(the arithmetic is unchanged), so a test can act while the job trains. At the end every rank writes its parameters
 (exact, as float.hex) and the last step's mean loss to OUT_DIR/final_<rank>.json.
 """
 import argparse
@@ -26,6 +28,7 @@ ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--ckpt-every", type=int, default=5)
 ap.add_argument("--fail-at", type=int, default=-1)
 ap.add_argument("--fail-rank", type=int, default=3)
+ap.add_argument("--step-sleep", type=float, default=0.0)
 a = ap.parse_args()
 
 torch.use_deterministic_algorithms(True)
@@ -47,6 +50,9 @@ ddp = DDP(model)
 
 loss = torch.tensor(0.0)
 for step in range(start, a.steps):
+    if a.step_sleep > 0:
+        import time
+        time.sleep(a.step_sleep)
     if step == a.fail_at and rank == a.fail_rank and restart == 0:
         os._exit(13)
     g = torch.Generator().manual_seed(1000 * step + rank)
