@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Rendezvous benchmark: N simulated agents (one process, `rdzv-load`) complete
 # one round against one rdzv-server, a fresh server per size, once over plain
-# HTTP/2 and once with a token and mutual TLS (certificates made here).
-# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|both]
+# HTTP/2 and once with a token and mutual TLS (certificates made here); with
+# `etcd`, the server keeps every change in a one-member etcd (started here, in
+# a temporary directory) before acting on it, and the etcd writes are counted.
+# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|both|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
@@ -11,8 +13,12 @@ R="$CARGO_TARGET_DIR/release"
 sizes="${1:-100,1000,10000}"
 modes="${2:-both}"
 [ "$modes" = both ] && modes="plain secure"
+[ "$modes" = all ] && modes="plain secure etcd"
 pki="$(mktemp -d)"
-trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true' EXIT
+trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_revision() { ETCDCTL_API=3 etcdctl --endpoints "$1" get / -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])'; }
+writes=""
 if [[ " $modes " == *" secure "* ]]; then
   (
     cd "$pki"
@@ -29,20 +35,39 @@ fi
 header=""
 for mode in $modes; do
   for n in ${sizes//,/ }; do
-    port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    port="$(free_port)"
     srv=(--bind "127.0.0.1:$port")
     load=(--endpoint "127.0.0.1:$port" --agents "$n" --label "$mode")
     if [ "$mode" = secure ]; then
       srv+=(--token-file "$pki/token" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" --tls-client-ca "$pki/ca.pem")
       load+=(--token-file "$pki/token" --tls-ca "$pki/ca.pem" --tls-cert "$pki/client.pem" --tls-key "$pki/client.key")
     fi
+    if [ "$mode" = etcd ]; then
+      ec="http://127.0.0.1:$(free_port)"
+      etcd --data-dir "$pki/etcd-$n" --listen-client-urls "$ec" --advertise-client-urls "$ec" \
+        --listen-peer-urls "http://127.0.0.1:$(free_port)" >"$pki/etcd-$n.log" 2>&1 &
+      etcd=$!
+      until ETCDCTL_API=3 etcdctl --endpoints "$ec" endpoint health >/dev/null 2>&1; do sleep 0.1; done
+      srv+=(--etcd-endpoints "$ec" --etcd-prefix /bench)
+    fi
     RUST_LOG=warn "$R/rdzv-server" "${srv[@]}" &
     server=$!
     sleep 0.3
+    if [ "$mode" = etcd ]; then
+      # A replica serves once it leads.
+      until "$R/rdzv-server" status --rdzv-endpoint "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
+      before="$(etcd_revision "$ec")"
+    fi
     "$R/rdzv-load" "${load[@]}" --server-pid "$server" $header
     header="--no-header"
+    if [ "$mode" = etcd ]; then
+      writes+="$n agents: $(( $(etcd_revision "$ec") - before )) etcd writes; "
+    fi
     kill "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
     server=""
+    if [ -n "${etcd:-}" ]; then kill "$etcd"; wait "$etcd" 2>/dev/null || true; etcd=""; fi
   done
 done
+[ -n "$writes" ] && { echo; echo "etcd mode, joins and one round: ${writes% }"; }
+true

@@ -40,6 +40,17 @@ use crate::store::WorkerStore;
 use crate::supervisor::{Exit, WorkerGroup};
 use machine::{Action, Event, NodeMachine, Settings};
 
+/// Aborts a background task when the agent's life ends, however it ends.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// How long an exiting agent waits for its embedded rendezvous to drain.
 const EMBEDDED_DRAIN: Duration = Duration::from_secs(5);
 
@@ -52,6 +63,17 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         std::process::id(),
         fastrand::u16(..)
     );
+    // The guard kills the workers if these beats stop (a frozen agent).
+    let beating = guard.clone().map(|g| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::guard::BEAT);
+            loop {
+                tick.tick().await;
+                g.beat();
+            }
+        })
+    });
+    let _beating = AbortOnDrop(beating);
     let stop_server = CancellationToken::new();
     let (endpoints, server) = locate_rendezvous(&cfg, &stop_server).await?;
     let session = async {

@@ -16,15 +16,33 @@
 //! The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: a terminal's Ctrl-C or a
 //! service manager's stop reaches the agent, which stops the workers in
 //! order; the guard only acts once the agent is gone.
+//!
+//! # A frozen agent
+//! An agent that is alive but does not run (SIGSTOP, swapped out, a hung
+//! host) cannot stop its workers when its job re-forms without it. So the
+//! agent also beats on the pipe ([`Guard::beat`], every [`BEAT`]); a guard
+//! that hears nothing for its `limit` (the job's drop limit: by then the
+//! rendezvous has dropped the node and the others may be re-forming) kills
+//! the worker groups, so no second copy of this node's ranks runs. The agent,
+//! if it wakes, finds its workers gone and reports them failed.
 
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 
 use crate::sys;
+
+/// How often the agent beats.
+pub const BEAT: Duration = Duration::from_millis(500);
+/// The value of a beat on the pipe (no process group is 0).
+const BEAT_VALUE: i32 = 0;
 
 /// The agent's end of the guard's pipe.
 #[derive(Debug)]
@@ -34,10 +52,12 @@ pub struct Guard {
 
 impl Guard {
     /// Forks the guard. Call before starting any thread (the async runtime).
-    pub fn start() -> io::Result<Self> {
+    /// `limit`: how long the agent may go without a beat before the guard
+    /// kills its workers (`None`: never).
+    pub fn start(limit: Option<Duration>) -> io::Result<Self> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-        let write = sys::fork_guard(guard_main, read, write)?;
+        let write = sys::fork_guard(guard_main, read, write, limit)?;
         Ok(Self {
             pipe: File::from(write),
         })
@@ -53,6 +73,11 @@ impl Guard {
         self.send(-pgid);
     }
 
+    /// The agent is alive and running: call every [`BEAT`].
+    pub fn beat(&self) {
+        self.send(BEAT_VALUE);
+    }
+
     fn send(&self, v: i32) {
         // Four bytes to a pipe are written atomically; the guard drains it at once.
         if let Err(e) = (&self.pipe).write_all(&v.to_le_bytes()) {
@@ -61,17 +86,54 @@ impl Guard {
     }
 }
 
-fn guard_main(read: OwnedFd) -> ! {
+fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
     sys::ignore_stop_signals();
     let _ = nix::sys::prctl::set_name(c"accel-guard");
     let mut pipe = File::from(read);
     let mut groups = BTreeSet::new();
     let mut buf = [0u8; 4];
-    while pipe.read_exact(&mut buf).is_ok() {
-        match i32::from_le_bytes(buf) {
-            v if v > 0 => groups.insert(v),
-            v => groups.remove(&-v),
+    let mut heard = Instant::now();
+    loop {
+        // Wait for the next value, at most until the agent is overdue.
+        let wait = match limit {
+            Some(l) if !groups.is_empty() => {
+                let left = l.saturating_sub(heard.elapsed());
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+                    .unwrap_or(PollTimeout::MAX)
+            }
+            _ => PollTimeout::NONE,
         };
+        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, wait) {
+            Ok(0) => {
+                if limit.is_some_and(|l| heard.elapsed() >= l) {
+                    eprintln!(
+                        "accel-guard: the agent has not run for {:.1} s (frozen or starved): killing its workers so no second copy of its ranks runs beside a re-formed job",
+                        heard.elapsed().as_secs_f64()
+                    );
+                    for pgid in std::mem::take(&mut groups) {
+                        sys::killpg(pgid, Signal::SIGKILL);
+                    }
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        if pipe.read_exact(&mut buf).is_err() {
+            break;
+        }
+        heard = Instant::now();
+        match i32::from_le_bytes(buf) {
+            BEAT_VALUE => {}
+            v if v > 0 => {
+                groups.insert(v);
+            }
+            v => {
+                groups.remove(&-v);
+            }
+        }
     }
     for pgid in groups {
         sys::killpg(pgid, Signal::SIGKILL);

@@ -48,7 +48,9 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
         tracing::warn!("{w}");
     }
     // Forked before any thread exists; see the guard module.
-    let guard = match Guard::start() {
+    // A frozen agent's workers are killed after the job's drop limit.
+    let limit = Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero());
+    let guard = match Guard::start(limit) {
         Ok(g) => Some(Arc::new(g)),
         Err(e) => {
             tracing::warn!(error = %e, "cannot start the guard process; workers may outlive a crashed agent");

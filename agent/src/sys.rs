@@ -101,16 +101,17 @@ pub(crate) fn peek_exit(pid: i32) -> Option<Ended> {
 /// Must be called while the process has a single thread (before the async
 /// runtime starts): only then is running arbitrary code after `fork` sound.
 pub(crate) fn fork_guard(
-    child: fn(OwnedFd) -> !,
+    child: fn(OwnedFd, Option<std::time::Duration>) -> !,
     read: OwnedFd,
     write: OwnedFd,
+    limit: Option<std::time::Duration>,
 ) -> io::Result<OwnedFd> {
     // SAFETY: documented precondition: the caller is single-threaded, so the
     // child inherits no lock held by another thread.
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         nix::unistd::ForkResult::Child => {
             drop(write);
-            child(read)
+            child(read, limit)
         }
         nix::unistd::ForkResult::Parent { .. } => {
             drop(read);

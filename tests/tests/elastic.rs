@@ -177,7 +177,7 @@ fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
     let addr = format!("127.0.0.1:{}", accel_tests::free_port());
     let server = Server::start_at(&addr);
     let dir = scratch("relearn");
-    let conf = "keep_alive_interval=0.5,reconnect_grace=20";
+    let conf = "keep_alive_interval=2,reconnect_grace=20";
     let env = [("RUN_FOR", "8")];
     let agents: Vec<Agent> = ["a", "b"]
         .iter()
@@ -267,6 +267,13 @@ fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
     assert!(
         out.stderr
             .contains("could not rejoin within reconnect_grace=3 s"),
+        "{}",
+        out.stderr
+    );
+    // Fenced at the drop limit (1 s without a rendezvous), before the grace.
+    assert!(
+        out.stderr
+            .contains("no rendezvous reached within the drop limit"),
         "{}",
         out.stderr
     );

@@ -666,10 +666,13 @@ mod replicas {
         let first = Server::start_with("127.0.0.1:0", &args, &[]);
         let second = Server::start_with("127.0.0.1:0", &args, &[]);
         let endpoints = format!("{},{}", first.addr, second.addr);
+        // Workers are kept for the drop limit without a leader: 30 s here,
+        // room for the outage and the election after it.
         let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
             .nnodes(2)
             .nproc(1)
-            .max_restarts(1);
+            .max_restarts(1)
+            .conf("keep_alive_max_attempt=6");
         let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "25")];
         let agents: Vec<_> = (0..2)
             .map(|i| {
@@ -764,7 +767,7 @@ mod replicas {
                 c.nnodes(2)
                     .nproc(2)
                     .program(&script, &[&ck, &out, "--step-sleep", sleep])
-                    .env("PATH", &accel_tests::venv_path())
+                    .env("PATH", accel_tests::venv_path())
             };
             let port = accel_tests::free_port();
             let agents: Vec<_> = (0..2)

@@ -201,3 +201,57 @@ fn a_second_signal_skips_the_grace_period() {
         assert!(!alive(r.pid), "rank {} was killed", r.rank);
     }
 }
+
+#[test]
+fn a_frozen_agents_workers_are_killed_by_the_guard_after_the_drop_limit() {
+    let dir = scratch("frozen");
+    // Drop limit: 0.5 s x 2 = 1 s.
+    let agent = one_node(&dir)
+        .env("SPAWN_CHILD", "1")
+        .conf("keep_alive_interval=0.5,keep_alive_max_attempt=2")
+        .start(&dir, "agent");
+    wait_records(&dir, 2);
+    let recs = records(&dir);
+    let pids: Vec<u32> = recs
+        .iter()
+        .flat_map(|r| std::iter::once(r.pid).chain(r.children.clone()))
+        .collect();
+    assert_eq!(pids.len(), 4, "two workers and their two children");
+    // Alive agents beat: the workers outlive several limits.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "a running agent keeps its workers"
+    );
+    let frozen = Instant::now();
+    agent.signal("STOP");
+    assert!(
+        eventually(Duration::from_secs(10), || pids.iter().all(|p| !alive(*p))),
+        "still alive: {:?}",
+        pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+    );
+    let killed = frozen.elapsed();
+    assert!(
+        killed >= Duration::from_millis(900),
+        "not before the drop limit: {killed:?}"
+    );
+    agent.signal("CONT");
+    // Woken, the agent finds its workers gone (and, its rendezvous having
+    // dropped the silent node, goes on in a new round).
+    let stderr = agent.stderr.clone();
+    let read = || std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(10), || read()
+            .contains("was killed by SIGKILL")),
+        "{}",
+        read()
+    );
+    agent.signal("KILL");
+    let out = agent.wait(LIMIT);
+    assert!(
+        out.stderr.contains("accel-guard: the agent has not run"),
+        "{}",
+        out.stderr
+    );
+    eprintln!("frozen agent: workers killed {killed:?} after SIGSTOP");
+}

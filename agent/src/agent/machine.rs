@@ -24,6 +24,13 @@
 //!   same id within `reconnect_grace`. Recovering presents the round it runs:
 //!   if it is still current the workers were never interrupted; if the job
 //!   re-formed without this node, or the grace ended, they are stopped.
+//!   *Fencing*: workers are kept without a rendezvous for at most the job's
+//!   drop limit (`keep_alive_interval × keep_alive_max_attempt`, the time
+//!   after which the rendezvous drops a silent node and the others re-form):
+//!   then they are stopped, so no second copy of this node's ranks runs
+//!   beside a re-formed job. The node still rejoins within the grace; if its
+//!   round is still current (a rendezvous that came back late), it reports
+//!   the stop as its failure and the job restarts.
 //! - **Stopping**: the workers are being stopped (a stop signal to their
 //!   process groups, SIGKILL after `shutdown_timeout`); what follows is
 //!   decided already and happens when the stop completes. A stop signal
@@ -59,6 +66,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// How long a node may take to reach the rendezvous again.
     pub reconnect_grace: Duration,
+    /// How long workers keep running while no rendezvous is reached.
+    pub fence_after: Duration,
 }
 
 impl Settings {
@@ -71,6 +80,7 @@ impl Settings {
             exit_barrier_timeout: cfg.exit_barrier_timeout,
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.rdzv.reconnect_grace,
+            fence_after: cfg.rdzv.dead_after(),
         }
     }
 }
@@ -210,6 +220,10 @@ struct Round {
     failed: bool,
     /// When the exit barrier ends, once every worker succeeded.
     barrier: Option<Instant>,
+    /// While the rendezvous is unreachable: until when workers are kept.
+    fence: Option<Instant>,
+    /// The workers were stopped for want of a rendezvous.
+    fenced: bool,
 }
 
 /// What happens when a stop completes.
@@ -286,6 +300,7 @@ impl NodeMachine {
         match &self.phase {
             Phase::Forming { deadline, .. } => Some(*deadline),
             Phase::Running(r) => r.barrier,
+            Phase::Recovering { round, .. } if round.live > 0 => round.fence,
             _ => None,
         }
     }
@@ -445,6 +460,8 @@ impl NodeMachine {
                     live: nproc,
                     failed: false,
                     barrier: None,
+                    fence: None,
+                    fenced: false,
                 });
                 vec![Action::Start {
                     info,
@@ -549,8 +566,8 @@ impl NodeMachine {
             Event::Message(Kind::JobClosed(c)) if !c.may_rejoin => {
                 self.stop(Signal::SIGTERM, Then::Fail(closed(&c)), false)
             }
-            Event::Message(Kind::JobClosed(c)) => self.recover(round, c.reason),
-            Event::Lost(why) => self.recover(round, why),
+            Event::Message(Kind::JobClosed(c)) => self.recover(now, round, c.reason),
+            Event::Lost(why) => self.recover(now, round, why),
             Event::Timer if round.barrier.is_some_and(|b| now >= b) => {
                 warn!(
                     timeout_s = self.settings.exit_barrier_timeout.as_secs_f64(),
@@ -616,8 +633,9 @@ impl NodeMachine {
 
     /// The rendezvous was lost while workers run: they keep running while
     /// the node rejoins, presenting its round.
-    fn recover(&mut self, round: Round, why: String) -> Vec<Action> {
-        warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; workers keep running while this node reconnects");
+    fn recover(&mut self, now: Instant, mut round: Round, why: String) -> Vec<Action> {
+        warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), fence_s = self.settings.fence_after.as_secs_f64(), "lost the rendezvous; workers keep running while this node reconnects");
+        round.fence = Some(after_from(now, self.settings.fence_after));
         let info = &round.info;
         let resume = pb::Resume {
             round: info.round,
@@ -644,6 +662,24 @@ impl NodeMachine {
         event: Event,
     ) -> Vec<Action> {
         match event {
+            Event::Timer if round.live > 0 && round.fence.is_some_and(|t| now >= t) => {
+                warn!(
+                    fence_s = self.settings.fence_after.as_secs_f64(),
+                    "no rendezvous reached within the drop limit: stopping this node's workers, so no second copy of its ranks runs beside a re-formed job; still rejoining"
+                );
+                round.fence = None;
+                round.fenced = true;
+                round.failed = true;
+                self.stop(
+                    Signal::SIGTERM,
+                    Then::Recover {
+                        round,
+                        pending,
+                        why,
+                    },
+                    false,
+                )
+            }
             Event::Exited(exit) => {
                 round.live = round.live.saturating_sub(1);
                 if exit.ended.success() || round.failed {
@@ -686,10 +722,22 @@ impl NodeMachine {
                     "reconnected; the round is still current"
                 );
                 let mut actions = Vec::new();
+                round.fence = None;
                 if let Some(exit) = pending {
                     actions.push(Action::ReportFailure {
                         round: round.info.round,
                         exit,
+                    });
+                } else if round.fenced {
+                    // The round cannot go on without this node's workers.
+                    actions.push(Action::ReportStartFailure {
+                        round: round.info.round,
+                        local_rank: 0,
+                        global_rank: round.info.base_rank,
+                        message: format!(
+                            "its workers were stopped after {:.1} s without a rendezvous (the drop limit)",
+                            self.settings.fence_after.as_secs_f64()
+                        ),
                     });
                 }
                 if round.barrier.is_some() {

@@ -14,6 +14,7 @@ fn settings() -> Settings {
         exit_barrier_timeout: Duration::from_secs(300),
         shutdown_timeout: Duration::from_secs(30),
         reconnect_grace: Duration::from_secs(60),
+        fence_after: Duration::from_secs(15),
     }
 }
 
@@ -268,6 +269,98 @@ fn a_lost_rendezvous_keeps_the_workers_and_resumes_the_round() {
         matches!(actions[..], [Action::ReportSuccess { round: 0 }]),
         "{actions:?}"
     );
+}
+
+#[test]
+fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once_back() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    assert_eq!(m.deadline(), Some(t0 + 15 * SECOND), "the fence");
+    assert!(
+        m.step(t0 + 14 * SECOND, Event::Timer).is_empty(),
+        "early timer"
+    );
+    let actions = m.step(t0 + 15 * SECOND, Event::Timer);
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let stopped = vec![
+        Exit {
+            ended: Ended::Signaled(15),
+            ..exit(0, 0)
+        },
+        Exit {
+            ended: Ended::Signaled(15),
+            ..exit(1, 0)
+        },
+    ];
+    assert!(
+        m.step(t0 + 16 * SECOND, Event::Stopped(stopped)).is_empty(),
+        "not noted"
+    );
+    assert!(m.sources().rejoin && !m.sources().stream, "still rejoining");
+    assert_eq!(m.deadline(), None, "nothing left to fence");
+    // The rendezvous comes back late and still runs round 0: it cannot go on
+    // without this node's workers, so the node says they are gone.
+    let actions = m.step(
+        t0 + 30 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    match &actions[..] {
+        [Action::ReportStartFailure {
+            round: 0,
+            global_rank: 2,
+            message,
+            ..
+        }] => assert!(message.contains("drop limit"), "{message}"),
+        other => panic!("expected the round's failure, got {other:?}"),
+    }
+    // The job's restart is then followed as usual.
+    let actions = m.step(t0 + 31 * SECOND, restart(0, 1));
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(t0 + 31 * SECOND, Event::Stopped(Vec::new()));
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 1 }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_fenced_node_whose_job_moved_on_gets_ready_for_the_next_round() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("no keep-alive answered for 15.0 s".into()));
+    m.step(t0 + 15 * SECOND, Event::Timer);
+    m.step(t0 + 16 * SECOND, Event::Stopped(Vec::new()));
+    let actions = m.step(
+        t0 + 20 * SECOND,
+        Event::Rejoined {
+            round: 2,
+            resumed: false,
+        },
+    );
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(t0 + 20 * SECOND, Event::Stopped(Vec::new()));
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 2 }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_node_back_within_the_drop_limit_keeps_its_workers_unfenced() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    let actions = m.step(
+        t0 + 14 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(m.deadline(), None, "no fence once back");
+    assert!(m.step(t0 + 20 * SECOND, Event::Timer).is_empty());
 }
 
 #[test]
