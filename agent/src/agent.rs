@@ -162,11 +162,12 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
 /// Sends keep-alives every `keep_alive_interval`. If none is answered for
 /// `keep_alive_interval × keep_alive_max_attempt` (a cut link stalls a
 /// stream without ending it), or the server no longer knows this node, the
-/// returned receiver says why: the session treats that as a lost rendezvous.
+/// returned receiver says why (and, for silence, when one was last
+/// answered): the session treats that as a lost rendezvous.
 fn spawn_keep_alive(
     mut client: RdzvClient,
     cfg: &Config,
-) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<String>) {
+) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Silence>) {
     let (tx, rx) = mpsc::channel(1);
     let every = cfg.rdzv.keep_alive_interval;
     let limit = every.saturating_mul(cfg.rdzv.keep_alive_max_attempt);
@@ -179,30 +180,29 @@ fn spawn_keep_alive(
             match tokio::time::timeout(every, client.keep_alive()).await {
                 Ok(Ok(())) => answered = Instant::now(),
                 Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
-                    let _ = tx
-                        .send(format!(
-                            "the rendezvous no longer knows this node: {}",
-                            s.message()
-                        ))
-                        .await;
+                    // A restarted server relearns its nodes: not silence.
+                    let why = format!("the rendezvous no longer knows this node: {}", s.message());
+                    let _ = tx.send((why, None)).await;
                     return;
                 }
                 Ok(Err(s)) => tracing::debug!(error = %s.message(), "keep-alive failed"),
                 Err(_) => tracing::debug!("keep-alive timed out"),
             }
             if answered.elapsed() > limit {
-                let _ = tx
-                    .send(format!(
-                        "no keep-alive answered for {:.1} s",
-                        answered.elapsed().as_secs_f64()
-                    ))
-                    .await;
+                let why = format!(
+                    "no keep-alive answered for {:.1} s",
+                    answered.elapsed().as_secs_f64()
+                );
+                let _ = tx.send((why, Some(answered))).await;
                 return;
             }
         }
     });
     (task, rx)
 }
+
+/// Why the keep-alives gave up, and for silence the last answer.
+type Silence = (String, Option<Instant>);
 
 /// A new connection to the rendezvous: the client, its event stream, and
 /// what joining said.
@@ -225,7 +225,7 @@ struct Session<'a> {
     join_req: pb::JoinRequest,
     keep_alive: tokio::task::JoinHandle<()>,
     /// Says why, when keep-alives go unanswered for too long.
-    silent: mpsc::Receiver<String>,
+    silent: mpsc::Receiver<Silence>,
     client: RdzvClient,
     events: Streaming<pb::Event>,
     signals: &'a mut Signals,
@@ -334,7 +334,10 @@ impl Session<'_> {
             }
             exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => Woke::Event(Event::Exited(exit)),
             _ = monitor.tick(), if live => Woke::Checked(group.as_mut().map(WorkerGroup::check).unwrap_or_default()),
-            Some(why) = silent.recv(), if src.stream => Woke::Event(Event::Lost(why)),
+            Some((why, since)) = silent.recv(), if src.stream => Woke::Event(match since {
+                Some(since) => Event::Silent { why, since },
+                None => Event::Lost(why),
+            }),
             ev = events.message(), if src.stream => Woke::Event(match ev {
                 Ok(Some(pb::Event { kind: Some(kind) })) => Event::Message(kind),
                 // An empty event carries nothing to act on.

@@ -91,6 +91,7 @@ impl RdzvClient {
         let mut last_notice: Option<Instant> = None;
         let mut delays = retry_delays();
         let mut at = 0;
+        let mut tried = 0;
         loop {
             let (host, port) = endpoints.get(at).unwrap_or(first);
             let attempt = attempt(host, *port, &req, token, tls, read_timeout);
@@ -142,16 +143,17 @@ impl RdzvClient {
                     .iter()
                     .position(|(h, p)| l == format!("{h}:{p}") || l == format!("[{h}]:{p}"))
             });
-            match named_leader {
-                // A follower named the leader: go there at once.
-                Some(i) if i != at => {
-                    at = i;
-                    continue;
-                }
-                _ => at = (at + 1) % endpoints.len(),
-            }
-            // Back off once every endpoint has been tried.
-            if at == 0 {
+            at = match named_leader {
+                // A follower named the leader: go there next.
+                Some(i) if i != at => i,
+                _ => (at + 1) % endpoints.len(),
+            };
+            // Back off once as many attempts as there are endpoints failed,
+            // however they were chosen (two replicas naming each other
+            // while a new leader loads must not become a busy loop).
+            tried += 1;
+            if tried >= endpoints.len() {
+                tried = 0;
                 let delay = delays.next().unwrap_or(Duration::from_secs(2));
                 tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
             }

@@ -48,6 +48,8 @@ const BEAT_VALUE: i32 = 0;
 #[derive(Debug)]
 pub struct Guard {
     pipe: File,
+    /// The guard is gone (said once).
+    lost: std::sync::atomic::AtomicBool,
 }
 
 impl Guard {
@@ -60,6 +62,7 @@ impl Guard {
         let write = sys::fork_guard(guard_main, read, write, limit)?;
         Ok(Self {
             pipe: File::from(write),
+            lost: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -81,7 +84,9 @@ impl Guard {
     fn send(&self, v: i32) {
         // Four bytes to a pipe are written atomically; the guard drains it at once.
         if let Err(e) = (&self.pipe).write_all(&v.to_le_bytes()) {
-            tracing::warn!(error = %e, "cannot reach the guard process; workers may outlive a crashed agent");
+            if !self.lost.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e, "cannot reach the guard process; workers may outlive a crashed agent");
+            }
         }
     }
 }

@@ -181,6 +181,12 @@ impl ServerArgs {
         let mut tls_needed = false;
         for url in &self.etcd_endpoints {
             match url.split_once("://") {
+                Some(("http", rest)) | Some(("https", rest)) if rest.contains('@') => {
+                    return Err(
+                        "--etcd-endpoints: give etcd credentials with --etcd-user and --etcd-password-file, not in the URL (it would be logged)"
+                            .into(),
+                    )
+                }
                 Some(("http", rest)) | Some(("https", rest)) if !rest.is_empty() => {
                     tls_needed |= url.starts_with("https");
                 }
@@ -368,6 +374,10 @@ mod tests {
     fn bad_replication_flags_name_the_flag_and_the_fix() {
         let cases: &[(&[&str], &str)] = &[
             (&["--etcd-endpoints", "a:2379"], "http://HOST:PORT"),
+            (
+                &["--etcd-endpoints", "http://root:pw@a:2379"],
+                "--etcd-user",
+            ),
             (
                 &[
                     "--etcd-endpoints",

@@ -32,6 +32,9 @@ pub enum Error {
     /// The job store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The server is closing its jobs (shutting down, or no longer leading).
+    #[error("the rendezvous server is shutting down; retry, or reach another replica")]
+    ShuttingDown,
     /// This replica does not lead: the status names the leader.
     #[error("{}", .0.message())]
     Redirect(Status),
@@ -49,7 +52,9 @@ impl From<Error> for Status {
             Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
-            Error::Transport(_) | Error::Store(_) | Error::Redirect(_) => Code::Unavailable,
+            Error::Transport(_) | Error::Store(_) | Error::Redirect(_) | Error::ShuttingDown => {
+                Code::Unavailable
+            }
         };
         Status::new(code, e.to_string())
     }

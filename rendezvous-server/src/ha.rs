@@ -55,7 +55,7 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 const RETRY: Duration = Duration::from_secs(1);
 
 /// How a replica reaches etcd and what it announces.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// etcd client URLs (`http://h1:2379`, `https://…`).
     pub endpoints: Vec<String>,
@@ -70,6 +70,20 @@ pub struct EtcdOptions {
     pub tls: Option<TlsOptions>,
     /// The address agents reach this replica at (`HOST:PORT`).
     pub advertise: String,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("lease", &self.lease)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls.is_some())
+            .field("advertise", &self.advertise)
+            .finish()
+    }
 }
 
 impl EtcdOptions {
@@ -233,13 +247,15 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
     let follower = client.clone();
     let mut campaigner = client.clone();
     let won = tokio::select! {
-        r = campaigner.campaign(r.o.election(), r.o.advertise.clone(), lease) => r,
+        result = campaigner.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
         _ = follow(follower, r.o.election(), r.roles) => unreachable!("following never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
         _ = r.stop.cancelled() => return Ended::Shutdown,
     };
+    // Won or not, the last leader's address is stale now.
+    r.roles.send_replace(Role::Follower { leader: None });
     let key = match won {
-        Ok(mut r) => match r.take_leader() {
+        Ok(mut campaign) => match campaign.take_leader() {
             Some(k) => k,
             None => return Ended::Lost("etcd elected this replica without a key".into()),
         },
@@ -302,24 +318,26 @@ async fn resign(client: &mut Client, key: LeaderKey) {
 }
 
 /// Renews `lease` every third of it; cancels `expired` once it has not been
-/// renewed for two thirds of it (or etcd says it is gone).
+/// renewed for two thirds of it (or etcd says it is gone). Every wait is
+/// bounded by that moment, so a hung call cannot make the loss late.
 async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: CancellationToken) {
     let every = length / 3;
     let mut renewed = Instant::now();
     let mut link = None;
     loop {
-        if renewed.elapsed() > length * 2 / 3 {
+        let overdue = renewed + length * 2 / 3;
+        if Instant::now() >= overdue {
             expired.cancel();
             return;
         }
         if link.is_none() {
-            link = tokio::time::timeout(every, client.lease_keep_alive(lease))
+            link = tokio::time::timeout_at(overdue, client.lease_keep_alive(lease))
                 .await
                 .ok()
                 .and_then(Result::ok);
         }
         if let Some((keeper, stream)) = &mut link {
-            let answer = tokio::time::timeout(every, async {
+            let answer = tokio::time::timeout_at(overdue, async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })
@@ -331,10 +349,11 @@ async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: C
                     return;
                 }
                 // The stream broke (its etcd member went away): a new one.
-                _ => link = None,
+                Ok(_) => link = None,
+                Err(_) => continue,
             }
         }
-        tokio::time::sleep_until(renewed + every).await;
+        tokio::time::sleep_until((renewed + every).min(overdue)).await;
     }
 }
 

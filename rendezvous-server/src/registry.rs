@@ -94,10 +94,22 @@ struct Jobs {
     tally_logged: Option<Instant>,
     /// Jobs changed since the last flush (only with a store).
     dirty: BTreeSet<String>,
-    /// Events of changes not yet durable, in order (only with a store).
-    held: Vec<(String, Vec<Outbound>)>,
+    /// Events of changes not yet durable, in order (only with a store),
+    /// each with the first stream number opened after it was decided.
+    held: Vec<Held>,
     /// The server is shutting down: nothing more is written.
     closing: bool,
+}
+
+/// A change's events, waiting for the change to be durable.
+#[derive(Debug)]
+struct Held {
+    job_id: String,
+    out: Vec<Outbound>,
+    /// Streams numbered from here were opened after the decision: they do
+    /// not get its events (their `Joined` already reflects it, and must be
+    /// their first message).
+    horizon: u64,
 }
 
 /// Every job the server knows.
@@ -205,8 +217,8 @@ impl Registry {
         let mut guard = self.lock();
         let jobs = &mut *guard;
         if !jobs.closing {
-            for (job_id, out) in held {
-                release(jobs, &job_id, out);
+            for h in held {
+                release(jobs, &h.job_id, h.out, h.horizon);
             }
         }
         Ok(ids.len())
@@ -251,6 +263,10 @@ impl Registry {
     ) -> Result<NodeStream, Error> {
         let mut guard = self.lock();
         let jobs = &mut *guard;
+        if jobs.closing {
+            // Its jobs were closed for the server that continues them.
+            return Err(Error::ShuttingDown);
+        }
         let created = !jobs.map.contains_key(&req.job_id);
         if created {
             if jobs.map.len() >= self.limits.max_jobs {
@@ -374,11 +390,15 @@ impl Registry {
             // Nobody acts on a change before it is durable: a leader that
             // dies before the write took no decision its successor lacks.
             if !out.is_empty() || entry.job.phase().is_terminal() {
-                jobs.held.push((job_id.to_owned(), out));
+                jobs.held.push(Held {
+                    job_id: job_id.to_owned(),
+                    out,
+                    horizon: NEXT_STREAM.load(Ordering::Relaxed),
+                });
             }
             self.wake.notify_one();
         } else {
-            release(jobs, job_id, out);
+            release(jobs, job_id, out, u64::MAX);
         }
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
@@ -491,7 +511,7 @@ impl Registry {
         jobs.held.clear();
         for entry in jobs.map.values_mut() {
             let out = entry.job.close(now, reason, may_rejoin);
-            deliver(entry, out);
+            deliver(entry, out, u64::MAX);
             entry.streams.clear();
         }
     }
@@ -626,11 +646,11 @@ fn authorize(job: &Job, job_id: &str, node_id: &str, session: &[u8]) -> Result<(
 /// streams ended for being too slow; a job that is over ends every stream
 /// (agents see the end, and a hosting agent can shut its embedded server
 /// down gracefully).
-fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>) {
+fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>, horizon: u64) {
     let Some(entry) = jobs.map.get_mut(job_id) else {
         return;
     };
-    let slow = deliver(entry, out);
+    let slow = deliver(entry, out, horizon);
     if entry.job.phase().is_terminal() {
         entry.streams.clear();
     }
@@ -639,12 +659,12 @@ fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>) {
     }
 }
 
-/// Delivers events to the members' streams; returns how many streams were
-/// ended because their node did not keep up.
-fn deliver(entry: &mut Entry, out: Vec<Outbound>) -> u64 {
+/// Delivers events to the members' streams numbered below `horizon`;
+/// returns how many streams were ended because their node did not keep up.
+fn deliver(entry: &mut Entry, out: Vec<Outbound>, horizon: u64) -> u64 {
     let mut slow = Vec::new();
     for o in out {
-        if let Some((_, tx)) = entry.streams.get(&o.to) {
+        if let Some((_, tx)) = entry.streams.get(&o.to).filter(|(n, _)| *n < horizon) {
             if tx.send(o.event).is_err() {
                 slow.push(o.to);
             }

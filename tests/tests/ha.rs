@@ -182,7 +182,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
             "/accel-test/jobs/team%2Fjob/m/a",
             "/accel-test/jobs/team%2Fjob/m/b%2F1",
             "/accel-test/jobs/team%2Fjob/meta",
-            "/accel-test/jobs/team%2Fjob/participants",
+            "/accel-test/jobs/team%2Fjob/participants/0",
         ]
     );
 

@@ -26,8 +26,10 @@
 //!   re-formed without this node, or the grace ended, they are stopped.
 //!   *Fencing*: workers are kept without a rendezvous for at most the job's
 //!   drop limit (`keep_alive_interval × keep_alive_max_attempt`, the time
-//!   after which the rendezvous drops a silent node and the others re-form):
-//!   then they are stopped, so no second copy of this node's ranks runs
+//!   after which the rendezvous drops a silent node and the others re-form),
+//!   counted from the last answered keep-alive as the rendezvous counts it:
+//!   then they are killed (SIGKILL: their own shutdown, a last checkpoint,
+//!   is what must not run), so no second copy of this node's ranks runs
 //!   beside a re-formed job. The node still rejoins within the grace; if its
 //!   round is still current (a rendezvous that came back late), it reports
 //!   the stop as its failure and the job restarts.
@@ -90,8 +92,16 @@ impl Settings {
 pub enum Event {
     /// A message on the node's event stream.
     Message(Kind),
-    /// The stream ended or broke, or keep-alives went unanswered: why.
+    /// The stream ended or broke: why.
     Lost(String),
+    /// Keep-alives went unanswered for the drop limit: why, and when one
+    /// was last answered (the rendezvous counts silence from there).
+    Silent {
+        /// Why, in words.
+        why: String,
+        /// The last answered keep-alive.
+        since: Instant,
+    },
     /// A worker ended.
     Exited(Exit),
     /// A worker could not be started (the others were killed).
@@ -224,6 +234,9 @@ struct Round {
     fence: Option<Instant>,
     /// The workers were stopped for want of a rendezvous.
     fenced: bool,
+    /// The failure this node reported in this round, said again to a
+    /// rendezvous it reconnects to (a new leader may not have it).
+    reported: Option<Exit>,
 }
 
 /// What happens when a stop completes.
@@ -424,7 +437,9 @@ impl NodeMachine {
     ) -> Vec<Action> {
         let kind = match event {
             Event::Message(kind) => kind,
-            Event::Lost(why) => return self.reconnect(deadline, why, waiting),
+            Event::Lost(why) | Event::Silent { why, .. } => {
+                return self.reconnect(deadline, why, waiting)
+            }
             Event::Timer if now >= deadline => {
                 return self.exit(Err(AgentError::JoinTimeout(format!(
                     "round {round} of job '{}' did not form within {:.0} s: {waiting}; start the missing nodes with the same --rdzv-id, --nnodes and endpoint",
@@ -462,6 +477,7 @@ impl NodeMachine {
                     barrier: None,
                     fence: None,
                     fenced: false,
+                    reported: None,
                 });
                 vec![Action::Start {
                     info,
@@ -568,6 +584,9 @@ impl NodeMachine {
             }
             Event::Message(Kind::JobClosed(c)) => self.recover(now, round, c.reason),
             Event::Lost(why) => self.recover(now, round, why),
+            // The fence counts from the last contact, as the rendezvous
+            // counts the silence: the workers stop at once.
+            Event::Silent { why, since } => self.recover(since.min(now), round, why),
             Event::Timer if round.barrier.is_some_and(|b| now >= b) => {
                 warn!(
                     timeout_s = self.settings.exit_barrier_timeout.as_secs_f64(),
@@ -605,6 +624,7 @@ impl NodeMachine {
                     return self.go_on(now, round, Vec::new());
                 }
                 round.failed = true;
+                round.reported = Some(exit);
                 warn!(local_rank = exit.local_rank, rank = exit.global_rank, ended = %exit.ended, "worker failed");
                 let mut actions = vec![Action::ReportFailure { round: this, exit }];
                 // Workers this stops show in the summary too (as torchrun's do).
@@ -670,15 +690,21 @@ impl NodeMachine {
                 round.fence = None;
                 round.fenced = true;
                 round.failed = true;
-                self.stop(
-                    Signal::SIGTERM,
-                    Then::Recover {
+                // SIGKILL: a worker's own shutdown (a last checkpoint) is
+                // what must not run beside the re-formed job.
+                self.phase = Phase::Stopping {
+                    then: Then::Recover {
                         round,
                         pending,
                         why,
                     },
-                    false,
-                )
+                    note: false,
+                    heard: false,
+                };
+                vec![Action::Stop {
+                    signal: Signal::SIGKILL,
+                    grace: Duration::ZERO,
+                }]
             }
             Event::Exited(exit) => {
                 round.live = round.live.saturating_sub(1);
@@ -738,6 +764,13 @@ impl NodeMachine {
                             "its workers were stopped after {:.1} s without a rendezvous (the drop limit)",
                             self.settings.fence_after.as_secs_f64()
                         ),
+                    });
+                } else if let Some(exit) = round.reported {
+                    // Reported before the loss; the rendezvous now serving
+                    // may not have it (its round would otherwise never end).
+                    actions.push(Action::ReportFailure {
+                        round: round.info.round,
+                        exit,
                     });
                 }
                 if round.barrier.is_some() {

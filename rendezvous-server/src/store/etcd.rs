@@ -61,9 +61,19 @@ pub struct EtcdStore {
     client: Client,
     prefix: String,
     fence: Option<Fence>,
-    /// What etcd holds of each job, as this store last wrote or loaded it.
-    /// Saves take it in turn, so they apply in order.
-    held: Mutex<BTreeMap<String, Encoded>>,
+    /// What etcd holds, as this store last wrote or loaded it. Saves take
+    /// it in turn, so they apply in order.
+    held: Mutex<Held>,
+}
+
+/// What a store knows etcd holds.
+#[derive(Debug, Default)]
+struct Held {
+    /// Each job's values.
+    jobs: BTreeMap<String, Encoded>,
+    /// Jobs a transaction with an unknown outcome touched (its answer was
+    /// lost): read back from etcd before they are diffed again.
+    stale: std::collections::BTreeSet<String>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -73,6 +83,12 @@ impl fmt::Debug for EtcdStore {
             .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
+}
+
+fn fenced() -> StoreError {
+    StoreError::Fenced(
+        "its election key is gone (its etcd lease expired); another replica leads".into(),
+    )
 }
 
 fn unavailable(e: etcd_client::Error) -> StoreError {
@@ -133,7 +149,7 @@ impl EtcdStore {
             client,
             prefix: prefix.trim_end_matches('/').to_owned(),
             fence,
-            held: Mutex::new(BTreeMap::new()),
+            held: Mutex::new(Held::default()),
         }
     }
 
@@ -145,6 +161,10 @@ impl EtcdStore {
             ),
             Change::DeleteMember { job, node } => (
                 TxnOp::delete(Slot::Member(node.clone()).key(&self.prefix, job), None),
+                0,
+            ),
+            Change::DeleteParticipants { job, index } => (
+                TxnOp::delete(Slot::Participants(*index).key(&self.prefix, job), None),
                 0,
             ),
             Change::DeleteJob { job } => (
@@ -168,9 +188,10 @@ impl EtcdStore {
         }
     }
 
-    async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
+    /// Every job's values under `start` (a key prefix), from one snapshot,
+    /// with whether its meta is there.
+    async fn read(&self, start: String) -> Result<BTreeMap<String, (Encoded, bool)>, StoreError> {
         let client = self.client.clone();
-        let start = records::jobs_prefix(&self.prefix);
         let end = prefix_end(&start);
         let mut from = start.clone().into_bytes();
         let mut revision = 0;
@@ -199,6 +220,7 @@ impl EtcdStore {
                     warn!(key = %key, "ignoring a key under the job prefix that no rdzv-server writes");
                     continue;
                 };
+                let job_key = job.clone();
                 let (e, has_meta) = found.entry(job).or_default();
                 let value = kv.value().to_vec();
                 match slot {
@@ -206,7 +228,19 @@ impl EtcdStore {
                         e.meta = value;
                         *has_meta = true;
                     }
-                    Slot::Participants => e.participants = value,
+                    Slot::Participants(i) => {
+                        let i = i as usize;
+                        if i >= 1 << 20 {
+                            return Err(StoreError::Corrupt(format!(
+                                "job '{}': participants value {i}",
+                                records::escape(&job_key)
+                            )));
+                        }
+                        if e.participants.len() <= i {
+                            e.participants.resize(i + 1, Vec::new());
+                        }
+                        e.participants[i] = value;
+                    }
                     Slot::Member(node) => {
                         e.members.insert(node, value);
                     }
@@ -220,8 +254,14 @@ impl EtcdStore {
                 _ => break,
             }
         }
+        Ok(found)
+    }
+
+    async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let found = self.read(records::jobs_prefix(&self.prefix)).await?;
         let mut held = self.held.lock().await;
-        held.clear();
+        held.jobs.clear();
+        held.stale.clear();
         let mut jobs = Vec::with_capacity(found.len());
         for (id, (encoded, has_meta)) in found {
             if !has_meta {
@@ -230,13 +270,28 @@ impl EtcdStore {
                 continue;
             }
             jobs.push(records::decode(&id, &encoded)?);
-            held.insert(id, encoded);
+            held.jobs.insert(id, encoded);
         }
         Ok(jobs)
     }
 
     async fn save_batch(&self, batch: Batch) -> Result<(), StoreError> {
-        let mut held = self.held.lock().await;
+        let mut guard = self.held.lock().await;
+        let held = &mut *guard;
+        let stale: Vec<String> = batch
+            .put
+            .iter()
+            .filter(|r| held.stale.contains(&r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in stale {
+            let mut found = self.read(records::job_prefix(&self.prefix, &id)).await?;
+            match found.remove(&id) {
+                Some((encoded, _)) => held.jobs.insert(id.clone(), encoded),
+                None => held.jobs.remove(&id),
+            };
+            held.stale.remove(&id);
+        }
         let mut changes: Vec<Change> = batch
             .removed
             .into_iter()
@@ -244,9 +299,29 @@ impl EtcdStore {
             .collect();
         for record in &batch.put {
             let encoded = records::encode(record);
-            changes.extend(records::diff(&record.id, held.get(&record.id), &encoded));
+            changes.extend(records::diff(
+                &record.id,
+                held.jobs.get(&record.id),
+                &encoded,
+            ));
         }
         let client = self.client.clone();
+        if changes.is_empty() && self.fence.is_some() {
+            // Nothing to write, but events wait on this save: a deposed
+            // leader must not send them, so the fence is checked all the same.
+            let txn = Txn::new().when(self.guard());
+            let resp = retrying(|| {
+                let mut client = client.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await
+            .map_err(unavailable)?;
+            if !resp.succeeded() {
+                return Err(fenced());
+            }
+            return Ok(());
+        }
         let mut rest = changes.as_slice();
         while !rest.is_empty() {
             let mut ops = Vec::new();
@@ -262,22 +337,30 @@ impl EtcdStore {
                 n += 1;
             }
             let txn = Txn::new().when(self.guard()).and_then(ops);
-            let resp = retrying(|| {
+            let (done, left) = rest.split_at(n);
+            let resp = match retrying(|| {
                 let mut client = client.clone();
                 let txn = txn.clone();
                 async move { client.txn(txn).await }
             })
             .await
-            .map_err(unavailable)?;
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    // It may have been applied all the same.
+                    for change in done {
+                        let job = change.job();
+                        held.jobs.remove(job);
+                        held.stale.insert(job.to_owned());
+                    }
+                    return Err(unavailable(e));
+                }
+            };
             if !resp.succeeded() {
-                return Err(StoreError::Fenced(
-                    "its election key is gone (its etcd lease expired); another replica leads"
-                        .into(),
-                ));
+                return Err(fenced());
             }
-            let (done, left) = rest.split_at(n);
             for change in done {
-                records::apply(&mut held, change);
+                records::apply(&mut held.jobs, change);
             }
             rest = left;
         }

@@ -1,6 +1,7 @@
 //! A [`JobRecord`] as the keys and values of a key-value store
 //! (`accel.rendezvous.store.v1`): one key for the job's counters and phase,
-//! one for the round's participants, one per member.
+//! one per [`PARTICIPANTS_PER_KEY`] of the round's participants, one per
+//! member.
 //!
 //! # Why a key per member
 //! A 10,000-node job is megabytes as one value, over etcd's request limit
@@ -16,7 +17,7 @@
 //! so a failover never drops a member for silence it could not help.
 //!
 //! # Keys
-//! `P/jobs/<job>/meta`, `P/jobs/<job>/participants`, `P/jobs/<job>/m/<node>`
+//! `P/jobs/<job>/meta`, `P/jobs/<job>/participants/<i>`, `P/jobs/<job>/m/<node>`
 //! under the store's prefix `P`. Ids are percent-escaped (`%`, `/` and
 //! control characters), so no id can reach into another job's keys.
 
@@ -32,14 +33,18 @@ use crate::job::{JobConfig, JobRecord, MemberRecord, Phase, SESSION_BYTES};
 
 /// The record format this server writes and reads.
 pub const FORMAT: u32 = 1;
+/// Participants per value: 1,000 ids of at most 256 bytes stay far below
+/// etcd's request limit (1.5 MiB by default), however large the job.
+pub const PARTICIPANTS_PER_KEY: usize = 1000;
 
 /// One job, encoded: the values a store holds for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Encoded {
     /// The job's phase, round, budget and counters.
     pub meta: Vec<u8>,
-    /// The running (or last) round's node ids, in rank order.
-    pub participants: Vec<u8>,
+    /// The running (or last) round's node ids, in rank order, in values of
+    /// [`PARTICIPANTS_PER_KEY`].
+    pub participants: Vec<Vec<u8>>,
     /// Each member, by node id.
     pub members: BTreeMap<String, Vec<u8>>,
 }
@@ -93,8 +98,8 @@ pub fn job_prefix(prefix: &str, id: &str) -> String {
 pub enum Slot {
     /// [`Encoded::meta`].
     Meta,
-    /// [`Encoded::participants`].
-    Participants,
+    /// One value of [`Encoded::participants`].
+    Participants(u32),
     /// One member.
     Member(String),
 }
@@ -105,7 +110,7 @@ impl Slot {
         let job = job_prefix(prefix, id);
         match self {
             Slot::Meta => format!("{job}meta"),
-            Slot::Participants => format!("{job}participants"),
+            Slot::Participants(i) => format!("{job}participants/{i}"),
             Slot::Member(node) => format!("{job}m/{}", escape(node)),
         }
     }
@@ -116,8 +121,10 @@ impl Slot {
         let (job, slot) = rest.split_once('/')?;
         let slot = match slot {
             "meta" => Slot::Meta,
-            "participants" => Slot::Participants,
-            s => Slot::Member(unescape(s.strip_prefix("m/")?)?),
+            s => match s.strip_prefix("participants/") {
+                Some(i) => Slot::Participants(i.parse().ok()?),
+                None => Slot::Member(unescape(s.strip_prefix("m/")?)?),
+            },
         };
         Some((unescape(job)?, slot))
     }
@@ -160,9 +167,11 @@ pub fn encode(r: &JobRecord) -> Encoded {
         empty_since: r.empty_since,
         absent: r.absent,
     };
-    let participants = st::Participants {
-        ids: r.participants.clone(),
-    };
+    let participants = r
+        .participants
+        .chunks(PARTICIPANTS_PER_KEY)
+        .map(|ids| st::Participants { ids: ids.to_vec() }.encode_to_vec())
+        .collect();
     let members = r
         .members
         .iter()
@@ -187,7 +196,7 @@ pub fn encode(r: &JobRecord) -> Encoded {
         .collect();
     Encoded {
         meta: meta.encode_to_vec(),
-        participants: participants.encode_to_vec(),
+        participants,
         members,
     }
 }
@@ -214,8 +223,12 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             &format!("names job '{}'", escape(&meta.id)),
         ));
     }
-    let participants = st::Participants::decode(e.participants.as_slice())
-        .map_err(|err| corrupt("participants", &err))?;
+    let mut participants = Vec::new();
+    for chunk in &e.participants {
+        let part = st::Participants::decode(chunk.as_slice())
+            .map_err(|err| corrupt("participants", &err))?;
+        participants.extend(part.ids);
+    }
     let phase = match meta.phase {
         0 => Phase::Forming,
         1 => Phase::Running,
@@ -265,7 +278,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
         round: meta.round,
         restart_count: meta.restart_count,
         members,
-        participants: participants.ids,
+        participants,
         ready: meta.ready,
         succeeded: usize::try_from(meta.succeeded).unwrap_or(usize::MAX),
         last_failure: meta.last_failure,
@@ -299,11 +312,30 @@ pub enum Change {
         /// The member.
         node: String,
     },
+    /// Remove a value of participants the round no longer fills.
+    DeleteParticipants {
+        /// The job.
+        job: String,
+        /// Which value.
+        index: u32,
+    },
     /// Remove every key of a job.
     DeleteJob {
         /// The job.
         job: String,
     },
+}
+
+impl Change {
+    /// The job it changes.
+    pub fn job(&self) -> &str {
+        match self {
+            Change::Put { job, .. }
+            | Change::DeleteMember { job, .. }
+            | Change::DeleteParticipants { job, .. }
+            | Change::DeleteJob { job } => job,
+        }
+    }
 }
 
 /// What turns `old` (what the store holds for job `id`; `None`: nothing)
@@ -331,8 +363,16 @@ pub fn diff(id: &str, old: Option<&Encoded>, new: &Encoded) -> Vec<Change> {
             });
         }
     }
-    if old.participants != new.participants || old.meta.is_empty() {
-        out.push(put(Slot::Participants, &new.participants));
+    for (i, chunk) in new.participants.iter().enumerate() {
+        if old.participants.get(i) != Some(chunk) {
+            out.push(put(Slot::Participants(i as u32), chunk));
+        }
+    }
+    for i in new.participants.len()..old.participants.len() {
+        out.push(Change::DeleteParticipants {
+            job: id.to_owned(),
+            index: i as u32,
+        });
     }
     if old.meta != new.meta {
         out.push(put(Slot::Meta, &new.meta));
@@ -347,7 +387,13 @@ pub fn apply(jobs: &mut BTreeMap<String, Encoded>, change: &Change) {
             let e = jobs.entry(job.clone()).or_default();
             match slot {
                 Slot::Meta => e.meta = value.clone(),
-                Slot::Participants => e.participants = value.clone(),
+                Slot::Participants(i) => {
+                    let i = *i as usize;
+                    if e.participants.len() <= i {
+                        e.participants.resize(i + 1, Vec::new());
+                    }
+                    e.participants[i] = value.clone();
+                }
                 Slot::Member(node) => {
                     e.members.insert(node.clone(), value.clone());
                 }
@@ -356,6 +402,11 @@ pub fn apply(jobs: &mut BTreeMap<String, Encoded>, change: &Change) {
         Change::DeleteMember { job, node } => {
             if let Some(e) = jobs.get_mut(job) {
                 e.members.remove(node);
+            }
+        }
+        Change::DeleteParticipants { job, index } => {
+            if let Some(e) = jobs.get_mut(job) {
+                e.participants.truncate(*index as usize);
             }
         }
         Change::DeleteJob { job } => {

@@ -96,6 +96,11 @@ fn is_stop(a: &Action, sig: Signal) -> bool {
     matches!(a, Action::Stop { signal, grace } if *signal == sig && *grace == Duration::from_secs(30))
 }
 
+/// Stopped at once, with no grace: the fence.
+fn is_kill(a: &Action) -> bool {
+    matches!(a, Action::Stop { signal: Signal::SIGKILL, grace } if grace.is_zero())
+}
+
 fn outcome(actions: &[Action]) -> &Outcome {
     match actions.last() {
         Some(Action::Exit(Ok(o))) => o,
@@ -281,7 +286,7 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once
         "early timer"
     );
     let actions = m.step(t0 + 15 * SECOND, Event::Timer);
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_kill(&actions[0]), "{actions:?}");
     let stopped = vec![
         Exit {
             ended: Ended::Signaled(15),
@@ -329,8 +334,22 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once
 #[test]
 fn a_fenced_node_whose_job_moved_on_gets_ready_for_the_next_round() {
     let (mut m, t0) = running();
-    m.step(t0, Event::Lost("no keep-alive answered for 15.0 s".into()));
-    m.step(t0 + 15 * SECOND, Event::Timer);
+    // Silent for the drop limit already: the workers go at once.
+    let since = t0;
+    m.step(
+        t0 + 15 * SECOND,
+        Event::Silent {
+            why: "no keep-alive answered for 15.0 s".into(),
+            since,
+        },
+    );
+    assert_eq!(
+        m.deadline(),
+        Some(since + 15 * SECOND),
+        "the fence counts from the last answer"
+    );
+    let actions = m.step(t0 + 15 * SECOND, Event::Timer);
+    assert!(is_kill(&actions[0]), "{actions:?}");
     m.step(t0 + 16 * SECOND, Event::Stopped(Vec::new()));
     let actions = m.step(
         t0 + 20 * SECOND,
@@ -361,6 +380,33 @@ fn a_node_back_within_the_drop_limit_keeps_its_workers_unfenced() {
     assert!(actions.is_empty(), "{actions:?}");
     assert_eq!(m.deadline(), None, "no fence once back");
     assert!(m.step(t0 + 20 * SECOND, Event::Timer).is_empty());
+}
+
+#[test]
+fn a_failure_reported_before_the_loss_is_said_again_to_the_rendezvous_it_rejoins() {
+    let (mut m, t0) = running();
+    let actions = m.step(t0, Event::Exited(exit(1, 9)));
+    assert!(
+        matches!(actions[0], Action::ReportFailure { round: 0, .. }),
+        "{actions:?}"
+    );
+    m.step(t0, Event::Stopped(Vec::new()));
+    // The leader dies before the failure was durable; a new one serves.
+    m.step(
+        t0 + SECOND,
+        Event::Lost("lost the rendezvous: broken pipe".into()),
+    );
+    let actions = m.step(
+        t0 + 3 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(&actions[..], [Action::ReportFailure { round: 0, exit }] if exit.local_rank == 1),
+        "{actions:?}"
+    );
 }
 
 #[test]

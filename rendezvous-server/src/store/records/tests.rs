@@ -186,3 +186,44 @@ fn damaged_or_newer_values_are_refused_with_the_job_named() {
         "a meta names its own job"
     );
 }
+
+#[test]
+fn participants_are_kept_in_values_of_bounded_size() {
+    let now = Instant::now();
+    let mut record = running_job(now).record(now);
+    let id = record.id.clone();
+    record.participants = (0..2500).map(|i| format!("node-{i:04}")).collect();
+    let big = encode(&record);
+    assert_eq!(big.participants.len(), 3, "1000 + 1000 + 500");
+    assert_eq!(
+        decode(&id, &big).expect("decodes").participants,
+        record.participants
+    );
+    let mut held = BTreeMap::new();
+    for c in diff(&id, None, &big) {
+        apply(&mut held, &c);
+    }
+    assert_eq!(held.get(&id), Some(&big));
+    // The round shrinks: the values it no longer fills go.
+    record.participants.truncate(500);
+    let small = encode(&record);
+    let changes = diff(&id, held.get(&id), &small);
+    for index in [1, 2] {
+        assert!(
+            changes.contains(&Change::DeleteParticipants {
+                job: id.clone(),
+                index
+            }),
+            "{changes:?}"
+        );
+    }
+    for c in &changes {
+        apply(&mut held, c);
+    }
+    assert_eq!(held.get(&id), Some(&small));
+    assert_eq!(
+        Slot::parse("/p", &Slot::Participants(2).key("/p", "j")),
+        Some(("j".into(), Slot::Participants(2)))
+    );
+    assert_eq!(Slot::parse("/p", "/p/jobs/j/participants/x"), None);
+}
