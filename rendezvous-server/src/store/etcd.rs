@@ -177,6 +177,16 @@ impl EtcdStore {
         }
     }
 
+    /// Runs `txn`, retried while another member may answer.
+    async fn commit(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+        retrying(|| {
+            let mut client = self.client.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
+    }
+
     fn guard(&self) -> Vec<Compare> {
         match &self.fence {
             Some(f) => vec![Compare::create_revision(
@@ -220,30 +230,12 @@ impl EtcdStore {
                     warn!(key = %key, "ignoring a key under the job prefix that no rdzv-server writes");
                     continue;
                 };
-                let job_key = job.clone();
                 let (e, has_meta) = found.entry(job).or_default();
-                let value = kv.value().to_vec();
-                match slot {
-                    Slot::Meta => {
-                        e.meta = value;
-                        *has_meta = true;
-                    }
-                    Slot::Participants(i) => {
-                        let i = i as usize;
-                        if i >= 1 << 20 {
-                            return Err(StoreError::Corrupt(format!(
-                                "job '{}': participants value {i}",
-                                records::escape(&job_key)
-                            )));
-                        }
-                        if e.participants.len() <= i {
-                            e.participants.resize(i + 1, Vec::new());
-                        }
-                        e.participants[i] = value;
-                    }
-                    Slot::Member(node) => {
-                        e.members.insert(node, value);
-                    }
+                *has_meta |= slot == Slot::Meta;
+                if !e.set(&slot, kv.value().to_vec()) {
+                    return Err(StoreError::Corrupt(format!(
+                        "key '{key}': a participants index no job reaches"
+                    )));
                 }
             }
             match kvs.last() {
@@ -305,18 +297,13 @@ impl EtcdStore {
                 &encoded,
             ));
         }
-        let client = self.client.clone();
         if changes.is_empty() && self.fence.is_some() {
             // Nothing to write, but events wait on this save: a deposed
             // leader must not send them, so the fence is checked all the same.
-            let txn = Txn::new().when(self.guard());
-            let resp = retrying(|| {
-                let mut client = client.clone();
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await
-            .map_err(unavailable)?;
+            let resp = self
+                .commit(Txn::new().when(self.guard()))
+                .await
+                .map_err(unavailable)?;
             if !resp.succeeded() {
                 return Err(fenced());
             }
@@ -338,13 +325,7 @@ impl EtcdStore {
             }
             let txn = Txn::new().when(self.guard()).and_then(ops);
             let (done, left) = rest.split_at(n);
-            let resp = match retrying(|| {
-                let mut client = client.clone();
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await
-            {
+            let resp = match self.commit(txn).await {
                 Ok(r) => r,
                 Err(e) => {
                     // It may have been applied all the same.

@@ -49,6 +49,34 @@ pub struct Encoded {
     pub members: BTreeMap<String, Vec<u8>>,
 }
 
+/// Most participant values of one job: far beyond any job the limits admit
+/// (100,000 nodes are 100 values), so a damaged index cannot grow a job.
+pub const MAX_PARTICIPANT_VALUES: usize = 1 << 20;
+
+impl Encoded {
+    /// Sets the value at `slot`; false for a participants index beyond
+    /// [`MAX_PARTICIPANT_VALUES`] (nothing is set).
+    pub fn set(&mut self, slot: &Slot, value: Vec<u8>) -> bool {
+        match slot {
+            Slot::Meta => self.meta = value,
+            Slot::Participants(i) => {
+                let i = *i as usize;
+                if i >= MAX_PARTICIPANT_VALUES {
+                    return false;
+                }
+                if self.participants.len() <= i {
+                    self.participants.resize(i + 1, Vec::new());
+                }
+                self.participants[i] = value;
+            }
+            Slot::Member(node) => {
+                self.members.insert(node.clone(), value);
+            }
+        }
+        true
+    }
+}
+
 /// Escapes an id for use as one key segment.
 pub fn escape(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
@@ -384,20 +412,10 @@ pub fn diff(id: &str, old: Option<&Encoded>, new: &Encoded) -> Vec<Change> {
 pub fn apply(jobs: &mut BTreeMap<String, Encoded>, change: &Change) {
     match change {
         Change::Put { job, slot, value } => {
-            let e = jobs.entry(job.clone()).or_default();
-            match slot {
-                Slot::Meta => e.meta = value.clone(),
-                Slot::Participants(i) => {
-                    let i = *i as usize;
-                    if e.participants.len() <= i {
-                        e.participants.resize(i + 1, Vec::new());
-                    }
-                    e.participants[i] = value.clone();
-                }
-                Slot::Member(node) => {
-                    e.members.insert(node.clone(), value.clone());
-                }
-            }
+            // A diff's indexes are the job's own: always in range.
+            jobs.entry(job.clone())
+                .or_default()
+                .set(slot, value.clone());
         }
         Change::DeleteMember { job, node } => {
             if let Some(e) = jobs.get_mut(job) {
