@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::warn;
 
-use crate::client::RdzvClient;
+use crate::client::{Leaders, RdzvClient};
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
 use crate::guard::Guard;
@@ -75,7 +75,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     });
     let _beating = AbortOnDrop(beating);
     let stop_server = CancellationToken::new();
-    let (endpoints, server) = locate_rendezvous(&cfg, &stop_server).await?;
+    let located = locate_rendezvous(&cfg, &stop_server).await?;
+    let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
     let session = async {
         let deadline = crate::deadline::after(cfg.join_timeout());
         let join_req = pb::JoinRequest {
@@ -97,7 +98,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         };
         let link_tls = cfg.link_tls();
         let joined = tokio::select! {
-            r = RdzvClient::join(&endpoints, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
+            r = RdzvClient::join(&endpoints, leaders, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
             sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
         };
         let (client, events, first, serving) = joined;
@@ -117,6 +118,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             cfg: &cfg,
             machine,
             endpoints: endpoints.clone(),
+            leaders,
             serving,
             join_req,
             keep_alive,
@@ -219,6 +221,8 @@ struct Session<'a> {
     machine: NodeMachine,
     /// Every replica of the rendezvous, `(host, port)`.
     endpoints: Vec<(String, u16)>,
+    /// Which leaders a rejoin follows.
+    leaders: Leaders,
     /// Which of them served last: a rejoin starts there.
     serving: usize,
     /// This node's join request, reused to rejoin.
@@ -366,6 +370,7 @@ impl Session<'_> {
 async fn rejoin(
     cfg: &Config,
     endpoints: Vec<(String, u16)>,
+    leaders: Leaders,
     mut req: pb::JoinRequest,
     resume: Option<pb::Resume>,
     session: Vec<u8>,
@@ -375,6 +380,7 @@ async fn rejoin(
     let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
     RdzvClient::join(
         &endpoints,
+        leaders,
         req,
         cfg.token.as_ref(),
         &cfg.link_tls(),

@@ -45,17 +45,33 @@ impl std::fmt::Debug for RdzvClient {
     }
 }
 
-/// Delays between attempts to reach the rendezvous: 25 ms doubling to 1 s,
-/// each plus up to as much again at random (so at most 2 s), for ever; the
-/// caller's deadline ends the retries.
-fn retry_delays() -> impl Iterator<Item = Duration> {
+/// Delays between attempts to reach the rendezvous: 25 ms doubling to `max`,
+/// each plus up to as much again at random (so at most twice `max`), for
+/// ever; the caller's deadline ends the retries.
+fn retry_delays(max: Duration) -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(25))
-        .with_max_delay(Duration::from_secs(1))
+        .with_max_delay(max)
         .with_jitter()
         .without_max_times()
         .build()
+}
+
+/// How long a connection to a leader named by this agent's replica may take
+/// (a loopback or LAN connect takes milliseconds).
+const PUBLISHED_CONNECT: Duration = Duration::from_secs(2);
+
+/// Which leaders a join follows when a replica names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaders {
+    /// Only those among the endpoints (`rdzv-server` replicas given with
+    /// `--rdzv-endpoint`): the token goes nowhere else.
+    Listed,
+    /// Whichever the first endpoint names: it is this agent's own replica,
+    /// which reads the leader's address from etcd (agent-only rendezvous).
+    /// A name from any other replica is not followed.
+    Published,
 }
 
 impl RdzvClient {
@@ -67,10 +83,13 @@ impl RdzvClient {
     /// refusal by the server (a setting that disagrees with the job, a
     /// duplicate node rank, a missing token, a certificate the other side
     /// refuses) is not retried. `tls`: the link's TLS files (disabled: plain
-    /// HTTP/2). Returns which endpoint served, so a rejoin starts there.
+    /// HTTP/2). `leaders`: which named leaders are followed. Returns which
+    /// endpoint served (a followed [`Leaders::Published`] leader counts as
+    /// the first), so a rejoin starts there.
     #[allow(clippy::too_many_arguments)]
     pub async fn join(
         endpoints: &[(String, u16)],
+        leaders: Leaders,
         req: pb::JoinRequest,
         token: Option<&Token>,
         tls: &ClientTlsFiles,
@@ -88,13 +107,38 @@ impl RdzvClient {
                 .join(", ")
         };
         let started = Instant::now();
-        let mut last_notice: Option<Instant> = None;
-        let mut delays = retry_delays();
+        // Agents on etcd elect the host as they start: say nothing of a
+        // wait that short.
+        let mut last_notice: Option<Instant> = match leaders {
+            Leaders::Listed => None,
+            Leaders::Published => started.checked_sub(Duration::from_secs(7)),
+        };
+        // Asking this agent's own replica who leads costs a loopback call:
+        // ask often, so a new leader is found as soon as it is elected.
+        let mut delays = retry_delays(match leaders {
+            Leaders::Listed => Duration::from_secs(1),
+            Leaders::Published => Duration::from_millis(100),
+        });
         let mut at = 0;
         let mut tried = 0;
+        // A leader this agent's own replica named, tried next.
+        let mut published: Option<(String, u16)> = None;
         loop {
-            let (host, port) = endpoints.get(at).unwrap_or(first);
-            let attempt = attempt(host, *port, &req, token, tls, read_timeout);
+            let following = published.take();
+            let (host, port) = match &following {
+                Some((h, p)) => (h, p),
+                None => {
+                    let (h, p) = endpoints.get(at).unwrap_or(first);
+                    (h, p)
+                }
+            };
+            // A dead node's address answers nothing: a published leader
+            // gets a short connect, so a new one is asked for soon.
+            let connect = match following {
+                Some(_) => read_timeout.min(PUBLISHED_CONNECT),
+                None => read_timeout.min(Duration::from_secs(10)),
+            };
+            let attempt = attempt(host, *port, &req, token, tls, connect);
             // No attempt outlives the deadline (a cut link would hang a connect).
             let (error, leader) = match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(Attempt::Joined(joined)) => {
@@ -138,6 +182,15 @@ impl RdzvClient {
                 info!(endpoint = %format!("{host}:{port}"), %error, "waiting for the rendezvous to be reachable");
                 last_notice = Some(now);
             }
+            if leaders == Leaders::Published && following.is_none() && at == 0 {
+                // This agent's replica named the leader: go there at once.
+                if let Some(l) = leader.as_deref().and_then(split_host_port) {
+                    if l != (host.clone(), *port) {
+                        published = Some(l);
+                        continue;
+                    }
+                }
+            }
             let named_leader = leader.and_then(|l| {
                 endpoints
                     .iter()
@@ -145,7 +198,8 @@ impl RdzvClient {
             });
             at = match named_leader {
                 // A follower named the leader: go there next.
-                Some(i) if i != at => i,
+                Some(i) if i != at && following.is_none() => i,
+                _ if following.is_some() => at,
                 _ => (at + 1) % endpoints.len(),
             };
             // Back off once as many attempts as there are endpoints failed,
@@ -287,7 +341,7 @@ async fn attempt(
     req: &pb::JoinRequest,
     token: Option<&Token>,
     tls: &ClientTlsFiles,
-    read_timeout: Duration,
+    connect_timeout: Duration,
 ) -> Attempt {
     let uri = endpoint_uri(host, port, tls.enabled());
     let mut endpoint = match Endpoint::from_shared(uri) {
@@ -305,7 +359,7 @@ async fn attempt(
         Err(e) => return Attempt::Config(e.to_string()),
     }
     let endpoint = endpoint
-        .connect_timeout(read_timeout.min(Duration::from_secs(10)))
+        .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
@@ -342,6 +396,17 @@ async fn attempt(
         Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
         Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
     }
+}
+
+/// `HOST:PORT` (or `[V6]:PORT`) as a host and port; `None` if it is not one.
+fn split_host_port(s: &str) -> Option<(String, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
 /// The longest prefix of `s` of at most `max` bytes, on a char boundary.
@@ -397,6 +462,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_published_leader_is_host_and_port() {
+        assert_eq!(
+            split_host_port("10.0.0.2:41000"),
+            Some(("10.0.0.2".into(), 41000))
+        );
+        assert_eq!(split_host_port("[::1]:7"), Some(("::1".into(), 7)));
+        assert_eq!(split_host_port("node-3:7"), Some(("node-3".into(), 7)));
+        for bad in ["", "host", ":7", "host:port", "host:70000"] {
+            assert_eq!(split_host_port(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn failures_are_cut_to_what_the_server_accepts() {
         let f = pb::Failure {
             message: "m".repeat(100_000),
@@ -428,6 +506,7 @@ mod tests {
             tls: None,
             store: None,
             replication: None,
+            forget_finished_on_shutdown: false,
         };
         tokio::spawn(rendezvous_server::serve(
             listener,
@@ -456,6 +535,7 @@ mod tests {
         let join = |req, token: Option<Token>| async move {
             RdzvClient::join(
                 &[("127.0.0.1".to_owned(), port)],
+                Leaders::Listed,
                 req,
                 token.as_ref(),
                 &ClientTlsFiles::default(),

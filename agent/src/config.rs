@@ -16,7 +16,7 @@ mod rdzv_conf;
 pub use options::{
     rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, Signals,
 };
-pub use rdzv_conf::{parse_bool, parse_bytes, PortRange, RdzvConf};
+pub use rdzv_conf::{parse_bool, parse_bytes, EtcdConf, PortRange, RdzvConf};
 
 /// A configuration the agent cannot run with; the message names the flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +29,8 @@ fn bad(msg: impl Into<String>) -> ConfigError {
 
 /// Default port of a c10d rendezvous endpoint (torchrun's).
 pub const C10D_PORT: u16 = 29400;
+/// Default port of an etcd endpoint (etcd's client port).
+pub const ETCD_PORT: u16 = 2379;
 /// Default static master port (torchrun's).
 pub const STATIC_PORT: u16 = 29500;
 
@@ -56,6 +58,15 @@ pub enum Rendezvous {
         /// rdzv-server on etcd): the agent joins whichever leads, and moves
         /// to the new leader when it changes. Never hosted by an agent.
         replicas: Vec<(String, u16)>,
+    },
+    /// No rendezvous server (`--rdzv-backend etcd`): every agent of the job
+    /// runs a replica of the rendezvous on etcd, one of them is elected to
+    /// serve it, and when its node dies another takes over with the state
+    /// etcd holds. `--rdzv-conf` `protocol`, `cacert`, `cert`, `key`,
+    /// `etcd_prefix` and `etcd_lease` say how etcd is reached.
+    Etcd {
+        /// etcd client URLs (`http://host:2379`, or `https://` with `protocol=https`).
+        endpoints: Vec<String>,
     },
 }
 

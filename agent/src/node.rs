@@ -23,7 +23,8 @@ pub fn init_tracing(default_filter: &str) {
 }
 
 /// The default log filter: the agent's own progress, others' warnings.
-pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,rendezvous_server=error";
+pub const DEFAULT_LOG_FILTER: &str =
+    "warn,accel_agent=info,rendezvous_server=error,rendezvous_server::ha=info";
 
 /// Runs the agent for `cfg` and returns the process's exit code. Call it
 /// while the process has one thread: it forks the guard first. `prog`

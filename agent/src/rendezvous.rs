@@ -1,7 +1,22 @@
 //! Where a job's rendezvous is, and serving it inside this agent when this
 //! node hosts it: standalone (always), static (node rank 0), c10d (`is_host`,
-//! or an endpoint naming this host with its port free). One state machine,
-//! the `rendezvous-server` crate, serves every mode.
+//! or an endpoint naming this host with its port free), etcd (every agent
+//! runs a replica; the one etcd elects serves). One state machine, the
+//! `rendezvous-server` crate, serves every mode.
+//!
+//! # Agent-only rendezvous on etcd
+//! With `--rdzv-backend etcd` there is no server to lose: each agent serves a
+//! replica of the job's rendezvous on a free port and campaigns for it in
+//! etcd (election `<etcd_prefix>/<job id>/leader`, its value the address
+//! other agents reach it at), exactly as `rdzv-server` replicas do
+//! ([`rendezvous_server::ha`]). The elected agent serves with the job's state
+//! in etcd; the others' replicas answer with the leader's address, which is
+//! where this agent's client goes ([`Leaders::Published`]). When the hosting
+//! agent's node dies, its lease runs out, another agent is elected, loads the
+//! state, and the nodes reconnect and resume within their drop limit (the
+//! dead node is dropped as for any silent node). The last leader deletes the
+//! finished job's records when it exits, so etcd keeps nothing of a job
+//! that is over.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -10,8 +25,60 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::client::Leaders;
 use crate::config::{Config, Rendezvous};
 use crate::error::AgentError;
+
+/// Where this agent joins the rendezvous, and the one it serves, if any.
+pub(crate) struct Located {
+    /// Every replica's `HOST:PORT`, in the order given.
+    pub endpoints: Vec<(String, u16)>,
+    /// Which leaders a join may follow.
+    pub leaders: Leaders,
+    /// The rendezvous this agent serves (until the stop token).
+    pub server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Located {
+    fn at(endpoints: Vec<(String, u16)>, server: Option<tokio::task::JoinHandle<()>>) -> Self {
+        Self {
+            endpoints,
+            leaders: Leaders::Listed,
+            server,
+        }
+    }
+}
+
+/// The address other nodes reach this one at: `--local-addr`, else the
+/// loopback address for a job whose etcd is on loopback (one machine), else
+/// the host name.
+pub(crate) fn advertised_host(cfg: &Config, hostname: &str) -> String {
+    if let Some(a) = &cfg.local_addr {
+        return a.clone();
+    }
+    match &cfg.rendezvous {
+        Rendezvous::Etcd { endpoints }
+            if endpoints.iter().all(|url| {
+                let host = url
+                    .split_once("://")
+                    .map_or(url.as_str(), |(_, rest)| rest)
+                    .rsplit_once(':')
+                    .map_or("", |(h, _)| h);
+                is_local_loopback(host.trim_start_matches('[').trim_end_matches(']'))
+            }) =>
+        {
+            "127.0.0.1".into()
+        }
+        _ => hostname.to_owned(),
+    }
+}
+
+fn is_local_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 /// An embedded rendezvous forgets finished jobs quickly, its shutdown ends
 /// the job for every node, and it requires the agents' token if they have
@@ -36,6 +103,7 @@ fn embedded(
         tls,
         store: None,
         replication: None,
+        forget_finished_on_shutdown: false,
     }
 }
 
@@ -54,12 +122,12 @@ fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>,
         .map_err(|e| AgentError::Config(e.to_string()))
 }
 
-/// Where the rendezvous is (every replica's `HOST:PORT`, in the order given),
-/// starting it inside this agent when this node hosts it.
+/// Where the rendezvous is, starting it inside this agent when this node
+/// hosts it (or, on etcd, may be elected to).
 pub(crate) async fn locate_rendezvous(
     cfg: &Config,
     stop: &CancellationToken,
-) -> Result<(Vec<(String, u16)>, Option<tokio::task::JoinHandle<()>>), AgentError> {
+) -> Result<Located, AgentError> {
     let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
         let options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
@@ -85,7 +153,7 @@ pub(crate) async fn locate_rendezvous(
                 .map_err(|e| {
                     AgentError::io("cannot start the embedded rendezvous on 127.0.0.1", e)
                 })?;
-            Ok((vec![("127.0.0.1".into(), port)], Some(task)))
+            Ok(Located::at(vec![("127.0.0.1".into(), port)], Some(task)))
         }
         Rendezvous::Static {
             host,
@@ -93,7 +161,7 @@ pub(crate) async fn locate_rendezvous(
             node_rank,
         } => {
             if *node_rank != 0 {
-                return Ok((vec![(host.clone(), *port)], None));
+                return Ok(Located::at(vec![(host.clone(), *port)], None));
             }
             let tls = hosted_tls(cfg)?;
             let (_, task) = host_at(wildcard(host, *port), tls).await.map_err(|e| {
@@ -102,7 +170,7 @@ pub(crate) async fn locate_rendezvous(
                 ))
             })?;
             info!(port, "node rank 0 serves the static rendezvous");
-            Ok((vec![(host.clone(), *port)], Some(task)))
+            Ok(Located::at(vec![(host.clone(), *port)], Some(task)))
         }
         Rendezvous::C10d {
             host,
@@ -124,7 +192,7 @@ pub(crate) async fn locate_rendezvous(
                 match host_at(wildcard(host, *port), tls).await {
                     Ok((_, task)) => {
                         info!(port, "this agent hosts the c10d rendezvous");
-                        return Ok((endpoints, Some(task)));
+                        return Ok(Located::at(endpoints, Some(task)));
                     }
                     // Another process (rdzv-server, or an agent of this host) serves it.
                     Err(e) if cfg.rdzv.is_host.is_none() => {
@@ -137,7 +205,80 @@ pub(crate) async fn locate_rendezvous(
                     }
                 }
             }
-            Ok((endpoints, None))
+            Ok(Located::at(endpoints, None))
+        }
+        Rendezvous::Etcd { endpoints } => {
+            let host = advertised_host(cfg, &hostname());
+            let tls = hosted_tls(cfg)?;
+            let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+            options.forget_finished_on_shutdown = true;
+            let etcd = &cfg.rdzv.etcd;
+            let etcd_tls = if etcd.https {
+                Some(
+                    rendezvous_server::ha::tls_options(
+                        etcd.ca.as_deref(),
+                        etcd.cert.as_deref().zip(etcd.key.as_deref()),
+                    )
+                    .map_err(|e| AgentError::Config(format!("--rdzv-conf cacert/cert/key: {e}")))?,
+                )
+            } else {
+                None
+            };
+            // A literal address is bound as given (loopback stays loopback);
+            // a name is served on every interface.
+            let bind = match host.trim_start_matches('[').trim_end_matches(']').parse() {
+                Ok(ip) => SocketAddr::new(ip, 0),
+                Err(_) => wildcard(&host, 0),
+            };
+            let listener = TcpListener::bind(bind).await.map_err(|e| {
+                AgentError::io(
+                    format!("cannot serve this agent's rendezvous replica on {bind}"),
+                    e,
+                )
+            })?;
+            let port = listener
+                .local_addr()
+                .map_err(|e| AgentError::io("cannot read the replica's port", e))?
+                .port();
+            let advertise = if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            options.replication = Some(rendezvous_server::ha::EtcdOptions {
+                endpoints: endpoints.clone(),
+                prefix: format!(
+                    "{}/{}",
+                    etcd.prefix,
+                    rendezvous_server::store::records::escape(&cfg.run_id)
+                ),
+                lease: etcd.lease,
+                user: None,
+                tls: etcd_tls,
+                advertise: advertise.clone(),
+            });
+            if options.token.is_none() && !bind.ip().is_loopback() {
+                warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
+            }
+            let stop = stop.clone();
+            let task = tokio::spawn(async move {
+                let shutdown = async move { stop.cancelled().await };
+                if let Err(e) = rendezvous_server::serve(listener, options, shutdown).await {
+                    warn!(error = %e, "this agent's rendezvous replica failed");
+                }
+            });
+            info!(%advertise, etcd = %endpoints.join(","), "this agent runs a replica of the job's rendezvous on etcd");
+            let (host, _) = advertise.rsplit_once(':').unwrap_or((&advertise, ""));
+            Ok(Located {
+                endpoints: vec![(
+                    host.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    port,
+                )],
+                leaders: Leaders::Published,
+                server: Some(task),
+            })
         }
     }
 }

@@ -226,19 +226,10 @@ impl ServerArgs {
                         .into(),
                 )
             }
-            (true, ca, cert, key) => {
-                let mut tls = etcd_client::TlsOptions::new();
-                if let Some(ca) = ca {
-                    tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read("--etcd-ca", ca)?));
-                }
-                if let (Some(cert), Some(key)) = (cert, key) {
-                    tls = tls.identity(etcd_client::Identity::from_pem(
-                        read("--etcd-cert", cert)?,
-                        read("--etcd-key", key)?,
-                    ));
-                }
-                Some(tls)
-            }
+            (true, ca, cert, key) => Some(
+                crate::ha::tls_options(ca.as_deref(), cert.as_deref().zip(key.as_deref()))
+                    .map_err(|e| format!("--etcd-ca/--etcd-cert/--etcd-key: {e}"))?,
+            ),
         };
         let advertise = match &self.advertise {
             Some(a) => {

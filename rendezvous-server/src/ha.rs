@@ -148,11 +148,44 @@ pub async fn connect(o: &EtcdOptions) -> Result<Client, etcd_client::Error> {
     Client::connect(&o.endpoints, Some(options)).await
 }
 
+/// TLS to etcd from PEM files: `ca` to verify the members, `cert` and
+/// `key` (both or neither) to prove who this client is. Errors name the file.
+pub fn tls_options(
+    ca: Option<&std::path::Path>,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<TlsOptions, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = ca {
+        tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+    }
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
+}
+
+/// How a replica's rendezvous ends, beyond etcd.
+#[derive(Debug, Clone, Copy)]
+pub struct Tenure {
+    /// How long finished jobs are remembered.
+    pub ttl: Duration,
+    /// What the registry holds at most.
+    pub limits: Limits,
+    /// Whether a leader that shuts down deletes the jobs that are over
+    /// (agent-only rendezvous: its replicas go with the job's nodes, so no
+    /// later leader would forget them).
+    pub forget_finished_on_shutdown: bool,
+}
+
 /// What one term of a replica works with.
 struct Replica<'a> {
     o: &'a EtcdOptions,
     /// How long finished jobs are remembered.
     ttl: Duration,
+    forget_finished_on_shutdown: bool,
     limits: Limits,
     roles: &'a watch::Sender<Role>,
     stop: &'a CancellationToken,
@@ -171,8 +204,7 @@ enum Ended {
 /// hands over (flush, close, resign) if leading.
 pub async fn replicate(
     options: EtcdOptions,
-    ttl: Duration,
-    limits: Limits,
+    tenure: Tenure,
     roles: watch::Sender<Role>,
     stop: CancellationToken,
 ) {
@@ -182,8 +214,9 @@ pub async fn replicate(
     loop {
         let replica = Replica {
             o: &options,
-            ttl,
-            limits,
+            ttl: tenure.ttl,
+            forget_finished_on_shutdown: tenure.forget_finished_on_shutdown,
+            limits: tenure.limits,
             roles: &roles,
             stop: &stop,
             led: AtomicBool::new(false),
@@ -293,6 +326,11 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         Ended::Shutdown => {
             if let Err(e) = registry.flush().await {
                 warn!(error = %e, "cannot write the last job state to etcd");
+            } else if r.forget_finished_on_shutdown && registry.forget_finished() > 0 {
+                // Their outcome reached the nodes with the flush above.
+                if let Err(e) = registry.flush().await {
+                    warn!(error = %e, "cannot delete the finished job from etcd");
+                }
             }
             registry.close_all("the rendezvous server is shutting down", true);
             resign(client, key).await;

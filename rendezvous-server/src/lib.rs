@@ -81,6 +81,11 @@ pub struct ServeOptions {
     pub store: Option<Arc<dyn store::JobStore>>,
     /// Run as one replica of several, on etcd ([`ha`]); `store` is then unused.
     pub replication: Option<ha::EtcdOptions>,
+    /// Replicated: whether a leader that shuts down deletes the jobs that
+    /// are over, instead of leaving them for the next leader to forget
+    /// after `finished_job_ttl` (an agent-only rendezvous, whose replicas
+    /// end with the job).
+    pub forget_finished_on_shutdown: bool,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -147,13 +152,12 @@ pub async fn serve(
                 }
             });
             info!(endpoints = %etcd.endpoints.join(","), prefix = %etcd.prefix, advertise = %etcd.advertise, "replica: campaigning for leadership through etcd");
-            tokio::spawn(ha::replicate(
-                etcd,
-                options.finished_job_ttl,
-                options.limits,
-                roles,
-                stop.clone(),
-            ))
+            let tenure = ha::Tenure {
+                ttl: options.finished_job_ttl,
+                limits: options.limits,
+                forget_finished_on_shutdown: options.forget_finished_on_shutdown,
+            };
+            tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone()))
         }
     };
     let admission = admission::Admission::new(

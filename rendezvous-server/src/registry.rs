@@ -224,6 +224,27 @@ impl Registry {
         Ok(ids.len())
     }
 
+    /// Forgets every job that is over now rather than `ttl` after it ended
+    /// (with a store, the next [`Registry::flush`] deletes their records);
+    /// returns how many. For a rendezvous whose last server is going away
+    /// with the job's nodes: nobody is left to forget them later. Run it
+    /// after the flush that sent the outcome, whose events need the job.
+    pub fn forget_finished(&self) -> usize {
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let over: Vec<String> = jobs
+            .map
+            .iter()
+            .filter(|(_, e)| e.job.phase().is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &over {
+            jobs.map.remove(id);
+            self.changed(jobs, id);
+        }
+        over.len()
+    }
+
     /// Resolves when a change waits to be written ([`Registry::flush`]).
     pub async fn changes(&self) {
         self.wake.notified().await;

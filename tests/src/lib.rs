@@ -117,13 +117,39 @@ pub fn read_json(path: &Path) -> Value {
 }
 
 /// A fresh scratch directory for one test, kept afterwards (a failed test's
-/// logs and worker files stay readable).
+/// logs and worker files stay readable) for a day: the first call of a run
+/// deletes the scratch directories of runs older than that.
 pub fn scratch(name: &str) -> PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| sweep_scratch(std::time::Duration::from_secs(24 * 3600)));
     tempfile::Builder::new()
         .prefix(&format!("accel-test-{name}-"))
         .tempdir()
         .expect("create scratch dir")
         .keep()
+}
+
+/// Deletes the `accel-test-*` directories in the temporary directory last
+/// modified more than `age` ago.
+fn sweep_scratch(age: std::time::Duration) {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|e| e > age);
+        let ours = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("accel-test-");
+        if ours && old && entry.path().is_dir() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A free loopback port (bound, then released).
@@ -596,6 +622,16 @@ impl AgentCmd {
             .flag("--rdzv-id", job)
     }
 
+    /// A loopback node of job `job` whose agents host the rendezvous
+    /// themselves on etcd at `endpoint` (`--rdzv-backend etcd`).
+    pub fn etcd(endpoint: &str, job: &str) -> Self {
+        Self::new()
+            .flag("--rdzv-backend", "etcd")
+            .flag("--rdzv-endpoint", endpoint)
+            .flag("--rdzv-id", job)
+            .local_addr("127.0.0.1")
+    }
+
     /// `--nnodes N` (or `MIN:MAX`).
     pub fn nnodes(self, n: impl Display) -> Self {
         self.flag("--nnodes", n)
@@ -619,6 +655,17 @@ impl AgentCmd {
                 self
             }
             None => self.flag("--local-addr", addr),
+        }
+    }
+
+    /// `--rdzv-backend NAME`, in place of one already set.
+    pub fn backend(mut self, name: &str) -> Self {
+        match self.flags.iter().position(|f| f == "--rdzv-backend") {
+            Some(i) => {
+                self.flags[i + 1] = name.to_owned();
+                self
+            }
+            None => self.flag("--rdzv-backend", name),
         }
     }
 

@@ -829,3 +829,139 @@ mod replicas {
         }
     }
 }
+
+mod agent_only {
+    //! `--rdzv-backend etcd`: no `rdzv-server`; the job's agents elect one
+    //! of themselves through etcd to host the rendezvous, and another takes
+    //! over when its node dies.
+
+    use super::*;
+
+    /// The address the agent behind `stderr` serves its replica at.
+    fn advertised(stderr: &std::path::Path) -> Option<String> {
+        let text = std::fs::read_to_string(stderr).ok()?;
+        let line = text
+            .lines()
+            .find(|l| l.contains("runs a replica of the job's rendezvous"))?;
+        let at = line.find("advertise=")? + "advertise=".len();
+        Some(line[at..].split_whitespace().next()?.to_owned())
+    }
+
+    #[test]
+    fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
+        let dir = scratch("ha-agent-only");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let endpoints = etcd.endpoints().replace("http://", "");
+        let cmd = |backend: &str| {
+            accel_tests::AgentCmd::etcd(&endpoints, "team/agents")
+                .backend(backend)
+                .nnodes("2:3")
+                .nproc(1)
+                .max_restarts(1)
+                .conf("last_call_timeout=1")
+                .conf("etcd_prefix=/agent-only")
+                .conf("etcd_lease=2")
+                // A silent node is dropped after 5 s.
+                .conf("keep_alive_interval=1")
+                .conf("keep_alive_max_attempt=5")
+        };
+        // The first round (3 nodes) runs until the test breaks it; the
+        // re-formed one (2 nodes) for a second.
+        let env = [
+            ("RECORD_EACH_ROUND", "1"),
+            ("RUN_FOR", "1"),
+            ("RUN_FOR_WORLD", "3:120"),
+        ];
+        // torchrun's etcd-v2 name is the same backend.
+        let mut agents: Vec<_> = ["etcd", "etcd", "etcd-v2"]
+            .iter()
+            .enumerate()
+            .map(|(i, backend)| {
+                let tag = format!("node-{i}");
+                let agent = cmd(backend)
+                    .recording(&dir, &tag)
+                    .envs(&env)
+                    .start(&dir, &tag);
+                (tag, agent)
+            })
+            .collect();
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || {
+                accel_tests::records(&dir).len() == 3
+            }),
+            "three workers run"
+        );
+        // The elected agent: the oldest candidacy in the job's election.
+        let election = "/agent-only/team%2Fagents/leader";
+        let leader = etcd.ctl(&[
+            "get",
+            "--prefix",
+            election,
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--print-value-only",
+        ]);
+        let leader = leader
+            .lines()
+            .next()
+            .expect("an elected agent")
+            .trim()
+            .to_owned();
+        let host = agents
+            .iter()
+            .position(|(_, a)| advertised(&a.stderr).as_deref() == Some(leader.as_str()))
+            .unwrap_or_else(|| panic!("no agent advertises {leader}"));
+        let (killed_tag, killed) = agents.remove(host);
+        let killed_worker = accel_tests::records(&dir)
+            .into_iter()
+            .find(|r| r.env.get("AGENT_TAG") == Some(&killed_tag))
+            .expect("the hosting node's worker");
+        killed.signal("KILL");
+        let _ = killed.wait(Duration::from_secs(10));
+
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|(tag, a)| (tag, a.wait(Duration::from_secs(90))))
+            .collect();
+        for (tag, out) in &outs {
+            assert_eq!(out.code(), 0, "{tag}: {}", out.stderr);
+        }
+        // One survivor was elected and hosted the rest of the job.
+        let elected: Vec<_> = outs
+            .iter()
+            .filter(|(_, o)| o.stderr.contains("leading: serving the rendezvous"))
+            .map(|(tag, _)| tag.as_str())
+            .collect();
+        assert_eq!(elected.len(), 1, "one survivor took over: {elected:?}");
+        let recs = accel_tests::records(&dir);
+        let reformed: Vec<_> = recs
+            .iter()
+            .filter(|r| r.env.get("WORLD_SIZE").map(String::as_str) == Some("2"))
+            .collect();
+        let mut tags: Vec<_> = reformed
+            .iter()
+            .map(|r| r.env["AGENT_TAG"].clone())
+            .collect();
+        tags.sort();
+        let mut survivors: Vec<_> = outs.iter().map(|(t, _)| t.clone()).collect();
+        survivors.sort();
+        assert_eq!(tags, survivors, "the survivors re-formed, one worker each");
+        assert!(
+            reformed.iter().all(|r| r.end.is_some()),
+            "the re-formed round finished"
+        );
+        let mut ranks: Vec<_> = reformed.iter().map(|r| r.rank).collect();
+        ranks.sort();
+        assert_eq!(ranks, [0, 1]);
+        let proc = format!("/proc/{}", killed_worker.pid);
+        assert!(
+            accel_tests::eventually(Duration::from_secs(10), || {
+                !std::path::Path::new(&proc).exists()
+            }),
+            "the killed node's worker is gone (its guard stopped it)"
+        );
+        // The job is over: nothing of it is left in etcd.
+        let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
+        assert!(left.trim().is_empty(), "etcd still holds {left}");
+    }
+}

@@ -8,6 +8,7 @@ environment the test gives the agent:
   FAIL_UNTIL=1        ...while TORCHELASTIC_RESTART_COUNT < FAIL_UNTIL (default: always)
   FAIL_AFTER=0.2      seconds before failing
   RUN_FOR=0.5         seconds a healthy worker runs before exiting 0
+  RUN_FOR_WORLD=3:60  ...but this long while WORLD_SIZE is 3 (a round the test breaks)
   SPAWN_CHILD=1       start a grandchild (`sleep 600`) in the worker's group first
   ON_SIGTERM=exit|ignore   on SIGTERM or SIGINT, exit: record the signal and exit 0;
                            ignore: record it and keep running
@@ -71,7 +72,11 @@ if rank in fail_ranks and restart < fail_until:
     time.sleep(float(env.get("FAIL_AFTER", "0.2")))
     sys.exit(int(env.get("FAIL_CODE", "3")))
 
-deadline = time.time() + float(env.get("RUN_FOR", "0.5"))
+run_for = float(env.get("RUN_FOR", "0.5"))
+world, _, long_run = env.get("RUN_FOR_WORLD", "").partition(":")
+if world and env["WORLD_SIZE"] == world:
+    run_for = float(long_run)
+deadline = time.time() + run_for
 while time.time() < deadline:
     time.sleep(0.02)
 record["end"] = time.time()

@@ -86,6 +86,7 @@ impl Session<'_> {
                         order.rotate_left(first);
                         order
                     },
+                    self.leaders,
                     self.join_req.clone(),
                     resume,
                     session,

@@ -86,6 +86,11 @@ pub(super) fn plan(cfg: &Config, hostname: &str) -> (String, Target) {
             host, node_rank, ..
         } if *node_rank == 0 => offered_target(host.clone(), is_loopback_host(host)),
         Rendezvous::Static { host, .. } => (host.clone(), Target::Ip(loopback)),
+        Rendezvous::Etcd { .. } => {
+            let offered = crate::rendezvous::advertised_host(cfg, hostname);
+            let loopback_job = is_loopback_host(&offered);
+            offered_target(offered, loopback_job)
+        }
         Rendezvous::C10d { host, .. } => {
             let loopback_job = is_loopback_host(host);
             let offered = match (&cfg.local_addr, loopback_job) {

@@ -23,8 +23,8 @@ use rendezvous_server::input::parse_duration;
 
 use super::{
     bad, cuda_device_count, parse_endpoint, parse_nnodes, random_id, Config, ConfigError,
-    Entrypoint, RdzvConf, Rendezvous, C10D_PORT, MAX_NPROC_PER_NODE, MAX_PREFIX_TEMPLATE,
-    MAX_RDZV_ID, STATIC_PORT,
+    Entrypoint, RdzvConf, Rendezvous, C10D_PORT, ETCD_PORT, MAX_NPROC_PER_NODE,
+    MAX_PREFIX_TEMPLATE, MAX_RDZV_ID, STATIC_PORT,
 };
 use crate::logs::{parse_ranks, LogSpec, StdSpec};
 
@@ -139,9 +139,11 @@ pub enum Backend {
     Static,
     /// An `rdzv-server` (or this agent, with `is_host`).
     C10d,
-    /// torchrun's etcd backends: named, so the refusal can say why.
+    /// No server: the agents elect one of themselves through etcd to host
+    /// the rendezvous (etcd's v3 API).
     Etcd,
-    /// torchrun's `etcd-v2` spelling.
+    /// torchrun's `etcd-v2` spelling of the same (accel speaks etcd's v3 API,
+    /// the one etcd 3.6 still has).
     EtcdV2,
 }
 
@@ -154,7 +156,7 @@ impl FromStr for Backend {
             "etcd" => Ok(Self::Etcd),
             "etcd-v2" => Ok(Self::EtcdV2),
             other => Err(bad(format!(
-                "--rdzv-backend '{}' is unknown; use static or c10d",
+                "--rdzv-backend '{}' is unknown; use static, c10d or etcd",
                 excerpt(other)
             ))),
         }
@@ -450,6 +452,14 @@ impl LaunchOptions {
             && self.rdzv_endpoint.is_empty()
             && self.master_port.is_none()
             && max == 1;
+        if self.rdzv_conf.etcd.given
+            && !matches!(self.rdzv_backend, Backend::Etcd | Backend::EtcdV2)
+        {
+            return Err(bad(format!(
+                "--rdzv-conf protocol, cacert, cert, key, etcd_prefix and etcd_lease are for --rdzv-backend etcd, not {}",
+                self.rdzv_backend.name()
+            )));
+        }
         if self.standalone || implicit_standalone {
             if max != 1 {
                 return Err(bad(format!(
@@ -518,10 +528,46 @@ impl LaunchOptions {
                     replicas: endpoints,
                 })
             }
-            backend @ (Backend::Etcd | Backend::EtcdV2) => Err(bad(format!(
-                "--rdzv-backend {} is not available in this version; use c10d with rdzv-server, or static",
-                backend.name()
-            ))),
+            Backend::Etcd | Backend::EtcdV2 => {
+                if self.rdzv_endpoint.is_empty() {
+                    return Err(bad(format!(
+                        "--rdzv-backend {} needs the etcd cluster: give --rdzv-endpoint HOST:PORT[,HOST:PORT...] (etcd's client port, 2379)",
+                        self.rdzv_backend.name()
+                    )));
+                }
+                if self.rdzv_conf.is_host.is_some() {
+                    return Err(bad(
+                        "--rdzv-conf is_host is for c10d: with etcd, the agents elect the one that hosts the rendezvous",
+                    ));
+                }
+                let scheme = self.rdzv_conf.etcd.scheme();
+                let mut endpoints = Vec::new();
+                for one in self.rdzv_endpoint.split(',').map(str::trim) {
+                    let one = match one.split_once("://") {
+                        Some((given, rest)) if given == scheme => rest,
+                        Some((given, _)) => {
+                            return Err(bad(format!(
+                                "--rdzv-endpoint '{}' says {given}:// but --rdzv-conf protocol is {scheme}; write HOST:PORT and set protocol=http or protocol=https",
+                                excerpt(one)
+                            )))
+                        }
+                        None => one,
+                    };
+                    let (host, port) = parse_endpoint(one, Some(ETCD_PORT))?;
+                    let host = if host.contains(':') {
+                        format!("[{host}]")
+                    } else {
+                        host
+                    };
+                    endpoints.push(format!("{scheme}://{host}:{}", port.unwrap_or(ETCD_PORT)));
+                }
+                if self.rdzv_id == "none" {
+                    warnings.push(
+                        "no --rdzv-id given: the job id is 'none', and every job on this etcd without one joins the same job".into(),
+                    );
+                }
+                Ok(Rendezvous::Etcd { endpoints })
+            }
         }
     }
 

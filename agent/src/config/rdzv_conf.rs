@@ -42,6 +42,57 @@ pub struct RdzvConf {
     pub store_ports: Option<PortRange>,
     /// Most bytes of keys and values the worker store holds (accel's own key).
     pub store_max_bytes: u64,
+    /// How etcd is reached (`--rdzv-backend etcd`).
+    pub etcd: EtcdConf,
+}
+
+/// The etcd settings of an agent-only rendezvous: torchrun's keys for its
+/// etcd backends (`protocol`, `cacert`, `cert`, `key` and `etcd_prefix`;
+/// etcd-v2's `ca_cert`, `ssl_cert`, `ssl_cert_key` as well) and accel's
+/// `etcd_lease`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConf {
+    /// `https` (else `http`).
+    pub https: bool,
+    /// CA that signed the etcd members' certificates.
+    pub ca: Option<std::path::PathBuf>,
+    /// This agent's client certificate for etcd (with `key`).
+    pub cert: Option<std::path::PathBuf>,
+    /// The key of `cert`.
+    pub key: Option<std::path::PathBuf>,
+    /// Where in etcd the job's election and state live (the job id is
+    /// appended).
+    pub prefix: String,
+    /// Lease of an agent's candidacy: how long a hosting agent that vanished
+    /// keeps its place before another takes over (whole seconds).
+    pub lease: Duration,
+    /// Whether any key above was given (they mean nothing to other backends).
+    pub given: bool,
+}
+
+impl Default for EtcdConf {
+    fn default() -> Self {
+        Self {
+            https: false,
+            ca: None,
+            cert: None,
+            key: None,
+            prefix: "/accel/agents".into(),
+            lease: Duration::from_secs(5),
+            given: false,
+        }
+    }
+}
+
+impl EtcdConf {
+    /// The URL scheme of the etcd endpoints.
+    pub fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
+    }
 }
 
 /// An inclusive range of at least two ports, `A-B`.
@@ -123,13 +174,15 @@ impl Default for RdzvConf {
             tls: Default::default(),
             store_ports: None,
             store_max_bytes: crate::store::state::DEFAULT_MAX_BYTES,
+            etcd: EtcdConf::default(),
         }
     }
 }
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes";
+                         token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
+                         for --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, etcd_lease";
 
 impl RdzvConf {
     /// Parses `k1=v1,k2=v2`; unknown keys and keys without a value are errors.
@@ -173,6 +226,46 @@ impl RdzvConf {
                 "tls_ca" => c.tls.ca = Some(value.into()),
                 "tls_cert" => c.tls.cert = Some(value.into()),
                 "tls_key" => c.tls.key = Some(value.into()),
+                "protocol" => {
+                    c.etcd.given = true;
+                    c.etcd.https = match value {
+                        "http" => false,
+                        "https" => true,
+                        other => {
+                            return Err(bad(format!(
+                                "--rdzv-conf protocol '{}' is unknown; use http or https",
+                                excerpt(other)
+                            )))
+                        }
+                    }
+                }
+                "cacert" | "ca_cert" | "cert" | "ssl_cert" | "key" | "ssl_cert_key"
+                    if value.is_empty() =>
+                {
+                    return Err(bad(format!("--rdzv-conf {key} needs a path")))
+                }
+                "cacert" | "ca_cert" => (c.etcd.ca, c.etcd.given) = (Some(value.into()), true),
+                "cert" | "ssl_cert" => (c.etcd.cert, c.etcd.given) = (Some(value.into()), true),
+                "key" | "ssl_cert_key" => (c.etcd.key, c.etcd.given) = (Some(value.into()), true),
+                "etcd_prefix" => {
+                    if !value.starts_with('/') || value.len() < 2 || value.ends_with('/') {
+                        return Err(bad(format!(
+                            "--rdzv-conf etcd_prefix '{}' must start with '/', name something and not end with '/', e.g. /accel/agents",
+                            excerpt(value)
+                        )));
+                    }
+                    (c.etcd.prefix, c.etcd.given) = (value.to_owned(), true);
+                }
+                "etcd_lease" => {
+                    let lease = dur(value)?;
+                    if lease < Duration::from_secs(1) || lease.subsec_nanos() != 0 {
+                        return Err(bad(format!(
+                            "--rdzv-conf etcd_lease '{}': etcd leases are whole seconds, at least 1",
+                            excerpt(value)
+                        )));
+                    }
+                    (c.etcd.lease, c.etcd.given) = (lease, true);
+                }
                 "keep_alive_max_attempt" => {
                     c.keep_alive_max_attempt =
                         value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -197,6 +290,11 @@ impl RdzvConf {
                     )))
                 }
             }
+        }
+        if c.etcd.cert.is_some() != c.etcd.key.is_some() {
+            return Err(bad(
+                "--rdzv-conf cert and key go together: give both, or neither",
+            ));
         }
         if c.read_timeout.is_zero() {
             return Err(bad("--rdzv-conf read_timeout must be greater than 0"));

@@ -346,8 +346,93 @@ fn options_build_without_any_command_line() {
         .expect("valid");
     assert_eq!(c.entrypoint.program, "/opt/py");
     o.rdzv_backend = Backend::Etcd;
-    let e = o.build(&|_| None).expect_err("etcd");
-    assert!(e.0.contains("not available in this version"), "{}", e.0);
+    let c = o.build(&|_| None).expect("etcd");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::Etcd {
+            endpoints: vec!["http://head:7".into()]
+        }
+    );
+}
+
+#[test]
+fn etcd_endpoints_and_settings() {
+    let etcd = |endpoint: &str, conf: &str| {
+        parse(&[
+            "--nnodes",
+            "2:4",
+            "--rdzv-backend",
+            "etcd-v2",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "j",
+            "--rdzv-conf",
+            conf,
+            "t.py",
+        ])
+    };
+    let c = etcd(
+        "e1, e2:3000,[::1]",
+        "protocol=https,cacert=/ca.pem,cert=/c.pem,key=/k.pem,etcd_prefix=/team/rdzv,etcd_lease=3s",
+    )
+    .expect("valid");
+    assert_eq!(
+        c.rendezvous,
+        Rendezvous::Etcd {
+            endpoints: vec![
+                "https://e1:2379".into(),
+                "https://e2:3000".into(),
+                "https://[::1]:2379".into()
+            ]
+        }
+    );
+    let e = &c.rdzv.etcd;
+    assert!(e.https);
+    assert_eq!(e.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+    assert_eq!(e.prefix, "/team/rdzv");
+    assert_eq!(e.lease, std::time::Duration::from_secs(3));
+    // etcd-v2's names for the same files.
+    let c = etcd(
+        "e1",
+        "protocol=https,ca_cert=/a,ssl_cert=/b,ssl_cert_key=/c",
+    )
+    .expect("valid");
+    assert_eq!(
+        (c.rdzv.etcd.ca, c.rdzv.etcd.cert, c.rdzv.etcd.key),
+        (Some("/a".into()), Some("/b".into()), Some("/c".into()))
+    );
+    assert_eq!(
+        etcd("http://e1:2379", "").expect("a URL").rendezvous,
+        Rendezvous::Etcd {
+            endpoints: vec!["http://e1:2379".into()]
+        }
+    );
+    for (endpoint, conf, names) in [
+        ("", "", "--rdzv-endpoint"),
+        ("http://e1", "protocol=https", "protocol"),
+        ("e1", "protocol=grpc", "protocol"),
+        ("e1", "cert=/c.pem", "cert and key"),
+        ("e1", "etcd_lease=500ms", "etcd_lease"),
+        ("e1", "etcd_prefix=accel", "etcd_prefix"),
+        ("e1", "is_host=true", "is_host"),
+    ] {
+        let err = etcd(endpoint, conf).expect_err(conf).to_string();
+        assert!(err.contains(names), "{endpoint} {conf}: {err}");
+    }
+    // The etcd keys mean nothing to another backend: refused, not ignored.
+    let err = parse(&[
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-conf",
+        "protocol=https",
+        "t.py",
+    ])
+    .expect_err("etcd key with c10d")
+    .to_string();
+    assert!(err.contains("--rdzv-backend etcd"), "{err}");
 }
 
 #[test]
