@@ -35,6 +35,10 @@ pub enum Error {
     /// The server is closing its jobs (shutting down, or no longer leading).
     #[error("the rendezvous server is shutting down; retry, or reach another replica")]
     ShuttingDown,
+    /// The job store refused the last write: nothing is decided until it
+    /// takes one (what waits to be written stays bounded).
+    #[error("the rendezvous cannot write job state to its store ({0}); nothing is decided until it can; retry shortly")]
+    Unwritable(String),
     /// This replica does not lead: the status names the leader.
     #[error("{}", .0.message())]
     Redirect(Status),
@@ -52,9 +56,11 @@ impl From<Error> for Status {
             Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
-            Error::Transport(_) | Error::Store(_) | Error::Redirect(_) | Error::ShuttingDown => {
-                Code::Unavailable
-            }
+            Error::Transport(_)
+            | Error::Store(_)
+            | Error::Unwritable(_)
+            | Error::Redirect(_)
+            | Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

@@ -49,7 +49,7 @@ use crate::store::StoreError;
 
 /// The response metadata in which a follower names the leader's address.
 pub const LEADER_METADATA: &str = "accel-leader";
-/// How often a follower asks who leads.
+/// How often a follower asks who leads while etcd streams it no changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 /// Pause before campaigning again after etcd failed us.
 const RETRY: Duration = Duration::from_secs(1);
@@ -395,14 +395,12 @@ async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: C
     }
 }
 
-/// Keeps the follower's idea of the leader's address current.
+/// Keeps the follower's idea of the leader's address current. etcd streams
+/// every change of leader (`Observe`), so a follower (every agent of an
+/// agent-only job is one) costs etcd one stream, not a call every half
+/// second; while no stream can be had, it asks every [`FOLLOW_EVERY`].
 async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role>) {
-    loop {
-        // "No leader" is an error of the election API.
-        let leader = match client.leader(election.clone()).await {
-            Ok(r) => r.kv().and_then(|kv| kv.value_str().ok()).map(str::to_owned),
-            Err(_) => None,
-        };
+    let set = |leader: Option<String>| {
         roles.send_if_modified(|role| match role {
             Role::Follower { leader: known } if *known != leader => {
                 *known = leader.clone();
@@ -410,6 +408,20 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
             }
             _ => false,
         });
+    };
+    let address = |kv: Option<&etcd_client::KeyValue>| {
+        kv.and_then(|kv| kv.value_str().ok()).map(str::to_owned)
+    };
+    loop {
+        // Who leads now: "no leader" is an error of the election API (and
+        // Observe says nothing until there is one).
+        let now = client.leader(election.clone()).await.ok();
+        set(now.as_ref().and_then(|r| address(r.kv())));
+        if let Ok(mut changes) = client.observe(election.clone()).await {
+            while let Ok(Some(r)) = changes.message().await {
+                set(address(r.kv()));
+            }
+        }
         tokio::time::sleep(FOLLOW_EVERY).await;
     }
 }

@@ -99,6 +99,10 @@ struct Jobs {
     held: Vec<Held>,
     /// The server is shutting down: nothing more is written.
     closing: bool,
+    /// Why the last flush failed, until one succeeds: calls that would
+    /// change a job are refused meanwhile, so changes and their held events
+    /// cannot pile up while the store takes nothing.
+    unwritable: Option<String>,
 }
 
 /// A change's events, waiting for the change to be durable.
@@ -163,6 +167,10 @@ impl Registry {
                 continue;
             }
             let id = record.id.clone();
+            if record.members.len() > self.limits.max_nodes_per_job as usize {
+                // Its nodes are running: continue it, admit no one more.
+                warn!(job = %id, nodes = record.members.len(), max_nodes_per_job = self.limits.max_nodes_per_job, "a job in the store has more nodes than --max-nodes-per-job; continuing it, but no node joins it until it has fewer");
+            }
             let entry = Entry {
                 job: Job::restore(record, now),
                 streams: HashMap::new(),
@@ -208,6 +216,7 @@ impl Registry {
         if !batch.is_empty() {
             if let Err(e) = store.save(batch).await {
                 let mut jobs = self.lock();
+                jobs.unwritable = Some(e.to_string());
                 jobs.dirty.extend(ids);
                 let later = std::mem::replace(&mut jobs.held, held);
                 jobs.held.extend(later);
@@ -216,6 +225,7 @@ impl Registry {
         }
         let mut guard = self.lock();
         let jobs = &mut *guard;
+        jobs.unwritable = None;
         if !jobs.closing {
             for h in held {
                 release(jobs, &h.job_id, h.out, h.horizon);
@@ -287,6 +297,9 @@ impl Registry {
         if jobs.closing {
             // Its jobs were closed for the server that continues them.
             return Err(Error::ShuttingDown);
+        }
+        if let Some(why) = &jobs.unwritable {
+            return Err(Error::Unwritable(why.clone()));
         }
         let created = !jobs.map.contains_key(&req.job_id);
         if created {
@@ -389,6 +402,9 @@ impl Registry {
     ) -> Result<R, Error> {
         let mut guard = self.lock();
         let jobs = &mut *guard;
+        if let Some(why) = &jobs.unwritable {
+            return Err(Error::Unwritable(why.clone()));
+        }
         let entry = jobs
             .map
             .get_mut(job_id)

@@ -248,6 +248,22 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
     assert_eq!(registry.job_count(), 1);
     gate.open.notify_one();
     assert!(flushing.await.expect("ran").is_err(), "the store failed");
+    // Until a write succeeds, nothing more is decided (or held).
+    let refused = registry
+        .join(
+            Instant::now(),
+            &join_request("c", None, None),
+            None,
+            session(3),
+        )
+        .map(|_| ())
+        .expect_err("no join while the store takes nothing");
+    assert!(matches!(refused, Error::Unwritable(_)), "{refused}");
+    assert_eq!(
+        tonic::Status::from(refused).code(),
+        tonic::Code::Unavailable
+    );
+    assert!(ready(&registry, "a", session(1), 0).is_err_and(|e| matches!(e, Error::Unwritable(_))));
     // The failed batch's job is written by the next flush.
     gate.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let flushing = tokio::spawn({
@@ -258,6 +274,14 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
     gate.open.notify_one();
     assert_eq!(flushing.await.expect("ran").expect("saved"), 1);
     assert_eq!(gate.saved.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let _c = registry
+        .join(
+            Instant::now(),
+            &join_request("c", None, None),
+            None,
+            session(3),
+        )
+        .expect("joins once the store takes writes again");
 }
 
 #[tokio::test]

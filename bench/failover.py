@@ -1,0 +1,214 @@
+"""Failover time of the highly available rendezvous, measured on real processes.
+
+A three-member etcd on loopback (started here, in a temporary directory), then:
+
+  server   two `rdzv-server` replicas; two agents (2 workers each) join through both.
+           `kill -9` of the leader, then the time until every agent has reconnected
+           to the new one; then one worker is killed, and the time until every agent
+           runs the next round's workers.
+  agents   three agents with `--rdzv-backend etcd` (no server), `--nnodes 2:3`.
+           `kill -9` of the agent that hosts the rendezvous, then the time until both
+           survivors reconnected to the new host, and until they run the re-formed
+           round (after the job's drop limit, when the dead node is dropped).
+
+Times come from the agents' own log timestamps, against the moment of the kill.
+Usage: python bench/failover.py [server|agents] [--lease SECONDS] [--runs N]
+(the binaries of `cargo build --release`, etcd and etcdctl on PATH).
+"""
+
+import argparse
+import datetime
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/accel/target"))
+BIN = os.path.join(TARGET, "release")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stamp(line):
+    """The UTC time at the head of a log line, as seconds since the epoch."""
+    head = line.split(" ", 1)[0].rstrip("Z")
+    try:
+        t = datetime.datetime.fromisoformat(head[:26])
+    except ValueError:
+        return None
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def first_after(path, text, after):
+    """The time of the first line of `path` after `after` that contains `text`."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            t = stamp(line)
+            if t is not None and t >= after and text in line:
+                return t
+    return None
+
+
+def wait_for(what, f, limit=60.0):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        v = f()
+        if v:
+            return v
+        time.sleep(0.05)
+    sys.exit(f"failover bench: timed out waiting for {what}")
+
+
+class Etcd:
+    def __init__(self, d):
+        self.clients = [free_port() for _ in range(3)]
+        peers = [free_port() for _ in range(3)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
+        self.procs = []
+        for i in range(3):
+            self.procs.append(subprocess.Popen(
+                ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(d, f"m{i}"),
+                 "--listen-client-urls", f"http://127.0.0.1:{self.clients[i]}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{self.clients[i]}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peers[i]}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peers[i]}",
+                 "--initial-cluster", cluster],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for("etcd", lambda: self.ctl("endpoint", "health") is not None)
+
+    def urls(self):
+        return ",".join(f"http://127.0.0.1:{p}" for p in self.clients)
+
+    def ctl(self, *args):
+        r = subprocess.run(["etcdctl", "--endpoints", self.urls(), *args],
+                           env={**os.environ, "ETCDCTL_API": "3"},
+                           capture_output=True, text=True)
+        return r.stdout if r.returncode == 0 else None
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def agent(d, name, args):
+    err = open(os.path.join(d, f"{name}.err"), "w")
+    p = subprocess.Popen([os.path.join(BIN, "accel-agent"), *args], stdout=subprocess.DEVNULL,
+                         stderr=err, env={**os.environ, "ACCEL_LOG": "info"})
+    return p, os.path.join(d, f"{name}.err")
+
+
+def grep(path, text):
+    with open(path, errors="replace") as f:
+        return text in f.read()
+
+
+def worker_pids(agent_pid):
+    out = subprocess.run(["pgrep", "-P", str(agent_pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def server_run(d, lease):
+    etcd = Etcd(d)
+    ports = [free_port(), free_port()]
+    servers = []
+    for i, port in enumerate(ports):
+        log = open(os.path.join(d, f"s{i}.log"), "w")
+        servers.append(subprocess.Popen(
+            [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}",
+             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(lease)],
+            stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "info"}))
+        if i == 0:
+            wait_for("the first replica to lead", lambda: grep(os.path.join(d, "s0.log"), "leading"))
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    agents = [agent(d, f"a{n}", [
+        "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoints, "--rdzv-id", "f", "--local-addr", "127.0.0.1",
+        "--no-python", "sleep", "60"]) for n in range(2)]
+    wait_for("the workers", lambda: all(grep(e, "starting workers") for _, e in agents))
+    time.sleep(1)
+    killed = time.time()
+    servers[0].kill()
+    reconnected = wait_for("both agents to reconnect", lambda: (
+        all(first_after(e, "reconnected", killed) for _, e in agents)
+        and max(first_after(e, "reconnected", killed) for _, e in agents)))
+    time.sleep(0.5)
+    failed = time.time()
+    os.kill(worker_pids(agents[0][0].pid)[0], signal.SIGKILL)
+    formed = wait_for("the next round", lambda: (
+        all(first_after(e, "starting workers round=1", failed) for _, e in agents)
+        and max(first_after(e, "starting workers round=1", failed) for _, e in agents)))
+    for p, _ in agents:
+        p.kill()
+    for s in servers:
+        s.kill()
+    etcd.stop()
+    return reconnected - killed, formed - failed
+
+
+def agents_run(d, lease):
+    etcd = Etcd(d)
+    endpoints = etcd.urls().replace("http://", "")
+    agents = [agent(d, f"a{n}", [
+        "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "etcd",
+        "--rdzv-endpoint", endpoints, "--rdzv-id", "f", "--local-addr", "127.0.0.1",
+        "--rdzv-conf", f"last_call_timeout=1,etcd_lease={lease}",
+        "--no-python", "sleep", "120"]) for n in range(3)]
+    wait_for("the workers", lambda: all(grep(e, "starting workers") for _, e in agents))
+    time.sleep(1)
+    leader = etcd.ctl("get", "--prefix", "/accel/agents/f/leader", "--sort-by=CREATE",
+                      "--order=ASCEND", "--print-value-only").split()[0]
+    host = next(i for i, (_, e) in enumerate(agents) if grep(e, f"advertise={leader} "))
+    killed = time.time()
+    agents[host][0].kill()
+    survivors = [a for i, a in enumerate(agents) if i != host]
+    reconnected = wait_for("both survivors to reconnect", lambda: (
+        all(first_after(e, "reconnected", killed) for _, e in survivors)
+        and max(first_after(e, "reconnected", killed) for _, e in survivors)))
+    formed = wait_for("the re-formed round", lambda: (
+        all(first_after(e, "starting workers round=1", killed) for _, e in survivors)
+        and max(first_after(e, "starting workers round=1", killed) for _, e in survivors)),
+        limit=90)
+    for p, _ in agents:
+        p.kill()
+    etcd.stop()
+    return reconnected - killed, formed - killed
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["server", "agents"])
+    ap.add_argument("--lease", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    run = server_run if a.mode == "server" else agents_run
+    results = []
+    for _ in range(a.runs):
+        d = tempfile.mkdtemp(prefix="accel-bench-failover-")
+        try:
+            results.append(run(d, a.lease))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    first = statistics.median(r[0] for r in results)
+    second = statistics.median(r[1] for r in results)
+    if a.mode == "server":
+        print(f"server replicas, --etcd-lease {a.lease}: leader kill -9 -> every agent on the new "
+              f"leader {first:.2f} s; worker failure -> next round running {second * 1000:.0f} ms "
+              f"(median of {a.runs})")
+    else:
+        print(f"agent-only, etcd_lease={a.lease}: hosting agent kill -9 -> survivors on the new host "
+              f"{first:.2f} s; -> re-formed round running {second:.2f} s (drop limit 15 s; "
+              f"median of {a.runs})")
+
+
+if __name__ == "__main__":
+    main()
