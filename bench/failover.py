@@ -113,7 +113,9 @@ def grep(path, text):
 
 
 def worker_pids(agent_pid):
-    out = subprocess.run(["pgrep", "-P", str(agent_pid)], capture_output=True, text=True).stdout
+    """The agent's workers (`sleep`), not its guard process."""
+    out = subprocess.run(["pgrep", "-P", str(agent_pid), "-x", "sleep"],
+                         capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 

@@ -422,32 +422,55 @@ mod replicas {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_follower_names_the_leader_and_takes_the_job_over_when_it_is_killed() {
-        let dir = scratch("ha-replicas");
-        let etcd = EtcdCluster::start(&dir, 3);
+    /// Two replicas (`--etcd-lease 2`) on a fresh three-member etcd, under
+    /// `prefix`: `first` leads before `second` starts, so the test knows
+    /// which one to kill.
+    fn replicas(dir: &std::path::Path, prefix: &str) -> (EtcdCluster, Server, Server) {
+        let etcd = EtcdCluster::start(dir, 3);
+        let endpoints = etcd.endpoints();
         let args = [
             "--etcd-endpoints",
-            &etcd.endpoints(),
+            &endpoints,
             "--etcd-prefix",
-            "/replicas",
+            prefix,
             "--etcd-lease",
             "2",
         ];
         let first = Server::start_with("127.0.0.1:0", &args, &[]);
-        let mut c1 = client(&first.addr).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        // The first replica wins the empty election.
-        loop {
-            match status(&mut c1).await {
-                Err(s) if s.code() == Code::NotFound => break,
-                Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                other => panic!("the first replica leads: {other:?}"),
-            }
-        }
+        // The tests are async or own a runtime: wait on a thread of its own.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let mut c = client(&first.addr).await;
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    // The first replica wins the empty election.
+                    loop {
+                        match status(&mut c).await {
+                            Err(s) if s.code() == Code::NotFound => break,
+                            Err(s)
+                                if s.code() == Code::Unavailable && Instant::now() < deadline =>
+                            {
+                                tokio::time::sleep(Duration::from_millis(100)).await
+                            }
+                            other => panic!("the first replica leads: {other:?}"),
+                        }
+                    }
+                })
+            });
+        });
         let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        (etcd, first, second)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_follower_names_the_leader_and_takes_the_job_over_when_it_is_killed() {
+        let dir = scratch("ha-replicas");
+        let (_etcd, first, second) = replicas(&dir, "/replicas");
+        let mut c1 = client(&first.addr).await;
         let mut c2 = client(&second.addr).await;
         let deadline = Instant::now() + Duration::from_secs(10);
         let refused = loop {
@@ -550,28 +573,7 @@ mod replicas {
             .build()
             .expect("runtime");
         let dir = scratch("ha-agents");
-        let etcd = EtcdCluster::start(&dir, 3);
-        let args = [
-            "--etcd-endpoints",
-            &etcd.endpoints(),
-            "--etcd-prefix",
-            "/agents",
-            "--etcd-lease",
-            "2",
-        ];
-        let first = Server::start_with("127.0.0.1:0", &args, &[]);
-        rt.block_on(async {
-            let mut c = client(&first.addr).await;
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while status(&mut c)
-                .await
-                .is_err_and(|s| s.code() == Code::Unavailable)
-            {
-                assert!(Instant::now() < deadline, "the first replica leads");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let (_etcd, first, second) = replicas(&dir, "/agents");
         // The follower first: the agents find the leader through its answer.
         let endpoints = format!("{},{}", second.addr, first.addr);
         let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
@@ -654,17 +656,7 @@ mod replicas {
             .build()
             .expect("runtime");
         let dir = scratch("ha-quorum-lost");
-        let mut etcd = EtcdCluster::start(&dir, 3);
-        let args = [
-            "--etcd-endpoints",
-            &etcd.endpoints(),
-            "--etcd-prefix",
-            "/quorum",
-            "--etcd-lease",
-            "2",
-        ];
-        let first = Server::start_with("127.0.0.1:0", &args, &[]);
-        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let (mut etcd, first, second) = replicas(&dir, "/quorum");
         let endpoints = format!("{},{}", first.addr, second.addr);
         // Workers are kept for the drop limit without a leader: 30 s here,
         // room for the outage and the election after it.
@@ -743,17 +735,7 @@ mod replicas {
     fn a_ddp_job_trains_through_a_leader_failover_to_the_same_parameters() {
         let _heavy = crate::heavy();
         let dir = scratch("ha-ddp");
-        let etcd = EtcdCluster::start(&dir, 3);
-        let args = [
-            "--etcd-endpoints",
-            &etcd.endpoints(),
-            "--etcd-prefix",
-            "/ddp",
-            "--etcd-lease",
-            "2",
-        ];
-        let first = Server::start_with("127.0.0.1:0", &args, &[]);
-        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let (_etcd, first, second) = replicas(&dir, "/ddp");
         let script = accel_tests::worker("ddp_train.py");
         let run = |name: &str, endpoints: Option<&str>, sleep: &str| {
             let (ck, out) = (dir.join(name).join("ckpt"), dir.join(name).join("out"));
