@@ -171,12 +171,27 @@ impl Registry {
                 // Its nodes are running: continue it, admit no one more.
                 warn!(job = %id, nodes = record.members.len(), max_nodes_per_job = self.limits.max_nodes_per_job, "a job in the store has more nodes than --max-nodes-per-job; continuing it, but no node joins it until it has fewer");
             }
+            let torn = record.torn;
+            let mut job = Job::restore(record, now);
+            if torn {
+                // No node acted on the half-written change; its nodes rejoin
+                // a new round (their workers stop), and the next flush writes
+                // the job whole.
+                warn!(job = %id, round = job.round(), "the last leader stopped while writing a change to this job; re-forming it (no restart is counted)");
+                let _ = job.reform(
+                    "the rendezvous server that led this job stopped while writing a change to it"
+                        .into(),
+                );
+            }
             let entry = Entry {
-                job: Job::restore(record, now),
+                job,
                 streams: HashMap::new(),
                 scheduled: None,
             };
             jobs.map.insert(id.clone(), entry);
+            if torn {
+                self.changed(jobs, &id);
+            }
             self.schedule(jobs, &id, now);
             loaded += 1;
         }

@@ -262,6 +262,120 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
     assert_eq!((info.round, info.restart_count), (2, 2));
 }
 
+/// Whether etcd holds job `team/job`'s key `name` (under `PREFIX`).
+async fn has_key(client: &mut Client, name: &str) -> bool {
+    let key = format!("{PREFIX}/jobs/team%2Fjob/{name}");
+    client.get(key, None).await.expect("get").count() > 0
+}
+
+fn job_info(registry: &Registry) -> pb::JobInfo {
+    registry
+        .status("team/job", 1, "")
+        .expect("the job is there")
+        .jobs
+        .remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_one_re_forms() {
+    let dir = scratch("ha-torn");
+    let etcd = EtcdCluster::start(&dir, 1);
+    let mut client = Client::connect([etcd.endpoint(0)], None)
+        .await
+        .expect("connect to etcd");
+    let (fence, _lease) = lead(&mut client, "first").await;
+    let first = Registry::with_store(
+        TTL,
+        Limits::default(),
+        Arc::new(EtcdStore::new(client.clone(), PREFIX, Some(fence))),
+    );
+    // A round of 150 nodes changes every member at once: more operations
+    // than one transaction takes.
+    let n = 150;
+    let now = Instant::now();
+    let mut streams = Vec::new();
+    for i in 0..n {
+        let mut req = join_request(&format!("n{i:03}"), None, None);
+        (req.min_nodes, req.max_nodes) = (n, n);
+        let stream = first
+            .join(now, &req, None, secret((i % 250) as u8))
+            .expect("joins");
+        streams.push(stream);
+    }
+    first.flush().await.expect("the joins are written");
+    let before = revision(&mut client).await;
+    let mut marker = client
+        .watch(format!("{PREFIX}/jobs/team%2Fjob/writing"), None)
+        .await
+        .expect("watch the marker");
+    for i in 0..n {
+        ready(&first, &format!("n{i:03}"), secret((i % 250) as u8), 0);
+    }
+    until(&first, &mut streams[0], |k| {
+        matches!(k, Kind::RoundComplete(_)).then_some(())
+    })
+    .await;
+    let writes = revision(&mut client).await - before;
+    assert!(
+        writes >= 2,
+        "the round took several transactions ({writes})"
+    );
+    // The marker went in with the first transaction and out with the last.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let resp = tokio::time::timeout(Duration::from_secs(5), marker.message())
+            .await
+            .expect("the marker's events")
+            .expect("watch")
+            .expect("watching");
+        seen.extend(resp.events().iter().map(|e| e.event_type()));
+    }
+    assert_eq!(
+        seen,
+        [etcd_client::EventType::Put, etcd_client::EventType::Delete]
+    );
+    assert!(
+        !has_key(&mut client, "writing").await,
+        "a change written whole leaves no marker"
+    );
+    assert_eq!(job_info(&first).phase, "running");
+
+    // A leader that stopped between two transactions of a change leaves the
+    // marker behind: the next leader re-forms the job instead of trusting
+    // half of a round, and spends nothing of the budget on it.
+    client
+        .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "", None)
+        .await
+        .expect("put the marker");
+    let second = Registry::with_store(
+        TTL,
+        Limits::default(),
+        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
+    );
+    assert_eq!(second.load().await.expect("loads"), 1);
+    let info = job_info(&second);
+    assert_eq!(
+        (info.phase.as_str(), info.round, info.restart_count),
+        ("forming", 1, 0),
+        "re-formed as round 1, no restart counted"
+    );
+    second.flush().await.expect("the re-formed job is written");
+    assert!(
+        !has_key(&mut client, "writing").await,
+        "the job written whole again: the marker is gone"
+    );
+    // Loaded once more, it is trusted as it is.
+    let third = Registry::with_store(
+        TTL,
+        Limits::default(),
+        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
+    );
+    assert_eq!(third.load().await.expect("loads"), 1);
+    let info = job_info(&third);
+    assert_eq!((info.phase.as_str(), info.round), ("forming", 1));
+    assert_eq!(info.node_count, n);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_one_of_three_etcd_members_changes_nothing() {
     let dir = scratch("ha-quorum");

@@ -87,6 +87,10 @@ pub struct JobRecord {
     pub empty_since: Option<Offset>,
     /// Placeholders of a relearned job not claimed yet.
     pub absent: u32,
+    /// A store found the job's last change half-written (its leader stopped
+    /// between two transactions of it): some values are from before that
+    /// change, some after. Never set by [`Job::record`].
+    pub torn: bool,
 }
 
 fn offset(at: Instant, now: Instant) -> Offset {
@@ -148,6 +152,7 @@ impl Job {
             next_liveness: at(self.next_liveness),
             empty_since: at(self.empty_since),
             absent: self.absent,
+            torn: false,
         }
     }
 

@@ -149,6 +149,17 @@ impl Job {
         addrs
     }
 
+    /// Starts the next round now, spending nothing of the budget: for a job
+    /// whose stored state is not to be trusted as a whole
+    /// ([`super::JobRecord::torn`]). Every member is asked to offer itself
+    /// again; nothing happens to a job that is over.
+    pub fn reform(&mut self, reason: String) -> Vec<Outbound> {
+        if self.phase.is_terminal() {
+            return Vec::new();
+        }
+        self.restart(reason, false)
+    }
+
     pub(super) fn restart(&mut self, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
         self.round = self.round.saturating_add(1);

@@ -5,10 +5,13 @@
 //! wrote or loaded. A batch is applied in transactions of at most
 //! [`TXN_OPS`] operations and [`TXN_BYTES`] bytes (etcd's own limits are 128
 //! operations and 1.5 MiB a request by default), members before the job's
-//! meta. A batch that ends half-written (etcd lost quorum between two
-//! transactions) is retried whole; its events were not delivered meanwhile
-//! (the registry sends a change's events only once it is durable), so no
-//! node acted on the part that was written.
+//! meta, a job's changes in one transaction where they fit. A batch that
+//! ends half-written (etcd lost quorum between two transactions) is retried
+//! whole; its events were not delivered meanwhile (the registry sends a
+//! change's events only once it is durable), so no node acted on the part
+//! that was written. A job's change that spans transactions is bracketed by
+//! a marker ([`records::marked`]), so a leader that stops halfway leaves the
+//! job recognisably half-written, and the next one re-forms it.
 //!
 //! # Fencing
 //! A store made for a leader carries a [`Fence`]: the key its election
@@ -153,28 +156,51 @@ impl EtcdStore {
         }
     }
 
-    fn op(&self, change: &Change) -> (TxnOp, usize) {
+    /// The operations of one change (a [`Change::Commit`] is two, which
+    /// must share a transaction) and the bytes of value they write.
+    fn ops(&self, change: &Change) -> (Vec<TxnOp>, usize) {
         match change {
             Change::Put { job, slot, value } => (
-                TxnOp::put(slot.key(&self.prefix, job), value.clone(), None),
+                vec![TxnOp::put(slot.key(&self.prefix, job), value.clone(), None)],
                 value.len(),
             ),
             Change::DeleteMember { job, node } => (
-                TxnOp::delete(Slot::Member(node.clone()).key(&self.prefix, job), None),
+                vec![TxnOp::delete(
+                    Slot::Member(node.clone()).key(&self.prefix, job),
+                    None,
+                )],
                 0,
             ),
             Change::DeleteParticipants { job, index } => (
-                TxnOp::delete(Slot::Participants(*index).key(&self.prefix, job), None),
+                vec![TxnOp::delete(
+                    Slot::Participants(*index).key(&self.prefix, job),
+                    None,
+                )],
                 0,
             ),
             Change::DeleteJob { job } => (
-                TxnOp::delete(
+                vec![TxnOp::delete(
                     records::job_prefix(&self.prefix, job),
                     Some(DeleteOptions::new().with_prefix()),
-                ),
+                )],
                 0,
             ),
+            Change::Commit { job, meta } => (
+                vec![
+                    TxnOp::put(Slot::Meta.key(&self.prefix, job), meta.clone(), None),
+                    TxnOp::delete(Slot::Writing.key(&self.prefix, job), None),
+                ],
+                meta.len(),
+            ),
         }
+    }
+
+    /// Operations and bytes of `changes`.
+    fn size(&self, changes: &[Change]) -> (usize, usize) {
+        changes.iter().fold((0, 0), |(n, b), c| {
+            let (ops, bytes) = self.ops(c);
+            (n + ops.len(), b + bytes)
+        })
     }
 
     /// Runs `txn`, retried while another member may answer.
@@ -261,7 +287,16 @@ impl EtcdStore {
                 warn!(job = %records::escape(&id), "ignoring a job whose first write did not finish");
                 continue;
             }
-            jobs.push(records::decode(&id, &encoded)?);
+            match records::decode(&id, &encoded) {
+                Ok(record) => jobs.push(record),
+                // One damaged job must not keep every other from its leader:
+                // it is left out (its nodes rejoin, and the server relearns
+                // it from them), and its values are kept here so that the
+                // job's next write replaces them all.
+                Err(e) => {
+                    tracing::error!(error = %e, "leaving out a job whose stored state cannot be read")
+                }
+            }
             held.jobs.insert(id, encoded);
         }
         Ok(jobs)
@@ -284,19 +319,26 @@ impl EtcdStore {
             };
             held.stale.remove(&id);
         }
-        let mut changes: Vec<Change> = batch
+        // Each job's changes, kept whole in one transaction where they fit.
+        let mut groups: Vec<Vec<Change>> = batch
             .removed
             .into_iter()
-            .map(|job| Change::DeleteJob { job })
+            .map(|job| vec![Change::DeleteJob { job }])
             .collect();
         for record in &batch.put {
             let encoded = records::encode(record);
-            changes.extend(records::diff(
-                &record.id,
-                held.jobs.get(&record.id),
-                &encoded,
-            ));
+            let old = held.jobs.get(&record.id);
+            let mut changes = records::diff(&record.id, old, &encoded);
+            let (ops, bytes) = self.size(&changes);
+            let was_torn = old.is_some_and(|e| e.writing);
+            if ops > TXN_OPS || bytes > TXN_BYTES || was_torn {
+                changes = records::marked(&record.id, changes, &encoded.meta, was_torn);
+            }
+            if !changes.is_empty() {
+                groups.push(changes);
+            }
         }
+        let changes: Vec<Change> = groups.iter().flatten().cloned().collect();
         if changes.is_empty() && self.fence.is_some() {
             // Nothing to write, but events wait on this save: a deposed
             // leader must not send them, so the fence is checked all the same.
@@ -309,27 +351,43 @@ impl EtcdStore {
             }
             return Ok(());
         }
-        let mut rest = changes.as_slice();
-        while !rest.is_empty() {
-            let mut ops = Vec::new();
-            let mut bytes = 0;
-            let mut n = 0;
-            for change in rest {
-                let (op, size) = self.op(change);
-                if n > 0 && (n == TXN_OPS || bytes + size > TXN_BYTES) {
-                    break;
+        // Transactions of at most TXN_OPS operations and TXN_BYTES bytes; a
+        // job's changes start a new one rather than straddle two, unless
+        // they alone exceed one (then they are marked, above).
+        let mut txns: Vec<(Vec<TxnOp>, Vec<Change>)> = vec![(Vec::new(), Vec::new())];
+        let mut used = (0, 0);
+        for group in groups {
+            let (ops, bytes) = self.size(&group);
+            if used.0 > 0 && (used.0 + ops > TXN_OPS || used.1 + bytes > TXN_BYTES) {
+                txns.push((Vec::new(), Vec::new()));
+                used = (0, 0);
+            }
+            for change in group {
+                let (ops, bytes) = self.ops(&change);
+                if used.0 > 0 && (used.0 + ops.len() > TXN_OPS || used.1 + bytes > TXN_BYTES) {
+                    txns.push((Vec::new(), Vec::new()));
+                    used = (0, 0);
                 }
-                ops.push(op);
-                bytes += size;
-                n += 1;
+                used = (used.0 + ops.len(), used.1 + bytes);
+                let (txn_ops, txn_changes) = txns.last_mut().expect("one transaction at least");
+                txn_ops.extend(ops);
+                txn_changes.push(change);
+            }
+        }
+        debug_assert_eq!(
+            txns.iter().map(|(_, c)| c.len()).sum::<usize>(),
+            changes.len()
+        );
+        for (ops, done) in txns {
+            if ops.is_empty() {
+                continue;
             }
             let txn = Txn::new().when(self.guard()).and_then(ops);
-            let (done, left) = rest.split_at(n);
             let resp = match self.commit(txn).await {
                 Ok(r) => r,
                 Err(e) => {
                     // It may have been applied all the same.
-                    for change in done {
+                    for change in &done {
                         let job = change.job();
                         held.jobs.remove(job);
                         held.stale.insert(job.to_owned());
@@ -340,10 +398,9 @@ impl EtcdStore {
             if !resp.succeeded() {
                 return Err(fenced());
             }
-            for change in done {
+            for change in &done {
                 records::apply(&mut held.jobs, change);
             }
-            rest = left;
         }
         Ok(())
     }

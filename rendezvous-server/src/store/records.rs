@@ -20,6 +20,16 @@
 //! `P/jobs/<job>/meta`, `P/jobs/<job>/participants/<i>`, `P/jobs/<job>/m/<node>`
 //! under the store's prefix `P`. Ids are percent-escaped (`%`, `/` and
 //! control characters), so no id can reach into another job's keys.
+//!
+//! # A change too large for one transaction
+//! A store writes a job's change in one transaction when it fits. One that
+//! does not (a round of thousands of nodes) is bracketed ([`marked`]): its
+//! first transaction also puts `P/jobs/<job>/writing`, and the job's meta
+//! and the marker's deletion go together in its last ([`Change::Commit`]). A
+//! job loaded with the marker was left half-written by a leader that stopped
+//! in between ([`JobRecord::torn`]): no node acted on that change (its events
+//! wait for the whole write), but which of its parts the store holds is
+//! unknown, so the new leader re-forms the job instead of trusting it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,6 +57,8 @@ pub struct Encoded {
     pub participants: Vec<Vec<u8>>,
     /// Each member, by node id.
     pub members: BTreeMap<String, Vec<u8>>,
+    /// Whether the half-written marker is there.
+    pub writing: bool,
 }
 
 /// Most participant values of one job: far beyond any job the limits admit
@@ -72,6 +84,7 @@ impl Encoded {
             Slot::Member(node) => {
                 self.members.insert(node.clone(), value);
             }
+            Slot::Writing => self.writing = true,
         }
         true
     }
@@ -130,6 +143,8 @@ pub enum Slot {
     Participants(u32),
     /// One member.
     Member(String),
+    /// The marker of a change written in several transactions.
+    Writing,
 }
 
 impl Slot {
@@ -140,6 +155,7 @@ impl Slot {
             Slot::Meta => format!("{job}meta"),
             Slot::Participants(i) => format!("{job}participants/{i}"),
             Slot::Member(node) => format!("{job}m/{}", escape(node)),
+            Slot::Writing => format!("{job}writing"),
         }
     }
 
@@ -149,6 +165,7 @@ impl Slot {
         let (job, slot) = rest.split_once('/')?;
         let slot = match slot {
             "meta" => Slot::Meta,
+            "writing" => Slot::Writing,
             s => match s.strip_prefix("participants/") {
                 Some(i) => Slot::Participants(i.parse().ok()?),
                 None => Slot::Member(unescape(s.strip_prefix("m/")?)?),
@@ -226,6 +243,7 @@ pub fn encode(r: &JobRecord) -> Encoded {
         meta: meta.encode_to_vec(),
         participants,
         members,
+        writing: false,
     }
 }
 
@@ -318,6 +336,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
         next_liveness: meta.next_liveness,
         empty_since: meta.empty_since,
         absent: meta.absent,
+        torn: e.writing,
     })
 }
 
@@ -352,6 +371,14 @@ pub enum Change {
         /// The job.
         job: String,
     },
+    /// Put the job's meta and remove its half-written marker, in one
+    /// transaction: the end of a [`marked`] change.
+    Commit {
+        /// The job.
+        job: String,
+        /// Its meta.
+        meta: Vec<u8>,
+    },
 }
 
 impl Change {
@@ -361,7 +388,8 @@ impl Change {
             Change::Put { job, .. }
             | Change::DeleteMember { job, .. }
             | Change::DeleteParticipants { job, .. }
-            | Change::DeleteJob { job } => job,
+            | Change::DeleteJob { job }
+            | Change::Commit { job, .. } => job,
         }
     }
 }
@@ -430,7 +458,41 @@ pub fn apply(jobs: &mut BTreeMap<String, Encoded>, change: &Change) {
         Change::DeleteJob { job } => {
             jobs.remove(job);
         }
+        Change::Commit { job, meta } => {
+            let e = jobs.entry(job.clone()).or_default();
+            e.meta = meta.clone();
+            e.writing = false;
+        }
     }
+}
+
+/// Brackets job `id`'s `changes` for writing in several transactions (or
+/// for clearing a marker a stopped leader left, `old_writing`): the marker
+/// first (unless it is there already), the job's meta, `new_meta`, with the
+/// marker's deletion last. See the module's docs.
+pub fn marked(id: &str, changes: Vec<Change>, new_meta: &[u8], old_writing: bool) -> Vec<Change> {
+    let mut out = Vec::with_capacity(changes.len() + 2);
+    if !old_writing {
+        out.push(Change::Put {
+            job: id.to_owned(),
+            slot: Slot::Writing,
+            value: Vec::new(),
+        });
+    }
+    out.extend(changes.into_iter().filter(|c| {
+        !matches!(
+            c,
+            Change::Put {
+                slot: Slot::Meta,
+                ..
+            }
+        )
+    }));
+    out.push(Change::Commit {
+        job: id.to_owned(),
+        meta: new_meta.to_vec(),
+    });
+    out
 }
 
 #[cfg(test)]

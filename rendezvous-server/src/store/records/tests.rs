@@ -227,3 +227,65 @@ fn participants_are_kept_in_values_of_bounded_size() {
     );
     assert_eq!(Slot::parse("/p", "/p/jobs/j/participants/x"), None);
 }
+
+#[test]
+fn a_marked_change_puts_the_marker_first_and_commits_the_meta_with_its_removal() {
+    let now = Instant::now();
+    let job = running_job(now);
+    let id = job.id().to_owned();
+    let new = encode(&job.record(now));
+    let changes = marked(&id, diff(&id, None, &new), &new.meta, false);
+    assert_eq!(
+        changes.first(),
+        Some(&Change::Put {
+            job: id.clone(),
+            slot: Slot::Writing,
+            value: Vec::new()
+        })
+    );
+    assert_eq!(
+        changes.last(),
+        Some(&Change::Commit {
+            job: id.clone(),
+            meta: new.meta.clone()
+        })
+    );
+    assert_eq!(
+        changes
+            .iter()
+            .filter(|c| matches!(
+                c,
+                Change::Put {
+                    slot: Slot::Meta,
+                    ..
+                }
+            ))
+            .count(),
+        0,
+        "the meta is written only with the commit"
+    );
+    // Half of it applied: the marker is there; all of it: gone, the job whole.
+    let mut held = BTreeMap::new();
+    apply(&mut held, &changes[0]);
+    assert!(held[&id].writing);
+    for c in &changes[1..] {
+        apply(&mut held, c);
+    }
+    assert_eq!(held.get(&id), Some(&new));
+    // A job loaded with a marker: its next write clears it, with no new one.
+    let mut torn = new.clone();
+    torn.writing = true;
+    assert!(decode(&id, &torn).expect("decodes").torn);
+    let changes = marked(&id, diff(&id, Some(&torn), &new), &new.meta, true);
+    assert_eq!(
+        changes,
+        [Change::Commit {
+            job: id.clone(),
+            meta: new.meta.clone()
+        }]
+    );
+    assert_eq!(
+        Slot::parse("/accel", &Slot::Writing.key("/accel", &id)),
+        Some((id, Slot::Writing))
+    );
+}
