@@ -119,6 +119,11 @@ impl RdzvClient {
             Leaders::Listed => Duration::from_secs(1),
             Leaders::Published => Duration::from_millis(100),
         });
+        // A named leader that does not serve (dead, still loading) is tried
+        // again at the pace of remote replicas, not of the local one; a
+        // newly named one at once.
+        let mut leader_delays = retry_delays(Duration::from_secs(1));
+        let mut failed_leader: Option<(String, u16)> = None;
         let mut at = 0;
         let mut tried = 0;
         // A leader this agent's own replica named, tried next.
@@ -169,6 +174,14 @@ impl RdzvClient {
                 Err(_) => ("no answer before the deadline".to_owned(), None),
             };
             let now = Instant::now();
+            if now >= deadline && leaders == Leaders::Published {
+                return Err(AgentError::JoinTimeout(format!(
+                    "no agent of the job was elected to host the rendezvous through etcd within {:.0} s ({error}); \
+                     check that etcd answers at --rdzv-endpoint (and --rdzv-conf protocol, cacert, cert, key), \
+                     and the other agents' logs",
+                    now.duration_since(started).as_secs_f64()
+                )));
+            }
             if now >= deadline {
                 return Err(AgentError::JoinTimeout(format!(
                     "could not reach the rendezvous at {} within {:.0} s ({error}); \
@@ -183,13 +196,23 @@ impl RdzvClient {
                 last_notice = Some(now);
             }
             if leaders == Leaders::Published && following.is_none() && at == 0 {
-                // This agent's replica named the leader: go there at once.
+                // This agent's replica named the leader: go there (at once,
+                // unless it is the one that just failed).
                 if let Some(l) = leader.as_deref().and_then(split_host_port) {
                     if l != (host.clone(), *port) {
+                        if failed_leader.as_ref() != Some(&l) {
+                            leader_delays = retry_delays(Duration::from_secs(1));
+                        }
                         published = Some(l);
                         continue;
                     }
                 }
+            }
+            if let Some(l) = following {
+                let delay = leader_delays.next().unwrap_or(Duration::from_secs(2));
+                failed_leader = Some(l);
+                tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
+                continue;
             }
             let named_leader = leader.and_then(|l| {
                 endpoints
@@ -198,8 +221,7 @@ impl RdzvClient {
             });
             at = match named_leader {
                 // A follower named the leader: go there next.
-                Some(i) if i != at && following.is_none() => i,
-                _ if following.is_some() => at,
+                Some(i) if i != at => i,
                 _ => (at + 1) % endpoints.len(),
             };
             // Back off once as many attempts as there are endpoints failed,
@@ -506,7 +528,7 @@ mod tests {
             tls: None,
             store: None,
             replication: None,
-            forget_finished_on_shutdown: false,
+            ends_with_job: false,
         };
         tokio::spawn(rendezvous_server::serve(
             listener,

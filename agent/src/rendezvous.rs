@@ -103,7 +103,7 @@ fn embedded(
         tls,
         store: None,
         replication: None,
-        forget_finished_on_shutdown: false,
+        ends_with_job: false,
     }
 }
 
@@ -211,7 +211,7 @@ pub(crate) async fn locate_rendezvous(
             let host = advertised_host(cfg, &hostname());
             let tls = hosted_tls(cfg)?;
             let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
-            options.forget_finished_on_shutdown = true;
+            options.ends_with_job = true;
             let etcd = &cfg.rdzv.etcd;
             let etcd_tls = if etcd.https {
                 Some(
@@ -260,6 +260,10 @@ pub(crate) async fn locate_rendezvous(
             if options.token.is_none() && !bind.ip().is_loopback() {
                 warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
             }
+            let link_tls = cfg.link_tls().enabled();
+            if !etcd.https && !link_tls && !bind.ip().is_loopback() {
+                warn!("agents join the leader etcd names, over plain etcd and plain links: whoever can write to etcd can send them (and their token) elsewhere; use --rdzv-conf protocol=https with etcd client certificates, and tls_ca/tls_cert/tls_key");
+            }
             let stop = stop.clone();
             let task = tokio::spawn(async move {
                 let shutdown = async move { stop.cancelled().await };
@@ -268,14 +272,23 @@ pub(crate) async fn locate_rendezvous(
                 }
             });
             info!(%advertise, etcd = %endpoints.join(","), "this agent runs a replica of the job's rendezvous on etcd");
-            let (host, _) = advertise.rsplit_once(':').unwrap_or((&advertise, ""));
+            // The agent trusts what its own replica says: it reaches it on
+            // this host, not through a name that might resolve elsewhere
+            // (with TLS, by the name its certificate carries).
+            let own = if link_tls {
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned()
+            } else if bind.ip().is_unspecified() {
+                match bind {
+                    SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.to_string(),
+                    SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.to_string(),
+                }
+            } else {
+                bind.ip().to_string()
+            };
             Ok(Located {
-                endpoints: vec![(
-                    host.trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_owned(),
-                    port,
-                )],
+                endpoints: vec![(own, port)],
                 leaders: Leaders::Published,
                 server: Some(task),
             })

@@ -17,6 +17,10 @@ pub enum Error {
     /// No job with this id.
     #[error("no job '{0}' on this rendezvous server; join it first")]
     UnknownJob(String),
+    /// A node resumes a job the store does not hold, and the registry
+    /// relearns nothing ([`crate::Registry::without_relearning`]).
+    #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off (the other nodes' logs have its outcome), or it never got that far")]
+    JobGone(String),
     /// The node is not a member of the job.
     #[error("node '{1}' is not a member of job '{0}'; join it first")]
     UnknownNode(String, String),
@@ -35,9 +39,9 @@ pub enum Error {
     /// The server is closing its jobs (shutting down, or no longer leading).
     #[error("the rendezvous server is shutting down; retry, or reach another replica")]
     ShuttingDown,
-    /// The job store refused the last write: nothing is decided until it
-    /// takes one (what waits to be written stays bounded).
-    #[error("the rendezvous cannot write job state to its store ({0}); nothing is decided until it can; retry shortly")]
+    /// The job store refused the last write: no new job or member is
+    /// admitted until it takes one (what waits to be written stays bounded).
+    #[error("the rendezvous cannot write job state to its store ({0}); it admits no new node until it can; retrying")]
     Unwritable(String),
     /// This replica does not lead: the status names the leader.
     #[error("{}", .0.message())]
@@ -53,7 +57,7 @@ impl From<Error> for Status {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
             Error::Join(_) => Code::FailedPrecondition,
-            Error::UnknownJob(_) | Error::UnknownNode(..) => Code::NotFound,
+            Error::UnknownJob(_) | Error::JobGone(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
             Error::Transport(_)

@@ -51,6 +51,8 @@ use crate::store::StoreError;
 pub const LEADER_METADATA: &str = "accel-leader";
 /// How often a follower asks who leads while etcd streams it no changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+/// How often a follower checks the streamed leader by asking.
+const RECHECK: Duration = Duration::from_secs(2);
 /// Pause before campaigning again after etcd failed us.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -138,7 +140,10 @@ impl Role {
 pub async fn connect(o: &EtcdOptions) -> Result<Client, etcd_client::Error> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        // A member cut off from the others refuses instead of answering
+        // from (or waiting on) a stale view.
+        .with_require_leader(true);
     if let Some((user, password)) = &o.user {
         options = options.with_user(user.clone(), password.clone());
     }
@@ -174,10 +179,12 @@ pub struct Tenure {
     pub ttl: Duration,
     /// What the registry holds at most.
     pub limits: Limits,
-    /// Whether a leader that shuts down deletes the jobs that are over
-    /// (agent-only rendezvous: its replicas go with the job's nodes, so no
-    /// later leader would forget them).
-    pub forget_finished_on_shutdown: bool,
+    /// Whether the replicas end with the job (agent-only rendezvous): a
+    /// leader that shuts down deletes the jobs that are over (no later
+    /// leader would forget them), and a node resuming a job the store does
+    /// not hold is refused rather than relearned (the job ended, or was
+    /// never written).
+    pub ends_with_job: bool,
 }
 
 /// What one term of a replica works with.
@@ -185,7 +192,7 @@ struct Replica<'a> {
     o: &'a EtcdOptions,
     /// How long finished jobs are remembered.
     ttl: Duration,
-    forget_finished_on_shutdown: bool,
+    ends_with_job: bool,
     limits: Limits,
     roles: &'a watch::Sender<Role>,
     stop: &'a CancellationToken,
@@ -215,7 +222,7 @@ pub async fn replicate(
         let replica = Replica {
             o: &options,
             ttl: tenure.ttl,
-            forget_finished_on_shutdown: tenure.forget_finished_on_shutdown,
+            ends_with_job: tenure.ends_with_job,
             limits: tenure.limits,
             roles: &roles,
             stop: &stop,
@@ -299,7 +306,10 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         revision: key.rev(),
     };
     let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
-    let registry = Registry::with_store(r.ttl, r.limits, Arc::new(store));
+    let mut registry = Registry::with_store(r.ttl, r.limits, Arc::new(store));
+    if r.ends_with_job {
+        registry = registry.without_relearning();
+    }
     let loaded = match registry.load().await {
         Ok(n) => n,
         Err(e) => {
@@ -326,7 +336,7 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         Ended::Shutdown => {
             if let Err(e) = registry.flush().await {
                 warn!(error = %e, "cannot write the last job state to etcd");
-            } else if r.forget_finished_on_shutdown && registry.forget_finished() > 0 {
+            } else if r.ends_with_job && registry.forget_finished() > 0 {
                 // Their outcome reached the nodes with the flush above.
                 if let Err(e) = registry.flush().await {
                     warn!(error = %e, "cannot delete the finished job from etcd");
@@ -398,7 +408,9 @@ async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: C
 /// Keeps the follower's idea of the leader's address current. etcd streams
 /// every change of leader (`Observe`), so a follower (every agent of an
 /// agent-only job is one) costs etcd one stream, not a call every half
-/// second; while no stream can be had, it asks every [`FOLLOW_EVERY`].
+/// second (it asks every [`RECHECK`] as well, since a stream through a
+/// member cut off from the others just goes silent); while no stream can
+/// be had, it asks every [`FOLLOW_EVERY`].
 async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role>) {
     let set = |leader: Option<String>| {
         roles.send_if_modified(|role| match role {
@@ -418,8 +430,17 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
         let now = client.leader(election.clone()).await.ok();
         set(now.as_ref().and_then(|r| address(r.kv())));
         if let Ok(mut changes) = client.observe(election.clone()).await {
-            while let Ok(Some(r)) = changes.message().await {
-                set(address(r.kv()));
+            loop {
+                match tokio::time::timeout(RECHECK, changes.message()).await {
+                    Ok(Ok(Some(r))) => set(address(r.kv())),
+                    Ok(_) => break,
+                    // A stream through a member cut off from the others is
+                    // silent: ask now and then all the same.
+                    Err(_) => {
+                        let now = client.leader(election.clone()).await.ok();
+                        set(now.as_ref().and_then(|r| address(r.kv())));
+                    }
+                }
             }
         }
         tokio::time::sleep(FOLLOW_EVERY).await;

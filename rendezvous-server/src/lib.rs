@@ -81,11 +81,12 @@ pub struct ServeOptions {
     pub store: Option<Arc<dyn store::JobStore>>,
     /// Run as one replica of several, on etcd ([`ha`]); `store` is then unused.
     pub replication: Option<ha::EtcdOptions>,
-    /// Replicated: whether a leader that shuts down deletes the jobs that
-    /// are over, instead of leaving them for the next leader to forget
-    /// after `finished_job_ttl` (an agent-only rendezvous, whose replicas
-    /// end with the job).
-    pub forget_finished_on_shutdown: bool,
+    /// Replicated: whether the replicas end with the job (an agent-only
+    /// rendezvous): a leader that shuts down deletes the jobs that are over
+    /// instead of leaving them for the next leader to forget after
+    /// `finished_job_ttl`, and a node resuming a job the store does not hold
+    /// is refused instead of relearned ([`ha::Tenure::ends_with_job`]).
+    pub ends_with_job: bool,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -155,7 +156,7 @@ pub async fn serve(
             let tenure = ha::Tenure {
                 ttl: options.finished_job_ttl,
                 limits: options.limits,
-                forget_finished_on_shutdown: options.forget_finished_on_shutdown,
+                ends_with_job: options.ends_with_job,
             };
             tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone()))
         }

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             tls,
             store: None,
             replication,
-            forget_finished_on_shutdown: false,
+            ends_with_job: false,
         };
         let shutdown = rendezvous_server::signal::shutdown();
         match rendezvous_server::serve(listener, options, shutdown).await {

@@ -99,9 +99,9 @@ struct Jobs {
     held: Vec<Held>,
     /// The server is shutting down: nothing more is written.
     closing: bool,
-    /// Why the last flush failed, until one succeeds: calls that would
-    /// change a job are refused meanwhile, so changes and their held events
-    /// cannot pile up while the store takes nothing.
+    /// Why the last flush failed, until one succeeds: new jobs and new
+    /// members are refused meanwhile, so what waits to be written stays
+    /// bounded by the members' own calls while the store takes nothing.
     unwritable: Option<String>,
 }
 
@@ -123,6 +123,9 @@ pub struct Registry {
     ttl: Duration,
     limits: Limits,
     store: Option<Arc<dyn JobStore>>,
+    /// Whether a resuming node may recreate a job this registry does not
+    /// hold ([`Registry::without_relearning`]).
+    relearn: bool,
     /// Woken by every change a flush should write.
     wake: Arc<tokio::sync::Notify>,
     /// One flush at a time, so batches reach the store in the order taken.
@@ -138,6 +141,7 @@ impl Registry {
             ttl,
             limits,
             store: None,
+            relearn: true,
             wake: Arc::default(),
             flushing: Arc::default(),
         }
@@ -149,6 +153,15 @@ impl Registry {
             store: Some(store),
             ..Self::new(ttl, limits)
         }
+    }
+
+    /// The same, refusing a node that resumes a job it does not hold
+    /// ([`Error::JobGone`]) instead of relearning the job from it: for a
+    /// store that holds every job there is (an agent-only rendezvous, whose
+    /// finished jobs are deleted as its last leader leaves).
+    pub fn without_relearning(mut self) -> Self {
+        self.relearn = false;
+        self
     }
 
     /// Brings every job `store` holds into this registry (a server that
@@ -169,7 +182,7 @@ impl Registry {
             let id = record.id.clone();
             if record.members.len() > self.limits.max_nodes_per_job as usize {
                 // Its nodes are running: continue it, admit no one more.
-                warn!(job = %id, nodes = record.members.len(), max_nodes_per_job = self.limits.max_nodes_per_job, "a job in the store has more nodes than --max-nodes-per-job; continuing it, but no node joins it until it has fewer");
+                warn!(job = %id, nodes = record.members.len(), max_nodes_per_job = self.limits.max_nodes_per_job, "a job in the store has more nodes than this server admits per job (--max-nodes-per-job; in an agent, the MAX of --nnodes); continuing it, but no node joins it until it has fewer");
             }
             let torn = record.torn;
             let mut job = Job::restore(record, now);
@@ -313,10 +326,17 @@ impl Registry {
             // Its jobs were closed for the server that continues them.
             return Err(Error::ShuttingDown);
         }
-        if let Some(why) = &jobs.unwritable {
+        let created = !jobs.map.contains_key(&req.job_id);
+        let newcomer = created
+            || jobs
+                .map
+                .get(&req.job_id)
+                .is_some_and(|e| !e.job.members().contains_key(&req.node_id));
+        if let (Some(why), true) = (&jobs.unwritable, newcomer) {
+            // What members do is bounded (a few calls a round); what
+            // newcomers could add is not.
             return Err(Error::Unwritable(why.clone()));
         }
-        let created = !jobs.map.contains_key(&req.job_id);
         if created {
             if jobs.map.len() >= self.limits.max_jobs {
                 return Err(Error::LimitReached(format!(
@@ -325,6 +345,9 @@ impl Registry {
                 )));
             }
             let job = match &req.resume {
+                Some(_) if !self.relearn => {
+                    return Err(Error::JobGone(req.job_id.clone()));
+                }
                 // This server does not know the job (it restarted): relearn it.
                 Some(resume) => {
                     // Placeholders cost memory the resuming node does not
@@ -417,9 +440,6 @@ impl Registry {
     ) -> Result<R, Error> {
         let mut guard = self.lock();
         let jobs = &mut *guard;
-        if let Some(why) = &jobs.unwritable {
-            return Err(Error::Unwritable(why.clone()));
-        }
         let entry = jobs
             .map
             .get_mut(job_id)

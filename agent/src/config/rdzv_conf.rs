@@ -291,6 +291,11 @@ impl RdzvConf {
                 }
             }
         }
+        if !c.etcd.https && (c.etcd.ca.is_some() || c.etcd.cert.is_some()) {
+            return Err(bad(
+                "--rdzv-conf cacert, cert and key are for TLS to etcd: add protocol=https",
+            ));
+        }
         if c.etcd.cert.is_some() != c.etcd.key.is_some() {
             return Err(bad(
                 "--rdzv-conf cert and key go together: give both, or neither",

@@ -284,7 +284,10 @@ impl EtcdStore {
         for (id, (encoded, has_meta)) in found {
             if !has_meta {
                 // Its first write did not finish: no node was told of it.
+                // Its values are kept here, so that the job's next write
+                // (if its nodes come back) replaces them all, marker included.
                 warn!(job = %records::escape(&id), "ignoring a job whose first write did not finish");
+                held.jobs.insert(id, encoded);
                 continue;
             }
             match records::decode(&id, &encoded) {
@@ -294,7 +297,7 @@ impl EtcdStore {
                 // it from them), and its values are kept here so that the
                 // job's next write replaces them all.
                 Err(e) => {
-                    tracing::error!(error = %e, "leaving out a job whose stored state cannot be read")
+                    tracing::error!(job = %records::escape(&id), error = %e, "leaving out a job whose stored state cannot be read")
                 }
             }
             held.jobs.insert(id, encoded);

@@ -248,7 +248,7 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
     assert_eq!(registry.job_count(), 1);
     gate.open.notify_one();
     assert!(flushing.await.expect("ran").is_err(), "the store failed");
-    // Until a write succeeds, nothing more is decided (or held).
+    // Until a write succeeds, no newcomer is admitted.
     let refused = registry
         .join(
             Instant::now(),
@@ -263,7 +263,8 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
         tonic::Status::from(refused).code(),
         tonic::Code::Unavailable
     );
-    assert!(ready(&registry, "a", session(1), 0).is_err_and(|e| matches!(e, Error::Unwritable(_))));
+    // A member's own calls go on (a few a round; they are written later).
+    ready(&registry, "a", session(1), 0).expect("a member is not refused");
     // The failed batch's job is written by the next flush.
     gate.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let flushing = tokio::spawn({
@@ -336,4 +337,37 @@ fn a_record_restores_to_the_same_job() {
         Duration::from_secs(3),
         "as long ago as when recorded"
     );
+}
+
+#[test]
+fn without_relearning_a_resumed_job_the_store_lacks_is_gone() {
+    let registry = Registry::with_store(TTL, Limits::default(), Arc::new(Gate::default()))
+        .without_relearning();
+    let resume = pb::Resume {
+        round: 3,
+        nnodes: 2,
+        node_rank: 1,
+        ..Default::default()
+    };
+    let refused = registry
+        .join(
+            Instant::now(),
+            &join_request("a", Some(resume), None),
+            None,
+            session(1),
+        )
+        .map(|_| ())
+        .expect_err("nothing to resume");
+    assert!(matches!(refused, Error::JobGone(_)), "{refused}");
+    assert!(refused.to_string().contains("outcome"), "{refused}");
+    assert_eq!(registry.job_count(), 0, "nothing was created");
+    // A fresh join still starts the job.
+    let _a = registry
+        .join(
+            Instant::now(),
+            &join_request("a", None, None),
+            None,
+            session(1),
+        )
+        .expect("joins");
 }
