@@ -62,6 +62,10 @@ fn retry_delays(max: Duration) -> impl Iterator<Item = Duration> {
 /// (a loopback or LAN connect takes milliseconds).
 const PUBLISHED_CONNECT: Duration = Duration::from_secs(2);
 
+/// Longest pause (before jitter) between attempts at a named leader that
+/// does not serve.
+const LEADER_RETRY: Duration = Duration::from_millis(250);
+
 /// Which leaders a join follows when a replica names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leaders {
@@ -120,9 +124,11 @@ impl RdzvClient {
             Leaders::Published => Duration::from_millis(100),
         });
         // A named leader that does not serve (dead, still loading) is tried
-        // again at the pace of remote replicas, not of the local one; a
-        // newly named one at once.
-        let mut leader_delays = retry_delays(Duration::from_secs(1));
+        // again less often than the local replica is asked (a thousand
+        // nodes must not open thousands of connections a second to it),
+        // but often enough that its successor is found within half a
+        // second of being named; a newly named one at once.
+        let mut leader_delays = retry_delays(LEADER_RETRY);
         let mut failed_leader: Option<(String, u16)> = None;
         let mut at = 0;
         let mut tried = 0;
@@ -201,7 +207,7 @@ impl RdzvClient {
                 if let Some(l) = leader.as_deref().and_then(split_host_port) {
                     if l != (host.clone(), *port) {
                         if failed_leader.as_ref() != Some(&l) {
-                            leader_delays = retry_delays(Duration::from_secs(1));
+                            leader_delays = retry_delays(LEADER_RETRY);
                         }
                         published = Some(l);
                         continue;

@@ -20,7 +20,7 @@
 //! # A frozen agent
 //! An agent that is alive but does not run (SIGSTOP, swapped out, a hung
 //! host) cannot stop its workers when its job re-forms without it. So the
-//! agent also beats on the pipe ([`Guard::beat`], every [`BEAT`]); a guard
+//! agent also beats on the pipe ([`Guard::beat`], every [`beat_every`]); a guard
 //! that hears nothing for its `limit` (the job's drop limit: by then the
 //! rendezvous has dropped the node and the others may be re-forming) kills
 //! the worker groups, so no second copy of this node's ranks runs. The agent,
@@ -39,8 +39,18 @@ use nix::sys::signal::Signal;
 
 use crate::sys;
 
-/// How often the agent beats.
+/// How often the agent beats at most (longer drop limits).
 pub const BEAT: Duration = Duration::from_millis(500);
+/// How often the agent beats at least (the shortest drop limits).
+const FASTEST_BEAT: Duration = Duration::from_millis(10);
+
+/// How often an agent whose guard acts after `limit` beats: a quarter of
+/// the limit, between [`FASTEST_BEAT`] and [`BEAT`], so a running agent is
+/// never taken for a frozen one (a sub-second drop limit, e.g. 0.2 s × 2,
+/// is shorter than one beat of [`BEAT`]).
+pub fn beat_every(limit: Option<Duration>) -> Duration {
+    limit.map_or(BEAT, |l| (l / 4).clamp(FASTEST_BEAT, BEAT))
+}
 /// The value of a beat on the pipe (no process group is 0).
 const BEAT_VALUE: i32 = 0;
 
@@ -76,7 +86,7 @@ impl Guard {
         self.send(-pgid);
     }
 
-    /// The agent is alive and running: call every [`BEAT`].
+    /// The agent is alive and running: call every [`beat_every`] of the limit.
     pub fn beat(&self) {
         self.send(BEAT_VALUE);
     }
@@ -144,4 +154,22 @@ fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
         sys::killpg(pgid, Signal::SIGKILL);
     }
     sys::exit_now(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{beat_every, BEAT, FASTEST_BEAT};
+    use std::time::Duration;
+
+    #[test]
+    fn an_agent_beats_several_times_within_its_guards_limit() {
+        assert_eq!(beat_every(None), BEAT);
+        assert_eq!(beat_every(Some(Duration::from_secs(15))), BEAT);
+        // 0.2 s × 2: shorter than one default beat.
+        assert_eq!(
+            beat_every(Some(Duration::from_millis(400))),
+            Duration::from_millis(100)
+        );
+        assert_eq!(beat_every(Some(Duration::from_millis(1))), FASTEST_BEAT);
+    }
 }

@@ -119,6 +119,28 @@ fn a_killed_node_is_removed_and_the_rest_re_form_at_once() {
 }
 
 #[test]
+fn a_sub_second_drop_limit_keeps_running_agents_workers_alive() {
+    // 0.1 s × 2: shorter than the guard's default beat; the agents beat
+    // faster, so no guard takes a running agent for a frozen one.
+    let server = Server::start();
+    let dir = scratch("sub-second");
+    let conf = "keep_alive_interval=0.1,keep_alive_max_attempt=2";
+    let env = [("RUN_FOR", "2")];
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|n| elastic_agent(&server, &dir, n, "sub-second", "2", conf, &env))
+        .collect();
+    for agent in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        assert!(!out.stderr.contains("accel-guard"), "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    assert_eq!(recs.len(), 4, "one attempt of four workers");
+    assert!(recs.iter().all(|r| r.end.is_some()), "each ran its 2 s");
+}
+
+#[test]
 fn a_spare_takes_over_a_freed_slot() {
     let server = Server::start();
     let dir = scratch("spare");
