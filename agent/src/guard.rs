@@ -45,7 +45,7 @@ pub const BEAT: Duration = Duration::from_millis(500);
 const FASTEST_BEAT: Duration = Duration::from_millis(10);
 
 /// How often an agent whose guard acts after `limit` beats: a quarter of
-/// the limit, between [`FASTEST_BEAT`] and [`BEAT`], so a running agent is
+/// the limit, between 10 ms and [`BEAT`], so a running agent is
 /// never taken for a frozen one (a sub-second drop limit, e.g. 0.2 s × 2,
 /// is shorter than one beat of [`BEAT`]).
 pub fn beat_every(limit: Option<Duration>) -> Duration {
