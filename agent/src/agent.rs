@@ -64,10 +64,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         fastrand::u16(..)
     );
     // The guard kills the workers if these beats stop (a frozen agent).
-    let every = crate::guard::beat_every(Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero()));
     let beating = guard.clone().map(|g| {
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+            let mut tick = tokio::time::interval(g.every());
             loop {
                 tick.tick().await;
                 g.beat();

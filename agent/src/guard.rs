@@ -60,6 +60,8 @@ pub struct Guard {
     pipe: File,
     /// The guard is gone (said once).
     lost: std::sync::atomic::AtomicBool,
+    /// How often [`Guard::beat`] is due ([`beat_every`] of the limit).
+    every: Duration,
 }
 
 impl Guard {
@@ -73,7 +75,14 @@ impl Guard {
         Ok(Self {
             pipe: File::from(write),
             lost: std::sync::atomic::AtomicBool::new(false),
+            every: beat_every(limit),
         })
+    }
+
+    /// How often the agent must [`beat`](Guard::beat): a quarter of the
+    /// guard's limit ([`beat_every`]).
+    pub fn every(&self) -> Duration {
+        self.every
     }
 
     /// The guard will kill process group `pgid` if the agent dies.
@@ -86,7 +95,7 @@ impl Guard {
         self.send(-pgid);
     }
 
-    /// The agent is alive and running: call every [`beat_every`] of the limit.
+    /// The agent is alive and running: call every [`Guard::every`].
     pub fn beat(&self) {
         self.send(BEAT_VALUE);
     }

@@ -73,6 +73,7 @@ pub(crate) fn advertised_host(cfg: &Config, hostname: &str) -> String {
     }
 }
 
+/// `localhost` or a loopback address, without DNS.
 fn is_local_loopback(host: &str) -> bool {
     host == "localhost"
         || host
@@ -207,93 +208,101 @@ pub(crate) async fn locate_rendezvous(
             }
             Ok(Located::at(endpoints, None))
         }
-        Rendezvous::Etcd { endpoints } => {
-            let host = advertised_host(cfg, &hostname());
-            let tls = hosted_tls(cfg)?;
-            let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
-            options.ends_with_job = true;
-            let etcd = &cfg.rdzv.etcd;
-            let etcd_tls = if etcd.https {
-                Some(
-                    rendezvous_server::ha::tls_options(
-                        etcd.ca.as_deref(),
-                        etcd.cert.as_deref().zip(etcd.key.as_deref()),
-                    )
-                    .map_err(|e| AgentError::Config(format!("--rdzv-conf cacert/cert/key: {e}")))?,
-                )
-            } else {
-                None
-            };
-            // A literal address is bound as given (loopback stays loopback);
-            // a name is served on every interface.
-            let bind = match host.trim_start_matches('[').trim_end_matches(']').parse() {
-                Ok(ip) => SocketAddr::new(ip, 0),
-                Err(_) => wildcard(&host, 0),
-            };
-            let listener = TcpListener::bind(bind).await.map_err(|e| {
-                AgentError::io(
-                    format!("cannot serve this agent's rendezvous replica on {bind}"),
-                    e,
-                )
-            })?;
-            let port = listener
-                .local_addr()
-                .map_err(|e| AgentError::io("cannot read the replica's port", e))?
-                .port();
-            let advertise = if host.contains(':') && !host.starts_with('[') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            };
-            options.replication = Some(rendezvous_server::ha::EtcdOptions {
-                endpoints: endpoints.clone(),
-                prefix: format!(
-                    "{}/{}",
-                    etcd.prefix,
-                    rendezvous_server::store::records::escape(&cfg.run_id)
-                ),
-                lease: etcd.lease,
-                user: None,
-                tls: etcd_tls,
-                advertise: advertise.clone(),
-            });
-            if options.token.is_none() && !bind.ip().is_loopback() {
-                warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
-            }
-            let link_tls = cfg.link_tls().enabled();
-            if !etcd.https && !link_tls && !bind.ip().is_loopback() {
-                warn!("agents join the leader etcd names, over plain etcd and plain links: whoever can write to etcd can send them (and their token) elsewhere; use --rdzv-conf protocol=https with etcd client certificates, and tls_ca/tls_cert/tls_key");
-            }
-            let stop = stop.clone();
-            let task = tokio::spawn(async move {
-                let shutdown = async move { stop.cancelled().await };
-                if let Err(e) = rendezvous_server::serve(listener, options, shutdown).await {
-                    warn!(error = %e, "this agent's rendezvous replica failed");
-                }
-            });
-            info!(%advertise, etcd = %endpoints.join(","), "this agent runs a replica of the job's rendezvous on etcd");
-            // The agent trusts what its own replica says: it reaches it on
-            // this host, not through a name that might resolve elsewhere
-            // (with TLS, by the name its certificate carries).
-            let own = if link_tls {
-                host.trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_owned()
-            } else if bind.ip().is_unspecified() {
-                match bind {
-                    SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.to_string(),
-                    SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.to_string(),
-                }
-            } else {
-                bind.ip().to_string()
-            };
-            Ok(Located {
-                endpoints: vec![(own, port)],
-                leaders: Leaders::Published,
-                server: Some(task),
-            })
-        }
+        Rendezvous::Etcd { endpoints } => serve_replica(cfg, endpoints, stop).await,
     }
+}
+
+/// Agent-only on etcd: serves this agent's replica of the job's rendezvous
+/// on a free port, campaigning through etcd at `endpoints`, and says where
+/// this agent asks who leads (see the module's docs).
+async fn serve_replica(
+    cfg: &Config,
+    endpoints: &[String],
+    stop: &CancellationToken,
+) -> Result<Located, AgentError> {
+    let host = advertised_host(cfg, &hostname());
+    let tls = hosted_tls(cfg)?;
+    let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+    options.ends_with_job = true;
+    let etcd = &cfg.rdzv.etcd;
+    let etcd_tls = if etcd.https {
+        Some(
+            rendezvous_server::ha::tls_options(
+                etcd.ca.as_deref(),
+                etcd.cert.as_deref().zip(etcd.key.as_deref()),
+            )
+            .map_err(|e| AgentError::Config(format!("--rdzv-conf cacert/cert/key: {e}")))?,
+        )
+    } else {
+        None
+    };
+    // A literal address is bound as given (loopback stays loopback);
+    // a name is served on every interface.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let bind = match bare.parse() {
+        Ok(ip) => SocketAddr::new(ip, 0),
+        Err(_) => wildcard(&host, 0),
+    };
+    let listener = TcpListener::bind(bind).await.map_err(|e| {
+        AgentError::io(
+            format!("cannot serve this agent's rendezvous replica on {bind}"),
+            e,
+        )
+    })?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| AgentError::io("cannot read the replica's port", e))?
+        .port();
+    let advertise = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    options.replication = Some(rendezvous_server::ha::EtcdOptions {
+        endpoints: endpoints.to_vec(),
+        prefix: format!(
+            "{}/{}",
+            etcd.prefix,
+            rendezvous_server::store::records::escape(&cfg.run_id)
+        ),
+        lease: etcd.lease,
+        user: None,
+        tls: etcd_tls,
+        advertise: advertise.clone(),
+    });
+    if options.token.is_none() && !bind.ip().is_loopback() {
+        warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
+    }
+    let link_tls = cfg.link_tls().enabled();
+    if !etcd.https && !link_tls && !bind.ip().is_loopback() {
+        warn!("agents join the leader etcd names, over plain etcd and plain links: whoever can write to etcd can send them (and their token) elsewhere; use --rdzv-conf protocol=https with etcd client certificates, and tls_ca/tls_cert/tls_key");
+    }
+    let stop = stop.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async move { stop.cancelled().await };
+        if let Err(e) = rendezvous_server::serve(listener, options, shutdown).await {
+            warn!(error = %e, "this agent's rendezvous replica failed");
+        }
+    });
+    info!(%advertise, etcd = %endpoints.join(","), "this agent runs a replica of the job's rendezvous on etcd");
+    // The agent trusts what its own replica says: it reaches it on
+    // this host, not through a name that might resolve elsewhere
+    // (with TLS, by the name its certificate carries).
+    let own = if link_tls {
+        bare.to_owned()
+    } else if bind.ip().is_unspecified() {
+        match bind {
+            SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.to_string(),
+            SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.to_string(),
+        }
+    } else {
+        bind.ip().to_string()
+    };
+    Ok(Located {
+        endpoints: vec![(own, port)],
+        leaders: Leaders::Published,
+        server: Some(task),
+    })
 }
 
 fn wildcard(host: &str, port: u16) -> SocketAddr {
@@ -307,11 +316,7 @@ fn wildcard(host: &str, port: u16) -> SocketAddr {
 /// torchrun's is_host inference, without DNS: `localhost`, a loopback
 /// address, or this machine's host name.
 fn is_local_host(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-        || host == hostname()
+    is_local_loopback(host) || host == hostname()
 }
 
 /// This machine's host name.

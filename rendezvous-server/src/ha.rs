@@ -190,10 +190,7 @@ pub struct Tenure {
 /// What one term of a replica works with.
 struct Replica<'a> {
     o: &'a EtcdOptions,
-    /// How long finished jobs are remembered.
-    ttl: Duration,
-    ends_with_job: bool,
-    limits: Limits,
+    tenure: Tenure,
     roles: &'a watch::Sender<Role>,
     stop: &'a CancellationToken,
     /// Whether this term led (its end is then news, not a retry).
@@ -221,9 +218,7 @@ pub async fn replicate(
     loop {
         let replica = Replica {
             o: &options,
-            ttl: tenure.ttl,
-            ends_with_job: tenure.ends_with_job,
-            limits: tenure.limits,
+            tenure,
             roles: &roles,
             stop: &stop,
             led: AtomicBool::new(false),
@@ -306,8 +301,8 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         revision: key.rev(),
     };
     let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
-    let mut registry = Registry::with_store(r.ttl, r.limits, Arc::new(store));
-    if r.ends_with_job {
+    let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store));
+    if r.tenure.ends_with_job {
         registry = registry.without_relearning();
     }
     let loaded = match registry.load().await {
@@ -336,7 +331,7 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         Ended::Shutdown => {
             if let Err(e) = registry.flush().await {
                 warn!(error = %e, "cannot write the last job state to etcd");
-            } else if r.ends_with_job && registry.forget_finished() > 0 {
+            } else if r.tenure.ends_with_job && registry.forget_finished() > 0 {
                 // Their outcome reached the nodes with the flush above.
                 if let Err(e) = registry.flush().await {
                     warn!(error = %e, "cannot delete the finished job from etcd");
@@ -421,14 +416,8 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
             _ => false,
         });
     };
-    let address = |kv: Option<&etcd_client::KeyValue>| {
-        kv.and_then(|kv| kv.value_str().ok()).map(str::to_owned)
-    };
     loop {
-        // Who leads now: "no leader" is an error of the election API (and
-        // Observe says nothing until there is one).
-        let now = client.leader(election.clone()).await.ok();
-        set(now.as_ref().and_then(|r| address(r.kv())));
+        set(leader_now(&mut client, &election).await);
         if let Ok(mut changes) = client.observe(election.clone()).await {
             loop {
                 match tokio::time::timeout(RECHECK, changes.message()).await {
@@ -436,15 +425,23 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
                     Ok(_) => break,
                     // A stream through a member cut off from the others is
                     // silent: ask now and then all the same.
-                    Err(_) => {
-                        let now = client.leader(election.clone()).await.ok();
-                        set(now.as_ref().and_then(|r| address(r.kv())));
-                    }
+                    Err(_) => set(leader_now(&mut client, &election).await),
                 }
             }
         }
         tokio::time::sleep(FOLLOW_EVERY).await;
     }
+}
+
+/// A leader key's value: the leader's address.
+fn address(kv: Option<&etcd_client::KeyValue>) -> Option<String> {
+    kv.and_then(|kv| kv.value_str().ok()).map(str::to_owned)
+}
+
+/// Who leads now, by asking: "no leader" is an error of the election API
+/// (and Observe says nothing until there is one).
+async fn leader_now(client: &mut Client, election: &str) -> Option<String> {
+    address(client.leader(election).await.ok()?.kv())
 }
 
 /// Aborts a background task when its owner goes.

@@ -327,11 +327,10 @@ impl Registry {
             return Err(Error::ShuttingDown);
         }
         let created = !jobs.map.contains_key(&req.job_id);
-        let newcomer = created
-            || jobs
-                .map
-                .get(&req.job_id)
-                .is_some_and(|e| !e.job.members().contains_key(&req.node_id));
+        let newcomer = jobs
+            .map
+            .get(&req.job_id)
+            .is_none_or(|e| !e.job.members().contains_key(&req.node_id));
         if let (Some(why), true) = (&jobs.unwritable, newcomer) {
             // What members do is bounded (a few calls a round); what
             // newcomers could add is not.

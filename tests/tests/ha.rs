@@ -88,6 +88,23 @@ fn fail(registry: &Registry, node: &str, s: Session, round: u64) {
         .expect("failure");
 }
 
+/// A client of member 0 of `etcd`.
+async fn connect(etcd: &EtcdCluster) -> Client {
+    Client::connect([etcd.endpoint(0)], None)
+        .await
+        .expect("connect to etcd")
+}
+
+/// A registry keeping its jobs under `PREFIX` in etcd, its writes
+/// conditioned on `fence` if given.
+fn on_etcd(client: &Client, fence: Option<Fence>) -> Registry {
+    Registry::with_store(
+        TTL,
+        Limits::default(),
+        Arc::new(EtcdStore::new(client.clone(), PREFIX, fence)),
+    )
+}
+
 /// Campaigns for leadership of `PREFIX/leader` with a fresh lease; the fence
 /// and the lease id.
 async fn lead(client: &mut Client, name: &str) -> (Fence, i64) {
@@ -120,15 +137,9 @@ async fn revision(client: &mut Client) -> i64 {
 async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes_nothing() {
     let dir = scratch("ha-store");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = Client::connect([etcd.endpoint(0)], None)
-        .await
-        .expect("connect to etcd");
+    let mut client = connect(&etcd).await;
     let (fence, lease) = lead(&mut client, "first").await;
-    let first = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, Some(fence))),
-    );
+    let first = on_etcd(&client, Some(fence));
 
     let now = Instant::now();
     let mut a = first
@@ -204,11 +215,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
     // Another replica leads: it loads the job as the first left it in etcd
     // (round 1, one restart spent, both members with their secrets).
     let (fence, _) = lead(&mut client, "second").await;
-    let second = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, Some(fence))),
-    );
+    let second = on_etcd(&client, Some(fence));
     assert_eq!(second.load().await.expect("load"), 1);
     let info = second.status("team/job", 0, "").expect("status").jobs[0].clone();
     assert_eq!(
@@ -252,11 +259,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
     assert_eq!(info.restart_count, 2, "the second restart, counted once");
 
     // A third registry reading the same etcd sees the second leader's state.
-    let third = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
-    );
+    let third = on_etcd(&client, None);
     third.load().await.expect("load");
     let info = third.status("team/job", 0, "").expect("status").jobs[0].clone();
     assert_eq!((info.round, info.restart_count), (2, 2));
@@ -280,15 +283,9 @@ fn job_info(registry: &Registry) -> pb::JobInfo {
 async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_one_re_forms() {
     let dir = scratch("ha-torn");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = Client::connect([etcd.endpoint(0)], None)
-        .await
-        .expect("connect to etcd");
+    let mut client = connect(&etcd).await;
     let (fence, _lease) = lead(&mut client, "first").await;
-    let first = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, Some(fence))),
-    );
+    let first = on_etcd(&client, Some(fence));
     // A round of 150 nodes changes every member at once: more operations
     // than one transaction takes.
     let n = 150;
@@ -347,11 +344,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "", None)
         .await
         .expect("put the marker");
-    let second = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
-    );
+    let second = on_etcd(&client, None);
     assert_eq!(second.load().await.expect("loads"), 1);
     let info = job_info(&second);
     assert_eq!(
@@ -365,11 +358,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         "the job written whole again: the marker is gone"
     );
     // Loaded once more, it is trusted as it is.
-    let third = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
-    );
+    let third = on_etcd(&client, None);
     assert_eq!(third.load().await.expect("loads"), 1);
     let info = job_info(&third);
     assert_eq!((info.phase.as_str(), info.round), ("forming", 1));
@@ -383,11 +372,7 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
     let client = Client::connect(etcd.endpoints().split(',').collect::<Vec<_>>(), None)
         .await
         .expect("connect to etcd");
-    let registry = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
-    );
+    let registry = on_etcd(&client, None);
     let now = Instant::now();
     let mut a = registry
         .join(now, &join_request("a", None, None), None, secret(1))
@@ -417,11 +402,7 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
     .await;
     assert_eq!(round, 0);
     eprintln!("batches retried while a member was down: {failures}");
-    let again = Registry::with_store(
-        TTL,
-        Limits::default(),
-        Arc::new(EtcdStore::new(client.clone(), PREFIX, None)),
-    );
+    let again = on_etcd(&client, None);
     again.load().await.expect("load from the two members left");
     assert_eq!(
         again.status("team/job", 0, "").expect("status").jobs[0].phase,

@@ -156,51 +156,29 @@ impl EtcdStore {
         }
     }
 
-    /// The operations of one change (a [`Change::Commit`] is two, which
-    /// must share a transaction) and the bytes of value they write.
-    fn ops(&self, change: &Change) -> (Vec<TxnOp>, usize) {
+    /// The operations of one change (as many as [`Change::cost`] counts).
+    fn ops(&self, change: &Change) -> Vec<TxnOp> {
         match change {
-            Change::Put { job, slot, value } => (
-                vec![TxnOp::put(slot.key(&self.prefix, job), value.clone(), None)],
-                value.len(),
-            ),
-            Change::DeleteMember { job, node } => (
-                vec![TxnOp::delete(
-                    Slot::Member(node.clone()).key(&self.prefix, job),
-                    None,
-                )],
-                0,
-            ),
-            Change::DeleteParticipants { job, index } => (
-                vec![TxnOp::delete(
-                    Slot::Participants(*index).key(&self.prefix, job),
-                    None,
-                )],
-                0,
-            ),
-            Change::DeleteJob { job } => (
-                vec![TxnOp::delete(
-                    records::job_prefix(&self.prefix, job),
-                    Some(DeleteOptions::new().with_prefix()),
-                )],
-                0,
-            ),
-            Change::Commit { job, meta } => (
-                vec![
-                    TxnOp::put(Slot::Meta.key(&self.prefix, job), meta.clone(), None),
-                    TxnOp::delete(Slot::Writing.key(&self.prefix, job), None),
-                ],
-                meta.len(),
-            ),
+            Change::Put { job, slot, value } => {
+                vec![TxnOp::put(slot.key(&self.prefix, job), value.clone(), None)]
+            }
+            Change::DeleteMember { job, node } => vec![TxnOp::delete(
+                Slot::Member(node.clone()).key(&self.prefix, job),
+                None,
+            )],
+            Change::DeleteParticipants { job, index } => vec![TxnOp::delete(
+                Slot::Participants(*index).key(&self.prefix, job),
+                None,
+            )],
+            Change::DeleteJob { job } => vec![TxnOp::delete(
+                records::job_prefix(&self.prefix, job),
+                Some(DeleteOptions::new().with_prefix()),
+            )],
+            Change::Commit { job, meta } => vec![
+                TxnOp::put(Slot::Meta.key(&self.prefix, job), meta.clone(), None),
+                TxnOp::delete(Slot::Writing.key(&self.prefix, job), None),
+            ],
         }
-    }
-
-    /// Operations and bytes of `changes`.
-    fn size(&self, changes: &[Change]) -> (usize, usize) {
-        changes.iter().fold((0, 0), |(n, b), c| {
-            let (ops, bytes) = self.ops(c);
-            (n + ops.len(), b + bytes)
-        })
     }
 
     /// Runs `txn`, retried while another member may answer.
@@ -332,7 +310,7 @@ impl EtcdStore {
             let encoded = records::encode(record);
             let old = held.jobs.get(&record.id);
             let mut changes = records::diff(&record.id, old, &encoded);
-            let (ops, bytes) = self.size(&changes);
+            let (ops, bytes) = records::cost(&changes);
             let was_torn = old.is_some_and(|e| e.writing);
             if ops > TXN_OPS || bytes > TXN_BYTES || was_torn {
                 changes = records::marked(&record.id, changes, &encoded.meta, was_torn);
@@ -341,8 +319,7 @@ impl EtcdStore {
                 groups.push(changes);
             }
         }
-        let changes: Vec<Change> = groups.iter().flatten().cloned().collect();
-        if changes.is_empty() && self.fence.is_some() {
+        if groups.is_empty() && self.fence.is_some() {
             // Nothing to write, but events wait on this save: a deposed
             // leader must not send them, so the fence is checked all the same.
             let resp = self
@@ -357,34 +334,33 @@ impl EtcdStore {
         // Transactions of at most TXN_OPS operations and TXN_BYTES bytes; a
         // job's changes start a new one rather than straddle two, unless
         // they alone exceed one (then they are marked, above).
-        let mut txns: Vec<(Vec<TxnOp>, Vec<Change>)> = vec![(Vec::new(), Vec::new())];
+        let mut txns: Vec<Vec<Change>> = Vec::new();
+        let mut current: Vec<Change> = Vec::new();
         let mut used = (0, 0);
+        let fits = |used: (usize, usize), (ops, bytes): (usize, usize)| {
+            used.0 == 0 || (used.0 + ops <= TXN_OPS && used.1 + bytes <= TXN_BYTES)
+        };
         for group in groups {
-            let (ops, bytes) = self.size(&group);
-            if used.0 > 0 && (used.0 + ops > TXN_OPS || used.1 + bytes > TXN_BYTES) {
-                txns.push((Vec::new(), Vec::new()));
+            if !fits(used, records::cost(&group)) {
+                txns.push(std::mem::take(&mut current));
                 used = (0, 0);
             }
             for change in group {
-                let (ops, bytes) = self.ops(&change);
-                if used.0 > 0 && (used.0 + ops.len() > TXN_OPS || used.1 + bytes > TXN_BYTES) {
-                    txns.push((Vec::new(), Vec::new()));
+                let cost = change.cost();
+                if !fits(used, cost) {
+                    txns.push(std::mem::take(&mut current));
                     used = (0, 0);
                 }
-                used = (used.0 + ops.len(), used.1 + bytes);
-                let (txn_ops, txn_changes) = txns.last_mut().expect("one transaction at least");
-                txn_ops.extend(ops);
-                txn_changes.push(change);
+                used = (used.0 + cost.0, used.1 + cost.1);
+                current.push(change);
             }
         }
-        debug_assert_eq!(
-            txns.iter().map(|(_, c)| c.len()).sum::<usize>(),
-            changes.len()
-        );
-        for (ops, done) in txns {
-            if ops.is_empty() {
+        txns.push(current);
+        for done in txns {
+            if done.is_empty() {
                 continue;
             }
+            let ops: Vec<TxnOp> = done.iter().flat_map(|c| self.ops(c)).collect();
             let txn = Txn::new().when(self.guard()).and_then(ops);
             let resp = match self.commit(txn).await {
                 Ok(r) => r,

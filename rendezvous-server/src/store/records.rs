@@ -392,6 +392,26 @@ impl Change {
             | Change::Commit { job, .. } => job,
         }
     }
+
+    /// The store operations it takes and the bytes of value they write (a
+    /// [`Change::Commit`] is two operations, which share a transaction).
+    pub fn cost(&self) -> (usize, usize) {
+        match self {
+            Change::Put { value, .. } => (1, value.len()),
+            Change::DeleteMember { .. }
+            | Change::DeleteParticipants { .. }
+            | Change::DeleteJob { .. } => (1, 0),
+            Change::Commit { meta, .. } => (2, meta.len()),
+        }
+    }
+}
+
+/// The operations and bytes of `changes` together ([`Change::cost`]).
+pub fn cost(changes: &[Change]) -> (usize, usize) {
+    changes.iter().fold((0, 0), |(n, b), c| {
+        let (ops, bytes) = c.cost();
+        (n + ops, b + bytes)
+    })
 }
 
 /// What turns `old` (what the store holds for job `id`; `None`: nothing)

@@ -19,6 +19,16 @@ fn session(n: u8) -> Session {
     Session::from_bytes([n; crate::job::SESSION_BYTES])
 }
 
+/// Node `node` joins the job afresh, with secret `n`.
+fn join(registry: &Registry, node: &str, n: u8) -> Result<NodeStream, Error> {
+    registry.join(
+        Instant::now(),
+        &join_request(node, None, None),
+        None,
+        session(n),
+    )
+}
+
 fn join_request(
     node: &str,
     resume: Option<pb::Resume>,
@@ -222,14 +232,7 @@ impl JobStore for Gate {
 async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried() {
     let gate = Arc::new(Gate::default());
     let registry = Registry::with_store(TTL, Limits::default(), gate.clone());
-    let _a = registry
-        .join(
-            Instant::now(),
-            &join_request("a", None, None),
-            None,
-            session(1),
-        )
-        .expect("joins");
+    let _a = join(&registry, "a", 1).expect("joins");
     gate.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let flushing = tokio::spawn({
         let registry = registry.clone();
@@ -237,25 +240,12 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
     });
     tokio::task::yield_now().await;
     // While the save waits, the registry serves: another node joins.
-    let _b = registry
-        .join(
-            Instant::now(),
-            &join_request("b", None, None),
-            None,
-            session(2),
-        )
-        .expect("joins during a save");
+    let _b = join(&registry, "b", 2).expect("joins during a save");
     assert_eq!(registry.job_count(), 1);
     gate.open.notify_one();
     assert!(flushing.await.expect("ran").is_err(), "the store failed");
     // Until a write succeeds, no newcomer is admitted.
-    let refused = registry
-        .join(
-            Instant::now(),
-            &join_request("c", None, None),
-            None,
-            session(3),
-        )
+    let refused = join(&registry, "c", 3)
         .map(|_| ())
         .expect_err("no join while the store takes nothing");
     assert!(matches!(refused, Error::Unwritable(_)), "{refused}");
@@ -275,28 +265,14 @@ async fn a_slow_store_does_not_hold_the_registry_and_a_failed_batch_is_retried()
     gate.open.notify_one();
     assert_eq!(flushing.await.expect("ran").expect("saved"), 1);
     assert_eq!(gate.saved.load(std::sync::atomic::Ordering::SeqCst), 1);
-    let _c = registry
-        .join(
-            Instant::now(),
-            &join_request("c", None, None),
-            None,
-            session(3),
-        )
-        .expect("joins once the store takes writes again");
+    let _c = join(&registry, "c", 3).expect("joins once the store takes writes again");
 }
 
 #[tokio::test]
 async fn keep_alives_and_a_closing_server_write_nothing() {
     let store = Arc::new(MemoryStore::new());
     let registry = Registry::with_store(TTL, Limits::default(), store.clone());
-    let _a = registry
-        .join(
-            Instant::now(),
-            &join_request("a", None, None),
-            None,
-            session(1),
-        )
-        .expect("joins");
+    let _a = join(&registry, "a", 1).expect("joins");
     assert_eq!(registry.flush().await.expect("flushed"), 1);
     assert!(registry
         .keep_alive(Instant::now(), "job", "a", &session(1).to_vec())
@@ -362,12 +338,5 @@ fn without_relearning_a_resumed_job_the_store_lacks_is_gone() {
     assert!(refused.to_string().contains("outcome"), "{refused}");
     assert_eq!(registry.job_count(), 0, "nothing was created");
     // A fresh join still starts the job.
-    let _a = registry
-        .join(
-            Instant::now(),
-            &join_request("a", None, None),
-            None,
-            session(1),
-        )
-        .expect("joins");
+    let _a = join(&registry, "a", 1).expect("joins");
 }
