@@ -126,7 +126,7 @@ def server_run(d, lease):
     for i, port in enumerate(ports):
         log = open(os.path.join(d, f"s{i}.log"), "w")
         servers.append(subprocess.Popen(
-            [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}",
+            [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}", "--metrics-bind", "off",
              "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(lease)],
             stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "info"}))
         if i == 0:

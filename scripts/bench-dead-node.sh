@@ -24,7 +24,7 @@ measure() {
   local conf="$1" run="$2"
   local dir="$work/$run"
   mkdir -p "$dir"
-  RUST_LOG=warn "$B/rdzv-server" --bind "127.0.0.1:$port" 2>/dev/null & local srv=$!
+  RUST_LOG=warn "$B/rdzv-server" --bind "127.0.0.1:$port" --metrics-bind off 2>/dev/null & local srv=$!
   sleep 0.3
   local pids=()
   for i in 0 1 2; do

@@ -3,8 +3,10 @@
 # one round against one rdzv-server, a fresh server per size, once over plain
 # HTTP/2 and once with a token and mutual TLS (certificates made here); with
 # `etcd`, the server keeps every change in a one-member etcd (started here, in
-# a temporary directory) before acting on it, and the etcd writes are counted.
-# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|both|all]
+# a temporary directory) before acting on it, and the etcd writes are counted;
+# `metrics` is `plain` with the server's Prometheus endpoint on and scraped
+# every 0.5 s while the agents join (every other mode runs with it off).
+# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|metrics|both|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
@@ -15,7 +17,7 @@ modes="${2:-both}"
 [ "$modes" = both ] && modes="plain secure"
 [ "$modes" = all ] && modes="plain secure etcd"
 pki="$(mktemp -d)"
-trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true' EXIT
+trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true; [ -n "${scraper:-}" ] && kill "$scraper" 2>/dev/null || true' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 etcd_revision() { ETCDCTL_API=3 etcdctl --endpoints "$1" get / -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])'; }
 writes=""
@@ -36,7 +38,11 @@ header=""
 for mode in $modes; do
   for n in ${sizes//,/ }; do
     port="$(free_port)"
-    srv=(--bind "127.0.0.1:$port")
+    srv=(--bind "127.0.0.1:$port" --metrics-bind off)
+    if [ "$mode" = metrics ]; then
+      mport="$(free_port)"
+      srv=(--bind "127.0.0.1:$port" --metrics-bind "127.0.0.1:$mport")
+    fi
     load=(--endpoint "127.0.0.1:$port" --agents "$n" --label "$mode")
     if [ "$mode" = secure ]; then
       srv+=(--token-file "$pki/token" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" --tls-client-ca "$pki/ca.pem")
@@ -58,7 +64,12 @@ for mode in $modes; do
       until "$R/rdzv-server" status --rdzv-endpoint "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
       before="$(etcd_revision "$ec")"
     fi
+    if [ "$mode" = metrics ]; then
+      ( while curl -sf "http://127.0.0.1:$mport/metrics" >/dev/null; do sleep 0.5; done ) &
+      scraper=$!
+    fi
     "$R/rdzv-load" "${load[@]}" --server-pid "$server" $header
+    if [ -n "${scraper:-}" ]; then kill "$scraper" 2>/dev/null || true; wait "$scraper" 2>/dev/null || true; scraper=""; fi
     header="--no-header"
     if [ "$mode" = etcd ]; then
       writes+="$n agents: $(( $(etcd_revision "$ec") - before )) etcd writes; "

@@ -2,7 +2,8 @@
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
 #     etcd-server and etcd-client (etcd 3.4 on Debian 12), protobuf-compiler
-#     and libprotobuf-dev (protoc, for the etcd-client crate's build);
+#     and libprotobuf-dev (protoc, for the etcd-client crate's build),
+#     prometheus (the metrics tests scrape with a real one);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher.
@@ -31,6 +32,10 @@ command -v etcdctl >/dev/null || need_apt+=(etcd-client)
 # build time (accel's own protos are compiled by protox and need neither).
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
+# A real Prometheus for the metrics tests (they start their own, on loopback);
+# curl for the benchmarks' scrapes.
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v curl >/dev/null || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"

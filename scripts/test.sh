@@ -18,6 +18,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
+# Deployment files: systemd units verified and scored, Kubernetes manifests
+# rendered and validated, the Dockerfile linted (and the image built where
+# the tools run).
+scripts/check-systemd.sh
+scripts/check-kubernetes.sh
 cargo test --workspace --locked
 # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
 # SECONDS runs them longer); a crash fails the run.

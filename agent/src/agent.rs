@@ -75,6 +75,18 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     });
     let _beating = AbortOnDrop(beating);
     let stop_server = CancellationToken::new();
+    let metrics = crate::metrics::AgentMetrics::default();
+    if let accel_telemetry::Bind::At(addr) = cfg.metrics_bind {
+        let listener = accel_telemetry::http::bind(addr)
+            .await
+            .map_err(|e| AgentError::Config(e.to_string()))?;
+        tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics, /healthz and /readyz");
+        tokio::spawn(accel_telemetry::http::serve(
+            listener,
+            metrics_endpoint(&metrics),
+            stop_server.clone(),
+        ));
+    }
     let located = locate_rendezvous(&cfg, &stop_server).await?;
     let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
     let session = async {
@@ -107,7 +119,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             true => None,
             false => Some(
                 crate::logs::tee::Console::start()
-                    .map_err(|e| AgentError::io("cannot start the console writer", e))?,
+                    .map_err(|e| AgentError::io("cannot start the console writer", e))?
+                    .counting(metrics.tee_dropped()),
             ),
         };
         let (machine, first_actions) =
@@ -140,6 +153,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             console,
             error_files: Vec::new(),
             failures: Vec::new(),
+            metrics: metrics.clone(),
+            offered_at: None,
+            failed_at: None,
         };
         let result = session.drive(first_actions).await;
         session.keep_alive.abort();
@@ -159,6 +175,14 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     }
     result
+}
+
+/// The agent's `/metrics`, `/healthz` and `/readyz`.
+fn metrics_endpoint(metrics: &crate::metrics::AgentMetrics) -> accel_telemetry::Endpoint {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let m = metrics.clone();
+    accel_telemetry::Endpoint::new(registry, Arc::new(move || m.ready()))
 }
 
 /// Sends keep-alives every `keep_alive_interval`. If none is answered for
@@ -258,6 +282,12 @@ struct Session<'a> {
     error_files: Vec<PathBuf>,
     /// This node's failures in the running round.
     failures: Vec<pb::Failure>,
+    /// What is counted for Prometheus.
+    metrics: crate::metrics::AgentMetrics,
+    /// When this node first offered itself for the forming round.
+    offered_at: Option<Instant>,
+    /// When a failure stopped the last round (this node's or another's).
+    failed_at: Option<Instant>,
 }
 
 /// What woke the driver.
@@ -301,7 +331,35 @@ impl Session<'_> {
                     }
                 },
             };
-            actions = self.machine.step(Instant::now(), event);
+            let now = Instant::now();
+            self.observe(now, &event);
+            actions = self.machine.step(now, event);
+            self.metrics.set_ready(self.machine.readiness());
+        }
+    }
+
+    /// Counts what an event says for the metrics.
+    fn observe(&mut self, now: Instant, event: &Event) {
+        match event {
+            Event::Exited(exit) => {
+                self.metrics.exited(&exit.ended);
+                if exit.ended != crate::Ended::Exited(0) {
+                    self.failed_at.get_or_insert(now);
+                }
+            }
+            Event::Stopped(exits) => {
+                for exit in exits {
+                    self.metrics.exited(&exit.ended);
+                }
+                self.metrics.stopped();
+            }
+            Event::Message(pb::event::Kind::RestartRequested(r)) => {
+                self.metrics.restart(r.counted);
+                if r.counted {
+                    self.failed_at.get_or_insert(now);
+                }
+            }
+            _ => {}
         }
     }
 

@@ -26,7 +26,8 @@ use crate::logs::StdSpec;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "accel-agent", version, verbatim_doc_comment)]
 pub struct AgentArgs {
-    /// Number of nodes, `N` (`MIN:MAX` is accepted as torchrun spells it; MIN must equal MAX for now).
+    /// Number of nodes: `N`, or `MIN:MAX` for an elastic job (c10d), which
+    /// starts with MIN nodes and takes up to MAX.
     #[arg(
         long,
         env = "PET_NNODES",
@@ -198,6 +199,25 @@ pub struct AgentArgs {
         env = "PET_VIRTUAL_LOCAL_RANK"
     , value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub virtual_local_rank: bool,
+    /// Serve Prometheus metrics (`/metrics`), `/healthz` and `/readyz` over
+    /// plain HTTP on IP:PORT (e.g. `0.0.0.0:29402`); `off` (the default) for nowhere.
+    #[arg(
+        long = "metrics-bind",
+        alias = "metrics_bind",
+        env = "PET_METRICS_BIND",
+        default_value = "off",
+        value_name = "ADDR|off"
+    )]
+    pub metrics_bind: accel_telemetry::Bind,
+    /// The agent's own log lines: `text`, or `json` (one object per line).
+    /// Worker output is not touched.
+    #[arg(
+        long = "log-format",
+        alias = "log_format",
+        env = "PET_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: accel_telemetry::logging::LogFormat,
     /// The training script (or program, with --no-python; or module, with -m).
     pub training_script: String,
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
@@ -249,6 +269,7 @@ impl From<AgentArgs> for LaunchOptions {
             virtual_local_rank: a.virtual_local_rank,
             training_script: a.training_script,
             training_script_args: a.training_script_args,
+            metrics_bind: a.metrics_bind,
             ..LaunchOptions::new(String::new())
         }
     }

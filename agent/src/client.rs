@@ -535,6 +535,7 @@ mod tests {
             store: None,
             replication: None,
             ends_with_job: false,
+            metrics: Default::default(),
         };
         tokio::spawn(rendezvous_server::serve(
             listener,

@@ -133,6 +133,8 @@ pub struct Config {
     /// Whether workers get torchrun's variables (`RANK`, ...). Off only for
     /// accelerate's single-process launch, whose script must not see them.
     pub torchrun_env: bool,
+    /// Where the agent serves its metrics (`--metrics-bind`).
+    pub metrics_bind: accel_telemetry::Bind,
 }
 
 impl Config {

@@ -49,6 +49,7 @@ pub mod failure;
 pub mod files;
 pub mod guard;
 pub mod logs;
+pub mod metrics;
 pub mod node;
 mod rendezvous;
 pub mod signal;

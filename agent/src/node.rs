@@ -11,15 +11,12 @@ use crate::{AgentError, Outcome};
 /// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`),
 /// unless the program already has one.
 pub fn init_tracing(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ACCEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init()
-        .ok();
+    init_logs(accel_telemetry::logging::LogFormat::Text, default_filter);
+}
+
+/// [`init_tracing`] in `format` (`--log-format`).
+pub fn init_logs(format: accel_telemetry::logging::LogFormat, default_filter: &str) {
+    accel_telemetry::logging::init(format, "ACCEL_LOG", default_filter, false);
 }
 
 /// The default log filter: the agent's own progress, others' warnings.

@@ -105,6 +105,7 @@ fn embedded(
         store: None,
         replication: None,
         ends_with_job: false,
+        metrics: Default::default(),
     }
 }
 

@@ -214,6 +214,16 @@ impl WorkerStore {
 
     /// Serves a fresh, empty store on `listener`.
     pub fn start_with(listener: TcpListener, options: StoreOptions) -> std::io::Result<Self> {
+        Self::start_counted(listener, options, Default::default())
+    }
+
+    /// The same, counting connections and operations in `metrics` (the
+    /// agent's, which outlive each round's store).
+    pub fn start_counted(
+        listener: TcpListener,
+        options: StoreOptions,
+        metrics: crate::metrics::StoreMetrics,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let shared = Handle::new(options.max_bytes);
@@ -230,6 +240,7 @@ impl WorkerStore {
             stop: stop.clone(),
             admission,
             limits: options.limits,
+            metrics,
         };
         tokio::spawn(accept.run(listener));
         Ok(Self { addr, stop, shared })
@@ -264,6 +275,7 @@ struct Acceptor {
     stop: CancellationToken,
     admission: SharedAdmission,
     limits: Limits,
+    metrics: crate::metrics::StoreMetrics,
 }
 
 impl Acceptor {
@@ -317,6 +329,7 @@ impl Acceptor {
                 Decision::Admit => self.serve(sock, peer),
                 Decision::Refuse => {
                     drop(sock);
+                    self.metrics.refused();
                     self.shared.refuse(peer);
                 }
                 Decision::AfterResolution => {
@@ -326,6 +339,7 @@ impl Acceptor {
                             next.serve(sock, peer);
                         } else {
                             drop(sock);
+                            next.metrics.refused();
                             next.shared.refuse(peer);
                         }
                     });
@@ -348,6 +362,7 @@ impl Acceptor {
             stop: self.stop.clone(),
             admission: self.admission.clone(),
             limits: self.limits,
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -363,10 +378,13 @@ impl Acceptor {
             id
         };
         let (shared, stop, limits) = (self.shared.clone(), self.stop.clone(), self.limits);
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            let served = Connection::new(id, &shared, rx, limits)
+            metrics.connected();
+            let served = Connection::new(id, &shared, rx, limits, &metrics)
                 .serve(sock, stop)
                 .await;
+            metrics.disconnected();
             {
                 let mut s = shared.lock();
                 s.state.disconnect(id);

@@ -12,6 +12,8 @@ use clap::Parser;
 use crate::auth::{Token, TokenError};
 pub use crate::input::{parse_duration, DurationError, DurationParser, MAX_DURATION};
 use crate::limits::Limits;
+use accel_telemetry::logging::LogFormat;
+use accel_telemetry::Bind;
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -25,9 +27,20 @@ pub struct ServerArgs {
     /// joiners are told it finished (seconds, or with a unit: 500ms, 2m).
     #[arg(long, env = "RDZV_FINISHED_JOB_TTL", default_value = "30", value_parser = DurationParser)]
     pub finished_job_ttl: Duration,
-    /// Log format.
-    #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    /// Log format: `text`, or `json` (one object per line).
+    #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Where to serve Prometheus metrics (`/metrics`), `/healthz` and
+    /// `/readyz` over plain HTTP, as IP:PORT; `off` for nowhere. It needs no
+    /// token and shows counts, states and job ids, never tokens or failure
+    /// texts: keep it on a network only operators and Prometheus reach.
+    #[arg(
+        long,
+        env = "RDZV_METRICS_BIND",
+        default_value = "[::]:29401",
+        value_name = "ADDR|off"
+    )]
+    pub metrics_bind: Bind,
     /// File holding the token every agent must present (else the variable
     /// RDZV_TOKEN holds it). Agents take the same token from
     /// `--rdzv-conf token_file=PATH` or ACCEL_RDZV_TOKEN.
@@ -137,6 +150,9 @@ pub enum Command {
         /// Only this job.
         #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
         job: Option<String>,
+        /// Print one JSON document (`{"jobs": [...]}`) instead of text.
+        #[arg(long)]
+        json: bool,
         /// File holding the server's token (else ACCEL_RDZV_TOKEN or RDZV_TOKEN).
         #[arg(long, value_name = "PATH")]
         token_file: Option<PathBuf>,

@@ -173,7 +173,7 @@ pub fn tls_options(
 }
 
 /// How a replica's rendezvous ends, beyond etcd.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Tenure {
     /// How long finished jobs are remembered.
     pub ttl: Duration,
@@ -185,6 +185,8 @@ pub struct Tenure {
     /// not hold is refused rather than relearned (the job ended, or was
     /// never written).
     pub ends_with_job: bool,
+    /// What every term's registry counts into.
+    pub metrics: crate::metrics::ServerMetrics,
 }
 
 /// What one term of a replica works with.
@@ -218,7 +220,7 @@ pub async fn replicate(
     loop {
         let replica = Replica {
             o: &options,
-            tenure,
+            tenure: tenure.clone(),
             roles: &roles,
             stop: &stop,
             led: AtomicBool::new(false),
@@ -301,7 +303,8 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
         revision: key.rev(),
     };
     let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
-    let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store));
+    let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store))
+        .with_metrics(r.tenure.metrics.clone());
     if r.tenure.ends_with_job {
         registry = registry.without_relearning();
     }

@@ -33,6 +33,7 @@ pub mod ha;
 pub mod input;
 pub mod job;
 pub mod limits;
+pub mod metrics;
 pub mod outbox;
 pub mod quiet;
 pub mod registry;
@@ -87,6 +88,9 @@ pub struct ServeOptions {
     /// `finished_job_ttl`, and a node resuming a job the store does not hold
     /// is refused instead of relearned ([`ha::Tenure::ends_with_job`]).
     pub ends_with_job: bool,
+    /// What is counted for Prometheus (served with
+    /// [`serve_with_metrics`]; counted regardless).
+    pub metrics: metrics::ServerMetrics,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -98,22 +102,56 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    serve_with_metrics(listener, None, options, shutdown).await
+}
+
+/// [`serve`], and serve the metrics, `/healthz` and `/readyz` on
+/// `metrics` ([`accel_telemetry::http`]). Ready means this process does
+/// its part: it serves the rendezvous, or it is a replica that follows a
+/// known leader (and sends callers there).
+pub async fn serve_with_metrics(
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let (roles, seat) = tokio::sync::watch::channel(ha::Role::Follower { leader: None });
     let stop = tokio_util::sync::CancellationToken::new();
+    let counters = options.metrics.clone();
+    if let Some(listener) = metrics {
+        tokio::spawn(accel_telemetry::http::serve(
+            listener,
+            metrics_endpoint(&counters, &seat),
+            stop.clone(),
+        ));
+    }
+    {
+        // accel_rdzv_leader follows the role.
+        let mut watching = seat.clone();
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            while watching.changed().await.is_ok() {
+                let leading = matches!(*watching.borrow_and_update(), ha::Role::Leader(_));
+                counters.set_leader(leading);
+            }
+        });
+    }
     let background = match options.replication.clone() {
         None => {
             let registry = match options.store.clone() {
                 Some(store) => {
                     let registry =
-                        Registry::with_store(options.finished_job_ttl, options.limits, store);
+                        Registry::with_store(options.finished_job_ttl, options.limits, store)
+                            .with_metrics(counters.clone());
                     let loaded = registry.load().await?;
                     if loaded > 0 {
                         info!(jobs = loaded, "continuing the jobs the job store holds");
                     }
                     registry
                 }
-                None => Registry::new(options.finished_job_ttl, options.limits),
+                None => Registry::new(options.finished_job_ttl, options.limits)
+                    .with_metrics(counters.clone()),
             };
             roles.send_replace(ha::Role::Leader(registry.clone()));
             health_reporter
@@ -157,6 +195,7 @@ pub async fn serve(
                 ttl: options.finished_job_ttl,
                 limits: options.limits,
                 ends_with_job: options.ends_with_job,
+                metrics: counters.clone(),
             };
             tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone()))
         }
@@ -179,6 +218,7 @@ pub async fn serve(
         builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE))?;
     }
     let result = builder
+        .layer(metrics::CountRpcs(counters))
         .add_service(health_service)
         .add_service(rendezvous)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -191,6 +231,26 @@ pub async fn serve(
         })
         .await;
     result.map_err(Error::from)
+}
+
+/// The metrics endpoint: the counters, the states of whichever registry
+/// serves, and readiness from the role.
+fn metrics_endpoint(
+    counters: &metrics::ServerMetrics,
+    seat: &tokio::sync::watch::Receiver<ha::Role>,
+) -> accel_telemetry::Endpoint {
+    let mut registry = prometheus_client::registry::Registry::default();
+    counters.register(&mut registry);
+    registry.register_collector(Box::new(metrics::States::new(seat.clone())));
+    let seat = seat.clone();
+    let ready: accel_telemetry::Readiness = std::sync::Arc::new(move || match &*seat.borrow() {
+        ha::Role::Leader(_) => Ok(()),
+        ha::Role::Follower { leader: Some(_) } => Ok(()),
+        ha::Role::Follower { leader: None } => Err(
+            "no leader is known yet (starting, or etcd is unreachable or without quorum)".into(),
+        ),
+    });
+    accel_telemetry::Endpoint::new(registry, ready)
 }
 
 /// The registry's periodic work, and writing its changes as they come.
@@ -212,7 +272,8 @@ pub(crate) async fn tick_and_flush(
             _ = registry.changes() => {}
         }
         match registry.flush().await {
-            Ok(_) => {}
+            Ok(0) => {}
+            Ok(_) => registry.metrics().store_write(true),
             Err(e) if ha::is_fenced(&e) && fenced.is_some() => {
                 warn!(error = %e, "stepping down");
                 if let Some(f) = fenced {
@@ -220,15 +281,18 @@ pub(crate) async fn tick_and_flush(
                 }
                 return;
             }
-            Err(e) => match failing.hit(tokio::time::Instant::now()) {
-                quiet::Say::First => {
-                    warn!(error = %e, "cannot write job state to the job store; retrying")
+            Err(e) => {
+                registry.metrics().store_write(false);
+                match failing.hit(tokio::time::Instant::now()) {
+                    quiet::Say::First => {
+                        warn!(error = %e, "cannot write job state to the job store; retrying")
+                    }
+                    quiet::Say::Summary(n, over) => {
+                        warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
+                    }
+                    quiet::Say::Nothing => {}
                 }
-                quiet::Say::Summary(n, over) => {
-                    warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
-                }
-                quiet::Say::Nothing => {}
-            },
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use rendezvous_server::config::{client_token, Command, ServerArgs};
 fn main() -> ExitCode {
     // Usage errors exit 2 and quote only excerpts of the values.
     let args: ServerArgs = rendezvous_server::input::parse_or_exit();
-    init_tracing(&args.log_format);
+    accel_telemetry::logging::init(args.log_format, "RUST_LOG", "info", true);
     let env = |k: &str| std::env::var(k).ok();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     if let Some(Command::Status {
         endpoint,
         job,
+        json,
         token_file,
         tls_ca,
         tls_cert,
@@ -33,9 +34,14 @@ fn main() -> ExitCode {
         .or_env(&env);
         let report = async {
             let token = client_token(token_file.as_deref(), &env).map_err(|e| e.to_string())?;
-            rendezvous_server::status::report(endpoint, job.as_deref(), token.as_ref(), &tls)
-                .await
-                .map_err(|e| e.to_string())
+            let jobs =
+                rendezvous_server::status::fetch(endpoint, job.as_deref(), token.as_ref(), &tls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            Ok::<_, String>(match json {
+                true => rendezvous_server::status::render_json(&jobs),
+                false => rendezvous_server::status::render(&jobs),
+            })
         };
         return match runtime.block_on(report) {
             Ok(text) => {
@@ -73,6 +79,17 @@ fn main() -> ExitCode {
             }
         };
         let bound = listener.local_addr().unwrap_or(args.bind);
+        let metrics = match args.metrics_bind {
+            accel_telemetry::Bind::Off => None,
+            accel_telemetry::Bind::At(addr) => match accel_telemetry::http::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    eprintln!("rdzv-server: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+        };
+        let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
         let replication = match args.etcd(bound) {
             Ok(r) => r,
             Err(e) => {
@@ -80,7 +97,8 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        tracing::info!(addr = %bound, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
+        let metrics_at = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        tracing::info!(addr = %bound, metrics = %metrics_at, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,
@@ -90,9 +108,10 @@ fn main() -> ExitCode {
             store: None,
             replication,
             ends_with_job: false,
+            metrics: Default::default(),
         };
         let shutdown = rendezvous_server::signal::shutdown();
-        match rendezvous_server::serve(listener, options, shutdown).await {
+        match rendezvous_server::serve_with_metrics(listener, metrics, options, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rdzv-server: {e}");
@@ -100,18 +119,4 @@ fn main() -> ExitCode {
             }
         }
     })
-}
-
-fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }

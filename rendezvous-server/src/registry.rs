@@ -51,6 +51,7 @@ use crate::error::Error;
 use crate::input::excerpt;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::limits::{truncated, Limits};
+use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
 use crate::store::{Batch, JobStore, StoreError};
 
@@ -73,18 +74,15 @@ struct Entry {
     streams: HashMap<String, (u64, Outbox)>,
     /// The instant this job's entry in the deadline heap stands for.
     scheduled: Option<Instant>,
+    /// When the round now forming began to (its first join, or the restart
+    /// that abandoned the last round), for the latency histograms.
+    forming_since: Option<Instant>,
+    /// Whether a round of this job formed here before.
+    formed: bool,
 }
 
 /// Arrivals and departures of one job since they were last logged.
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    joined: u64,
-    resumed: u64,
-    left: u64,
-    disconnected: u64,
-    silent: u64,
-    too_slow: u64,
-}
+type Tally = Movements;
 
 #[derive(Debug, Default)]
 struct Jobs {
@@ -128,6 +126,8 @@ pub struct Registry {
     relearn: bool,
     /// Woken by every change a flush should write.
     wake: Arc<tokio::sync::Notify>,
+    /// What is counted for Prometheus.
+    metrics: ServerMetrics,
     /// One flush at a time, so batches reach the store in the order taken.
     flushing: Arc<tokio::sync::Mutex<()>>,
 }
@@ -143,6 +143,7 @@ impl Registry {
             store: None,
             relearn: true,
             wake: Arc::default(),
+            metrics: ServerMetrics::default(),
             flushing: Arc::default(),
         }
     }
@@ -162,6 +163,17 @@ impl Registry {
     pub fn without_relearning(mut self) -> Self {
         self.relearn = false;
         self
+    }
+
+    /// The same, counting into `metrics` (shared with the rest of the server).
+    pub fn with_metrics(mut self, metrics: ServerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// What this registry counts.
+    pub fn metrics(&self) -> &ServerMetrics {
+        &self.metrics
     }
 
     /// Brings every job `store` holds into this registry (a server that
@@ -196,10 +208,15 @@ impl Registry {
                         .into(),
                 );
             }
+            // A leader taking over saw neither the round begin nor the
+            // job's first one: a round it forms now counts as a re-form.
+            let forming = matches!(job.phase(), Phase::Forming);
             let entry = Entry {
                 job,
                 streams: HashMap::new(),
                 scheduled: None,
+                forming_since: forming.then_some(now),
+                formed: true,
             };
             jobs.map.insert(id.clone(), entry);
             if torn {
@@ -371,9 +388,11 @@ impl Registry {
             jobs.map.insert(
                 req.job_id.clone(),
                 Entry {
+                    formed: job.round() > 0 && req.resume.is_some(),
                     job,
                     streams: HashMap::new(),
                     scheduled: None,
+                    forming_since: Some(now),
                 },
             );
         }
@@ -457,6 +476,7 @@ impl Registry {
             return;
         };
         log_transitions(&entry.job, &out);
+        self.count_transitions(entry, &out, now);
         if self.store.is_some() {
             // Nobody acts on a change before it is durable: a leader that
             // dies before the write took no decision its successor lacks.
@@ -482,6 +502,62 @@ impl Registry {
             entry.streams.retain(|id, _| job.members().contains_key(id));
         }
         self.schedule(jobs, job_id, now);
+    }
+
+    /// Counts what a change did: a round formed (and how long it took), a
+    /// restart, the job's end.
+    fn count_transitions(&self, entry: &mut Entry, out: &[Outbound], now: Instant) {
+        let m = &self.metrics;
+        for o in out {
+            match &o.event {
+                Kind::RoundComplete(_) => {
+                    let took = entry.forming_since.take().map(|t| now - t);
+                    m.round_formed(took, !entry.formed);
+                    entry.formed = true;
+                }
+                Kind::RestartRequested(r) => {
+                    m.restart(r.counted);
+                    entry.forming_since = Some(now);
+                }
+                Kind::JobSucceeded(_) => m.job_ended(true),
+                Kind::JobFailed(_) => m.job_ended(false),
+                _ => continue,
+            }
+            // One event per member says the same: count the change once.
+            break;
+        }
+    }
+
+    /// Jobs by phase, members by state, and running jobs' restarts, for a
+    /// metrics scrape.
+    pub fn summary(&self) -> Summary {
+        let jobs = self.lock();
+        // Every phase and state is there, at 0 when nothing is in it.
+        let mut phases: BTreeMap<&'static str, u64> = ["forming", "running", "succeeded", "failed"]
+            .into_iter()
+            .map(|p| (p, 0))
+            .collect();
+        let mut states: BTreeMap<&'static str, u64> =
+            ["joining", "ready", "running", "spare", "succeeded", "done"]
+                .into_iter()
+                .map(|p| (p, 0))
+                .collect();
+        let mut restarts = Vec::new();
+        for (id, e) in &jobs.map {
+            let job = &e.job;
+            *phases.entry(job.phase().name()).or_default() += 1;
+            for m in job.members().values() {
+                *states.entry(node_state(job, m)).or_default() += 1;
+            }
+            if !job.phase().is_terminal() && restarts.len() < JOB_SERIES {
+                restarts.push((id.clone(), job.restart_count(), job.config().max_restarts));
+            }
+        }
+        Summary {
+            jobs: phases.into_iter().collect(),
+            nodes: states.into_iter().collect(),
+            restarts,
+        }
     }
 
     /// Puts the job's next deadline in the heap, if it is earlier than the
@@ -564,6 +640,7 @@ impl Registry {
         {
             jobs.tally_logged = Some(now);
             for (job, t) in jobs.tallies.drain() {
+                self.metrics.movements(&t);
                 log_tally(&job, &t);
             }
         }

@@ -145,6 +145,9 @@ impl Rendezvous for RendezvousService {
                 ((), job.failure(now, &r.node_id, r.round, reason, detail))
             }),
         )?;
+        if let Ok(registry) = self.registry() {
+            registry.metrics().failure(r.exit_code);
+        }
         Ok(Response::new(pb::Ack {}))
     }
 

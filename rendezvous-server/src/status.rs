@@ -63,6 +63,17 @@ pub async fn report(
     token: Option<&Token>,
     tls: &ClientTlsFiles,
 ) -> Result<String, StatusError> {
+    Ok(render(&fetch(endpoint, job, token, tls).await?))
+}
+
+/// The status of every job (or of `job`) at `endpoint`; every page of a
+/// server with many jobs is fetched.
+pub async fn fetch(
+    endpoint: &str,
+    job: Option<&str>,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+) -> Result<Vec<pb::JobInfo>, StatusError> {
     let bad = || StatusError::BadEndpoint(endpoint.to_owned());
     let (host, port) = endpoint.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
@@ -106,7 +117,47 @@ pub async fn report(
         }
         page_token = page.next_page_token;
     }
-    Ok(render(&jobs))
+    Ok(jobs)
+}
+
+/// The jobs as one JSON document (`rdzv-server status --json`):
+/// `{"jobs": [{"job_id", "phase", "round", "restart_count", "max_restarts",
+/// "min_nodes", "max_nodes", "node_count", "last_failure", "nodes": [{"node_id",
+/// "hostname", "node_rank", "state"}]}]}`; a node without a rank has
+/// `"node_rank": null`, an empty `last_failure` is `null`.
+pub fn render_json(jobs: &[pb::JobInfo]) -> String {
+    let jobs: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|j| {
+            let nodes: Vec<serde_json::Value> = j
+                .nodes
+                .iter()
+                .map(|n| {
+                    serde_json::json!({
+                        "node_id": n.node_id,
+                        "hostname": n.hostname,
+                        "node_rank": n.node_rank,
+                        "state": n.state,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "job_id": j.job_id,
+                "phase": j.phase,
+                "round": j.round,
+                "restart_count": j.restart_count,
+                "max_restarts": j.max_restarts,
+                "min_nodes": j.min_nodes,
+                "max_nodes": j.max_nodes,
+                "node_count": j.node_count,
+                "last_failure": (!j.last_failure.is_empty()).then_some(&j.last_failure),
+                "nodes": nodes,
+            })
+        })
+        .collect();
+    let mut out = serde_json::json!({ "jobs": jobs }).to_string();
+    out.push('\n');
+    out
 }
 
 /// One block per job: a summary line, then one line per node.
@@ -145,4 +196,46 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_every_field_and_nulls_for_absent_ones() {
+        let jobs = vec![pb::JobInfo {
+            job_id: "j\"1".into(),
+            phase: "running".into(),
+            round: 2,
+            restart_count: 1,
+            max_restarts: 3,
+            min_nodes: 1,
+            max_nodes: 2,
+            node_count: 2,
+            last_failure: String::new(),
+            nodes: vec![
+                pb::NodeStatus {
+                    node_id: "a".into(),
+                    hostname: "h1".into(),
+                    node_rank: Some(0),
+                    state: "running".into(),
+                },
+                pb::NodeStatus {
+                    node_id: "b".into(),
+                    hostname: "h2".into(),
+                    node_rank: None,
+                    state: "spare".into(),
+                },
+            ],
+        }];
+        let v: serde_json::Value = serde_json::from_str(&render_json(&jobs)).expect("json");
+        let j = &v["jobs"][0];
+        assert_eq!(j["job_id"], "j\"1");
+        assert_eq!(j["restart_count"], 1);
+        assert!(j["last_failure"].is_null());
+        assert_eq!(j["nodes"][0]["node_rank"], 0);
+        assert!(j["nodes"][1]["node_rank"].is_null());
+        assert_eq!(render_json(&[]), "{\"jobs\":[]}\n");
+    }
 }

@@ -152,6 +152,50 @@ fn sweep_scratch(age: std::time::Duration) {
     }
 }
 
+/// `GET http://ADDR/PATH` (plain HTTP/1.1): the status code and the body;
+/// `None` if nothing answers.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed,
+/// e.g. `accel_rdzv_restarts_total{kind="failure"}`) in a Prometheus text
+/// exposition; `None` if absent.
+pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Polls `f` every 100 ms until it gives `Ok`, for at most `limit`;
+/// panics naming `what` (and the last state `f` saw) otherwise.
+pub fn poll_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("{what}: not within {limit:?}; last seen: {last}")
+            }
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -185,6 +229,8 @@ impl Server {
         let mut child = Command::new(bin("rdzv-server"))
             .args(["--bind", bind])
             .args(args)
+            // Tests run side by side: metrics on a port of their own.
+            .env("RDZV_METRICS_BIND", "127.0.0.1:0")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

@@ -95,6 +95,7 @@ fn huge_server_ttl_is_a_usage_error_and_the_longest_serves_a_job() {
     let server = || {
         let mut c = Command::new(bin("rdzv-server"));
         c.args(["--bind", "127.0.0.1:0"]);
+        c.env("RDZV_METRICS_BIND", "127.0.0.1:0");
         c
     };
     let mut cmd = server();

@@ -8,6 +8,7 @@ mod errors;
 mod ha;
 mod launch;
 mod logs;
+mod metrics;
 mod restart;
 mod security;
 mod shutdown;

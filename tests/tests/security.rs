@@ -374,6 +374,7 @@ fn every_bound_refuses_with_its_limit_and_the_server_stays_up() {
 fn a_server_on_a_routable_address_needs_a_token_or_an_explicit_opt_out() {
     let out = std::process::Command::new(bin("rdzv-server"))
         .args(["--bind", "0.0.0.0:0"])
+        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
         .env_remove("RDZV_TOKEN")
         .output()
         .expect("run");
@@ -432,6 +433,7 @@ fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut server = std::process::Command::new(bin("rdzv-server"))
         .args(["--bind", &addr, "--token-file"])
+        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
         .arg(&token_file)
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&log).expect("log"))

@@ -236,6 +236,7 @@ fn unusable_tls_files_are_one_clear_line() {
     let run = |args: &[&str]| {
         let out = Command::new(bin("rdzv-server"))
             .args(["--bind", "127.0.0.1:0"])
+            .env("RDZV_METRICS_BIND", "127.0.0.1:0")
             .args(args)
             .output()
             .expect("run");

@@ -32,6 +32,8 @@ impl Session<'_> {
             Action::Offer { round } => {
                 // The last round's store ends with the round.
                 self.store = None;
+                self.offered_at
+                    .get_or_insert_with(tokio::time::Instant::now);
                 self.offer(round).await?;
             }
             Action::Start { info, members } => {
@@ -133,8 +135,12 @@ impl Session<'_> {
     ) -> Result<Option<Event>, AgentError> {
         self.store = match self.store_listener.take() {
             Some(l) if info.node_rank == 0 => Some(
-                WorkerStore::start_with(l, store_options(self.cfg, &info, members))
-                    .map_err(|e| AgentError::io("cannot start the worker store", e))?,
+                WorkerStore::start_counted(
+                    l,
+                    store_options(self.cfg, &info, members),
+                    self.metrics.store(),
+                )
+                .map_err(|e| AgentError::io("cannot start the worker store", e))?,
             ),
             _ => None,
         };
@@ -145,6 +151,15 @@ impl Session<'_> {
         match WorkerGroup::spawn(specs, self.guard.clone(), self.console.clone()).await {
             Ok(group) => {
                 self.group = Some(group);
+                let now = tokio::time::Instant::now();
+                self.metrics
+                    .started(self.cfg.nproc_per_node as usize, info.round);
+                if let Some(t) = self.offered_at.take() {
+                    self.metrics.formed(now - t);
+                }
+                if let Some(t) = self.failed_at.take() {
+                    self.metrics.recovered(now - t);
+                }
                 Ok(None)
             }
             Err(e) => {

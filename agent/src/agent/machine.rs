@@ -295,7 +295,13 @@ enum Phase {
 pub struct NodeMachine {
     settings: Settings,
     phase: Phase,
+    /// The last progress line printed while forming (without its
+    /// countdown), and when.
+    said: Option<(String, Instant)>,
 }
+
+/// How often at most an unchanged progress line is printed again.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 impl NodeMachine {
     /// A node that has joined; the job is at `round`.
@@ -303,6 +309,7 @@ impl NodeMachine {
         let mut machine = Self {
             settings,
             phase: Phase::Done,
+            said: None,
         };
         let actions = machine.form(now, round);
         (machine, actions)
@@ -315,6 +322,33 @@ impl NodeMachine {
             Phase::Running(r) => r.barrier,
             Phase::Recovering { round, .. } if round.live > 0 => round.fence,
             _ => None,
+        }
+    }
+
+    /// Whether this node does its work now (its workers run in a round
+    /// with the rendezvous reachable), and if not, what it waits for: what
+    /// `/readyz` answers.
+    pub fn readiness(&self) -> Result<(), String> {
+        match &self.phase {
+            Phase::Running(r) if r.barrier.is_none() => Ok(()),
+            Phase::Running(r) => Err(format!(
+                "round {}: this node's workers succeeded; waiting for the other nodes",
+                r.info.round
+            )),
+            Phase::Forming { round, waiting, .. } if waiting.is_empty() => {
+                Err(format!("forming round {round}"))
+            }
+            Phase::Forming { round, waiting, .. } => {
+                Err(format!("forming round {round}: {waiting}"))
+            }
+            Phase::Reconnecting { why, .. } => {
+                Err(format!("reconnecting to the rendezvous ({why})"))
+            }
+            Phase::Recovering { why, .. } => Err(format!(
+                "workers run, but the rendezvous is lost ({why}); rejoining"
+            )),
+            Phase::Stopping { .. } => Err("stopping the workers".into()),
+            Phase::Done => Err("the node's part of the job is over".into()),
         }
     }
 
@@ -500,7 +534,7 @@ impl NodeMachine {
                 if let Kind::Waiting(w) = &kind {
                     if w.round == round {
                         waiting = describe_waiting(w);
-                        info!(round, "{waiting}");
+                        self.progress(now, round, w, &waiting);
                     }
                 }
                 self.phase = Phase::Forming {
@@ -511,6 +545,35 @@ impl NodeMachine {
                 Vec::new()
             }
         }
+    }
+
+    /// Prints a forming round's progress when it says something new, and
+    /// otherwise at most every [`PROGRESS_EVERY`] (the rendezvous reports
+    /// every second; the countdown alone is not news).
+    fn progress(&mut self, now: Instant, round: u64, w: &pb::Waiting, line: &str) {
+        let key = format!(
+            "{round} {}",
+            describe_waiting(&pb::Waiting {
+                last_call_ms: None,
+                ..w.clone()
+            })
+        );
+        let news = match &self.said {
+            Some((said, at)) => {
+                *said != key || now.saturating_duration_since(*at) >= PROGRESS_EVERY
+            }
+            None => true,
+        };
+        if news {
+            info!(round, "{line}");
+            self.said = Some((key, now));
+        }
+    }
+
+    /// Whether [`NodeMachine::progress`] would print now (for tests).
+    #[cfg(test)]
+    pub(super) fn last_progress(&self) -> Option<&(String, Instant)> {
+        self.said.as_ref()
     }
 
     /// Ready for `round` while forming: the forming deadline stays, and so

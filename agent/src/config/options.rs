@@ -296,6 +296,8 @@ pub struct LaunchOptions {
     pub torchrun_env: bool,
     /// Not a flag: the launcher's own warnings, printed with the agent's.
     pub warnings: Vec<String>,
+    /// Where to serve the agent's metrics, `/healthz` and `/readyz`.
+    pub metrics_bind: accel_telemetry::Bind,
 }
 
 impl LaunchOptions {
@@ -334,6 +336,7 @@ impl LaunchOptions {
             base_env: Vec::new(),
             torchrun_env: true,
             warnings: Vec::new(),
+            metrics_bind: accel_telemetry::Bind::Off,
         }
     }
 
@@ -441,6 +444,7 @@ impl LaunchOptions {
             warnings,
             base_env: self.base_env.clone(),
             torchrun_env: self.torchrun_env,
+            metrics_bind: self.metrics_bind,
         })
     }
 

@@ -48,6 +48,8 @@ struct Line {
 pub struct Console {
     tx: SyncSender<Line>,
     dropped: Arc<AtomicU64>,
+    /// The agent's metric of dropped lines, if it counts them.
+    counted: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 impl std::fmt::Debug for Line {
@@ -69,7 +71,14 @@ impl Console {
         Ok(Self {
             tx,
             dropped: Arc::default(),
+            counted: None,
         })
+    }
+
+    /// The same console, also counting dropped lines in `counter`.
+    pub fn counting(mut self, counter: prometheus_client::metrics::counter::Counter) -> Self {
+        self.counted = Some(counter);
+        self
     }
 
     fn line(&self, err: bool, bytes: Vec<u8>) {
@@ -81,6 +90,9 @@ impl Console {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+                if let Some(c) = &self.counted {
+                    c.inc();
+                }
             }
         }
     }

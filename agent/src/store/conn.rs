@@ -93,6 +93,7 @@ pub(super) struct Connection<'a> {
     shared: &'a Handle,
     wake: mpsc::UnboundedReceiver<u64>,
     limits: Limits,
+    metrics: &'a crate::metrics::StoreMetrics,
     validated: bool,
     /// Generation of the wait this connection is parked in.
     parked: Option<u64>,
@@ -113,12 +114,14 @@ impl<'a> Connection<'a> {
         shared: &'a Handle,
         wake: mpsc::UnboundedReceiver<u64>,
         limits: Limits,
+        metrics: &'a crate::metrics::StoreMetrics,
     ) -> Self {
         Self {
             id,
             shared,
             wake,
             limits,
+            metrics,
             validated: false,
             parked: None,
         }
@@ -218,6 +221,7 @@ impl<'a> Connection<'a> {
                 return Ok((used, Stopped::Drained)); // answered once the wait ends
             }
             used += n;
+            self.metrics.op(&cmd);
             if !self.validated {
                 match cmd {
                     Command::Validate(VALIDATION_MAGIC) => {

@@ -870,3 +870,43 @@ fn a_node_that_could_not_start_still_follows_the_job() {
         [Action::Offer { round: 1 }]
     ));
 }
+
+#[test]
+fn unchanged_progress_is_printed_at_most_every_ten_seconds() {
+    let (mut m, t0) = joined();
+    let waiting = |ready: u32, last_call_ms: Option<u64>| {
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: 0,
+            ready,
+            needed: 2,
+            min_nodes: 2,
+            max_nodes: 2,
+            members: ready,
+            last_call_ms,
+            ..Default::default()
+        }))
+    };
+    m.step(t0, waiting(1, None));
+    let first = m.last_progress().cloned().expect("printed");
+    // The rendezvous repeats itself every second: not news.
+    for s in 1..10 {
+        m.step(t0 + s * SECOND, waiting(1, None));
+        assert_eq!(m.last_progress(), Some(&first), "reprinted at {s} s");
+    }
+    m.step(t0 + 10 * SECOND, waiting(1, None));
+    assert_eq!(m.last_progress().map(|p| p.1), Some(t0 + 10 * SECOND));
+    // A countdown alone is not news either; a new count is, at once.
+    m.step(t0 + 11 * SECOND, waiting(1, Some(5000)));
+    assert_eq!(m.last_progress().map(|p| p.1), Some(t0 + 10 * SECOND));
+    m.step(t0 + 12 * SECOND, waiting(2, None));
+    assert_eq!(m.last_progress().map(|p| p.1), Some(t0 + 12 * SECOND));
+}
+
+#[test]
+fn readiness_says_what_the_node_waits_for() {
+    let (m, _) = joined();
+    let why = m.readiness().expect_err("not running yet");
+    assert!(why.starts_with("forming round 0"), "{why}");
+    let (m, _) = running();
+    assert_eq!(m.readiness(), Ok(()));
+}

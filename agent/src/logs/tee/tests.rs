@@ -9,6 +9,7 @@ fn test_console() -> (Console, Receiver<Line>) {
         Console {
             tx,
             dropped: Arc::default(),
+            counted: None,
         },
         rx,
     )
@@ -90,6 +91,7 @@ async fn a_full_console_drops_and_counts_but_the_file_keeps_all() {
     let console = Console {
         tx,
         dropped: Arc::default(),
+        counted: None,
     };
     let input = b"a\nb\nc\nd\ne\n";
     let file = tmp("drop");

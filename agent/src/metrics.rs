@@ -1,0 +1,382 @@
+//! What the agent counts, for Prometheus (`--metrics-bind`, off by default).
+//!
+//! The agent's driver counts what it does (workers started, their exits by
+//! code or signal, restarts, how long a round took to form and how long a
+//! failure kept the node's workers down); the worker store counts its
+//! connections and operations; the console counts tee'd lines it dropped.
+//! `/readyz` says whether this node's workers run in a round now, and if
+//! not, what the node waits for.
+//!
+//! Every label is a bounded vocabulary (an exit code is 0..=255, a signal
+//! one of the system's names), so a misbehaving worker cannot grow the
+//! series count.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::store::wire::Command;
+use crate::Ended;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExitLabel {
+    kind: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Op {
+    op: &'static str,
+}
+
+/// The agent's metrics; cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct AgentMetrics(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    worker_starts: Counter,
+    worker_exits: Family<ExitLabel, Counter>,
+    workers: Gauge,
+    restarts: Family<Kind, Counter>,
+    round: Gauge,
+    formation: Histogram,
+    recovery: Histogram,
+    tee_dropped: Counter,
+    store: StoreMetrics,
+    /// What `/readyz` answers.
+    ready: Mutex<Result<(), String>>,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        // 1 ms to ~1 min: a round re-forms in milliseconds; a first round
+        // waits for nodes, a recovery for Python to start.
+        let buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        Self(Arc::new(Inner {
+            worker_starts: Counter::default(),
+            worker_exits: Family::default(),
+            workers: Gauge::default(),
+            restarts: Family::default(),
+            round: Gauge::default(),
+            formation: buckets(),
+            recovery: buckets(),
+            tee_dropped: Counter::default(),
+            store: StoreMetrics::default(),
+            ready: Mutex::new(Err("starting".into())),
+        }))
+    }
+}
+
+impl AgentMetrics {
+    /// Registers every metric in `registry` (once per process).
+    pub fn register(&self, registry: &mut Registry) {
+        let m = &self.0;
+        for kind in ["failure", "membership"] {
+            let _ = m.restarts.get_or_create(&Kind { kind });
+        }
+        registry.register(
+            "accel_agent_worker_starts",
+            "Worker processes started",
+            m.worker_starts.clone(),
+        );
+        registry.register(
+            "accel_agent_worker_exits",
+            "Worker processes that ended, by kind (exit, with its code; signal, with its name)",
+            m.worker_exits.clone(),
+        );
+        registry.register(
+            "accel_agent_workers",
+            "Worker processes running now",
+            m.workers.clone(),
+        );
+        registry.register(
+            "accel_agent_restarts",
+            "Rounds this node left for a new one: kind=failure counts against the job's max_restarts, kind=membership does not",
+            m.restarts.clone(),
+        );
+        registry.register(
+            "accel_agent_round",
+            "The round this node's workers run, or last ran",
+            m.round.clone(),
+        );
+        registry.register_with_unit(
+            "accel_agent_round_formation",
+            "From offering this node for a round to the round formed",
+            Unit::Seconds,
+            m.formation.clone(),
+        );
+        registry.register_with_unit(
+            "accel_agent_recovery",
+            "From a worker failure seen on this node to its workers running again",
+            Unit::Seconds,
+            m.recovery.clone(),
+        );
+        registry.register(
+            "accel_agent_tee_lines_dropped",
+            "Tee'd worker lines dropped from the console because it was slower than the workers (the log files keep them)",
+            m.tee_dropped.clone(),
+        );
+        m.store.register(registry);
+    }
+
+    /// `n` workers started.
+    pub fn started(&self, n: usize, round: u64) {
+        self.0.worker_starts.inc_by(n as u64);
+        self.0.workers.set(n as i64);
+        self.0.round.set(i64::try_from(round).unwrap_or(i64::MAX));
+    }
+
+    /// A worker ended.
+    pub fn exited(&self, ended: &Ended) {
+        let label = match ended {
+            Ended::Exited(code) => ExitLabel {
+                kind: "exit",
+                code: code.to_string(),
+            },
+            Ended::Signaled(sig) => ExitLabel {
+                kind: "signal",
+                code: Signal::try_from(*sig)
+                    .map(|s| s.as_str().to_owned())
+                    .unwrap_or_else(|_| "unknown".to_owned()),
+            },
+        };
+        self.0.worker_exits.get_or_create(&label).inc();
+        self.0.workers.dec();
+    }
+
+    /// The workers were stopped (none run).
+    pub fn stopped(&self) {
+        self.0.workers.set(0);
+    }
+
+    /// The job left a round for a new one.
+    pub fn restart(&self, counted: bool) {
+        let kind = if counted { "failure" } else { "membership" };
+        self.0.restarts.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// A round formed `took` after this node offered itself.
+    pub fn formed(&self, took: Duration) {
+        self.0.formation.observe(took.as_secs_f64());
+    }
+
+    /// Workers run again `took` after a failure was seen.
+    pub fn recovered(&self, took: Duration) {
+        self.0.recovery.observe(took.as_secs_f64());
+    }
+
+    /// The console's dropped-line counter.
+    pub fn tee_dropped(&self) -> Counter {
+        self.0.tee_dropped.clone()
+    }
+
+    /// The worker store's counters.
+    pub fn store(&self) -> StoreMetrics {
+        self.0.store.clone()
+    }
+
+    /// Sets what `/readyz` answers: `Ok` while workers run.
+    pub fn set_ready(&self, state: Result<(), String>) {
+        if let Ok(mut r) = self.0.ready.lock() {
+            *r = state;
+        }
+    }
+
+    /// What `/readyz` answers.
+    pub fn ready(&self) -> Result<(), String> {
+        self.0
+            .ready
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_else(|_| Err("the agent's state is unreadable".into()))
+    }
+}
+
+/// The names of the store's commands, in [`op_index`]'s order.
+const OPS: [&str; 17] = [
+    "validate",
+    "set",
+    "compare_set",
+    "get",
+    "add",
+    "check",
+    "wait",
+    "num_keys",
+    "delete_key",
+    "append",
+    "multi_get",
+    "multi_set",
+    "cancel_wait",
+    "ping",
+    "queue_push",
+    "queue_pop",
+    "other",
+];
+
+/// Which of [`OPS`] a command is.
+fn op_index(cmd: &Command) -> usize {
+    match cmd {
+        Command::Validate(_) => 0,
+        Command::Set(..) => 1,
+        Command::CompareSet { .. } => 2,
+        Command::Get(_) => 3,
+        Command::Add(..) => 4,
+        Command::Check(_) => 5,
+        Command::Wait(_) => 6,
+        Command::NumKeys => 7,
+        Command::DeleteKey(_) => 8,
+        Command::Append(..) => 9,
+        Command::MultiGet(_) => 10,
+        Command::MultiSet(_) => 11,
+        Command::CancelWait => 12,
+        Command::Ping(_) => 13,
+        Command::QueuePush(..) => 14,
+        Command::QueuePop(_) => 15,
+        #[allow(unreachable_patterns)]
+        _ => 16,
+    }
+}
+
+/// The worker store's counters, kept across rounds (each round's store is
+/// new). An operation costs one atomic increment: the per-command counters
+/// are looked up once, here, not per command.
+#[derive(Debug, Clone)]
+pub struct StoreMetrics(Arc<StoreInner>);
+
+#[derive(Debug)]
+struct StoreInner {
+    connections: Counter,
+    open: Gauge,
+    refused: Counter,
+    ops: Family<Op, Counter>,
+    by_op: Vec<Counter>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        let ops: Family<Op, Counter> = Family::default();
+        let by_op = OPS
+            .iter()
+            .map(|op| ops.get_or_create(&Op { op }).clone())
+            .collect();
+        Self(Arc::new(StoreInner {
+            connections: Counter::default(),
+            open: Gauge::default(),
+            refused: Counter::default(),
+            ops,
+            by_op,
+        }))
+    }
+}
+
+impl StoreMetrics {
+    fn register(&self, registry: &mut Registry) {
+        let s = &self.0;
+        registry.register(
+            "accel_agent_store_connections",
+            "Connections the worker store (node rank 0's TCPStore) accepted",
+            s.connections.clone(),
+        );
+        registry.register(
+            "accel_agent_store_open_connections",
+            "Connections the worker store holds now",
+            s.open.clone(),
+        );
+        registry.register(
+            "accel_agent_store_refused_connections",
+            "Connections the worker store refused (not from a member's address)",
+            s.refused.clone(),
+        );
+        registry.register(
+            "accel_agent_store_operations",
+            "Commands the worker store applied, by operation",
+            s.ops.clone(),
+        );
+    }
+
+    /// A connection was admitted.
+    pub fn connected(&self) {
+        self.0.connections.inc();
+        self.0.open.inc();
+    }
+
+    /// An admitted connection ended.
+    pub fn disconnected(&self) {
+        self.0.open.dec();
+    }
+
+    /// A connection was refused.
+    pub fn refused(&self) {
+        self.0.refused.inc();
+    }
+
+    /// A command was applied.
+    pub fn op(&self, cmd: &Command) {
+        if let Some(c) = self.0.by_op.get(op_index(cmd)) {
+            c.inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::prometheus_text::encode;
+
+    #[test]
+    fn counts_under_bounded_labels() {
+        let m = AgentMetrics::default();
+        m.started(2, 3);
+        m.exited(&Ended::Exited(1));
+        m.exited(&Ended::Signaled(9));
+        m.restart(true);
+        m.formed(Duration::from_millis(4));
+        m.recovered(Duration::from_millis(1500));
+        m.store().connected();
+        m.store().op(&Command::Get(b"k".to_vec()));
+        m.tee_dropped().inc();
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let mut text = String::new();
+        encode(&mut text, &r).expect("encode");
+        for line in [
+            "accel_agent_worker_starts_total 2",
+            "accel_agent_worker_exits_total{kind=\"exit\",code=\"1\"} 1",
+            "accel_agent_worker_exits_total{kind=\"signal\",code=\"SIGKILL\"} 1",
+            "accel_agent_workers 0",
+            "accel_agent_round 3",
+            "accel_agent_restarts_total{kind=\"failure\"} 1",
+            "accel_agent_restarts_total{kind=\"membership\"} 0",
+            "accel_agent_round_formation_seconds_count 1",
+            "accel_agent_recovery_seconds_count 1",
+            "accel_agent_store_connections_total 1",
+            "accel_agent_store_open_connections 1",
+            "accel_agent_store_operations_total{op=\"get\"} 1",
+            "accel_agent_store_operations_total{op=\"set\"} 0",
+            "accel_agent_tee_lines_dropped_total 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn readiness_starts_false_and_follows_the_driver() {
+        let m = AgentMetrics::default();
+        assert_eq!(m.ready(), Err("starting".into()));
+        m.set_ready(Ok(()));
+        assert_eq!(m.ready(), Ok(()));
+    }
+}

@@ -1,0 +1,314 @@
+//! Metrics and health: both daemons' `/metrics` scraped while a job fails
+//! once and restarts, the counters checked as they move, and a real
+//! Prometheus (Debian's, installed by the test command) scraping both and
+//! answering PromQL.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use accel_tests::{free_port, http_get, poll_until, sample, scratch, Agent, AgentCmd, Server};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The exposition at `addr`, or why not.
+fn scrape(addr: &str) -> Result<String, String> {
+    match http_get(addr, "/metrics") {
+        Some((200, body)) => Ok(body),
+        Some((code, body)) => Err(format!("HTTP {code}: {body}")),
+        None => Err(format!("nothing answers at {addr}")),
+    }
+}
+
+/// Waits until the exposition at `addr` has `series` at `value`.
+fn until_sample(addr: &str, series: &str, value: f64) -> String {
+    poll_until(&format!("{series} = {value} at {addr}"), LIMIT, || {
+        let text = scrape(addr)?;
+        match sample(&text, series) {
+            Some(v) if v == value => Ok(text),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
+/// A server with its metrics on `metrics`, and two agents of a 2 × 2 job
+/// whose global rank 3 fails in the first round; each agent serves its
+/// metrics on the returned addresses.
+fn failing_job(
+    dir: &Path,
+    job: &str,
+    metrics: &str,
+    run_for: &str,
+) -> (Server, Vec<Agent>, Vec<String>) {
+    let server = Server::start_with("127.0.0.1:0", &["--metrics-bind", metrics], &[]);
+    let agent_metrics: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let agents = agent_metrics
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let tag = format!("{job}-{i}");
+            AgentCmd::c10d(&server.addr, job)
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(2)
+                .flag("--metrics-bind", addr)
+                .recording(dir, &tag)
+                .envs(&[
+                    ("FAIL_RANKS", "3"),
+                    ("FAIL_UNTIL", "1"),
+                    ("RUN_FOR", run_for),
+                ])
+                .start(dir, &tag)
+        })
+        .collect();
+    (server, agents, agent_metrics)
+}
+
+#[test]
+fn both_endpoints_count_a_failure_and_a_restart_while_the_job_runs() {
+    let dir = scratch("metrics");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (server, agents, agent_metrics) = failing_job(&dir, "metrics-job", &metrics, "6");
+
+    // The server: one counted restart, two rounds, a failure by exit code,
+    // the job running with both nodes, its restart budget.
+    let text = until_sample(&metrics, "accel_rdzv_restarts_total{kind=\"failure\"}", 1.0);
+    let text = if sample(&text, "accel_rdzv_rounds_formed_total") == Some(2.0) {
+        text
+    } else {
+        until_sample(&metrics, "accel_rdzv_rounds_formed_total", 2.0)
+    };
+    for (series, value) in [
+        ("accel_rdzv_failures_total{kind=\"exit\"}", 1.0),
+        ("accel_rdzv_restarts_total{kind=\"membership\"}", 0.0),
+        ("accel_rdzv_jobs{phase=\"running\"}", 1.0),
+        ("accel_rdzv_nodes{state=\"running\"}", 2.0),
+        ("accel_rdzv_job_restarts{rdzv_id=\"metrics-job\"}", 1.0),
+        (
+            "accel_rdzv_job_restarts_remaining{rdzv_id=\"metrics-job\"}",
+            1.0,
+        ),
+        ("accel_rdzv_rendezvous_duration_seconds_count", 1.0),
+        ("accel_rdzv_reform_duration_seconds_count", 1.0),
+        ("accel_rdzv_leader", 1.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    let joins = sample(&text, "accel_rdzv_rpcs_total{method=\"Join\",code=\"OK\"}");
+    assert_eq!(joins, Some(2.0), "{text}");
+    assert_eq!(http_get(&metrics, "/readyz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(&metrics, "/healthz").map(|r| r.0), Some(200));
+
+    // Each agent, while its second round runs: four workers started, the
+    // restart, the time the failure cost, ready.
+    let mut exits_3 = 0.0;
+    for addr in &agent_metrics {
+        let text = until_sample(addr, "accel_agent_worker_starts_total", 4.0);
+        for (series, value) in [
+            ("accel_agent_restarts_total{kind=\"failure\"}", 1.0),
+            ("accel_agent_workers", 2.0),
+            ("accel_agent_round", 1.0),
+            ("accel_agent_round_formation_seconds_count", 2.0),
+            ("accel_agent_recovery_seconds_count", 1.0),
+        ] {
+            assert_eq!(
+                sample(&text, series),
+                Some(value),
+                "{series} at {addr}:\n{text}"
+            );
+        }
+        exits_3 += sample(
+            &text,
+            "accel_agent_worker_exits_total{kind=\"exit\",code=\"3\"}",
+        )
+        .unwrap_or(0.0);
+        let (code, body) = http_get(addr, "/readyz").expect("readyz answers");
+        assert_eq!((code, body.as_str()), (200, "ready\n"), "{addr}");
+    }
+    assert_eq!(
+        exits_3, 1.0,
+        "rank 3's exit is counted once, by its own node"
+    );
+
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let text = until_sample(
+        &metrics,
+        "accel_rdzv_jobs_ended_total{kind=\"succeeded\"}",
+        1.0,
+    );
+    assert_eq!(
+        sample(&text, "accel_rdzv_jobs_ended_total{kind=\"failed\"}"),
+        Some(0.0)
+    );
+    let _ = server;
+}
+
+#[test]
+fn a_forming_node_is_alive_but_not_ready_and_says_why() {
+    let dir = scratch("readyz");
+    let server = Server::start();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let agent = AgentCmd::c10d(&server.addr, "readyz-job")
+        .nnodes(2)
+        .flag("--metrics-bind", &addr)
+        .recording(&dir, "a")
+        .start(&dir, "a");
+    let why = poll_until("the lone node's /readyz", LIMIT, || {
+        match http_get(&addr, "/readyz") {
+            Some((503, body)) if body.contains("1 of 2 nodes ready") => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(why.starts_with("not ready: forming round 0: "), "{why}");
+    assert_eq!(http_get(&addr, "/healthz").map(|r| r.0), Some(200));
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+}
+
+#[test]
+fn a_taken_metrics_port_is_a_start_up_error_naming_the_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = Command::new(accel_tests::bin("rdzv-server"))
+        .args(["--bind", "127.0.0.1:0", "--metrics-bind", &addr])
+        .output()
+        .expect("run rdzv-server");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot listen for metrics on {addr}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("pick another --metrics-bind (or off)"),
+        "{err}"
+    );
+    let out = AgentCmd::standalone()
+        .flag("--metrics-bind", "localhost:1")
+        .no_python("true", &[])
+        .command()
+        .output()
+        .expect("run accel-agent");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not an address: write IP:PORT"), "{err}");
+}
+
+/// A Prometheus server on loopback scraping `targets` every second; its
+/// data in `dir`. Stopped on drop.
+struct Prometheus {
+    child: Child,
+    addr: String,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, server: &str, agents: &[String]) -> Self {
+        let quoted = |t: &[String]| {
+            t.iter()
+                .map(|a| format!("'{a}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let config = format!(
+            "global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n\
+             \x20 - job_name: rdzv-server\n\
+             \x20   static_configs: [{{targets: ['{server}']}}]\n\
+             \x20 - job_name: accel-agent\n\
+             \x20   static_configs: [{{targets: [{}]}}]\n",
+            quoted(agents)
+        );
+        let file = dir.join("prometheus.yml");
+        std::fs::write(&file, config).expect("write prometheus.yml");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus (scripts/setup.sh installs Debian's package)");
+        Self { child, addr }
+    }
+
+    /// The value of an instant PromQL query that yields one sample.
+    fn query(&self, promql: &str) -> Result<f64, String> {
+        let encoded: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (code, body) = http_get(&self.addr, &format!("/api/v1/query?query={encoded}"))
+            .ok_or("prometheus does not answer yet")?;
+        if code != 200 {
+            return Err(format!("HTTP {code}: {body}"));
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        match v["data"]["result"].as_array().map(Vec::as_slice) {
+            Some([one]) => one["value"][1]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| body.clone()),
+            _ => Err(body),
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_both_and_answers_promql() {
+    let dir = scratch("prometheus");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (server, agents, agent_metrics) = failing_job(&dir, "prom-job", &metrics, "10");
+    let prometheus = Prometheus::start(&dir, &metrics, &agent_metrics);
+    let query = |promql: &str, want: f64| {
+        poll_until(
+            &format!("PromQL {promql} = {want}"),
+            LIMIT,
+            || match prometheus.query(promql) {
+                Ok(v) if v == want => Ok(()),
+                Ok(v) => Err(format!("{v}")),
+                Err(e) => Err(e),
+            },
+        )
+    };
+    // Every target is up, the restart and the failure are seen, across
+    // both daemons.
+    query("sum(up)", 3.0);
+    query("accel_rdzv_restarts_total{kind=\"failure\"}", 1.0);
+    query("sum(accel_agent_worker_exits_total{code=\"3\"})", 1.0);
+    query("sum(accel_agent_restarts_total{kind=\"failure\"})", 2.0);
+    query("sum(accel_agent_workers)", 4.0);
+    query(
+        "accel_rdzv_job_restarts_remaining{rdzv_id=\"prom-job\"}",
+        1.0,
+    );
+    query("count(accel_agent_recovery_seconds_count > 0)", 2.0);
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    query("accel_rdzv_jobs_ended_total{kind=\"succeeded\"}", 1.0);
+    drop(prometheus);
+    let _ = server;
+}
