@@ -119,8 +119,14 @@ ctr="$("${B[@]}" from --name "accel-image-$$" scratch)"
   --label org.opencontainers.image.source="$SOURCE_URL" \
   --label org.opencontainers.image.revision="$REVISION" \
   "$ctr"
+previous="$("${B[@]}" images --quiet --no-trunc "$tag" 2>/dev/null | head -n1 || true)"
 "${B[@]}" commit --quiet --format oci --timestamp "$EPOCH" --rm "$ctr" "$tag" >/dev/null
 ctr=""
+# The image this tag named before, now untagged, is removed (only that one).
+current="$("${B[@]}" images --quiet --no-trunc "$tag" | head -n1)"
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  "${B[@]}" rmi "$previous" >/dev/null 2>&1 || true
+fi
 size="$("${B[@]}" images --format '{{.Size}}' "$tag" | head -n1)"
 echo "build-image: committed $tag ($size; storage driver $STORAGE)" >&2
 if [ "$archive" = 1 ]; then
