@@ -13,6 +13,7 @@ use rendezvous_server::input::excerpt;
 
 mod options;
 mod rdzv_conf;
+pub mod slurm;
 pub use options::{
     rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, Signals,
 };

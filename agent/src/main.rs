@@ -3,14 +3,31 @@
 use std::process::ExitCode;
 
 use accel_agent::cli::AgentArgs;
-use accel_agent::config::LaunchOptions;
+use accel_agent::config::{slurm, LaunchOptions};
 use accel_agent::node;
 
 fn main() -> ExitCode {
     // Usage errors exit 2 and quote only excerpts of the values.
-    let args: AgentArgs = rendezvous_server::input::parse_or_exit();
+    let (args, matches): (AgentArgs, _) = rendezvous_server::input::parse_with_matches_or_exit();
     node::init_logs(args.log_format, node::DEFAULT_LOG_FILTER);
-    match LaunchOptions::from(args).build(&|k| std::env::var(k).ok()) {
+    let env = |k: &str| std::env::var(k).ok();
+    let given = |id: &str| {
+        use clap::parser::ValueSource;
+        matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    let mut options = LaunchOptions::from(args);
+    match slurm::apply(&mut options, &given, &env) {
+        Ok(Some(line)) => tracing::info!("{line}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("accel-agent: error: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    match options.build(&env) {
         Ok(cfg) => node::run(cfg, "accel-agent"),
         Err(e) => {
             eprintln!("accel-agent: error: {e}");

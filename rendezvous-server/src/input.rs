@@ -185,7 +185,16 @@ impl fmt::Display for Excerpt<'_> {
 /// message with every long word (a quoted value) excerpted and exits with
 /// clap's code (2). `--help` and `--version` behave as usual.
 pub fn parse_or_exit<P: clap::Parser>() -> P {
-    match P::try_parse() {
+    parse_with_matches_or_exit().0
+}
+
+/// [`parse_or_exit`], with clap's matches too: they say which values the
+/// user gave and which are defaults ([`clap::ArgMatches::value_source`]).
+pub fn parse_with_matches_or_exit<P: clap::Parser>() -> (P, clap::ArgMatches) {
+    let parsed = P::command()
+        .try_get_matches()
+        .and_then(|m| P::from_arg_matches(&m).map(|p| (p, m)));
+    match parsed {
         Ok(p) => p,
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {

@@ -12,6 +12,7 @@ mod metrics;
 mod restart;
 mod security;
 mod shutdown;
+mod slurm;
 mod store_admission;
 mod store_bounds;
 mod tls;

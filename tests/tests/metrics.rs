@@ -312,3 +312,68 @@ fn prometheus_scrapes_both_and_answers_promql() {
     drop(prometheus);
     let _ = server;
 }
+
+#[test]
+fn json_logs_and_json_status_for_pipelines() {
+    // The agent's own lines, one JSON object each.
+    let out = AgentCmd::standalone()
+        .flag("--log-format", "json")
+        .env("ACCEL_LOG", "info")
+        .no_python("true", &[])
+        .command()
+        .output()
+        .expect("run accel-agent");
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.is_empty()).collect();
+    assert!(!lines.is_empty(), "the agent logged nothing");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(err.contains("job succeeded"), "{err}");
+
+    // The server's status, as one document.
+    let dir = scratch("status-json");
+    let server = Server::start();
+    let agent = AgentCmd::c10d(&server.addr, "json-job")
+        .nnodes(2)
+        .recording(&dir, "a")
+        .start(&dir, "a");
+    let doc = poll_until("a forming job in status --json", LIMIT, || {
+        let out = Command::new(accel_tests::bin("rdzv-server"))
+            .args(["status", "--json", "--rdzv-endpoint", &server.addr])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))?;
+        match v["jobs"].as_array().map(Vec::len) {
+            Some(1) => Ok(v),
+            _ => Err(v.to_string()),
+        }
+    });
+    let job = &doc["jobs"][0];
+    assert_eq!(job["job_id"], "json-job");
+    assert_eq!(job["phase"], "forming");
+    assert_eq!(job["node_count"], 1);
+    assert!(job["nodes"][0]["node_rank"].is_null(), "{doc}");
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+    // A server that is not there: the cause, not just "transport error".
+    let out = Command::new(accel_tests::bin("rdzv-server"))
+        .args([
+            "status",
+            "--json",
+            "--rdzv-endpoint",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .expect("run status");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Connection refused"), "{err}");
+}
