@@ -33,7 +33,12 @@ use clap::{Parser, Subcommand};
 
 /// accelerate's commands, on accel's agent.
 #[derive(Debug, Parser)]
-#[command(name = "accel", version, arg_required_else_help = true)]
+#[command(
+    name = "accel",
+    version,
+    arg_required_else_help = true,
+    after_help = "Shell completions: accel completions bash|zsh|fish|elvish|powershell\nMan page:          accel manpage"
+)]
 pub struct AccelArgs {
     /// The command.
     #[command(subcommand)]

@@ -7,6 +7,9 @@ use accel_agent::node;
 use accel_cli::{run, AccelArgs, Action};
 
 fn main() -> ExitCode {
+    if let Some(code) = rendezvous_server::input::generated::<AccelArgs>() {
+        return code;
+    }
     // Usage errors exit 2 and quote only excerpts of the values.
     let args: AccelArgs = rendezvous_server::input::parse_or_exit();
     match run(args, &|k| std::env::var(k).ok()) {

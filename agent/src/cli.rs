@@ -24,7 +24,12 @@ use crate::logs::StdSpec;
 /// N nodes (c10d):        accel-agent --nnodes N --nproc-per-node 8 --rdzv-backend c10d
 ///                            --rdzv-endpoint HEAD:29400 --rdzv-id JOB train.py ARGS
 #[derive(Debug, Clone, Parser)]
-#[command(name = "accel-agent", version, verbatim_doc_comment)]
+#[command(
+    name = "accel-agent",
+    version,
+    verbatim_doc_comment,
+    after_help = "Shell completions: accel-agent completions bash|zsh|fish|elvish|powershell\nMan page:          accel-agent manpage"
+)]
 pub struct AgentArgs {
     /// Number of nodes: `N`, or `MIN:MAX` for an elastic job (c10d), which
     /// starts with MIN nodes and takes up to MAX.

@@ -7,6 +7,9 @@ use accel_agent::config::{slurm, LaunchOptions};
 use accel_agent::node;
 
 fn main() -> ExitCode {
+    if let Some(code) = rendezvous_server::input::generated::<AgentArgs>() {
+        return code;
+    }
     // Usage errors exit 2 and quote only excerpts of the values.
     let (args, matches): (AgentArgs, _) = rendezvous_server::input::parse_with_matches_or_exit();
     node::init_logs(args.log_format, node::DEFAULT_LOG_FILTER);

@@ -18,7 +18,11 @@ use accel_telemetry::Bind;
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "rdzv-server", version)]
+#[command(
+    name = "rdzv-server",
+    version,
+    after_help = "Shell completions: rdzv-server completions bash|zsh|fish|elvish|powershell\nMan page:          rdzv-server manpage"
+)]
 pub struct ServerArgs {
     /// Address to listen on (IPv6 `[::]` also accepts IPv4 where the system allows).
     #[arg(long, env = "RDZV_BIND", default_value = "[::]:29400")]

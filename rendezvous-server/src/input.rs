@@ -181,6 +181,47 @@ impl fmt::Display for Excerpt<'_> {
     }
 }
 
+/// `PROG completions SHELL` (bash, zsh, fish, elvish, powershell) prints
+/// the shell's completion script for `P`'s flags; `PROG manpage` prints its
+/// man page (roff). Checked before parsing, so it works for a program whose
+/// first argument is otherwise a script's name. `None`: neither was asked.
+pub fn generated<P: clap::CommandFactory>() -> Option<std::process::ExitCode> {
+    use std::io::Write as _;
+    let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+    let mut cmd = P::command();
+    let name = cmd.get_name().to_owned();
+    let mut out = std::io::stdout().lock();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["completions", shell] => {
+            let Ok(shell) = shell.parse::<clap_complete::Shell>() else {
+                eprintln!(
+                    "{name} completions: unknown shell '{}'; use bash, zsh, fish, elvish or powershell",
+                    excerpt(shell)
+                );
+                return Some(std::process::ExitCode::from(2));
+            };
+            clap_complete::generate(shell, &mut cmd, name, &mut out);
+        }
+        ["completions"] => {
+            eprintln!("usage: {name} completions bash|zsh|fish|elvish|powershell");
+            return Some(std::process::ExitCode::from(2));
+        }
+        ["manpage"] => {
+            match clap_mangen::Man::new(cmd).render(&mut out) {
+                // A closed pipe (`manpage | head`) is not an error.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("{name} manpage: {e}");
+                    return Some(std::process::ExitCode::FAILURE);
+                }
+                _ => {}
+            }
+        }
+        _ => return None,
+    }
+    let _ = out.flush();
+    Some(std::process::ExitCode::SUCCESS)
+}
+
 /// Parses the process's arguments as `P`; on a usage error, prints clap's
 /// message with every long word (a quoted value) excerpted and exits with
 /// clap's code (2). `--help` and `--version` behave as usual.

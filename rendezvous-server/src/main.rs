@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use rendezvous_server::config::{client_token, Command, ServerArgs};
 
 fn main() -> ExitCode {
+    if let Some(code) = rendezvous_server::input::generated::<ServerArgs>() {
+        return code;
+    }
     // Usage errors exit 2 and quote only excerpts of the values.
     let args: ServerArgs = rendezvous_server::input::parse_or_exit();
     accel_telemetry::logging::init(args.log_format, "RUST_LOG", "info", true);
