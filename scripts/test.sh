@@ -23,6 +23,7 @@ cargo build --workspace --locked
 # the tools run).
 scripts/check-systemd.sh
 scripts/check-kubernetes.sh
+scripts/check-image.sh
 cargo test --workspace --locked
 # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
 # SECONDS runs them longer); a crash fails the run.
