@@ -15,7 +15,7 @@ R="$CARGO_TARGET_DIR/release"
 sizes="${1:-100,1000,10000}"
 modes="${2:-both}"
 [ "$modes" = both ] && modes="plain secure"
-[ "$modes" = all ] && modes="plain secure etcd"
+[ "$modes" = all ] && modes="plain metrics secure etcd"
 pki="$(mktemp -d)"
 trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true; [ -n "${scraper:-}" ] && kill "$scraper" 2>/dev/null || true' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

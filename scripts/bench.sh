@@ -55,7 +55,8 @@ out="$(mktemp)"
   echo "Target: 1,000 agents ≤ 0.3 s, 10,000 ≤ 3 s, cost per agent flat. accel: \`rdzv-load\` plays N agents against one"
   echo "\`rdzv-server\` (\`scripts/bench-rendezvous.sh $agents all\`); torchrun: N c10d rendezvous handlers (what each torchrun agent"
   echo "runs) on one TCPStore, over 8 processes (\`python bench/torch_rdzv.py --nodes $tnodes\`). "
-  echo "The \`etcd\` rows keep every change in a one-member etcd before acting on it (rdzv-server replicas)."
+  echo "The \`etcd\` rows keep every change in a one-member etcd before acting on it (rdzv-server replicas). The \`metrics\`"
+  echo "rows are \`plain\` with the server's Prometheus endpoint on and scraped every 0.5 s (target: ≤ 5 % slower than \`plain\`)."
   echo
   scripts/bench-rendezvous.sh "$agents" all 2>/dev/null
   echo

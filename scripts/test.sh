@@ -24,6 +24,8 @@ cargo build --workspace --locked
 scripts/check-systemd.sh
 scripts/check-kubernetes.sh
 scripts/check-image.sh
+# A real one-host Slurm cluster (two slurmd): srun starts the agents with no flags.
+scripts/check-slurm.sh
 cargo test --workspace --locked
 # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
 # SECONDS runs them longer); a crash fails the run.

@@ -103,9 +103,14 @@ impl Token {
         }
         #[cfg(unix)]
         {
-            use std::os::unix::fs::PermissionsExt;
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(file = %path.display(), "the token file may be read by other users; restrict it with chmod 600");
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            // Readable by its group is how a service group shares it
+            // (Kubernetes' fsGroup, a unit's Group=): fine when that group
+            // is this process's own; anyone else's access is worth a word.
+            let mode = meta.permissions().mode();
+            let own_group = meta.gid() == nix::unistd::getegid().as_raw();
+            if mode & 0o007 != 0 || (mode & 0o070 != 0 && !own_group) {
+                tracing::warn!(file = %path.display(), "the token file may be read by other users; restrict it with chmod 600 (or 640 with this service's own group)");
             }
         }
         let text = std::fs::read_to_string(path).map_err(read)?;
