@@ -206,7 +206,7 @@ impl AgentMetrics {
 }
 
 /// The names of the store's commands, in [`op_index`]'s order.
-const OPS: [&str; 17] = [
+const OPS: [&str; 19] = [
     "validate",
     "set",
     "compare_set",
@@ -223,10 +223,12 @@ const OPS: [&str; 17] = [
     "ping",
     "queue_push",
     "queue_pop",
-    "other",
+    "queue_len",
+    "list_keys",
+    "barrier",
 ];
 
-/// Which of [`OPS`] a command is.
+/// Which of [`OPS`] a command is (exhaustive: a new command needs a name).
 fn op_index(cmd: &Command) -> usize {
     match cmd {
         Command::Validate(_) => 0,
@@ -245,8 +247,9 @@ fn op_index(cmd: &Command) -> usize {
         Command::Ping(_) => 13,
         Command::QueuePush(..) => 14,
         Command::QueuePop(_) => 15,
-        #[allow(unreachable_patterns)]
-        _ => 16,
+        Command::QueueLen(_) => 16,
+        Command::ListKeys => 17,
+        Command::Barrier(..) => 18,
     }
 }
 

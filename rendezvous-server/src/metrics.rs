@@ -340,56 +340,64 @@ struct JobLabel {
     rdzv_id: String,
 }
 
+/// One gauge family of the scrape: `name` with one sample per
+/// `(labels, value)`.
+fn gauges<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl Iterator<Item = (L, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        ConstGauge::new(value).encode(e.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 impl Collector for States {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let summary = match &*self.seat.borrow() {
             Role::Leader(registry) => registry.summary(),
             Role::Follower { .. } => return Ok(()),
         };
-        let mut e = encoder.encode_descriptor(
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        gauges(
+            &mut encoder,
             "accel_rdzv_jobs",
             "Jobs the server holds, by phase",
-            None,
-            MetricType::Gauge,
+            summary
+                .jobs
+                .iter()
+                .map(|(phase, n)| (Phase { phase }, count(*n))),
         )?;
-        for (phase, n) in &summary.jobs {
-            ConstGauge::new(*n as i64).encode(e.encode_family(&Phase { phase })?)?;
-        }
-        let mut e = encoder.encode_descriptor(
+        gauges(
+            &mut encoder,
             "accel_rdzv_nodes",
             "Members of the jobs the server holds, by state (spare: waits for a slot while the job runs at its maximum)",
-            None,
-            MetricType::Gauge,
+            summary.nodes.iter().map(|(state, n)| (State { state }, count(*n))),
         )?;
-        for (state, n) in &summary.nodes {
-            ConstGauge::new(*n as i64).encode(e.encode_family(&State { state })?)?;
-        }
-        let mut e = encoder.encode_descriptor(
+        let job = |id: &String| JobLabel {
+            rdzv_id: id.clone(),
+        };
+        gauges(
+            &mut encoder,
             "accel_rdzv_job_restarts",
             "Restarts a running job has used of its job-wide max_restarts",
-            None,
-            MetricType::Gauge,
+            summary
+                .restarts
+                .iter()
+                .map(|(id, used, _)| (job(id), i64::from(*used))),
         )?;
-        for (job, used, _) in &summary.restarts {
-            let label = JobLabel {
-                rdzv_id: job.clone(),
-            };
-            ConstGauge::new(i64::from(*used)).encode(e.encode_family(&label)?)?;
-        }
-        let mut e = encoder.encode_descriptor(
+        gauges(
+            &mut encoder,
             "accel_rdzv_job_restarts_remaining",
             "Restarts a running job has left before the next failure fails it",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (job, used, max) in &summary.restarts {
-            let label = JobLabel {
-                rdzv_id: job.clone(),
-            };
-            let left = i64::from(max.saturating_sub(*used));
-            ConstGauge::new(left).encode(e.encode_family(&label)?)?;
-        }
-        Ok(())
+            summary
+                .restarts
+                .iter()
+                .map(|(id, used, max)| (job(id), i64::from(max.saturating_sub(*used)))),
+        )
     }
 }
 
