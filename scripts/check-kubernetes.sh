@@ -258,10 +258,13 @@ def check_server(where, doc, docs):
         fail(where, "ports grpc 29400 and metrics 29401 must be declared")
     if "--metrics-bind=[::]:29401" not in args or "--token-file=/etc/accel/token/token" not in args:
         fail(where, "args must give --metrics-bind=[::]:29401 and --token-file=/etc/accel/token/token")
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
-        get = (c.get(probe) or {}).get("httpGet") or {}
-        if get.get("path") != path or get.get("port") not in ("metrics", 29401):
-            fail(where, f"{probe} must be httpGet {path} on the metrics port")
+    get = (c.get("readinessProbe") or {}).get("httpGet") or {}
+    if get.get("path") != "/readyz" or get.get("port") not in ("metrics", 29401):
+        fail(where, "readinessProbe must be httpGet /readyz on the metrics port")
+    # Liveness on the gRPC port: the metrics port is open to the namespace,
+    # and crowding it must not get the server restarted.
+    if ((c.get("livenessProbe") or {}).get("grpc") or {}).get("port") != 29400:
+        fail(where, "livenessProbe must be grpc on port 29400")
     ann = pod.get("metadata", {}).get("annotations") or {}
     if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != "29401":
         fail(where, "pod needs prometheus.io/scrape and prometheus.io/port annotations")

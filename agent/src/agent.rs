@@ -75,6 +75,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     });
     let _beating = AbortOnDrop(beating);
     let stop_server = CancellationToken::new();
+    // However the agent's life ends (an error included), the embedded
+    // rendezvous and the metrics endpoint stop with it.
+    let _stopping = stop_server.clone().drop_guard();
     let metrics = crate::metrics::AgentMetrics::default();
     if let accel_telemetry::Bind::At(addr) = cfg.metrics_bind {
         let listener = accel_telemetry::http::bind(addr)

@@ -62,9 +62,10 @@ struct Inner {
 
 impl Default for AgentMetrics {
     fn default() -> Self {
-        // 1 ms to ~1 min: a round re-forms in milliseconds; a first round
-        // waits for nodes, a recovery for Python to start.
-        let buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        // 1 ms to ~9 min: a round re-forms in milliseconds; a first round
+        // waits for nodes, a recovery for the workers' stop grace and for
+        // Python to start again.
+        let buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 20));
         Self(Arc::new(Inner {
             worker_starts: Counter::default(),
             worker_exits: Family::default(),
@@ -205,6 +206,16 @@ impl AgentMetrics {
     }
 }
 
+/// An admitted store connection, counted open while it lives.
+#[derive(Debug)]
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The names of the store's commands, in [`op_index`]'s order.
 const OPS: [&str; 19] = [
     "validate",
@@ -305,20 +316,17 @@ impl StoreMetrics {
         );
         registry.register(
             "accel_agent_store_operations",
-            "Commands the worker store applied, by operation",
+            "Commands the worker store received, by operation (refused ones included)",
             s.ops.clone(),
         );
     }
 
-    /// A connection was admitted.
-    pub fn connected(&self) {
+    /// A connection was admitted; it counts as open until the returned
+    /// guard drops (however its task ends).
+    pub fn connected(&self) -> OpenConnection {
         self.0.connections.inc();
         self.0.open.inc();
-    }
-
-    /// An admitted connection ended.
-    pub fn disconnected(&self) {
-        self.0.open.dec();
+        OpenConnection(self.0.open.clone())
     }
 
     /// A connection was refused.
@@ -348,7 +356,7 @@ mod tests {
         m.restart(true);
         m.formed(Duration::from_millis(4));
         m.recovered(Duration::from_millis(1500));
-        m.store().connected();
+        let _open = m.store().connected();
         m.store().op(&Command::Get(b"k".to_vec()));
         m.tee_dropped().inc();
         let mut r = Registry::default();

@@ -380,11 +380,10 @@ impl Acceptor {
         let (shared, stop, limits) = (self.shared.clone(), self.stop.clone(), self.limits);
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            metrics.connected();
+            let _open = metrics.connected();
             let served = Connection::new(id, &shared, rx, limits, &metrics)
                 .serve(sock, stop)
                 .await;
-            metrics.disconnected();
             {
                 let mut s = shared.lock();
                 s.state.disconnect(id);

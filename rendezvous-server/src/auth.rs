@@ -106,9 +106,12 @@ impl Token {
             use std::os::unix::fs::{MetadataExt, PermissionsExt};
             // Readable by its group is how a service group shares it
             // (Kubernetes' fsGroup, a unit's Group=): fine when that group
-            // is this process's own; anyone else's access is worth a word.
+            // is one of this process's (primary or supplementary); anyone
+            // else's access is worth a word.
             let mode = meta.permissions().mode();
-            let own_group = meta.gid() == nix::unistd::getegid().as_raw();
+            let gid = nix::unistd::Gid::from_raw(meta.gid());
+            let own_group = gid == nix::unistd::getegid()
+                || nix::unistd::getgroups().is_ok_and(|g| g.contains(&gid));
             if mode & 0o007 != 0 || (mode & 0o070 != 0 && !own_group) {
                 tracing::warn!(file = %path.display(), "the token file may be read by other users; restrict it with chmod 600 (or 640 with this service's own group)");
             }

@@ -35,16 +35,12 @@ pub struct ServerArgs {
     #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
     /// Where to serve Prometheus metrics (`/metrics`), `/healthz` and
-    /// `/readyz` over plain HTTP, as IP:PORT; `off` for nowhere. It needs no
-    /// token and shows counts, states and job ids, never tokens or failure
-    /// texts: keep it on a network only operators and Prometheus reach.
-    #[arg(
-        long,
-        env = "RDZV_METRICS_BIND",
-        default_value = "[::]:29401",
-        value_name = "ADDR|off"
-    )]
-    pub metrics_bind: Bind,
+    /// `/readyz` over plain HTTP, as IP:PORT; `off` for nowhere (default:
+    /// --bind's address, port 29401). It needs no token and shows counts,
+    /// states and job ids, never tokens or failure texts: keep it on a
+    /// network only operators and Prometheus reach.
+    #[arg(long, env = "RDZV_METRICS_BIND", value_name = "ADDR|off")]
+    pub metrics_bind: Option<Bind>,
     /// File holding the token every agent must present (else the variable
     /// RDZV_TOKEN holds it). Agents take the same token from
     /// `--rdzv-conf token_file=PATH` or ACCEL_RDZV_TOKEN.
@@ -191,7 +187,18 @@ fn whole_seconds(d: Duration) -> Result<Duration, &'static str> {
     }
 }
 
+/// The metrics port when `--metrics-bind` is not given.
+pub const METRICS_PORT: u16 = 29401;
+
 impl ServerArgs {
+    /// Where the metrics endpoint listens: `--metrics-bind`, else
+    /// `--bind`'s address on [`METRICS_PORT`] (a loopback server keeps its
+    /// metrics on loopback too).
+    pub fn metrics(&self) -> Bind {
+        self.metrics_bind
+            .unwrap_or_else(|| Bind::At(SocketAddr::new(self.bind.ip(), METRICS_PORT)))
+    }
+
     /// Replication on etcd, if `--etcd-endpoints` asks for it; `bound`: the
     /// address the server listens on. Errors name the flag to fix.
     pub fn etcd(&self, bound: SocketAddr) -> Result<Option<crate::ha::EtcdOptions>, String> {

@@ -187,11 +187,13 @@ impl fmt::Display for Excerpt<'_> {
 /// first argument is otherwise a script's name. `None`: neither was asked.
 pub fn generated<P: clap::CommandFactory>() -> Option<std::process::ExitCode> {
     use std::io::Write as _;
-    let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+    // Not `args()`: a non-UTF-8 argument is for clap to report, not a panic.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).take(3).collect();
+    let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap_or("")).collect();
     let mut cmd = P::command();
     let name = cmd.get_name().to_owned();
     let mut out = std::io::stdout().lock();
-    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+    match args[..] {
         ["completions", shell] => {
             let Ok(shell) = shell.parse::<clap_complete::Shell>() else {
                 eprintln!(
@@ -200,7 +202,11 @@ pub fn generated<P: clap::CommandFactory>() -> Option<std::process::ExitCode> {
                 );
                 return Some(std::process::ExitCode::from(2));
             };
-            clap_complete::generate(shell, &mut cmd, name, &mut out);
+            // Generated whole first: written to a closed pipe
+            // (`completions bash | head`), it is not an error.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, name, &mut script);
+            let _ = out.write_all(&script);
         }
         ["completions"] => {
             eprintln!("usage: {name} completions bash|zsh|fish|elvish|powershell");

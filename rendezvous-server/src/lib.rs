@@ -118,6 +118,8 @@ pub async fn serve_with_metrics(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let (roles, seat) = tokio::sync::watch::channel(ha::Role::Follower { leader: None });
     let stop = tokio_util::sync::CancellationToken::new();
+    // Whatever ends this (an error included), what it spawned stops.
+    let _stopping = stop.clone().drop_guard();
     let counters = options.metrics.clone();
     if let Some(listener) = metrics {
         tokio::spawn(accel_telemetry::http::serve(

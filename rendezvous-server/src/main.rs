@@ -82,7 +82,7 @@ fn main() -> ExitCode {
             }
         };
         let bound = listener.local_addr().unwrap_or(args.bind);
-        let metrics = match args.metrics_bind {
+        let metrics = match args.metrics() {
             accel_telemetry::Bind::Off => None,
             accel_telemetry::Bind::At(addr) => match accel_telemetry::http::bind(addr).await {
                 Ok(l) => Some(l),

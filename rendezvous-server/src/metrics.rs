@@ -61,6 +61,7 @@ struct Counters {
     failures: Family<Kind, Counter>,
     nodes_dropped: Family<Kind, Counter>,
     nodes_joined: Family<Kind, Counter>,
+    nodes_left: Counter,
     jobs_ended: Family<Kind, Counter>,
     rpcs: Family<Rpc, Counter>,
     store_writes: Family<Kind, Counter>,
@@ -80,6 +81,7 @@ impl Default for Counters {
             failures: Family::default(),
             nodes_dropped: Family::default(),
             nodes_joined: Family::default(),
+            nodes_left: Counter::default(),
             jobs_ended: Family::default(),
             rpcs: Family::default(),
             store_writes: Family::default(),
@@ -117,7 +119,7 @@ impl ServerMetrics {
             (&c.restarts, &["failure", "membership"][..]),
             (&c.failures, &["exit", "signal"]),
             (&c.nodes_dropped, &["disconnected", "silent", "too_slow"]),
-            (&c.nodes_joined, &["new", "resumed", "left"]),
+            (&c.nodes_joined, &["new", "resumed"]),
             (&c.jobs_ended, &["succeeded", "failed"]),
             (&c.store_writes, &["ok", "error"]),
         ] {
@@ -147,8 +149,13 @@ impl ServerMetrics {
         );
         registry.register(
             "accel_rdzv_nodes_joined",
-            "Nodes that joined a job (kind=new) or reconnected and resumed (kind=resumed); left: nodes that said they leave",
+            "Nodes that joined a job (kind=new) or reconnected and resumed (kind=resumed)",
             c.nodes_joined.clone(),
+        );
+        registry.register(
+            "accel_rdzv_nodes_left",
+            "Members that left their job saying so (an agent that exits, or stops)",
+            c.nodes_left.clone(),
         );
         registry.register(
             "accel_rdzv_jobs_ended",
@@ -204,8 +211,9 @@ impl ServerMetrics {
         self.0.restarts.get_or_create(&Kind { kind }).inc();
     }
 
-    /// An agent reported a worker failure with this exit code (negative:
-    /// killed by that signal, as torch reports it).
+    /// An agent's report of a worker failure, with this exit code (negative:
+    /// killed by that signal, as torch reports it), changed its job (one
+    /// repeated after a reconnect, or for a round already over, does not).
     pub fn failure(&self, exit_code: i32) {
         let kind = if exit_code < 0 { "signal" } else { "exit" };
         self.0.failures.get_or_create(&Kind { kind }).inc();
@@ -222,7 +230,6 @@ impl ServerMetrics {
         for (n, family, kind) in [
             (m.joined, &self.0.nodes_joined, "new"),
             (m.resumed, &self.0.nodes_joined, "resumed"),
-            (m.left, &self.0.nodes_joined, "left"),
             (m.disconnected, &self.0.nodes_dropped, "disconnected"),
             (m.silent, &self.0.nodes_dropped, "silent"),
             (m.too_slow, &self.0.nodes_dropped, "too_slow"),
@@ -231,6 +238,7 @@ impl ServerMetrics {
                 family.get_or_create(&Kind { kind }).inc_by(n);
             }
         }
+        self.0.nodes_left.inc_by(m.left);
     }
 
     /// A store write finished.
@@ -310,16 +318,46 @@ pub struct Summary {
     pub restarts: Vec<(String, u32, u32)>,
 }
 
+/// How long one summary of the registry answers scrapes: however many
+/// scrapers there are, the registry's lock is taken for it at most once per
+/// interval.
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(1);
+
 /// The state gauges, read at scrape time from whichever registry serves.
 #[derive(Debug)]
 pub struct States {
     seat: watch::Receiver<Role>,
+    /// The last summary, and when it was taken.
+    last: std::sync::Mutex<Option<(std::time::Instant, Summary)>>,
 }
 
 impl States {
     /// Gauges over the registry `seat` serves with.
     pub fn new(seat: watch::Receiver<Role>) -> Self {
-        Self { seat }
+        Self {
+            seat,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The serving registry's summary, at most [`SUMMARY_EVERY`] old;
+    /// `None` on a follower.
+    fn summary(&self) -> Option<Summary> {
+        // Cloned out, so the role is not held while the jobs are counted.
+        let registry = match &*self.seat.borrow() {
+            Role::Leader(registry) => registry.clone(),
+            Role::Follower { .. } => return None,
+        };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match &*last {
+            Some((at, s)) if now.saturating_duration_since(*at) < SUMMARY_EVERY => Some(s.clone()),
+            _ => {
+                let s = registry.summary();
+                *last = Some((now, s.clone()));
+                Some(s)
+            }
+        }
     }
 }
 
@@ -357,9 +395,8 @@ fn gauges<L: EncodeLabelSet>(
 
 impl Collector for States {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let summary = match &*self.seat.borrow() {
-            Role::Leader(registry) => registry.summary(),
-            Role::Follower { .. } => return Ok(()),
+        let Some(summary) = self.summary() else {
+            return Ok(());
         };
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         gauges(

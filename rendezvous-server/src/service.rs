@@ -128,6 +128,7 @@ impl Rendezvous for RendezvousService {
         let r = request.into_inner();
         limits::check_failure(&r)?;
         let detail = r.failure.as_ref().map(printable_failure);
+        let mut counted = false;
         ignore_non_member(
             self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
                 let host = job
@@ -142,11 +143,15 @@ impl Rendezvous for RendezvousService {
                     host,
                     printable(&r.reason)
                 );
-                ((), job.failure(now, &r.node_id, r.round, reason, detail))
+                let out = job.failure(now, &r.node_id, r.round, reason, detail);
+                counted = !out.is_empty();
+                ((), out)
             }),
         )?;
-        if let Ok(registry) = self.registry() {
-            registry.metrics().failure(r.exit_code);
+        if counted {
+            if let Ok(registry) = self.registry() {
+                registry.metrics().failure(r.exit_code);
+            }
         }
         Ok(Response::new(pb::Ack {}))
     }

@@ -6,13 +6,18 @@
 //! probes need no token or client certificate, and a flood of them cannot
 //! take connections from agents. In exchange it reveals only aggregates and
 //! states, and it is bounded like every other input: at most
-//! [`MAX_CONNECTIONS`] at once (more are closed at once), request heads of
-//! at most 16 KiB read within [`HEAD_TIMEOUT`], each connection closed after
-//! [`CONNECTION_LIFETIME`]. Only `GET` and `HEAD` are answered.
+//! [`MAX_CONNECTIONS`] at once and [`MAX_PER_IP`] from one address (more are
+//! closed at once), one request per connection, its head (at most 16 KiB)
+//! read within [`HEAD_TIMEOUT`], and each connection closed after
+//! [`CONNECTION_LIFETIME`] whatever it does. Only `GET` and `HEAD` are
+//! answered. So one client cannot hold the endpoint; and since it could
+//! still crowd it with many addresses, liveness probes belong on the main
+//! service (the manifests probe gRPC health for liveness).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +30,19 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::registry::Registry;
+use std::sync::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Scrapers and probes served at once; more connections are closed.
-pub const MAX_CONNECTIONS: usize = 32;
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one client address may hold at once.
+pub const MAX_PER_IP: usize = 4;
 /// How long a client has to send its request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection is kept, however busy.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(15);
 /// The smallest read buffer hyper allows: request heads are small.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Pause after a failed accept (out of descriptors): the server's other
@@ -181,13 +189,14 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 /// in progress are then dropped (a scrape is cheap to repeat).
 pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: CancellationToken) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_ip = PerIp::default();
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
             a = listener.accept() => a,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 tracing::debug!(error = %e, "the metrics endpoint cannot accept a connection");
                 tokio::select! {
@@ -196,13 +205,16 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
                 }
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Some(held) = per_ip.take(peer.ip()) else {
             continue; // dropped: closed at once
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
         };
         let endpoint = endpoint.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, held);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let r = endpoint.respond(req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
@@ -211,6 +223,7 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEAD_TIMEOUT)
                 .max_buf_size(MAX_HEAD_BYTES)
+                .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
@@ -218,6 +231,38 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
                 _ = stop.cancelled() => {}
             }
         });
+    }
+}
+
+/// Connections held per client address.
+#[derive(Debug, Clone, Default)]
+struct PerIp(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+/// One connection's place in [`PerIp`], given back on drop.
+#[derive(Debug)]
+struct Held(PerIp, IpAddr);
+
+impl PerIp {
+    fn take(&self, ip: IpAddr) -> Option<Held> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(ip.to_canonical()).or_default();
+        if *n >= MAX_PER_IP {
+            return None;
+        }
+        *n += 1;
+        Some(Held(self.clone(), ip.to_canonical()))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut map = (self.0).0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -292,7 +337,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn serves_over_tcp_and_sheds_extra_connections() {
+    async fn serves_over_tcp_and_sheds_one_address_s_extra_connections() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (e, c) = endpoint(Ok(()));
         c.inc();
@@ -302,9 +347,9 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve(listener, e, stop.clone()));
-        // Idle connections hold every slot...
+        // Idle connections from one address hold its share...
         let mut idle = Vec::new();
-        for _ in 0..MAX_CONNECTIONS {
+        for _ in 0..MAX_PER_IP {
             idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -319,6 +364,22 @@ mod tests {
             .expect("closed promptly")
             .unwrap_or(0);
         assert_eq!(n, 0, "{}", String::from_utf8_lossy(&buf));
+        // ...while another address is served (127.0.0.2 is loopback too).
+        let other = tokio::net::TcpSocket::new_v4().expect("socket");
+        other
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind");
+        let mut s = other.connect(addr).await.expect("connect");
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = String::new();
+        // One request per connection: the server closes it after answering.
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+            .await
+            .expect("closed after one answer")
+            .expect("read");
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         // Freed slots serve again.
         idle.clear();
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -75,11 +75,19 @@ fn both_endpoints_count_a_failure_and_a_restart_while_the_job_runs() {
     // The server: one counted restart, two rounds, a failure by exit code,
     // the job running with both nodes, its restart budget.
     let text = until_sample(&metrics, "accel_rdzv_restarts_total{kind=\"failure\"}", 1.0);
-    let text = if sample(&text, "accel_rdzv_rounds_formed_total") == Some(2.0) {
-        text
-    } else {
-        until_sample(&metrics, "accel_rdzv_rounds_formed_total", 2.0)
-    };
+    let _ = text;
+    until_sample(&metrics, "accel_rdzv_rounds_formed_total", 2.0);
+    // States are summed at most once a second: wait for one taken while
+    // the second round runs.
+    let text = poll_until("the states of the second round", LIMIT, || {
+        let text = scrape(&metrics)?;
+        let restarts = sample(&text, "accel_rdzv_job_restarts{rdzv_id=\"metrics-job\"}");
+        let running = sample(&text, "accel_rdzv_jobs{phase=\"running\"}");
+        match (restarts, running) {
+            (Some(r), Some(j)) if r == 1.0 && j == 1.0 => Ok(text),
+            other => Err(format!("{other:?}")),
+        }
+    });
     for (series, value) in [
         ("accel_rdzv_failures_total{kind=\"exit\"}", 1.0),
         ("accel_rdzv_restarts_total{kind=\"membership\"}", 0.0),

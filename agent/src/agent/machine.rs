@@ -330,11 +330,15 @@ impl NodeMachine {
     /// `/readyz` answers.
     pub fn readiness(&self) -> Result<(), String> {
         match &self.phase {
-            Phase::Running(r) if r.barrier.is_none() => Ok(()),
-            Phase::Running(r) => Err(format!(
+            Phase::Running(r) if r.barrier.is_some() => Err(format!(
                 "round {}: this node's workers succeeded; waiting for the other nodes",
                 r.info.round
             )),
+            Phase::Running(r) if r.failed || r.live == 0 => Err(format!(
+                "round {}: a worker of this node failed; waiting for the job's decision",
+                r.info.round
+            )),
+            Phase::Running(_) => Ok(()),
             Phase::Forming { round, waiting, .. } if waiting.is_empty() => {
                 Err(format!("forming round {round}"))
             }

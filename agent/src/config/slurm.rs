@@ -4,10 +4,15 @@
 //!
 //! | from | becomes |
 //! |---|---|
-//! | `SLURM_NNODES` (or `SLURM_JOB_NUM_NODES`) | `--nnodes` |
-//! | `SLURM_NODEID` | `--node-rank` |
+//! | `SLURM_STEP_NUM_NODES` (else `SLURM_NNODES`, `SLURM_JOB_NUM_NODES`) | `--nnodes` |
+//! | `SLURM_PROCID` (one task per node: the node's place in the step; else `SLURM_NODEID`) | `--node-rank` |
 //! | `SLURM_JOB_ID` | `--rdzv-id` |
-//! | first host of `SLURM_JOB_NODELIST` (hostlist syntax, expanded) | `--master-addr` (static), or the `--rdzv-endpoint` host (c10d) |
+//! | first host of `SLURM_STEP_NODELIST` (else `SLURM_NODELIST`, `SLURM_JOB_NODELIST`; hostlist syntax, expanded) | `--master-addr` (static), or the `--rdzv-endpoint` host (c10d) |
+//!
+//! The step's own values come first: a step may use part of its
+//! allocation (`srun -N2` in a 4-node job), and its node 0 is the first host
+//! of the step, not of the job. Two steps of one job that run at once on
+//! one c10d server would share the job id: give one of them `--rdzv-id`.
 //!
 //! The static rendezvous is kept (node 0 of the allocation hosts it; no
 //! server is needed). Only values the user did not give are taken: a flag,
@@ -16,6 +21,8 @@
 //! script that runs the agent once, or an `srun` with several tasks per
 //! node, is told what to change instead of forming a job that cannot
 //! complete.
+
+use rendezvous_server::input::excerpt;
 
 use super::{Backend, ConfigError, LaunchOptions, NodeCount, C10D_PORT};
 
@@ -41,6 +48,10 @@ pub fn apply(
     ) else {
         return Ok(None);
     };
+    // One node by definition, with a rendezvous of its own.
+    if o.standalone {
+        return Ok(None);
+    }
     let number = |k: &str| -> Result<Option<u32>, ConfigError> {
         env(k)
             .map(|v| {
@@ -52,11 +63,21 @@ pub fn apply(
             })
             .transpose()
     };
-    let nnodes = match number("SLURM_NNODES")? {
-        Some(n) => Some(n),
-        None => number("SLURM_JOB_NUM_NODES")?,
+    let first_of = |keys: &[&str]| -> Result<Option<u32>, ConfigError> {
+        for k in keys {
+            if let Some(n) = number(k)? {
+                return Ok(Some(n));
+            }
+        }
+        Ok(None)
     };
-    let (Some(nnodes), Some(node_id)) = (nnodes, number("SLURM_NODEID")?) else {
+    let nnodes = first_of(&[
+        "SLURM_STEP_NUM_NODES",
+        "SLURM_NNODES",
+        "SLURM_JOB_NUM_NODES",
+    ])?;
+    let node_id = first_of(&["SLURM_PROCID", "SLURM_NODEID"])?;
+    let (Some(nnodes), Some(node_id)) = (nnodes, node_id) else {
         return Ok(None);
     };
     let tasks = number("SLURM_STEP_NUM_TASKS")?.or(number("SLURM_NTASKS")?);
@@ -75,8 +96,9 @@ pub fn apply(
             "under Slurm, accel-agent runs once per node (it starts the workers itself), but this srun step has {t} tasks on {nnodes} nodes: use `srun --ntasks-per-node=1` (or pass --nnodes, --node-rank and the rendezvous flags yourself)"
         )));
     }
-    let list = env("SLURM_JOB_NODELIST")
+    let list = env("SLURM_STEP_NODELIST")
         .or_else(|| env("SLURM_NODELIST"))
+        .or_else(|| env("SLURM_JOB_NODELIST"))
         .unwrap_or_default();
     let hosts = expand_hostlist(&list, MAX_HOSTS)
         .map_err(|e| ConfigError(format!("Slurm's SLURM_JOB_NODELIST: {e}")))?;
@@ -138,10 +160,11 @@ pub fn expand_hostlist(list: &str, limit: usize) -> Result<Vec<String>, String> 
                     let close = rest[open..]
                         .find(']')
                         .map(|c| open + c)
-                        .ok_or_else(|| format!("unclosed '[' in {item:?}"))?;
+                        .ok_or_else(|| format!("unclosed '[' in '{}'", excerpt(item)))?;
                     let prefix = &rest[..open];
-                    let choices =
-                        ranges(&rest[open + 1..close]).map_err(|e| format!("{e} in {item:?}"))?;
+                    let budget = limit.saturating_sub(hosts.len());
+                    let choices = ranges(&rest[open + 1..close], budget)
+                        .map_err(|e| format!("{e} in '{}'", excerpt(item)))?;
                     if partial.len().saturating_mul(choices.len()) + hosts.len() > limit {
                         return Err(format!("more than {limit} hosts"));
                     }
@@ -181,19 +204,26 @@ fn split_top(list: &str) -> Vec<&str> {
 }
 
 /// `01-03,07` as `01`, `02`, `03`, `07` (each number as wide as its
-/// range's first bound was written).
-fn ranges(spec: &str) -> Result<Vec<String>, String> {
+/// range's first bound was written), at most `budget` of them.
+fn ranges(spec: &str, budget: usize) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for part in spec.split(',') {
         let (lo, hi) = part.split_once('-').unwrap_or((part, part));
         let width = lo.len();
-        let bad = || format!("'{part}' is not a number or a range");
+        let bad = || format!("'{}' is not a number or a range", excerpt(part));
+        // u64 has at most 20 digits: wider padding is not a host name.
+        if width > 20 {
+            return Err(bad());
+        }
         let (a, b): (u64, u64) = (
             lo.parse().map_err(|_| bad())?,
             hi.parse().map_err(|_| bad())?,
         );
-        if b < a || b - a >= MAX_HOSTS as u64 {
+        if b < a {
             return Err(bad());
+        }
+        if b - a >= budget.saturating_sub(out.len()) as u64 {
+            return Err(format!("more than {budget} hosts"));
         }
         out.extend((a..=b).map(|n| format!("{n:0width$}")));
     }
@@ -224,6 +254,10 @@ mod tests {
             "{e}"
         );
         assert!(expand_hostlist("n[1-600],m[1-600]", 1000).is_err());
+        // Many parts of one bracket are bounded together, and so is padding.
+        let many = format!("n[{}]", vec!["1-900"; 1000].join(","));
+        assert!(expand_hostlist(&many, 1000).is_err());
+        assert!(expand_hostlist(&format!("n[{}]", "0".repeat(10_000)), 10).is_err());
     }
 
     fn slurm(extra: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -265,6 +299,29 @@ mod tests {
             line.contains("took 4 nodes, rdzv_id 4242, node rank 2, rendezvous host gpu07"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_step_on_part_of_the_allocation_uses_the_steps_own_values() {
+        // srun -N2 --relative=2 in a 4-node job: the step's nodes are
+        // gpu[09-10]; this task is the step's second.
+        let env = slurm(&[
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_STEP_NODELIST", "gpu[09-10]"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NODEID", "3"),
+        ]);
+        let mut o = LaunchOptions::new("train.py");
+        apply(&mut o, &|_| false, &env).expect("ok");
+        assert_eq!(o.nnodes, NodeCount::fixed(2));
+        assert_eq!(o.node_rank, 1);
+        assert_eq!(o.master_addr, "gpu09");
+        // --standalone is one node whatever the allocation.
+        let mut o = LaunchOptions::new("train.py");
+        o.standalone = true;
+        assert_eq!(apply(&mut o, &|_| false, &env).expect("ok"), None);
+        assert_eq!(o.nnodes, NodeCount::fixed(1));
     }
 
     #[test]

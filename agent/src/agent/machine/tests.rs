@@ -907,6 +907,21 @@ fn readiness_says_what_the_node_waits_for() {
     let (m, _) = joined();
     let why = m.readiness().expect_err("not running yet");
     assert!(why.starts_with("forming round 0"), "{why}");
-    let (m, _) = running();
+    let (mut m, t0) = running();
     assert_eq!(m.readiness(), Ok(()));
+    // A failed worker: the node no longer does its work, whatever follows.
+    m.step(
+        t0 + 2 * SECOND,
+        Event::Exited(Exit {
+            local_rank: 0,
+            global_rank: 2,
+            pid: 10,
+            ended: Ended::Exited(1),
+        }),
+    );
+    let why = m.readiness().expect_err("a worker failed");
+    assert!(
+        why.contains("a worker of this node failed") || why.contains("stopping the workers"),
+        "{why}"
+    );
 }
