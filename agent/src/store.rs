@@ -327,20 +327,14 @@ impl Acceptor {
             }
             match self.admission.decide(peer.ip(), || local_ip(&sock)) {
                 Decision::Admit => self.serve(sock, peer),
-                Decision::Refuse => {
-                    drop(sock);
-                    self.metrics.refused();
-                    self.shared.refuse(peer);
-                }
+                Decision::Refuse => self.refuse(sock, peer),
                 Decision::AfterResolution => {
                     let (admission, next) = (self.admission.clone(), self.clone_parts());
                     tokio::spawn(async move {
                         if admission.admits_resolved(peer.ip()).await {
                             next.serve(sock, peer);
                         } else {
-                            drop(sock);
-                            next.metrics.refused();
-                            next.shared.refuse(peer);
+                            next.refuse(sock, peer);
                         }
                     });
                 }
@@ -364,6 +358,13 @@ impl Acceptor {
             limits: self.limits,
             metrics: self.metrics.clone(),
         }
+    }
+
+    /// Closes a connection the admission refused, and counts it.
+    fn refuse(&self, sock: TcpStream, peer: SocketAddr) {
+        drop(sock);
+        self.metrics.refused();
+        self.shared.refuse(peer);
     }
 
     /// Serves an admitted connection on its own task.

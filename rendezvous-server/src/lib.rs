@@ -128,17 +128,6 @@ pub async fn serve_with_metrics(
             stop.clone(),
         ));
     }
-    {
-        // accel_rdzv_leader follows the role.
-        let mut watching = seat.clone();
-        let counters = counters.clone();
-        tokio::spawn(async move {
-            while watching.changed().await.is_ok() {
-                let leading = matches!(*watching.borrow_and_update(), ha::Role::Leader(_));
-                counters.set_leader(leading);
-            }
-        });
-    }
     let background = match options.replication.clone() {
         None => {
             let registry = match options.store.clone() {
@@ -156,6 +145,7 @@ pub async fn serve_with_metrics(
                     .with_metrics(counters.clone()),
             };
             roles.send_replace(ha::Role::Leader(registry.clone()));
+            counters.set_leader(true);
             health_reporter
                 .set_serving::<RendezvousServer<RendezvousService>>()
                 .await;
@@ -175,12 +165,15 @@ pub async fn serve_with_metrics(
             health_reporter
                 .set_not_serving::<RendezvousServer<RendezvousService>>()
                 .await;
-            // Health follows the role: NOT_SERVING while following.
+            // Health and accel_rdzv_leader follow the role: NOT_SERVING
+            // while following.
             let mut watching = seat.clone();
             let reporter = health_reporter.clone();
+            let gauge = counters.clone();
             tokio::spawn(async move {
                 while watching.changed().await.is_ok() {
                     let leading = matches!(*watching.borrow_and_update(), ha::Role::Leader(_));
+                    gauge.set_leader(leading);
                     if leading {
                         reporter
                             .set_serving::<RendezvousServer<RendezvousService>>()

@@ -54,18 +54,6 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The status of every job (or of `job`) at `endpoint`, as text; every page
-/// of a server with many jobs is fetched. `token`: the server's token, if it
-/// has one.
-pub async fn report(
-    endpoint: &str,
-    job: Option<&str>,
-    token: Option<&Token>,
-    tls: &ClientTlsFiles,
-) -> Result<String, StatusError> {
-    Ok(render(&fetch(endpoint, job, token, tls).await?))
-}
-
 /// The status of every job (or of `job`) at `endpoint`; every page of a
 /// server with many jobs is fetched.
 pub async fn fetch(

@@ -574,7 +574,7 @@ impl NodeMachine {
         }
     }
 
-    /// Whether [`NodeMachine::progress`] would print now (for tests).
+    /// The last progress line printed, without its countdown, and when (for tests).
     #[cfg(test)]
     pub(super) fn last_progress(&self) -> Option<&(String, Instant)> {
         self.said.as_ref()

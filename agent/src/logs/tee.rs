@@ -23,10 +23,11 @@
 
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::warn;
 
@@ -47,9 +48,8 @@ struct Line {
 #[derive(Debug, Clone)]
 pub struct Console {
     tx: SyncSender<Line>,
-    dropped: Arc<AtomicU64>,
-    /// The agent's metric of dropped lines, if it counts them.
-    counted: Option<prometheus_client::metrics::counter::Counter>,
+    /// Lines dropped so far (the agent's metric, once [`Console::counting`]).
+    dropped: Counter,
 }
 
 impl std::fmt::Debug for Line {
@@ -70,14 +70,14 @@ impl Console {
             .spawn(move || write_lines(&rx))?;
         Ok(Self {
             tx,
-            dropped: Arc::default(),
-            counted: None,
+            dropped: Counter::default(),
         })
     }
 
-    /// The same console, also counting dropped lines in `counter`.
-    pub fn counting(mut self, counter: prometheus_client::metrics::counter::Counter) -> Self {
-        self.counted = Some(counter);
+    /// The same console, counting dropped lines in `counter` (the agent's
+    /// metric) instead of a counter of its own. Call before any line.
+    pub fn counting(mut self, counter: Counter) -> Self {
+        self.dropped = counter;
         self
     }
 
@@ -89,10 +89,7 @@ impl Console {
         }) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                if let Some(c) = &self.counted {
-                    c.inc();
-                }
+                self.dropped.inc();
             }
         }
     }
@@ -116,7 +113,7 @@ impl Console {
 
     /// Lines dropped from the console so far.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
     }
 }
 

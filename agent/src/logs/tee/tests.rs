@@ -8,8 +8,7 @@ fn test_console() -> (Console, Receiver<Line>) {
     (
         Console {
             tx,
-            dropped: Arc::default(),
-            counted: None,
+            dropped: Default::default(),
         },
         rx,
     )
@@ -90,8 +89,7 @@ async fn a_full_console_drops_and_counts_but_the_file_keeps_all() {
     let (tx, _rx) = sync_channel(2);
     let console = Console {
         tx,
-        dropped: Arc::default(),
-        counted: None,
+        dropped: Default::default(),
     };
     let input = b"a\nb\nc\nd\ne\n";
     let file = tmp("drop");
