@@ -327,7 +327,9 @@ fn both_succeed(mut children: Vec<Child>, limit: Duration) -> bool {
 /// Two machines (static rendezvous on loopback, 2 × 2 processes) under each
 /// tool. torchrun's own multi-node start is flaky on this small machine (a
 /// gloo mesh connection now and then fails and its exit barrier then waits
-/// 5 minutes), so accelerate's side gets three tries; accel's gets one.
+/// 5 minutes, or a worker records the failed mesh and exits 0), so
+/// accelerate's side gets three tries, a try with a recorded error counting
+/// as failed; accel's gets one, and its records must match as they are.
 #[test]
 fn two_machines_match_accelerate() {
     let _heavy = heavy();
@@ -363,6 +365,10 @@ fn two_machines_match_accelerate() {
                     }
                 }
                 found.insert(e.file_name().to_string_lossy().into_owned(), rec);
+            }
+            let failed_mesh = found.values().any(|r| r.pointer("/state/error").is_some());
+            if tool == "accelerate" && failed_mesh && attempt + 1 < tries {
+                continue;
             }
             recs = Some(found);
             break;
