@@ -352,6 +352,14 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
     let mut missing = Vec::new();
     for (name, default) in fields {
         let v = match (d.remove(*name), default) {
+            // A required key set to null has no value: accelerate would take
+            // it, then write a file (`config update` drops nulls) it refuses.
+            // Not mixed_precision: a missing one is filled with null above,
+            // so its null survives the round trip.
+            (Some(Value::Null), schema::FieldDefault::Required) if *name != "mixed_precision" => {
+                missing.push(*name);
+                continue;
+            }
             (Some(v), _) => v,
             (None, schema::FieldDefault::Value(lit)) => {
                 serde_json::from_str(lit).unwrap_or(Value::Null)

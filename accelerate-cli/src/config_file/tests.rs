@@ -75,6 +75,7 @@ mod load {
             .expect_err("missing")
             .contains("distributed_type"));
         assert!(processed("distributed_type: MULTI_TPU\n").is_err());
+
         assert!(processed("- a\n").is_err());
         let no = processed("distributed_type: 'NO'\n").expect("loads");
         assert_eq!(no["num_processes"], 1);
@@ -156,5 +157,15 @@ mod load {
         .expect("loads");
         assert_eq!(f["region"], "us-east-1");
         assert!(!f.contains_key("num_processes"));
+        // A required key set to null is missing: accelerate takes it, then
+        // cannot read the file `config update` writes (nulls are dropped).
+        let e = processed(
+            "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\nec2_instance_type: # none\niam_role_name: r\n",
+        )
+        .expect_err("null");
+        assert_eq!(e, "missing required keys: ec2_instance_type");
+        // A null mixed_precision is what a missing one reads as: kept.
+        let f = processed("distributed_type: 'NO'\nmixed_precision: null\n").expect("loads");
+        assert!(f["mixed_precision"].is_null());
     }
 }
