@@ -90,6 +90,10 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             stop_server.clone(),
         ));
     }
+    let forks = match cfg.fork_server_fd {
+        None => None,
+        Some(fd) => Some(Arc::new(start_fork_server(fd)?)),
+    };
     let located = locate_rendezvous(&cfg, &stop_server).await?;
     let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
     let session = async {
@@ -159,6 +163,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             metrics: metrics.clone(),
             offered_at: None,
             failed_at: None,
+            forks,
         };
         let result = session.drive(first_actions).await;
         session.keep_alive.abort();
@@ -178,6 +183,19 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     }
     result
+}
+
+/// Connects to the fork server on inherited `fd`. If the server goes away
+/// (its parent, a notebook kernel, is gone), this agent stops as on SIGTERM:
+/// there is nobody left to run the job for.
+fn start_fork_server(fd: i32) -> Result<crate::fork_server::ForkServer, AgentError> {
+    let socket = crate::sys::take_inherited_socket(fd)
+        .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
+    crate::fork_server::ForkServer::start(socket, |why| {
+        warn!("{why}; stopping the job as on SIGTERM");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+    })
+    .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))
 }
 
 /// The agent's `/metrics`, `/healthz` and `/readyz`.
@@ -291,6 +309,8 @@ struct Session<'a> {
     offered_at: Option<Instant>,
     /// When a failure stopped the last round (this node's or another's).
     failed_at: Option<Instant>,
+    /// Forks the workers, with `--fork-server-fd`.
+    forks: Option<Arc<crate::fork_server::ForkServer>>,
 }
 
 /// What woke the driver.

@@ -223,6 +223,13 @@ pub struct AgentArgs {
         default_value = "text"
     )]
     pub log_format: accel_telemetry::logging::LogFormat,
+    /// Start each worker as a fork of the process serving on this inherited
+    /// Unix socket instead of executing the script (how the `accel` Python
+    /// package's `notebook_launcher` runs a notebook's function; the
+    /// protocol is in the `fork_server` module's documentation). The script
+    /// argument then only names the job in reports.
+    #[arg(long = "fork-server-fd", value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
+    pub fork_server_fd: Option<i32>,
     /// The training script (or program, with --no-python; or module, with -m).
     pub training_script: String,
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
@@ -275,6 +282,7 @@ impl From<AgentArgs> for LaunchOptions {
             training_script: a.training_script,
             training_script_args: a.training_script_args,
             metrics_bind: a.metrics_bind,
+            fork_server_fd: a.fork_server_fd,
             ..LaunchOptions::new(String::new())
         }
     }

@@ -136,6 +136,9 @@ pub struct Config {
     pub torchrun_env: bool,
     /// Where the agent serves its metrics (`--metrics-bind`).
     pub metrics_bind: accel_telemetry::Bind,
+    /// The inherited socket of a fork server (`--fork-server-fd`): workers
+    /// are forks of that process, not executions of the entrypoint.
+    pub fork_server_fd: Option<i32>,
 }
 
 impl Config {

@@ -211,7 +211,11 @@ pub fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> Strin
 /// What the agent writes to its own `TORCHELASTIC_ERROR_FILE` (set by a
 /// parent launcher): the root cause's error file as the worker wrote it, if
 /// it is on this host, else one built from the report; with `errorCode`.
-pub fn parent_error_file(root: &pb::Failure) -> Value {
+/// Under `accel`, the failures themselves (`root`, and this node's `others`:
+/// host, ranks, pid, torch's exit code, error file, message, traceback), so
+/// a parent can rebuild torch's `ChildFailedError`; torch's readers look
+/// only at `message`.
+pub fn parent_error_file(root: &pb::Failure, others: &[pb::Failure]) -> Value {
     let mut v = read_error_file(Path::new(&root.error_file)).map(|e| e.raw).unwrap_or_else(|| {
         serde_json::json!({"message": {
             "message": root.message,
@@ -221,7 +225,30 @@ pub fn parent_error_file(root: &pb::Failure) -> Value {
     if let Some(m) = v.get_mut("message").and_then(Value::as_object_mut) {
         m.insert("errorCode".into(), Value::from(root.exitcode));
     }
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "accel".into(),
+            serde_json::json!({
+                "root": failure_json(root),
+                "others": others.iter().map(failure_json).collect::<Vec<_>>(),
+            }),
+        );
+    }
     v
+}
+
+fn failure_json(f: &pb::Failure) -> Value {
+    serde_json::json!({
+        "host": f.host,
+        "rank": f.rank,
+        "local_rank": f.local_rank,
+        "pid": f.pid,
+        "exitcode": f.exitcode,
+        "timestamp": f.timestamp as i64,
+        "error_file": f.error_file,
+        "message": f.message,
+        "traceback": f.traceback,
+    })
 }
 
 #[cfg(test)]
@@ -317,14 +344,20 @@ mod tests {
         assert_eq!((f.exitcode, f.error_file.as_str()), (-9, "<N/A>"));
         assert_eq!(f.message, "Signal 9 (SIGKILL) received by PID 99");
         let mut root = describe("h", 3, 1, 99, Ended::Exited(2), &nested);
-        assert_eq!(parent_error_file(&root)["message"]["errorCode"], 2);
+        assert_eq!(parent_error_file(&root, &[])["message"]["errorCode"], 2);
+        let with = parent_error_file(&root, std::slice::from_ref(&f));
         assert_eq!(
-            parent_error_file(&root)["message"]["extraInfo"]["py_callstack"],
+            (&with["accel"]["root"]["rank"], &with["accel"]["root"]["pid"]),
+            (&serde_json::json!(3), &serde_json::json!(99))
+        );
+        assert_eq!(with["accel"]["others"][0]["exitcode"], -9);
+        assert_eq!(
+            parent_error_file(&root, &[])["message"]["extraInfo"]["py_callstack"],
             "tb"
         );
         root.error_file = "<N/A>".into();
         assert_eq!(
-            parent_error_file(&root)["message"]["message"],
+            parent_error_file(&root, &[])["message"]["message"],
             "ValueError: boom"
         );
         let _ = std::fs::remove_dir_all(dir);

@@ -47,6 +47,7 @@ mod deadline;
 pub mod error;
 pub mod failure;
 pub mod files;
+pub mod fork_server;
 pub mod guard;
 pub mod logs;
 pub mod metrics;

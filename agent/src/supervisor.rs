@@ -27,9 +27,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
 
+use crate::fork_server::{ForkRequest, ForkServer};
 use crate::guard::Guard;
 use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
@@ -104,12 +108,13 @@ pub struct SpawnError {
 }
 
 impl WorkerGroup {
-    /// Starts every worker. If one cannot start, the ones already started are
+    /// Starts every worker: executed, or forked by `forks`. If one cannot start, the ones already started are
     /// stopped (SIGKILL) before the error is returned.
     pub async fn spawn(
         specs: Vec<WorkerSpec>,
         guard: Option<Arc<Guard>>,
         console: Option<Console>,
+        forks: Option<&ForkServer>,
     ) -> Result<Self, SpawnError> {
         let (tx, exits) = mpsc::unbounded_channel();
         let mut group = Self {
@@ -119,41 +124,34 @@ impl WorkerGroup {
             pumps: Vec::new(),
         };
         for (i, spec) in specs.into_iter().enumerate() {
-            let mut cmd = Command::new(&spec.argv[0]);
-            cmd.args(&spec.argv[1..])
-                .envs(spec.env.iter().map(|(k, v)| (k, v)))
-                .process_group(0);
-            // The rendezvous token is the agent's, not the training code's:
-            // with it, a worker could join and fail any job on the server.
-            for secret in SECRET_VARIABLES {
-                cmd.env_remove(secret);
-            }
-            sys::kill_with_parent(&mut cmd);
-            let spawned = stdio(&spec.stdout).and_then(|out| {
-                cmd.stdout(out).stderr(stdio(&spec.stderr)?);
-                cmd.spawn()
-            });
-            let mut child = match spawned {
-                Ok(c) => c,
+            let started = match forks {
+                None => exec(&spec),
+                Some(server) => fork(server, &spec).await,
+            };
+            let started = match started {
+                Ok(s) => s,
                 Err(source) => {
                     group.stop(Signal::SIGKILL, Duration::ZERO).await;
                     return Err(SpawnError {
                         local_rank: spec.local_rank,
                         global_rank: spec.global_rank,
-                        program: spec.argv[0].clone(),
+                        program: match forks {
+                            None => spec.argv[0].clone(),
+                            Some(_) => "a fork of the fork server".into(),
+                        },
                         source,
                     });
                 }
             };
-            let pid = child.id().map_or(0, |p| p as i32);
+            let pid = started.pid;
             let files = RankFiles::new(spec.local_rank);
-            if let (Some(pipe), Sink::Pipe { file, prefix }) = (child.stdout.take(), &spec.stdout) {
+            if let (Some(pipe), Sink::Pipe { file, prefix }) = (started.stdout, &spec.stdout) {
                 let to = to_console(prefix, false, &console);
                 group
                     .pumps
                     .push(spawn_pump(pipe, file.clone(), files.clone(), to));
             }
-            if let (Some(pipe), Sink::Pipe { file, prefix }) = (child.stderr.take(), &spec.stderr) {
+            if let (Some(pipe), Sink::Pipe { file, prefix }) = (started.stderr, &spec.stderr) {
                 let to = to_console(prefix, true, &console);
                 group
                     .pumps
@@ -170,15 +168,9 @@ impl WorkerGroup {
                 ended: None,
             });
             let tx = tx.clone();
+            let exit = started.exit;
             tokio::spawn(async move {
-                let ended = match child.wait().await {
-                    Ok(status) => Ended::from(status),
-                    Err(e) => {
-                        warn!(pid, error = %e, "cannot wait for worker");
-                        Ended::Exited(-1)
-                    }
-                };
-                let _ = tx.send((i, ended));
+                let _ = tx.send((i, exit.await));
             });
         }
         Ok(group)
@@ -298,6 +290,116 @@ impl WorkerGroup {
             }
         }
     }
+}
+
+/// A started worker: its pid, its output pipes (for the sinks that are
+/// pipes), and its end.
+struct Started {
+    pid: i32,
+    stdout: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+    stderr: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+    exit: Pin<Box<dyn Future<Output = Ended> + Send>>,
+}
+
+/// Executes the worker's program.
+fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0);
+    // The rendezvous token is the agent's, not the training code's:
+    // with it, a worker could join and fail any job on the server.
+    for secret in SECRET_VARIABLES {
+        cmd.env_remove(secret);
+    }
+    sys::kill_with_parent(&mut cmd);
+    cmd.stdout(stdio(&spec.stdout)?).stderr(stdio(&spec.stderr)?);
+    let mut child = cmd.spawn()?;
+    let pid = child.id().map_or(0, |p| p as i32);
+    let stdout = child
+        .stdout
+        .take()
+        .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let stderr = child
+        .stderr
+        .take()
+        .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    Ok(Started {
+        pid,
+        stdout,
+        stderr,
+        exit: Box::pin(async move {
+            match child.wait().await {
+                Ok(status) => Ended::from(status),
+                Err(e) => {
+                    warn!(pid, error = %e, "cannot wait for worker");
+                    Ended::Exited(-1)
+                }
+            }
+        }),
+    })
+}
+
+/// Has the fork server fork the worker, with the environment an executed
+/// worker would have (the agent's, the spec's on top, no secrets).
+async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started> {
+    let (out, stdout) = child_end(&spec.stdout, 1)?;
+    let (err, stderr) = child_end(&spec.stderr, 2)?;
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k))
+        .collect();
+    env.extend(spec.env.iter().cloned());
+    env.retain(|(k, _)| !SECRET_VARIABLES.contains(&k.as_str()));
+    let forked = server
+        .spawn(ForkRequest {
+            local_rank: spec.local_rank,
+            global_rank: spec.global_rank,
+            env,
+            stdout: out,
+            stderr: err,
+        })
+        .await
+        .map_err(std::io::Error::other)?;
+    let pid = forked.pid;
+    Ok(Started {
+        pid,
+        stdout,
+        stderr,
+        exit: Box::pin(async move {
+            forked.exit.await.unwrap_or_else(|_| {
+                warn!(pid, "the fork server stopped reporting this worker");
+                Ended::Signaled(Signal::SIGKILL as i32)
+            })
+        }),
+    })
+}
+
+/// The worker's end of a stream (`target`: 1 or 2) and, for a pipe, the
+/// agent's end to read.
+fn child_end(
+    sink: &Sink,
+    target: i32,
+) -> std::io::Result<(OwnedFd, Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>)> {
+    Ok(match sink {
+        Sink::Inherit => {
+            let fd = if target == 1 {
+                std::io::stdout().as_fd().try_clone_to_owned()?
+            } else {
+                std::io::stderr().as_fd().try_clone_to_owned()?
+            };
+            (fd, None)
+        }
+        Sink::Null => (
+            OwnedFd::from(std::fs::OpenOptions::new().write(true).open("/dev/null")?),
+            None,
+        ),
+        Sink::Pipe { .. } => {
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+            let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
+            (write, Some(Box::new(read)))
+        }
+    })
 }
 
 fn stdio(sink: &Sink) -> std::io::Result<Stdio> {

@@ -30,6 +30,25 @@ pub(crate) fn kill_with_parent(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// Takes ownership of `fd`, a Unix socket this process inherited, and
+/// marks it close-on-exec so no worker inherits it.
+pub(crate) fn take_inherited_socket(fd: i32) -> io::Result<OwnedFd> {
+    use nix::sys::stat::{fstat, SFlag};
+    // SAFETY: `fd` is only borrowed to be inspected; it is owned (below)
+    // only once it is known to be an open socket nothing else here owns:
+    // the agent opens no file before reading its configuration.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let stat = fstat(borrowed).map_err(|e| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("file descriptor {fd} is not open ({e})"))
+    })?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("file descriptor {fd} is not a socket")));
+    }
+    nix::fcntl::fcntl(borrowed, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+    // SAFETY: see above; from here on this is the fd's one owner.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
 /// Sends `sig` to process group `pgid`; a group that no longer exists is not an error.
 pub(crate) fn killpg(pgid: i32, sig: Signal) {
     match nix_killpg(Pid::from_raw(pgid), sig) {

@@ -148,7 +148,13 @@ impl Session<'_> {
         self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
         self.failures.clear();
         self.monitor.reset();
-        match WorkerGroup::spawn(specs, self.guard.clone(), self.console.clone()).await {
+        match WorkerGroup::spawn(
+            specs,
+            self.guard.clone(),
+            self.console.clone(),
+            self.forks.as_deref(),
+        )
+        .await {
             Ok(group) => {
                 self.group = Some(group);
                 let now = tokio::time::Instant::now();

@@ -67,7 +67,7 @@ impl Session<'_> {
             .unwrap_or(&entry.program);
         eprint!("{}", failure::summary(title, root, &others));
         if let Some(path) = &self.cfg.parent_error_file {
-            let json = failure::parent_error_file(root).to_string();
+            let json = failure::parent_error_file(root, &others).to_string();
             if let Err(e) = std::fs::write(path, json) {
                 warn!(file = %path.display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
             }

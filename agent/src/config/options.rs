@@ -298,6 +298,8 @@ pub struct LaunchOptions {
     pub warnings: Vec<String>,
     /// Where to serve the agent's metrics, `/healthz` and `/readyz`.
     pub metrics_bind: accel_telemetry::Bind,
+    /// `--fork-server-fd`.
+    pub fork_server_fd: Option<i32>,
 }
 
 impl LaunchOptions {
@@ -337,6 +339,7 @@ impl LaunchOptions {
             torchrun_env: true,
             warnings: Vec::new(),
             metrics_bind: accel_telemetry::Bind::Off,
+            fork_server_fd: None,
         }
     }
 
@@ -445,6 +448,7 @@ impl LaunchOptions {
             base_env: self.base_env.clone(),
             torchrun_env: self.torchrun_env,
             metrics_bind: self.metrics_bind,
+            fork_server_fd: self.fork_server_fd,
         })
     }
 
