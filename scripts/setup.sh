@@ -6,7 +6,8 @@
 #     prometheus (the metrics tests scrape with a real one);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
-#     to it (built without its native ops) for accelerate's DeepSpeed launcher.
+#     to it (built without its native ops) for accelerate's DeepSpeed launcher,
+#     and maturin, pytest, ipykernel and nbclient for the wheel's checks.
 # Prints nothing else but what it installs. Safe to run again.
 set -euo pipefail
 
@@ -62,6 +63,17 @@ if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
   "$VENV/bin/python" -c 'import deepspeed' >&2
   touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
+fi
+# The Python wheel's build and its tests: maturin, pytest, and a real Jupyter
+# kernel (ipykernel) driven by nbclient.
+PY_TOOLS="maturin==1.16.0 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1"
+tools_key="$(printf %s "$PY_TOOLS" | sha256sum | cut -c1-12)"
+if [ ! -f "$VENV/.tools-$tools_key" ]; then
+  echo "setup: adding $PY_TOOLS to $VENV" >&2
+  # shellcheck disable=SC2086 # one word per requirement
+  "$VENV/bin/pip" install -q --disable-pip-version-check $PY_TOOLS
+  "$VENV/bin/python" -c 'import pytest, ipykernel, nbclient, nbformat' >&2
+  touch "$VENV/.tools-$tools_key"
 fi
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

@@ -132,6 +132,10 @@ def notebook_launcher(
         env["NCCL_P2P_DISABLE"] = "1"
         env["NCCL_IB_DISABLE"] = "1"
     flags = [
+        # torch's elastic_launch (accelerate's launcher) names the role so:
+        # ROLE_NAME and the output prefixes ("[default_role0]:") match.
+        "--role",
+        "default_role",
         "--nproc-per-node",
         str(num_processes),
         "--nnodes",
