@@ -83,9 +83,6 @@ done
 say "accel-agent from the venv ran examples/hello.py with 2 workers"
 
 # 4. The launchers in real Jupyter kernels.
-hosts="$TMP/hosts"
-{ cat /etc/hosts; printf '\n::1 localhost\n::ffff:127.0.0.1 localhost\n'; } >"$hosts"
-unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$hosts" \
-  env -u PYTHONPATH PATH="$FRESH/bin:$PATH" JUPYTER_PLATFORM_DIRS=1 \
+scripts/with-private-hosts.sh env -u PYTHONPATH PATH="$FRESH/bin:$PATH" JUPYTER_PLATFORM_DIRS=1 \
   "$FRESH/bin/python" -m pytest -q -p no:cacheprovider python/tests
 say "ok"

@@ -26,6 +26,10 @@ scripts/check-kubernetes.sh
 scripts/check-image.sh
 # A real one-host Slurm cluster (two slurmd): srun starts the agents with no flags.
 scripts/check-slurm.sh
+# The Python wheel: built, installed into a fresh venv, hello.py from there,
+# and the notebook launchers in real Jupyter kernels (with accelerate's own
+# notebook tests).
+scripts/check-wheel.sh
 cargo test --workspace --locked
 # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
 # SECONDS runs them longer); a crash fails the run.
