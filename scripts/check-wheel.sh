@@ -3,7 +3,7 @@
 #  1. builds it with maturin (pyproject.toml: release profile, stripped) into
 #     $CARGO_TARGET_DIR/wheels, and checks its tag and contents;
 #  2. makes a fresh venv and installs the wheel into it with pip (no index, no
-#     dependencies: it has none). The pinned torch and accelerate (and the test
+#     dependencies: it has none); and `pip install .` into another. The pinned torch and accelerate (and the test
 #     tools: pytest, ipykernel, nbclient) come from the pinned venv through a
 #     .pth file instead of a 4.8 GB copy; `accel` and the binaries come only
 #     from the wheel;
@@ -67,6 +67,16 @@ echo "$pinned" >"$fresh_site/accel-pinned-venv.pth"
 start_ns=$(date +%s%N)
 "$FRESH/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$WHEEL"
 say "installed into a fresh venv in $((($(date +%s%N) - start_ns) / 1000000)) ms"
+
+# ... and `pip install .` from the repository, as the README's install says
+# (without build isolation: maturin, the build backend, is the pinned venv's).
+SOURCE_VENV="$TMP/from-source"
+"$VENV/bin/python" -m venv "$SOURCE_VENV"
+echo "$pinned" >"$("$SOURCE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/accel-pinned-venv.pth"
+PATH="$VENV/bin:$PATH" "$SOURCE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --no-build-isolation . >&2
+"$SOURCE_VENV/bin/accel-agent" --version >/dev/null || fail "pip install . did not install a working accel-agent"
+"$SOURCE_VENV/bin/python" -c 'from accel import notebook_launcher, debug_launcher' || fail "pip install . did not install accel"
+say "pip install . from the repository works"
 
 # 3. The binaries from the venv's bin/.
 for b in accel-agent rdzv-server accel; do

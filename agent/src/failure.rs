@@ -347,7 +347,10 @@ mod tests {
         assert_eq!(parent_error_file(&root, &[])["message"]["errorCode"], 2);
         let with = parent_error_file(&root, std::slice::from_ref(&f));
         assert_eq!(
-            (&with["accel"]["root"]["rank"], &with["accel"]["root"]["pid"]),
+            (
+                &with["accel"]["root"]["rank"],
+                &with["accel"]["root"]["pid"]
+            ),
             (&serde_json::json!(3), &serde_json::json!(99))
         );
         assert_eq!(with["accel"]["others"][0]["exitcode"], -9);

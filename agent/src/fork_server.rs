@@ -168,7 +168,9 @@ impl ForkServer {
 }
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Writes `bytes` with `fds` attached to the first part that goes out.
@@ -310,7 +312,11 @@ mod tests {
     }
 
     /// A server played by the test on the other end of a socket pair.
-    fn pair() -> (ForkServer, tokio::net::UnixStream, oneshot::Receiver<String>) {
+    fn pair() -> (
+        ForkServer,
+        tokio::net::UnixStream,
+        oneshot::Receiver<String>,
+    ) {
         let (ours, theirs) = StdStream::pair().expect("pair");
         theirs.set_nonblocking(true).expect("nonblocking");
         let (tx, rx) = oneshot::channel();
@@ -400,10 +406,7 @@ mod tests {
             let (_server, mut peer, closed) = pair();
             peer.write_all(&junk).await.expect("write");
             let why = closed.await.expect("closed");
-            assert!(
-                why.contains("malformed") || why.contains("over"),
-                "{why}"
-            );
+            assert!(why.contains("malformed") || why.contains("over"), "{why}");
         }
     }
 }

@@ -313,7 +313,8 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
         cmd.env_remove(secret);
     }
     sys::kill_with_parent(&mut cmd);
-    cmd.stdout(stdio(&spec.stdout)?).stderr(stdio(&spec.stderr)?);
+    cmd.stdout(stdio(&spec.stdout)?)
+        .stderr(stdio(&spec.stderr)?);
     let mut child = cmd.spawn()?;
     let pid = child.id().map_or(0, |p| p as i32);
     let stdout = child
@@ -380,7 +381,10 @@ async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started
 fn child_end(
     sink: &Sink,
     target: i32,
-) -> std::io::Result<(OwnedFd, Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>)> {
+) -> std::io::Result<(
+    OwnedFd,
+    Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+)> {
     Ok(match sink {
         Sink::Inherit => {
             let fd = if target == 1 {

@@ -39,12 +39,21 @@ pub(crate) fn take_inherited_socket(fd: i32) -> io::Result<OwnedFd> {
     // the agent opens no file before reading its configuration.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let stat = fstat(borrowed).map_err(|e| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("file descriptor {fd} is not open ({e})"))
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("file descriptor {fd} is not open ({e})"),
+        )
     })?;
     if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("file descriptor {fd} is not a socket")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("file descriptor {fd} is not a socket"),
+        ));
     }
-    nix::fcntl::fcntl(borrowed, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+    nix::fcntl::fcntl(
+        borrowed,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
     // SAFETY: see above; from here on this is the fd's one owner.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }

@@ -154,7 +154,8 @@ impl Session<'_> {
             self.console.clone(),
             self.forks.as_deref(),
         )
-        .await {
+        .await
+        {
             Ok(group) => {
                 self.group = Some(group);
                 let now = tokio::time::Instant::now();
