@@ -44,6 +44,11 @@ STATE_CELL = textwrap.dedent(
         with open(f"{outdir}/{rank}.json", "w") as f:
             json.dump({"state": state, "env": env}, f)
         print(f"train ran in rank {rank} of {os.environ['WORLD_SIZE']}")
+        # As training would: a rank that returned at once could end its
+        # process while the other still completes gloo's connections.
+        # (Without CUDA the state is NO, yet a gloo group exists.)
+        if dist.is_initialized():
+            dist.barrier()
     """
 )
 
@@ -234,6 +239,7 @@ def test_debug_launcher_runs_on_cpu_with_no_gpu_visible(tmp_path: Path) -> None:
                 assert torch.cuda.device_count() == 0
                 assert acc.device.type == "cpu"
                 print("debug", acc.state.distributed_type, acc.process_index, acc.num_processes, acc.state.backend)
+                acc.wait_for_everyone()
             """,
             "from accel import debug_launcher\ndebug_launcher(check, num_processes=2)",
         ),
@@ -242,3 +248,89 @@ def test_debug_launcher_runs_on_cpu_with_no_gpu_visible(tmp_path: Path) -> None:
     out = text(nb.cells[1])
     for rank in (0, 1):
         assert f"debug DistributedType.MULTI_CPU {rank} 2 gloo" in out, out
+
+
+def test_killing_the_kernel_leaves_no_process_behind(tmp_path: Path) -> None:
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        kc.execute(
+            textwrap.dedent(
+                f"""
+                import os, time
+                from accel import notebook_launcher
+                def sleeper():
+                    with open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w") as f:
+                        f.write(str(os.getpid()))
+                    time.sleep(600)
+                notebook_launcher(sleeper, num_processes=2)
+                """
+            )
+        )
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("pid-*"))) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        workers = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        kernel = km.provisioner.process.pid
+        children = [int(c) for c in Path(f"/proc/{kernel}/task/{kernel}/children").read_text().split()]
+        assert len(children) == 2, children  # the agent and the fork server
+        os.kill(kernel, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in workers + children):
+            assert time.monotonic() < deadline, [p for p in workers + children if alive(p)]
+            time.sleep(0.1)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+NODE = textwrap.dedent(
+    """
+    import json, os, sys
+    from accel import notebook_launcher
+    def where(out):
+        with open(os.path.join(out, os.environ["RANK"]), "w") as f:
+            json.dump({k: os.environ[k] for k in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"]}, f)
+    node, endpoint, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    notebook_launcher(where, args=(out,), num_processes=2, num_nodes=2, node_rank=node,
+                      rdzv_backend="c10d", rdzv_endpoint=endpoint, rdzv_id="two-nodes")
+    """
+)
+
+
+def test_two_nodes_join_one_c10d_job(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        ["rdzv-server", "--bind", f"127.0.0.1:{port}", "--metrics-bind", "off"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        nodes = [
+            subprocess.Popen(
+                [sys.executable, "-c", NODE, str(i), f"127.0.0.1:{port}", str(tmp_path)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in (0, 1)
+        ]
+        outs = [n.communicate(timeout=120)[0] for n in nodes]
+        assert [n.returncode for n in nodes] == [0, 0], outs
+    finally:
+        server.kill()
+        server.wait()
+    seen = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir() if p.name.isdigit()}
+    assert sorted(seen) == ["0", "1", "2", "3"], seen
+    assert {v["WORLD_SIZE"] for v in seen.values()} == {"4"}, seen
+    assert sorted(v["GROUP_RANK"] for v in seen.values()) == ["0", "0", "1", "1"], seen
