@@ -19,10 +19,10 @@ H=scripts/with-private-hosts.sh
 
 if [ $quick = 1 ]; then
   launch=(--nproc 1,4 --runs 2); restart=(--runs 1); agents=100,1000; tnodes=8; dead=1
-  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5); acc=(--nproc 2 --runs 1)
+  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5); acc=(--nproc 2 --runs 1); nb=(--runs 2)
 else
   launch=(--nproc 1,4,16 --runs 10); restart=(--runs 3); agents=100,1000,10000; tnodes=8,64,128,256; dead=3
-  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20); acc=(--nproc 2,4 --runs 5)
+  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20); acc=(--nproc 2,4 --runs 5); nb=(--runs 10)
 fi
 
 out="$(mktemp)"
@@ -44,6 +44,12 @@ out="$(mktemp)"
   echo "Command: \`python bench/accelerate_launch.py --accel accel --accelerate accelerate ${acc[*]}\`"
   echo
   $H "$PY" bench/accelerate_launch.py --accel "$R/accel" --accelerate "$VENV/bin/accelerate" "${acc[@]}"
+  echo
+  echo "## notebook_launcher vs accelerate's"
+  echo "From the call (torch and accelerate already imported, as in a notebook) to the function's first line in both"
+  echo "processes, and the whole call for a function that returns at once. Command: \`python bench/notebook_launch.py ${nb[*]}\`"
+  echo
+  ACCEL_AGENT="$R/accel-agent" PYTHONPATH="$PWD/python" $H "$PY" bench/notebook_launch.py "${nb[@]}"
   echo
   echo "## Restart after a worker failure"
   echo "Target: ≤ 100 ms plus process start from the failure to every worker of every node running again."
