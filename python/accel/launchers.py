@@ -22,6 +22,7 @@ in the caller before the call, which is checked.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -360,9 +361,10 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], flags: List[str],
             _end_server(server)
             raise
         ours.close()
+        said: "collections.deque[str]" = collections.deque(maxlen=20)
         pumps = [
-            threading.Thread(target=_pump, args=(proc.stdout, "stdout"), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, "stderr"), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stdout, "stdout", None), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, "stderr", said), daemon=True),
         ]
         for p in pumps:
             p.start()
@@ -377,17 +379,22 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], flags: List[str],
         failure = _failure(title, error_file)
         if failure is not None:
             raise failure
-        raise RuntimeError(
-            f"accel-agent exited with code {code} before any worker failed (its messages are above)"
-        )
+        # The agent's error line (a usage error ends with a hint line after it).
+        errors = [line for line in said if "error" in line.lower()] or list(said)
+        last = f": {errors[-1].strip()}" if errors else ""
+        raise RuntimeError(f"accel-agent exited with code {code} before any worker failed{last}")
 
 
-def _pump(pipe, name: str) -> None:
-    """Copies the agent's output into this process's stream (a notebook's cell)."""
+def _pump(pipe, name: str, last: "Optional[collections.deque[str]]") -> None:
+    """Copies the agent's output into this process's stream (a notebook's
+    cell); `last` keeps the agent's own last line (not a worker's)."""
     for raw in iter(pipe.readline, b""):
         stream = getattr(sys, name)
+        line = raw.decode("utf-8", "replace")
+        if last is not None and not line.startswith("["):
+            last.append(line[:2000])
         try:
-            stream.write(raw.decode("utf-8", "replace"))
+            stream.write(line)
             stream.flush()
         except (ValueError, OSError):
             pass
