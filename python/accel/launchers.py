@@ -152,6 +152,9 @@ def notebook_launcher(
     ]
     conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
+        # accelerate overwrites torch's static `rank` key with node_rank; the
+        # agent takes it as --node-rank.
+        conf.pop("rank", None)
         flags += ["--node-rank", str(node_rank)]
         if rdzv_endpoint:
             flags += ["--rdzv-endpoint", rdzv_endpoint]
