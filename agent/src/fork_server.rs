@@ -14,12 +14,14 @@
 //! One JSON object per line, each way.
 //! - Agent to server, one request at a time, with the worker's stdout and
 //!   stderr (in that order) as `SCM_RIGHTS` on the same message:
-//!   `{"spawn": {"local_rank": 0, "global_rank": 0, "env": [["K", "V"], ...]}}`.
-//!   `env` is the worker's whole environment.
-//! - Server to agent: `{"spawned": {"local_rank": 0, "pid": 4242}}` or
-//!   `{"refused": {"local_rank": 0, "error": "why"}}` for each request, in
-//!   order; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
+//!   `{"spawn": {"id": 7, "local_rank": 0, "global_rank": 0, "env": [["K", "V"], ...]}}`.
+//!   `env` is the worker's whole environment; `id` numbers the requests.
+//! - Server to agent: `{"spawned": {"id": 7, "local_rank": 0, "pid": 4242}}`
+//!   or `{"refused": {"id": 7, "local_rank": 0, "error": "why"}}` for each
+//!   request; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
 //!   `{"exited": {"pid": 4242, "signal": 9}}` once per worker it forked.
+//!   An answer to a request the agent no longer waits for (it timed out) is
+//!   a worker nobody supervises: the agent kills its process group.
 //!
 //! The forked worker leads its own process group, sets `PR_SET_PDEATHSIG`
 //! to die with the server, and the server kills every worker it forked when
@@ -93,8 +95,10 @@ pub struct ForkRequest {
 
 #[derive(Debug, Default)]
 struct Shared {
-    /// The answer each request in flight waits for (one at a time).
-    pending: Option<oneshot::Sender<Result<Forked, ForkError>>>,
+    /// The request in flight (one at a time) and where its answer goes.
+    pending: Option<(u64, oneshot::Sender<Result<Forked, ForkError>>)>,
+    /// The next request's id.
+    next_id: u64,
     /// Exit waiters, by pid.
     waiters: HashMap<i32, oneshot::Sender<Ended>>,
     closed: bool,
@@ -138,15 +142,19 @@ impl ForkServer {
     pub async fn spawn(&self, req: ForkRequest) -> Result<Forked, ForkError> {
         let mut writer = self.writer.lock().await;
         let (tx, rx) = oneshot::channel();
-        {
+        let id = {
             let mut shared = lock(&self.shared);
             if shared.closed {
                 return Err(ForkError::Closed);
             }
-            shared.pending = Some(tx);
-        }
+            shared.next_id += 1;
+            let id = shared.next_id;
+            shared.pending = Some((id, tx));
+            id
+        };
         let env: Vec<Value> = req.env.iter().map(|(k, v)| json!([k, v])).collect();
         let mut line = json!({"spawn": {
+            "id": id,
             "local_rank": req.local_rank,
             "global_rank": req.global_rank,
             "env": env,
@@ -231,14 +239,25 @@ async fn read_loop(
         s.closed = true;
         (s.pending.take(), std::mem::take(&mut s.waiters))
     };
-    if let Some(p) = pending {
+    // First the agent is told to stop, so the workers' ends below are seen
+    // as part of stopping rather than as failures to restart.
+    on_close(&why);
+    if let Some((_, p)) = pending {
         let _ = p.send(Err(ForkError::Closed));
     }
     // Its workers die with it (PR_SET_PDEATHSIG, SIGKILL).
     for (_, w) in waiters {
         let _ = w.send(Ended::Signaled(nix::sys::signal::Signal::SIGKILL as i32));
     }
-    on_close(&why);
+}
+
+/// Where the answer `o` goes: the request in flight, if `o` names it.
+fn answering(o: &Value, s: &mut Shared) -> Option<oneshot::Sender<Result<Forked, ForkError>>> {
+    let id = o.get("id").and_then(Value::as_u64);
+    match &s.pending {
+        Some((want, _)) if Some(*want) == id => s.pending.take().map(|(_, p)| p),
+        _ => None,
+    }
 }
 
 /// Acts on one line from the server.
@@ -258,10 +277,19 @@ fn handle(line: &[u8], shared: &Mutex<Shared>) -> Result<(), String> {
     let mut s = lock(shared);
     if let Some(o) = v.get("spawned") {
         let pid = pid_of(o)?;
-        let (tx, exit) = oneshot::channel();
-        s.waiters.insert(pid, tx);
-        if let Some(p) = s.pending.take() {
-            let _ = p.send(Ok(Forked { pid, exit }));
+        match answering(o, &mut s) {
+            Some(p) => {
+                let (tx, exit) = oneshot::channel();
+                s.waiters.insert(pid, tx);
+                let _ = p.send(Ok(Forked { pid, exit }));
+            }
+            None => {
+                tracing::warn!(
+                    pid,
+                    "the fork server started a worker nobody waits for (a late answer); killing it"
+                );
+                crate::sys::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            }
         }
     } else if let Some(o) = v.get("refused") {
         let error = o
@@ -269,7 +297,7 @@ fn handle(line: &[u8], shared: &Mutex<Shared>) -> Result<(), String> {
             .and_then(Value::as_str)
             .unwrap_or("no reason given");
         let error: String = error.chars().take(2000).collect();
-        if let Some(p) = s.pending.take() {
+        if let Some(p) = answering(o, &mut s) {
             let _ = p.send(Err(ForkError::Refused(error)));
         }
     } else if let Some(o) = v.get("exited") {
@@ -351,7 +379,8 @@ mod tests {
             let req = read_line(&mut peer).await;
             assert_eq!(req["spawn"]["local_rank"], 1);
             assert_eq!(req["spawn"]["env"][0], json!(["A", "1"]));
-            peer.write_all(b"{\"spawned\": {\"local_rank\": 1, \"pid\": 77}}\n{\"exited\": {\"pid\": 77, \"code\": 3}}\n")
+            assert_eq!(req["spawn"]["id"], 1);
+            peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 1, \"pid\": 77}}\n{\"exited\": {\"pid\": 77, \"code\": 3}}\n")
                 .await
                 .expect("write");
             peer
@@ -363,13 +392,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_to_another_request_is_killed_not_taken() {
+        // A real process in its own group plays the unwanted worker.
+        let mut stray = std::process::Command::new("sleep");
+        std::os::unix::process::CommandExt::process_group(&mut stray, 0);
+        let mut stray = stray.arg("30").spawn().expect("sleep");
+        let stray_pid = stray.id();
+        let (server, mut peer, _closed) = pair();
+        tokio::spawn(async move {
+            read_line(&mut peer).await;
+            let late = format!(
+                "{{\"spawned\": {{\"id\": 99, \"local_rank\": 0, \"pid\": {stray_pid}}}}}\n"
+            );
+            peer.write_all(late.as_bytes()).await.expect("write");
+            peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 0, \"pid\": 8}}\n")
+                .await
+                .expect("write");
+            std::future::pending::<()>().await;
+        });
+        let forked = server.spawn(request(0)).await.expect("spawned");
+        assert_eq!(forked.pid, 8);
+        let status = stray.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+    }
+
+    #[tokio::test]
     async fn a_refusal_is_an_error_naming_why() {
         let (server, mut peer, _closed) = pair();
         tokio::spawn(async move {
             read_line(&mut peer).await;
-            peer.write_all(b"{\"refused\": {\"local_rank\": 0, \"error\": \"no memory\"}}\n")
-                .await
-                .expect("write");
+            peer.write_all(
+                b"{\"refused\": {\"id\": 1, \"local_rank\": 0, \"error\": \"no memory\"}}\n",
+            )
+            .await
+            .expect("write");
             std::future::pending::<()>().await;
         });
         let err = server.spawn(request(0)).await.expect_err("refused");
@@ -381,7 +440,7 @@ mod tests {
         let (server, mut peer, closed) = pair();
         let served = tokio::spawn(async move {
             read_line(&mut peer).await;
-            peer.write_all(b"{\"spawned\": {\"local_rank\": 0, \"pid\": 5}}\n")
+            peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 0, \"pid\": 5}}\n")
                 .await
                 .expect("write");
             peer

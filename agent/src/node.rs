@@ -45,6 +45,12 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
+    // Checked before this process opens anything, so the number still
+    // names the socket the parent passed (see `sys::take_inherited_socket`).
+    if let Some(fd) = cfg.fork_server_fd {
+        crate::sys::check_inherited_socket(fd)
+            .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
+    }
     // Forked before any thread exists; see the guard module.
     // A frozen agent's workers are killed after the job's drop limit.
     let limit = Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero());

@@ -30,31 +30,41 @@ pub(crate) fn kill_with_parent(cmd: &mut tokio::process::Command) {
     }
 }
 
-/// Takes ownership of `fd`, a Unix socket this process inherited, and
-/// marks it close-on-exec so no worker inherits it.
-pub(crate) fn take_inherited_socket(fd: i32) -> io::Result<OwnedFd> {
+/// Checks that `fd`, inherited from the parent, is a Unix stream socket,
+/// and marks it close-on-exec so no worker inherits it. Called at start-up,
+/// before the agent opens any descriptor of its own.
+pub(crate) fn check_inherited_socket(fd: i32) -> io::Result<()> {
+    use nix::sys::socket::{getsockname, getsockopt, sockopt, SockType, UnixAddr};
     use nix::sys::stat::{fstat, SFlag};
-    // SAFETY: `fd` is only borrowed to be inspected; it is owned (below)
-    // only once it is known to be an open socket nothing else here owns:
-    // the agent opens no file before reading its configuration.
+    // SAFETY: `fd` is only borrowed for the calls below, which fail cleanly
+    // on a descriptor that is not open.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let stat = fstat(borrowed).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("file descriptor {fd} is not open ({e})"),
-        )
-    })?;
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+    let stat =
+        fstat(borrowed).map_err(|e| invalid(format!("file descriptor {fd} is not open ({e})")))?;
     if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("file descriptor {fd} is not a socket"),
-        ));
+        return Err(invalid(format!("file descriptor {fd} is not a socket")));
+    }
+    let stream =
+        getsockopt(&borrowed, sockopt::SockType).map_err(io::Error::from)? == SockType::Stream;
+    if !stream || getsockname::<UnixAddr>(fd).is_err() {
+        return Err(invalid(format!(
+            "file descriptor {fd} is not a Unix stream socket"
+        )));
     }
     nix::fcntl::fcntl(
         borrowed,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
-    // SAFETY: see above; from here on this is the fd's one owner.
+    Ok(())
+}
+
+/// Takes ownership of `fd`, the socket [`check_inherited_socket`] accepted.
+pub(crate) fn take_inherited_socket(fd: i32) -> io::Result<OwnedFd> {
+    check_inherited_socket(fd)?;
+    // SAFETY: the descriptor was checked at start-up, before the agent
+    // opened any of its own, so this number is the inherited socket; this
+    // is its one owner.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 

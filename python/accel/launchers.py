@@ -341,10 +341,22 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], flags: List[str],
             except (AttributeError, ValueError):
                 pass
         parent = os.getpid()
-        server = os.fork()
-        if server == 0:
-            ours.close()
-            _forkserver.serve(theirs, target, parent)
+        _forkserver.prepare()
+        # No interrupt may land between the fork and the child's own
+        # handling of it (the kernel's handler would run in the child).
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            server = os.fork()
+            if server == 0:
+                try:
+                    ours.close()
+                finally:
+                    _forkserver.serve(theirs, target, parent)
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         theirs.close()
         env = dict(os.environ)
         env["TORCHELASTIC_ERROR_FILE"] = error_file
@@ -363,19 +375,26 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], flags: List[str],
             ours.close()
             _end_server(server)
             raise
-        ours.close()
         said: "collections.deque[str]" = collections.deque(maxlen=20)
-        pumps = [
-            threading.Thread(target=_pump, args=(proc.stdout, "stdout", None), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, "stderr", said), daemon=True),
-        ]
-        for p in pumps:
-            p.start()
         try:
+            ours.close()
+            pumps = [
+                threading.Thread(target=_pump, args=(proc.stdout, "stdout", None), daemon=True),
+                threading.Thread(target=_pump, args=(proc.stderr, "stderr", said), daemon=True),
+            ]
+            for p in pumps:
+                p.start()
             code = _wait(proc)
-        finally:
             for p in pumps:
                 p.join(timeout=5)
+        except BaseException:
+            # An interrupt outside the wait (or anything else): nothing may
+            # outlive the call. The wait itself stops the job gracefully.
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
             _end_server(server)
         if code == 0:
             return

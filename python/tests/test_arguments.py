@@ -63,3 +63,22 @@ def test_one_process_runs_the_function_here() -> None:
 def test_an_unknown_rdzv_conf_key_is_the_agent_s_clear_error() -> None:
     with pytest.raises(RuntimeError, match="accel-agent exited with code 2 before any worker failed: .*no_such_key"):
         notebook_launcher(nothing, num_processes=2, rdzv_conf={"no_such_key": 1})
+
+
+def put_rank(q) -> None:
+    import os
+
+    # The queue's feeder thread may still be writing when the function
+    # returns: the process must flush it before it ends. (Smaller than a
+    # pipe's buffer: as with any multiprocessing child, a bigger item would
+    # wait for a reader, and the caller reads only after the launch.)
+    q.put((int(os.environ["RANK"]), "x" * 4096))
+
+
+def test_a_queue_argument_carries_results_back_to_the_caller() -> None:
+    import multiprocessing as mp
+
+    q = mp.get_context("fork").Queue()
+    notebook_launcher(put_rank, args=(q,), num_processes=2)
+    got = sorted(q.get(timeout=30)[0] for _ in range(2))
+    assert got == [0, 1]

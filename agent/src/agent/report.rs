@@ -65,7 +65,12 @@ impl Session<'_> {
             .iter()
             .rfind(|a| !a.starts_with('-'))
             .unwrap_or(&entry.program);
-        eprint!("{}", failure::summary(title, root, &others));
+        // Not eprint!: a closed stderr (a notebook kernel that died) must
+        // not abort the agent while it stops.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            failure::summary(title, root, &others).as_bytes(),
+        );
         if let Some(path) = &self.cfg.parent_error_file {
             let json = failure::parent_error_file(root, &others).to_string();
             if let Err(e) = std::fs::write(path, json) {
