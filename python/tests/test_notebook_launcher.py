@@ -8,6 +8,7 @@ as a user's notebook would be.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -15,6 +16,7 @@ import signal
 import textwrap
 import time
 from pathlib import Path
+from typing import Any, Iterator, List, Tuple
 
 import nbformat
 import pytest
@@ -175,56 +177,71 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_interrupting_the_kernel_stops_every_process_promptly(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def kernel(cwd: Path) -> Iterator[Tuple[KernelManager, Any]]:
+    """A kernel of its own (to interrupt or kill) and its client."""
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
+    km.start_kernel(cwd=str(cwd))
     kc = km.client()
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        code = textwrap.dedent(
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def launch_sleepers(km: KernelManager, kc: Any, d: Path) -> Tuple[str, List[int], List[int]]:
+    """Runs a cell launching two workers that sleep; once both run: the
+    cell's message id, the workers' pids, and the kernel's children."""
+    msg_id = kc.execute(
+        textwrap.dedent(
             f"""
             import os, time
             from accel import notebook_launcher
             def sleeper():
-                with open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w") as f:
+                with open(os.path.join({str(d)!r}, "pid-" + os.environ["RANK"]), "w") as f:
                     f.write(str(os.getpid()))
                 time.sleep(600)
-            print("kernel", os.getpid(), flush=True)
             notebook_launcher(sleeper, num_processes=2)
             """
         )
-        msg_id = kc.execute(code)
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("pid-*"))) < 2:
-            assert time.monotonic() < deadline, "the workers did not start"
-            time.sleep(0.1)
-        workers = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
-        kernel = km.provisioner.process.pid
-        children = [int(c) for c in Path(f"/proc/{kernel}/task/{kernel}/children").read_text().split()]
-        started = time.monotonic()
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
-        while reply["parent_header"].get("msg_id") != msg_id:
+    )
+    deadline = time.monotonic() + 120
+    while len(list(d.glob("pid-*"))) < 2:
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    workers = [int(p.read_text()) for p in d.glob("pid-*")]
+    k = km.provisioner.process.pid
+    children = [int(c) for c in Path(f"/proc/{k}/task/{k}/children").read_text().split()]
+    return msg_id, workers, children
+
+
+def test_interrupting_the_kernel_stops_every_process_promptly(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (km, kc):
+        try:
+            msg_id, workers, children = launch_sleepers(km, kc, tmp_path)
+            started = time.monotonic()
+            km.interrupt_kernel()
             reply = kc.get_shell_msg(timeout=60)
-        took = time.monotonic() - started
-        assert reply["content"]["status"] == "error", reply["content"]
-        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
-        assert took < 15, f"the interrupted cell took {took:.1f} s to return"
-        left = [p for p in workers + children if alive(p)]
-        assert not left, f"processes left behind: {left}"
-        # The kernel lives on and can launch again.
-        msg_id = kc.execute("print('still here')")
-        while True:
-            m = kc.get_iopub_msg(timeout=30)
-            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
-                assert "still here" in m["content"]["text"]
-                break
-    except queue.Empty:
-        pytest.fail("the kernel did not answer")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = kc.get_shell_msg(timeout=60)
+            took = time.monotonic() - started
+            assert reply["content"]["status"] == "error", reply["content"]
+            assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+            assert took < 15, f"the interrupted cell took {took:.1f} s to return"
+            left = [p for p in workers + children if alive(p)]
+            assert not left, f"processes left behind: {left}"
+            # The kernel lives on and can launch again.
+            msg_id = kc.execute("print('still here')")
+            while True:
+                m = kc.get_iopub_msg(timeout=30)
+                if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+                    assert "still here" in m["content"]["text"]
+                    break
+        except queue.Empty:
+            pytest.fail("the kernel did not answer")
 
 
 def test_debug_launcher_runs_on_cpu_with_no_gpu_visible(tmp_path: Path) -> None:
@@ -251,41 +268,14 @@ def test_debug_launcher_runs_on_cpu_with_no_gpu_visible(tmp_path: Path) -> None:
 
 
 def test_killing_the_kernel_leaves_no_process_behind(tmp_path: Path) -> None:
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
-        kc.execute(
-            textwrap.dedent(
-                f"""
-                import os, time
-                from accel import notebook_launcher
-                def sleeper():
-                    with open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w") as f:
-                        f.write(str(os.getpid()))
-                    time.sleep(600)
-                notebook_launcher(sleeper, num_processes=2)
-                """
-            )
-        )
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("pid-*"))) < 2:
-            assert time.monotonic() < deadline, "the workers did not start"
-            time.sleep(0.1)
-        workers = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
-        kernel = km.provisioner.process.pid
-        children = [int(c) for c in Path(f"/proc/{kernel}/task/{kernel}/children").read_text().split()]
+    with kernel(tmp_path) as (km, kc):
+        _, workers, children = launch_sleepers(km, kc, tmp_path)
         assert len(children) == 2, children  # the agent and the fork server
-        os.kill(kernel, signal.SIGKILL)
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 15
         while any(alive(p) for p in workers + children):
             assert time.monotonic() < deadline, [p for p in workers + children if alive(p)]
             time.sleep(0.1)
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 NODE = textwrap.dedent(
