@@ -94,6 +94,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         None => None,
         Some(fd) => Some(Arc::new(start_fork_server(fd)?)),
     };
+    // Preparing the zygote overlaps the rendezvous.
+    let zygote = (!cfg.preload.is_empty()).then(|| crate::zygote::Zygote::start(zygote_spec(&cfg)));
     let located = locate_rendezvous(&cfg, &stop_server).await?;
     let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
     let session = async {
@@ -164,6 +166,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             offered_at: None,
             failed_at: None,
             forks,
+            zygote,
         };
         let result = session.drive(first_actions).await;
         session.keep_alive.abort();
@@ -196,6 +199,30 @@ fn start_fork_server(fd: i32) -> Result<crate::fork_server::ForkServer, AgentErr
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
     })
     .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))
+}
+
+/// What `--preload`'s zygote is started with: the workers' interpreter,
+/// their `sys.path[0]` (the script's directory; the working directory for
+/// `-m`) and the environment they share.
+fn zygote_spec(cfg: &Config) -> crate::zygote::ZygoteSpec {
+    let entry = &cfg.entrypoint;
+    let path = if entry.leading_args.iter().any(|a| a == "-m") {
+        std::env::current_dir().ok()
+    } else {
+        entry
+            .leading_args
+            .last()
+            .and_then(|script| std::fs::canonicalize(script).ok())
+            .and_then(|p| p.parent().map(PathBuf::from))
+    };
+    let agent_env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    crate::zygote::ZygoteSpec {
+        python: entry.program.clone(),
+        modules: cfg.preload.clone(),
+        path,
+        env: crate::worker_env::zygote_env(cfg, agent_env),
+    }
 }
 
 /// The agent's `/metrics`, `/healthz` and `/readyz`.
@@ -311,6 +338,8 @@ struct Session<'a> {
     failed_at: Option<Instant>,
     /// Forks the workers, with `--fork-server-fd`.
     forks: Option<Arc<crate::fork_server::ForkServer>>,
+    /// Forks the workers when it is ready, with `--preload`.
+    zygote: Option<crate::zygote::Zygote>,
 }
 
 /// What woke the driver.

@@ -230,6 +230,18 @@ pub struct AgentArgs {
     /// argument then only names the job in reports.
     #[arg(long = "fork-server-fd", value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     pub fork_server_fd: Option<i32>,
+    /// Hot restart: keep a Python interpreter that has imported these
+    /// modules (comma-separated, e.g. `torch` or `torch,transformers`) and
+    /// start every worker as a fork of it instead of a new `python`, so no
+    /// round pays for the imports again. Falls back to executing the script,
+    /// with a warning, if importing them started a thread or CUDA.
+    #[arg(
+        long = "preload",
+        env = "PET_PRELOAD",
+        value_name = "MODULES",
+        value_delimiter = ','
+    )]
+    pub preload: Vec<String>,
     /// The training script (or program, with --no-python; or module, with -m).
     pub training_script: String,
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
@@ -283,6 +295,7 @@ impl From<AgentArgs> for LaunchOptions {
             training_script_args: a.training_script_args,
             metrics_bind: a.metrics_bind,
             fork_server_fd: a.fork_server_fd,
+            preload: a.preload,
             ..LaunchOptions::new(String::new())
         }
     }

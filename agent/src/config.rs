@@ -139,6 +139,9 @@ pub struct Config {
     /// The inherited socket of a fork server (`--fork-server-fd`): workers
     /// are forks of that process, not executions of the entrypoint.
     pub fork_server_fd: Option<i32>,
+    /// `--preload`: the modules a zygote imports, whose forks the workers
+    /// are (empty: workers are executed).
+    pub preload: Vec<String>,
 }
 
 impl Config {
@@ -191,6 +194,9 @@ pub const MAX_RDZV_ID: usize = 256;
 
 /// Longest `--log-line-prefix-template` accepted.
 pub const MAX_PREFIX_TEMPLATE: usize = 1024;
+
+/// Most modules `--preload` may name.
+pub const MAX_PRELOAD: usize = 64;
 
 /// Most workers one agent starts: far above any machine's accelerators or
 /// cores, low enough that a typo (`--nproc-per-node 4000000000`) is an error

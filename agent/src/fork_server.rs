@@ -16,6 +16,8 @@
 //!   stderr (in that order) as `SCM_RIGHTS` on the same message:
 //!   `{"spawn": {"id": 7, "local_rank": 0, "global_rank": 0, "env": [["K", "V"], ...]}}`.
 //!   `env` is the worker's whole environment; `id` numbers the requests.
+//!   A zygote ([`crate::zygote`]) also gets `"argv": ["-u", "script.py", ...]`,
+//!   the interpreter's arguments an executed worker would have.
 //! - Server to agent: `{"spawned": {"id": 7, "local_rank": 0, "pid": 4242}}`
 //!   or `{"refused": {"id": 7, "local_rank": 0, "error": "why"}}` for each
 //!   request; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
@@ -91,6 +93,9 @@ pub struct ForkRequest {
     pub stdout: OwnedFd,
     /// Its standard error.
     pub stderr: OwnedFd,
+    /// The script to run, as the interpreter's arguments (a zygote's
+    /// workers); `None`: the server's own target (a notebook's function).
+    pub argv: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +116,8 @@ pub struct ForkServer {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     shared: Arc<Mutex<Shared>>,
     reader: tokio::task::JoinHandle<()>,
+    /// Whether its workers run the request's script (a zygote).
+    runs_scripts: bool,
 }
 
 impl Drop for ForkServer {
@@ -135,7 +142,29 @@ impl ForkServer {
             writer: tokio::sync::Mutex::new(write),
             shared,
             reader,
+            runs_scripts: false,
         })
+    }
+
+    /// [`ForkServer::start`] for a zygote, whose workers run the script each
+    /// request names.
+    pub fn start_for_scripts(
+        fd: OwnedFd,
+        on_close: impl FnOnce(&str) + Send + 'static,
+    ) -> Result<Self, ForkError> {
+        let mut server = Self::start(fd, on_close)?;
+        server.runs_scripts = true;
+        Ok(server)
+    }
+
+    /// Whether its workers run the request's script.
+    pub fn runs_scripts(&self) -> bool {
+        self.runs_scripts
+    }
+
+    /// Whether the server's end has closed.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared).closed
     }
 
     /// Asks the server to fork one worker.
@@ -153,13 +182,16 @@ impl ForkServer {
             id
         };
         let env: Vec<Value> = req.env.iter().map(|(k, v)| json!([k, v])).collect();
-        let mut line = json!({"spawn": {
+        let mut spawn = json!({
             "id": id,
             "local_rank": req.local_rank,
             "global_rank": req.global_rank,
             "env": env,
-        }})
-        .to_string();
+        });
+        if let Some(argv) = &req.argv {
+            spawn["argv"] = json!(argv);
+        }
+        let mut line = json!({ "spawn": spawn }).to_string();
         line.push('\n');
         send_with_fds(&mut writer, line.as_bytes(), &[&req.stdout, &req.stderr]).await?;
         // The worker holds its own copies now.
@@ -336,6 +368,7 @@ mod tests {
             env: vec![("A".into(), "1".into())],
             stdout: out,
             stderr: err,
+            argv: None,
         }
     }
 

@@ -58,6 +58,7 @@ pub mod store;
 pub mod supervisor;
 mod sys;
 pub mod worker_env;
+pub mod zygote;
 
 pub use error::{AgentError, Outcome};
 pub use sys::Ended;

@@ -359,6 +359,9 @@ async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started
             env,
             stdout: out,
             stderr: err,
+            argv: server
+                .runs_scripts()
+                .then(|| spec.argv.get(1..).unwrap_or_default().to_vec()),
         })
         .await
         .map_err(std::io::Error::other)?;

@@ -30,6 +30,25 @@ pub(crate) fn kill_with_parent(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// Makes `fd` the spawned program's descriptor `target`, open across the
+/// exec (the zygote's socket).
+pub(crate) fn pass_fd(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd, target: i32) {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (dup2, fcntl), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == target {
+                let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
+                fcntl(borrowed, FcntlArg::F_SETFD(FdFlag::empty())).map_err(io::Error::from)?;
+            } else if nix::libc::dup2(fd, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Checks that `fd`, inherited from the parent, is a Unix stream socket,
 /// and marks it close-on-exec so no worker inherits it. Called at start-up,
 /// before the agent opens any descriptor of its own.

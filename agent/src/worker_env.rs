@@ -119,6 +119,41 @@ pub fn full_env(
     env
 }
 
+/// The environment of `--preload`'s zygote: what every worker of this node
+/// shares, so a module that reads the environment when it is imported sees
+/// what a cold worker would. That is the agent's environment (`agent_env`,
+/// every variable; the rendezvous token removed), the launcher's variables,
+/// and `OMP_NUM_THREADS`; the round's and the rank's variables come with
+/// each fork.
+pub fn zygote_env(
+    cfg: &Config,
+    agent_env: impl IntoIterator<Item = (String, String)>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = agent_env
+        .into_iter()
+        .filter(|(k, _)| !crate::supervisor::SECRET_VARIABLES.contains(&k.as_str()))
+        .collect();
+    let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
+        env.retain(|(n, _)| n != k);
+        env.push((k.to_owned(), v));
+    };
+    for (k, v) in &cfg.base_env {
+        set(&mut env, k, v.clone());
+    }
+    if cfg.torchrun_env {
+        let lookup = |k: &str| {
+            env.iter()
+                .rev()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        if let Some(omp) = omp_num_threads(cfg.nproc_per_node, &lookup) {
+            set(&mut env, "OMP_NUM_THREADS", omp);
+        }
+    }
+    env
+}
+
 /// torchrun's rule: one OpenMP thread per worker when several share a node,
 /// unless the user chose a value.
 pub fn omp_num_threads(
@@ -245,6 +280,30 @@ mod tests {
             get(&worker_env(&c, &round(), 0, "", &none), "OMP_NUM_THREADS"),
             None
         );
+    }
+
+    #[test]
+    fn the_zygote_shares_what_every_worker_gets_and_no_secret() {
+        let none = |_: &str| None;
+        let mut c = cfg(&["accel-agent", "--nproc-per-node", "2", "t.py"], &none);
+        c.base_env = vec![("ACCELERATE_MIXED_PRECISION".into(), "bf16".into())];
+        let agent = vec![
+            ("PATH".to_owned(), "/bin".to_owned()),
+            ("ACCEL_RDZV_TOKEN".to_owned(), "s3cret".to_owned()),
+        ];
+        let env = zygote_env(&c, agent.clone());
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PATH"), Some("/bin"));
+        assert_eq!(get("ACCELERATE_MIXED_PRECISION"), Some("bf16"));
+        assert_eq!(get("OMP_NUM_THREADS"), Some("1"));
+        assert_eq!(get("ACCEL_RDZV_TOKEN"), None);
+        assert_eq!(get("RANK"), None, "per-rank variables come with each fork");
+        // A user's OMP_NUM_THREADS is kept, as workers keep it.
+        let mut with_omp = agent;
+        with_omp.push(("OMP_NUM_THREADS".into(), "4".into()));
+        let env = zygote_env(&c, with_omp);
+        let omp: Vec<_> = env.iter().filter(|(n, _)| n == "OMP_NUM_THREADS").collect();
+        assert_eq!(omp, [&("OMP_NUM_THREADS".to_owned(), "4".to_owned())]);
     }
 
     #[test]

@@ -1,9 +1,18 @@
 """The fork server: the process whose forks are the workers of a launch.
 
-``notebook_launcher`` forks it from the caller (a notebook's kernel) at the
-moment of the call, so it holds the function, its arguments and whatever
-they share by inheritance (a ``multiprocessing.Queue``); then it does only
-what ``accel-agent --fork-server-fd`` asks: fork a worker with the round's
+It has two users, and one code path for what a forked worker must look like:
+
+- ``notebook_launcher`` forks it from the caller (a notebook's kernel) at the
+  moment of the call, so it holds the function, its arguments and whatever
+  they share by inheritance (a ``multiprocessing.Queue``); each worker calls
+  the function.
+- ``accel-agent --preload MODULES`` starts it as the **zygote**: a fresh
+  interpreter that imports those modules and nothing else, so that each
+  worker, forked from it, runs the training script as ``python -u script.py``
+  would without paying for the imports again (run as
+  ``python -c "<this file>" --fd N --preload MODULES``; see :func:`zygote`).
+
+Either way it does only what the agent asks: fork a worker with the round's
 environment and output pipes, and report each one's end. It never decides
 anything: rounds, restarts, signals and reports are the agent's.
 
@@ -23,7 +32,11 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Callable, Dict, List, NoReturn
+from typing import Callable, Dict, List, NoReturn, Optional
+
+# The name tracebacks give this file's frames: a worker's traceback shows the
+# script's frames only, as under `python script.py`.
+_SELF = globals().get("__file__") or "<accel zygote>"
 
 _PR_SET_PDEATHSIG = 1
 _MAX_LINE = 4 << 20
@@ -61,8 +74,10 @@ def _plain_signals() -> None:
         pass
 
 
-def serve(sock: socket.socket, target: Callable[[], None], parent: int) -> NoReturn:
-    """Runs in the fork server until the agent's end of ``sock`` closes."""
+def serve(sock: socket.socket, target: Optional[Callable[[], None]], parent: int) -> NoReturn:
+    """Runs in the fork server until the agent's end of ``sock`` closes.
+    ``target`` is what each worker calls; ``None`` (the zygote): each runs
+    the script its request names."""
     code = 0
     try:
         # An interrupt of the notebook reaches the agent, which stops the
@@ -84,7 +99,7 @@ def serve(sock: socket.socket, target: Callable[[], None], parent: int) -> NoRet
 
 
 class _Server:
-    def __init__(self, sock: socket.socket, target: Callable[[], None]) -> None:
+    def __init__(self, sock: socket.socket, target: Optional[Callable[[], None]]) -> None:
         self.sock = sock
         self.target = target
         self.sel = selectors.DefaultSelector()
@@ -149,7 +164,7 @@ class _Server:
             self._send({"refused": {"id": rid, "local_rank": rank, "error": f"fork failed: {e}"}})
             return
         if pid == 0:
-            _worker(self.target, dict(req["env"]), out, err, self.sock, self.pid)
+            _worker(self.target, req, out, err, self.sock, self.pid)
         # Its own group before anyone can signal it (the child does the same).
         try:
             os.setpgid(pid, pid)
@@ -196,15 +211,15 @@ class _Server:
 
 
 def _worker(
-    target: Callable[[], None],
-    env: Dict[str, str],
+    target: Optional[Callable[[], None]],
+    req: dict,
     out: int,
     err: int,
     sock: socket.socket,
     server: int,
 ) -> NoReturn:
-    """Becomes one worker: what ``python -u`` would set up, then ``target``."""
-    code = 1
+    """Becomes one worker: what ``python -u`` would set up, then ``target``
+    (or, in the zygote, the script of ``req["argv"]``)."""
     try:
         os.setpgid(0, 0)
         _die_with_parent(server)
@@ -219,41 +234,178 @@ def _worker(
             if fd > 2:
                 os.close(fd)
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(dict(req["env"]))
         # The caller's streams (a kernel's, which forward to its cells) are
         # replaced by this process's own, unbuffered as under `python -u`.
         callers = (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
-        sys.stderr = io.TextIOWrapper(
-            io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True, errors="backslashreplace"
-        )
+        if target is None:
+            # The zygote's own streams were made by the same interpreter
+            # settings (`-u`, the locale): the new ones copy their encoding
+            # and error handlers; line buffering only on a terminal, as the
+            # interpreter decides it.
+            sys.stdin, sys.stdout, sys.stderr = (
+                _stream(0, "r", sys.__stdin__),
+                _stream(1, "w", sys.__stdout__),
+                _stream(2, "w", sys.__stderr__),
+            )
+        else:
+            sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
+            sys.stderr = io.TextIOWrapper(
+                io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True, errors="backslashreplace"
+            )
         old = {id(callers[0]): sys.stdout, id(callers[1]): sys.stdout}
         old.update({id(callers[2]): sys.stderr, id(callers[3]): sys.stderr})
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         _adopt(old)
     except BaseException:  # noqa: BLE001 - nothing may escape a fork
         os._exit(127)
+    if target is None:
+        _run_script(list(req.get("argv") or []))
+    _call(target)
+
+
+def _stream(fd: int, mode: str, like: object) -> io.TextIOWrapper:
+    """A text stream on ``fd`` as ``python -u`` makes it, with ``like``'s
+    encoding and error handler."""
+    return io.TextIOWrapper(
+        io.FileIO(fd, mode, closefd=False),
+        encoding=getattr(like, "encoding", None),
+        errors=getattr(like, "errors", None),
+        line_buffering=mode == "w" and os.isatty(fd),
+        write_through=True,
+    )
+
+
+def _call(target: Callable[[], None]) -> NoReturn:
+    """Calls a launcher's function with ``elastic_launch``'s semantics: an
+    exception is printed and recorded in the error file, as torch's
+    ``@record`` does."""
+    code = 1
     try:
         target()
         code = 0
     except KeyboardInterrupt:
-        # As `python` does: die by SIGINT, so the exit says so (torch: -2).
-        traceback.print_exc()
-        _finish()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        code = 130
+        _die_by_sigint(_finish)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
+        code = _exit_code(e)
     except BaseException as e:  # noqa: BLE001 - reported, as torch's @record does
         traceback.print_exc()
         _record(e)
         code = 1
     _finish()
     os._exit(code)
+
+
+def _run_script(argv: List[str]) -> NoReturn:
+    """Runs ``python -u [-m] SCRIPT ARGS`` (``argv`` without the program) in
+    this process as the interpreter would: a fresh ``__main__``,
+    ``sys.argv``, ``sys.path[0]``, an uncaught exception printed by
+    ``sys.excepthook`` (exit 1), ``SystemExit``'s code, and at the end
+    non-daemon threads joined, ``atexit`` handlers run, streams flushed."""
+    import runpy
+
+    code = 1
+    # A new interpreter seeds numpy's global generator from the OS; forks of
+    # one zygote would all share its state. (`random` reseeds itself at fork.)
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except BaseException:  # noqa: BLE001
+            pass
+    try:
+        args = list(argv)
+        while args and args[0] == "-u":
+            args.pop(0)
+        if args[:1] == ["-m"]:
+            module, rest = args[1], args[2:]
+            sys.argv = ["-m", *rest]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(module, alter_argv=True)  # what `python -m` calls
+        else:
+            script, rest = args[0], args[1:]
+            sys.argv = [script, *rest]
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            if os.path.isdir(script) or not script.endswith(".py"):
+                # A directory or zip with __main__.py, or an unusual name.
+                runpy.run_path(script, run_name="__main__")
+            else:
+                _exec_main(script)
+        code = 0
+    except KeyboardInterrupt:
+        _die_by_sigint(_at_exit)
+    except SystemExit as e:
+        code = _exit_code(e)
+    except BaseException as e:  # noqa: BLE001 - printed as the interpreter does
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == _SELF:
+            tb = tb.tb_next
+        e.__traceback__ = tb  # what the hook prints
+        try:
+            sys.excepthook(type(e), e, tb)
+        except BaseException:  # noqa: BLE001
+            traceback.print_exception(type(e), e, tb)
+        code = 1
+    _at_exit()
+    os._exit(code)
+
+
+def _exec_main(script: str) -> None:
+    """Executes ``script`` as ``__main__``, the module the interpreter makes
+    for ``python script.py``."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__cached__ = None
+    main.__builtins__ = builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    main.__spec__ = None
+    sys.modules["__main__"] = main
+    with io.open_code(script) as f:
+        source = f.read()
+    exec(compile(source, script, "exec"), main.__dict__)
+
+
+def _exit_code(e: SystemExit) -> int:
+    """The process's exit code for ``SystemExit`` (a message is printed)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _die_by_sigint(finish: Callable[[], None]) -> NoReturn:
+    """As ``python`` does after an uncaught ``KeyboardInterrupt``: the
+    traceback, the exit steps, then death by SIGINT (torch reports -2)."""
+    traceback.print_exc()
+    finish()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)
+
+
+def _at_exit() -> None:
+    """The interpreter's exit steps: non-daemon threads joined, ``atexit``
+    handlers (multiprocessing's and logging's among them), streams flushed."""
+    import atexit
+
+    for step in (getattr(sys.modules.get("threading"), "_shutdown", None), atexit._run_exitfuncs):
+        if step is not None:
+            try:
+                step()
+            except BaseException:  # noqa: BLE001
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
 
 
 def _adopt(old: Dict[int, object]) -> None:
@@ -318,3 +470,85 @@ def _record(e: BaseException) -> None:
                 json.dump(data, fp)
         except OSError:
             pass
+
+
+def _unsafe_to_fork() -> Optional[str]:
+    """Why forking this process would give broken workers, if it would: a
+    thread that a fork does not stop (its locks are copied held, the thread
+    itself is not) or an initialised CUDA context (unusable in a child).
+
+    Thread pools that handle fork themselves (OpenBLAS, numpy's BLAS, stops
+    its pool in a ``pthread_atfork`` handler and restarts it when next used)
+    are told apart by one probe fork: what still runs after it is unsafe."""
+    if _os_threads() > 1:
+        probe = os.fork()
+        if probe == 0:
+            os._exit(0)
+        os.waitpid(probe, 0)
+    threads = _os_threads()
+    if threads > 1:
+        threading = sys.modules.get("threading")
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
+        return f"importing them started {threads - 1} thread(s) besides the main one ({', '.join(names) or 'not Python threads'})"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "importing them initialised CUDA"
+    return None
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return _thread_count()
+
+
+def _thread_count() -> int:
+    threading = sys.modules.get("threading")
+    return threading.active_count() if threading is not None else 1
+
+
+def zygote(args: List[str]) -> NoReturn:
+    """The zygote of ``accel-agent --preload``: imports the modules, says
+    whether it can serve (``{"ready": ...}``, ``{"unsafe": why}``,
+    ``{"failed": why}``, one line on the socket), then serves forks until
+    the agent closes the socket. ``args``: ``--fd N --preload A,B
+    [--path DIR]``; ``DIR`` is the script's directory (``sys.path[0]`` of
+    the workers, so a preloaded module next to the script is found)."""
+    import time
+
+    opts = dict(zip(args[::2], args[1::2]))
+    sock = socket.socket(fileno=int(opts["--fd"]))
+    sock.setblocking(True)
+    # The agent wrote this file on stdin; workers get /dev/null.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if opts.get("--path"):
+        sys.path[0] = opts["--path"]
+
+    def say(msg: dict) -> None:
+        sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    started = time.monotonic()
+    modules = [m for m in opts.get("--preload", "").split(",") if m]
+    try:
+        import importlib
+
+        for name in modules:
+            importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - reported to the agent
+        say({"failed": traceback.format_exc()[-4000:]})
+        os._exit(1)
+    why = _unsafe_to_fork()
+    if why is not None:
+        say({"unsafe": why})
+        os._exit(1)
+    prepare()
+    say({"ready": {"modules": modules, "seconds": round(time.monotonic() - started, 3), "pid": os.getpid()}})
+    serve(sock, None, os.getppid())
+
+
+if __name__ == "__main__":
+    zygote(sys.argv[1:])

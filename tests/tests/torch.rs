@@ -107,6 +107,23 @@ fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
     });
     assert_all_ok(&outs, "accel (failing)");
     let resumed = final_states(Path::new(&out));
+    // accel with hot restart: the same failing job, workers forked from a
+    // zygote that preloaded torch.
+    let (ck, out) = dirs(&root, "accel-hot");
+    let outs = accel_2x2(&root, "accel-hot", |c| {
+        c.max_restarts(1)
+            .flag("--preload", "torch")
+            .program(&script, &[&ck, &out, "--fail-at", "17"])
+    });
+    assert_all_ok(&outs, "accel --preload torch (failing)");
+    for o in &outs {
+        assert!(
+            o.stderr.contains("zygote ready") && !o.stderr.contains("start cold"),
+            "workers were forked from the zygote:\n{}",
+            o.stderr
+        );
+    }
+    let hot = final_states(Path::new(&out));
     // accel, uninterrupted.
     let (ck, out) = dirs(&root, "accel-clean");
     assert_all_ok(
@@ -173,6 +190,15 @@ fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
             "parameters identical on every rank"
         );
     }
+    for (h, c) in hot.iter().zip(&resumed) {
+        assert_eq!((&h["restart"], &h["start"]), (&c["restart"], &c["start"]));
+        assert_eq!(
+            h["params"], c["params"],
+            "hot restart ends bit-identical to the cold one (rank {})",
+            c["rank"]
+        );
+        assert_eq!(h["loss"], c["loss"]);
+    }
     for (a, t) in resumed.iter().zip(&torchrun) {
         assert_eq!(t["start"], 15);
         assert_eq!(
@@ -197,8 +223,19 @@ fn env_of(dir: &Path, rank: u32) -> BTreeMap<String, String> {
 
 #[test]
 fn workers_see_the_environment_torchrun_gives() {
+    environment_matches_torchrun("envcmp", &[]);
+}
+
+#[test]
+fn hot_restarted_workers_see_the_environment_torchrun_gives() {
+    environment_matches_torchrun("envcmp-hot", &["--preload", "torch"]);
+}
+
+/// torchrun's and accel's workers of the same job (accel with `flags`
+/// added) see the same environment.
+fn environment_matches_torchrun(name: &str, flags: &[&str]) {
     let _heavy = heavy();
-    let root = scratch("envcmp");
+    let root = scratch(name);
     let (a_dir, t_dir) = (root.join("accel"), root.join("torchrun"));
     std::fs::create_dir_all(&a_dir).expect("dir");
     std::fs::create_dir_all(&t_dir).expect("dir");
@@ -219,7 +256,7 @@ fn workers_see_the_environment_torchrun_gives() {
             .env("PWD", &root)
             .current_dir(&root);
     };
-    let mut cmd = accel(&job);
+    let mut cmd = accel(&job.clone().flags(flags));
     same_env(&mut cmd, &a_dir);
     let out = run_logged(cmd, &root, "accel", LIMIT);
     assert!(out.status.success(), "{}", out.stderr);

@@ -1,14 +1,17 @@
 """A small, deterministic DDP job (CPU, gloo) with checkpoints.
 
   ddp_train.py CKPT_DIR OUT_DIR [--steps 30] [--ckpt-every 5] [--fail-at 17] [--fail-rank 3]
-               [--step-sleep 0.2]
+               [--step-sleep 0.2] [--stamps DIR]
 
 Every rank draws its batch from a generator seeded by (step, rank), so a run
 resumed from a checkpoint computes what an uninterrupted run would. Rank 0
 saves model and optimizer every `ckpt-every` steps; on start every rank loads
 the newest checkpoint. With --fail-at, rank --fail-rank exits 13 at that step
 in the first attempt only; --step-sleep makes each step last that much longer
-(the arithmetic is unchanged), so a test can act while the job trains. At the end every rank writes its parameters
+(the arithmetic is unchanged), so a test can act while the job trains. With --stamps, the
+failing rank appends `fail TIME` to DIR/stamps just before it exits, and every rank appends
+`loop RANK RESTART TIME` when it enters the training loop (checkpoint loaded, DDP built):
+what `bench/ddp_recovery.py` measures. At the end every rank writes its parameters
 (exact, as float.hex) and the last step's mean loss to OUT_DIR/final_<rank>.json.
 """
 import argparse
@@ -29,7 +32,17 @@ ap.add_argument("--ckpt-every", type=int, default=5)
 ap.add_argument("--fail-at", type=int, default=-1)
 ap.add_argument("--fail-rank", type=int, default=3)
 ap.add_argument("--step-sleep", type=float, default=0.0)
+ap.add_argument("--stamps", default=None)
 a = ap.parse_args()
+
+
+def stamp(line):
+    if a.stamps:
+        import time
+
+        with open(os.path.join(a.stamps, "stamps"), "a") as f:
+            f.write(f"{line} {time.time():.6f}\n")
+
 
 torch.use_deterministic_algorithms(True)
 dist.init_process_group("gloo")
@@ -49,11 +62,13 @@ if ckpts:
 ddp = DDP(model)
 
 loss = torch.tensor(0.0)
+stamp(f"loop {rank} {restart}")
 for step in range(start, a.steps):
     if a.step_sleep > 0:
         import time
         time.sleep(a.step_sleep)
     if step == a.fail_at and rank == a.fail_rank and restart == 0:
+        stamp("fail")
         os._exit(13)
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 8, generator=g)

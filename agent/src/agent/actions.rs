@@ -147,12 +147,22 @@ impl Session<'_> {
         let specs = self.specs(&info)?;
         self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
         self.failures.clear();
+        let forks = match (&self.forks, &self.zygote) {
+            (Some(server), _) => Some(server.clone()),
+            // The first round may wait for the imports; a stop signal
+            // meanwhile starts nothing and is handled as if they ran.
+            (None, Some(zygote)) => tokio::select! {
+                server = zygote.server() => server,
+                sig = self.signals.recv() => return Ok(Some(Event::Signal(sig))),
+            },
+            (None, None) => None,
+        };
         self.monitor.reset();
         match WorkerGroup::spawn(
             specs,
             self.guard.clone(),
             self.console.clone(),
-            self.forks.as_deref(),
+            forks.as_deref(),
         )
         .await
         {

@@ -24,7 +24,7 @@ use rendezvous_server::input::parse_duration;
 use super::{
     bad, cuda_device_count, parse_endpoint, parse_nnodes, random_id, Config, ConfigError,
     Entrypoint, RdzvConf, Rendezvous, C10D_PORT, ETCD_PORT, MAX_NPROC_PER_NODE,
-    MAX_PREFIX_TEMPLATE, MAX_RDZV_ID, STATIC_PORT,
+    MAX_PREFIX_TEMPLATE, MAX_PRELOAD, MAX_RDZV_ID, STATIC_PORT,
 };
 use crate::logs::{parse_ranks, LogSpec, StdSpec};
 
@@ -300,6 +300,8 @@ pub struct LaunchOptions {
     pub metrics_bind: accel_telemetry::Bind,
     /// `--fork-server-fd`.
     pub fork_server_fd: Option<i32>,
+    /// `--preload`: modules the zygote imports.
+    pub preload: Vec<String>,
 }
 
 impl LaunchOptions {
@@ -340,6 +342,7 @@ impl LaunchOptions {
             warnings: Vec::new(),
             metrics_bind: accel_telemetry::Bind::Off,
             fork_server_fd: None,
+            preload: Vec::new(),
         }
     }
 
@@ -378,6 +381,7 @@ impl LaunchOptions {
             )));
         }
         let entrypoint = self.entrypoint(env)?;
+        let preload = self.preload()?;
         let shutdown_timeout = match self.shutdown_timeout {
             Some(d) => d,
             None => match env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
@@ -449,7 +453,55 @@ impl LaunchOptions {
             torchrun_env: self.torchrun_env,
             metrics_bind: self.metrics_bind,
             fork_server_fd: self.fork_server_fd,
+            preload,
         })
+    }
+
+    /// `--preload`'s modules, checked: dotted Python names, with a Python
+    /// entrypoint of the agent's own.
+    fn preload(&self) -> Result<Vec<String>, ConfigError> {
+        let modules: Vec<String> = self
+            .preload
+            .iter()
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty())
+            .collect();
+        if modules.is_empty() {
+            return Ok(modules);
+        }
+        if self.no_python {
+            return Err(bad(
+                "--preload forks workers from a Python interpreter; it cannot be used with --no-python",
+            ));
+        }
+        if self.fork_server_fd.is_some() {
+            return Err(bad(
+                "--preload and --fork-server-fd both choose what workers are forked from; use one",
+            ));
+        }
+        if modules.len() > MAX_PRELOAD {
+            return Err(bad(format!(
+                "--preload names {} modules; at most {MAX_PRELOAD}",
+                modules.len()
+            )));
+        }
+        let identifier = |s: &str| {
+            let mut chars = s.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        if let Some(m) = modules
+            .iter()
+            .find(|m| m.len() > 200 || !m.split('.').all(identifier))
+        {
+            return Err(bad(format!(
+                "--preload '{}' is not a module name (e.g. torch, torch.distributed; comma-separated)",
+                excerpt(m)
+            )));
+        }
+        Ok(modules)
     }
 
     /// How the rendezvous is reached, by torchrun's rules: one node with no

@@ -481,3 +481,35 @@ fn several_c10d_endpoints_are_replicas_that_no_agent_hosts() {
     .expect_err("an empty endpoint");
     assert!(bad.to_string().contains("--rdzv-endpoint"), "{bad}");
 }
+
+#[test]
+fn preload_takes_module_names_for_a_python_entrypoint() {
+    let c = parse(&["--preload", "torch,torch.distributed", "t.py"]).expect("valid");
+    assert_eq!(c.preload, ["torch", "torch.distributed"]);
+    assert!(parse(&["t.py"]).expect("valid").preload.is_empty());
+    for (args, says) in [
+        (
+            &["--preload", "torch;rm", "t.py"][..],
+            "is not a module name",
+        ),
+        (&["--preload", "9lives", "t.py"][..], "is not a module name"),
+        (
+            &["--preload", "torch..nn", "t.py"][..],
+            "is not a module name",
+        ),
+        (
+            &["--preload", "torch", "--no-python", "prog"][..],
+            "cannot be used with --no-python",
+        ),
+        (
+            &["--preload", "torch", "--fork-server-fd", "5", "t.py"][..],
+            "use one",
+        ),
+    ] {
+        let e = parse(args).expect_err("refused").to_string();
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+    let many = vec!["m"; MAX_PRELOAD + 1].join(",");
+    let e = parse(&["--preload", &many, "t.py"]).expect_err("too many");
+    assert!(e.to_string().contains("at most"), "{e}");
+}
