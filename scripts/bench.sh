@@ -19,10 +19,10 @@ H=scripts/with-private-hosts.sh
 
 if [ $quick = 1 ]; then
   launch=(--nproc 1,4 --runs 2); restart=(--runs 1); agents=100,1000; tnodes=8; dead=1
-  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5); acc=(--nproc 2 --runs 1); nb=(--runs 2)
+  logs=(--mb 10 --lines 30); store=(--clients 64 --seconds 1); wr=(--rounds 1 --iters 5); acc=(--nproc 2 --runs 1); nb=(--runs 2); ddp=(--runs 1)
 else
   launch=(--nproc 1,4,16 --runs 10); restart=(--runs 3); agents=100,1000,10000; tnodes=8,64,128,256; dead=3
-  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20); acc=(--nproc 2,4 --runs 5); nb=(--runs 10)
+  logs=(--mb 200 --lines 300); store=(--clients 64,1024 --seconds 5); wr=(--rounds 5 --iters 20); acc=(--nproc 2,4 --runs 5); nb=(--runs 10); ddp=(--runs 5)
 fi
 
 out="$(mktemp)"
@@ -56,6 +56,13 @@ out="$(mktemp)"
   echo "Command: \`python bench/restart.py --accel accel-agent --server rdzv-server --torchrun torchrun ${restart[*]}\`"
   echo
   $H "$PY" bench/restart.py --accel "$R/accel-agent" --server "$R/rdzv-server" --torchrun "$TR" "${restart[@]}"
+  echo
+  echo "## A failure in a DDP job: cold, hot (--preload torch), torchrun"
+  echo "Target with \`--preload torch\`: ≤ 1 s from a worker failure to every rank of the DDP job back in its training loop"
+  echo "(checkpoint loaded), ≥ 5× faster than torchrun. 2 agents × 2 workers, gloo; rank 3 exits at step 25 of 40."
+  echo "Command: \`python bench/ddp_recovery.py --accel accel-agent --torchrun torchrun ${ddp[*]}\`"
+  echo
+  $H "$PY" bench/ddp_recovery.py --accel "$R/accel-agent" --torchrun "$TR" "${ddp[@]}"
   echo
   echo "## Rendezvous of N agents"
   echo "Target: 1,000 agents ≤ 0.3 s, 10,000 ≤ 3 s, cost per agent flat. accel: \`rdzv-load\` plays N agents against one"

@@ -509,6 +509,10 @@ def _thread_count() -> int:
     return threading.active_count() if threading is not None else 1
 
 
+# What a preloaded module imports on first use, preloaded with it.
+_LAZY = {"torch": ["torch.distributed", "torch._dynamo"]}
+
+
 def zygote(args: List[str]) -> NoReturn:
     """The zygote of ``accel-agent --preload``: imports the modules, says
     whether it can serve (``{"ready": ...}``, ``{"unsafe": why}``,
@@ -533,6 +537,12 @@ def zygote(args: List[str]) -> NoReturn:
 
     started = time.monotonic()
     modules = [m for m in opts.get("--preload", "").split(",") if m]
+    # torch imports torch._dynamo (~900 modules, over a second) lazily, the
+    # first time a script builds DistributedDataParallel or FSDP or
+    # compiles: preloading torch includes it, or every restart would pay it.
+    for name, lazy in _LAZY.items():
+        if name in modules:
+            modules += [m for m in lazy if m not in modules]
     try:
         import importlib
 
