@@ -230,6 +230,17 @@ pub struct AgentArgs {
     /// argument then only names the job in reports.
     #[arg(long = "fork-server-fd", value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     pub fork_server_fd: Option<i32>,
+    /// Crash loops: the wait before a restart when the job failed within
+    /// --restart-backoff-window of its round's start for the second time in
+    /// a row: BASE, doubling for each further quick failure, at most MAX
+    /// (durations; MAX defaults to 30 s). `0` restarts at once, always.
+    #[arg(long = "restart-backoff", env = "PET_RESTART_BACKOFF", default_value = "1:30",
+          value_name = "BASE[:MAX]", value_parser = backoff)]
+    pub restart_backoff: (Duration, Duration),
+    /// How soon after a round started a failure counts as part of a crash loop.
+    #[arg(long = "restart-backoff-window", env = "PET_RESTART_BACKOFF_WINDOW",
+          default_value = "60", value_parser = DurationParser)]
+    pub restart_backoff_window: Duration,
     /// Hot restart: keep a Python interpreter that has imported these
     /// modules (comma-separated, e.g. `torch` or `torch,transformers`) and
     /// start every worker as a fork of it instead of a new `python`, so no
@@ -247,6 +258,24 @@ pub struct AgentArgs {
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub training_script_args: Vec<String>,
+}
+
+/// `--restart-backoff BASE[:MAX]`.
+fn backoff(s: &str) -> Result<(Duration, Duration), String> {
+    let parse = |part: &str, what: &str| {
+        rendezvous_server::input::parse_duration(part.trim()).map_err(|e| format!("{what}: {e}"))
+    };
+    let (base, max) = match s.split_once(':') {
+        Some((b, m)) => (parse(b, "BASE")?, parse(m, "MAX")?),
+        None => (parse(s, "BASE")?, Duration::from_secs(30)),
+    };
+    if !base.is_zero() && max < base {
+        return Err(format!(
+            "MAX ({:?}) is shorter than BASE ({:?}); write BASE:MAX, e.g. 1:30",
+            max, base
+        ));
+    }
+    Ok((base, max))
 }
 
 /// A rank filter as clap holds it: clap reads a bare `Option` field as "the
@@ -296,6 +325,11 @@ impl From<AgentArgs> for LaunchOptions {
             metrics_bind: a.metrics_bind,
             fork_server_fd: a.fork_server_fd,
             preload: a.preload,
+            restart_backoff: crate::config::RestartBackoff {
+                base: a.restart_backoff.0,
+                max: a.restart_backoff.1,
+                window: a.restart_backoff_window,
+            },
             ..LaunchOptions::new(String::new())
         }
     }

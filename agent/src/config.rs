@@ -139,6 +139,8 @@ pub struct Config {
     /// The inherited socket of a fork server (`--fork-server-fd`): workers
     /// are forks of that process, not executions of the entrypoint.
     pub fork_server_fd: Option<i32>,
+    /// Waits between restarts in a crash loop.
+    pub restart_backoff: RestartBackoff,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,
@@ -194,6 +196,42 @@ pub const MAX_RDZV_ID: usize = 256;
 
 /// Longest `--log-line-prefix-template` accepted.
 pub const MAX_PREFIX_TEMPLATE: usize = 1024;
+
+/// Waits between restarts in a crash loop (`--restart-backoff BASE[:MAX]`,
+/// `--restart-backoff-window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartBackoff {
+    /// The first wait; zero turns waiting off.
+    pub base: Duration,
+    /// The longest wait.
+    pub max: Duration,
+    /// A failure this soon after its round started is part of a loop.
+    pub window: Duration,
+}
+
+impl Default for RestartBackoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RestartBackoff {
+    /// The wait before the restart after the `crashes`-th quick failure in
+    /// a row: none for the first, then `base`, doubling, at most `max`.
+    pub fn wait(&self, crashes: u32) -> Duration {
+        if crashes < 2 || self.base.is_zero() {
+            return Duration::ZERO;
+        }
+        let doublings = (crashes - 2).min(32);
+        self.base
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.max)
+    }
+}
 
 /// Most modules `--preload` may name.
 pub const MAX_PRELOAD: usize = 64;

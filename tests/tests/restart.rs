@@ -181,3 +181,44 @@ fn rdzv_server_status_lists_jobs_nodes_and_restarts() {
         assert_eq!(a.wait(LIMIT).code(), 128 + 15);
     }
 }
+
+#[test]
+fn a_crash_loop_backs_off_and_a_zero_backoff_does_not() {
+    let dir = scratch("crashloop");
+    // Two agents of one job, every worker failing at once, three restarts.
+    let server = Server::start();
+    let run = |job: &str, backoff: &str| {
+        let cmd = AgentCmd::c10d(&server.addr, job)
+            .nnodes(2)
+            .nproc(1)
+            .max_restarts(3)
+            .flag("--restart-backoff", backoff)
+            .no_python("/bin/false", &[]);
+        let started = std::time::Instant::now();
+        let agents: Vec<Agent> = (0..2)
+            .map(|i| cmd.start(&dir, &format!("{job}-{i}")))
+            .collect();
+        let done: Vec<_> = agents.into_iter().map(|a| a.wait(LIMIT)).collect();
+        (done, started.elapsed())
+    };
+    let (done, took) = run("looping", "400ms:10");
+    for d in &done {
+        assert_eq!(d.code(), 1, "the budget is spent: {}", d.stderr);
+        // The first restart is at once; the second and third wait 0.4 s and 0.8 s.
+        let waits: Vec<&str> = d
+            .stderr
+            .lines()
+            .filter(|l| l.contains("crash loop"))
+            .filter_map(|l| l.split("wait_s=").nth(1))
+            .filter_map(|w| w.split_whitespace().next())
+            .collect();
+        assert_eq!(waits, ["0.4", "0.8"], "{}", d.stderr);
+    }
+    assert!(took >= Duration::from_millis(1200), "{took:?}");
+    let (done, _) = run("eager", "0");
+    for d in &done {
+        assert_eq!(d.code(), 1);
+        assert!(!d.stderr.contains("crash loop"), "{}", d.stderr);
+        assert!(d.stderr.contains("3 of --max-restarts 3"), "{}", d.stderr);
+    }
+}

@@ -33,6 +33,14 @@
 //!   beside a re-formed job. The node still rejoins within the grace; if its
 //!   round is still current (a rendezvous that came back late), it reports
 //!   the stop as its failure and the job restarts.
+//! - **Backing off** before round `r`: a crash loop. When a failure
+//!   restarts the job within `restart_backoff.window` of its round's start
+//!   for the second time in a row (or more), the node waits before it says
+//!   it is ready: `base`, then twice that for each further quick failure, at
+//!   most `max`. The first quick failure restarts at once (a real job's
+//!   single failure costs no delay); a round that runs past the window
+//!   ends the loop. Every node of the job counts the same restarts from the
+//!   same rounds, so they wait alike, and the round forms after the wait.
 //! - **Stopping**: the workers are being stopped (a stop signal to their
 //!   process groups, SIGKILL after `shutdown_timeout`); what follows is
 //!   decided already and happens when the stop completes. A stop signal
@@ -70,6 +78,8 @@ pub struct Settings {
     pub reconnect_grace: Duration,
     /// How long workers keep running while no rendezvous is reached.
     pub fence_after: Duration,
+    /// Waits between restarts in a crash loop.
+    pub restart_backoff: crate::config::RestartBackoff,
 }
 
 impl Settings {
@@ -83,6 +93,7 @@ impl Settings {
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.rdzv.reconnect_grace,
             fence_after: cfg.rdzv.dead_after(),
+            restart_backoff: cfg.restart_backoff,
         }
     }
 }
@@ -237,13 +248,15 @@ struct Round {
     /// The failure this node reported in this round, said again to a
     /// rendezvous it reconnects to (a new leader may not have it).
     reported: Option<Exit>,
+    /// When its workers started.
+    started: Instant,
 }
 
 /// What happens when a stop completes.
 #[derive(Debug)]
 enum Then {
-    /// Get ready for this round.
-    Form(u64),
+    /// Get ready for this round (after this crash-loop wait, if any).
+    Form(u64, Duration),
     /// Go on running (the stop followed this node's own failure).
     Run(Round),
     /// Go on rejoining.
@@ -274,6 +287,12 @@ enum Phase {
         waiting: String,
     },
     Running(Round),
+    BackingOff {
+        /// The round to get ready for.
+        round: u64,
+        /// When.
+        until: Instant,
+    },
     Recovering {
         round: Round,
         /// A failure seen while unreachable, reported once back.
@@ -298,6 +317,8 @@ pub struct NodeMachine {
     /// The last progress line printed while forming (without its
     /// countdown), and when.
     said: Option<(String, Instant)>,
+    /// Failures in a row that restarted the job within the backoff window.
+    crashes: u32,
 }
 
 /// How often at most an unchanged progress line is printed again.
@@ -310,6 +331,7 @@ impl NodeMachine {
             settings,
             phase: Phase::Done,
             said: None,
+            crashes: 0,
         };
         let actions = machine.form(now, round);
         (machine, actions)
@@ -320,6 +342,7 @@ impl NodeMachine {
         match &self.phase {
             Phase::Forming { deadline, .. } => Some(*deadline),
             Phase::Running(r) => r.barrier,
+            Phase::BackingOff { until, .. } => Some(*until),
             Phase::Recovering { round, .. } if round.live > 0 => round.fence,
             _ => None,
         }
@@ -348,6 +371,9 @@ impl NodeMachine {
             Phase::Reconnecting { why, .. } => {
                 Err(format!("reconnecting to the rendezvous ({why})"))
             }
+            Phase::BackingOff { round, .. } => Err(format!(
+                "crash loop: waiting before round {round} (--restart-backoff)"
+            )),
             Phase::Recovering { why, .. } => Err(format!(
                 "workers run, but the rendezvous is lost ({why}); rejoining"
             )),
@@ -367,7 +393,7 @@ impl NodeMachine {
             stop: false,
         };
         match &self.phase {
-            Phase::Forming { .. } => Sources {
+            Phase::Forming { .. } | Phase::BackingOff { .. } => Sources {
                 stream: true,
                 ..none
             },
@@ -408,9 +434,10 @@ impl NodeMachine {
                 warn!(signal = %sig, grace_s = self.settings.shutdown_timeout.as_secs_f64(), "stopping workers; a second signal kills them at once");
                 self.stop(sig, Then::Finish(Vec::new(), Outcome::Signaled(sig)), false)
             }
-            (Phase::Forming { .. } | Phase::Reconnecting { .. }, Event::Signal(sig)) => {
-                self.finish(Vec::new(), Outcome::Signaled(sig))
-            }
+            (
+                Phase::Forming { .. } | Phase::Reconnecting { .. } | Phase::BackingOff { .. },
+                Event::Signal(sig),
+            ) => self.finish(Vec::new(), Outcome::Signaled(sig)),
             (
                 Phase::Forming {
                     round,
@@ -427,6 +454,9 @@ impl NodeMachine {
                 },
                 event,
             ) => self.reconnecting(deadline, why, waiting, event),
+            (Phase::BackingOff { round, until }, event) => {
+                self.backing_off(now, round, until, event)
+            }
             (Phase::Running(round), event) => self.running(now, round, event),
             (
                 Phase::Recovering {
@@ -516,6 +546,7 @@ impl NodeMachine {
                     fence: None,
                     fenced: false,
                     reported: None,
+                    started: now,
                 });
                 vec![Action::Start {
                     info,
@@ -591,6 +622,52 @@ impl NodeMachine {
         vec![Action::Offer { round }]
     }
 
+    /// Waiting out a crash loop's backoff before getting ready for `round`:
+    /// the job's end, a later restart and a lost rendezvous are heard
+    /// meanwhile; the round's progress is not (this node is not in it yet).
+    fn backing_off(
+        &mut self,
+        now: Instant,
+        round: u64,
+        until: Instant,
+        event: Event,
+    ) -> Vec<Action> {
+        let deadline = after_from(until, self.settings.join_timeout);
+        match event {
+            Event::Timer if now >= until => self.form(now, round),
+            Event::Message(Kind::RestartRequested(r)) if r.next_round > round => {
+                self.phase = Phase::BackingOff {
+                    round: r.next_round,
+                    until,
+                };
+                Vec::new()
+            }
+            event @ (Event::Lost(_)
+            | Event::Silent { .. }
+            | Event::Message(
+                Kind::JobFailed(_) | Kind::JobSucceeded(_) | Kind::JobClosed(_),
+            )) => self.forming(now, round, deadline, String::new(), event),
+            _ => {
+                self.phase = Phase::BackingOff { round, until };
+                Vec::new()
+            }
+        }
+    }
+
+    /// How long to wait before the next round, now that `round` ended in a
+    /// restart (`counted`: caused by a failure): see *Backing off* above.
+    fn backoff(&mut self, now: Instant, round: &Round, counted: bool) -> Duration {
+        let b = self.settings.restart_backoff;
+        if !counted {
+            return Duration::ZERO;
+        }
+        if now.saturating_duration_since(round.started) >= b.window {
+            self.crashes = 0;
+        }
+        self.crashes = self.crashes.saturating_add(1);
+        b.wait(self.crashes)
+    }
+
     /// The rendezvous was lost with no workers running: rejoin.
     fn reconnect(&mut self, deadline: Instant, why: String, waiting: String) -> Vec<Action> {
         warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; reconnecting");
@@ -631,7 +708,8 @@ impl NodeMachine {
         match event {
             Event::Message(Kind::RestartRequested(r)) if r.round == this => {
                 info!(reason = %r.reason, counted = r.counted, "restart requested; stopping workers");
-                self.stop(Signal::SIGTERM, Then::Form(r.next_round), false)
+                let wait = self.backoff(now, &round, r.counted);
+                self.stop(Signal::SIGTERM, Then::Form(r.next_round, wait), false)
             }
             Event::Message(Kind::JobFailed(f)) => self.stop(
                 Signal::SIGTERM,
@@ -807,7 +885,7 @@ impl NodeMachine {
                     round = now_at,
                     "the job moved on without this node; stopping its workers"
                 );
-                self.stop(Signal::SIGTERM, Then::Form(now_at), false)
+                self.stop(Signal::SIGTERM, Then::Form(now_at, Duration::ZERO), false)
             }
             Event::Rejoined { resumed: true, .. } => {
                 info!(
@@ -883,7 +961,7 @@ impl NodeMachine {
     fn signal_stopping(&mut self, then: Then, note: bool, heard: bool, sig: Signal) -> Vec<Action> {
         let second = heard || matches!(then, Then::Finish(_, Outcome::Signaled(_)));
         let then = match then {
-            Then::Form(_) | Then::Run(_) | Then::Recover { .. } => {
+            Then::Form(..) | Then::Run(_) | Then::Recover { .. } => {
                 Then::Finish(Vec::new(), Outcome::Signaled(sig))
             }
             then => then,
@@ -905,7 +983,20 @@ impl NodeMachine {
 
     fn then(&mut self, now: Instant, then: Then) -> Vec<Action> {
         match then {
-            Then::Form(round) => self.form(now, round),
+            Then::Form(round, wait) if !wait.is_zero() => {
+                warn!(
+                    round,
+                    wait_s = wait.as_secs_f64(),
+                    crashes = self.crashes,
+                    "crash loop: the job failed again within --restart-backoff-window of its start; waiting before the restart"
+                );
+                self.phase = Phase::BackingOff {
+                    round,
+                    until: after_from(now, wait),
+                };
+                Vec::new()
+            }
+            Then::Form(round, _) => self.form(now, round),
             Then::Run(round) => self.go_on(now, round, Vec::new()),
             Then::Recover {
                 round,

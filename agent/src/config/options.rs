@@ -302,6 +302,8 @@ pub struct LaunchOptions {
     pub fork_server_fd: Option<i32>,
     /// `--preload`: modules the zygote imports.
     pub preload: Vec<String>,
+    /// `--restart-backoff`, `--restart-backoff-window`.
+    pub restart_backoff: crate::config::RestartBackoff,
 }
 
 impl LaunchOptions {
@@ -343,6 +345,7 @@ impl LaunchOptions {
             metrics_bind: accel_telemetry::Bind::Off,
             fork_server_fd: None,
             preload: Vec::new(),
+            restart_backoff: crate::config::RestartBackoff::default(),
         }
     }
 
@@ -454,6 +457,7 @@ impl LaunchOptions {
             metrics_bind: self.metrics_bind,
             fork_server_fd: self.fork_server_fd,
             preload,
+            restart_backoff: self.restart_backoff,
         })
     }
 

@@ -513,3 +513,42 @@ fn preload_takes_module_names_for_a_python_entrypoint() {
     let e = parse(&["--preload", &many, "t.py"]).expect_err("too many");
     assert!(e.to_string().contains("at most"), "{e}");
 }
+
+#[test]
+fn restart_backoff_reads_base_and_max() {
+    let c = parse(&["t.py"]).expect("valid");
+    assert_eq!(c.restart_backoff, RestartBackoff::default());
+    let c = parse(&[
+        "--restart-backoff",
+        "500ms:4",
+        "--restart-backoff-window",
+        "2m",
+        "t.py",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.restart_backoff,
+        RestartBackoff {
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(4),
+            window: Duration::from_secs(120)
+        }
+    );
+    assert!(parse(&["--restart-backoff", "0", "t.py"])
+        .expect("valid")
+        .restart_backoff
+        .base
+        .is_zero());
+    let e = parse(&["--restart-backoff", "10:2", "t.py"]).expect_err("max < base");
+    assert!(e.to_string().contains("shorter than BASE"), "{e}");
+    let e = parse(&["--restart-backoff", "soon", "t.py"]).expect_err("junk");
+    assert!(e.to_string().contains("--restart-backoff"), "{e}");
+    let b = RestartBackoff::default();
+    assert_eq!(b.wait(1), Duration::ZERO);
+    assert_eq!(
+        b.wait(40),
+        Duration::from_secs(30),
+        "at most MAX, no overflow"
+    );
+    assert_eq!(b.wait(u32::MAX), Duration::from_secs(30));
+}

@@ -15,6 +15,7 @@ fn settings() -> Settings {
         shutdown_timeout: Duration::from_secs(30),
         reconnect_grace: Duration::from_secs(60),
         fence_after: Duration::from_secs(15),
+        restart_backoff: crate::config::RestartBackoff::default(),
     }
 }
 
@@ -924,4 +925,145 @@ fn readiness_says_what_the_node_waits_for() {
         why.contains("a worker of this node failed") || why.contains("stopping the workers"),
         "{why}"
     );
+}
+
+/// Ends running `round` (started at `started`) with a restart requested
+/// `after` its start (`counted`: for a failure); returns the actions once
+/// the stop completed and the time.
+fn restarted_after(
+    m: &mut NodeMachine,
+    round: u64,
+    started: Instant,
+    after: Duration,
+    counted: bool,
+) -> (Vec<Action>, Instant) {
+    let t = started + after;
+    let event = Event::Message(Kind::RestartRequested(pb::RestartRequested {
+        round,
+        next_round: round + 1,
+        reason: "a worker failed".into(),
+        counted,
+    }));
+    let actions = m.step(t, event);
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    (m.step(t, Event::Stopped(Vec::new())), t)
+}
+
+/// Runs `round` from `t`: it formed and its workers started.
+fn start_round(m: &mut NodeMachine, t: Instant, round: u64) {
+    let actions = m.step(t, complete(round, round as u32));
+    assert!(
+        matches!(&actions[..], [Action::Start { .. }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_crash_loop_backs_off_exponentially_after_the_first_quick_failure() {
+    let (mut m, t0) = running();
+    let mut started = t0 + SECOND;
+    let mut waits = Vec::new();
+    for round in 0..5 {
+        let (actions, t) = restarted_after(&mut m, round, started, SECOND, true);
+        let next = round + 1;
+        if let [Action::Offer { round: r }] = actions[..] {
+            assert_eq!(r, next);
+            waits.push(Duration::ZERO);
+            started = t;
+        } else {
+            assert!(actions.is_empty(), "{actions:?}");
+            let until = m.deadline().expect("a wait");
+            assert!(m.readiness().expect_err("waiting").contains("crash loop"));
+            assert!(m.sources().stream && !m.sources().workers);
+            // Nothing before the wait ends; the round's progress is not ours.
+            assert!(m
+                .step(until - Duration::from_millis(1), Event::Timer)
+                .is_empty());
+            let actions = m.step(until, Event::Timer);
+            assert!(
+                matches!(actions[..], [Action::Offer { round: r }] if r == next),
+                "{actions:?}"
+            );
+            assert_eq!(m.deadline(), Some(until + Duration::from_secs(600)));
+            waits.push(until - t);
+            started = until;
+        }
+        start_round(&mut m, started, next);
+    }
+    assert_eq!(
+        waits,
+        [0, 1, 2, 4, 8].map(|s| Duration::from_secs(s)),
+        "none for the first quick failure, then base doubling"
+    );
+}
+
+#[test]
+fn a_round_that_outlived_the_window_ends_the_loop_and_membership_is_no_crash() {
+    let (mut m, t0) = running();
+    let started = t0 + SECOND;
+    let (a, _) = restarted_after(&mut m, 0, started, SECOND, true);
+    assert!(matches!(a[..], [Action::Offer { round: 1 }]));
+    start_round(&mut m, started + SECOND, 1);
+    // A node left: not a failure, no wait, the streak is kept as it was.
+    let (a, t) = restarted_after(&mut m, 1, started + SECOND, SECOND, false);
+    assert!(matches!(a[..], [Action::Offer { round: 2 }]), "{a:?}");
+    start_round(&mut m, t, 2);
+    // Second quick failure: a wait.
+    let (a, t) = restarted_after(&mut m, 2, t, SECOND, true);
+    assert!(a.is_empty(), "{a:?}");
+    let until = m.deadline().expect("wait");
+    assert_eq!(until - t, SECOND);
+    m.step(until, Event::Timer);
+    start_round(&mut m, until, 3);
+    // This round trained for two minutes: its failure is not part of a loop.
+    let (a, _) = restarted_after(&mut m, 3, until, Duration::from_secs(120), true);
+    assert!(matches!(a[..], [Action::Offer { round: 4 }]), "{a:?}");
+}
+
+#[test]
+fn while_backing_off_a_signal_leaves_and_the_job_end_is_heard() {
+    let backing_off = || {
+        let (mut m, t0) = running();
+        let (a, t) = restarted_after(&mut m, 0, t0 + SECOND, SECOND, true);
+        assert!(matches!(a[..], [Action::Offer { .. }]));
+        start_round(&mut m, t, 1);
+        let (a, t) = restarted_after(&mut m, 1, t, SECOND, true);
+        assert!(a.is_empty(), "{a:?}");
+        (m, t)
+    };
+    let (mut m, t) = backing_off();
+    let actions = m.step(t, Event::Signal(Signal::SIGTERM));
+    assert!(matches!(actions[0], Action::Leave { .. }), "{actions:?}");
+    assert_eq!(outcome(&actions), &Outcome::Signaled(Signal::SIGTERM));
+    let (mut m, t) = backing_off();
+    let actions = m.step(t, job_failed());
+    assert!(
+        matches!(actions[0], Action::Summarize { .. }),
+        "{actions:?}"
+    );
+    assert!(matches!(outcome(&actions), Outcome::Failed(_)));
+    // A later restart while waiting moves the target round, not the wait.
+    let (mut m, t) = backing_off();
+    let until = m.deadline().expect("wait");
+    assert!(m.step(t, restart(2, 3)).is_empty());
+    assert_eq!(m.deadline(), Some(until));
+    assert!(matches!(
+        m.step(until, Event::Timer)[..],
+        [Action::Offer { round: 3 }]
+    ));
+}
+
+#[test]
+fn a_zero_base_never_waits() {
+    let t0 = Instant::now();
+    let mut s = settings();
+    s.restart_backoff.base = Duration::ZERO;
+    let (mut m, _) = NodeMachine::new(s, t0, 0);
+    let mut t = t0;
+    for round in 0..4 {
+        start_round(&mut m, t, round);
+        let (a, at) = restarted_after(&mut m, round, t, SECOND, true);
+        assert!(matches!(a[..], [Action::Offer { .. }]), "{a:?}");
+        t = at;
+    }
 }
