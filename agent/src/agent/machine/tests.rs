@@ -992,7 +992,7 @@ fn a_crash_loop_backs_off_exponentially_after_the_first_quick_failure() {
     }
     assert_eq!(
         waits,
-        [0, 1, 2, 4, 8].map(|s| Duration::from_secs(s)),
+        [0, 1, 2, 4, 8].map(Duration::from_secs),
         "none for the first quick failure, then base doubling"
     );
 }
