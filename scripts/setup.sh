@@ -65,8 +65,8 @@ if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
   touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
 fi
 # The Python wheel's build and its tests: maturin, pytest, and a real Jupyter
-# kernel (ipykernel) driven by nbclient.
-PY_TOOLS="maturin==1.16.0 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1"
+# kernel (ipykernel) driven by nbclient; py-spy, which the agent runs for a hung worker's stacks.
+PY_TOOLS="maturin==1.16.0 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
 tools_key="$(printf %s "$PY_TOOLS" | sha256sum | cut -c1-12)"
 if [ ! -f "$VENV/.tools-$tools_key" ]; then
   echo "setup: adding $PY_TOOLS to $VENV" >&2

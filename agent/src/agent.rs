@@ -94,6 +94,18 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         None => None,
         Some(fd) => Some(Arc::new(start_fork_server(fd)?)),
     };
+    let watched = crate::file_timer::Workers::default();
+    let _file_timer = match &cfg.file_timer {
+        None => None,
+        Some(path) => Some(
+            crate::file_timer::FileTimerServer::start(path, watched.clone()).map_err(|e| {
+                AgentError::io(
+                    "cannot start the FileTimer server (TORCHELASTIC_ENABLE_FILE_TIMER=1)",
+                    e,
+                )
+            })?,
+        ),
+    };
     // Preparing the zygote overlaps the rendezvous.
     let zygote = (!cfg.preload.is_empty()).then(|| crate::zygote::Zygote::start(zygote_spec(&cfg)));
     let located = locate_rendezvous(&cfg, &stop_server).await?;
@@ -167,6 +179,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             failed_at: None,
             forks,
             zygote,
+            watched,
         };
         let result = session.drive(first_actions).await;
         session.keep_alive.abort();
@@ -340,6 +353,8 @@ struct Session<'a> {
     forks: Option<Arc<crate::fork_server::ForkServer>>,
     /// Forks the workers when it is ready, with `--preload`.
     zygote: Option<crate::zygote::Zygote>,
+    /// The running round's workers, for the FileTimer server.
+    watched: crate::file_timer::Workers,
 }
 
 /// What woke the driver.

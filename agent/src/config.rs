@@ -141,6 +141,10 @@ pub struct Config {
     pub fork_server_fd: Option<i32>,
     /// Waits between restarts in a crash loop.
     pub restart_backoff: RestartBackoff,
+    /// The named pipe of torchrun's `FileTimer` protocol, when
+    /// `TORCHELASTIC_ENABLE_FILE_TIMER=1` (workers get it as
+    /// `TORCHELASTIC_TIMER_FILE`).
+    pub file_timer: Option<PathBuf>,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

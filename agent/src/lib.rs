@@ -46,6 +46,7 @@ pub mod config;
 mod deadline;
 pub mod error;
 pub mod failure;
+pub mod file_timer;
 pub mod files;
 pub mod fork_server;
 pub mod guard;

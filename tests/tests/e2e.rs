@@ -6,6 +6,7 @@ mod bad_input;
 mod elastic;
 mod errors;
 mod ha;
+mod hangs;
 mod hot_restart;
 mod install;
 mod launch;

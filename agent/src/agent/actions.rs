@@ -167,6 +167,20 @@ impl Session<'_> {
         .await
         {
             Ok(group) => {
+                *self
+                    .watched
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = group
+                    .pids()
+                    .into_iter()
+                    .zip(&self.error_files)
+                    .enumerate()
+                    .map(|(i, (pid, file))| crate::file_timer::Watched {
+                        pid,
+                        rank: info.base_rank + i as u32,
+                        error_file: file.clone(),
+                    })
+                    .collect();
                 self.group = Some(group);
                 let now = tokio::time::Instant::now();
                 self.metrics

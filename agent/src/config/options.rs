@@ -422,6 +422,26 @@ impl LaunchOptions {
             return Err(bad("--role must not be empty"));
         }
         warnings.extend(self.warnings.iter().cloned());
+        let mut base_env = self.base_env.clone();
+        // torchrun's switch and path for its FileTimer server.
+        let file_timer =
+            (env("TORCHELASTIC_ENABLE_FILE_TIMER").as_deref() == Some("1")).then(|| {
+                env("TORCHELASTIC_TIMER_FILE")
+                    .filter(|p| !p.is_empty())
+                    .map_or_else(
+                        || {
+                            std::env::temp_dir()
+                                .join(format!("watchdog_timer_{}", uuid::Uuid::new_v4()))
+                        },
+                        PathBuf::from,
+                    )
+            });
+        if let Some(path) = &file_timer {
+            base_env.push((
+                "TORCHELASTIC_TIMER_FILE".into(),
+                path.to_string_lossy().into_owned(),
+            ));
+        }
         Ok(Config {
             rendezvous,
             run_id,
@@ -452,12 +472,13 @@ impl LaunchOptions {
                 ranks: self.ranks_filter.clone(),
             },
             warnings,
-            base_env: self.base_env.clone(),
+            base_env,
             torchrun_env: self.torchrun_env,
             metrics_bind: self.metrics_bind,
             fork_server_fd: self.fork_server_fd,
             preload,
             restart_backoff: self.restart_backoff,
+            file_timer,
         })
     }
 

@@ -552,3 +552,34 @@ fn restart_backoff_reads_base_and_max() {
     );
     assert_eq!(b.wait(u32::MAX), Duration::from_secs(30));
 }
+
+#[test]
+fn the_file_timer_follows_torchruns_switch_and_path() {
+    let build = |env: &[(&str, &str)]| {
+        let a = AgentArgs::try_parse_from(["accel-agent", "t.py"]).expect("args");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        LaunchOptions::from(a)
+            .build(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+            .expect("valid")
+    };
+    assert_eq!(build(&[]).file_timer, None);
+    assert_eq!(
+        build(&[("TORCHELASTIC_ENABLE_FILE_TIMER", "0")]).file_timer,
+        None
+    );
+    let c = build(&[("TORCHELASTIC_ENABLE_FILE_TIMER", "1")]);
+    let path = c.file_timer.expect("on");
+    assert!(path.starts_with(std::env::temp_dir()));
+    assert!(c.base_env.contains(&(
+        "TORCHELASTIC_TIMER_FILE".into(),
+        path.to_string_lossy().into_owned()
+    )));
+    let c = build(&[
+        ("TORCHELASTIC_ENABLE_FILE_TIMER", "1"),
+        ("TORCHELASTIC_TIMER_FILE", "/run/job/timer"),
+    ]);
+    assert_eq!(c.file_timer, Some(PathBuf::from("/run/job/timer")));
+}

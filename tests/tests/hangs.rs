@@ -1,0 +1,67 @@
+//! Hang detection: torchrun's `FileTimer` protocol served by the agent. An
+//! unmodified script's expired `expires(after=...)` is a worker failure
+//! whose report carries the hung worker's Python stacks.
+
+use std::time::Duration;
+
+use accel_tests::{run_logged, scratch, venv, venv_path, worker, AgentCmd, Finished};
+
+use crate::heavy;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn run(tag: &str, max_restarts: u32, path: &str) -> Finished {
+    let dir = scratch(tag);
+    let python = venv().join("bin/python");
+    let job = AgentCmd::standalone()
+        .nproc(2)
+        .max_restarts(max_restarts)
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .env("PYTHON_EXEC", python.to_str().expect("path"))
+        .script(worker("hang_timer.py"));
+    let mut c = job.command();
+    c.env("PATH", path);
+    run_logged(c, &dir, tag, LIMIT)
+}
+
+#[test]
+fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
+    let _heavy = heavy();
+    // Restarted: the hung rank is stopped and the next attempt finishes.
+    let out = run("timer-restart", 1, &venv_path());
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("a FileTimer expired"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("rank 1 attempt 1 done"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains("rank 1 attempt 0 done"),
+        "{}",
+        out.stdout
+    );
+    // Budget spent: the root-cause summary names the timer and shows where
+    // the worker hung (py-spy's dump).
+    let out = run("timer-summary", 0, &venv_path());
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("FileTimer 'train_step' expired: rank 1"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("stuck_in_a_collective (hang_timer.py:"),
+        "the hung frame is in the summary:\n{}",
+        out.stderr
+    );
+    // Without py-spy the summary says how to get the stacks.
+    let out = run("timer-no-py-spy", 0, "/usr/bin:/bin");
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("py-spy is not installed"),
+        "{}",
+        out.stderr
+    );
+}
