@@ -52,9 +52,11 @@ pub mod error_file;
 mod ffi;
 pub mod group;
 pub mod launcher;
+pub mod timer;
 
 pub use env::{EnvError, WorkerEnv};
 pub use error::{FailureKind, GroupError};
 pub use error_file::record_error;
 pub use group::{GroupOptions, ProcessGroup, ReduceOp, DEFAULT_TIMEOUT};
 pub use launcher::{debug_launch, LaunchError, Launcher};
+pub use timer::{FileTimer, TimerError};
