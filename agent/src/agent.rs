@@ -58,11 +58,6 @@ const EMBEDDED_DRAIN: Duration = Duration::from_secs(5);
 pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, AgentError> {
     let mut signals = Signals::install(&cfg.signals)?;
     let hostname = hostname();
-    let node_id = format!(
-        "{hostname}-{}-{:04x}",
-        std::process::id(),
-        fastrand::u16(..)
-    );
     // The guard kills the workers if these beats stop (a frozen agent).
     let beating = guard.clone().map(|g| {
         tokio::spawn(async move {
@@ -107,91 +102,111 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         ),
     };
     // Preparing the zygote overlaps the rendezvous.
-    let zygote = (!cfg.preload.is_empty()).then(|| crate::zygote::Zygote::start(zygote_spec(&cfg)));
+    let zygote = (!cfg.preload.is_empty())
+        .then(|| Arc::new(crate::zygote::Zygote::start(zygote_spec(&cfg))));
     let located = locate_rendezvous(&cfg, &stop_server).await?;
     let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
-    let session = async {
-        let deadline = crate::deadline::after(cfg.join_timeout());
-        let join_req = pb::JoinRequest {
-            job_id: cfg.run_id.clone(),
-            node_id: node_id.clone(),
-            hostname: hostname.clone(),
-            min_nodes: cfg.min_nodes,
-            max_nodes: cfg.max_nodes,
-            last_call_ms: crate::deadline::millis(cfg.rdzv.last_call_timeout),
-            nproc_per_node: cfg.nproc_per_node,
-            max_restarts: cfg.max_restarts,
-            node_rank: match cfg.rendezvous {
-                Rendezvous::Static { node_rank, .. } => Some(node_rank),
-                _ => None,
-            },
-            dead_after_ms: crate::deadline::millis(cfg.rdzv.dead_after()),
-            resume: None,
-            session: Vec::new(),
-        };
-        let link_tls = cfg.link_tls();
-        let joined = tokio::select! {
-            r = RdzvClient::join(&endpoints, leaders, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
-            sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
-        };
-        let (client, events, first, serving) = joined;
-        let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
-        let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
-            true => None,
-            false => Some(
-                crate::logs::tee::Console::start()
-                    .map_err(|e| AgentError::io("cannot start the console writer", e))?
-                    .counting(metrics.tee_dropped()),
-            ),
-        };
-        let (machine, first_actions) =
-            NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
-        let mut monitor = tokio::time::interval(cfg.monitor_interval);
-        monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut session = Session {
-            cfg: &cfg,
-            machine,
-            endpoints: endpoints.clone(),
-            leaders,
-            serving,
-            join_req,
-            keep_alive,
-            silent,
-            client,
-            events,
-            signals: &mut signals,
-            guard,
-            hostname: hostname.clone(),
-            run_dir: None,
-            store_listener: None,
-            store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
-            store: None,
-            group: None,
-            monitor,
-            stopping: None,
-            kill: None,
-            rejoin: None,
-            console,
-            error_files: Vec::new(),
-            failures: Vec::new(),
-            metrics: metrics.clone(),
-            offered_at: None,
-            failed_at: None,
-            forks,
-            zygote,
-            watched,
-        };
-        let result = session.drive(first_actions).await;
-        session.keep_alive.abort();
-        if let Some(console) = &session.console {
-            console.drain(Duration::from_secs(2));
-            if console.dropped() > 0 {
-                warn!(lines = console.dropped(), "the console was slower than the workers: tee'd lines were dropped from it (the log files have every line)");
+    let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
+        true => None,
+        false => Some(
+            crate::logs::tee::Console::start()
+                .map_err(|e| AgentError::io("cannot start the console writer", e))?
+                .counting(metrics.tee_dropped()),
+        ),
+    };
+    // One session per membership: a node that fails its health check
+    // between rounds leaves the job and joins again once healthy.
+    let sessions = async {
+        loop {
+            if let Some(check) = &cfg.health_check {
+                if let Some(sig) = wait_healthy(check, &mut signals).await {
+                    return Ok(Outcome::Signaled(sig));
+                }
+            }
+            let node_id = format!(
+                "{hostname}-{}-{:04x}",
+                std::process::id(),
+                fastrand::u16(..)
+            );
+            let deadline = crate::deadline::after(cfg.join_timeout());
+            let join_req = pb::JoinRequest {
+                job_id: cfg.run_id.clone(),
+                node_id: node_id.clone(),
+                hostname: hostname.clone(),
+                min_nodes: cfg.min_nodes,
+                max_nodes: cfg.max_nodes,
+                last_call_ms: crate::deadline::millis(cfg.rdzv.last_call_timeout),
+                nproc_per_node: cfg.nproc_per_node,
+                max_restarts: cfg.max_restarts,
+                node_rank: match cfg.rendezvous {
+                    Rendezvous::Static { node_rank, .. } => Some(node_rank),
+                    _ => None,
+                },
+                dead_after_ms: crate::deadline::millis(cfg.rdzv.dead_after()),
+                resume: None,
+                session: Vec::new(),
+            };
+            let link_tls = cfg.link_tls();
+            let joined = tokio::select! {
+                r = RdzvClient::join(&endpoints, leaders, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
+                sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
+            };
+            let (client, events, first, serving) = joined;
+            let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
+            let (machine, first_actions) =
+                NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
+            let mut monitor = tokio::time::interval(cfg.monitor_interval);
+            monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut session = Session {
+                cfg: &cfg,
+                machine,
+                endpoints: endpoints.clone(),
+                leaders,
+                serving,
+                join_req,
+                keep_alive,
+                silent,
+                client,
+                events,
+                signals: &mut signals,
+                guard: guard.clone(),
+                hostname: hostname.clone(),
+                run_dir: None,
+                store_listener: None,
+                store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
+                store: None,
+                group: None,
+                monitor,
+                stopping: None,
+                kill: None,
+                rejoin: None,
+                console: console.clone(),
+                error_files: Vec::new(),
+                failures: Vec::new(),
+                metrics: metrics.clone(),
+                offered_at: None,
+                failed_at: None,
+                forks: forks.clone(),
+                zygote: zygote.clone(),
+                watched: watched.clone(),
+                health_checked: true,
+            };
+            let result = session.drive(first_actions).await;
+            session.keep_alive.abort();
+            match result {
+                Ok(SessionEnd::Unhealthy) => continue,
+                Ok(SessionEnd::Done(outcome)) => return Ok(outcome),
+                Err(e) => return Err(e),
             }
         }
-        result
     };
-    let result = session.await;
+    let result = sessions.await;
+    if let Some(console) = &console {
+        console.drain(Duration::from_secs(2));
+        if console.dropped() > 0 {
+            warn!(lines = console.dropped(), "the console was slower than the workers: tee'd lines were dropped from it (the log files have every line)");
+        }
+    }
     stop_server.cancel();
     if let Some(server) = server {
         if tokio::time::timeout(EMBEDDED_DRAIN, server).await.is_err() {
@@ -352,9 +367,58 @@ struct Session<'a> {
     /// Forks the workers, with `--fork-server-fd`.
     forks: Option<Arc<crate::fork_server::ForkServer>>,
     /// Forks the workers when it is ready, with `--preload`.
-    zygote: Option<crate::zygote::Zygote>,
+    zygote: Option<Arc<crate::zygote::Zygote>>,
     /// The running round's workers, for the FileTimer server.
     watched: crate::file_timer::Workers,
+    /// Whether `--health-check` passed since the last offer (it did just
+    /// before joining).
+    health_checked: bool,
+}
+
+/// How a session with the rendezvous ended.
+enum SessionEnd {
+    /// The node's part of the job is over.
+    Done(Outcome),
+    /// The node failed its health check between rounds and left the job.
+    Unhealthy,
+}
+
+/// Runs `check` until it passes, waiting longer after each failure; `Some`
+/// if a stop signal came first.
+async fn wait_healthy(
+    check: &crate::health::HealthCheck,
+    signals: &mut Signals,
+) -> Option<nix::sys::signal::Signal> {
+    let mut failed = 0u32;
+    let mut said = String::new();
+    loop {
+        let result = tokio::select! {
+            r = check.run() => r,
+            sig = signals.recv() => return Some(sig),
+        };
+        let why = match result {
+            Ok(()) => {
+                if failed > 0 {
+                    tracing::info!(
+                        checks = failed + 1,
+                        "the health check passes; this node joins the job"
+                    );
+                }
+                return None;
+            }
+            Err(why) => why,
+        };
+        failed += 1;
+        let wait = crate::health::recheck_after(failed);
+        if why != said {
+            warn!(reason = %why, next_check_s = wait.as_secs_f64(), "this node is unhealthy (--health-check): it stays out of the job and checks again");
+            said = why;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            sig = signals.recv() => return Some(sig),
+        }
+    }
 }
 
 /// What woke the driver.
@@ -367,13 +431,13 @@ enum Woke {
 
 impl Session<'_> {
     /// Does what the machine decides until it exits.
-    async fn drive(&mut self, first: Vec<Action>) -> Result<Outcome, AgentError> {
+    async fn drive(&mut self, first: Vec<Action>) -> Result<SessionEnd, AgentError> {
         let mut queue: VecDeque<Event> = VecDeque::new();
         let mut actions = first;
         loop {
             for action in std::mem::take(&mut actions) {
-                if let Some(outcome) = self.perform(action, &mut queue).await? {
-                    return Ok(outcome);
+                if let Some(end) = self.perform(action, &mut queue).await? {
+                    return Ok(end);
                 }
             }
             let event = match queue.pop_front() {

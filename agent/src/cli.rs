@@ -230,6 +230,15 @@ pub struct AgentArgs {
     /// argument then only names the job in reports.
     #[arg(long = "fork-server-fd", value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     pub fork_server_fd: Option<i32>,
+    /// Node health: a shell command run before this node offers itself for
+    /// each round; a non-zero exit or a timeout keeps the node out (it waits
+    /// as a spare, re-checking) so an elastic job forms without it.
+    #[arg(long = "health-check", env = "PET_HEALTH_CHECK", value_name = "CMD")]
+    pub health_check: Option<String>,
+    /// How long the health check may run.
+    #[arg(long = "health-check-timeout", env = "PET_HEALTH_CHECK_TIMEOUT",
+          default_value = "60", value_parser = DurationParser)]
+    pub health_check_timeout: Duration,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -325,6 +334,13 @@ impl From<AgentArgs> for LaunchOptions {
             metrics_bind: a.metrics_bind,
             fork_server_fd: a.fork_server_fd,
             preload: a.preload,
+            health_check: a
+                .health_check
+                .filter(|c| !c.trim().is_empty())
+                .map(|command| crate::health::HealthCheck {
+                    command,
+                    timeout: a.health_check_timeout,
+                }),
             restart_backoff: crate::config::RestartBackoff {
                 base: a.restart_backoff.0,
                 max: a.restart_backoff.1,

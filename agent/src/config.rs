@@ -145,6 +145,8 @@ pub struct Config {
     /// `TORCHELASTIC_ENABLE_FILE_TIMER=1` (workers get it as
     /// `TORCHELASTIC_TIMER_FILE`).
     pub file_timer: Option<PathBuf>,
+    /// `--health-check`: passed before each round this node offers itself for.
+    pub health_check: Option<crate::health::HealthCheck>,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

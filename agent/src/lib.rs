@@ -50,6 +50,7 @@ pub mod file_timer;
 pub mod files;
 pub mod fork_server;
 pub mod guard;
+pub mod health;
 pub mod logs;
 pub mod metrics;
 pub mod node;

@@ -313,3 +313,61 @@ fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
     }
     eprintln!("cut link: survivors running again after {reformed:?}; cut host's workers stopped after {stopped:?}");
 }
+
+#[test]
+fn a_node_failing_its_health_check_stays_out_and_the_job_runs_without_it() {
+    let server = Server::start();
+    let dir = scratch("health");
+    let sick = dir.join("sick");
+    let sick_s = sick.to_str().expect("path");
+    let job = |check: Option<String>| {
+        let c = AgentCmd::c10d(&server.addr, "health")
+            .nnodes("1:2")
+            .nproc(1)
+            .max_restarts(1)
+            .conf("last_call_timeout=1")
+            .env("SICK", sick_s);
+        let c = match check {
+            Some(cmd) => c.flag("--health-check", cmd),
+            None => c,
+        };
+        c.no_python(accel_tests::worker("sick_node.sh"), &[])
+    };
+    // A node that is unhealthy from the start never joins: it waits as a spare.
+    let never = job(Some("exit 3".into())).start(&dir, "never");
+    // This one is healthy until the first attempt's failure makes it sick;
+    // the other has no check.
+    let check = format!("if [ -e {sick_s} ]; then echo fan failure >&2; exit 1; fi");
+    let b = job(Some(check)).start(&dir, "b");
+    let a = job(None).start(&dir, "a");
+    let out = a.wait(LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let log = std::fs::read_to_string(dir.join("sick.log")).expect("the restarted round ran");
+    assert_eq!(
+        log.trim(),
+        "world 1 attempt 1",
+        "the restart ran without the sick node"
+    );
+    // The sick node left the job and checks again; it is stopped here.
+    b.signal("TERM");
+    let out = b.wait(LIMIT);
+    assert!(
+        out.stderr.contains("failed its health check") && out.stderr.contains("fan failure"),
+        "{}",
+        out.stderr
+    );
+    never.signal("TERM");
+    let out = never.wait(LIMIT);
+    assert!(
+        out.stderr.contains("this node is unhealthy") && out.stderr.contains("exited with code 3"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        out.stderr.matches("this node is unhealthy").count(),
+        1,
+        "an unchanged reason is said once:\n{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("round formed"), "{}", out.stderr);
+}

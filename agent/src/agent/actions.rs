@@ -14,8 +14,8 @@ use tokio::sync::Notify;
 
 use super::machine::{Action, Event};
 use super::store_bind::store_options;
-use super::{rejoin, Session};
-use crate::error::{AgentError, Outcome};
+use super::{rejoin, Session, SessionEnd};
+use crate::error::AgentError;
 use crate::store::WorkerStore;
 use crate::supervisor::{WorkerGroup, WorkerSpec};
 use crate::worker_env::{full_env, worker_argv, RoundInfo};
@@ -27,11 +27,14 @@ impl Session<'_> {
         &mut self,
         action: Action,
         queue: &mut VecDeque<Event>,
-    ) -> Result<Option<Outcome>, AgentError> {
+    ) -> Result<Option<SessionEnd>, AgentError> {
         match action {
             Action::Offer { round } => {
                 // The last round's store ends with the round.
                 self.store = None;
+                if !self.healthy(queue).await {
+                    return Ok(Some(SessionEnd::Unhealthy));
+                }
                 self.offered_at
                     .get_or_insert_with(tokio::time::Instant::now);
                 self.offer(round).await?;
@@ -100,10 +103,39 @@ impl Session<'_> {
                 // The round's store ends with the node's life, before the
                 // console drains.
                 self.store = None;
-                return result.map(Some);
+                return result.map(|o| Some(SessionEnd::Done(o)));
             }
         }
         Ok(None)
+    }
+
+    /// Runs `--health-check` before this node offers itself again. A node
+    /// that fails it leaves the job (an elastic job re-forms without it);
+    /// a stop signal meanwhile is queued and the check counts as passed.
+    async fn healthy(&mut self, queue: &mut VecDeque<Event>) -> bool {
+        let Some(check) = self.cfg.health_check.as_ref() else {
+            return true;
+        };
+        if std::mem::replace(&mut self.health_checked, false) {
+            return true;
+        }
+        let result = tokio::select! {
+            r = check.run() => r,
+            sig = self.signals.recv() => {
+                queue.push_back(Event::Signal(sig));
+                return true;
+            }
+        };
+        match result {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::warn!(reason = %why, "this node failed its health check (--health-check); leaving the job until it passes");
+                self.client
+                    .leave(&format!("the node failed its health check: {why}"))
+                    .await;
+                false
+            }
+        }
     }
 
     /// Ready for `round`, offering a freshly bound store listener: if this

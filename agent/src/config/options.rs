@@ -304,6 +304,8 @@ pub struct LaunchOptions {
     pub preload: Vec<String>,
     /// `--restart-backoff`, `--restart-backoff-window`.
     pub restart_backoff: crate::config::RestartBackoff,
+    /// `--health-check`, `--health-check-timeout`.
+    pub health_check: Option<crate::health::HealthCheck>,
 }
 
 impl LaunchOptions {
@@ -346,6 +348,7 @@ impl LaunchOptions {
             fork_server_fd: None,
             preload: Vec::new(),
             restart_backoff: crate::config::RestartBackoff::default(),
+            health_check: None,
         }
     }
 
@@ -479,6 +482,7 @@ impl LaunchOptions {
             preload,
             restart_backoff: self.restart_backoff,
             file_timer,
+            health_check: self.health_check.clone(),
         })
     }
 

@@ -1,0 +1,139 @@
+//! Node health (`--health-check CMD`): a command the agent runs before its
+//! node offers itself for a round, so a node with a broken GPU or NIC does
+//! not join every round only to fail it.
+//!
+//! The command runs with `sh -c`, the agent's environment and no stdin; it
+//! passes by exiting 0 within `--health-check-timeout`. A node that fails
+//! it before joining waits as a spare, re-checking with a doubling wait
+//! ([`RECHECK_FIRST`] to [`RECHECK_MAX`]); a node that fails it between
+//! rounds leaves the job first, so an elastic (`MIN:MAX`) job re-forms
+//! without it, and joins again once the check passes.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+/// The first wait before checking an unhealthy node again.
+pub const RECHECK_FIRST: Duration = Duration::from_secs(1);
+
+/// The longest wait between checks.
+pub const RECHECK_MAX: Duration = Duration::from_secs(30);
+
+/// How much of the command's output a failure quotes.
+const OUTPUT_TAIL: usize = 2000;
+
+/// The check a node passes before each round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// The shell command.
+    pub command: String,
+    /// How long it may run.
+    pub timeout: Duration,
+}
+
+impl HealthCheck {
+    /// Runs the check once: `Err` says why the node is unhealthy.
+    pub async fn run(&self) -> Result<(), String> {
+        let mut child = tokio::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&self.command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run the health check: {e}"))?;
+        let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+        let collect = async {
+            let mut text = Vec::new();
+            let mut buf = Vec::new();
+            if let Some(o) = out.as_mut() {
+                let _ = o.take(1 << 20).read_to_end(&mut buf).await;
+                text.extend_from_slice(&buf);
+            }
+            buf.clear();
+            if let Some(e) = err.as_mut() {
+                let _ = e.take(1 << 20).read_to_end(&mut buf).await;
+                text.extend_from_slice(&buf);
+            }
+            let status = child.wait().await;
+            (status, text)
+        };
+        match tokio::time::timeout(self.timeout, collect).await {
+            Ok((Ok(status), _)) if status.success() => Ok(()),
+            Ok((Ok(status), text)) => Err(format!(
+                "the health check {}{}",
+                crate::Ended::from(status),
+                tail(&text)
+            )),
+            Ok((Err(e), _)) => Err(format!("cannot wait for the health check: {e}")),
+            Err(_) => Err(format!(
+                "the health check did not finish within {:.0} s (--health-check-timeout)",
+                self.timeout.as_secs_f64()
+            )),
+        }
+    }
+}
+
+/// `: <last output>` of a failed check, if it printed anything.
+fn tail(text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    let text = text.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let start = text
+        .char_indices()
+        .rev()
+        .nth(OUTPUT_TAIL)
+        .map_or(0, |(i, _)| i);
+    format!(": {}", text[start..].replace('\n', " | "))
+}
+
+/// The wait before check number `failed + 1` after `failed` failures.
+pub fn recheck_after(failed: u32) -> Duration {
+    RECHECK_FIRST
+        .saturating_mul(1u32 << failed.saturating_sub(1).min(16))
+        .min(RECHECK_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(cmd: &str, timeout: Duration) -> HealthCheck {
+        HealthCheck {
+            command: cmd.into(),
+            timeout,
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_zero_passes_anything_else_says_why() {
+        let long = Duration::from_secs(10);
+        assert_eq!(check("true", long).run().await, Ok(()));
+        let e = check("echo GPU 3 has fallen off the bus >&2; exit 4", long)
+            .run()
+            .await
+            .expect_err("unhealthy");
+        assert!(
+            e.contains("exited with code 4") && e.contains("GPU 3 has fallen off the bus"),
+            "{e}"
+        );
+        let e = check("sleep 30", Duration::from_millis(200))
+            .run()
+            .await
+            .expect_err("too slow");
+        assert!(e.contains("did not finish within"), "{e}");
+    }
+
+    #[test]
+    fn rechecks_back_off_to_a_bound() {
+        assert_eq!(recheck_after(1), Duration::from_secs(1));
+        assert_eq!(recheck_after(2), Duration::from_secs(2));
+        assert_eq!(recheck_after(3), Duration::from_secs(4));
+        assert_eq!(recheck_after(100), RECHECK_MAX);
+    }
+}
