@@ -190,6 +190,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 zygote: zygote.clone(),
                 watched: watched.clone(),
                 health_checked: true,
+                last_pids: Vec::new(),
             };
             let result = session.drive(first_actions).await;
             session.keep_alive.abort();
@@ -373,6 +374,8 @@ struct Session<'a> {
     /// Whether `--health-check` passed since the last offer (it did just
     /// before joining).
     health_checked: bool,
+    /// The last round's workers, whose GPUs a new round waits for.
+    last_pids: Vec<i32>,
 }
 
 /// How a session with the rendezvous ended.

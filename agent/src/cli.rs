@@ -239,6 +239,11 @@ pub struct AgentArgs {
     #[arg(long = "health-check-timeout", env = "PET_HEALTH_CHECK_TIMEOUT",
           default_value = "60", value_parser = DurationParser)]
     pub health_check_timeout: Duration,
+    /// On a GPU node (`nvidia-smi` on PATH): how long a round's workers wait
+    /// for the previous round's processes to release the GPUs.
+    #[arg(long = "gpu-free-timeout", env = "PET_GPU_FREE_TIMEOUT",
+          default_value = "30", value_parser = DurationParser)]
+    pub gpu_free_timeout: Duration,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -334,6 +339,7 @@ impl From<AgentArgs> for LaunchOptions {
             metrics_bind: a.metrics_bind,
             fork_server_fd: a.fork_server_fd,
             preload: a.preload,
+            gpu_free_timeout: a.gpu_free_timeout,
             health_check: a
                 .health_check
                 .filter(|c| !c.trim().is_empty())

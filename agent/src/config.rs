@@ -147,6 +147,9 @@ pub struct Config {
     pub file_timer: Option<PathBuf>,
     /// `--health-check`: passed before each round this node offers itself for.
     pub health_check: Option<crate::health::HealthCheck>,
+    /// How long workers wait for the last round's processes to release the
+    /// GPUs (`--gpu-free-timeout`).
+    pub gpu_free_timeout: Duration,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

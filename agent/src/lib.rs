@@ -49,6 +49,7 @@ pub mod failure;
 pub mod file_timer;
 pub mod files;
 pub mod fork_server;
+pub mod gpu;
 pub mod guard;
 pub mod health;
 pub mod logs;

@@ -222,3 +222,46 @@ fn a_crash_loop_backs_off_and_a_zero_backoff_does_not() {
         assert!(d.stderr.contains("3 of --max-restarts 3"), "{}", d.stderr);
     }
 }
+
+#[test]
+fn a_restart_on_a_gpu_node_waits_for_the_last_round_to_release_the_gpus() {
+    let dir = scratch("gpu-free");
+    let fake = accel_tests::worker("fake-gpu");
+    let path = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |tag: &str, hold: &str, timeout: &str| {
+        let apps = dir.join(format!("{tag}.apps"));
+        let cmd = AgentCmd::standalone()
+            .nproc(2)
+            .max_restarts(1)
+            .flag("--gpu-free-timeout", timeout)
+            .env("PATH", &path)
+            .env("GPU_APPS", apps.display())
+            .env("GPU_HOLD", hold)
+            .no_python(accel_tests::worker("gpu_worker.sh"), &[]);
+        let out = cmd.start(&dir, tag).wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        out.stderr
+    };
+    // The failed workers "hold" the GPUs for 2 s after they exit: the
+    // restart waits, then starts.
+    let err = run("released", "2", "30");
+    assert!(
+        err.contains("waiting for the last round's processes to release the GPUs"),
+        "{err}"
+    );
+    let waited: f64 = err
+        .lines()
+        .find(|l| l.contains("the GPUs are free"))
+        .and_then(|l| l.split("waited_s=\"").nth(1))
+        .and_then(|w| w.split('"').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("a wait was logged: {err}"));
+    assert!(waited >= 0.5, "waited {waited} s: {err}");
+    // Held for good: after --gpu-free-timeout the workers start anyway.
+    let err = run("stuck", "1000", "1");
+    assert!(err.contains("after --gpu-free-timeout"), "{err}");
+}

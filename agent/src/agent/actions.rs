@@ -189,6 +189,13 @@ impl Session<'_> {
             },
             (None, None) => None,
         };
+        // The last round's processes first release the GPUs (a signal
+        // meanwhile starts nothing, as above).
+        let last = std::mem::take(&mut self.last_pids);
+        tokio::select! {
+            () = crate::gpu::wait_released(&last, self.cfg.gpu_free_timeout) => {}
+            sig = self.signals.recv() => return Ok(Some(Event::Signal(sig))),
+        }
         self.monitor.reset();
         match WorkerGroup::spawn(
             specs,
@@ -213,6 +220,7 @@ impl Session<'_> {
                         error_file: file.clone(),
                     })
                     .collect();
+                self.last_pids = group.pids();
                 self.group = Some(group);
                 let now = tokio::time::Instant::now();
                 self.metrics

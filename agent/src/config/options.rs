@@ -306,6 +306,8 @@ pub struct LaunchOptions {
     pub restart_backoff: crate::config::RestartBackoff,
     /// `--health-check`, `--health-check-timeout`.
     pub health_check: Option<crate::health::HealthCheck>,
+    /// `--gpu-free-timeout`.
+    pub gpu_free_timeout: Duration,
 }
 
 impl LaunchOptions {
@@ -349,6 +351,7 @@ impl LaunchOptions {
             preload: Vec::new(),
             restart_backoff: crate::config::RestartBackoff::default(),
             health_check: None,
+            gpu_free_timeout: Duration::from_secs(30),
         }
     }
 
@@ -483,6 +486,7 @@ impl LaunchOptions {
             restart_backoff: self.restart_backoff,
             file_timer,
             health_check: self.health_check.clone(),
+            gpu_free_timeout: self.gpu_free_timeout,
         })
     }
 
