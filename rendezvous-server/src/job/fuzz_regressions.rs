@@ -134,3 +134,42 @@ fn close_leaves_no_placeholder_count_behind() {
     let record = job.record(t);
     assert_eq!(Job::restore(record.clone(), t).record(t), record);
 }
+
+/// A node resumed a relearned job at rank 18; the job was closed (its
+/// members, placeholders included, cleared, its participants kept); the
+/// same node then resumed at rank 0 and claimed that stale placeholder too,
+/// so it took part twice (found by the fuzzer's participant check).
+#[test]
+fn a_closed_relearned_job_hands_out_no_placeholder() {
+    let t = Instant::now();
+    let mut join = req(1, 236);
+    let resume = |node_rank| pb::Resume {
+        round: 5,
+        restart_count: 0,
+        node_rank,
+        nnodes: 32,
+    };
+    join.resume = Some(resume(18));
+    let mut job = Job::relearn(t, "job", &join, &resume(18));
+    job.join(t, "n0", &join, S).expect("claims rank 18");
+    job.close(t, "the server is shutting down", false);
+    join.resume = Some(resume(0));
+    let _ = job.join(t, "n0", &join, S);
+    let taking_part = fuzzing::internals(&job)
+        .participants
+        .iter()
+        .filter(|p| *p == "n0")
+        .count();
+    assert!(taking_part <= 1, "n0 takes part {taking_part} times");
+    // A node already in the round cannot claim a second placeholder either.
+    let mut job = Job::relearn(t, "job", &join, &resume(0));
+    join.resume = Some(resume(3));
+    job.join(t, "n0", &join, S).expect("claims rank 3");
+    join.resume = Some(resume(4));
+    let _ = job.join(t, "n0", &join, S);
+    let internals = fuzzing::internals(&job);
+    assert_eq!(
+        internals.participants.iter().filter(|p| *p == "n0").count(),
+        1
+    );
+}

@@ -126,11 +126,18 @@ impl Job {
                 && r.round == self.round
                 && req.node_rank.is_none_or(|n| n == r.node_rank)
         })?;
-        let slot = self.participants.get_mut(resume.node_rank as usize)?;
-        if !slot.starts_with(ABSENT) {
+        let at = resume.node_rank as usize;
+        let slot = self.participants.get(at)?;
+        // Only a placeholder that still waits (a closed job's are gone from
+        // the members), and only for a node that holds no other place in the
+        // round (it could otherwise take part twice: fuzz_regressions.rs).
+        if !slot.starts_with(ABSENT)
+            || !self.members.contains_key(slot)
+            || self.participants.iter().any(|p| p == node_id)
+        {
             return None;
         }
-        let placeholder = std::mem::replace(slot, node_id.to_owned());
+        let placeholder = std::mem::replace(&mut self.participants[at], node_id.to_owned());
         self.members.remove(&placeholder);
         self.absent = self.absent.saturating_sub(1);
         self.insert(
