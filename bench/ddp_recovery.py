@@ -61,15 +61,21 @@ def run(kind, paths):
             return None
         fail, loops = None, []
         with open(os.path.join(st, "stamps")) as f:
-            for line in f:
-                parts = line.split()
-                if parts[0] == "fail":
-                    fail = float(parts[1])
-                elif parts[0] == "loop" and parts[2] == "1":
-                    loops.append(float(parts[3]))
-        if fail is None or len(loops) != 4:
+            stamps = [line.split() for line in f]
+        for parts in stamps:
+            if parts[0] == "fail":
+                fail = float(parts[1])
+        if fail is None:
             return None
-        return max(loops) - fail, wall
+        # Each rank's first entry into the loop after the failure (torchrun
+        # counts restarts per agent, so RESTART_COUNT does not tell rounds apart).
+        back = {}
+        for parts in stamps:
+            if parts[0] == "loop" and float(parts[3]) > fail:
+                back.setdefault(parts[1], float(parts[3]))
+        if len(back) != 4:
+            return None
+        return max(back.values()) - fail, wall
 
 
 def main():
