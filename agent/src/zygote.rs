@@ -210,10 +210,15 @@ async fn prepare(
             Err(_) => return Err(format!("importing {} took over {} s", spec.modules.join(","), PREPARE_TIMEOUT.as_secs())),
         },
         status = child.wait() => {
-            return Err(format!("the zygote ended before it was ready ({})", match status {
-                Ok(s) => crate::Ended::from(s).to_string(),
-                Err(e) => e.to_string(),
-            }))
+            // A zygote that refuses says why and exits at once: its line
+            // may still be in the socket.
+            match tokio::time::timeout(Duration::from_secs(1), first_line(&mut sock)).await {
+                Ok(Ok(line)) => line,
+                _ => return Err(format!("the zygote ended before it was ready ({})", match status {
+                    Ok(s) => crate::Ended::from(s).to_string(),
+                    Err(e) => e.to_string(),
+                })),
+            }
         }
     };
     hello(&first)?;
