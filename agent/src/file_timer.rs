@@ -279,10 +279,11 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                 }
             }
             _ = tick.tick() => {
-                let expired = timers.expired(now_unix());
-                let watched = lock(&workers).clone();
-                for e in expired {
-                    act(&e, &watched).await;
+                // Each expiry on its own task: collecting one hung rank's
+                // stacks must not delay another's, nor reading the pipe.
+                for e in timers.expired(now_unix()) {
+                    let workers = workers.clone();
+                    tokio::spawn(async move { act(&e, &workers).await });
                 }
                 timers.forget(|pid| nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok());
             }
@@ -301,8 +302,9 @@ fn owner(pid: i32, watched: &[Watched]) -> Option<&Watched> {
 }
 
 /// An expired timer: the stacks into the worker's error file, then the signal.
-async fn act(e: &Expired, watched: &[Watched]) {
-    let Some(worker) = owner(e.pid, watched) else {
+async fn act(e: &Expired, workers: &Workers) {
+    let watched = lock(workers).clone();
+    let Some(worker) = owner(e.pid, &watched) else {
         debug!(
             pid = e.pid,
             "a FileTimer expired for a process that is not this round's worker; ignored"
@@ -322,6 +324,10 @@ async fn act(e: &Expired, watched: &[Watched]) {
     );
     if let Err(err) = write_error_file(&worker.error_file, &message, &stacks) {
         warn!(file = %worker.error_file.display(), error = %err, "cannot write the hung worker's error file");
+    }
+    // Still that worker's process after the dump (not a reused pid)?
+    if owner(e.pid, &lock(workers).clone()).is_none_or(|w| w.pid != worker.pid) {
+        return;
     }
     let sig = Signal::try_from(e.signal).unwrap_or_else(|_| {
         warn!(

@@ -6,10 +6,11 @@
 //!
 //! A node is a GPU node when `nvidia-smi` is on `PATH`. Its
 //! `--query-compute-apps=pid` list is polled; a listed process counts as
-//! the previous round's if it is one of its workers, in one of their
-//! process groups (a DataLoader worker), or already gone from `/proc` (an
-//! exited process whose memory the driver has not freed yet). Other
-//! processes on the GPUs are not the agent's business. After
+//! the previous round's if it is one of its workers (alive or already
+//! gone: an exited worker whose memory the driver has not freed yet) or in
+//! one of their process groups (a DataLoader worker). Other processes on
+//! the GPUs, and pids from another pid namespace, are not the agent's
+//! business. After
 //! `--gpu-free-timeout` the workers start anyway, with a warning.
 
 use std::path::PathBuf;
@@ -25,8 +26,8 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The processes in `listed` (`nvidia-smi`'s CSV of pids) that belong to
 /// the previous round: one of `prev` (its workers, which led their process
-/// groups), in one of their groups, or gone. `pgid_of` is `None` for a pid
-/// that no longer exists.
+/// groups) or in one of their groups. `pgid_of` is `None` for a pid that
+/// no longer exists.
 pub fn held_by_previous(
     listed: &str,
     prev: &[i32],
@@ -36,13 +37,7 @@ pub fn held_by_previous(
         .lines()
         .filter_map(|l| l.trim().parse::<i32>().ok())
         .filter(|pid| *pid > 0)
-        .filter(|pid| {
-            prev.contains(pid)
-                || match pgid_of(*pid) {
-                    Some(pgid) => prev.contains(&pgid),
-                    None => true,
-                }
-        })
+        .filter(|pid| prev.contains(pid) || pgid_of(*pid).is_some_and(|pgid| prev.contains(&pgid)))
         .collect()
 }
 
@@ -124,15 +119,20 @@ mod tests {
     #[test]
     fn only_the_previous_rounds_processes_count() {
         // 100 and 200 led the last round's groups; 101 is 100's DataLoader
-        // worker; 300 is somebody else's; 400 has exited.
+        // worker; 300 is somebody else's; 400 is gone (or another
+        // namespace's); 200 has exited but is still listed.
         let pgid = |pid: i32| match pid {
             100 | 101 => Some(100),
             200 => Some(200),
             300 => Some(300),
             _ => None,
         };
-        let listed = "100\n101\n300\n400\nnot a pid\n\n";
-        assert_eq!(held_by_previous(listed, &[100, 200], pgid), [100, 101, 400]);
+        let listed = "100\n101\n300\n400\n200\nnot a pid\n\n";
+        let gone_200 = |pid: i32| if pid == 200 { None } else { pgid(pid) };
+        assert_eq!(
+            held_by_previous(listed, &[100, 200], gone_200),
+            [100, 101, 200]
+        );
         assert!(held_by_previous("300\n", &[100, 200], pgid).is_empty());
         assert!(held_by_previous("", &[100], pgid).is_empty());
     }

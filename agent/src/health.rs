@@ -2,7 +2,8 @@
 //! node offers itself for a round, so a node with a broken GPU or NIC does
 //! not join every round only to fail it.
 //!
-//! The command runs with `sh -c`, the agent's environment and no stdin; it
+//! The command runs with `sh -c`, the agent's environment (without the
+//! rendezvous token) and no stdin; it
 //! passes by exiting 0 within `--health-check-timeout`. A node that fails
 //! it before joining waits as a spare, re-checking with a doubling wait
 //! ([`RECHECK_FIRST`] to [`RECHECK_MAX`]); a node that fails it between
@@ -35,7 +36,12 @@ pub struct HealthCheck {
 impl HealthCheck {
     /// Runs the check once: `Err` says why the node is unhealthy.
     pub async fn run(&self) -> Result<(), String> {
-        let mut child = tokio::process::Command::new("/bin/sh")
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        // The rendezvous token is the agent's, not the check's.
+        for secret in crate::supervisor::SECRET_VARIABLES {
+            cmd.env_remove(secret);
+        }
+        let mut child = cmd
             .arg("-c")
             .arg(&self.command)
             .stdin(Stdio::null())
@@ -45,20 +51,27 @@ impl HealthCheck {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot run the health check: {e}"))?;
-        let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+        let pgid = child.id().map(|p| p as i32);
+        let (out, err) = (child.stdout.take(), child.stderr.take());
+        // Both streams at once (a check that fills one pipe while the other
+        // is read would block); past the cap the output is read and dropped.
+        async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+            let mut kept = Vec::new();
+            let Some(mut pipe) = pipe else { return kept };
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                if kept.len() < 64 * 1024 {
+                    kept.extend_from_slice(&buf[..n]);
+                }
+            }
+            kept
+        }
         let collect = async {
-            let mut text = Vec::new();
-            let mut buf = Vec::new();
-            if let Some(o) = out.as_mut() {
-                let _ = o.take(1 << 20).read_to_end(&mut buf).await;
-                text.extend_from_slice(&buf);
-            }
-            buf.clear();
-            if let Some(e) = err.as_mut() {
-                let _ = e.take(1 << 20).read_to_end(&mut buf).await;
-                text.extend_from_slice(&buf);
-            }
-            let status = child.wait().await;
+            let (mut text, more, status) = tokio::join!(drain(out), drain(err), child.wait());
+            text.extend_from_slice(&more);
             (status, text)
         };
         match tokio::time::timeout(self.timeout, collect).await {
@@ -69,10 +82,16 @@ impl HealthCheck {
                 tail(&text)
             )),
             Ok((Err(e), _)) => Err(format!("cannot wait for the health check: {e}")),
-            Err(_) => Err(format!(
-                "the health check did not finish within {:.0} s (--health-check-timeout)",
-                self.timeout.as_secs_f64()
-            )),
+            Err(_) => {
+                // The check and whatever it started.
+                if let Some(pgid) = pgid {
+                    crate::sys::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                }
+                Err(format!(
+                    "the health check did not finish within {:.0} s (--health-check-timeout)",
+                    self.timeout.as_secs_f64()
+                ))
+            }
         }
     }
 }

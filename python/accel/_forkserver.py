@@ -322,6 +322,8 @@ def _run_script(argv: List[str]) -> NoReturn:
             module, rest = args[1], args[2:]
             sys.argv = ["-m", *rest]
             sys.path[0] = os.getcwd()
+            # It runs in `__main__`'s namespace: a fresh one, not this file's.
+            _fresh_main()
             runpy._run_module_as_main(module, alter_argv=True)  # what `python -m` calls
         else:
             script, rest = args[0], args[1:]
@@ -331,7 +333,8 @@ def _run_script(argv: List[str]) -> NoReturn:
                 # A directory or zip with __main__.py, or an unusual name.
                 runpy.run_path(script, run_name="__main__")
             else:
-                _exec_main(script)
+                # The interpreter makes `__file__` absolute (since 3.9).
+                _exec_main(os.path.abspath(script))
         code = 0
     except KeyboardInterrupt:
         _die_by_sigint(_at_exit)
@@ -354,20 +357,29 @@ def _run_script(argv: List[str]) -> NoReturn:
 def _exec_main(script: str) -> None:
     """Executes ``script`` as ``__main__``, the module the interpreter makes
     for ``python script.py``."""
-    import builtins
     import importlib.machinery
+
+    main = _fresh_main()
+    main.__file__ = script
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    with io.open_code(script) as f:
+        source = f.read()
+    # dont_inherit: this file's `from __future__ import annotations` is not
+    # the script's.
+    exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)
+
+
+def _fresh_main():
+    """An empty ``__main__`` module in ``sys.modules``, as a new interpreter has."""
+    import builtins
     import types
 
     main = types.ModuleType("__main__")
-    main.__file__ = script
-    main.__cached__ = None
     main.__builtins__ = builtins
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
     main.__spec__ = None
     sys.modules["__main__"] = main
-    with io.open_code(script) as f:
-        source = f.read()
-    exec(compile(source, script, "exec"), main.__dict__)
+    return main
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -401,6 +413,17 @@ def _at_exit() -> None:
                 step()
             except BaseException:  # noqa: BLE001
                 pass
+    # The interpreter's teardown clears `__main__`, which closes (flushes)
+    # the files the script kept in globals; os._exit would lose their buffers.
+    main = sys.modules.get("__main__")
+    if main is not None and main.__dict__ is not globals():
+        try:
+            main.__dict__.clear()
+            import gc
+
+            gc.collect()
+        except BaseException:  # noqa: BLE001
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -38,31 +38,55 @@ fn a_hot_started_script_sees_what_a_cold_one_sees() {
     let pkg = root.join("pkg");
     std::fs::create_dir_all(&pkg).expect("pkg");
     std::fs::copy(&script, pkg.join("intro_mod.py")).expect("copy");
-    let out = root.join("out");
-    std::fs::create_dir_all(&out).expect("out");
-    let o = out.to_str().expect("path");
     let hot: &[&str] = &["--preload", "torch"];
     for (form, nproc, dir) in [("script", 2, root.clone()), ("module", 1, pkg.clone())] {
-        let job = |flags: &[&str]| {
+        // Separate output directories: a hot run that never ran the script
+        // cannot pass on the cold run's files.
+        let run = |tag: &str, flags: &[&str]| {
+            let out = root.join(format!("{form}-{tag}"));
+            std::fs::create_dir_all(&out).expect("out");
+            let o = out.to_str().expect("path");
             let c = AgentCmd::standalone().nproc(nproc).flags(flags);
-            match form {
+            let job = match form {
                 "script" => c.program(&script, &[o, "x", "${local_rank}"]),
                 _ => c.flags(&["-m", "intro_mod", o, "y"]),
-            }
+            };
+            let stderr = run_ok(&job, &dir, &format!("{form}-{tag}")).stderr;
+            let facts: Vec<_> = (0..nproc)
+                .map(|r| {
+                    let mut f = facts(&out, r);
+                    let argv = f.remove("argv").expect("argv");
+                    assert_eq!(argv[0], o, "the script's own arguments");
+                    f.insert(
+                        "args".into(),
+                        Value::from(argv.as_array().expect("list")[1..].to_vec()),
+                    );
+                    let kept = std::fs::read_to_string(out.join(format!("kept_{r}.txt")));
+                    f.insert("kept".into(), Value::from(kept.unwrap_or_default()));
+                    f
+                })
+                .collect();
+            (stderr, facts)
         };
-        run_ok(&job(&[]), &dir, &format!("{form}-cold"));
-        let cold: Vec<_> = (0..nproc).map(|r| facts(&out, r)).collect();
-        let stderr = run_ok(&job(hot), &dir, &format!("{form}-hot")).stderr;
+        let (_, cold) = run("cold", &[]);
+        let (stderr, hot) = run("hot", hot);
         assert!(
             stderr.contains("zygote ready") && !stderr.contains("start cold"),
             "{stderr}"
         );
-        let hot: Vec<_> = (0..nproc).map(|r| facts(&out, r)).collect();
         assert_eq!(hot, cold, "{form}: what the script sees");
         assert_eq!(hot[0]["name"], "__main__");
         assert_eq!(hot[0]["main_is_this"], true);
         assert_eq!(hot[0]["atexit_ran"], true, "atexit handlers run");
         assert_eq!(hot[0]["pickles_main_class"], "Here");
+        assert_eq!(
+            hot[0]["annotation"], "<class 'int'>",
+            "the script's own future flags"
+        );
+        assert_eq!(
+            hot[0]["kept"], "flushed at exit",
+            "open files are flushed at exit"
+        );
     }
 }
 

@@ -3,8 +3,9 @@
 Writes OUT_DIR/intro_<rank>.json: sys.argv, sys.path[0], __name__, __file__,
 __spec__, __builtins__, whether stdout is unbuffered and line
 buffered, stdin, the signal dispositions, whether `pickle` finds a class
-defined here through __main__, and how an atexit handler runs (it appends
-to the file). The launcher-independent facts of a run, to compare a hot
+defined here through __main__, how an atexit handler runs (it appends
+to the file), and whether a file left open in a global is flushed at exit
+(OUT_DIR/kept_<rank>.txt). The launcher-independent facts of a run, to compare a hot
 (--preload) start with a cold one.
 """
 import atexit
@@ -19,6 +20,10 @@ class Here:
     pass
 
 
+class Annotated:
+    x: int
+
+
 out = sys.argv[1]
 rank = os.environ.get("RANK", "0")
 path = os.path.join(out, f"intro_{rank}.json")
@@ -28,7 +33,8 @@ facts = {
     "argv0_is_file": os.path.samefile(sys.argv[0], __file__) if os.path.exists(sys.argv[0]) else sys.argv[0],
     "path0": sys.path[0],
     "name": __name__,
-    "file": os.path.realpath(__file__),
+    "file": __file__,
+    "annotation": repr(Annotated.__annotations__["x"]),
     "spec": None if __spec__ is None else __spec__.name,
     "main_is_this": mod.__dict__ is globals(),
     "builtins": type(__builtins__).__name__,
@@ -58,3 +64,8 @@ def bye():
 
 
 atexit.register(bye)
+
+# A file kept open in a global and never closed: the interpreter's teardown
+# flushes it.
+kept = open(os.path.join(out, f"kept_{rank}.txt"), "w")
+kept.write("flushed at exit")
