@@ -17,6 +17,7 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -50,8 +51,11 @@ def run(kind, paths):
         ck, out, st = (os.path.join(d, x) for x in ("ck", "out", "st"))
         for x in (ck, out, st):
             os.makedirs(x)
+        # Workers run this interpreter (the venv's torch), whichever
+        # `python` is first on the caller's PATH: accel starts `python`.
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         env = dict(os.environ, ACCEL_LOG="error", LOGLEVEL="ERROR", OMP_NUM_THREADS="1",
-                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PATH=path)
         t0 = time.time()
         procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for c in commands(kind, paths, free_port(), ck, out, st)]

@@ -298,6 +298,43 @@ fn agent_options(
                 .map_err(|err| format!("--shutdown_timeout: {err}"))?,
         );
     }
+    // Hot restart, crash loops and node health: accel-agent's flags.
+    let duration = |dest: &str| -> Result<Option<std::time::Duration>, String> {
+        if ns.get(dest).is_null() {
+            return Ok(None);
+        }
+        parse_duration(&text(dest))
+            .map(Some)
+            .map_err(|err| format!("--{dest}: {err}"))
+    };
+    if !ns.get("preload").is_null() {
+        o.preload = text("preload")
+            .split(',')
+            .map(|m| m.trim().to_owned())
+            .collect();
+    }
+    if !ns.get("restart_backoff").is_null() {
+        let (base, max) = accel_agent::config::RestartBackoff::parse_wait(&text("restart_backoff"))
+            .map_err(|err| format!("--restart_backoff: {err}"))?;
+        (o.restart_backoff.base, o.restart_backoff.max) = (base, max);
+    }
+    if let Some(window) = duration("restart_backoff_window")? {
+        o.restart_backoff.window = window;
+    }
+    let check_timeout = duration("health_check_timeout")?;
+    if let Some(command) = ns
+        .get("health_check")
+        .as_str()
+        .filter(|c| !c.trim().is_empty())
+    {
+        o.health_check = Some(accel_agent::health::HealthCheck {
+            command: command.to_owned(),
+            timeout: check_timeout.unwrap_or(accel_agent::health::DEFAULT_TIMEOUT),
+        });
+    }
+    if let Some(t) = duration("gpu_free_timeout")? {
+        o.gpu_free_timeout = t;
+    }
     o.module = ns.truthy("module");
     o.no_python = ns.truthy("no_python");
     if let Some(addr) = env("PET_LOCAL_ADDR").filter(|a| !a.is_empty()) {

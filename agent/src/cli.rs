@@ -276,20 +276,7 @@ pub struct AgentArgs {
 
 /// `--restart-backoff BASE[:MAX]`.
 fn backoff(s: &str) -> Result<(Duration, Duration), String> {
-    let parse = |part: &str, what: &str| {
-        rendezvous_server::input::parse_duration(part.trim()).map_err(|e| format!("{what}: {e}"))
-    };
-    let (base, max) = match s.split_once(':') {
-        Some((b, m)) => (parse(b, "BASE")?, parse(m, "MAX")?),
-        None => (parse(s, "BASE")?, Duration::from_secs(30)),
-    };
-    if !base.is_zero() && max < base {
-        return Err(format!(
-            "MAX ({:?}) is shorter than BASE ({:?}); write BASE:MAX, e.g. 1:30",
-            max, base
-        ));
-    }
-    Ok((base, max))
+    crate::config::RestartBackoff::parse_wait(s)
 }
 
 /// A rank filter as clap holds it: clap reads a bare `Option` field as "the

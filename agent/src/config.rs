@@ -218,6 +218,27 @@ pub struct RestartBackoff {
     pub window: Duration,
 }
 
+impl RestartBackoff {
+    /// `--restart-backoff`'s `BASE[:MAX]` (durations; `MAX` defaults to
+    /// 30 s; a zero `BASE` turns waiting off).
+    pub fn parse_wait(s: &str) -> Result<(Duration, Duration), String> {
+        let parse = |part: &str, what: &str| {
+            rendezvous_server::input::parse_duration(part.trim())
+                .map_err(|e| format!("{what}: {e}"))
+        };
+        let (base, max) = match s.split_once(':') {
+            Some((b, m)) => (parse(b, "BASE")?, parse(m, "MAX")?),
+            None => (parse(s, "BASE")?, Duration::from_secs(30)),
+        };
+        if !base.is_zero() && max < base {
+            return Err(format!(
+                "MAX ({max:?}) is shorter than BASE ({base:?}); write BASE:MAX, e.g. 1:30"
+            ));
+        }
+        Ok((base, max))
+    }
+}
+
 impl Default for RestartBackoff {
     fn default() -> Self {
         Self {

@@ -121,13 +121,17 @@ impl Timers {
         true
     }
 
-    /// Takes the timers expired at `now` (seconds since the epoch), by process.
-    pub fn expired(&mut self, now: f64) -> Vec<Expired> {
+    /// Takes the timers expired at `now` (seconds since the epoch), by
+    /// process, of the processes `owned` accepts (this round's workers); a
+    /// process that is not one yet keeps its timers until it is, or is gone.
+    /// A process that will be signalled loses all its timers; one whose
+    /// expired timers ask for no signal loses only those.
+    pub fn expired(&mut self, now: f64, owned: impl Fn(i32) -> bool) -> Vec<Expired> {
         let mut by_pid: HashMap<i32, Vec<Request>> = HashMap::new();
         for r in self.armed.values().filter(|r| r.expires <= now) {
             by_pid.entry(r.pid).or_default().push(r.clone());
         }
-        self.armed.retain(|(pid, _), _| !by_pid.contains_key(pid));
+        by_pid.retain(|pid, _| owned(*pid));
         let mut out: Vec<Expired> = by_pid
             .into_iter()
             .map(|(pid, mut timers)| {
@@ -144,6 +148,15 @@ impl Timers {
             })
             .collect();
         out.sort_by_key(|e| e.pid);
+        for e in &out {
+            if e.signal > 0 {
+                self.armed.retain(|(pid, _), _| *pid != e.pid);
+            } else {
+                for scope in &e.scopes {
+                    self.armed.remove(&(e.pid, scope.clone()));
+                }
+            }
+        }
         out
     }
 
@@ -281,7 +294,9 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
             _ = tick.tick() => {
                 // Each expiry on its own task: collecting one hung rank's
                 // stacks must not delay another's, nor reading the pipe.
-                for e in timers.expired(now_unix()) {
+                let watched = lock(&workers).clone();
+                let owned = |pid| owner(pid, &watched).is_some();
+                for e in timers.expired(now_unix(), owned) {
                     let workers = workers.clone();
                     tokio::spawn(async move { act(&e, &workers).await });
                 }
@@ -432,8 +447,9 @@ mod tests {
         assert!(t.apply(req(11, "a", 200.0, 15)));
         assert!(t.apply(req(12, "a", 50.0, 9)));
         assert!(t.apply(req(12, "a", -1.0, 0)), "released");
-        assert!(t.expired(89.0).is_empty());
-        let e = t.expired(150.0);
+        let all = |_| true;
+        assert!(t.expired(89.0, all).is_empty());
+        let e = t.expired(150.0, all);
         assert_eq!(
             e,
             [Expired {
@@ -446,6 +462,40 @@ mod tests {
         assert_eq!(t.len(), 1, "pid 10's timers are gone once acted on");
         t.forget(|pid| pid != 11);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn an_unsignalled_expiry_keeps_the_other_timers_and_strangers_wait() {
+        let mut t = Timers::default();
+        assert!(t.apply(req(10, "watch", 50.0, 0)));
+        assert!(t.apply(req(10, "step", 100.0, 9)));
+        assert!(t.apply(req(20, "early", 10.0, 9)));
+        // 20 is not (yet) a worker of this round: its timer waits.
+        let e = t.expired(60.0, |pid| pid == 10);
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].pid, e[0].signal), (10, 0));
+        assert_eq!(t.len(), 2, "pid 10's armed SIGKILL timer survives");
+        let e = t.expired(120.0, |_| true);
+        let got: Vec<_> = e.iter().map(|e| (e.pid, e.signal)).collect();
+        assert_eq!(got, [(10, 9), (20, 9)]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn only_a_process_in_a_watched_workers_group_is_owned() {
+        // This test process leads no group of its own in the list: a worker
+        // whose pid is our group is the owner; anything else is nobody's.
+        let me = std::process::id() as i32;
+        let group = nix::unistd::getpgid(None).expect("pgid").as_raw();
+        let w = |pid| Watched {
+            pid,
+            rank: 3,
+            error_file: PathBuf::from("/dev/null"),
+        };
+        assert_eq!(owner(me, &[w(group)]).map(|w| w.rank), Some(3));
+        assert!(owner(me, &[w(group + 1)]).is_none(), "another group");
+        assert!(owner(me, &[]).is_none(), "no round running");
+        assert!(owner(i32::MAX, &[w(group)]).is_none(), "no such process");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! The command runs with `sh -c`, the agent's environment (without the
 //! rendezvous token) and no stdin; it
-//! passes by exiting 0 within `--health-check-timeout`. A node that fails
+//! passes by exiting 0 within `--health-check-timeout`. It runs in its own
+//! process group, which is killed when the check is over (or cancelled by
+//! a signal), so nothing it started outlives it. A node that fails
 //! it before joining waits as a spare, re-checking with a doubling wait
 //! ([`RECHECK_FIRST`] to [`RECHECK_MAX`]); a node that fails it between
 //! rounds leaves the job first, so an elastic (`MIN:MAX`) job re-forms
@@ -15,11 +17,17 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
+/// How long a check may run unless `--health-check-timeout` says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The first wait before checking an unhealthy node again.
 pub const RECHECK_FIRST: Duration = Duration::from_secs(1);
 
 /// The longest wait between checks.
 pub const RECHECK_MAX: Duration = Duration::from_secs(30);
+
+/// How long the output is still read after the check exited.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// How much of the command's output a failure quotes.
 const OUTPUT_TAIL: usize = 2000;
@@ -51,27 +59,34 @@ impl HealthCheck {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot run the health check: {e}"))?;
-        let pgid = child.id().map(|p| p as i32);
-        let (out, err) = (child.stdout.take(), child.stderr.take());
+        // The check and whatever it started go when the check is over, or
+        // when a signal drops it half-way.
+        let _group = child.id().map(|p| KillGroup(p as i32));
         // Both streams at once (a check that fills one pipe while the other
         // is read would block); past the cap the output is read and dropped.
-        async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
-            let mut kept = Vec::new();
-            let Some(mut pipe) = pipe else { return kept };
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = pipe.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                if kept.len() < 64 * 1024 {
-                    kept.extend_from_slice(&buf[..n]);
-                }
-            }
-            kept
-        }
+        let (out, err) = (child.stdout.take(), child.stderr.take());
         let collect = async {
-            let (mut text, more, status) = tokio::join!(drain(out), drain(err), child.wait());
-            text.extend_from_slice(&more);
+            let drains = async {
+                let (mut out, err) = tokio::join!(drain(out), drain(err));
+                out.extend(err);
+                out
+            };
+            tokio::pin!(drains);
+            let mut text = None;
+            let status = tokio::select! {
+                status = child.wait() => status,
+                t = &mut drains => {
+                    text = Some(t);
+                    child.wait().await
+                }
+            };
+            // A background process of a finished check may hold the pipes.
+            let text = match text {
+                Some(t) => t,
+                None => tokio::time::timeout(OUTPUT_AFTER_EXIT, drains)
+                    .await
+                    .unwrap_or_default(),
+            };
             (status, text)
         };
         match tokio::time::timeout(self.timeout, collect).await {
@@ -82,18 +97,37 @@ impl HealthCheck {
                 tail(&text)
             )),
             Ok((Err(e), _)) => Err(format!("cannot wait for the health check: {e}")),
-            Err(_) => {
-                // The check and whatever it started.
-                if let Some(pgid) = pgid {
-                    crate::sys::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-                }
-                Err(format!(
-                    "the health check did not finish within {:.0} s (--health-check-timeout)",
-                    self.timeout.as_secs_f64()
-                ))
-            }
+            Err(_) => Err(format!(
+                "the health check did not finish within {:.0} s (--health-check-timeout)",
+                self.timeout.as_secs_f64()
+            )),
         }
     }
+}
+
+/// Kills a process group when dropped.
+struct KillGroup(i32);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        crate::sys::killpg(self.0, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Reads a pipe to its end, keeping the first 64 KiB.
+async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let Some(mut pipe) = pipe else { return kept };
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        if kept.len() < 64 * 1024 {
+            kept.extend_from_slice(&buf[..n]);
+        }
+    }
+    kept
 }
 
 /// `: <last output>` of a failed check, if it printed anything.
@@ -146,6 +180,36 @@ mod tests {
             .await
             .expect_err("too slow");
         assert!(e.contains("did not finish within"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_passing_check_that_leaves_a_process_behind_passes_and_takes_it_along() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pid_file = dir.path().join("pid");
+        let cmd = format!("sleep 300 & echo $! > {}; echo started", pid_file.display());
+        let t = std::time::Instant::now();
+        assert_eq!(check(&cmd, Duration::from_secs(20)).run().await, Ok(()));
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        // Gone (or a zombie of this test process's reaper, never running).
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!alive(), "the check's background process was killed");
     }
 
     #[test]

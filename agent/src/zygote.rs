@@ -50,7 +50,8 @@ const ZYGOTE_FD: i32 = 3;
 /// How long importing the preloaded modules may take.
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// How many times a zygote that dies is replaced before rounds stay cold.
+/// How many zygote deaths turn rounds cold for good (the first deaths are
+/// replaced).
 const MAX_REPLACEMENTS: u32 = 5;
 
 /// What the zygote is started with.
@@ -139,7 +140,7 @@ impl Zygote {
 
 /// Keeps a zygote ready: prepares one, and replaces it when it dies.
 async fn keep(spec: ZygoteSpec, tx: watch::Sender<State>) {
-    let mut replaced = 0;
+    let mut deaths = 0;
     loop {
         let _ = tx.send(State::Preparing);
         let (server, mut child, closed) = match prepare(&spec).await {
@@ -151,10 +152,10 @@ async fn keep(spec: ZygoteSpec, tx: watch::Sender<State>) {
         };
         let _ = tx.send(State::Ready(server));
         let why = closed.await.unwrap_or_default();
-        replaced += 1;
-        if replaced > MAX_REPLACEMENTS {
+        deaths += 1;
+        if deaths >= MAX_REPLACEMENTS {
             let _ = tx.send(State::Cold(format!(
-                "the zygote died {replaced} times (last: {why})"
+                "the zygote died {deaths} times (last: {why})"
             )));
             return;
         }
@@ -204,21 +205,26 @@ async fn prepare(
         .map_err(|e| format!("the zygote's socket: {e}"))?;
     let mut sock =
         tokio::net::UnixStream::from_std(ours).map_err(|e| format!("the zygote's socket: {e}"))?;
-    let first = tokio::select! {
-        line = tokio::time::timeout(PREPARE_TIMEOUT, first_line(&mut sock)) => match line {
-            Ok(line) => line?,
-            Err(_) => return Err(format!("importing {} took over {} s", spec.modules.join(","), PREPARE_TIMEOUT.as_secs())),
-        },
-        status = child.wait() => {
-            // A zygote that refuses says why and exits at once: its line
-            // may still be in the socket.
-            match tokio::time::timeout(Duration::from_secs(1), first_line(&mut sock)).await {
-                Ok(Ok(line)) => line,
-                _ => return Err(format!("the zygote ended before it was ready ({})", match status {
-                    Ok(s) => crate::Ended::from(s).to_string(),
-                    Err(e) => e.to_string(),
-                })),
-            }
+    // Read to the end of the line or of the socket, never racing the
+    // zygote's exit: one that refuses writes why and exits at once, and a
+    // read dropped half-way would lose the reason. Only the zygote holds
+    // the other end, so its death ends the read.
+    let first = match tokio::time::timeout(PREPARE_TIMEOUT, first_line(&mut sock)).await {
+        Ok(Ok(line)) => line,
+        Ok(Err(why)) => {
+            let status = match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                Ok(Ok(s)) => crate::Ended::from(s).to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "still running".into(),
+            };
+            return Err(format!("{why} ({status})"));
+        }
+        Err(_) => {
+            return Err(format!(
+                "importing {} took over {} s",
+                spec.modules.join(","),
+                PREPARE_TIMEOUT.as_secs()
+            ))
         }
     };
     hello(&first)?;

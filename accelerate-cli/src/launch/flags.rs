@@ -390,6 +390,20 @@ fn describe(name: &str) -> Option<&'static str> {
         "local_ranks_filter" => "local ranks shown on the console",
         "ranks_filter" => "global ranks shown on the console",
         "shutdown_timeout" => "grace between SIGTERM and SIGKILL when stopping workers",
+        "preload" => {
+            "hot restart: fork workers from an interpreter that imported these modules, e.g. torch"
+        }
+        "restart_backoff" => {
+            "crash-loop wait BASE[:MAX] between quick failures (default 1:30; 0: none)"
+        }
+        "restart_backoff_window" => {
+            "a failure this soon after its round started is a quick one (default 60)"
+        }
+        "health_check" => "shell command this machine passes before each round, or sits out",
+        "health_check_timeout" => "how long the health check may run (default 60)",
+        "gpu_free_timeout" => {
+            "how long a restart waits for the last round's GPU processes (default 30)"
+        }
         _ => return None,
     })
 }

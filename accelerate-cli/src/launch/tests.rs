@@ -108,6 +108,48 @@ fn elastic_machines_and_accel_extras() {
 }
 
 #[test]
+fn hot_restart_crash_loops_and_health_reach_the_agent() {
+    use std::time::Duration;
+    let a = options(
+        "--multi_gpu --num_processes 2 --preload torch,transformers --restart_backoff 2:20 \
+         --restart_backoff_window 90 --health_check nvidia-smi --gpu_free_timeout 5 t.py",
+        None,
+        Launcher::MultiGpu,
+    );
+    assert_eq!(a.preload, ["torch", "transformers"]);
+    let b = a.restart_backoff;
+    assert_eq!(
+        (b.base, b.max, b.window),
+        (
+            Duration::from_secs(2),
+            Duration::from_secs(20),
+            Duration::from_secs(90)
+        )
+    );
+    let check = a.health_check.expect("a check");
+    assert_eq!(
+        (check.command.as_str(), check.timeout),
+        ("nvidia-smi", accel_agent::health::DEFAULT_TIMEOUT)
+    );
+    assert_eq!(a.gpu_free_timeout, Duration::from_secs(5));
+    // Not given: the agent's defaults.
+    let d = options("--cpu --num_processes 2 t.py", None, Launcher::MultiGpu);
+    let agent = LaunchOptions::new("t.py");
+    assert_eq!(d.preload, agent.preload);
+    assert_eq!(d.restart_backoff, agent.restart_backoff);
+    assert_eq!(d.health_check, None);
+    assert_eq!(d.gpu_free_timeout, agent.gpu_free_timeout);
+    // Bad values name the flag.
+    let m = merged("--cpu --num_processes 2 --restart_backoff 9:1 t.py", None);
+    let e =
+        agent_options(&m.ns, Launcher::MultiGpu, &mut Vec::new(), &no_env).expect_err("MAX < BASE");
+    assert!(
+        e.contains("--restart_backoff") && e.contains("BASE:MAX"),
+        "{e}"
+    );
+}
+
+#[test]
 fn one_machine_is_standalone_and_one_process_is_plain() {
     let m = merged("--cpu t.py", None);
     let (a, single) =

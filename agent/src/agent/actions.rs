@@ -44,21 +44,25 @@ impl Session<'_> {
                     queue.push_back(failed);
                 }
             }
-            Action::Stop { signal, grace } => match self.group.take() {
-                Some(mut group) => {
-                    let kill = Arc::new(Notify::new());
-                    self.kill = Some(kill.clone());
-                    self.stopping = Some(tokio::spawn(async move {
-                        let exits = tokio::select! {
-                            exits = group.stop(signal, grace) => exits,
-                            // Killing now also ends the wait for the grace.
-                            _ = kill.notified() => group.stop(Signal::SIGKILL, Duration::ZERO).await,
-                        };
-                        (group, exits)
-                    }));
+            Action::Stop { signal, grace } => {
+                // Stopping workers are no longer watched for hangs.
+                self.watch(Vec::new());
+                match self.group.take() {
+                    Some(mut group) => {
+                        let kill = Arc::new(Notify::new());
+                        self.kill = Some(kill.clone());
+                        self.stopping = Some(tokio::spawn(async move {
+                            let exits = tokio::select! {
+                                exits = group.stop(signal, grace) => exits,
+                                // Killing now also ends the wait for the grace.
+                                _ = kill.notified() => group.stop(Signal::SIGKILL, Duration::ZERO).await,
+                            };
+                            (group, exits)
+                        }));
+                    }
+                    None => queue.push_back(Event::Stopped(Vec::new())),
                 }
-                None => queue.push_back(Event::Stopped(Vec::new())),
-            },
+            }
             Action::Kill => {
                 if let Some(kill) = &self.kill {
                     kill.notify_one();
@@ -206,20 +210,19 @@ impl Session<'_> {
         .await
         {
             Ok(group) => {
-                *self
-                    .watched
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = group
-                    .pids()
-                    .into_iter()
-                    .zip(&self.error_files)
-                    .enumerate()
-                    .map(|(i, (pid, file))| crate::file_timer::Watched {
-                        pid,
-                        rank: info.base_rank + i as u32,
-                        error_file: file.clone(),
-                    })
-                    .collect();
+                self.watch(
+                    group
+                        .pids()
+                        .into_iter()
+                        .zip(&self.error_files)
+                        .enumerate()
+                        .map(|(i, (pid, file))| crate::file_timer::Watched {
+                            pid,
+                            rank: info.base_rank + i as u32,
+                            error_file: file.clone(),
+                        })
+                        .collect(),
+                );
                 self.last_pids = group.pids();
                 self.group = Some(group);
                 let now = tokio::time::Instant::now();
@@ -243,6 +246,14 @@ impl Session<'_> {
                 }))
             }
         }
+    }
+
+    /// The workers the FileTimer server may act on: the running round's.
+    fn watch(&self, workers: Vec<crate::file_timer::Watched>) {
+        *self
+            .watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = workers;
     }
 
     fn specs(&mut self, info: &RoundInfo) -> Result<Vec<WorkerSpec>, AgentError> {

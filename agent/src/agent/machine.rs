@@ -658,11 +658,12 @@ impl NodeMachine {
     /// restart (`counted`: caused by a failure): see *Backing off* above.
     fn backoff(&mut self, now: Instant, round: &Round, counted: bool) -> Duration {
         let b = self.settings.restart_backoff;
-        if !counted {
-            return Duration::ZERO;
-        }
+        // A round that ran past the window ends the loop, however it ended.
         if now.saturating_duration_since(round.started) >= b.window {
             self.crashes = 0;
+        }
+        if !counted {
+            return Duration::ZERO;
         }
         self.crashes = self.crashes.saturating_add(1);
         b.wait(self.crashes)

@@ -536,3 +536,43 @@ fn accel_launch_restarts_and_prefixes_what_accelerate_cannot() {
         );
     }
 }
+
+#[test]
+fn accel_launch_hot_restarts_with_preload() {
+    let _heavy = heavy();
+    let dir = scratch("accel-launch-preload");
+    let mut c = Command::new(bin("accel"));
+    c.args([
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--max_restarts",
+        "1",
+        "--tee",
+        "3",
+        "--preload",
+        "torch",
+        "--restart_backoff",
+        "0",
+    ])
+    .arg(worker("hot_once.py"))
+    .args(["0", "5"])
+    .env("PATH", venv_path())
+    .env("HF_HOME", dir.join("none"));
+    let done = run_logged(c, &dir, "preload", LIMIT);
+    assert_eq!(done.code(), 0, "{}", done.stderr);
+    assert!(done.stderr.contains("zygote ready"), "{}", done.stderr);
+    // Both attempts of both ranks are forks of the zygote: the failed
+    // first attempt's restart was hot.
+    for attempt in [0, 1] {
+        assert_eq!(
+            done.stdout
+                .matches(&format!("attempt {attempt} forked=True"))
+                .count(),
+            2,
+            "{}",
+            done.stdout
+        );
+    }
+}

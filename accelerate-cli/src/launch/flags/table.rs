@@ -261,4 +261,10 @@ pub const FLAGS: &[Flag] = &[
     f("local_ranks_filter", S, "\"\"", ACCEL),
     f("ranks_filter", S, "\"\"", ACCEL),
     f("shutdown_timeout", S, "null", ACCEL),
+    f("preload", S, "null", ACCEL),
+    f("restart_backoff", S, "null", ACCEL),
+    f("restart_backoff_window", S, "null", ACCEL),
+    f("health_check", S, "null", ACCEL),
+    f("health_check_timeout", S, "null", ACCEL),
+    f("gpu_free_timeout", S, "null", ACCEL),
 ];

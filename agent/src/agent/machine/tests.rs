@@ -1021,6 +1021,28 @@ fn a_round_that_outlived_the_window_ends_the_loop_and_membership_is_no_crash() {
 }
 
 #[test]
+fn a_long_round_ended_by_a_membership_change_also_ends_the_loop() {
+    let (mut m, t0) = running();
+    let (a, t) = restarted_after(&mut m, 0, t0 + SECOND, SECOND, true);
+    assert!(matches!(a[..], [Action::Offer { round: 1 }]));
+    start_round(&mut m, t, 1);
+    // Second quick failure: a wait, the streak is 2.
+    let (a, _) = restarted_after(&mut m, 1, t, SECOND, true);
+    assert!(a.is_empty(), "{a:?}");
+    let until = m.deadline().expect("wait");
+    m.step(until, Event::Timer);
+    start_round(&mut m, until, 2);
+    // Hours of training, then a node is preempted: not a failure, and the
+    // round outlived the window, so the loop is over.
+    let (a, t) = restarted_after(&mut m, 2, until, Duration::from_secs(3600), false);
+    assert!(matches!(a[..], [Action::Offer { round: 3 }]), "{a:?}");
+    start_round(&mut m, t, 3);
+    // A quick failure now is the first of a new streak: at once.
+    let (a, _) = restarted_after(&mut m, 3, t, SECOND, true);
+    assert!(matches!(a[..], [Action::Offer { round: 4 }]), "{a:?}");
+}
+
+#[test]
 fn while_backing_off_a_signal_leaves_and_the_job_end_is_heard() {
     let backing_off = || {
         let (mut m, t0) = running();
