@@ -17,7 +17,9 @@
 //!   `{"spawn": {"id": 7, "local_rank": 0, "global_rank": 0, "env": [["K", "V"], ...]}}`.
 //!   `env` is the worker's whole environment; `id` numbers the requests.
 //!   A zygote ([`crate::zygote`]) also gets `"argv": ["-u", "script.py", ...]`,
-//!   the interpreter's arguments an executed worker would have.
+//!   the interpreter's arguments an executed worker would have; with hang
+//!   detection on, `"tracer": PID`, the agent, which the worker lets trace
+//!   it (`PR_SET_PTRACER`, for `py-spy`).
 //! - Server to agent: `{"spawned": {"id": 7, "local_rank": 0, "pid": 4242}}`
 //!   or `{"refused": {"id": 7, "local_rank": 0, "error": "why"}}` for each
 //!   request; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
@@ -96,6 +98,9 @@ pub struct ForkRequest {
     /// The script to run, as the interpreter's arguments (a zygote's
     /// workers); `None`: the server's own target (a notebook's function).
     pub argv: Option<Vec<String>>,
+    /// A process the worker lets trace it (`PR_SET_PTRACER`): the agent,
+    /// whose `py-spy` reads a hung worker's stacks.
+    pub tracer: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -190,6 +195,9 @@ impl ForkServer {
         });
         if let Some(argv) = &req.argv {
             spawn["argv"] = json!(argv);
+        }
+        if let Some(tracer) = req.tracer {
+            spawn["tracer"] = json!(tracer);
         }
         let mut line = json!({ "spawn": spawn }).to_string();
         line.push('\n');
@@ -369,6 +377,7 @@ mod tests {
             stdout: out,
             stderr: err,
             argv: None,
+            tracer: Some(4242),
         }
     }
 
@@ -413,6 +422,7 @@ mod tests {
             assert_eq!(req["spawn"]["local_rank"], 1);
             assert_eq!(req["spawn"]["env"][0], json!(["A", "1"]));
             assert_eq!(req["spawn"]["id"], 1);
+            assert_eq!(req["spawn"]["tracer"], 4242);
             peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 1, \"pid\": 77}}\n{\"exited\": {\"pid\": 77, \"code\": 3}}\n")
                 .await
                 .expect("write");

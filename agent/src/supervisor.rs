@@ -58,6 +58,14 @@ pub struct WorkerSpec {
     pub error_file: PathBuf,
 }
 
+impl WorkerSpec {
+    /// Whether its hangs are watched (torchrun's `FileTimer` is on): then
+    /// the agent's `py-spy` must be able to read its stacks.
+    pub fn hang_detection(&self) -> bool {
+        self.env.iter().any(|(k, _)| k == "TORCHELASTIC_TIMER_FILE")
+    }
+}
+
 /// A worker's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exit {
@@ -313,6 +321,9 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
         cmd.env_remove(secret);
     }
     sys::kill_with_parent(&mut cmd);
+    if spec.hang_detection() {
+        sys::let_agent_trace(&mut cmd);
+    }
     cmd.stdout(stdio(&spec.stdout)?)
         .stderr(stdio(&spec.stderr)?);
     let mut child = cmd.spawn()?;
@@ -362,6 +373,7 @@ async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started
             argv: server
                 .runs_scripts()
                 .then(|| spec.argv.get(1..).unwrap_or_default().to_vec()),
+            tracer: spec.hang_detection().then(std::process::id),
         })
         .await
         .map_err(std::io::Error::other)?;

@@ -30,6 +30,22 @@ pub(crate) fn kill_with_parent(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// Lets the agent and its children (`py-spy`, for a hung worker's stacks)
+/// trace the spawned worker where Yama restricts `ptrace` to ancestors
+/// (`kernel.yama.ptrace_scope` 1, Ubuntu's default): `PR_SET_PTRACER`
+/// naming the agent. Without Yama the call fails and changes nothing.
+pub(crate) fn let_agent_trace(cmd: &mut tokio::process::Command) {
+    let agent = getpid().as_raw() as nix::libc::c_ulong;
+    // SAFETY: the closure runs in the forked child before exec and makes one
+    // async-signal-safe system call (prctl), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _ = nix::libc::prctl(nix::libc::PR_SET_PTRACER, agent, 0, 0, 0);
+            Ok(())
+        });
+    }
+}
+
 /// Makes `fd` the spawned program's descriptor `target`, open across the
 /// exec (the zygote's socket).
 pub(crate) fn pass_fd(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd, target: i32) {

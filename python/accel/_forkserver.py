@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, NoReturn, Optional
 _SELF = globals().get("__file__") or "<accel zygote>"
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61
 _MAX_LINE = 4 << 20
 _prctl = None
 
@@ -235,6 +236,11 @@ def _worker(
                 os.close(fd)
         os.environ.clear()
         os.environ.update(dict(req["env"]))
+        tracer = req.get("tracer")
+        if _prctl and isinstance(tracer, int) and tracer > 0:
+            # The agent's py-spy may read this worker's stacks where Yama
+            # allows ptrace only to ancestors (as for an executed worker).
+            _prctl(_PR_SET_PTRACER, tracer, 0, 0, 0)
         # The caller's streams (a kernel's, which forward to its cells) are
         # replaced by this process's own, unbuffered as under `python -u`.
         callers = (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__)

@@ -10,7 +10,7 @@ use crate::heavy;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-fn run(tag: &str, max_restarts: u32, path: &str) -> Finished {
+fn run(tag: &str, max_restarts: u32, path: &str, flags: &[&str]) -> Finished {
     let dir = scratch(tag);
     let python = venv().join("bin/python");
     let job = AgentCmd::standalone()
@@ -18,6 +18,7 @@ fn run(tag: &str, max_restarts: u32, path: &str) -> Finished {
         .max_restarts(max_restarts)
         .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
         .env("PYTHON_EXEC", python.to_str().expect("path"))
+        .flags(flags)
         .script(worker("hang_timer.py"));
     let mut c = job.command();
     c.env("PATH", path);
@@ -28,7 +29,7 @@ fn run(tag: &str, max_restarts: u32, path: &str) -> Finished {
 fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
     let _heavy = heavy();
     // Restarted: the hung rank is stopped and the next attempt finishes.
-    let out = run("timer-restart", 1, &venv_path());
+    let out = run("timer-restart", 1, &venv_path(), &[]);
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stderr.contains("a FileTimer expired"), "{}", out.stderr);
     assert!(
@@ -43,7 +44,7 @@ fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
     );
     // Budget spent: the root-cause summary names the timer and shows where
     // the worker hung (py-spy's dump).
-    let out = run("timer-summary", 0, &venv_path());
+    let out = run("timer-summary", 0, &venv_path(), &[]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(
         out.stderr
@@ -57,11 +58,21 @@ fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
         out.stderr
     );
     // Without py-spy the summary says how to get the stacks.
-    let out = run("timer-no-py-spy", 0, "/usr/bin:/bin");
+    let out = run("timer-no-py-spy", 0, "/usr/bin:/bin", &[]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(
         out.stderr.contains("py-spy is not installed"),
         "{}",
+        out.stderr
+    );
+    // A hot-started worker (a fork of the zygote) hangs the same way and
+    // its stacks are read the same way.
+    let out = run("timer-hot", 0, &venv_path(), &["--preload", "torch"]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("zygote ready"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("stuck_in_a_collective (hang_timer.py:"),
+        "the hung frame of a forked worker is in the summary:\n{}",
         out.stderr
     );
 }
