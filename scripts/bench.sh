@@ -64,6 +64,12 @@ out="$(mktemp)"
   echo
   $H "$PY" bench/ddp_recovery.py --accel "$R/accel-agent" --torchrun "$TR" "${ddp[@]}"
   echo
+  echo "## Node memory: cold, hot (--preload torch), torchrun"
+  echo "The whole launcher tree's PSS (shared pages divided among their processes) once 4 workers that import torch wait."
+  echo "Command: \`python bench/node_memory.py --accel accel-agent --torchrun torchrun --nproc 4\`"
+  echo
+  $H "$PY" bench/node_memory.py --accel "$R/accel-agent" --torchrun "$TR" --nproc 4
+  echo
   echo "## Rendezvous of N agents"
   echo "Target: 1,000 agents ≤ 0.3 s, 10,000 ≤ 3 s, cost per agent flat. accel: \`rdzv-load\` plays N agents against one"
   echo "\`rdzv-server\` (\`scripts/bench-rendezvous.sh $agents all\`); torchrun: N c10d rendezvous handlers (what each torchrun agent"
