@@ -63,12 +63,20 @@ def measure(cmd, nproc, ready_dir):
         procs = tree(p.pid)
         return sum(pss_kib(q) for q in procs) / 1024, len(procs)
     finally:
-        os.killpg(p.pid, signal.SIGTERM)
+        kill(p.pid, signal.SIGTERM)
         try:
             p.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def kill(pgid, sig):
+    """Signals the launcher's group, which may already be gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def main():

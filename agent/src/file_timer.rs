@@ -40,6 +40,11 @@ pub const MAX_TIMERS: usize = 4096;
 /// How often expiries are checked (torchrun: 0.1 s).
 const TICK: Duration = Duration::from_millis(100);
 
+/// How long an expired timer of a process that is no round's worker is
+/// kept (it may become one: a worker can arm a timer before the agent has
+/// recorded it) before it is dropped.
+pub const UNOWNED_GRACE: f64 = 60.0;
+
 /// How long collecting a hung worker's stacks may take.
 const STACKS_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -123,7 +128,8 @@ impl Timers {
 
     /// Takes the timers expired at `now` (seconds since the epoch), by
     /// process, of the processes `owned` accepts (this round's workers); a
-    /// process that is not one yet keeps its timers until it is, or is gone.
+    /// process that is not one yet keeps its expired timers until it is,
+    /// for [`UNOWNED_GRACE`].
     /// A process that will be signalled loses all its timers; one whose
     /// expired timers ask for no signal loses only those.
     pub fn expired(&mut self, now: f64, owned: impl Fn(i32) -> bool) -> Vec<Expired> {
@@ -132,6 +138,10 @@ impl Timers {
             by_pid.entry(r.pid).or_default().push(r.clone());
         }
         by_pid.retain(|pid, _| owned(*pid));
+        // Expired long ago and still nobody's: a stranger's, dropped.
+        let strangers =
+            |r: &Request| r.expires + UNOWNED_GRACE <= now && !by_pid.contains_key(&r.pid);
+        self.armed.retain(|_, r| !strangers(r));
         let mut out: Vec<Expired> = by_pid
             .into_iter()
             .map(|(pid, mut timers)| {
@@ -255,6 +265,8 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
     let mut buf = [0u8; 8192];
     let mut tick = tokio::time::interval(TICK);
     let mut said_full = false;
+    // The workers (by process group) whose hang is being handled.
+    let acting: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
     loop {
         tokio::select! {
             n = pipe.read(&mut buf) => {
@@ -297,8 +309,18 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                 let watched = lock(&workers).clone();
                 let owned = |pid| owner(pid, &watched).is_some();
                 for e in timers.expired(now_unix(), owned) {
-                    let workers = workers.clone();
-                    tokio::spawn(async move { act(&e, &workers).await });
+                    // One hang handled at a time per worker: a second
+                    // py-spy would find it paused by the first.
+                    let Some(group) = owner(e.pid, &watched).map(|w| w.pid) else { continue };
+                    if !lock(&acting).insert(group) {
+                        debug!(pid = e.pid, "a FileTimer expired for a worker already being stopped; ignored");
+                        continue;
+                    }
+                    let (workers, acting) = (workers.clone(), acting.clone());
+                    tokio::spawn(async move {
+                        act(&e, &workers).await;
+                        lock(&acting).remove(&group);
+                    });
                 }
                 timers.forget(|pid| nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok());
             }
@@ -306,8 +328,8 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
     }
 }
 
-fn lock(w: &Workers) -> std::sync::MutexGuard<'_, Vec<Watched>> {
-    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The worker `pid` belongs to: the one whose process group it is in.
@@ -405,7 +427,10 @@ fn write_error_file(path: &Path, message: &str, stacks: &str) -> io::Result<()> 
             "extraInfo": {"py_callstack": stacks, "timestamp": secs.to_string()},
         }
     });
-    std::fs::write(path, body.to_string())
+    // Whole or not at all: the report may be read while this is written.
+    let tmp = path.with_extension("accel-tmp");
+    std::fs::write(&tmp, body.to_string())?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -479,6 +504,12 @@ mod tests {
         let got: Vec<_> = e.iter().map(|e| (e.pid, e.signal)).collect();
         assert_eq!(got, [(10, 9), (20, 9)]);
         assert!(t.is_empty());
+        // A stranger's expired timer is kept for the grace, then dropped.
+        assert!(t.apply(req(30, "lost", 10.0, 9)));
+        assert!(t.expired(10.0 + UNOWNED_GRACE - 1.0, |_| false).is_empty());
+        assert_eq!(t.len(), 1);
+        assert!(t.expired(10.0 + UNOWNED_GRACE, |_| false).is_empty());
+        assert!(t.is_empty(), "dropped after the grace");
     }
 
     #[test]

@@ -65,38 +65,36 @@ impl HealthCheck {
         // Both streams at once (a check that fills one pipe while the other
         // is read would block); past the cap the output is read and dropped.
         let (out, err) = (child.stdout.take(), child.stderr.take());
+        // Read into buffers that outlive the reads: a read given up on
+        // keeps what it had.
+        let (mut text, mut more) = (Vec::new(), Vec::new());
         let collect = async {
-            let drains = async {
-                let (mut out, err) = tokio::join!(drain(out), drain(err));
-                out.extend(err);
-                out
-            };
+            let drains = async { tokio::join!(drain(out, &mut text), drain(err, &mut more)) };
             tokio::pin!(drains);
-            let mut text = None;
+            let mut drained = false;
             let status = tokio::select! {
                 status = child.wait() => status,
-                t = &mut drains => {
-                    text = Some(t);
+                _ = &mut drains => {
+                    drained = true;
                     child.wait().await
                 }
             };
             // A background process of a finished check may hold the pipes.
-            let text = match text {
-                Some(t) => t,
-                None => tokio::time::timeout(OUTPUT_AFTER_EXIT, drains)
-                    .await
-                    .unwrap_or_default(),
-            };
-            (status, text)
+            if !drained {
+                let _ = tokio::time::timeout(OUTPUT_AFTER_EXIT, drains).await;
+            }
+            status
         };
-        match tokio::time::timeout(self.timeout, collect).await {
-            Ok((Ok(status), _)) if status.success() => Ok(()),
-            Ok((Ok(status), text)) => Err(format!(
+        let status = tokio::time::timeout(self.timeout, collect).await;
+        text.extend_from_slice(&more);
+        match status {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(format!(
                 "the health check {}{}",
                 crate::Ended::from(status),
                 tail(&text)
             )),
-            Ok((Err(e), _)) => Err(format!("cannot wait for the health check: {e}")),
+            Ok(Err(e)) => Err(format!("cannot wait for the health check: {e}")),
             Err(_) => Err(format!(
                 "the health check did not finish within {:.0} s (--health-check-timeout)",
                 self.timeout.as_secs_f64()
@@ -114,20 +112,17 @@ impl Drop for KillGroup {
     }
 }
 
-/// Reads a pipe to its end, keeping the first 64 KiB.
-async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let Some(mut pipe) = pipe else { return kept };
+/// Reads a pipe to its end into `kept`, keeping the first 64 KiB.
+async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>, kept: &mut Vec<u8>) {
+    let Some(mut pipe) = pipe else { return };
     let mut buf = [0u8; 8192];
     while let Ok(n) = pipe.read(&mut buf).await {
         if n == 0 {
             break;
         }
-        if kept.len() < 64 * 1024 {
-            kept.extend_from_slice(&buf[..n]);
-        }
+        let room = (64 * 1024usize).saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
     }
-    kept
 }
 
 /// `: <last output>` of a failed check, if it printed anything.
@@ -210,6 +205,21 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(!alive(), "the check's background process was killed");
+    }
+
+    #[tokio::test]
+    async fn a_failing_check_that_leaves_a_process_behind_still_says_why() {
+        let e = check(
+            "sleep 300 & echo the NIC is down; exit 3",
+            Duration::from_secs(20),
+        )
+        .run()
+        .await
+        .expect_err("unhealthy");
+        assert!(
+            e.contains("exited with code 3") && e.contains("the NIC is down"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -205,28 +205,25 @@ async fn prepare(
         .map_err(|e| format!("the zygote's socket: {e}"))?;
     let mut sock =
         tokio::net::UnixStream::from_std(ours).map_err(|e| format!("the zygote's socket: {e}"))?;
-    // Read to the end of the line or of the socket, never racing the
-    // zygote's exit: one that refuses writes why and exits at once, and a
-    // read dropped half-way would lose the reason. Only the zygote holds
-    // the other end, so its death ends the read.
-    let first = match tokio::time::timeout(PREPARE_TIMEOUT, first_line(&mut sock)).await {
-        Ok(Ok(line)) => line,
-        Ok(Err(why)) => {
-            let status = match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                Ok(Ok(s)) => crate::Ended::from(s).to_string(),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "still running".into(),
-            };
-            return Err(format!("{why} ({status})"));
-        }
-        Err(_) => {
-            return Err(format!(
-                "importing {} took over {} s",
-                spec.modules.join(","),
-                PREPARE_TIMEOUT.as_secs()
-            ))
+    // The line is kept outside the read, so a read cut short by the
+    // zygote's exit loses nothing: one that refuses writes why and exits
+    // at once, and the rest of its line is still in the socket.
+    let mut first = Vec::new();
+    let read = tokio::select! {
+        r = tokio::time::timeout(PREPARE_TIMEOUT, first_line(&mut sock, &mut first)) => r.map_err(|_| {
+            format!("importing {} took over {} s", spec.modules.join(","), PREPARE_TIMEOUT.as_secs())
+        })?,
+        status = child.wait() => {
+            match tokio::time::timeout(Duration::from_secs(1), first_line(&mut sock, &mut first)).await {
+                Ok(Ok(())) => Ok(()),
+                _ => return Err(format!("the zygote ended before it was ready ({})", match status {
+                    Ok(s) => crate::Ended::from(s).to_string(),
+                    Err(e) => e.to_string(),
+                })),
+            }
         }
     };
+    read?;
     hello(&first)?;
     let fd = OwnedFd::from(
         sock.into_std()
@@ -246,15 +243,15 @@ async fn prepare(
     Ok((Arc::new(server), child, closed))
 }
 
-/// Reads one line (without buffering past it: the socket goes on to the
-/// fork server's reader).
-async fn first_line(sock: &mut tokio::net::UnixStream) -> Result<Vec<u8>, String> {
-    let mut line = Vec::new();
+/// Reads one line into `line` (without buffering past it: the socket goes
+/// on to the fork server's reader). What was read stays in `line` if the
+/// read is dropped half-way, so reading again continues the same line.
+async fn first_line(sock: &mut tokio::net::UnixStream, line: &mut Vec<u8>) -> Result<(), String> {
     let mut byte = [0u8; 1];
     loop {
         match sock.read(&mut byte).await {
             Ok(0) => return Err("the zygote closed its socket before it was ready".into()),
-            Ok(_) if byte[0] == b'\n' => return Ok(line),
+            Ok(_) if byte[0] == b'\n' => return Ok(()),
             Ok(_) if line.len() >= MAX_LINE => {
                 return Err(format!("the zygote sent a line over {MAX_LINE} bytes"))
             }

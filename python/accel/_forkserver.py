@@ -64,6 +64,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _allow_tracer(tracer: object) -> None:
+    """Lets ``tracer`` (the agent, whose py-spy reads a hung worker's
+    stacks) and its children trace this process where Yama allows ptrace
+    only to ancestors, as an executed worker does; nothing without one."""
+    if _prctl and isinstance(tracer, int) and not isinstance(tracer, bool) and tracer > 0:
+        _prctl(_PR_SET_PTRACER, tracer, 0, 0, 0)
+
+
 def _plain_signals() -> None:
     """Default dispositions: a kernel's handlers (or an ignored SIGCHLD,
     which would break waitpid) make no sense in these processes."""
@@ -236,11 +244,7 @@ def _worker(
                 os.close(fd)
         os.environ.clear()
         os.environ.update(dict(req["env"]))
-        tracer = req.get("tracer")
-        if _prctl and isinstance(tracer, int) and tracer > 0:
-            # The agent's py-spy may read this worker's stacks where Yama
-            # allows ptrace only to ancestors (as for an executed worker).
-            _prctl(_PR_SET_PTRACER, tracer, 0, 0, 0)
+        _allow_tracer(req.get("tracer"))
         # The caller's streams (a kernel's, which forward to its cells) are
         # replaced by this process's own, unbuffered as under `python -u`.
         callers = (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__)
@@ -552,7 +556,11 @@ def zygote(args: List[str]) -> NoReturn:
     import time
 
     opts = dict(zip(args[::2], args[1::2]))
-    sock = socket.socket(fileno=int(opts["--fd"]))
+    fd = int(opts["--fd"])
+    # Nothing the imports start may hold the agent's socket: its end is how
+    # the agent learns that this process is gone.
+    os.set_inheritable(fd, False)
+    sock = socket.socket(fileno=fd)
     sock.setblocking(True)
     # The agent wrote this file on stdin; workers get /dev/null.
     null = os.open(os.devnull, os.O_RDONLY)
