@@ -292,13 +292,7 @@ fn agent_options(
     if !ns.get("log_line_prefix_template").is_null() {
         o.log_line_prefix_template = Some(text("log_line_prefix_template"));
     }
-    if !ns.get("shutdown_timeout").is_null() {
-        o.shutdown_timeout = Some(
-            parse_duration(&text("shutdown_timeout"))
-                .map_err(|err| format!("--shutdown_timeout: {err}"))?,
-        );
-    }
-    // Hot restart, crash loops and node health: accel-agent's flags.
+    // A duration flag that may be absent, its errors naming it.
     let duration = |dest: &str| -> Result<Option<std::time::Duration>, String> {
         if ns.get(dest).is_null() {
             return Ok(None);
@@ -307,6 +301,8 @@ fn agent_options(
             .map(Some)
             .map_err(|err| format!("--{dest}: {err}"))
     };
+    o.shutdown_timeout = duration("shutdown_timeout")?;
+    // Hot restart, crash loops and node health: accel-agent's flags.
     if !ns.get("preload").is_null() {
         o.preload = text("preload")
             .split(',')

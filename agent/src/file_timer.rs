@@ -127,26 +127,29 @@ impl Timers {
     }
 
     /// Takes the timers expired at `now` (seconds since the epoch), by
-    /// process, of the processes `owned` accepts (this round's workers); a
-    /// process that is not one yet keeps its expired timers until it is,
-    /// for [`UNOWNED_GRACE`].
+    /// process, of the processes `owner` finds one for (this round's
+    /// workers), each with that owner; a process that is not one yet keeps
+    /// its expired timers until it is, for [`UNOWNED_GRACE`].
     /// A process that will be signalled loses all its timers; one whose
     /// expired timers ask for no signal loses only those.
-    pub fn expired(&mut self, now: f64, owned: impl Fn(i32) -> bool) -> Vec<Expired> {
+    pub fn expired<T>(&mut self, now: f64, owner: impl Fn(i32) -> Option<T>) -> Vec<(Expired, T)> {
         let mut by_pid: HashMap<i32, Vec<Request>> = HashMap::new();
         for r in self.armed.values().filter(|r| r.expires <= now) {
             by_pid.entry(r.pid).or_default().push(r.clone());
         }
-        by_pid.retain(|pid, _| owned(*pid));
+        let owned: HashMap<i32, (Vec<Request>, T)> = by_pid
+            .into_iter()
+            .filter_map(|(pid, timers)| Some((pid, (timers, owner(pid)?))))
+            .collect();
         // Expired long ago and still nobody's: a stranger's, dropped.
         let strangers =
-            |r: &Request| r.expires + UNOWNED_GRACE <= now && !by_pid.contains_key(&r.pid);
+            |r: &Request| r.expires + UNOWNED_GRACE <= now && !owned.contains_key(&r.pid);
         self.armed.retain(|_, r| !strangers(r));
-        let mut out: Vec<Expired> = by_pid
+        let mut out: Vec<(Expired, T)> = owned
             .into_iter()
-            .map(|(pid, mut timers)| {
+            .map(|(pid, (mut timers, owner))| {
                 timers.sort_by(|a, b| a.expires.total_cmp(&b.expires));
-                Expired {
+                let expired = Expired {
                     pid,
                     signal: timers
                         .iter()
@@ -154,11 +157,12 @@ impl Timers {
                         .find(|s| *s > 0)
                         .unwrap_or(0),
                     scopes: timers.into_iter().map(|t| t.scope).collect(),
-                }
+                };
+                (expired, owner)
             })
             .collect();
-        out.sort_by_key(|e| e.pid);
-        for e in &out {
+        out.sort_by_key(|(e, _)| e.pid);
+        for (e, _) in &out {
             if e.signal > 0 {
                 self.armed.retain(|(pid, _), _| *pid != e.pid);
             } else {
@@ -307,18 +311,17 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                 // Each expiry on its own task: collecting one hung rank's
                 // stacks must not delay another's, nor reading the pipe.
                 let watched = lock(&workers).clone();
-                let owned = |pid| owner(pid, &watched).is_some();
-                for e in timers.expired(now_unix(), owned) {
+                for (e, worker) in timers.expired(now_unix(), |pid| owner(pid, &watched).cloned()) {
                     // One hang handled at a time per worker: a second
                     // py-spy would find it paused by the first.
-                    let Some(group) = owner(e.pid, &watched).map(|w| w.pid) else { continue };
+                    let group = worker.pid;
                     if !lock(&acting).insert(group) {
                         debug!(pid = e.pid, "a FileTimer expired for a worker already being stopped; ignored");
                         continue;
                     }
                     let (workers, acting) = (workers.clone(), acting.clone());
                     tokio::spawn(async move {
-                        act(&e, &workers).await;
+                        act(&e, &worker, &workers).await;
                         lock(&acting).remove(&group);
                     });
                 }
@@ -338,16 +341,9 @@ fn owner(pid: i32, watched: &[Watched]) -> Option<&Watched> {
     watched.iter().find(|w| w.pid == pgid.as_raw())
 }
 
-/// An expired timer: the stacks into the worker's error file, then the signal.
-async fn act(e: &Expired, workers: &Workers) {
-    let watched = lock(workers).clone();
-    let Some(worker) = owner(e.pid, &watched) else {
-        debug!(
-            pid = e.pid,
-            "a FileTimer expired for a process that is not this round's worker; ignored"
-        );
-        return;
-    };
+/// An expired timer of `worker`'s process group: the stacks into the
+/// worker's error file, then the signal, if `workers` still lists it.
+async fn act(e: &Expired, worker: &Watched, workers: &Workers) {
     let scopes = e.scopes.join("', '");
     if e.signal <= 0 {
         warn!(pid = e.pid, rank = worker.rank, scopes = %scopes, "a FileTimer expired, but its client asked for no signal; the worker is left running");
@@ -472,9 +468,9 @@ mod tests {
         assert!(t.apply(req(11, "a", 200.0, 15)));
         assert!(t.apply(req(12, "a", 50.0, 9)));
         assert!(t.apply(req(12, "a", -1.0, 0)), "released");
-        let all = |_| true;
+        let all = |_| Some(());
         assert!(t.expired(89.0, all).is_empty());
-        let e = t.expired(150.0, all);
+        let e: Vec<Expired> = t.expired(150.0, all).into_iter().map(|(e, ())| e).collect();
         assert_eq!(
             e,
             [Expired {
@@ -496,19 +492,20 @@ mod tests {
         assert!(t.apply(req(10, "step", 100.0, 9)));
         assert!(t.apply(req(20, "early", 10.0, 9)));
         // 20 is not (yet) a worker of this round: its timer waits.
-        let e = t.expired(60.0, |pid| pid == 10);
+        let e = t.expired(60.0, |pid| (pid == 10).then_some("rank 0"));
         assert_eq!(e.len(), 1);
-        assert_eq!((e[0].pid, e[0].signal), (10, 0));
+        assert_eq!((e[0].0.pid, e[0].0.signal, e[0].1), (10, 0, "rank 0"));
         assert_eq!(t.len(), 2, "pid 10's armed SIGKILL timer survives");
-        let e = t.expired(120.0, |_| true);
-        let got: Vec<_> = e.iter().map(|e| (e.pid, e.signal)).collect();
+        let e = t.expired(120.0, |_| Some(()));
+        let got: Vec<_> = e.iter().map(|(e, _)| (e.pid, e.signal)).collect();
         assert_eq!(got, [(10, 9), (20, 9)]);
         assert!(t.is_empty());
         // A stranger's expired timer is kept for the grace, then dropped.
         assert!(t.apply(req(30, "lost", 10.0, 9)));
-        assert!(t.expired(10.0 + UNOWNED_GRACE - 1.0, |_| false).is_empty());
+        let nobody = |_| None::<()>;
+        assert!(t.expired(10.0 + UNOWNED_GRACE - 1.0, nobody).is_empty());
         assert_eq!(t.len(), 1);
-        assert!(t.expired(10.0 + UNOWNED_GRACE, |_| false).is_empty());
+        assert!(t.expired(10.0 + UNOWNED_GRACE, nobody).is_empty());
         assert!(t.is_empty(), "dropped after the grace");
     }
 

@@ -209,7 +209,7 @@ async fn prepare(
     // zygote's exit loses nothing: one that refuses writes why and exits
     // at once, and the rest of its line is still in the socket.
     let mut first = Vec::new();
-    let read = tokio::select! {
+    tokio::select! {
         r = tokio::time::timeout(PREPARE_TIMEOUT, first_line(&mut sock, &mut first)) => r.map_err(|_| {
             format!("importing {} took over {} s", spec.modules.join(","), PREPARE_TIMEOUT.as_secs())
         })?,
@@ -222,8 +222,7 @@ async fn prepare(
                 })),
             }
         }
-    };
-    read?;
+    }?;
     hello(&first)?;
     let fd = OwnedFd::from(
         sock.into_std()

@@ -174,6 +174,16 @@ fn fake_nvidia_smi(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
     Some(bin)
 }
 
+/// `accel launch` with the pinned venv's Python first on `PATH` and no
+/// Hugging Face cache (`HF_HOME` under `dir`, never created).
+fn accel_launch(dir: &Path) -> Command {
+    let mut c = Command::new(bin("accel"));
+    c.arg("launch")
+        .env("PATH", venv_path())
+        .env("HF_HOME", dir.join("none"));
+    c
+}
+
 #[test]
 fn launch_matches_accelerate_across_configs() {
     let _heavy = heavy();
@@ -406,17 +416,13 @@ fn launch_mistakes_are_clear_errors() {
     )
     .expect("script");
     let run = |name: &str, args: &[&str], config: Option<&str>| {
-        let mut c = Command::new(bin("accel"));
-        c.arg("launch");
+        let mut c = accel_launch(&dir);
         if let Some(text) = config {
             let path = dir.join(format!("{name}.yaml"));
             fs::write(&path, text).expect("config");
             c.arg("--config_file").arg(path);
         }
-        c.args(args)
-            .arg(&script)
-            .env("PATH", venv_path())
-            .env("HF_HOME", dir.join("none"));
+        c.args(args).arg(&script);
         let done = run_logged(c, &dir, name, Duration::from_secs(60));
         assert_ne!(done.code(), 0, "{name} should fail: {}", done.stderr);
         done.stderr
@@ -503,9 +509,8 @@ fn accel_launch_restarts_and_prefixes_what_accelerate_cannot() {
         "import os, sys\nr = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\nprint(f\"attempt {r} rank {os.environ['RANK']}\", flush=True)\nsys.exit(3 if r == 0 and os.environ['RANK'] == '1' else 0)\n",
     )
     .expect("script");
-    let mut c = Command::new(bin("accel"));
+    let mut c = accel_launch(&dir);
     c.args([
-        "launch",
         "--multi_gpu",
         "--num_processes",
         "2",
@@ -518,9 +523,7 @@ fn accel_launch_restarts_and_prefixes_what_accelerate_cannot() {
         "--log_line_prefix_template",
         "[${rank}/${role_name}]",
     ])
-    .arg(&script)
-    .env("PATH", venv_path())
-    .env("HF_HOME", dir.join("none"));
+    .arg(&script);
     let done = run_logged(c, &dir, "extras", LIMIT);
     assert_eq!(done.code(), 0, "{}", done.stderr);
     for line in [
@@ -541,9 +544,8 @@ fn accel_launch_restarts_and_prefixes_what_accelerate_cannot() {
 fn accel_launch_hot_restarts_with_preload() {
     let _heavy = heavy();
     let dir = scratch("accel-launch-preload");
-    let mut c = Command::new(bin("accel"));
+    let mut c = accel_launch(&dir);
     c.args([
-        "launch",
         "--multi_gpu",
         "--num_processes",
         "2",
@@ -557,9 +559,7 @@ fn accel_launch_hot_restarts_with_preload() {
         "0",
     ])
     .arg(worker("hot_once.py"))
-    .args(["0", "5"])
-    .env("PATH", venv_path())
-    .env("HF_HOME", dir.join("none"));
+    .args(["0", "5"]);
     let done = run_logged(c, &dir, "preload", LIMIT);
     assert_eq!(done.code(), 0, "{}", done.stderr);
     assert!(done.stderr.contains("zygote ready"), "{}", done.stderr);
