@@ -11,9 +11,13 @@
 //! while the workers stop.
 
 mod actions;
+mod link;
 pub mod machine;
 mod report;
 mod store_bind;
+#[cfg(test)]
+mod tests;
+mod workers;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,21 +28,20 @@ use std::time::Duration;
 
 use accel_proto::v1 as pb;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::Streaming;
 use tracing::warn;
 
-use crate::client::{Leaders, RdzvClient};
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
 use crate::guard::Guard;
 use crate::rendezvous::{hostname, locate_rendezvous};
 use crate::signal::Signals;
 use crate::store::WorkerStore;
-use crate::supervisor::{Exit, WorkerGroup};
+use crate::supervisor::Exit;
+use link::{Heard, Link};
 use machine::{Action, Event, NodeMachine, Settings};
+use workers::{Spawner, Workers};
 
 /// Aborts a background task when the agent's life ends, however it ends.
 struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
@@ -114,6 +117,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 .counting(metrics.tee_dropped()),
         ),
     };
+    let processes = workers::Processes {
+        guard: guard.clone(),
+        console: console.clone(),
+        forks,
+        zygote,
+        gpu_free_timeout: cfg.gpu_free_timeout,
+    };
     // One session per membership: a node that fails its health check
     // between rounds leaves the job and joins again once healthy.
     let sessions = async {
@@ -146,54 +156,25 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 resume: None,
                 session: Vec::new(),
             };
-            let link_tls = cfg.link_tls();
+            let reach = Arc::new(link::Reach::new(&cfg, endpoints.clone(), leaders, join_req));
             let joined = tokio::select! {
-                r = RdzvClient::join(&endpoints, leaders, join_req.clone(), cfg.token.as_ref(), &link_tls, cfg.rdzv.read_timeout, deadline) => r?,
+                r = reach.join(reach.join_req.clone(), 0, deadline) => r?,
                 sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
             };
-            let (client, events, first, serving) = joined;
-            let (keep_alive, silent) = spawn_keep_alive(client.clone(), &cfg);
+            let (link, first) = joined;
             let (machine, first_actions) =
                 NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
-            let mut monitor = tokio::time::interval(cfg.monitor_interval);
-            monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut session = Session {
-                cfg: &cfg,
+            let mut session = Session::new(
+                &cfg,
                 machine,
-                endpoints: endpoints.clone(),
-                leaders,
-                serving,
-                join_req,
-                keep_alive,
-                silent,
-                client,
-                events,
-                signals: &mut signals,
-                guard: guard.clone(),
-                hostname: hostname.clone(),
-                run_dir: None,
-                store_listener: None,
-                store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
-                store: None,
-                group: None,
-                monitor,
-                stopping: None,
-                kill: None,
-                rejoin: None,
-                console: console.clone(),
-                error_files: Vec::new(),
-                failures: Vec::new(),
-                metrics: metrics.clone(),
-                offered_at: None,
-                failed_at: None,
-                forks: forks.clone(),
-                zygote: zygote.clone(),
-                watched: watched.clone(),
-                health_checked: true,
-                last_pids: Vec::new(),
-            };
+                link,
+                processes.clone(),
+                &mut signals,
+                hostname.clone(),
+                metrics.clone(),
+                watched.clone(),
+            );
             let result = session.drive(first_actions).await;
-            session.keep_alive.abort();
             match result {
                 Ok(SessionEnd::Unhealthy) => continue,
                 Ok(SessionEnd::Done(outcome)) => return Ok(outcome),
@@ -262,79 +243,20 @@ fn metrics_endpoint(metrics: &crate::metrics::AgentMetrics) -> accel_telemetry::
     accel_telemetry::Endpoint::new(registry, Arc::new(move || m.ready()))
 }
 
-/// Sends keep-alives every `keep_alive_interval`. If none is answered for
-/// `keep_alive_interval × keep_alive_max_attempt` (a cut link stalls a
-/// stream without ending it), or the server no longer knows this node, the
-/// returned receiver says why (and, for silence, when one was last
-/// answered): the session treats that as a lost rendezvous.
-fn spawn_keep_alive(
-    mut client: RdzvClient,
-    cfg: &Config,
-) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Silence>) {
-    let (tx, rx) = mpsc::channel(1);
-    let every = cfg.rdzv.keep_alive_interval;
-    let limit = every.saturating_mul(cfg.rdzv.keep_alive_max_attempt);
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        let mut answered = Instant::now();
-        loop {
-            tick.tick().await;
-            match tokio::time::timeout(every, client.keep_alive()).await {
-                Ok(Ok(())) => answered = Instant::now(),
-                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
-                    // A restarted server relearns its nodes: not silence.
-                    let why = format!("the rendezvous no longer knows this node: {}", s.message());
-                    let _ = tx.send((why, None)).await;
-                    return;
-                }
-                Ok(Err(s)) => tracing::debug!(error = %s.message(), "keep-alive failed"),
-                Err(_) => tracing::debug!("keep-alive timed out"),
-            }
-            if answered.elapsed() > limit {
-                let why = format!(
-                    "no keep-alive answered for {:.1} s",
-                    answered.elapsed().as_secs_f64()
-                );
-                let _ = tx.send((why, Some(answered))).await;
-                return;
-            }
-        }
-    });
-    (task, rx)
-}
-
-/// Why the keep-alives gave up, and for silence the last answer.
-type Silence = (String, Option<Instant>);
-
-/// A new connection to the rendezvous: the client, its event stream, and
-/// what joining said.
-type Joining = Result<(RdzvClient, Streaming<pb::Event>, pb::Joined, usize), AgentError>;
-
-/// A rejoin attempt in flight.
-type Rejoining<'a> = Pin<Box<dyn Future<Output = Joining> + Send + 'a>>;
+/// A rejoin attempt in flight: the new link, and what joining said.
+type Rejoining<L> = Pin<Box<dyn Future<Output = Result<(L, pb::Joined), AgentError>> + Send>>;
 
 /// The driver of one node's [`NodeMachine`]: it owns the I/O (the rendezvous
 /// connection, the workers, the store, the files) and does what the machine
 /// decides.
-struct Session<'a> {
+struct Session<'a, L: Link, S: Spawner> {
     cfg: &'a Config,
     machine: NodeMachine,
-    /// Every replica of the rendezvous, `(host, port)`.
-    endpoints: Vec<(String, u16)>,
-    /// Which leaders a rejoin follows.
-    leaders: Leaders,
-    /// Which of them served last: a rejoin starts there.
-    serving: usize,
-    /// This node's join request, reused to rejoin.
-    join_req: pb::JoinRequest,
-    keep_alive: tokio::task::JoinHandle<()>,
-    /// Says why, when keep-alives go unanswered for too long.
-    silent: mpsc::Receiver<Silence>,
-    client: RdzvClient,
-    events: Streaming<pb::Event>,
+    /// The connection to the job.
+    link: L,
+    /// Starts the workers.
+    spawner: S,
     signals: &'a mut Signals,
-    guard: Option<Arc<Guard>>,
     hostname: String,
     run_dir: Option<PathBuf>,
     /// The listener offered for the forming round's worker store.
@@ -344,17 +266,15 @@ struct Session<'a> {
     /// The running round's store (node rank 0 only).
     store: Option<WorkerStore>,
     /// The running round's workers.
-    group: Option<WorkerGroup>,
-    /// Drives [`WorkerGroup::check`], the backstop for missed exits.
+    group: Option<S::Group>,
+    /// Drives [`Workers::check`], the backstop for missed exits.
     monitor: tokio::time::Interval,
     /// A stop in flight: the group comes back with the exits it saw.
-    stopping: Option<tokio::task::JoinHandle<(WorkerGroup, Vec<Exit>)>>,
+    stopping: Option<tokio::task::JoinHandle<(S::Group, Vec<Exit>)>>,
     /// Tells the stop in flight to SIGKILL now (a second signal).
     kill: Option<Arc<tokio::sync::Notify>>,
     /// A rejoin attempt in flight.
-    rejoin: Option<Rejoining<'a>>,
-    /// The console writer for tee'd worker output, if anything is tee'd.
-    console: Option<crate::logs::tee::Console>,
+    rejoin: Option<Rejoining<L>>,
     /// The running round's error files, by local rank.
     error_files: Vec<PathBuf>,
     /// This node's failures in the running round.
@@ -365,10 +285,6 @@ struct Session<'a> {
     offered_at: Option<Instant>,
     /// When a failure stopped the last round (this node's or another's).
     failed_at: Option<Instant>,
-    /// Forks the workers, with `--fork-server-fd`.
-    forks: Option<Arc<crate::fork_server::ForkServer>>,
-    /// Forks the workers when it is ready, with `--preload`.
-    zygote: Option<Arc<crate::zygote::Zygote>>,
     /// The running round's workers, for the FileTimer server.
     watched: crate::file_timer::Workers,
     /// Whether `--health-check` passed since the last offer (it did just
@@ -425,14 +341,55 @@ async fn wait_healthy(
 }
 
 /// What woke the driver.
-enum Woke {
+enum Woke<L> {
     Event(Event),
-    Rejoined(Box<Joining>),
+    Rejoined(Box<Result<(L, pb::Joined), AgentError>>),
     /// The monitor's backstop found these exits.
     Checked(Vec<Exit>),
 }
 
-impl Session<'_> {
+impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
+    /// A session of a node that has just joined.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        cfg: &'a Config,
+        machine: NodeMachine,
+        link: L,
+        spawner: S,
+        signals: &'a mut Signals,
+        hostname: String,
+        metrics: crate::metrics::AgentMetrics,
+        watched: crate::file_timer::Workers,
+    ) -> Self {
+        let mut monitor = tokio::time::interval(cfg.monitor_interval);
+        monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            cfg,
+            machine,
+            link,
+            spawner,
+            signals,
+            hostname,
+            run_dir: None,
+            store_listener: None,
+            store_binder: store_bind::StoreBinder::new(cfg.rdzv.store_ports),
+            store: None,
+            group: None,
+            monitor,
+            stopping: None,
+            kill: None,
+            rejoin: None,
+            error_files: Vec::new(),
+            failures: Vec::new(),
+            metrics,
+            offered_at: None,
+            failed_at: None,
+            watched,
+            health_checked: true,
+            last_pids: Vec::new(),
+        }
+    }
+
     /// Does what the machine decides until it exits.
     async fn drive(&mut self, first: Vec<Action>) -> Result<SessionEnd, AgentError> {
         let mut queue: VecDeque<Event> = VecDeque::new();
@@ -448,10 +405,9 @@ impl Session<'_> {
                 None => match self.wait().await {
                     Woke::Event(event) => event,
                     Woke::Rejoined(joined) => match *joined {
-                        Ok((client, events, joined, at)) => {
-                            // `at` counts from the endpoint tried first.
-                            self.serving = (self.serving + at) % self.endpoints.len().max(1);
-                            self.adopt(client, events);
+                        Ok((link, joined)) => {
+                            // The old link (and its keep-alives) ends here.
+                            self.link = link;
                             Event::Rejoined {
                                 round: joined.round,
                                 resumed: joined.resumed,
@@ -498,7 +454,7 @@ impl Session<'_> {
     }
 
     /// Waits for whatever the machine listens to now.
-    async fn wait(&mut self) -> Woke {
+    async fn wait(&mut self) -> Woke<L> {
         let src = self.machine.sources();
         let deadline = self.machine.deadline();
         let Session {
@@ -506,8 +462,7 @@ impl Session<'_> {
             stopping,
             kill,
             rejoin,
-            events,
-            silent,
+            link,
             signals,
             monitor,
             ..
@@ -529,55 +484,16 @@ impl Session<'_> {
                 Woke::Rejoined(Box::new(joined))
             }
             exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => Woke::Event(Event::Exited(exit)),
-            _ = monitor.tick(), if live => Woke::Checked(group.as_mut().map(WorkerGroup::check).unwrap_or_default()),
-            Some((why, since)) = silent.recv(), if src.stream => Woke::Event(match since {
-                Some(since) => Event::Silent { why, since },
-                None => Event::Lost(why),
-            }),
-            ev = events.message(), if src.stream => Woke::Event(match ev {
-                Ok(Some(pb::Event { kind: Some(kind) })) => Event::Message(kind),
+            _ = monitor.tick(), if live => Woke::Checked(group.as_mut().map(Workers::check).unwrap_or_default()),
+            heard = link.next(), if src.stream => match heard {
+                Heard::Message(kind) => Woke::Event(Event::Message(kind)),
                 // An empty event carries nothing to act on.
-                Ok(Some(_)) => return Woke::Checked(Vec::new()),
-                Ok(None) => Event::Lost("the rendezvous ended this node's session".into()),
-                Err(s) => Event::Lost(format!("lost the rendezvous: {}", s.message())),
-            }),
+                Heard::Nothing => Woke::Checked(Vec::new()),
+                Heard::Lost(why) => Woke::Event(Event::Lost(why)),
+                Heard::Silent { why, since } => Woke::Event(Event::Silent { why, since }),
+            },
             sig = signals.recv() => Woke::Event(Event::Signal(sig)),
             _ = async { sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Woke::Event(Event::Timer),
         }
     }
-
-    /// Takes over a new connection to the rendezvous.
-    fn adopt(&mut self, client: RdzvClient, events: Streaming<pb::Event>) {
-        self.keep_alive.abort();
-        (self.keep_alive, self.silent) = spawn_keep_alive(client.clone(), self.cfg);
-        self.client = client;
-        self.events = events;
-    }
-}
-
-/// Joins again with the same node id through `endpoints` (the last one that
-/// served first), retrying until `reconnect_grace` ends,
-/// presenting `session`, the node's secret (a server that still holds the
-/// node reattaches it only with it); `resume`: the round its workers run.
-async fn rejoin(
-    cfg: &Config,
-    endpoints: Vec<(String, u16)>,
-    leaders: Leaders,
-    mut req: pb::JoinRequest,
-    resume: Option<pb::Resume>,
-    session: Vec<u8>,
-) -> Joining {
-    req.resume = resume;
-    req.session = session;
-    let deadline = crate::deadline::after(cfg.rdzv.reconnect_grace);
-    RdzvClient::join(
-        &endpoints,
-        leaders,
-        req,
-        cfg.token.as_ref(),
-        &cfg.link_tls(),
-        cfg.rdzv.read_timeout,
-        deadline,
-    )
-    .await
 }

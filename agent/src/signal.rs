@@ -36,6 +36,14 @@ impl Signals {
         Ok(Self { rx })
     }
 
+    /// Signals sent on the returned channel instead of received: the
+    /// driver's unit tests deliver them this way.
+    #[cfg(test)]
+    pub fn channel() -> (mpsc::UnboundedSender<Signal>, Self) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, Self { rx })
+    }
+
     /// The next signal received.
     pub async fn recv(&mut self) -> Signal {
         match self.rx.recv().await {

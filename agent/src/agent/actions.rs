@@ -12,15 +12,17 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::sync::Notify;
 
+use super::link::{Failed, Link};
 use super::machine::{Action, Event};
 use super::store_bind::store_options;
-use super::{rejoin, Session, SessionEnd};
+use super::workers::{Spawner, Workers};
+use super::{Session, SessionEnd};
 use crate::error::AgentError;
 use crate::store::WorkerStore;
-use crate::supervisor::{WorkerGroup, WorkerSpec};
+use crate::supervisor::WorkerSpec;
 use crate::worker_env::{full_env, worker_argv, RoundInfo};
 
-impl Session<'_> {
+impl<L: Link, S: Spawner> Session<'_, L, S> {
     /// Performs one action; events it causes at once go to `queue`.
     /// `Some` when the node's life is over.
     pub(super) async fn perform(
@@ -75,33 +77,26 @@ impl Session<'_> {
                 global_rank,
                 message,
             } => {
-                self.client
-                    .report_failure(round, local_rank, global_rank, 127, message, None)
+                self.link
+                    .report_failure(
+                        round,
+                        Failed {
+                            local_rank,
+                            global_rank,
+                            exit_code: 127,
+                            reason: message,
+                            failure: None,
+                        },
+                    )
                     .await
             }
             Action::Note(exit) => {
                 let f = self.describe(&exit);
                 self.failures.push(f);
             }
-            Action::ReportSuccess { round } => self.client.report_success(round).await,
-            Action::Rejoin { resume } => {
-                let session = self.client.session().to_vec();
-                self.rejoin = Some(Box::pin(rejoin(
-                    self.cfg,
-                    {
-                        // The replica that served last first, then the others.
-                        let mut order = self.endpoints.clone();
-                        let first = self.serving.min(order.len());
-                        order.rotate_left(first);
-                        order
-                    },
-                    self.leaders,
-                    self.join_req.clone(),
-                    resume,
-                    session,
-                )));
-            }
-            Action::Leave { reason } => self.client.leave(&reason).await,
+            Action::ReportSuccess { round } => self.link.report_success(round).await,
+            Action::Rejoin { resume } => self.rejoin = Some(Box::pin(self.link.rejoin(resume))),
+            Action::Leave { reason } => self.link.leave(&reason).await,
             Action::Summarize { root } => self.report_job_failure(root.as_ref()),
             Action::Exit(result) => {
                 // The round's store ends with the node's life, before the
@@ -134,7 +129,7 @@ impl Session<'_> {
             Ok(()) => true,
             Err(why) => {
                 tracing::warn!(reason = %why, "this node failed its health check (--health-check); leaving the job until it passes");
-                self.client
+                self.link
                     .leave(&format!("the node failed its health check: {why}"))
                     .await;
                 false
@@ -151,7 +146,7 @@ impl Session<'_> {
             .map_err(|e| AgentError::io("worker store listener", e))?
             .port();
         self.store_listener = Some(listener);
-        self.client
+        self.link
             .ready(round, (addr, u32::from(port)))
             .await
             .map_err(|s| {
@@ -183,32 +178,16 @@ impl Session<'_> {
         let specs = self.specs(&info)?;
         self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
         self.failures.clear();
-        let forks = match (&self.forks, &self.zygote) {
-            (Some(server), _) => Some(server.clone()),
-            // The first round may wait for the imports; a stop signal
-            // meanwhile starts nothing and is handled as if they ran.
-            (None, Some(zygote)) => tokio::select! {
-                server = zygote.server() => server,
-                sig = self.signals.recv() => return Ok(Some(Event::Signal(sig))),
-            },
-            (None, None) => None,
-        };
-        // The last round's processes first release the GPUs (a signal
-        // meanwhile starts nothing, as above).
+        // The first round may wait for the imports, and every round for the
+        // last one's processes to release the GPUs; a stop signal meanwhile
+        // starts nothing and is handled as if they had.
         let last = std::mem::take(&mut self.last_pids);
         tokio::select! {
-            () = crate::gpu::wait_released(&last, self.cfg.gpu_free_timeout) => {}
+            () = self.spawner.prepare(&last) => {}
             sig = self.signals.recv() => return Ok(Some(Event::Signal(sig))),
         }
         self.monitor.reset();
-        match WorkerGroup::spawn(
-            specs,
-            self.guard.clone(),
-            self.console.clone(),
-            forks.as_deref(),
-        )
-        .await
-        {
+        match self.spawner.spawn(specs).await {
             Ok(group) => {
                 self.watch(
                     group

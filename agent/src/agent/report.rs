@@ -5,11 +5,13 @@
 use accel_proto::v1 as pb;
 use tracing::warn;
 
+use super::link::{Failed, Link};
+use super::workers::Spawner;
 use super::Session;
 use crate::failure;
 use crate::supervisor::Exit;
 
-impl Session<'_> {
+impl<L: Link, S: Spawner> Session<'_, L, S> {
     /// Reports a worker failure to the rendezvous, with what its error file says.
     pub(super) async fn report(&mut self, round: u64, exit: &Exit) {
         let f = self.describe(exit);
@@ -18,14 +20,16 @@ impl Session<'_> {
             _ => format!("{}: {}", exit.ended, f.message),
         };
         self.failures.push(f.clone());
-        self.client
+        self.link
             .report_failure(
                 round,
-                exit.local_rank,
-                exit.global_rank,
-                exit.ended.code(),
-                reason,
-                Some(f),
+                Failed {
+                    local_rank: exit.local_rank,
+                    global_rank: exit.global_rank,
+                    exit_code: exit.ended.code(),
+                    reason,
+                    failure: Some(f),
+                },
             )
             .await;
     }
