@@ -7,6 +7,7 @@ use accel_agent::node;
 use accel_cli::{run, AccelArgs, Action};
 
 fn main() -> ExitCode {
+    node::abort_on_panic();
     if let Some(code) = rendezvous_server::input::generated::<AccelArgs>() {
         return code;
     }
@@ -27,12 +28,12 @@ fn main() -> ExitCode {
             });
             let code = node::run(plan.config, "accel launch");
             if let (Some(message), true) = (&plan.on_success, code == ExitCode::SUCCESS) {
-                println!("{message}");
+                let _ = writeln!(std::io::stdout().lock(), "{message}");
             }
             code
         }
         Err(e) => {
-            eprintln!("accel: error: {e}");
+            node::say(&format!("accel: error: {e}"));
             ExitCode::FAILURE
         }
     }

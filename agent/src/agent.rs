@@ -205,8 +205,10 @@ fn start_fork_server(fd: i32) -> Result<crate::fork_server::ForkServer, AgentErr
     let socket = crate::sys::take_inherited_socket(fd)
         .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
     crate::fork_server::ForkServer::start(socket, |why| {
-        warn!("{why}; stopping the job as on SIGTERM");
+        // The stop first: the log line may go nowhere (the kernel that read
+        // this agent's stderr is usually what went away).
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+        warn!("{why}; stopping the job as on SIGTERM");
     })
     .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))
 }

@@ -131,13 +131,15 @@ fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
         match poll(&mut fds, wait) {
             Ok(0) => {
                 if limit.is_some_and(|l| heard.elapsed() >= l) {
-                    eprintln!(
-                        "accel-guard: the agent has not run for {:.1} s (frozen or starved): killing its workers so no second copy of its ranks runs beside a re-formed job",
-                        heard.elapsed().as_secs_f64()
-                    );
+                    // Kill first: the note may have nowhere to go.
                     for pgid in std::mem::take(&mut groups) {
                         sys::killpg(pgid, Signal::SIGKILL);
                     }
+                    let _ = writeln!(
+                        std::io::stderr().lock(),
+                        "accel-guard: the agent has not run for {:.1} s (frozen or starved): killed its workers so no second copy of its ranks runs beside a re-formed job",
+                        heard.elapsed().as_secs_f64()
+                    );
                 }
                 continue;
             }

@@ -7,6 +7,7 @@ use accel_agent::config::{slurm, LaunchOptions};
 use accel_agent::node;
 
 fn main() -> ExitCode {
+    node::abort_on_panic();
     if let Some(code) = rendezvous_server::input::generated::<AgentArgs>() {
         return code;
     }
@@ -26,14 +27,14 @@ fn main() -> ExitCode {
         Ok(Some(line)) => tracing::info!("{line}"),
         Ok(None) => {}
         Err(e) => {
-            eprintln!("accel-agent: error: {e}");
+            node::say(&format!("accel-agent: error: {e}"));
             return ExitCode::from(2);
         }
     }
     match options.build(&env) {
         Ok(cfg) => node::run(cfg, "accel-agent"),
         Err(e) => {
-            eprintln!("accel-agent: error: {e}");
+            node::say(&format!("accel-agent: error: {e}"));
             ExitCode::from(2)
         }
     }

@@ -1,12 +1,33 @@
 //! Running one node to completion from a binary's `main`: shared by
 //! `accel-agent` and `accel launch`, so both start the agent the same way.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::Config;
 use crate::guard::Guard;
 use crate::{AgentError, Outcome};
+
+/// Makes any panic end the process at once, in every build profile (the
+/// release profile already aborts). A supervisor that lost a task to a panic
+/// would otherwise run on half-alive: tokio keeps the runtime going, and a
+/// job whose fork-server or signal task died would never stop. Aborted, the
+/// agent's guard kills its workers and the rendezvous drops the node.
+/// Binaries call it first; a library caller keeps its own policy.
+pub fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
+/// Writes `line` to stderr, or nowhere if stderr is gone (`eprintln!`
+/// would panic on a pipe whose reader exited).
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
 
 /// Installs the log subscriber (`ACCEL_LOG` overrides `default_filter`),
 /// unless the program already has one.
@@ -30,7 +51,7 @@ pub fn run(cfg: Config, prog: &str) -> ExitCode {
     match execute(cfg) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
-            eprintln!("{prog}: error: {e}");
+            say(&format!("{prog}: error: {e}"));
             ExitCode::from(e.exit_code())
         }
     }

@@ -43,12 +43,19 @@ impl fmt::Display for LogFormat {
 /// Installs the process's log subscriber, unless it already has one (a
 /// library caller's own wins): `filter_var` (e.g. `RUST_LOG`) overrides
 /// `default_filter`; `targets` prints each line's module.
+///
+/// A line that cannot be written is dropped. A daemon's stderr can be a
+/// pipe whose reader is gone (a notebook kernel that died, a closed SSH
+/// session); by default the subscriber would then report the failure with
+/// `eprintln!` to the same stderr, which panics, and a panic in the agent's
+/// shutdown path would leave its workers running.
 pub fn init(format: LogFormat, filter_var: &str, default_filter: &str, targets: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env(filter_var)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_target(targets);
     let _ = match format {
         // A pipeline reads the fields; no colour codes in them.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{alive, eventually, records, scratch, Agent, AgentCmd, Server};
+use accel_tests::{alive, eventually, records, scratch, signal, Agent, AgentCmd, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -256,4 +256,41 @@ fn a_frozen_agents_workers_are_killed_by_the_guard_after_the_drop_limit() {
         out.stderr
     );
     eprintln!("frozen agent: workers killed {killed:?} after SIGSTOP");
+}
+
+/// An agent whose stderr reader went away (the notebook kernel or SSH
+/// session that started it died) runs and stops as any other: a log line
+/// with nowhere to go is dropped, not a reason to stop supervising.
+#[test]
+fn an_agent_whose_log_reader_is_gone_still_runs_and_stops_in_order() {
+    let dir = scratch("deaf");
+    let mut child = one_node(&dir)
+        .env("ON_SIGTERM", "exit")
+        .env("ACCEL_LOG", "info")
+        .command()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start accel-agent");
+    // Every line it logs from now on fails with EPIPE.
+    drop(child.stderr.take());
+    wait_records(&dir, 2);
+    signal(child.id(), "TERM");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("the agent did not stop within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    for r in &records(&dir) {
+        assert_eq!(r.signal, Some(15), "rank {} got SIGTERM", r.rank);
+        assert!(!alive(r.pid));
+    }
 }
