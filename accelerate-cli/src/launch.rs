@@ -30,7 +30,7 @@ use accel_agent::config::{
 };
 use accel_agent::logs::{parse_ranks, StdSpec};
 use env::Launcher;
-use flags::{Namespace, Parsed};
+use flags::{Dest as D, Namespace, Parsed};
 use rendezvous_server::config::parse_duration;
 use rendezvous_server::input::excerpt;
 
@@ -72,7 +72,7 @@ pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pla
         Parsed::Help => return Ok(Planned::Help(flags::help())),
         Parsed::Launch(ns) => ns,
     };
-    let explicit = ns.get("config_file").as_str().map(PathBuf::from);
+    let explicit = ns.get(D::config_file).as_str().map(PathBuf::from);
     let config = config_file::load_optional(explicit.as_deref(), env)?;
     let machine = merge::Machine {
         gpus: accel_agent::config::cuda_devices(env),
@@ -93,14 +93,14 @@ pub fn build(
 ) -> Result<LaunchPlan, LaunchError> {
     let bad = LaunchError::Invalid;
     let ns = &merged.ns;
-    let cpu = ns.truthy("cpu");
-    let launcher = if ns.truthy("use_deepspeed") && !cpu {
+    let cpu = ns.truthy(D::cpu);
+    let launcher = if ns.truthy(D::use_deepspeed) && !cpu {
         Launcher::DeepSpeed
-    } else if (ns.truthy("use_fsdp") || ns.truthy("use_megatron_lm") || ns.truthy("multi_gpu"))
+    } else if (ns.truthy(D::use_fsdp) || ns.truthy(D::use_megatron_lm) || ns.truthy(D::multi_gpu))
         && !cpu
     {
         Launcher::MultiGpu
-    } else if ns.truthy("tpu") && !cpu {
+    } else if ns.truthy(D::tpu) && !cpu {
         return Err(bad(
             "TPU launches (XLA) are not supported by accel; use `accelerate launch` for TPUs"
                 .into(),
@@ -149,7 +149,7 @@ pub fn build(
     let config = options.build(&view).map_err(|e| bad(e.to_string()))?;
     Ok(LaunchPlan {
         config,
-        quiet: ns.truthy("quiet"),
+        quiet: ns.truthy(D::quiet),
         on_success: None,
     })
 }
@@ -168,8 +168,7 @@ fn agent_options(
     warnings: &mut Vec<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(LaunchOptions, bool), String> {
-    let text = |k: &str| env::py_str(ns.get(k));
-    let machines_text = match ns.get("num_machines") {
+    let machines_text = match ns.get(D::num_machines) {
         Value::Null => "1".to_owned(),
         v => env::py_str(v),
     };
@@ -180,14 +179,14 @@ fn agent_options(
         min: min_m,
         max: max_m,
     } = nnodes;
-    let total = ns.get("num_processes").as_i64().unwrap_or(1);
+    let total = ns.int(D::num_processes).unwrap_or(1);
     let mut o = LaunchOptions::new(ns.script.clone());
     o.training_script_args = ns.script_args.clone();
     let single_process = launcher == Launcher::Simple && total <= 1 && max_m <= 1;
-    if launcher == Launcher::Simple && !ns.get("mpirun_hostfile").is_null() {
+    if launcher == Launcher::Simple && ns.given(D::mpirun_hostfile) {
         return Err("accel starts the processes itself and does not run mpirun: drop --mpirun_hostfile (mpirun_config) and run `accel launch --num_machines N --machine_rank R ...` on each machine".into());
     }
-    let nproc = match ns.get("nproc_per_node").as_i64() {
+    let nproc = match ns.int(D::nproc_per_node) {
         Some(n) => n,
         None if single_process => 1,
         None => {
@@ -213,18 +212,18 @@ fn agent_options(
         .map_err(|e| e.to_string())?;
     o.nnodes = nnodes;
     if max_m > 1 {
-        let ip = ns.get("main_process_ip");
+        let ip = ns.get(D::main_process_ip);
         let Some(ip) = ip.as_str().filter(|s| !s.is_empty()) else {
             return Err("--main_process_ip is required with more than one machine: the address of machine rank 0 (static) or of the rendezvous host (c10d)".into());
         };
-        let port = match ns.get("main_process_port").as_i64() {
+        let port = match ns.int(D::main_process_port) {
             None => 29500,
             Some(0) => return Err("--main_process_port 0 would pick a different port on each machine; give a fixed port".into()),
             Some(p) => u16::try_from(p).map_err(|_| {
                 format!("--main_process_port {p} is not a port; give one from 1 to 65535")
             })?,
         };
-        let backend = text("rdzv_backend");
+        let backend = ns.text(D::rdzv_backend);
         o.rdzv_backend = backend
             .parse::<Backend>()
             .map_err(|e| format!("--rdzv_backend: {e}"))?;
@@ -232,7 +231,7 @@ fn agent_options(
         // either way, so `same_network` changes nothing; c10d always uses
         // the main address (torchrun would fall back to localhost there).
         if o.rdzv_backend == Backend::Static {
-            let rank = ns.get("machine_rank").as_i64().ok_or(
+            let rank = ns.int(D::machine_rank).ok_or(
                 "--machine_rank is required with more than one machine and static rendezvous (0 on the main machine)",
             )?;
             if min_m != max_m {
@@ -254,14 +253,14 @@ fn agent_options(
             };
             o.rdzv_endpoint = format!("{host}:{port}");
         }
-        if let Some(id) = ns.get("rdzv_id").as_str() {
+        if let Some(id) = ns.get(D::rdzv_id).as_str() {
             o.rdzv_id = id.to_owned();
         }
     } else {
         o.standalone = true;
     }
     if launcher == Launcher::DeepSpeed && max_m > 1 {
-        let l = ns.get("deepspeed_multinode_launcher");
+        let l = ns.get(D::deepspeed_multinode_launcher);
         if l != "standard" {
             warnings.push(format!(
                 "deepspeed_multinode_launcher {}: accel runs one agent per machine (DeepSpeed's 'standard' launcher); start `accel launch` on every machine",
@@ -270,56 +269,58 @@ fn agent_options(
         }
     }
     let e = |err: ConfigError| err.to_string();
-    o.rdzv_conf = RdzvConf::parse(&text("rdzv_conf")).map_err(e)?;
-    let restarts = text("max_restarts");
+    o.rdzv_conf = RdzvConf::parse(&ns.text(D::rdzv_conf)).map_err(e)?;
+    let restarts = ns.text(D::max_restarts);
     o.max_restarts = restarts.trim().parse().map_err(|_| {
         format!(
             "--max_restarts '{}' is not a number of restarts; give 0 or more",
             excerpt(&restarts)
         )
     })?;
-    o.monitor_interval = parse_duration(&text("monitor_interval"))
+    o.monitor_interval = parse_duration(&ns.text(D::monitor_interval))
         .map_err(|err| format!("--monitor_interval: {err}"))?;
-    o.role = text("role");
-    o.tee = StdSpec::parse("--tee", &text("tee")).map_err(e)?;
-    o.redirects = StdSpec::parse("--redirects", &text("redirects")).map_err(e)?;
+    o.role = ns.text(D::role);
+    o.tee = StdSpec::parse("--tee", &ns.text(D::tee)).map_err(e)?;
+    o.redirects = StdSpec::parse("--redirects", &ns.text(D::redirects)).map_err(e)?;
     o.local_ranks_filter =
-        parse_ranks("--local_ranks_filter", &text("local_ranks_filter")).map_err(e)?;
-    o.ranks_filter = parse_ranks("--ranks_filter", &text("ranks_filter")).map_err(e)?;
-    if !ns.get("log_dir").is_null() {
-        o.log_dir = Some(text("log_dir").into());
+        parse_ranks("--local_ranks_filter", &ns.text(D::local_ranks_filter)).map_err(e)?;
+    o.ranks_filter = parse_ranks("--ranks_filter", &ns.text(D::ranks_filter)).map_err(e)?;
+    if ns.given(D::log_dir) {
+        o.log_dir = Some(ns.text(D::log_dir).into());
     }
-    if !ns.get("log_line_prefix_template").is_null() {
-        o.log_line_prefix_template = Some(text("log_line_prefix_template"));
+    if ns.given(D::log_line_prefix_template) {
+        o.log_line_prefix_template = Some(ns.text(D::log_line_prefix_template));
     }
     // A duration flag that may be absent, its errors naming it.
-    let duration = |dest: &str| -> Result<Option<std::time::Duration>, String> {
-        if ns.get(dest).is_null() {
+    let duration = |dest: D| -> Result<Option<std::time::Duration>, String> {
+        if !ns.given(dest) {
             return Ok(None);
         }
-        parse_duration(&text(dest))
+        parse_duration(&ns.text(dest))
             .map(Some)
-            .map_err(|err| format!("--{dest}: {err}"))
+            .map_err(|err| format!("--{}: {err}", dest.name()))
     };
-    o.shutdown_timeout = duration("shutdown_timeout")?;
+    o.shutdown_timeout = duration(D::shutdown_timeout)?;
     // Hot restart, crash loops and node health: accel-agent's flags.
-    if !ns.get("preload").is_null() {
-        o.preload = text("preload")
+    if ns.given(D::preload) {
+        o.preload = ns
+            .text(D::preload)
             .split(',')
             .map(|m| m.trim().to_owned())
             .collect();
     }
-    if !ns.get("restart_backoff").is_null() {
-        let (base, max) = accel_agent::config::RestartBackoff::parse_wait(&text("restart_backoff"))
-            .map_err(|err| format!("--restart_backoff: {err}"))?;
+    if ns.given(D::restart_backoff) {
+        let (base, max) =
+            accel_agent::config::RestartBackoff::parse_wait(&ns.text(D::restart_backoff))
+                .map_err(|err| format!("--restart_backoff: {err}"))?;
         (o.restart_backoff.base, o.restart_backoff.max) = (base, max);
     }
-    if let Some(window) = duration("restart_backoff_window")? {
+    if let Some(window) = duration(D::restart_backoff_window)? {
         o.restart_backoff.window = window;
     }
-    let check_timeout = duration("health_check_timeout")?;
+    let check_timeout = duration(D::health_check_timeout)?;
     if let Some(command) = ns
-        .get("health_check")
+        .get(D::health_check)
         .as_str()
         .filter(|c| !c.trim().is_empty())
     {
@@ -328,11 +329,11 @@ fn agent_options(
             timeout: check_timeout.unwrap_or(accel_agent::health::DEFAULT_TIMEOUT),
         });
     }
-    if let Some(t) = duration("gpu_free_timeout")? {
+    if let Some(t) = duration(D::gpu_free_timeout)? {
         o.gpu_free_timeout = t;
     }
-    o.module = ns.truthy("module");
-    o.no_python = ns.truthy("no_python");
+    o.module = ns.truthy(D::module);
+    o.no_python = ns.truthy(D::no_python);
     if let Some(addr) = env("PET_LOCAL_ADDR").filter(|a| !a.is_empty()) {
         o.local_addr = Some(addr);
     }

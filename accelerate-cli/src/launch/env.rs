@@ -22,7 +22,7 @@
 use rendezvous_server::input::excerpt;
 use serde_json::Value;
 
-use super::flags::{str_to_bool, Namespace};
+use super::flags::{str_to_bool, Dest, Dest as D, Namespace};
 
 /// The launcher accelerate would use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,20 +50,20 @@ pub fn accelerate_env(
 ) -> Result<Vec<(String, String)>, String> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: String| out.push((k.to_owned(), v));
-    let s = |k: &str| py_str(ns.get(k));
-    let lc = |k: &str| py_str(ns.get(k)).to_lowercase();
-    let use_cpu = py_str(if truthy(ns.get("cpu")) {
-        ns.get("cpu")
+    let s = |k: Dest| ns.text(k);
+    let lc = |k: Dest| ns.text(k).to_lowercase();
+    let use_cpu = py_str(if truthy(ns.get(D::cpu)) {
+        ns.get(D::cpu)
     } else {
-        ns.get("use_cpu")
+        ns.get(D::use_cpu)
     });
     if launcher == Launcher::Simple {
         set("ACCELERATE_USE_CPU", use_cpu.clone());
     }
-    if ns.truthy("debug") {
+    if ns.truthy(D::debug) {
         set("ACCELERATE_DEBUG_MODE", "true".into());
     }
-    let ids = ns.get("gpu_ids");
+    let ids = ns.get(D::gpu_ids);
     if !ids.is_null() && ids != "all" {
         set("CUDA_VISIBLE_DEVICES", py_str(ids));
     }
@@ -81,7 +81,7 @@ pub fn accelerate_env(
         paths.push(cwd.to_owned());
         set("PYTHONPATH", paths.join(":"));
     }
-    let mp = match ns.get("mixed_precision") {
+    let mp = match ns.get(D::mixed_precision) {
         Value::String(m) => m.to_lowercase(),
         other => {
             return Err(format!(
@@ -107,52 +107,52 @@ pub fn accelerate_env(
         );
         set("ACCELERATE_USE_DEEPSPEED", "true".into());
         for (flag, var, lower) in [
-            ("zero_stage", "ACCELERATE_DEEPSPEED_ZERO_STAGE", false),
+            (D::zero_stage, "ACCELERATE_DEEPSPEED_ZERO_STAGE", false),
             (
-                "gradient_accumulation_steps",
+                D::gradient_accumulation_steps,
                 "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
                 false,
             ),
-            ("gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING", true),
+            (D::gradient_clipping, "ACCELERATE_GRADIENT_CLIPPING", true),
             (
-                "offload_optimizer_device",
+                D::offload_optimizer_device,
                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
                 true,
             ),
             (
-                "offload_param_device",
+                D::offload_param_device,
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
                 true,
             ),
             // accel's fix: accelerate's plugin reads these, its launcher never sets them.
             (
-                "offload_optimizer_nvme_path",
+                D::offload_optimizer_nvme_path,
                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
                 false,
             ),
             (
-                "offload_param_nvme_path",
+                D::offload_param_nvme_path,
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
                 false,
             ),
-            ("zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_INIT", true),
+            (D::zero3_init_flag, "ACCELERATE_DEEPSPEED_ZERO3_INIT", true),
             (
-                "zero3_save_16bit_model",
+                D::zero3_save_16bit_model,
                 "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
                 true,
             ),
             (
-                "deepspeed_config_file",
+                D::deepspeed_config_file,
                 "ACCELERATE_DEEPSPEED_CONFIG_FILE",
                 false,
             ),
         ] {
-            if !ns.get(flag).is_null() {
+            if ns.given(flag) {
                 set(var, if lower { lc(flag) } else { s(flag) });
             }
         }
     } else {
-        let backend = py_str(ns.get("dynamo_backend")).to_uppercase();
+        let backend = ns.text(D::dynamo_backend).to_uppercase();
         if DynamoBackend::parse(&backend).is_none() {
             let names: Vec<&str> = DynamoBackend::ALL.map(DynamoBackend::name).to_vec();
             return Err(format!(
@@ -162,33 +162,36 @@ pub fn accelerate_env(
             ));
         }
         set("ACCELERATE_DYNAMO_BACKEND", backend);
-        set("ACCELERATE_DYNAMO_MODE", s("dynamo_mode"));
-        set("ACCELERATE_DYNAMO_USE_FULLGRAPH", s("dynamo_use_fullgraph"));
-        set("ACCELERATE_DYNAMO_USE_DYNAMIC", s("dynamo_use_dynamic"));
+        set("ACCELERATE_DYNAMO_MODE", s(D::dynamo_mode));
+        set(
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH",
+            s(D::dynamo_use_fullgraph),
+        );
+        set("ACCELERATE_DYNAMO_USE_DYNAMIC", s(D::dynamo_use_dynamic));
         set(
             "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
-            s("dynamo_use_regional_compilation"),
+            s(D::dynamo_use_regional_compilation),
         );
     }
-    if launcher == Launcher::MultiGpu && ns.truthy("use_fsdp") {
+    if launcher == Launcher::MultiGpu && ns.truthy(D::use_fsdp) {
         fsdp_env(ns, &mut set)?;
     }
-    if launcher == Launcher::MultiGpu && ns.truthy("use_megatron_lm") {
+    if launcher == Launcher::MultiGpu && ns.truthy(D::use_megatron_lm) {
         megatron_env(ns, &mut set);
     }
     if launcher != Launcher::DeepSpeed {
-        set("OMP_NUM_THREADS", s("num_cpu_threads_per_process"));
+        set("OMP_NUM_THREADS", s(D::num_cpu_threads_per_process));
     }
-    if ns.truthy("enable_cpu_affinity") {
+    if ns.truthy(D::enable_cpu_affinity) {
         set("ACCELERATE_CPU_AFFINITY", "1".into());
     }
-    if launcher == Launcher::DeepSpeed && !ns.get("deepspeed_moe_layer_cls_names").is_null() {
+    if launcher == Launcher::DeepSpeed && ns.given(D::deepspeed_moe_layer_cls_names) {
         set(
             "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
-            s("deepspeed_moe_layer_cls_names"),
+            s(D::deepspeed_moe_layer_cls_names),
         );
     }
-    if launcher != Launcher::Simple && ns.truthy("use_parallelism_config") {
+    if launcher != Launcher::Simple && ns.truthy(D::use_parallelism_config) {
         parallelism_env(ns, &mut set);
     }
     Ok(out)
@@ -230,49 +233,49 @@ fn fp8_env(ns: &Namespace, set: &mut Set<'_>) {
 }
 
 fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
-    let s = |k: &str| py_str(ns.get(k));
-    let lc = |k: &str| py_str(ns.get(k)).to_lowercase();
+    let s = |k: Dest| ns.text(k);
+    let lc = |k: Dest| ns.text(k).to_lowercase();
     set("ACCELERATE_USE_FSDP", "true".into());
-    if ns.truthy("fsdp_cpu_ram_efficient_loading") && !ns.truthy("fsdp_sync_module_states") {
+    if ns.truthy(D::fsdp_cpu_ram_efficient_loading) && !ns.truthy(D::fsdp_sync_module_states) {
         return Err(
             "fsdp_cpu_ram_efficient_loading needs fsdp_sync_module_states: set --fsdp_sync_module_states true".into(),
         );
     }
-    set("FSDP_VERSION", s("fsdp_version"));
-    set("FSDP_SHARDING_STRATEGY", s("fsdp_sharding_strategy"));
+    set("FSDP_VERSION", s(D::fsdp_version));
+    set("FSDP_SHARDING_STRATEGY", s(D::fsdp_sharding_strategy));
     set(
         "FSDP_RESHARD_AFTER_FORWARD",
-        lc("fsdp_reshard_after_forward"),
+        lc(D::fsdp_reshard_after_forward),
     );
-    set("FSDP_OFFLOAD_PARAMS", lc("fsdp_offload_params"));
-    set("FSDP_MIN_NUM_PARAMS", s("fsdp_min_num_params"));
+    set("FSDP_OFFLOAD_PARAMS", lc(D::fsdp_offload_params));
+    set("FSDP_MIN_NUM_PARAMS", s(D::fsdp_min_num_params));
     for (flag, var) in [
-        ("fsdp_auto_wrap_policy", "FSDP_AUTO_WRAP_POLICY"),
+        (D::fsdp_auto_wrap_policy, "FSDP_AUTO_WRAP_POLICY"),
         (
-            "fsdp_transformer_layer_cls_to_wrap",
+            D::fsdp_transformer_layer_cls_to_wrap,
             "FSDP_TRANSFORMER_CLS_TO_WRAP",
         ),
-        ("fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH"),
-        ("fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE"),
+        (D::fsdp_backward_prefetch, "FSDP_BACKWARD_PREFETCH"),
+        (D::fsdp_state_dict_type, "FSDP_STATE_DICT_TYPE"),
     ] {
-        if !ns.get(flag).is_null() {
+        if ns.given(flag) {
             set(var, s(flag));
         }
     }
     for (flag, var) in [
-        ("fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH"),
-        ("fsdp_use_orig_params", "FSDP_USE_ORIG_PARAMS"),
+        (D::fsdp_forward_prefetch, "FSDP_FORWARD_PREFETCH"),
+        (D::fsdp_use_orig_params, "FSDP_USE_ORIG_PARAMS"),
         (
-            "fsdp_cpu_ram_efficient_loading",
+            D::fsdp_cpu_ram_efficient_loading,
             "FSDP_CPU_RAM_EFFICIENT_LOADING",
         ),
-        ("fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES"),
+        (D::fsdp_sync_module_states, "FSDP_SYNC_MODULE_STATES"),
         (
-            "fsdp_activation_checkpointing",
+            D::fsdp_activation_checkpointing,
             "FSDP_ACTIVATION_CHECKPOINTING",
         ),
         (
-            "fsdp_activation_checkpointing_offload",
+            D::fsdp_activation_checkpointing_offload,
             "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
         ),
     ] {
@@ -287,85 +290,71 @@ fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Megatron-LM settings: (flag suffix, always set).
-const MEGATRON: &[(&str, bool)] = &[
-    ("tp_degree", true),
-    ("use_custom_fsdp", true),
-    ("no_load_optim", false),
-    ("eod_mask_loss", false),
-    ("no_save_optim", false),
-    ("optimizer_cpu_offload", false),
-    ("use_precision_aware_optimizer", false),
-    ("overlap_cpu_optimizer_d2h_h2d", false),
-    ("decoder_last_pipeline_num_layers", false),
-    ("pp_degree", true),
-    ("gradient_clipping", true),
-    ("num_micro_batches", false),
-    ("sequence_parallelism", false),
-    ("recompute_activations", false),
-    ("use_distributed_optimizer", false),
-    ("recompute_granularity", false),
-    ("recompute_method", false),
-    ("recompute_num_layers", false),
-    ("attention_backend", false),
-    ("expert_model_parallel_size", false),
-    ("context_parallel_size", false),
-    ("attention_dropout", false),
-    ("hidden_dropout", false),
-    ("attention_softmax_in_fp32", false),
-    ("expert_tensor_parallel_size", false),
-    ("calculate_per_token_loss", false),
-    ("use_rotary_position_embeddings", false),
+/// Megatron-LM settings, each to `MEGATRON_LM_<SUFFIX>`: (flag, always set).
+const MEGATRON: &[(Dest, bool)] = &[
+    (D::megatron_lm_tp_degree, true),
+    (D::megatron_lm_use_custom_fsdp, true),
+    (D::megatron_lm_no_load_optim, false),
+    (D::megatron_lm_eod_mask_loss, false),
+    (D::megatron_lm_no_save_optim, false),
+    (D::megatron_lm_optimizer_cpu_offload, false),
+    (D::megatron_lm_use_precision_aware_optimizer, false),
+    (D::megatron_lm_overlap_cpu_optimizer_d2h_h2d, false),
+    (D::megatron_lm_decoder_last_pipeline_num_layers, false),
+    (D::megatron_lm_pp_degree, true),
+    (D::megatron_lm_gradient_clipping, true),
+    (D::megatron_lm_num_micro_batches, false),
+    (D::megatron_lm_sequence_parallelism, false),
+    (D::megatron_lm_recompute_activations, false),
+    (D::megatron_lm_use_distributed_optimizer, false),
+    (D::megatron_lm_recompute_granularity, false),
+    (D::megatron_lm_recompute_method, false),
+    (D::megatron_lm_recompute_num_layers, false),
+    (D::megatron_lm_attention_backend, false),
+    (D::megatron_lm_expert_model_parallel_size, false),
+    (D::megatron_lm_context_parallel_size, false),
+    (D::megatron_lm_attention_dropout, false),
+    (D::megatron_lm_hidden_dropout, false),
+    (D::megatron_lm_attention_softmax_in_fp32, false),
+    (D::megatron_lm_expert_tensor_parallel_size, false),
+    (D::megatron_lm_calculate_per_token_loss, false),
+    (D::megatron_lm_use_rotary_position_embeddings, false),
 ];
 
 fn megatron_env(ns: &Namespace, set: &mut Set<'_>) {
     set("ACCELERATE_USE_MEGATRON_LM", "true".into());
-    for (suffix, always) in MEGATRON {
-        let v = ns.get(&format!("megatron_lm_{suffix}"));
-        if *always || !v.is_null() {
-            set(&format!("MEGATRON_LM_{}", suffix.to_uppercase()), py_str(v));
+    for &(flag, always) in MEGATRON {
+        if always || ns.given(flag) {
+            set(&flag.name().to_uppercase(), ns.text(flag));
         }
     }
 }
 
 fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
-    let pc = |k: &str| py_str(ns.get(&format!("parallelism_config_{k}")));
-    let int = |k: &str| {
-        ns.get(&format!("parallelism_config_{k}"))
-            .as_i64()
-            .unwrap_or(1)
-    };
     set("ACCELERATE_USE_PARALLELISM_CONFIG", "true".into());
-    for k in [
-        "dp_replicate_size",
-        "dp_shard_size",
-        "tp_size",
-        "cp_size",
-        "cp_backend",
-        "sp_size",
-        "sp_backend",
+    // Each flag to the variable of its name in capitals.
+    let mut pass = |flag: Dest| set(&flag.name().to_uppercase(), ns.text(flag));
+    for flag in [
+        D::parallelism_config_dp_replicate_size,
+        D::parallelism_config_dp_shard_size,
+        D::parallelism_config_tp_size,
+        D::parallelism_config_cp_size,
+        D::parallelism_config_cp_backend,
+        D::parallelism_config_sp_size,
+        D::parallelism_config_sp_backend,
     ] {
-        set(&format!("PARALLELISM_CONFIG_{}", k.to_uppercase()), pc(k));
+        pass(flag);
     }
-    if int("cp_size") > 1 {
-        set(
-            "PARALLELISM_CONFIG_CP_COMM_STRATEGY",
-            pc("cp_comm_strategy"),
-        );
+    if ns.int(D::parallelism_config_cp_size).unwrap_or(1) > 1 {
+        pass(D::parallelism_config_cp_comm_strategy);
     }
-    if int("sp_size") > 1 {
+    if ns.int(D::parallelism_config_sp_size).unwrap_or(1) > 1 {
         // accel's fix: no `None` text when the length is unset.
-        if !ns.get("parallelism_config_sp_seq_length").is_null() {
-            set("PARALLELISM_CONFIG_SP_SEQ_LENGTH", pc("sp_seq_length"));
+        if ns.given(D::parallelism_config_sp_seq_length) {
+            pass(D::parallelism_config_sp_seq_length);
         }
-        set(
-            "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
-            pc("sp_seq_length_is_variable"),
-        );
-        set(
-            "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
-            pc("sp_attn_implementation"),
-        );
+        pass(D::parallelism_config_sp_seq_length_is_variable);
+        pass(D::parallelism_config_sp_attn_implementation);
     }
 }
 

@@ -41,7 +41,7 @@ pub struct Flag {
     /// Long name with underscores, without dashes.
     pub name: &'static str,
     /// Where the value goes.
-    pub dest: &'static str,
+    pub dest: Dest,
     /// How the value is read.
     pub kind: Kind,
     /// Default as a JSON literal (`null`: not given).
@@ -53,15 +53,17 @@ pub struct Flag {
 }
 
 mod table;
-pub use table::{ACCEL, FLAGS};
+pub use table::{Dest, ACCEL, FLAGS};
 
 /// Destinations that are no flag's: the configuration merge sets them as
 /// accelerate does (`use_cpu` from `--cpu` or the file).
-pub const MERGED: &[&str] = &["use_cpu"];
+pub const MERGED: &[Dest] = &[Dest::use_cpu];
 
-/// Whether `name` is a flag's destination or one the merge sets.
-pub fn is_destination(name: &str) -> bool {
-    MERGED.contains(&name) || FLAGS.iter().any(|f| f.dest == name)
+impl Dest {
+    /// The destination named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|d| d.name() == name)
+    }
 }
 
 /// Short options and the long flag each stands for.
@@ -81,17 +83,26 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// A flag's value (`null` when it has none). `dest` is a destination in
-    /// [`FLAGS`] or one the configuration merge adds ([`MERGED`]); any other
-    /// name is misspelt, a bug that debug builds (every test) stop at and
-    /// that `every_name_read_is_a_flag` finds in the sources. For a name a
-    /// configuration file may or may not bring, use [`Namespace::attr`].
-    pub fn get(&self, dest: &str) -> &Value {
-        debug_assert!(
-            is_destination(dest),
-            "no `accel launch` flag has the destination '{dest}'"
-        );
-        self.attr(dest)
+    /// A flag's value (`null` when it has none). For a name a configuration
+    /// file may or may not bring, use [`Namespace::attr`].
+    pub fn get(&self, dest: Dest) -> &Value {
+        self.attr(dest.name())
+    }
+
+    /// Whether the flag has a value (Python's `is not None`).
+    pub fn given(&self, dest: Dest) -> bool {
+        !self.get(dest).is_null()
+    }
+
+    /// The value as an integer, if it is one.
+    pub fn int(&self, dest: Dest) -> Option<i64> {
+        self.get(dest).as_i64()
+    }
+
+    /// The value as Python's `str()` writes it (`None` for none): what
+    /// accelerate puts in the workers' environment.
+    pub fn text(&self, dest: Dest) -> String {
+        crate::pyvalue::str_of(self.get(dest))
     }
 
     /// A value by any name, `null` when there is none: Python's
@@ -102,13 +113,19 @@ impl Namespace {
     }
 
     /// Python truthiness of a value.
-    pub fn truthy(&self, dest: &str) -> bool {
+    pub fn truthy(&self, dest: Dest) -> bool {
         crate::pyvalue::truthy(self.get(dest))
     }
 
     /// Sets a value.
-    pub fn set(&mut self, dest: &str, v: Value) {
-        self.values.insert(dest.to_owned(), v);
+    pub fn set(&mut self, dest: Dest, v: Value) {
+        self.set_attr(dest.name(), v);
+    }
+
+    /// Sets a value by any name: Python's `setattr(args, name, v)`, for the
+    /// configuration file's keys, flags or not.
+    pub fn set_attr(&mut self, name: &str, v: Value) {
+        self.values.insert(name.to_owned(), v);
     }
 }
 
@@ -136,7 +153,7 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
             .iter()
             .map(|f| {
                 (
-                    f.dest.to_owned(),
+                    f.dest.name().to_owned(),
                     serde_json::from_str(f.default).unwrap_or(Value::Null),
                 )
             })
@@ -174,7 +191,7 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
                 }
                 if let Some(next) = argv.get(i) {
                     let word = BOOL_WORDS.contains(&next.to_lowercase().as_str());
-                    let no_python = flag.dest == "no_python" || ns.truthy("no_python");
+                    let no_python = flag.dest == Dest::no_python || ns.truthy(Dest::no_python);
                     let program = no_python && on_path(next);
                     if word && !program {
                         return Err(format!(
@@ -201,7 +218,7 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
             }
         };
         ns.set(flag.dest, value);
-        ns.nondefault.insert(flag.dest.to_owned());
+        ns.nondefault.insert(flag.dest.name().to_owned());
     }
     match argv.get(i) {
         Some(script) => {

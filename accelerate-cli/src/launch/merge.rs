@@ -12,7 +12,7 @@
 use rendezvous_server::input::excerpt;
 use serde_json::{json, Value};
 
-use super::flags::Namespace;
+use super::flags::{Dest as D, Namespace};
 use crate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
 use crate::vocab::DistributedType;
 
@@ -46,21 +46,21 @@ pub fn merge(
     machine: Machine,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Merged, String> {
-    let exclusive = ["multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp"];
-    if exclusive.iter().filter(|f| ns.truthy(f)).count() > 1 {
+    let exclusive = [D::multi_gpu, D::cpu, D::tpu, D::use_deepspeed, D::use_fsdp];
+    if exclusive.iter().filter(|&&f| ns.truthy(f)).count() > 1 {
         return Err(
             "use only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp".into(),
         );
     }
-    if ns.truthy("multi_gpu") && ns.get("num_processes").as_i64().is_some_and(|n| n < 2) {
+    if ns.truthy(D::multi_gpu) && ns.int(D::num_processes).is_some_and(|n| n < 2) {
         return Err("--multi_gpu needs at least 2 processes: raise --num_processes".into());
     }
-    if ns.truthy("use_parallelism_config") && !ns.truthy("use_fsdp") {
+    if ns.truthy(D::use_parallelism_config) && !ns.truthy(D::use_fsdp) {
         return Err("--use_parallelism_config needs --use_fsdp and --fsdp_version 2".into());
     }
     // accelerate skips the default file under --cpu (not an explicit one).
     let config = match config {
-        Some(c) if ns.truthy("config_file") || !ns.truthy("cpu") => Some(c),
+        Some(c) if ns.truthy(D::config_file) || !ns.truthy(D::cpu) => Some(c),
         _ => None,
     };
     let mut warned = Vec::new();
@@ -103,46 +103,46 @@ fn apply_file(
         .unwrap_or("NO")
         .to_owned();
     let chosen = [
-        "multi_gpu",
-        "tpu",
-        "tpu_use_cluster",
-        "use_deepspeed",
-        "use_fsdp",
-        "use_megatron_lm",
+        D::multi_gpu,
+        D::tpu,
+        D::tpu_use_cluster,
+        D::use_deepspeed,
+        D::use_fsdp,
+        D::use_megatron_lm,
     ];
-    if !chosen.iter().any(|f| ns.truthy(f)) {
+    if !chosen.iter().any(|&f| ns.truthy(f)) {
         let t = DistributedType::parse(&kind);
         ns.set(
-            "use_deepspeed",
+            D::use_deepspeed,
             json!(t == Some(DistributedType::DeepSpeed)),
         );
         ns.set(
-            "multi_gpu",
+            D::multi_gpu,
             json!(t.is_some_and(DistributedType::is_multi_device)),
         );
-        ns.set("tpu", json!(t == Some(DistributedType::Xla)));
-        ns.set("use_fsdp", json!(t == Some(DistributedType::Fsdp)));
+        ns.set(D::tpu, json!(t == Some(DistributedType::Xla)));
+        ns.set(D::use_fsdp, json!(t == Some(DistributedType::Fsdp)));
         ns.set(
-            "use_megatron_lm",
+            D::use_megatron_lm,
             json!(t == Some(DistributedType::MegatronLm)),
         );
         let cluster =
             t == Some(DistributedType::Xla) && cfg.get("tpu_use_cluster") == &Value::Bool(true);
-        ns.set("tpu_use_cluster", json!(cluster));
+        ns.set(D::tpu_use_cluster, json!(cluster));
         ns.set(
-            "use_parallelism_config",
+            D::use_parallelism_config,
             json!(!cfg.dict("parallelism_config").is_empty()),
         );
     }
-    if ns.get("gpu_ids").is_null() {
+    if !ns.given(D::gpu_ids) {
         let ids = match cfg.get("gpu_ids") {
             Value::Null => json!("all"),
             v => v.clone(),
         };
-        ns.set("gpu_ids", ids);
+        ns.set(D::gpu_ids, ids);
     }
-    if ns.truthy("multi_gpu") && ns.get("num_machines").is_null() {
-        ns.set("num_machines", cfg.get("num_machines").clone());
+    if ns.truthy(D::multi_gpu) && !ns.given(D::num_machines) {
+        ns.set(D::num_machines, cfg.get("num_machines").clone());
     }
     for (name, _) in CLUSTER_FIELDS {
         let value = cfg.get(name);
@@ -150,28 +150,28 @@ fn apply_file(
             for (key, v) in dict {
                 let key = prefixed(name, key);
                 if !ns.nondefault.contains(&key) {
-                    ns.set(&key, v.clone());
+                    ns.set_attr(&key, v.clone());
                 }
             }
         } else if matches!(*name, "rdzv_backend" | "same_network") {
             // accel's fix: the file's value counts unless the command line gives one.
             if !ns.nondefault.contains(*name) && !value.is_null() {
-                ns.set(name, value.clone());
+                ns.set_attr(name, value.clone());
             }
         } else if !matches!(
             *name,
             "compute_environment" | "mixed_precision" | "distributed_type"
         ) && ns.attr(name).is_null()
         {
-            ns.set(name, value.clone());
+            ns.set_attr(name, value.clone());
         }
     }
-    if !ns.truthy("debug") {
-        ns.set("debug", json!(cfg.get("debug") == &Value::Bool(true)));
+    if !ns.truthy(D::debug) {
+        ns.set(D::debug, json!(cfg.get("debug") == &Value::Bool(true)));
     }
-    if !ns.truthy("mixed_precision") {
+    if !ns.truthy(D::mixed_precision) {
         match cfg.get("mixed_precision") {
-            Value::Null => ns.set("mixed_precision", json!("no")),
+            Value::Null => ns.set(D::mixed_precision, json!("no")),
             Value::Bool(false) => {
                 return Err(format!(
                     "{}: mixed_precision is the boolean false (unquoted no is a boolean in YAML 1.1, as accelerate reads it); write mixed_precision: 'no'",
@@ -179,24 +179,24 @@ fn apply_file(
                 ))
             }
             v => {
-                ns.set("mixed_precision", v.clone());
+                ns.set(D::mixed_precision, v.clone());
                 *mp_from_config = true;
             }
         }
     }
-    if ns.get("dynamo_backend").is_null() {
-        ns.set("dynamo_backend", json!("no"));
+    if !ns.given(D::dynamo_backend) {
+        ns.set(D::dynamo_backend, json!("no"));
     }
-    if ns.get("num_processes").as_i64() == Some(-1) {
+    if ns.int(D::num_processes) == Some(-1) {
         return Err(format!(
             "{} gives no num_processes: pass --num_processes (the total over all machines)",
             cfg.path.display()
         ));
     }
-    let ids = ns.get("gpu_ids").clone();
-    let machines = machines_max(ns.get("num_machines"));
+    let ids = ns.get(D::gpu_ids).clone();
+    let machines = machines_max(ns.get(D::num_machines));
     if let Value::String(ids) = &ids {
-        if ids != "all" && ids.split(',').count() < 2 && ns.truthy("multi_gpu") && machines <= 1 {
+        if ids != "all" && ids.split(',').count() < 2 && ns.truthy(D::multi_gpu) && machines <= 1 {
             return Err("fewer than two --gpu_ids for multi-GPU training on one machine: give at least two, or --gpu_ids all".into());
         }
     }
@@ -221,35 +221,35 @@ pub fn machines_max(v: &Value) -> i64 {
 }
 
 fn defaults_without_file(ns: &mut Namespace, machine: Machine, warned: &mut Vec<String>) {
-    if ns.get("num_processes").is_null() {
-        ns.set("num_processes", json!(machine.gpus));
+    if !ns.given(D::num_processes) {
+        ns.set(D::num_processes, json!(machine.gpus));
         warned.push(format!(
             "\t`--num_processes` was set to a value of `{}`",
             machine.gpus
         ));
     }
-    let n = ns.get("num_processes").as_i64().unwrap_or(0);
-    if !ns.truthy("multi_gpu") && n > 1 && machine.gpus > 1 {
+    let n = ns.int(D::num_processes).unwrap_or(0);
+    if !ns.truthy(D::multi_gpu) && n > 1 && machine.gpus > 1 {
         warned.push(
             "\t\tMore than one GPU was found, enabling multi-GPU training.\n\
              \t\tIf this was unintended please pass in `--num_processes=1`."
                 .into(),
         );
-        ns.set("multi_gpu", json!(true));
+        ns.set(D::multi_gpu, json!(true));
     }
-    if ns.get("num_machines").is_null() {
+    if !ns.given(D::num_machines) {
         warned.push("\t`--num_machines` was set to a value of `1`".into());
-        ns.set("num_machines", json!(1));
+        ns.set(D::num_machines, json!(1));
     }
-    if ns.get("mixed_precision").is_null() {
+    if !ns.given(D::mixed_precision) {
         warned.push("\t`--mixed_precision` was set to a value of `'no'`".into());
-        ns.set("mixed_precision", json!("no"));
+        ns.set(D::mixed_precision, json!("no"));
     }
-    let cpu = ns.get("cpu").clone();
-    ns.set("use_cpu", cpu);
-    if ns.get("dynamo_backend").is_null() {
+    let cpu = ns.get(D::cpu).clone();
+    ns.set(D::use_cpu, cpu);
+    if !ns.given(D::dynamo_backend) {
         warned.push("\t`--dynamo_backend` was set to a value of `'no'`".into());
-        ns.set("dynamo_backend", json!("no"));
+        ns.set(D::dynamo_backend, json!("no"));
     }
 }
 
@@ -261,7 +261,7 @@ fn cpu_threads(
     env: &dyn Fn(&str) -> Option<String>,
     warned: &mut Vec<String>,
 ) -> Result<(), String> {
-    if !ns.get("num_cpu_threads_per_process").is_null() {
+    if ns.given(D::num_cpu_threads_per_process) {
         return Ok(());
     }
     let int_env = |names: &[&str], default: i64| -> Result<i64, String> {
@@ -276,10 +276,10 @@ fn cpu_threads(
         Ok(default)
     };
     let omp = int_env(&["OMP_NUM_THREADS"], 1)?;
-    ns.set("num_cpu_threads_per_process", json!(omp));
-    let n = ns.get("num_processes").as_i64().unwrap_or(0);
-    if ns.truthy("use_cpu") && n >= 1 && int_env(&["OMP_NUM_THREADS"], 0)? == 0 {
-        let machines = machines_max(ns.get("num_machines")).max(1);
+    ns.set(D::num_cpu_threads_per_process, json!(omp));
+    let n = ns.int(D::num_processes).unwrap_or(0);
+    if ns.truthy(D::use_cpu) && n >= 1 && int_env(&["OMP_NUM_THREADS"], 0)? == 0 {
+        let machines = machines_max(ns.get(D::num_machines)).max(1);
         let local = int_env(
             &[
                 "MPI_LOCALNRANKS",
@@ -290,7 +290,7 @@ fn cpu_threads(
         )?;
         let threads = (f64::from(machine.physical_cores) / local.max(1) as f64) as i64;
         if threads > 1 {
-            ns.set("num_cpu_threads_per_process", json!(threads));
+            ns.set(D::num_cpu_threads_per_process, json!(threads));
             warned.push(format!(
                 "\t`--num_cpu_threads_per_process` was set to `{threads}` to improve out-of-box performance when training on CPUs"
             ));

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::flags::{parse, Parsed};
+use super::flags::{parse, Dest as D, Parsed};
 use super::merge::{merge, Machine};
 use super::{agent_options, build, env::Launcher};
 use crate::config_file::{process, AccelerateConfig};
@@ -53,21 +53,21 @@ fn command_line_beats_file_and_file_beats_defaults() {
         Some(file),
     );
     assert_eq!(
-        m.ns.get("fsdp_offload_params"),
+        m.ns.get(D::fsdp_offload_params),
         "false",
         "command line wins over a dict key"
     );
     assert_eq!(
-        m.ns.get("fsdp_sharding_strategy"),
+        m.ns.get(D::fsdp_sharding_strategy),
         "SHARD_GRAD_OP",
         "dict keys get their prefix"
     );
-    assert_eq!(m.ns.get("num_processes"), &json!(2));
-    assert_eq!(m.ns.get("mixed_precision"), "fp16");
-    assert!(m.mp_from_config && m.ns.truthy("use_fsdp") && m.warning.is_none());
+    assert_eq!(m.ns.get(D::num_processes), &json!(2));
+    assert_eq!(m.ns.get(D::mixed_precision), "fp16");
+    assert!(m.mp_from_config && m.ns.truthy(D::use_fsdp) && m.warning.is_none());
     let m = merged("t.py", Some(file));
     assert_eq!(
-        m.ns.get("num_processes"),
+        m.ns.get(D::num_processes),
         &json!(4),
         "the file fills a flag not given"
     );

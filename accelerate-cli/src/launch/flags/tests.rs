@@ -1,6 +1,7 @@
 //! Parsing `accel launch`'s command line.
 
 use super::*;
+use Dest as D;
 
 fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_owned).collect()
@@ -17,13 +18,13 @@ fn ns(s: &str) -> Namespace {
 fn both_spellings_values_and_remainder() {
     let n =
         ns("--num-processes 4 --mixed_precision=bf16 -m --fsdp-version 2 pkg.train --lr 3 --cpu");
-    assert_eq!(n.get("num_processes"), &Value::from(4));
-    assert_eq!(n.get("mixed_precision"), "bf16");
-    assert_eq!(n.get("module"), &Value::Bool(true));
-    assert_eq!(n.get("fsdp_version"), "2");
+    assert_eq!(n.get(D::num_processes), &Value::from(4));
+    assert_eq!(n.get(D::mixed_precision), "bf16");
+    assert_eq!(n.get(D::module), &Value::Bool(true));
+    assert_eq!(n.get(D::fsdp_version), "2");
     assert_eq!(n.script, "pkg.train");
     assert_eq!(n.script_args, args("--lr 3 --cpu"));
-    assert_eq!(n.get("cpu"), &Value::Bool(false));
+    assert_eq!(n.get(D::cpu), &Value::Bool(false));
     assert!(n.nondefault.contains("num_processes") && !n.nondefault.contains("cpu"));
 }
 
@@ -33,15 +34,15 @@ fn typed_values() {
         "--vm a --vm b --megatron_lm_use_custom_fsdp False --fp8_pad_inner_dim no \
                 --fp8_override_linear_precision true,false,1 -t 3 s.py",
     );
-    assert_eq!(n.get("vm"), &serde_json::json!(["a", "b"]));
-    assert_eq!(n.get("megatron_lm_use_custom_fsdp"), &Value::Bool(true));
-    assert_eq!(n.get("fp8_pad_inner_dim"), &Value::from(0));
+    assert_eq!(n.get(D::vm), &serde_json::json!(["a", "b"]));
+    assert_eq!(n.get(D::megatron_lm_use_custom_fsdp), &Value::Bool(true));
+    assert_eq!(n.get(D::fp8_pad_inner_dim), &Value::from(0));
     assert_eq!(
-        n.get("fp8_override_linear_precision"),
+        n.get(D::fp8_override_linear_precision),
         &serde_json::json!([1, 0, 1])
     );
-    assert_eq!(n.get("tee"), "3");
-    assert_eq!(n.get("fp8_enable_fsdp_float8_all_gather"), &Value::from(1));
+    assert_eq!(n.get(D::tee), "3");
+    assert_eq!(n.get(D::fp8_enable_fsdp_float8_all_gather), &Value::from(1));
 }
 
 #[test]
@@ -80,76 +81,22 @@ fn help_lists_every_flag() {
     }
 }
 
-/// Every flag name the launcher reads by a literal is a destination in the
-/// table: a misspelt name would read `null` (accelerate's `Namespace` raises
-/// on one), so it is caught here, for every literal, whichever paths the
-/// other tests take.
+/// [`Dest`] lists exactly the table's destinations, in its order, then the
+/// merge's; each is found by its name (the configuration file's keys are
+/// matched to flags by name).
 #[test]
-fn every_name_read_is_a_flag() {
-    let sources = [
-        ("launch.rs", include_str!("../../launch.rs")),
-        ("launch/env.rs", include_str!("../env.rs")),
-        ("launch/merge.rs", include_str!("../merge.rs")),
-    ];
-    let mut read = 0;
-    for (file, text) in sources {
-        for opener in [
-            "ns.get(\"",
-            "ns.truthy(\"",
-            " s(\"",
-            "(s(\"",
-            " lc(\"",
-            "(lc(\"",
-            "text(\"",
-        ] {
-            for (at, _) in text.match_indices(opener) {
-                let rest = &text[at + opener.len()..];
-                let name = &rest[..rest.find('"').expect("a closing quote")];
-                assert!(
-                    is_destination(name),
-                    "{file} reads '{name}', which no flag has as its destination"
-                );
-                read += 1;
-            }
+fn the_destinations_are_the_tables() {
+    let mut expected: Vec<Dest> = Vec::new();
+    for f in FLAGS {
+        if !expected.contains(&f.dest) {
+            expected.push(f.dest);
         }
     }
-    // The tables of (flag, VARIABLE) pairs the environment is built from.
-    let env = include_str!("../env.rs");
-    let mut pairs = 0;
-    let mut rest = env;
-    while let Some(open) = rest.find('(') {
-        rest = &rest[open + 1..];
-        let t = rest.trim_start();
-        let Some(t) = t.strip_prefix('"') else {
-            continue;
-        };
-        let Some(end) = t.find('"') else { break };
-        let (name, after) = (&t[..end], t[end + 1..].trim_start());
-        let Some(after) = after.strip_prefix(',') else {
-            continue;
-        };
-        let var = after.trim_start();
-        let is_var = var.strip_prefix('"').is_some_and(|v| {
-            v.split('"').next().is_some_and(|v| {
-                !v.is_empty()
-                    && v.bytes()
-                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-            })
-        });
-        let is_name = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if is_var && is_name {
-            assert!(
-                is_destination(name),
-                "launch/env.rs maps '{name}', which no flag has as its destination"
-            );
-            pairs += 1;
-        }
+    expected.extend(MERGED);
+    assert_eq!(Dest::ALL, expected.as_slice());
+    for &d in Dest::ALL {
+        assert_eq!(Dest::from_name(d.name()), Some(d));
     }
-    assert!(
-        read > 50 && pairs > 10,
-        "the scan found the reads ({read}) and pairs ({pairs})"
-    );
+    assert_eq!(Dest::from_name("num_process"), None);
+    assert_eq!(D::tpu_use_cluster.name(), "tpu_use_cluster");
 }
