@@ -135,11 +135,10 @@ fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
                     for pgid in std::mem::take(&mut groups) {
                         sys::killpg(pgid, Signal::SIGKILL);
                     }
-                    let _ = writeln!(
-                        std::io::stderr().lock(),
+                    crate::node::say(&format!(
                         "accel-guard: the agent has not run for {:.1} s (frozen or starved): killed its workers so no second copy of its ranks runs beside a re-formed job",
                         heard.elapsed().as_secs_f64()
-                    );
+                    ));
                 }
                 continue;
             }

@@ -59,13 +59,6 @@ pub use table::{Dest, ACCEL, FLAGS};
 /// accelerate does (`use_cpu` from `--cpu` or the file).
 pub const MERGED: &[Dest] = &[Dest::use_cpu];
 
-impl Dest {
-    /// The destination named `name`, if any.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|d| d.name() == name)
-    }
-}
-
 /// Short options and the long flag each stands for.
 const SHORT: &[(&str, &str)] = &[("-q", "quiet"), ("-m", "module"), ("-t", "tee")];
 
