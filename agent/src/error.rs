@@ -28,9 +28,41 @@ pub enum AgentError {
     /// A round did not form in time.
     #[error("rendezvous timed out: {0}")]
     JoinTimeout(String),
-    /// The rendezvous went away or misbehaved.
-    #[error("{0}")]
-    Rendezvous(String),
+    /// The rendezvous refused a joined node's offer to run a round. `code`
+    /// is the server's gRPC status code (`NotFound` for a job or session it
+    /// no longer knows, `Unavailable` from a replica that is not the leader,
+    /// ...).
+    #[error("the rendezvous did not accept this node as ready for round {round}: {message}")]
+    NotReady {
+        /// The round offered.
+        round: u64,
+        /// The server's status code.
+        code: tonic::Code,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The rendezvous ended the job (an operator closed it, or another node
+    /// spent the job's restart budget while this one was away).
+    #[error("the rendezvous closed the job: {reason}")]
+    JobClosed {
+        /// The server's reason.
+        reason: String,
+    },
+    /// The link to the rendezvous broke and rejoining failed within
+    /// `reconnect_grace`; `source` is why the last rejoin failed.
+    #[error(
+        "lost the rendezvous ({why}) and could not rejoin within reconnect_grace={:.0} s ({source}); this node stopped its workers",
+        grace.as_secs_f64()
+    )]
+    GaveUp {
+        /// How the link broke.
+        why: String,
+        /// The grace that ran out.
+        grace: std::time::Duration,
+        /// Why the last rejoin failed.
+        #[source]
+        source: Box<AgentError>,
+    },
     /// A local operation failed.
     #[error("{context}: {source}")]
     Io {

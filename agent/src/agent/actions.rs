@@ -149,11 +149,10 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         self.link
             .ready(round, (addr, u32::from(port)))
             .await
-            .map_err(|s| {
-                AgentError::Rendezvous(format!(
-                    "the rendezvous did not accept this node as ready: {}",
-                    s.message()
-                ))
+            .map_err(|s| AgentError::NotReady {
+                round,
+                code: s.code(),
+                message: s.message().to_owned(),
             })
     }
 

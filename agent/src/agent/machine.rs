@@ -690,7 +690,7 @@ impl NodeMachine {
         match event {
             Event::Rejoined { round, .. } => self.form_again(deadline, round, waiting),
             Event::RejoinFailed(e) => {
-                let e = self.gave_up(&why, &e);
+                let e = self.gave_up(why, e);
                 self.exit(Err(e))
             }
             _ => {
@@ -928,7 +928,7 @@ impl NodeMachine {
                 self.go_on(now, round, actions)
             }
             Event::RejoinFailed(e) => {
-                let e = self.gave_up(&why, &e);
+                let e = self.gave_up(why, e);
                 self.stop(Signal::SIGTERM, Then::Fail(e), false)
             }
             _ => {
@@ -1034,16 +1034,19 @@ impl NodeMachine {
         vec![Action::Exit(result)]
     }
 
-    fn gave_up(&self, why: &str, e: &AgentError) -> AgentError {
-        AgentError::Rendezvous(format!(
-            "lost the rendezvous ({why}) and could not rejoin within reconnect_grace={:.0} s ({e}); this node stopped its workers",
-            self.settings.reconnect_grace.as_secs_f64()
-        ))
+    fn gave_up(&self, why: String, e: AgentError) -> AgentError {
+        AgentError::GaveUp {
+            why,
+            grace: self.settings.reconnect_grace,
+            source: Box::new(e),
+        }
     }
 }
 
 fn closed(c: &pb::JobClosed) -> AgentError {
-    AgentError::Rendezvous(format!("the rendezvous closed the job: {}", c.reason))
+    AgentError::JobClosed {
+        reason: c.reason.clone(),
+    }
 }
 
 /// What a forming round waits for, in words.

@@ -61,6 +61,8 @@ struct Script {
     unreported: Mutex<Vec<Exit>>,
     /// The store port the last `ready` offered.
     offered: Mutex<Option<u32>>,
+    /// The rendezvous answers the next `ready` with this status.
+    refuse_ready: Mutex<Option<tonic::Status>>,
     /// Each group's exit sender, by spawn.
     groups: Mutex<Vec<UnboundedSender<Exit>>>,
 }
@@ -141,7 +143,10 @@ impl Link for FakeLink {
         assert_ne!(store.1, 0, "the store listener is bound");
         *self.script.offered.lock().expect("lock") = Some(store.1);
         self.call(Call::Ready(self.n, round));
-        Ok(())
+        match self.script.refuse_ready.lock().expect("lock").take() {
+            Some(status) => Err(status),
+            None => Ok(()),
+        }
     }
 
     async fn report_failure(&mut self, round: u64, failed: Failed) {
@@ -586,6 +591,35 @@ async fn a_rejoin_into_a_reformed_job_stops_the_workers_and_offers_for_its_round
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refused_offer_ends_the_agent_with_the_servers_status_code() {
+    let end = drive(|mut h| async move {
+        running(&mut h).await;
+        h.script.exit(0, 1, Ended::Exited(3));
+        assert!(matches!(h.next().await, Call::Failure(0, 0, _)));
+        assert!(matches!(h.next().await, Call::Stop(..)));
+        *h.script.refuse_ready.lock().expect("lock") =
+            Some(tonic::Status::not_found("no job 'j' here"));
+        h.script.say(0, restart(0, 1));
+        assert_eq!(h.next().await, Call::Ready(0, 1));
+    })
+    .await;
+    let e = end.err().expect("the agent ends with an error");
+    assert!(
+        matches!(
+            &e,
+            AgentError::NotReady { round: 1, code: tonic::Code::NotFound, message }
+                if message == "no job 'j' here"
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.exit_code(), 1);
+    assert!(
+        e.to_string().contains("ready for round 1: no job 'j' here"),
+        "{e}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_rejoin_that_gives_up_stops_the_workers_and_ends_the_agent() {
     let end = drive(|mut h| async move {
         running(&mut h).await;
@@ -593,7 +627,7 @@ async fn a_rejoin_that_gives_up_stops_the_workers_and_ends_the_agent() {
             .rejoins
             .lock()
             .expect("lock")
-            .push_back(Err(AgentError::Rendezvous("the grace ended".into())));
+            .push_back(Err(AgentError::JoinTimeout("the grace ended".into())));
         h.script.say(
             0,
             Heard::Silent {

@@ -715,8 +715,15 @@ fn a_closed_job_ends_the_agent_with_the_reason() {
     }));
     let actions = m.step(t0, closed);
     assert!(is_stop(&actions[0], Signal::SIGTERM));
-    let text = error(m.step(t0, Event::Stopped(Vec::new()))).to_string();
-    assert!(text.contains("closed the job: the agent hosting"), "{text}");
+    let e = error(m.step(t0, Event::Stopped(Vec::new())));
+    assert!(
+        matches!(&e, AgentError::JobClosed { reason } if reason == "the agent hosting the rendezvous stopped"),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("closed the job: the agent hosting"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -791,8 +798,9 @@ fn a_job_that_ends_while_forming_ends_the_node() {
         reason: "the agent hosting the rendezvous stopped".into(),
         may_rejoin: false,
     }));
-    let text = error(m.step(t0, closed)).to_string();
-    assert!(text.contains("closed the job"), "{text}");
+    let e = error(m.step(t0, closed));
+    assert!(matches!(e, AgentError::JobClosed { .. }), "{e:?}");
+    assert!(e.to_string().contains("closed the job"), "{e}");
 
     let (mut m, t0) = joined();
     let restarting = Event::Message(Kind::JobClosed(pb::JobClosed {
@@ -813,8 +821,20 @@ fn a_rejoin_that_gives_up_with_no_workers_ends_the_agent() {
         t0,
         Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
     ));
-    assert!(matches!(e, AgentError::Rendezvous(_)), "{e:?}");
+    // The rejoin's own failure stays reachable as the source, not only as
+    // text, and the exit code is the runtime failure's.
+    let AgentError::GaveUp { why, source, .. } = &e else {
+        panic!("expected GaveUp, got {e:?}");
+    };
+    assert_eq!(why, "lost the rendezvous: eof");
+    assert!(matches!(**source, AgentError::JoinTimeout(_)), "{source:?}");
+    assert!(std::error::Error::source(&e).is_some());
+    assert_eq!(e.exit_code(), 1);
     assert!(e.to_string().contains("(lost the rendezvous: eof)"), "{e}");
+    assert!(
+        e.to_string().contains("(rendezvous timed out: no answer)"),
+        "{e}"
+    );
 }
 
 #[test]
