@@ -67,7 +67,7 @@ pub enum LaunchError {
 
 /// Plans `accel launch ARGS` (the words after `launch`).
 pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Planned, LaunchError> {
-    let on_path = |p: &str| on_path(p, env);
+    let on_path = |p: &str| accel_agent::probe::find_program(p, env("PATH").as_deref()).is_some();
     let ns = match flags::parse(args, &on_path).map_err(LaunchError::Invalid)? {
         Parsed::Help => return Ok(Planned::Help(flags::help())),
         Parsed::Launch(ns) => ns,
@@ -75,8 +75,8 @@ pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pla
     let explicit = ns.get(D::config_file).as_str().map(PathBuf::from);
     let config = config_file::load_optional(explicit.as_deref(), env)?;
     let machine = merge::Machine {
-        gpus: accel_agent::config::cuda_devices(env),
-        physical_cores: physical_cores(),
+        gpus: accel_agent::probe::cuda_devices(env),
+        physical_cores: accel_agent::probe::physical_cores(),
     };
     let merged = merge::merge(ns, config, machine, env).map_err(LaunchError::Invalid)?;
     let cwd = std::env::current_dir()
@@ -355,45 +355,6 @@ fn agent_options(
         })?;
     }
     Ok((o, single_process))
-}
-
-/// Whether `program` is an executable on `PATH` (or a path to one).
-fn on_path(program: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
-    if program.contains('/') {
-        return std::path::Path::new(program).is_file();
-    }
-    crate::find_program(program, env("PATH").as_deref()).is_some()
-}
-
-/// Physical cores (distinct core ids per package), as psutil counts them;
-/// the logical count when the topology is not readable. Hand-written rather
-/// than `num_cpus::get_physical`: that one reads `/proc/cpuinfo`, whose
-/// package fields ARM servers lack (it then counts logical CPUs), while
-/// accelerate's thread count follows psutil's sysfs topology.
-pub fn physical_cores() -> u32 {
-    let mut cores = std::collections::BTreeSet::new();
-    if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let is_cpu = name
-                .strip_prefix("cpu")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-            if !is_cpu {
-                continue;
-            }
-            if let Ok(list) = std::fs::read_to_string(e.path().join("topology/core_cpus_list"))
-                .or_else(|_| {
-                    std::fs::read_to_string(e.path().join("topology/thread_siblings_list"))
-                })
-            {
-                cores.insert(list.trim().to_owned());
-            }
-        }
-    }
-    match u32::try_from(cores.len()) {
-        Ok(n) if n > 0 => n,
-        _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-    }
 }
 
 #[cfg(test)]

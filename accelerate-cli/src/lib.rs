@@ -167,7 +167,7 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             print(config_file::write_default(
                 &path,
                 &mixed_precision,
-                accel_agent::config::cuda_devices(env),
+                accel_agent::probe::cuda_devices(env),
             )?)
         }
         AccelCommand::Config {
@@ -208,11 +208,4 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             print(tpu::run(&a, config.as_ref().map(|c| &c.fields), env)?)
         }
     }
-}
-
-/// The first executable `name` in `path` (a `PATH` value; unset means
-/// `/bin:/usr/bin`, as Python's subprocess assumes).
-pub(crate) fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    which::which_in(name, Some(path.unwrap_or("/bin:/usr/bin")), cwd).ok()
 }

@@ -271,24 +271,6 @@ pub const MAX_PRELOAD: usize = 64;
 /// instead of an attempt to describe and spawn billions of workers.
 pub const MAX_NPROC_PER_NODE: u32 = 65_536;
 
-/// CUDA devices visible to this process: those the NVIDIA driver exposes,
-/// limited to the ones `CUDA_VISIBLE_DEVICES` (from `env`) lists, without
-/// loading any CUDA library.
-pub fn cuda_devices(env: &dyn Fn(&str) -> Option<String>) -> u32 {
-    cuda_device_count(env)
-}
-
-fn cuda_device_count(env: &dyn Fn(&str) -> Option<String>) -> u32 {
-    let present = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count() as u32);
-    match env("CUDA_VISIBLE_DEVICES") {
-        Some(v) if present > 0 => {
-            let listed = v.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
-            listed.min(present)
-        }
-        _ => present,
-    }
-}
-
 /// `HOST[:PORT]`, `[V6]:PORT` or a bare IPv6 address.
 pub fn parse_endpoint(
     s: &str,

@@ -374,7 +374,7 @@ async fn act(e: &Expired, worker: &Watched, workers: &Workers) {
 
 /// The Python stacks of `pid`, from `py-spy dump`, or why there are none.
 async fn stacks(pid: i32) -> String {
-    let Some(py_spy) = which_py_spy() else {
+    let Some(py_spy) = crate::probe::program("py-spy") else {
         return "(no stacks: py-spy is not installed; `pip install py-spy` on the nodes to see where a hung worker is)".into();
     };
     let run = tokio::process::Command::new(&py_spy)
@@ -402,14 +402,6 @@ async fn stacks(pid: i32) -> String {
             STACKS_TIMEOUT.as_secs()
         ),
     }
-}
-
-/// `py-spy` on `PATH`.
-fn which_py_spy() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("py-spy"))
-        .find(|p| p.is_file())
 }
 
 /// Writes torch's error-file format, which the failure report reads.

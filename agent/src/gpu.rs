@@ -43,10 +43,7 @@ pub fn held_by_previous(
 
 /// `nvidia-smi` on `PATH`, if this is a GPU node.
 pub fn nvidia_smi() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("nvidia-smi"))
-        .find(|p| p.is_file())
+    crate::probe::program("nvidia-smi")
 }
 
 fn pgid_of(pid: i32) -> Option<i32> {

@@ -22,9 +22,9 @@ use rendezvous_server::input::excerpt;
 use rendezvous_server::input::parse_duration;
 
 use super::{
-    bad, cuda_device_count, parse_endpoint, parse_nnodes, random_id, Config, ConfigError,
-    Entrypoint, RdzvConf, Rendezvous, C10D_PORT, ETCD_PORT, MAX_NPROC_PER_NODE,
-    MAX_PREFIX_TEMPLATE, MAX_PRELOAD, MAX_RDZV_ID, STATIC_PORT,
+    bad, parse_endpoint, parse_nnodes, random_id, Config, ConfigError, Entrypoint, RdzvConf,
+    Rendezvous, C10D_PORT, ETCD_PORT, MAX_NPROC_PER_NODE, MAX_PREFIX_TEMPLATE, MAX_PRELOAD,
+    MAX_RDZV_ID, STATIC_PORT,
 };
 use crate::logs::{parse_ranks, LogSpec, StdSpec};
 
@@ -118,13 +118,13 @@ impl Nproc {
             // Options may be built without parsing text: the same bounds.
             Self::Count(n) => Self::count(n, &n.to_string()),
             Self::Cpu => Ok(cpus()),
-            Self::Gpu => match cuda_device_count(env) {
+            Self::Gpu => match crate::probe::cuda_devices(env) {
                 0 => Err(bad(
                     "--nproc-per-node gpu: no CUDA device found on this node; give a number or use cpu",
                 )),
                 n => Ok(n),
             },
-            Self::Auto => Ok(match cuda_device_count(env) {
+            Self::Auto => Ok(match crate::probe::cuda_devices(env) {
                 0 => cpus(),
                 n => n,
             }),

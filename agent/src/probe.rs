@@ -1,0 +1,134 @@
+//! What this machine has: CUDA devices, physical cores, programs on `PATH`.
+//!
+//! The agent and `accel launch` ask the same questions of the machine (how
+//! many GPUs for `--nproc-per-node gpu`, how many cores for accelerate's
+//! `OMP_NUM_THREADS`, whether `nvidia-smi`, `py-spy` or `gcloud` can be
+//! run), and their answers must agree, so they are asked here and nowhere
+//! else. Every probe is read-only, loads no library and starts no process.
+
+use std::path::PathBuf;
+
+/// CUDA devices visible to this process: those the NVIDIA driver exposes,
+/// limited to the ones `CUDA_VISIBLE_DEVICES` (from `env`) lists, without
+/// loading any CUDA library (which would make a later `fork` unsafe).
+pub fn cuda_devices(env: &dyn Fn(&str) -> Option<String>) -> u32 {
+    let present = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count() as u32);
+    match env("CUDA_VISIBLE_DEVICES") {
+        Some(v) if present > 0 => {
+            let listed = v.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
+            listed.min(present)
+        }
+        _ => present,
+    }
+}
+
+/// Physical cores (distinct core ids per package), as psutil counts them;
+/// the logical count when the topology is not readable. Hand-written rather
+/// than `num_cpus::get_physical`: that one reads `/proc/cpuinfo`, whose
+/// package fields ARM servers lack (it then counts logical CPUs), while
+/// accelerate's thread count follows psutil's sysfs topology.
+pub fn physical_cores() -> u32 {
+    let mut cores = std::collections::BTreeSet::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let is_cpu = name
+                .strip_prefix("cpu")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            if !is_cpu {
+                continue;
+            }
+            let topology = e.path().join("topology");
+            if let Ok(list) = std::fs::read_to_string(topology.join("core_cpus_list"))
+                .or_else(|_| std::fs::read_to_string(topology.join("thread_siblings_list")))
+            {
+                cores.insert(list.trim().to_owned());
+            }
+        }
+    }
+    match u32::try_from(cores.len()) {
+        Ok(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+    }
+}
+
+/// The first executable `name` in `path` (a `PATH` value), or `name` itself
+/// if it names a file with a `/` and may be executed. Unset, `PATH` means
+/// `/bin:/usr/bin`, as `execvp` and Python's `subprocess` assume. A file of
+/// that name without the execute bit is passed over, as the shell does.
+pub fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    which::which_in(name, Some(path.unwrap_or("/bin:/usr/bin")), cwd).ok()
+}
+
+/// [`find_program`] on this process's own `PATH`.
+pub fn program(name: &str) -> Option<PathBuf> {
+    find_program(name, std::env::var("PATH").ok().as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn file(dir: &std::path::Path, name: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        p
+    }
+
+    #[test]
+    fn a_program_is_the_first_executable_of_its_name_on_path() {
+        let first = tempfile::tempdir().expect("tempdir");
+        let second = tempfile::tempdir().expect("tempdir");
+        // Readable but not executable: the shell would skip it, and so do we.
+        file(first.path(), "py-spy", 0o644);
+        let runnable = file(second.path(), "py-spy", 0o755);
+        let path = format!("{}:{}", first.path().display(), second.path().display());
+        assert_eq!(find_program("py-spy", Some(&path)), Some(runnable));
+        assert_eq!(find_program("nvidia-smi", Some(&path)), None);
+        let only_plain = first.path().display().to_string();
+        assert_eq!(find_program("py-spy", Some(&only_plain)), None);
+    }
+
+    #[test]
+    fn a_directory_is_not_a_program() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("nvidia-smi")).expect("mkdir");
+        let path = dir.path().display().to_string();
+        assert_eq!(find_program("nvidia-smi", Some(&path)), None);
+    }
+
+    #[test]
+    fn a_path_with_a_slash_is_checked_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runnable = file(dir.path(), "run", 0o755);
+        let plain = file(dir.path(), "plain", 0o644);
+        let name = runnable.display().to_string();
+        assert_eq!(find_program(&name, Some("")), Some(runnable));
+        assert_eq!(find_program(&plain.display().to_string(), Some("")), None);
+    }
+
+    #[test]
+    fn an_unset_path_searches_where_execvp_does() {
+        assert!(find_program("sh", None).is_some());
+    }
+
+    #[test]
+    fn physical_cores_are_counted_and_never_more_than_logical_ones() {
+        let logical = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        let physical = physical_cores();
+        assert!((1..=logical).contains(&physical), "{physical} of {logical}");
+    }
+
+    #[test]
+    fn cuda_visible_devices_limits_only_devices_the_driver_has() {
+        let present = cuda_devices(&|_| None);
+        let one = cuda_devices(&|k| (k == "CUDA_VISIBLE_DEVICES").then(|| "0".to_owned()));
+        assert_eq!(one, present.min(1));
+        let none = cuda_devices(&|k| (k == "CUDA_VISIBLE_DEVICES").then(String::new));
+        assert_eq!(none, 0);
+    }
+}
