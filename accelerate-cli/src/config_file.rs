@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 use serde_json::{json, Map, Value};
 
 use super::yaml;

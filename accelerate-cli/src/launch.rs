@@ -29,10 +29,10 @@ use accel_agent::config::{
     Backend, Config, ConfigError, LaunchOptions, NodeCount, Nproc, RdzvConf,
 };
 use accel_agent::logs::{parse_ranks, StdSpec};
+use accel_input::excerpt;
+use accel_input::parse_duration;
 use env::Launcher;
 use flags::{Dest as D, Namespace, Parsed};
-use rendezvous_server::config::parse_duration;
-use rendezvous_server::input::excerpt;
 
 /// A launch ready to run.
 #[derive(Debug)]

@@ -8,11 +8,11 @@ use accel_cli::{run, AccelArgs, Action};
 
 fn main() -> ExitCode {
     node::abort_on_panic();
-    if let Some(code) = rendezvous_server::input::generated::<AccelArgs>() {
+    if let Some(code) = accel_input::generated::<AccelArgs>() {
         return code;
     }
     // Usage errors exit 2 and quote only excerpts of the values.
-    let args: AccelArgs = rendezvous_server::input::parse_or_exit();
+    let args: AccelArgs = accel_input::parse_or_exit();
     match run(args, &|k| std::env::var(k).ok()) {
         Ok(Action::Print(message)) => {
             // A closed pipe (`accel launch --help | head`) is not an error.

@@ -16,7 +16,7 @@
 //! `accel launch` by 1.2 GB/s) and collections nested more than
 //! [`MAX_DEPTH`] deep. The caller bounds the text's size.
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 use serde_json::{Map, Number, Value};
 use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use accel_input::DurationParser;
 use clap::builder::BoolishValueParser;
 use clap::Parser;
-use rendezvous_server::config::DurationParser;
 
 use crate::config::{
     rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, RdzvConf, Signals,

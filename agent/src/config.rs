@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use accel_input::excerpt;
 use nix::sys::signal::Signal;
-use rendezvous_server::input::excerpt;
 
 mod options;
 mod rdzv_conf;
@@ -223,8 +223,7 @@ impl RestartBackoff {
     /// 30 s; a zero `BASE` turns waiting off).
     pub fn parse_wait(s: &str) -> Result<(Duration, Duration), String> {
         let parse = |part: &str, what: &str| {
-            rendezvous_server::input::parse_duration(part.trim())
-                .map_err(|e| format!("{what}: {e}"))
+            accel_input::parse_duration(part.trim()).map_err(|e| format!("{what}: {e}"))
         };
         let (base, max) = match s.split_once(':') {
             Some((b, m)) => (parse(b, "BASE")?, parse(m, "MAX")?),

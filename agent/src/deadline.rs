@@ -1,7 +1,7 @@
 //! Deadlines and wire values computed from durations a person chose.
 //!
 //! The parsers bound every duration to ten years
-//! ([`rendezvous_server::input::MAX_DURATION`]), so `now + timeout` fits in
+//! ([`accel_input::MAX_DURATION`]), so `now + timeout` fits in
 //! the clock today. Before that bound, `--rdzv-conf join_timeout=1e19` made
 //! `Instant + Duration` overflow and abort the agent, and
 //! `--exit-barrier-timeout 1e19` aborted it after the job had succeeded.
@@ -32,7 +32,7 @@ pub(crate) fn after_from(now: Instant, d: Duration) -> Instant {
 /// rendezvous accepts (`as u64` would wrap a huge value to a small one, and
 /// the server refuses a longer one).
 pub(crate) fn millis(d: Duration) -> u64 {
-    let d = d.min(rendezvous_server::input::MAX_DURATION);
+    let d = d.min(accel_input::MAX_DURATION);
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -52,7 +52,7 @@ mod tests {
     #[test]
     fn millis_saturate() {
         assert_eq!(millis(Duration::from_secs(2)), 2000);
-        let max = rendezvous_server::input::MAX_DURATION.as_millis() as u64;
+        let max = accel_input::MAX_DURATION.as_millis() as u64;
         assert_eq!(millis(Duration::MAX), max);
         assert_eq!(
             millis(Duration::from_secs(315_576_000).saturating_mul(u32::MAX)),

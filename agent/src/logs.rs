@@ -24,7 +24,7 @@ pub mod tee;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 
 use crate::config::ConfigError;
 

@@ -8,11 +8,11 @@ use accel_agent::node;
 
 fn main() -> ExitCode {
     node::abort_on_panic();
-    if let Some(code) = rendezvous_server::input::generated::<AgentArgs>() {
+    if let Some(code) = accel_input::generated::<AgentArgs>() {
         return code;
     }
     // Usage errors exit 2 and quote only excerpts of the values.
-    let (args, matches): (AgentArgs, _) = rendezvous_server::input::parse_with_matches_or_exit();
+    let (args, matches): (AgentArgs, _) = accel_input::parse_with_matches_or_exit();
     node::init_logs(args.log_format, node::DEFAULT_LOG_FILTER);
     let env = |k: &str| std::env::var(k).ok();
     let given = |id: &str| {

@@ -22,7 +22,7 @@ use accel_agent::config::{
 };
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
-use rendezvous_server::config::parse_duration;
+use accel_input::parse_duration;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -104,8 +104,8 @@ fn check_rdzv(r: &RdzvConf) {
     // within the server's bound, and never shorter than one interval.
     let limit = r.dead_after();
     assert!(
-        limit <= rendezvous_server::input::MAX_DURATION
-            && limit >= r.keep_alive_interval.min(rendezvous_server::input::MAX_DURATION),
+        limit <= accel_input::MAX_DURATION
+            && limit >= r.keep_alive_interval.min(accel_input::MAX_DURATION),
         "keep_alive_interval {:?} x keep_alive_max_attempt {} gave {limit:?}",
         r.keep_alive_interval,
         r.keep_alive_max_attempt

@@ -1,7 +1,7 @@
 //! Command-line and environment configuration of `rdzv-server`.
 //!
-//! Durations are parsed by [`crate::input`], bounded, and re-exported here
-//! for the agent, which shares them.
+//! Durations are parsed by [`accel_input`], as every accel program parses
+//! them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,8 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::auth::{Token, TokenError};
-pub use crate::input::{parse_duration, DurationError, DurationParser, MAX_DURATION};
 use crate::limits::Limits;
+use accel_input::DurationParser;
 use accel_telemetry::logging::LogFormat;
 use accel_telemetry::Bind;
 
@@ -220,7 +220,7 @@ impl ServerArgs {
                 _ => {
                     return Err(format!(
                         "--etcd-endpoints: '{}' is not an etcd client URL; write http://HOST:PORT or https://HOST:PORT",
-                        crate::input::excerpt(url)
+                        accel_input::excerpt(url)
                     ))
                 }
             }
@@ -228,7 +228,7 @@ impl ServerArgs {
         if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() < 2 {
             return Err(format!(
                 "--etcd-prefix '{}' must start with '/' and name something, e.g. /accel",
-                crate::input::excerpt(&self.etcd_prefix)
+                accel_input::excerpt(&self.etcd_prefix)
             ));
         }
         let read = |flag: &str, path: &std::path::Path| {
@@ -265,7 +265,7 @@ impl ServerArgs {
                 {
                     return Err(format!(
                         "--advertise '{}' is not HOST:PORT",
-                        crate::input::excerpt(a)
+                        accel_input::excerpt(a)
                     ));
                 }
                 a.clone()

@@ -18,8 +18,8 @@
 //! - [`outbox`]: each node's bounded event queue;
 //! - [`quiet`]: logging a recurring problem once per episode, then counts;
 //! - [`tls`]: certificates and keys for TLS on every link;
-//! - [`config`]: `rdzv-server`'s flags;
-//! - [`input`]: bounded parsing of what people type (durations, excerpts);
+//! - [`config`]: `rdzv-server`'s flags
+//!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
@@ -30,7 +30,6 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod ha;
-pub mod input;
 pub mod job;
 pub mod limits;
 pub mod metrics;

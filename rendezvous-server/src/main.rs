@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use rendezvous_server::config::{client_token, Command, ServerArgs};
 
 fn main() -> ExitCode {
-    if let Some(code) = rendezvous_server::input::generated::<ServerArgs>() {
+    if let Some(code) = accel_input::generated::<ServerArgs>() {
         return code;
     }
     // Usage errors exit 2 and quote only excerpts of the values.
-    let args: ServerArgs = rendezvous_server::input::parse_or_exit();
+    let args: ServerArgs = accel_input::parse_or_exit();
     accel_telemetry::logging::init(args.log_format, "RUST_LOG", "info", true);
     let env = |k: &str| std::env::var(k).ok();
     let runtime = match tokio::runtime::Runtime::new() {

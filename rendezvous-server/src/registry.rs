@@ -48,12 +48,12 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use crate::error::Error;
-use crate::input::excerpt;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
 use crate::store::{Batch, JobStore, StoreError};
+use accel_input::excerpt;
 
 /// Most bytes of the last failure in a status answer (per job).
 const STATUS_FAILURE: usize = 4096;

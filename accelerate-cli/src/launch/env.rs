@@ -19,7 +19,7 @@
 //! - `PARALLELISM_CONFIG_SP_SEQ_LENGTH` is left out when unset instead of
 //!   being the text `None`.
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 use serde_json::Value;
 
 use super::flags::{str_to_bool, Dest, Dest as D, Namespace};

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 use serde_json::Value;
 
 /// How a flag's value is read.

@@ -9,7 +9,7 @@
 //! command line gives them (accelerate ignores both, because their flag
 //! defaults are not "not given").
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 use serde_json::{json, Value};
 
 use super::flags::{Dest as D, Namespace};

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rendezvous_server::input::parse_duration;
+use accel_input::parse_duration;
 
 use super::client::{Client, ClientError};
 use super::TestError;

@@ -2,7 +2,7 @@
 //! found, with the rule they broke.
 
 use super::*;
-use rendezvous_server::config::MAX_DURATION;
+use accel_input::MAX_DURATION;
 
 /// `keep_alive_interval x keep_alive_max_attempt` is sent to the server as
 /// u64 milliseconds: 100 days x 4e9 attempts wrapped around (`as u64`), so

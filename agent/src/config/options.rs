@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use accel_input::excerpt;
+use accel_input::parse_duration;
 use nix::sys::signal::Signal;
-use rendezvous_server::input::excerpt;
-use rendezvous_server::input::parse_duration;
 
 use super::{
     bad, parse_endpoint, parse_nnodes, random_id, Config, ConfigError, Entrypoint, RdzvConf,

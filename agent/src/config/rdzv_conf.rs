@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use rendezvous_server::input::excerpt;
-use rendezvous_server::input::parse_duration;
+use accel_input::excerpt;
+use accel_input::parse_duration;
 
 use super::{bad, ConfigError};
 
@@ -319,7 +319,7 @@ impl RdzvConf {
     pub fn dead_after(&self) -> Duration {
         self.keep_alive_interval
             .saturating_mul(self.keep_alive_max_attempt)
-            .min(rendezvous_server::input::MAX_DURATION)
+            .min(accel_input::MAX_DURATION)
     }
 }
 

@@ -22,7 +22,7 @@
 //! node, is told what to change instead of forming a job that cannot
 //! complete.
 
-use rendezvous_server::input::excerpt;
+use accel_input::excerpt;
 
 use super::{Backend, ConfigError, LaunchOptions, NodeCount, C10D_PORT};
 

@@ -7,11 +7,8 @@ fn parse(args: &[&str]) -> Result<Config, ConfigError> {
     v.extend_from_slice(args);
     // A value's own error comes from its parser, clipped as the binaries
     // print it.
-    let a = AgentArgs::try_parse_from(v).map_err(|e| {
-        ConfigError(rendezvous_server::input::clip_message(
-            &e.render().to_string(),
-        ))
-    })?;
+    let a = AgentArgs::try_parse_from(v)
+        .map_err(|e| ConfigError(accel_input::clip_message(&e.render().to_string())))?;
     LaunchOptions::from(a).build(&|_| None)
 }
 
@@ -239,7 +236,7 @@ fn huge_values_are_usage_errors_not_crashes() {
         "t.py",
     ])
     .expect("ten years is accepted");
-    assert_eq!(c.join_timeout(), rendezvous_server::config::MAX_DURATION);
+    assert_eq!(c.join_timeout(), accel_input::MAX_DURATION);
     let long_id = "j".repeat(257);
     let e = parse(&["--rdzv-backend", "c10d", "--rdzv-id", &long_id, "t.py"]).expect_err("id");
     assert!(e.0.ends_with("is too long; at most 256 bytes"), "{}", e.0);

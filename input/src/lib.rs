@@ -1,6 +1,8 @@
 //! Reading what a person types (flags, environment variables, `key=value`
 //! settings) so that no value can crash a binary or flood its output. Shared
-//! by `rdzv-server`, `accel-agent` and `accel`.
+//! by `rdzv-server`, `accel-agent` and `accel`, which is why it is a crate of
+//! its own rather than a module of any of them: each binary accepts the same
+//! duration syntax and quotes bad values the same way.
 //!
 //! Two rules:
 //! - **Durations are bounded** by [`MAX_DURATION`] (ten years). Every
@@ -17,7 +19,9 @@
 //! [`parse_duration`] is written here rather than taken from `humantime`:
 //! torchrun's timeouts are seconds as floats (`0.5`, `1e3`), and people write
 //! `1.5m` or `0.5s`, which `humantime` refuses (it has no fractions); the
-//! ten-year bound and the excerpting errors are this module's either way.
+//! ten-year bound and the excerpting errors are this crate's either way.
+
+#![forbid(unsafe_code)]
 
 use std::ffi::OsStr;
 use std::fmt::{self, Write as _};
