@@ -15,7 +15,7 @@ use accel_input::excerpt;
 use serde_json::{json, Map, Value};
 
 use super::yaml;
-use crate::vocab::DistributedType;
+use crate::vocab::{DistributedType, DynamoBackend, MixedPrecision};
 
 mod read;
 mod schema;
@@ -56,21 +56,21 @@ pub fn default_location(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
 
 /// The configuration `config default` writes for a machine with `gpus` CUDA
 /// devices: JSON text (also in a `.yaml` file, as accelerate writes it).
-pub fn default_config(mixed_precision: &str, gpus: u32) -> String {
+pub fn default_config(mixed_precision: MixedPrecision, gpus: u32) -> String {
     let (distributed, processes, use_cpu) = match gpus {
-        0 => ("NO", 1, true),
-        1 => ("NO", 1, false),
-        n => ("MULTI_GPU", n, false),
+        0 => (DistributedType::No, 1, true),
+        1 => (DistributedType::No, 1, false),
+        n => (DistributedType::MultiGpu, n, false),
     };
     let config = serde_json::json!({
         "compute_environment": "LOCAL_MACHINE",
         "debug": false,
-        "distributed_type": distributed,
+        "distributed_type": distributed.name(),
         "downcast_bf16": false,
         "enable_cpu_affinity": false,
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": mixed_precision,
+        "mixed_precision": mixed_precision.name(),
         "num_machines": 1,
         "num_processes": processes,
         "rdzv_backend": "static",
@@ -88,7 +88,7 @@ pub fn default_config(mixed_precision: &str, gpus: u32) -> String {
 /// Returns the message to print (accelerate's wording).
 pub fn write_default(
     path: &Path,
-    mixed_precision: &str,
+    mixed_precision: MixedPrecision,
     gpus: u32,
 ) -> Result<String, ConfigFileError> {
     if path.exists() {
@@ -301,7 +301,7 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
     }
     // SageMaker's class has no num_processes; accelerate adds it anyway and
     // then rejects its own key (a known defect), so only local configs get it.
-    if !sagemaker && kind == "NO" && !d.contains_key("num_processes") {
+    if !sagemaker && kind == DistributedType::No.name() && !d.contains_key("num_processes") {
         d.insert("num_processes".into(), json!(1));
     }
     if !d.contains_key("mixed_precision") {
@@ -313,7 +313,7 @@ pub fn process(value: Value) -> Result<(bool, Map<String, Value>), String> {
     }
     d.remove("fp16");
     if let Some(backend) = d.remove("dynamo_backend") {
-        let dynamo = if backend == "NO" {
+        let dynamo = if backend == DynamoBackend::No.name() {
             json!({})
         } else {
             json!({ "dynamo_backend": backend })

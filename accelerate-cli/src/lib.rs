@@ -31,6 +31,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use vocab::MixedPrecision;
+
 /// accelerate's commands, on accel's agent.
 #[derive(Debug, Parser)]
 #[command(
@@ -99,8 +101,8 @@ pub enum ConfigAction {
         config_file: Option<PathBuf>,
         /// Mixed precision for the configuration.
         #[arg(long = "mixed_precision", alias = "mixed-precision", default_value = "no",
-              value_parser = ["no", "fp16", "bf16"])]
-        mixed_precision: String,
+              value_parser = config_default_precision())]
+        mixed_precision: MixedPrecision,
     },
     /// Rewrite an existing file in the current format (legacy keys migrated).
     Update {
@@ -108,6 +110,16 @@ pub enum ConfigAction {
         #[arg(long = "config_file", alias = "config-file")]
         config_file: Option<PathBuf>,
     },
+}
+
+/// `config default --mixed_precision`: one of [`MixedPrecision::CONFIG_DEFAULT`],
+/// listed in `--help` and in clap's error for anything else.
+fn config_default_precision() -> impl clap::builder::TypedValueParser<Value = MixedPrecision> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(
+        MixedPrecision::CONFIG_DEFAULT.map(MixedPrecision::name),
+    )
+    .try_map(|name| MixedPrecision::parse(&name).ok_or("not a mixed-precision mode"))
 }
 
 /// What the binary does after a command.
@@ -166,7 +178,7 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             let path = config_file.unwrap_or_else(|| config_file::default_location(env));
             print(config_file::write_default(
                 &path,
-                &mixed_precision,
+                mixed_precision,
                 accel_agent::probe::cuda_devices(env),
             )?)
         }
@@ -207,5 +219,39 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             let config = config_file::load_optional(a.config_file.as_deref(), env)?;
             print(tpu::run(&a, config.as_ref().map(|c| &c.fields), env)?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_default(words: &[&str]) -> Result<MixedPrecision, clap::Error> {
+        let argv = ["accel", "config", "default"].iter().chain(words);
+        match AccelArgs::try_parse_from(argv)?.command {
+            AccelCommand::Config {
+                action:
+                    Some(ConfigAction::Default {
+                        mixed_precision, ..
+                    }),
+                ..
+            } => Ok(mixed_precision),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_default_takes_accelerates_three_precisions() {
+        assert_eq!(config_default(&[]).expect("default"), MixedPrecision::No);
+        assert_eq!(
+            config_default(&["--mixed_precision", "bf16"]).expect("bf16"),
+            MixedPrecision::Bf16
+        );
+        let e = config_default(&["--mixed_precision", "fp8"]).expect_err("fp8 is not offered");
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
+        assert!(
+            e.to_string().contains("[possible values: no, fp16, bf16]"),
+            "{e}"
+        );
     }
 }

@@ -261,6 +261,10 @@ impl MixedPrecision {
     /// test checks it against [`Self::ALL`]).
     pub const CHOICES: [&'static str; 4] = ["no", "fp16", "bf16", "fp8"];
 
+    /// The modes `config default --mixed_precision` offers: accelerate
+    /// writes no fp8 recipe there, so it does not offer fp8.
+    pub const CONFIG_DEFAULT: [Self; 3] = [Self::No, Self::Fp16, Self::Bf16];
+
     /// The mode's name (`bf16`).
     pub const fn name(self) -> &'static str {
         match self {

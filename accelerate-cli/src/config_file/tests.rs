@@ -32,8 +32,8 @@ fn locations_follow_accelerate() {
 
 #[test]
 fn device_counts() {
-    assert!(default_config("no", 0).contains("\"use_cpu\": true"));
-    let four = default_config("bf16", 4);
+    assert!(default_config(MixedPrecision::No, 0).contains("\"use_cpu\": true"));
+    let four = default_config(MixedPrecision::Bf16, 4);
     assert!(
         four.contains("\"distributed_type\": \"MULTI_GPU\"")
             && four.contains("\"num_processes\": 4")

@@ -90,14 +90,14 @@ pub fn accelerate_env(
             ))
         }
     };
-    if MixedPrecision::parse(&mp).is_none() {
+    let Some(mode) = MixedPrecision::parse(&mp) else {
         return Err(format!(
             "unknown mixed_precision '{}': choose one of no, fp8, fp16, bf16",
             excerpt(&mp)
         ));
-    }
-    set("ACCELERATE_MIXED_PRECISION", mp.clone());
-    if mp == "fp8" {
+    };
+    set("ACCELERATE_MIXED_PRECISION", mode.name().to_owned());
+    if mode == MixedPrecision::Fp8 {
         fp8_env(ns, &mut set);
     }
     if launcher == Launcher::DeepSpeed {

@@ -97,11 +97,11 @@ fn apply_file(
     cfg: &AccelerateConfig,
     mp_from_config: &mut bool,
 ) -> Result<(), String> {
-    let kind = cfg
+    // A file without the key means one process, as accelerate reads it.
+    let t = cfg
         .get("distributed_type")
         .as_str()
-        .unwrap_or("NO")
-        .to_owned();
+        .map_or(Some(DistributedType::No), DistributedType::parse);
     let chosen = [
         D::multi_gpu,
         D::tpu,
@@ -111,7 +111,6 @@ fn apply_file(
         D::use_megatron_lm,
     ];
     if !chosen.iter().any(|&f| ns.truthy(f)) {
-        let t = DistributedType::parse(&kind);
         ns.set(
             D::use_deepspeed,
             json!(t == Some(DistributedType::DeepSpeed)),

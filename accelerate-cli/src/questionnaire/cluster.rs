@@ -10,7 +10,7 @@ use super::{deepspeed, fsdp, precision, QuestionnaireError};
 
 /// accelerate's `DistributedType`: what the questionnaire ends with.
 pub(super) use crate::vocab::DistributedType as Dist;
-use crate::vocab::DynamoBackend;
+use crate::vocab::{DynamoBackend, MixedPrecision};
 
 /// The machine-type menu, in accelerate's order.
 const MACHINES: [(&str, Dist); 11] = [
@@ -157,7 +157,7 @@ pub(super) fn ask(
         && !use_cpu
         && p.yes_no("Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware). [yes/NO]: ", false)?;
     let tail = precision::ask(p, dist, ds.json_file)?;
-    if dynamo.is_some() && tail.mixed_precision == Some("no") && !use_cpu {
+    if dynamo.is_some() && tail.mixed_precision == Some(MixedPrecision::No) && !use_cpu {
         p.say("Torch dynamo used without mixed precision requires TF32 to be efficient. Accelerate will enable it by default when launching your scripts.\n")?;
     }
     let tpu = tail.tpu;
@@ -169,7 +169,10 @@ pub(super) fn ask(
     put("distributed_type", json!(dist.name()));
     put("num_processes", json!(num_processes));
     put("gpu_ids", json!(gpu_ids));
-    put("mixed_precision", json!(tail.mixed_precision));
+    put(
+        "mixed_precision",
+        json!(tail.mixed_precision.map(MixedPrecision::name)),
+    );
     put("downcast_bf16", json!("no"));
     put("machine_rank", json!(nodes.machine_rank));
     put("num_machines", json!(nodes.num_machines));

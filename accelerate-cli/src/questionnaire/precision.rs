@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 use super::cluster::Dist;
 use super::prompt::Prompter;
 use super::QuestionnaireError;
+use crate::vocab::MixedPrecision;
 
-const PRECISIONS: [&str; 4] = crate::vocab::MixedPrecision::CHOICES;
 const FP8_FORMATS: [&str; 3] = ["HYBRID", "E4M3", "E5M2"];
 
 /// The TPU-pod fields, accelerate's defaults when not asked.
@@ -45,7 +45,7 @@ impl Default for Tpu {
 /// What the last questions decided.
 #[derive(Debug)]
 pub(super) struct Tail {
-    pub(super) mixed_precision: Option<&'static str>,
+    pub(super) mixed_precision: Option<MixedPrecision>,
     pub(super) main_training_function: String,
     pub(super) fp8: Map<String, Value>,
     pub(super) tpu: Tpu,
@@ -60,7 +60,7 @@ pub(super) fn ask(
     if dist == Dist::Xla {
         let main = p.text("What is the name of the function in your script that should be launched in all parallel scripts? [main]: ", Some("main"))?;
         return Ok(Tail {
-            mixed_precision: Some("no"),
+            mixed_precision: Some(MixedPrecision::No),
             main_training_function: main,
             fp8: Map::new(),
             tpu: tpu(p)?,
@@ -73,9 +73,14 @@ pub(super) fn ask(
         tpu: Tpu::default(),
     };
     if !deepspeed_json {
-        let mp = PRECISIONS[p.choose("Do you wish to use mixed precision?", &PRECISIONS, 0)?];
+        let chosen = p.choose(
+            "Do you wish to use mixed precision?",
+            &MixedPrecision::CHOICES,
+            0,
+        )?;
+        let mp = MixedPrecision::ALL[chosen];
         tail.mixed_precision = Some(mp);
-        if mp == "fp8" {
+        if mp == MixedPrecision::Fp8 {
             tail.fp8 = fp8(p)?;
         }
     }
