@@ -300,7 +300,7 @@ impl RdzvClient {
             session: self.session.clone(),
         });
         if let Err(s) = self.inner.report_failure(req).await {
-            warn!(error = %s.message(), "could not report the failure to the rendezvous");
+            warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
         }
     }
 
@@ -313,7 +313,7 @@ impl RdzvClient {
             session: self.session.clone(),
         });
         if let Err(s) = self.inner.report_success(req).await {
-            warn!(error = %s.message(), "could not report success to the rendezvous");
+            warn!(code = ?s.code(), error = %s.message(), "could not report success to the rendezvous");
         }
     }
 
