@@ -4,7 +4,8 @@
 //! driver frees it a moment after they die, or later for a process stuck
 //! in the driver).
 //!
-//! A node is a GPU node when `nvidia-smi` is on `PATH`. Its
+//! A node is a GPU node when `nvidia-smi` is on `PATH` (an executable file;
+//! with `PATH` unset, in `/bin` or `/usr/bin`, as `execvp` would run it). Its
 //! `--query-compute-apps=pid` list is polled; a listed process counts as
 //! the previous round's if it is one of its workers (alive or already
 //! gone: an exited worker whose memory the driver has not freed yet) or in

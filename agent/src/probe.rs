@@ -1,11 +1,14 @@
 //! What this machine has: CUDA devices, physical cores, programs on `PATH`.
 //!
-//! The agent and `accel launch` ask the same questions of the machine (how
-//! many GPUs for `--nproc-per-node gpu`, how many cores for accelerate's
-//! `OMP_NUM_THREADS`, whether `nvidia-smi`, `py-spy` or `gcloud` can be
-//! run), and their answers must agree, so they are asked here and nowhere
-//! else. Every probe is read-only, loads no library and starts no process.
+//! The agent and `accel` ask the same questions of the machine (how many
+//! GPUs for `--nproc-per-node gpu` and `config default`, how many cores for
+//! accelerate's `OMP_NUM_THREADS`, whether `nvidia-smi`, `py-spy` or
+//! `gcloud` can be run), and their answers must agree, so both ask them
+//! here. Every probe is read-only, loads no library and starts no process.
+//! (What the GPUs are is a different question: `accel launch`'s RTX 40
+//! check runs `nvidia-smi` itself, as accelerate does.)
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// CUDA devices visible to this process: those the NVIDIA driver exposes,
@@ -52,18 +55,21 @@ pub fn physical_cores() -> u32 {
     }
 }
 
-/// The first executable `name` in `path` (a `PATH` value), or `name` itself
-/// if it names a file with a `/` and may be executed. Unset, `PATH` means
-/// `/bin:/usr/bin`, as `execvp` and Python's `subprocess` assume. A file of
-/// that name without the execute bit is passed over, as the shell does.
-pub fn find_program(name: &str, path: Option<&str>) -> Option<PathBuf> {
+/// The first executable `name` in `path` (a `PATH` value), or, for a name
+/// with a `/`, that file (made absolute against the current directory) if
+/// it may be executed. Unset, `PATH` means `/bin:/usr/bin`, as `execvp` and
+/// Python's `subprocess` assume, so a program in `/usr/bin` is found even
+/// from an empty environment. A file of that name without the execute bit
+/// is passed over, as the shell does.
+pub fn find_program(name: &str, path: Option<&OsStr>) -> Option<PathBuf> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    which::which_in(name, Some(path.unwrap_or("/bin:/usr/bin")), cwd).ok()
+    let path = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
+    which::which_in(name, Some(path), cwd).ok()
 }
 
-/// [`find_program`] on this process's own `PATH`.
+/// [`find_program`] on this process's own `PATH` (whatever its encoding).
 pub fn program(name: &str) -> Option<PathBuf> {
-    find_program(name, std::env::var("PATH").ok().as_deref())
+    find_program(name, std::env::var_os("PATH").as_deref())
 }
 
 #[cfg(test)]
@@ -87,10 +93,10 @@ mod tests {
         file(first.path(), "py-spy", 0o644);
         let runnable = file(second.path(), "py-spy", 0o755);
         let path = format!("{}:{}", first.path().display(), second.path().display());
-        assert_eq!(find_program("py-spy", Some(&path)), Some(runnable));
-        assert_eq!(find_program("nvidia-smi", Some(&path)), None);
+        assert_eq!(find_program("py-spy", Some(path.as_ref())), Some(runnable));
+        assert_eq!(find_program("nvidia-smi", Some(path.as_ref())), None);
         let only_plain = first.path().display().to_string();
-        assert_eq!(find_program("py-spy", Some(&only_plain)), None);
+        assert_eq!(find_program("py-spy", Some(only_plain.as_ref())), None);
     }
 
     #[test]
@@ -98,7 +104,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("nvidia-smi")).expect("mkdir");
         let path = dir.path().display().to_string();
-        assert_eq!(find_program("nvidia-smi", Some(&path)), None);
+        assert_eq!(find_program("nvidia-smi", Some(path.as_ref())), None);
     }
 
     #[test]
@@ -107,13 +113,29 @@ mod tests {
         let runnable = file(dir.path(), "run", 0o755);
         let plain = file(dir.path(), "plain", 0o644);
         let name = runnable.display().to_string();
-        assert_eq!(find_program(&name, Some("")), Some(runnable));
-        assert_eq!(find_program(&plain.display().to_string(), Some("")), None);
+        assert_eq!(find_program(&name, Some("".as_ref())), Some(runnable));
+        assert_eq!(
+            find_program(&plain.display().to_string(), Some("".as_ref())),
+            None
+        );
     }
 
     #[test]
     fn an_unset_path_searches_where_execvp_does() {
         assert!(find_program("sh", None).is_some());
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_is_still_searched() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let odd = dir.path().join(OsStr::from_bytes(b"bin-\xff"));
+        std::fs::create_dir(&odd).expect("mkdir");
+        let runnable = file(&odd, "nvidia-smi", 0o755);
+        assert_eq!(
+            find_program("nvidia-smi", Some(odd.as_os_str())),
+            Some(runnable)
+        );
     }
 
     #[test]

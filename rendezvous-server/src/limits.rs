@@ -21,7 +21,7 @@ pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
 pub const MAX_REASON_BYTES: usize = 4096;
 /// Longest duration a request may ask for (keep-alive limit, last call):
 /// the same ten years as any duration a person types.
-use accel_input::MAX_DURATION;
+pub use accel_input::MAX_DURATION;
 /// Highest round a resuming node may report: far beyond any job's life (a
 /// round takes at least the workers' start), far below where the round
 /// counter could overflow.

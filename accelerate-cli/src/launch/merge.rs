@@ -97,7 +97,8 @@ fn apply_file(
     cfg: &AccelerateConfig,
     mp_from_config: &mut bool,
 ) -> Result<(), String> {
-    // A file without the key means one process, as accelerate reads it.
+    // The file reader has checked the key; a value that is not text (which
+    // it refuses too) picks no paradigm, like `NO`.
     let t = cfg
         .get("distributed_type")
         .as_str()

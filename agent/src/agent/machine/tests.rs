@@ -505,6 +505,12 @@ fn a_grace_that_expires_stops_the_workers_and_ends_the_agent() {
     );
     assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
     let e = error(m.step(t0 + 61 * SECOND, Event::Stopped(Vec::new())));
+    assert!(
+        matches!(&e, AgentError::GaveUp { grace, source, .. }
+            if *grace == Duration::from_secs(60) && matches!(**source, AgentError::JoinTimeout(_))),
+        "{e:?}"
+    );
+    assert_eq!(e.exit_code(), 1);
     let text = e.to_string();
     assert!(
         text.contains("no keep-alive answered") && text.contains("reconnect_grace=60 s"),
@@ -720,6 +726,7 @@ fn a_closed_job_ends_the_agent_with_the_reason() {
         matches!(&e, AgentError::JobClosed { reason } if reason == "the agent hosting the rendezvous stopped"),
         "{e:?}"
     );
+    assert_eq!(e.exit_code(), 1);
     assert!(
         e.to_string().contains("closed the job: the agent hosting"),
         "{e}"
