@@ -3,7 +3,10 @@ worker of the new round running. accel-agent vs torchrun, on 1 and on 3
 agents (2 workers each), in one run.
 
 Workers are shell scripts that stamp `date +%s.%N` when they start and just
-before the failing one exits, so interpreter start-up is not measured.
+before the failing one exits, so interpreter start-up is not measured. The
+last column is the floor under any launcher on this machine: the same
+scripts started at once by this process with nothing else running, from the
+first spawn to the last start stamp.
 
 Usage: python bench/restart.py --accel PATH --server PATH --torchrun PATH [--runs 3]
 """
@@ -81,6 +84,25 @@ def run_case(launcher, paths, agents, stamps):
     return (max(sorted(later)[:world]) - fail) * 1000, len(later), world
 
 
+def alone(world, stamps):
+    """The floor under any launcher: the same `world` worker scripts started
+    at once by this process, nothing else running; ms from the first spawn
+    to the last start stamp."""
+    worker = os.path.join(stamps, "w.sh")
+    env = dict(os.environ, STAMPS=stamps, RANK="0", TORCHELASTIC_RESTART_COUNT="0")
+    t0 = time.time()
+    procs = [subprocess.Popen([worker], env=env) for _ in range(world)]
+    deadline = time.time() + 10
+    starts = []
+    while len(starts) < world and time.time() < deadline:
+        time.sleep(0.05)
+        starts = [float(line.split()[1]) for f in glob.glob(os.path.join(stamps, "[0-9]*")) for line in open(f)]
+    for p in procs:
+        p.kill()
+        p.wait()
+    return (max(starts) - t0) * 1000 if len(starts) == world else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--accel", required=True)
@@ -92,8 +114,8 @@ def main():
     print(f"one worker (rank 1) fails once; time from its exit to every worker of the new round running; "
           f"2 workers per agent; {a.runs} runs, median; {os.cpu_count()} CPUs")
     print()
-    print("| agents | accel-agent | torchrun | ratio |")
-    print("|---|---|---|---|")
+    print("| agents | accel-agent | torchrun | ratio | the workers alone |")
+    print("|---|---|---|---|---|")
     for agents in (1, 3):
         res = {}
         for launcher in ("accel-agent", "torchrun"):
@@ -108,10 +130,19 @@ def main():
                     else:
                         times.append(ms)
             res[launcher] = (statistics.median(times) if times else None, note)
+        floors = []
+        for _ in range(a.runs):
+            with tempfile.TemporaryDirectory() as d:
+                open(os.path.join(d, "w.sh"), "w").write(WORKER)
+                os.chmod(os.path.join(d, "w.sh"), 0o755)
+                ms = alone(2 * agents, d)
+                if ms is not None:
+                    floors.append(ms)
+        floor = f"{statistics.median(floors):.1f} ms" if floors else "—"
         fmt = lambda r: f"{r[0]:.1f} ms" if r[0] is not None else r[1]
         ratio = (f"{res['torchrun'][0] / res['accel-agent'][0]:.0f}x"
                  if res["torchrun"][0] and res["accel-agent"][0] else "—")
-        print(f"| {agents} | {fmt(res['accel-agent'])} | {fmt(res['torchrun'])} | {ratio} |")
+        print(f"| {agents} | {fmt(res['accel-agent'])} | {fmt(res['torchrun'])} | {ratio} | {floor} |")
 
 
 if __name__ == "__main__":

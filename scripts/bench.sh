@@ -121,6 +121,17 @@ out="$(mktemp)"
   echo "runs, and which one leads changes from run to run. Each connection has one request in flight (the client"
   echo "waits for each reply), so there is nothing to batch per connection; going further needs fewer syscalls per"
   echo "operation across connections (io_uring), which is not attempted."
+  echo
+  echo 'Restart with 3 agents: the 15 ms bound is met on some runs and not others (13.0–17.4 ms, medians, across runs'
+  echo 'and days; 1 agent: 4.6–6.5 ms), and most of it is not the launcher'\''s. The restart table'\''s last column measures'
+  echo 'the floor: the same six worker scripts started at once by the benchmark itself, with no launcher, take'
+  echo '9.5–12.3 ms on this machine to stamp their start (three runs on 2026-12-04 of'
+  echo '`python bench/restart.py ... --runs 7`, whose 3-agent accel medians were 13.0, 14.7 and 13.4 ms). So accel'\''s'
+  echo 'share, from the failure to six spawns issued, is about 1.1–3.5 ms; with one agent'\''s two workers (3.4–3.6 ms'
+  echo 'alone against 5.5–5.7 ms) it is about 2 ms. A debug-logged run agrees: the failure is seen 0.4 ms after the worker'\''s'
+  echo 'exit, and all three agents are in the new round 2.7 ms after that. Starting an agent'\''s workers side by side'
+  echo '(one blocking task per spawn) was tried and measured no different (three alternating runs, 15.9–19.9 ms as is'
+  echo 'against 16.7–17.7 ms), so it was not kept: the two CPUs, not the order of spawns, are the limit.'
 } > "$out"
 if [ $quick = 1 ]; then
   cat "$out"
