@@ -84,6 +84,16 @@ def run_case(launcher, paths, agents, stamps):
     return (max(sorted(later)[:world]) - fail) * 1000, len(later), world
 
 
+def stamps_dir():
+    """A temporary directory holding the worker script, where workers stamp."""
+    d = tempfile.TemporaryDirectory()
+    worker = os.path.join(d.name, "w.sh")
+    with open(worker, "w") as f:
+        f.write(WORKER)
+    os.chmod(worker, 0o755)
+    return d
+
+
 def alone(world, stamps):
     """The floor under any launcher: the same `world` worker scripts started
     at once by this process, nothing else running; ms from the first spawn
@@ -91,14 +101,16 @@ def alone(world, stamps):
     worker = os.path.join(stamps, "w.sh")
     env = dict(os.environ, STAMPS=stamps, RANK="0", TORCHELASTIC_RESTART_COUNT="0")
     t0 = time.time()
-    procs = [subprocess.Popen([worker], env=env) for _ in range(world)]
+    # Each in its own group, so its `sleep` goes with it and does not run on
+    # into the next measurement.
+    procs = [subprocess.Popen([worker], env=env, start_new_session=True) for _ in range(world)]
     deadline = time.time() + 10
     starts = []
     while len(starts) < world and time.time() < deadline:
         time.sleep(0.05)
         starts = [float(line.split()[1]) for f in glob.glob(os.path.join(stamps, "[0-9]*")) for line in open(f)]
     for p in procs:
-        p.kill()
+        os.killpg(p.pid, 9)
         p.wait()
     return (max(starts) - t0) * 1000 if len(starts) == world else None
 
@@ -121,9 +133,7 @@ def main():
         for launcher in ("accel-agent", "torchrun"):
             times, note = [], ""
             for _ in range(a.runs):
-                with tempfile.TemporaryDirectory() as d:
-                    open(os.path.join(d, "w.sh"), "w").write(WORKER)
-                    os.chmod(os.path.join(d, "w.sh"), 0o755)
+                with stamps_dir() as d:
                     ms, restarted, world = run_case(launcher, paths, agents, d)
                     if ms is None:
                         note = f"only {restarted} of {world} workers restarted"
@@ -132,9 +142,7 @@ def main():
             res[launcher] = (statistics.median(times) if times else None, note)
         floors = []
         for _ in range(a.runs):
-            with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "w.sh"), "w").write(WORKER)
-                os.chmod(os.path.join(d, "w.sh"), 0o755)
+            with stamps_dir() as d:
                 ms = alone(2 * agents, d)
                 if ms is not None:
                     floors.append(ms)

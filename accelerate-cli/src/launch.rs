@@ -67,10 +67,7 @@ pub enum LaunchError {
 
 /// Plans `accel launch ARGS` (the words after `launch`).
 pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Planned, LaunchError> {
-    let on_path = |p: &str| {
-        accel_agent::probe::find_program(p, env("PATH").as_deref().map(std::ffi::OsStr::new))
-            .is_some()
-    };
+    let on_path = |p: &str| crate::find_program(p, env).is_some();
     let ns = match flags::parse(args, &on_path).map_err(LaunchError::Invalid)? {
         Parsed::Help => return Ok(Planned::Help(flags::help())),
         Parsed::Launch(ns) => ns,

@@ -222,6 +222,12 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
     }
 }
 
+/// The program `name` as `accel` would run it, searched on the `PATH` that
+/// `env` gives ([`accel_agent::probe::find_program`]).
+pub(crate) fn find_program(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    accel_agent::probe::find_program(name, env("PATH").as_deref().map(std::ffi::OsStr::new))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

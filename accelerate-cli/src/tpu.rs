@@ -118,11 +118,7 @@ pub fn run(
     if args.debug {
         return Ok(format!("Running {}", argv.join(" ")));
     }
-    let gcloud = accel_agent::probe::find_program(
-        "gcloud",
-        env("PATH").as_deref().map(std::ffi::OsStr::new),
-    )
-    .ok_or(TpuError::NoGcloud)?;
+    let gcloud = super::find_program("gcloud", env).ok_or(TpuError::NoGcloud)?;
     let status = Command::new(&gcloud)
         .args(&argv[1..])
         .status()
