@@ -7,7 +7,8 @@
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher,
-#     and maturin, pytest, ipykernel and nbclient for the wheel's checks.
+#     and maturin, pytest, ipykernel and nbclient for the wheel's checks;
+#   - mdBook, pinned, under ~/.cache/accel/tools/ (the user guide's check).
 # Prints nothing else but what it installs. Safe to run again.
 set -euo pipefail
 
@@ -74,6 +75,16 @@ if [ ! -f "$VENV/.tools-$tools_key" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check $PY_TOOLS
   "$VENV/bin/python" -c 'import pytest, ipykernel, nbclient, nbformat' >&2
   touch "$VENV/.tools-$tools_key"
+fi
+# mdBook for the user guide (scripts/check-docs.sh builds it), from crates.io,
+# pinned and cached by version; only the search feature (no server, no file
+# watcher: fewer crates to build).
+MDBOOK_VERSION="0.5.4"
+MDBOOK_ROOT="$CACHE/tools/mdbook-$MDBOOK_VERSION"
+if [ ! -x "$MDBOOK_ROOT/bin/mdbook" ]; then
+  echo "setup: installing mdbook $MDBOOK_VERSION into $MDBOOK_ROOT" >&2
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" \
+    --no-default-features --features search --root "$MDBOOK_ROOT" >&2
 fi
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

@@ -18,6 +18,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
+# The user guide (docs/): built with mdBook; links, anchors and code blocks
+# checked, and the torchrun page's flags against accel-agent and torchrun.
+scripts/check-docs.sh
 # Deployment files: systemd units verified and scored, Kubernetes manifests
 # rendered and validated, the Dockerfile linted (and the image built where
 # the tools run).
