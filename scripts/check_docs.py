@@ -14,8 +14,9 @@ Checks, each of which fails the run with a message naming the file and line:
    compile, `yaml`, `toml` and `json` blocks parse;
 3. the torchrun migration page: every long flag it names (and every short
    flag in its tables' first column) exists in `accel-agent --help`, except
-   on a row marked "(added in this release)"; and every flag of the given
-   `torchrun --help` has a row of its own there.
+   on a row marked "(added in this release)"; and every flag of
+   `accel-agent --help` and of the given `torchrun --help` has a row of its
+   own in one of its flag tables.
 
 Only the standard library, plus PyYAML for yaml blocks (the test venv has it).
 """
@@ -259,7 +260,10 @@ def check_torchrun_page(root: Path, agent: str, torchrun: str | None, rep: Repor
     if "--nproc-per-node" not in agent_flags:
         rep.error(Path(agent), 1, "accel-agent --help lists no --nproc-per-node: not the agent?")
         return
-    rows: set[str] = set()  # flags in a table row's first cell
+    # flags in the first cell of a row of a flag table (its header's first cell
+    # is "flag" or "torchrun flag"), not of other tables that name flags
+    rows: set[str] = set()
+    header: str | None = None  # the current table's first header cell
     for kind, lineno, *rest in split_blocks(page.read_text(encoding="utf-8")):
         texts = rest[1].split("\n") if kind == "code" else [rest[0]]
         for k, line in enumerate(texts):
@@ -272,16 +276,26 @@ def check_torchrun_page(root: Path, agent: str, torchrun: str | None, rep: Repor
             pending = PENDING_MARK in line
             long_flags = [f.replace("_", "-") for f in re.findall(r"(?<![\w/#-])(--[a-z][a-z0-9_-]*[a-z0-9])", line)]
             cells = line.split("|")
-            first = cells[1] if line.lstrip().startswith("|") and len(cells) > 2 else ""
+            first = cells[1] if kind == "text" and line.lstrip().startswith("|") and len(cells) > 2 else ""
+            if not first:
+                header = None
+            elif header is None:
+                header = first.strip()
             short = re.findall(r"`(-[a-zA-Z])`", first)
-            for f in re.findall(r"`(--[a-z][a-z0-9_-]*)`", first) + short:
-                rows.add(f.replace("_", "-") if f.startswith("--") else f)
+            if header in ("flag", "torchrun flag"):
+                for f in re.findall(r"`(--[a-z][a-z0-9_-]*)`", first) + short:
+                    rows.add(f.replace("_", "-") if f.startswith("--") else f)
             for f in long_flags + short:
                 rep.count("torchrun page flag mentions")
                 if f not in agent_flags and not pending:
                     rep.error(page.relative_to(root), n,
                               f"{f} is not a flag of accel-agent (not in `accel-agent --help`); "
                               f"mark its row {PENDING_MARK!r} if another change adds it")
+    for f in sorted(agent_flags - {"--help", "-h", "--version", "-V"}):
+        rep.count("agent flags with a row")
+        if f not in rows:
+            rep.error(page.relative_to(root), 1,
+                      f"accel-agent's {f} (from `accel-agent --help`) has no row in a flag table")
     if torchrun:
         tr_flags = parse_help([torchrun]) - {"--help", "-h"}
         if "--nproc-per-node" not in tr_flags:
