@@ -16,7 +16,12 @@ Checks, each of which fails the run with a message naming the file and line:
    flag in its tables' first column) exists in `accel-agent --help`, except
    on a row marked "(added in this release)"; and every flag of
    `accel-agent --help` and of the given `torchrun --help` has a row of its
-   own in one of its flag tables.
+   own in one of its flag tables;
+4. in sh/bash blocks everywhere, the long flags given to `accel-agent`,
+   `rdzv-server [status]` and `accel SUBCOMMAND` exist in that binary's
+   `--help` (the binaries are taken from accel-agent's directory);
+5. README.md has at most 300 lines, and its section "The two commands" the
+   run command and the test command exactly as tests and CI use them.
 
 Only the standard library, plus PyYAML for yaml blocks (the test venv has it).
 """
@@ -254,6 +259,54 @@ def parse_help(cmd: list[str]) -> set[str]:
     return flags
 
 
+COMMANDS = {"accel-agent", "rdzv-server", "accel"}
+
+
+def check_command_lines(root: Path, files: list[Path], bin_dir: Path, rep: Report) -> None:
+    """In sh/bash blocks, the long flags given to accel-agent, rdzv-server [status]
+    and accel SUBCOMMAND must be flags of that binary (its `--help`). A command's
+    flags end at its script (`*.py`) or module (`-m`); what follows is the script's."""
+    helps: dict[tuple[str, ...], set[str]] = {}
+
+    def flags_of(cmd: tuple[str, ...]) -> set[str]:
+        if cmd not in helps:
+            helps[cmd] = parse_help([str(bin_dir / cmd[0]), *cmd[1:]])
+        return helps[cmd]
+
+    for path in files:
+        rel = path.relative_to(root)
+        for kind, lineno, *rest in split_blocks(path.read_text(encoding="utf-8")):
+            if kind != "code" or rest[0] not in ("sh", "bash", "shell"):
+                continue
+            logical = rest[1].replace("\\\n", " ").split("\n")
+            for line in logical:
+                line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0]
+                tokens = line.split()
+                for i, tok in enumerate(tokens):
+                    if tok.rsplit("/", 1)[-1] not in COMMANDS:
+                        continue
+                    cmd: tuple[str, ...] = (tok.rsplit("/", 1)[-1],)
+                    args = tokens[i + 1:]
+                    if cmd[0] == "accel" or (args[:1] == ["status"] and cmd[0] == "rdzv-server"):
+                        if not args or args[0].startswith("-"):
+                            continue
+                        cmd, args = (*cmd, args[0]), args[1:]
+                    for arg in args:
+                        if arg == "--":
+                            continue  # cargo run ... -- FLAGS: the end of cargo's own
+                        if arg in ("|", "&&", ";", ">", "||") or arg.endswith(".py"):
+                            break
+                        if not arg.startswith("--"):
+                            if arg in ("-m",):
+                                break
+                            continue
+                        flag = arg.split("=", 1)[0].replace("_", "-")
+                        rep.count("command-line flags in code blocks")
+                        if flag not in flags_of(cmd):
+                            rep.error(rel, lineno, f"`{' '.join(cmd)}` has no flag {flag} "
+                                      f"(not in `{' '.join(cmd)} --help`)")
+
+
 def check_torchrun_page(root: Path, agent: str, torchrun: str | None, rep: Report) -> None:
     page = root / TORCHRUN_PAGE
     agent_flags = parse_help([agent])
@@ -308,6 +361,27 @@ def check_torchrun_page(root: Path, agent: str, torchrun: str | None, rep: Repor
                           f"torchrun's {f} (from `torchrun --help`) has no row in the flag table")
 
 
+README_MAX_LINES = 300
+# The README's two commands: tests, CI and other changes run them as written.
+RUN_COMMAND = "cargo run --release --bin accel-agent -- --nproc-per-node 4 examples/hello.py"
+TEST_COMMAND = "scripts/test.sh"
+
+
+def check_readme(root: Path, rep: Report) -> None:
+    text = (root / "README.md").read_text(encoding="utf-8")
+    n = len(text.splitlines())
+    if n > README_MAX_LINES:
+        rep.error(Path("README.md"), n, f"{n} lines: the front page stays within {README_MAX_LINES}; "
+                  "move the detail into docs/")
+    section = text.split("\n## The two commands\n", 1)
+    blocks = [b for k, _, *b in split_blocks(section[1].split("\n## ", 1)[0]) if k == "code"] if len(section) == 2 else []
+    bodies = [body.strip() for _, body in blocks]
+    if bodies[:2] != [RUN_COMMAND, TEST_COMMAND]:
+        rep.error(Path("README.md"), 1, "section '## The two commands' must hold exactly the run "
+                  f"command ({RUN_COMMAND}) and the test command ({TEST_COMMAND}), each in its own block")
+    rep.count("README checks", 2)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
@@ -328,6 +402,8 @@ def main() -> int:
     book_anchors = check_anchor_rule(root, a.book, pages, rep)
     check_links(root, files, book_anchors, rep)
     check_code(root, files, rep)
+    check_readme(root, rep)
+    check_command_lines(root, files, Path(a.agent).parent, rep)
     check_torchrun_page(root, a.agent, a.torchrun, rep)
 
     for e in rep.errors:
