@@ -55,6 +55,7 @@ pub mod health;
 pub mod logs;
 pub mod metrics;
 pub mod node;
+pub mod numa;
 pub mod probe;
 mod rendezvous;
 pub mod signal;
