@@ -215,6 +215,9 @@ pub enum NumaError {
         /// The entry.
         entry: String,
     },
+    /// The agent's own CPU affinity could not be read.
+    #[error("--numa-binding: cannot read this agent's CPU affinity: {0}")]
+    Affinity(#[source] std::io::Error),
     /// A file that had to be read could not be.
     #[error("--numa-binding: cannot read {}: {source}", path.display())]
     Read {
@@ -522,6 +525,23 @@ impl Machine {
             _ => Err(NumaError::NoCache { cpu, dir }),
         }
     }
+}
+
+/// The CPUs of each local rank `0..nproc` for this agent: the machine at
+/// `/` (or at [`ROOT_VARIABLE`]), the GPUs `CUDA_VISIBLE_DEVICES` leaves it
+/// (from `env`, the agent's environment), the CPUs it may run on.
+pub fn plan_for_agent(
+    mode: AffinityMode,
+    nproc: u32,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<CpuList>, NumaError> {
+    let root = env(ROOT_VARIABLE)
+        .filter(|r| !r.is_empty())
+        .map_or_else(|| PathBuf::from("/"), PathBuf::from);
+    let visible = env("CUDA_VISIBLE_DEVICES");
+    let gpus = visible_gpus(&root, visible.as_deref())?;
+    let allowed = crate::sys::allowed_cpus().map_err(NumaError::Affinity)?;
+    Machine::new(root, gpus, allowed).plan(mode, nproc, visible.as_deref())
 }
 
 /// The PCI addresses of the GPUs CUDA numbers 0, 1, ... for a process with
