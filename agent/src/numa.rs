@@ -328,6 +328,13 @@ impl Machine {
 
     /// The CPUs torch binds GPU `gpu`'s worker to in `mode` (never empty).
     pub fn cpus_for(&self, mode: AffinityMode, gpu: usize) -> Result<CpuList, NumaError> {
+        if gpu >= self.gpus.len() {
+            return Err(NumaError::TooFewGpus {
+                rank: u32::try_from(gpu).unwrap_or(u32::MAX),
+                visible: self.gpus.len(),
+                cuda_visible_devices: None,
+            });
+        }
         let node = self.gpu_node(gpu)?;
         let cpus = match mode {
             AffinityMode::Node => self.node_cpus(node)?,

@@ -300,6 +300,14 @@ fn more_ranks_than_gpus_is_a_clear_error() {
         text.contains("--nproc-per-node 1") && text.contains("CUDA_VISIBLE_DEVICES=3"),
         "{text}"
     );
+    assert!(matches!(
+        m.cpus_for(AffinityMode::Socket, 1),
+        Err(NumaError::TooFewGpus {
+            rank: 1,
+            visible: 1,
+            ..
+        })
+    ));
 }
 
 #[test]
