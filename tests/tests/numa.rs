@@ -276,17 +276,20 @@ fn bound_to(cpu: u32) -> Value {
 #[test]
 fn workers_run_bound_to_their_gpus_node_executed_or_forked() {
     let dir = scratch("numa-bind");
-    // CPUs this machine has: GPU 0 on node 0 = {0}, GPU 1 on node 1 = {1}.
+    // The first two CPUs this agent may use (0 and 1 here): GPU 0 on
+    // node 0 = {a}, GPU 1 on node 1 = {b}.
+    let all = own_cpus();
+    let [a, b, ..] = all[..] else {
+        panic!("this test needs an agent allowed on two CPUs or more, this one has {all:?}");
+    };
     let fake = Fake::new(dir.join("root"));
-    fake.nodes(&["0", "1"]);
+    fake.nodes(&[&a.to_string(), &b.to_string()]);
     fake.gpu("0000:07:00.0", 0);
     fake.gpu("0000:09:00.0", 1);
     let (records, stderr) = bound_workers(&dir, &fake.root, "cold", &["--numa-binding", "node"]);
-    assert_eq!(records, [bound_to(0), bound_to(1)], "{stderr}");
-    assert!(
-        stderr.contains("--numa-binding: local rank 0: CPUs 0; local rank 1: CPUs 1"),
-        "{stderr}"
-    );
+    assert_eq!(records, [bound_to(a), bound_to(b)], "{stderr}");
+    let logged = format!("--numa-binding: local rank 0: CPUs {a}; local rank 1: CPUs {b}");
+    assert!(stderr.contains(&logged), "{stderr}");
 
     // The other way round, hot-started from a zygote, the other spelling.
     fake.gpu("0000:07:00.0", 1);
@@ -301,15 +304,10 @@ fn workers_run_bound_to_their_gpus_node_executed_or_forked() {
         stderr.contains("zygote ready") && !stderr.contains("start cold"),
         "{stderr}"
     );
-    assert_eq!(records, [bound_to(1), bound_to(0)], "{stderr}");
+    assert_eq!(records, [bound_to(b), bound_to(a)], "{stderr}");
 
     // Without the flag, workers keep the agent's CPUs.
     let (records, _) = bound_workers(&dir, &fake.root, "unbound", &[]);
-    let all: Vec<u32> = own_cpus();
-    assert!(
-        all.len() > 1,
-        "this test needs an agent allowed on CPUs 0 and 1: {all:?}"
-    );
     for r in &records {
         assert_eq!(r["affinity"], json!(all));
     }
