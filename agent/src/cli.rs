@@ -204,10 +204,8 @@ pub struct AgentArgs {
         env = "PET_VIRTUAL_LOCAL_RANK"
     , value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub virtual_local_rank: bool,
-    /// Bind each worker to the CPUs near its GPU (local rank i: GPU i), as
-    /// torch chooses them: `node` (its NUMA node's CPUs), `socket` (its
-    /// socket's), `exclusive` (a share of the node's physical cores no other
-    /// worker gets), `core-complex` (one group of cores sharing an L3 cache).
+    /// Bind each worker to CPUs near its GPU (local rank i: GPU i), chosen
+    /// as torch chooses them; needs NVIDIA GPUs.
     #[arg(long = "numa-binding", alias = "numa_binding", value_name = "MODE")]
     pub numa_binding: Option<crate::numa::AffinityMode>,
     /// Serve Prometheus metrics (`/metrics`), `/healthz` and `/readyz` over
