@@ -162,7 +162,12 @@ fn the_cpus_chosen_are_the_ones_torchs_own_code_chooses() {
         let (g, gg) = two_sockets(dir.join("g"), 4);
         vec![
             ("two sockets", a, ga, "0-15"),
-            ("two sockets, the agent on some CPUs", b, gb, "0-5,8-13"),
+            (
+                "two sockets, the agent on some CPUs and hyperthreads",
+                b,
+                gb,
+                "1-5,8-13",
+            ),
             ("two sockets, one core per node for the agent", c, gc, "0,4"),
             ("one socket, two nodes", d, gd, "0-15"),
             (
