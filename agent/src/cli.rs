@@ -204,6 +204,10 @@ pub struct AgentArgs {
         env = "PET_VIRTUAL_LOCAL_RANK"
     , value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub virtual_local_rank: bool,
+    /// Bind each worker to CPUs near its GPU (local rank i: GPU i), chosen
+    /// as torch chooses them; needs NVIDIA GPUs.
+    #[arg(long = "numa-binding", alias = "numa_binding", value_name = "MODE")]
+    pub numa_binding: Option<crate::numa::AffinityMode>,
     /// Serve Prometheus metrics (`/metrics`), `/healthz` and `/readyz` over
     /// plain HTTP on IP:PORT (e.g. `0.0.0.0:29402`); `off` (the default) for nowhere.
     #[arg(
@@ -321,6 +325,7 @@ impl From<AgentArgs> for LaunchOptions {
             shutdown_timeout: a.shutdown_timeout,
             exit_barrier_timeout: a.exit_barrier_timeout,
             virtual_local_rank: a.virtual_local_rank,
+            numa_binding: a.numa_binding,
             training_script: a.training_script,
             training_script_args: a.training_script_args,
             metrics_bind: a.metrics_bind,

@@ -153,6 +153,8 @@ pub struct Config {
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,
+    /// `--numa-binding`: the CPUs of each local rank, by local rank.
+    pub numa_binding: Option<Vec<crate::numa::CpuList>>,
 }
 
 impl Config {

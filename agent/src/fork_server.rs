@@ -19,7 +19,9 @@
 //!   A zygote ([`crate::zygote`]) also gets `"argv": ["-u", "script.py", ...]`,
 //!   the interpreter's arguments an executed worker would have; with hang
 //!   detection on, `"tracer": PID`, the agent, which the worker lets trace
-//!   it (`PR_SET_PTRACER`, for `py-spy`).
+//!   it (`PR_SET_PTRACER`, for `py-spy`); with `--numa-binding`,
+//!   `"cpus": [0, 1, ...]`, the CPUs the worker binds itself to before
+//!   anything else, as an executed worker is bound before its `exec`.
 //! - Server to agent: `{"spawned": {"id": 7, "local_rank": 0, "pid": 4242}}`
 //!   or `{"refused": {"id": 7, "local_rank": 0, "error": "why"}}` for each
 //!   request; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
@@ -101,6 +103,8 @@ pub struct ForkRequest {
     /// A process the worker lets trace it (`PR_SET_PTRACER`): the agent,
     /// whose `py-spy` reads a hung worker's stacks.
     pub tracer: Option<u32>,
+    /// The CPUs the worker binds itself to first (`--numa-binding`).
+    pub cpus: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -198,6 +202,9 @@ impl ForkServer {
         }
         if let Some(tracer) = req.tracer {
             spawn["tracer"] = json!(tracer);
+        }
+        if let Some(cpus) = &req.cpus {
+            spawn["cpus"] = json!(cpus);
         }
         let mut line = json!({ "spawn": spawn }).to_string();
         line.push('\n');
@@ -378,6 +385,7 @@ mod tests {
             stderr: err,
             argv: None,
             tracer: Some(4242),
+            cpus: Some(vec![0, 3]),
         }
     }
 
@@ -423,6 +431,7 @@ mod tests {
             assert_eq!(req["spawn"]["env"][0], json!(["A", "1"]));
             assert_eq!(req["spawn"]["id"], 1);
             assert_eq!(req["spawn"]["tracer"], 4242);
+            assert_eq!(req["spawn"]["cpus"], json!([0, 3]));
             peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 1, \"pid\": 77}}\n{\"exited\": {\"pid\": 77, \"code\": 3}}\n")
                 .await
                 .expect("write");

@@ -31,7 +31,7 @@
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
 //! [`config`] validation · [`agent`] joining, the node's state machine
 //! ([`agent::machine`]) and the driver that does its I/O · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
-//! [`supervisor`] worker processes · [`worker_env`] the environment contract ·
+//! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
 //! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
 //! prefixes · [`failure`] error files and failure summaries · [`files`]
 //! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
@@ -55,6 +55,7 @@ pub mod health;
 pub mod logs;
 pub mod metrics;
 pub mod node;
+pub mod numa;
 pub mod probe;
 mod rendezvous;
 pub mod signal;

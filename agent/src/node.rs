@@ -66,6 +66,14 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
+    if let Some(plan) = &cfg.numa_binding {
+        let ranks: Vec<String> = plan
+            .iter()
+            .enumerate()
+            .map(|(rank, cpus)| format!("local rank {rank}: CPUs {cpus}"))
+            .collect();
+        tracing::info!("--numa-binding: {}", ranks.join("; "));
+    }
     // Checked before this process opens anything, so the number still
     // names the socket the parent passed (see `sys::take_inherited_socket`).
     if let Some(fd) = cfg.fork_server_fd {

@@ -56,6 +56,8 @@ pub struct WorkerSpec {
     pub stderr: Sink,
     /// Its `TORCHELASTIC_ERROR_FILE`.
     pub error_file: PathBuf,
+    /// The CPUs it is bound to (`--numa-binding`); `None`: the agent's.
+    pub cpus: Option<crate::numa::CpuList>,
 }
 
 impl WorkerSpec {
@@ -324,6 +326,9 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
     if spec.hang_detection() {
         sys::let_agent_trace(&mut cmd);
     }
+    if let Some(cpus) = &spec.cpus {
+        sys::bind_to_cpus(&mut cmd, cpus)?;
+    }
     cmd.stdout(stdio(&spec.stdout)?)
         .stderr(stdio(&spec.stderr)?);
     let mut child = cmd.spawn()?;
@@ -374,6 +379,7 @@ async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started
                 .runs_scripts()
                 .then(|| spec.argv.get(1..).unwrap_or_default().to_vec()),
             tracer: spec.hang_detection().then(std::process::id),
+            cpus: spec.cpus.as_ref().map(|c| c.iter().collect()),
         })
         .await
         .map_err(std::io::Error::other)?;

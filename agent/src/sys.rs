@@ -46,6 +46,46 @@ pub(crate) fn let_agent_trace(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// The CPUs this process may run on (its affinity), as `--numa-binding`
+/// limits a node's CPUs to them, like torch in torchrun's process.
+pub(crate) fn allowed_cpus() -> io::Result<crate::numa::CpuList> {
+    let set = nix::sched::sched_getaffinity(Pid::from_raw(0))?;
+    Ok((0..nix::sched::CpuSet::count())
+        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+        .filter_map(|cpu| u32::try_from(cpu).ok())
+        .collect())
+}
+
+/// Binds the spawned worker, the whole process from its first instruction,
+/// to `cpus` (`--numa-binding`; torchrun runs it under `numactl
+/// --physcpubind`, which does the same before its exec).
+pub(crate) fn bind_to_cpus(
+    cmd: &mut tokio::process::Command,
+    cpus: &crate::numa::CpuList,
+) -> io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    for cpu in cpus.iter() {
+        set.set(cpu as usize).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "CPU {cpu} is beyond the {} CPUs an affinity mask holds",
+                    nix::sched::CpuSet::count()
+                ),
+            )
+        })?;
+    }
+    // SAFETY: the closure runs in the forked child before exec and makes one
+    // async-signal-safe system call (sched_setaffinity) on a mask built
+    // before the fork, allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::sched_setaffinity(Pid::from_raw(0), &set).map_err(io::Error::from)
+        });
+    }
+    Ok(())
+}
+
 /// Makes `fd` the spawned program's descriptor `target`, open across the
 /// exec (the zygote's socket).
 pub(crate) fn pass_fd(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd, target: i32) {

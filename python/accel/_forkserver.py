@@ -72,6 +72,18 @@ def _allow_tracer(tracer: object) -> None:
         _prctl(_PR_SET_PTRACER, tracer, 0, 0, 0)
 
 
+def _bind_cpus(cpus: object) -> None:
+    """Binds this worker (one thread, just forked) to ``cpus``, the agent's
+    ``--numa-binding`` choice, before it runs anything, as an executed worker
+    is bound before its exec; nothing without a list."""
+    if isinstance(cpus, list) and cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError, TypeError) as e:
+            os.write(2, f"accel: cannot bind this worker to CPUs {cpus} (--numa-binding): {e}\n".encode())
+            raise
+
+
 def _plain_signals() -> None:
     """Default dispositions: a kernel's handlers (or an ignored SIGCHLD,
     which would break waitpid) make no sense in these processes."""
@@ -244,6 +256,7 @@ def _worker(
                 os.close(fd)
         os.environ.clear()
         os.environ.update(dict(req["env"]))
+        _bind_cpus(req.get("cpus"))
         _allow_tracer(req.get("tracer"))
         # The caller's streams (a kernel's, which forward to its cells) are
         # replaced by this process's own, unbuffered as under `python -u`.

@@ -12,6 +12,7 @@ mod install;
 mod launch;
 mod logs;
 mod metrics;
+mod numa;
 mod restart;
 mod security;
 mod shutdown;

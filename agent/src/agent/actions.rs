@@ -271,6 +271,11 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     stdout,
                     stderr,
                     error_file,
+                    cpus: self
+                        .cfg
+                        .numa_binding
+                        .as_ref()
+                        .and_then(|plan| plan.get(local_rank as usize).cloned()),
                 })
             })
             .collect()

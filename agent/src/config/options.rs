@@ -308,6 +308,8 @@ pub struct LaunchOptions {
     pub health_check: Option<crate::health::HealthCheck>,
     /// `--gpu-free-timeout`.
     pub gpu_free_timeout: Duration,
+    /// `--numa-binding`: how workers are bound to the CPUs near their GPUs.
+    pub numa_binding: Option<crate::numa::AffinityMode>,
 }
 
 impl LaunchOptions {
@@ -352,6 +354,7 @@ impl LaunchOptions {
             restart_backoff: crate::config::RestartBackoff::default(),
             health_check: None,
             gpu_free_timeout: Duration::from_secs(30),
+            numa_binding: None,
         }
     }
 
@@ -390,6 +393,15 @@ impl LaunchOptions {
             )));
         }
         let entrypoint = self.entrypoint(env)?;
+        // Chosen once: the topology and the agent's own CPUs do not change
+        // between rounds (torchrun chooses the same CPUs at each start).
+        let numa_binding = match self.numa_binding {
+            Some(mode) => Some(
+                crate::numa::plan_for_agent(mode, nproc_per_node, env)
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            None => None,
+        };
         let preload = self.preload()?;
         let shutdown_timeout = match self.shutdown_timeout {
             Some(d) => d,
@@ -487,6 +499,7 @@ impl LaunchOptions {
             file_timer,
             health_check: self.health_check.clone(),
             gpu_free_timeout: self.gpu_free_timeout,
+            numa_binding,
         })
     }
 

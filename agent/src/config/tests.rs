@@ -580,3 +580,30 @@ fn the_file_timer_follows_torchruns_switch_and_path() {
     ]);
     assert_eq!(c.file_timer, Some(PathBuf::from("/run/job/timer")));
 }
+
+#[test]
+fn numa_binding_is_chosen_when_the_options_are_built() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let at_root =
+        |k: &str| (k == crate::numa::ROOT_VARIABLE).then(|| root.path().display().to_string());
+    let args = [
+        "accel-agent",
+        "--nproc-per-node",
+        "2",
+        "--numa_binding",
+        "socket",
+        "t.py",
+    ];
+    let a = AgentArgs::try_parse_from(args).expect("parse");
+    assert_eq!(a.numa_binding, Some(crate::numa::AffinityMode::Socket));
+    let options = LaunchOptions::from(a);
+    // No GPU on the fake machine: refused before anything runs, naming the flag.
+    let e = options.build(&at_root).expect_err("no GPU");
+    assert!(
+        e.0.starts_with("--numa-binding") && e.0.contains("no NVIDIA GPU"),
+        "{e}"
+    );
+    // Without the flag nothing is read.
+    let plain = LaunchOptions::new("t.py").build(&at_root).expect("valid");
+    assert_eq!(plain.numa_binding, None);
+}
