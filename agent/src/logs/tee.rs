@@ -20,6 +20,11 @@
 //!   partial last line is written out (with a newline) at end of stream.
 //! - A line longer than [`MAX_LINE`] bytes reaches the console in pieces of
 //!   that size, so one endless line cannot grow memory without bound.
+//! - A console line that matches `--duplicate-std*-filters` is marked with
+//!   its filtered file ([`super::filter`]) and the writer thread writes it
+//!   there too, after the console: the same bytes, no second allocation.
+//!   A line dropped from a full console queue is dropped from that file
+//!   too (and counted with the console's).
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -31,6 +36,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::warn;
 
+use super::filter::{Filtered, FilteredFile};
+
 /// Console lines queued before new ones are dropped.
 pub const CONSOLE_QUEUE: usize = 16 * 1024;
 /// Longest piece of a line sent to the console at once.
@@ -40,6 +47,8 @@ const CHUNK: usize = 64 * 1024;
 struct Line {
     err: bool,
     bytes: Vec<u8>,
+    /// The filtered file this line is copied to.
+    dup: Option<Arc<FilteredFile>>,
     /// A drain request: acknowledged once everything before it is written.
     ack: Option<std::sync::mpsc::Sender<()>>,
 }
@@ -81,10 +90,11 @@ impl Console {
         self
     }
 
-    fn line(&self, err: bool, bytes: Vec<u8>) {
+    fn line(&self, err: bool, bytes: Vec<u8>, dup: Option<Arc<FilteredFile>>) {
         match self.tx.try_send(Line {
             err,
             bytes,
+            dup,
             ack: None,
         }) {
             Ok(()) => {}
@@ -103,6 +113,7 @@ impl Console {
             .send(Line {
                 err: false,
                 bytes: Vec::new(),
+                dup: None,
                 ack: Some(ack),
             })
             .is_ok()
@@ -129,6 +140,9 @@ fn write_lines(rx: &Receiver<Line>) {
         while let Some(line) = next {
             let w: &mut dyn Write = if line.err { &mut err } else { &mut out };
             let _ = w.write_all(&line.bytes);
+            if let Some(file) = &line.dup {
+                file.write(&line.bytes);
+            }
             acks.extend(line.ack);
             next = rx.try_recv().ok();
         }
@@ -149,6 +163,8 @@ pub struct ToConsole {
     pub prefix: Vec<u8>,
     /// To the agent's stderr (else stdout).
     pub err: bool,
+    /// `--duplicate-std*-filters`: matching lines are also copied there.
+    pub filtered: Option<Filtered>,
 }
 
 /// One worker's log files, shared by the pumps of its stdout and stderr, so
@@ -259,13 +275,18 @@ pub async fn pump(
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
     let emit = |pending: &mut Vec<u8>, to: &ToConsole| {
+        let dup = to
+            .filtered
+            .as_ref()
+            .filter(|f| f.filter.matches(pending))
+            .map(|f| f.file.clone());
         let mut line = Vec::with_capacity(to.prefix.len() + pending.len() + 1);
         line.extend_from_slice(&to.prefix);
         line.append(pending);
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }
-        to.console.line(to.err, line);
+        to.console.line(to.err, line, dup);
     };
     loop {
         let n = pipe.read(&mut buf).await?;
