@@ -115,7 +115,11 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         Identity {
             run_id: cfg.run_id.clone(),
             role: cfg.role.clone(),
-            hostname: hostname.clone(),
+            // torchrun reports `socket.getfqdn()`; the lookup only when printed.
+            hostname: match cfg.event_log_handler {
+                crate::events::EventHandler::Console => crate::sys::fqdn(&hostname),
+                _ => hostname.clone(),
+            },
             rdzv_backend: cfg.rdzv_backend_name.into(),
             entry_point: std::path::Path::new(&cfg.entrypoint.program)
                 .file_name()
@@ -487,8 +491,8 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
         }
     }
 
-    /// A worker that failed by itself (not stopped by the agent), for the
-    /// final events: its exit and its error file.
+    /// A worker that ended badly, by itself or of the agent's stop, for
+    /// the final events: its exit and its error file.
     fn note_failure(&self, exit: &Exit) {
         let Some(events) = &self.events else { return };
         let mut events = events_lock(events);
@@ -523,6 +527,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             }
             Event::Stopped(exits) => {
                 for exit in exits {
+                    self.note_failure(exit);
                     self.metrics.exited(&exit.ended);
                 }
                 self.metrics.stopped();

@@ -18,8 +18,9 @@
 //! - The agent records `RENDEZVOUS` and `ASSIGN_WORKER_RANKS` (source AGENT,
 //!   with the time each took) each round, `START` per worker (source WORKER)
 //!   once the round's workers run, at the end each worker's final state
-//!   (`SUCCEEDED`; or `FAILED` for the workers that failed and `TERMINATED`
-//!   for the rest), then `SUCCEEDED` for the agent itself (its run ended,
+//!   (`SUCCEEDED`; or `FAILED` for every worker that ended badly, by itself
+//!   or killed by the agent's stop, and `TERMINATED` for the rest, which
+//!   exited 0), then `SUCCEEDED` for the agent itself (its run ended,
 //!   whatever the workers did), or only `FAILED` for the agent when it was
 //!   signalled or raised.
 //! - torchrun's rendezvous events (`RdzvEvent`) go to the
@@ -140,15 +141,20 @@ impl Failure {
     }
 
     /// torchrun's `raw_error`: the error file's data, re-serialized; with
-    /// no error file, the placeholder torchrun's `ProcessFailure` makes (it
-    /// adds `errorTraits` when the worker exited rather than being signalled).
-    fn raw_error(&self) -> String {
+    /// no error file, the placeholder torchrun's `ProcessFailure` makes.
+    /// That placeholder is one shared dict to which torchrun adds
+    /// `errorTraits` at the first failure that exited (rather than being
+    /// signalled) without an error file, so every later placeholder, a
+    /// signalled worker's too, carries them: `traits` says whether that
+    /// has happened, and is set by this failure if it does.
+    fn raw_error(&self, traits: &mut bool) -> String {
         let data = match &self.error_file {
             Some(v) => v.clone(),
             None => {
                 let mut m = Map::new();
                 m.insert("message".into(), "<NONE>".into());
-                if self.exit_code >= 0 {
+                *traits |= self.exit_code >= 0;
+                if *traits {
                     let mut traits = Map::new();
                     traits.insert("category".into(), "system_terminated_error".into());
                     traits.insert("retryability".into(), "False".into());
@@ -186,7 +192,10 @@ pub struct EventLog {
     world_size: u32,
     restarts: u32,
     workers: Vec<WorkerInfo>,
-    failures: Vec<(u32, Failure)>,
+    /// Failed local ranks: exit code and `raw_error`.
+    failures: Vec<(u32, i64, String)>,
+    /// Whether torchrun's shared placeholder error has gained its traits.
+    traits: bool,
 }
 
 impl EventLog {
@@ -202,6 +211,7 @@ impl EventLog {
             restarts: 0,
             workers: Vec::new(),
             failures: Vec::new(),
+            traits: false,
         }
     }
 
@@ -248,11 +258,12 @@ impl EventLog {
             .collect()
     }
 
-    /// A worker of the running round failed by itself (not stopped by the
-    /// agent).
+    /// A worker of the running round ended with `failure`: by itself, or
+    /// of the agent's stop (torchrun records both, in the order seen).
     pub fn failed(&mut self, local_rank: u32, failure: Failure) {
-        if self.on && !self.failures.iter().any(|(r, _)| *r == local_rank) {
-            self.failures.push((local_rank, failure));
+        if self.on && !self.failures.iter().any(|(r, ..)| *r == local_rank) {
+            let raw = failure.raw_error(&mut self.traits);
+            self.failures.push((local_rank, failure.exit_code, raw));
         }
     }
 
@@ -264,12 +275,12 @@ impl EventLog {
         }
         let secs = run_time.as_secs();
         let mut lines = Vec::new();
-        let state = |w: &WorkerInfo| -> (&str, Option<&Failure>) {
+        let state = |w: &WorkerInfo| -> (&str, Option<(i64, &str)>) {
             let failure = self
                 .failures
                 .iter()
-                .find(|(r, _)| *r == w.local_rank)
-                .map(|(_, f)| f);
+                .find(|(r, ..)| *r == w.local_rank)
+                .map(|(_, code, raw)| (*code, raw.as_str()));
             match (ending, failure) {
                 (Ending::Succeeded, _) => ("SUCCEEDED", None),
                 (_, Some(f)) => ("FAILED", Some(f)),
@@ -315,17 +326,17 @@ impl EventLog {
         &self,
         state: &str,
         w: &WorkerInfo,
-        failure: Option<&Failure>,
+        failure: Option<(i64, &str)>,
         run_time: u64,
     ) -> String {
-        let md = self.inner_metadata(Some((w, failure)));
+        let md = self.inner_metadata(Some((w, failure.map(|f| f.0))));
         self.event(
             state,
             Source::Worker,
             EventFields {
                 global_rank: Some(w.global_rank),
                 worker_id: Some(w.pid.to_string()),
-                raw_error: failure.map(Failure::raw_error),
+                raw_error: failure.map(|f| f.1.to_owned()),
                 inner: md,
                 run_time,
                 duration_ms: None,
@@ -335,7 +346,7 @@ impl EventLog {
 
     /// The `metadata` string inside the metadata; torchrun puts each
     /// worker value in a one-element tuple, which JSON writes as a list.
-    fn inner_metadata(&self, worker: Option<(&WorkerInfo, Option<&Failure>)>) -> String {
+    fn inner_metadata(&self, worker: Option<(&WorkerInfo, Option<i64>)>) -> String {
         let mut md = Map::new();
         md.insert("group_world_size".into(), opt(self.group_world_size));
         md.insert("entry_point".into(), self.id.entry_point.clone().into());
@@ -346,7 +357,7 @@ impl EventLog {
             md.insert("role_world_size".into(), one(self.world_size.into()));
             md.insert(
                 "exit_code".into(),
-                one(failure.map_or(Value::Null, |f| f.exit_code.into())),
+                one(failure.map_or(Value::Null, Value::from)),
             );
             md.insert(
                 "worker_pid".into(),

@@ -150,8 +150,9 @@ fn failed_worker_event_text_is_torchs() {
 fn raw_errors_follow_torchs_process_failure() {
     let exited = Failure::of(Ended::Exited(3), None).expect("failure");
     assert_eq!(exited.exit_code, 3);
+    let mut traits = false;
     assert_eq!(
-        exited.raw_error(),
+        exited.raw_error(&mut traits),
         r#"{"message": "<NONE>", "errorTraits": {"category": "system_terminated_error", "retryability": "False"}}"#
     );
     let written = Failure::of(
@@ -160,11 +161,18 @@ fn raw_errors_follow_torchs_process_failure() {
     )
     .expect("failure");
     assert_eq!(
-        written.raw_error(),
+        written.raw_error(&mut traits),
         r#"{"message": {"message": "boom", "extraInfo": {"timestamp": "1"}}, "z": 1.0, "a": [true]}"#,
         "the file's keys keep their order"
     );
     assert_eq!(Failure::of(Ended::Exited(0), None), None);
+    // A signalled worker's placeholder: bare, until an exited one added the
+    // traits to torchrun's shared placeholder.
+    let killed = Failure::of(Ended::Signaled(15), None).expect("failure");
+    assert_eq!(killed.exit_code, -15);
+    assert_eq!(killed.raw_error(&mut false), r#"{"message": "<NONE>"}"#);
+    assert!(traits, "the exit without an error file added them");
+    assert!(killed.raw_error(&mut traits).contains("errorTraits"));
 }
 
 #[test]
