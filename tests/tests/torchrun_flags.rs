@@ -1,0 +1,376 @@
+//! torchrun's command line, read from the pinned venv's live `torchrun
+//! --help`: every long flag (and its other spelling) must be one
+//! `accel-agent` accepts, taking a value exactly when torchrun's does, so a
+//! new torchrun release shows up here first. And the logging flags that
+//! have output of their own (`--duplicate-std*-filters`,
+//! `--event-log-handler console`) are compared with torchrun's on the same
+//! job.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use accel_agent::cli::AgentArgs;
+use accel_tests::{bin, run_logged, scratch, venv, venv_path, with_private_hosts, Finished};
+use clap::CommandFactory;
+use serde_json::Value;
+
+use crate::heavy;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// One option of `torchrun --help`: its spellings and whether it takes a
+/// value (with the choices argparse lists, if any).
+#[derive(Debug)]
+struct TorchrunOption {
+    names: Vec<String>,
+    value: Option<Vec<String>>,
+}
+
+/// The options section of argparse's help: each option's invocation is on
+/// a line of its own starting with two spaces and a dash (`  -r REDIRECTS,
+/// --redirects REDIRECTS`), help text after two or more spaces.
+fn torchrun_options(help: &str) -> Vec<TorchrunOption> {
+    let mut options = Vec::new();
+    let mut in_options = false;
+    for line in help.lines() {
+        if line == "options:" || line == "optional arguments:" {
+            in_options = true;
+            continue;
+        }
+        if !in_options || !line.starts_with("  -") {
+            continue;
+        }
+        let invocation = line[2..].split("  ").next().unwrap_or_default();
+        let mut names = Vec::new();
+        let mut value = None;
+        for part in invocation.split(", ") {
+            let mut words = part.split(' ');
+            names.push(words.next().unwrap_or_default().to_owned());
+            if let Some(metavar) = words.next() {
+                value = Some(
+                    match metavar.strip_prefix('{').and_then(|m| m.strip_suffix('}')) {
+                        Some(choices) => choices.split(',').map(str::to_owned).collect(),
+                        None => Vec::new(),
+                    },
+                );
+            }
+        }
+        options.push(TorchrunOption { names, value });
+    }
+    options
+}
+
+/// A long flag's other spelling (`--nproc-per-node` ↔ `--nproc_per_node`).
+fn respelled(flag: &str) -> String {
+    let body = &flag[2..];
+    let swapped: String = if body.contains('_') {
+        body.replace('_', "-")
+    } else {
+        body.replace('-', "_")
+    };
+    format!("--{swapped}")
+}
+
+#[test]
+fn every_torchrun_flag_is_accepted_in_both_spellings() {
+    let out = Command::new(venv().join("bin/torchrun"))
+        .arg("--help")
+        .env("PATH", venv_path())
+        .output()
+        .expect("run torchrun --help");
+    assert!(out.status.success(), "torchrun --help: {out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let options = torchrun_options(&help);
+    // The parse itself must work: a change of argparse's layout must fail
+    // here, not make an empty list pass.
+    let longs: Vec<&str> = options
+        .iter()
+        .flat_map(|o| o.names.iter().map(String::as_str))
+        .filter(|n| n.starts_with("--"))
+        .collect();
+    for known in [
+        "--nnodes",
+        "--nproc_per_node",
+        "--standalone",
+        "--tee",
+        "--logs-specs",
+    ] {
+        assert!(
+            longs.contains(&known),
+            "{known} not found in torchrun --help:\n{help}"
+        );
+    }
+    assert!(
+        longs.len() >= 40,
+        "only {} long flags parsed from:\n{help}",
+        longs.len()
+    );
+
+    let mut agent = AgentArgs::command();
+    agent.build();
+    let find = |name: &str| {
+        agent
+            .get_arguments()
+            .find(|a| match name.strip_prefix("--") {
+                Some(long) => {
+                    a.get_long() == Some(long)
+                        || a.get_all_aliases().is_some_and(|al| al.contains(&long))
+                }
+                None => name.len() == 2 && a.get_short() == name.chars().nth(1),
+            })
+    };
+    let mut missing = Vec::new();
+    for option in &options {
+        let mut spellings = option.names.clone();
+        for name in &option.names {
+            let other = respelled(name);
+            if name.starts_with("--") && !spellings.contains(&other) {
+                spellings.push(other);
+            }
+        }
+        for name in &spellings {
+            if name == "-h" || name == "--help" {
+                continue;
+            }
+            let Some(arg) = find(name) else {
+                missing.push(format!("{name}: not accepted"));
+                continue;
+            };
+            let takes = arg.get_num_args().map_or(0, |n| n.min_values());
+            match &option.value {
+                None if takes > 0 => missing.push(format!(
+                    "{name}: a switch in torchrun, but accel-agent requires a value"
+                )),
+                Some(_) if takes == 0 => missing.push(format!(
+                    "{name}: takes a value in torchrun, but is a switch in accel-agent"
+                )),
+                _ => {}
+            }
+            // Every choice torchrun lists must parse.
+            for choice in option.value.iter().flatten() {
+                let argv = ["accel-agent", name.as_str(), choice.as_str(), "train.py"];
+                if let Err(e) = AgentArgs::command().try_get_matches_from(argv) {
+                    missing.push(format!("{name} {choice}: refused: {e}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "accel-agent does not take these flags of the pinned torchrun ({} options read from its --help):\n  {}",
+        options.len(),
+        missing.join("\n  ")
+    );
+}
+
+/// The job both launchers run: two ranks printing to stdout and stderr,
+/// some lines matching the filters; with `fail`, rank 1 exits 3 while
+/// rank 0 is still running (so it is stopped).
+fn job_script(dir: &Path, fail: bool) -> PathBuf {
+    let tail = if fail {
+        "if [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi\nsleep 60\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "#!/bin/sh\n\
+         echo \"rank $RANK hello\"\n\
+         echo \"rank $RANK loss,acc 0.5\"\n\
+         echo \"rank $RANK loss acc no comma\"\n\
+         echo \"rank $RANK err plain\" >&2\n\
+         echo \"rank $RANK err WARN here\" >&2\n\
+         echo \"rank $RANK metric=1 ü\"\n\
+         echo \"rank $RANK WARN on stdout is not a stdout filter\"\n\
+         {tail}"
+    );
+    let path = dir.join("job.sh");
+    std::fs::write(&path, text).expect("write job");
+    let mut perms = std::fs::metadata(&path).expect("job").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&path, perms).expect("chmod job");
+    path
+}
+
+/// The flags under comparison, the same for both launchers.
+fn flags(log_dir: &Path) -> Vec<String> {
+    [
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        log_dir.to_str().expect("path"),
+        "--tee",
+        "3",
+        "--duplicate-stdout-filters",
+        "loss,,acc,metric",
+        "--duplicate_stderr_filters",
+        "WARN",
+        "--event-log-handler",
+        "console",
+        "--no-python",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Runs `launcher` (torchrun or accel-agent) on the job, under the same
+/// private hosts file (so both see the same host name).
+fn launch(dir: &Path, name: &str, launcher: &Path, script: &Path) -> (Finished, PathBuf) {
+    let logs = dir.join(format!("{name}-logs"));
+    let mut argv = vec![launcher.to_str().expect("path").to_owned()];
+    argv.extend(flags(&logs));
+    argv.push(script.to_str().expect("path").to_owned());
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut cmd = with_private_hosts(dir, &argv);
+    cmd.env("PATH", venv_path()).env_remove("LOGLEVEL");
+    (run_logged(cmd, dir, name, LIMIT), logs)
+}
+
+/// `<log-dir>/<run_id>_<random>/attempt_0/<file>`, and the run id part.
+fn attempt_file(logs: &Path, file: &str) -> (String, PathBuf) {
+    let runs: Vec<PathBuf> = std::fs::read_dir(logs)
+        .unwrap_or_else(|e| panic!("{}: {e}", logs.display()))
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = runs[0].file_name().expect("name").to_string_lossy();
+    let run_id = run
+        .rsplit_once('_')
+        .expect("<run_id>_<random>")
+        .0
+        .to_owned();
+    (run_id, runs[0].join("attempt_0").join(file))
+}
+
+/// A filtered file's lines by their prefix, in order: ranks interleave in
+/// any order, each rank's own lines do not.
+fn by_prefix(path: &Path) -> BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.split_inclusive('\n') {
+        let prefix = line.split_once("]:").map_or("", |(p, _)| p).to_owned();
+        map.entry(prefix).or_default().push(line.to_owned());
+    }
+    map
+}
+
+/// The events a launcher printed on stderr, with what may differ between
+/// two runs made comparable: run id and pids checked for consistency and
+/// replaced, durations and run time checked for type and dropped.
+fn events(stderr: &str, run_id: &str) -> Vec<Value> {
+    let mut pids: BTreeMap<String, String> = BTreeMap::new();
+    let mut out = Vec::new();
+    for line in stderr
+        .lines()
+        .filter(|l| l.starts_with("{\"name\": \"torchelastic."))
+    {
+        let mut e: Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("{line}: {err}"));
+        let md = e["metadata"].as_object_mut().expect("metadata");
+        assert_eq!(
+            md["run_id"], run_id,
+            "the run id names the log directory: {line}"
+        );
+        md.insert("run_id".into(), "RUN".into());
+        let duration = md.remove("duration_ms").expect("duration_ms");
+        let timed =
+            ["RENDEZVOUS", "ASSIGN_WORKER_RANKS"].contains(&md["state"].as_str().unwrap_or(""));
+        assert_eq!(
+            duration.is_number(),
+            timed,
+            "durations only on the timed agent events: {line}"
+        );
+        assert!(
+            md.remove("total_run_time")
+                .expect("total_run_time")
+                .is_u64(),
+            "{line}"
+        );
+        // A worker's id is its pid, the same in all its events.
+        if let (Some(rank), Some(id)) = (md["global_rank"].as_u64(), md["worker_id"].as_str()) {
+            assert!(id.parse::<u32>().is_ok(), "{line}");
+            let seen = pids
+                .entry(rank.to_string())
+                .or_insert_with(|| id.to_owned());
+            assert_eq!(seen, id, "{line}");
+            md.insert("worker_id".into(), "PID".into());
+        }
+        let inner: Value =
+            serde_json::from_str(md["metadata"].as_str().expect("inner")).expect("inner json");
+        let mut inner = inner.as_object().expect("inner object").clone();
+        if let Some(Value::Array(pid)) = inner.get_mut("worker_pid") {
+            if pid[0].is_u64() {
+                assert_eq!(
+                    Some(pid[0].to_string()),
+                    md["global_rank"]
+                        .as_u64()
+                        .and_then(|r| pids.get(&r.to_string()).cloned()),
+                    "{line}"
+                );
+                pid[0] = "PID".into();
+            }
+        }
+        md.insert("metadata".into(), Value::Object(inner));
+        // The key order is part of the text tools parse.
+        let keys: Vec<String> = md.keys().cloned().collect();
+        md.insert("keys".into(), keys.into());
+        out.push(e);
+    }
+    out
+}
+
+fn compare_with_torchrun(name: &str, fail: bool) {
+    let _heavy = heavy();
+    let dir = scratch(name);
+    let script = job_script(&dir, fail);
+    let (torchrun, tr_logs) = launch(&dir, "torchrun", &venv().join("bin/torchrun"), &script);
+    let (accel, ac_logs) = launch(&dir, "accel", &bin("accel-agent"), &script);
+    let code = if fail { 1 } else { 0 };
+    assert_eq!(
+        torchrun.status.code(),
+        Some(code),
+        "torchrun: {}",
+        torchrun.stderr
+    );
+    assert_eq!(accel.status.code(), Some(code), "accel: {}", accel.stderr);
+
+    for file in ["filtered_stdout.log", "filtered_stderr.log"] {
+        let (_, tr) = attempt_file(&tr_logs, file);
+        let (_, ac) = attempt_file(&ac_logs, file);
+        let want = by_prefix(&tr);
+        assert_eq!(
+            want.len(),
+            2,
+            "torchrun wrote both ranks' lines to {file}: {want:?}"
+        );
+        assert_eq!(
+            by_prefix(&ac),
+            want,
+            "{file} differs from torchrun's ({})",
+            dir.display()
+        );
+    }
+
+    let (tr_id, _) = attempt_file(&tr_logs, "");
+    let (ac_id, _) = attempt_file(&ac_logs, "");
+    let want = events(&torchrun.stderr, &tr_id);
+    let got = events(&accel.stderr, &ac_id);
+    // START ×2, the final state ×2, RENDEZVOUS, ASSIGN_WORKER_RANKS and the agent's.
+    assert_eq!(want.len(), 7, "torchrun's events: {want:#?}");
+    assert_eq!(
+        serde_json::to_string_pretty(&got).expect("json"),
+        serde_json::to_string_pretty(&want).expect("json"),
+        "accel's events differ from torchrun's ({})",
+        dir.display()
+    );
+}
+
+#[test]
+fn filtered_logs_and_events_match_torchrun() {
+    compare_with_torchrun("flags-parity", false);
+}
+
+#[test]
+fn filtered_logs_and_events_of_a_failed_job_match_torchrun() {
+    compare_with_torchrun("flags-parity-failed", true);
+}
