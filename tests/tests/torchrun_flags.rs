@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_agent::cli::AgentArgs;
-use accel_tests::{bin, run_logged, scratch, venv, venv_path, with_private_hosts, Finished};
+use accel_tests::{
+    bin, run_agent, run_logged, scratch, venv, venv_path, with_private_hosts, Finished,
+};
 use clap::CommandFactory;
 use serde_json::Value;
 
@@ -165,14 +167,28 @@ fn every_torchrun_flag_is_accepted_in_both_spellings() {
     );
 }
 
+/// How the job ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Both ranks exit 0.
+    Succeeds,
+    /// Rank 1 exits 3 while rank 0 still runs (so it is stopped).
+    Fails,
+    /// As `Fails` in the first attempt; the restart (`--max-restarts 1`)
+    /// succeeds.
+    FailsOnce,
+}
+
 /// The job both launchers run: two ranks printing to stdout and stderr,
-/// some lines matching the filters; with `fail`, rank 1 exits 3 while
-/// rank 0 is still running (so it is stopped).
-fn job_script(dir: &Path, fail: bool) -> PathBuf {
-    let tail = if fail {
-        "if [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi\nsleep 60\n"
-    } else {
-        ""
+/// some lines matching the filters, then ending as `ending` says.
+fn job_script(dir: &Path, ending: Ending) -> PathBuf {
+    let fail = "if [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi\nsleep 60\n";
+    let tail = match ending {
+        Ending::Succeeds => String::new(),
+        Ending::Fails => fail.to_owned(),
+        Ending::FailsOnce => {
+            format!("if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n{fail}fi\n")
+        }
     };
     let text = format!(
         "#!/bin/sh\n\
@@ -194,8 +210,10 @@ fn job_script(dir: &Path, fail: bool) -> PathBuf {
 }
 
 /// The flags under comparison, the same for both launchers.
-fn flags(log_dir: &Path) -> Vec<String> {
+fn flags(log_dir: &Path, restarts: u32) -> Vec<String> {
     [
+        "--max-restarts",
+        &restarts.to_string(),
         "--nproc-per-node",
         "2",
         "--log-dir",
@@ -216,10 +234,16 @@ fn flags(log_dir: &Path) -> Vec<String> {
 
 /// Runs `launcher` (torchrun or accel-agent) on the job, under the same
 /// private hosts file (so both see the same host name).
-fn launch(dir: &Path, name: &str, launcher: &Path, script: &Path) -> (Finished, PathBuf) {
+fn launch(
+    dir: &Path,
+    name: &str,
+    launcher: &Path,
+    script: &Path,
+    restarts: u32,
+) -> (Finished, PathBuf) {
     let logs = dir.join(format!("{name}-logs"));
     let mut argv = vec![launcher.to_str().expect("path").to_owned()];
-    argv.extend(flags(&logs));
+    argv.extend(flags(&logs, restarts));
     argv.push(script.to_str().expect("path").to_owned());
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut cmd = with_private_hosts(dir, &argv);
@@ -227,20 +251,26 @@ fn launch(dir: &Path, name: &str, launcher: &Path, script: &Path) -> (Finished, 
     (run_logged(cmd, dir, name, LIMIT), logs)
 }
 
-/// `<log-dir>/<run_id>_<random>/attempt_0/<file>`, and the run id part.
+/// `<log-dir>/<run_id>_<random>/attempt_0/<file>`, and the run directory's
+/// name.
 fn attempt_file(logs: &Path, file: &str) -> (String, PathBuf) {
+    nth_attempt_file(logs, 0, file)
+}
+
+/// `<log-dir>/<run_id>_<random>/attempt_<n>/<file>`, and the run
+/// directory's name.
+fn nth_attempt_file(logs: &Path, n: u32, file: &str) -> (String, PathBuf) {
     let runs: Vec<PathBuf> = std::fs::read_dir(logs)
         .unwrap_or_else(|e| panic!("{}: {e}", logs.display()))
         .map(|e| e.expect("entry").path())
         .collect();
     assert_eq!(runs.len(), 1, "{runs:?}");
-    let run = runs[0].file_name().expect("name").to_string_lossy();
-    let run_id = run
-        .rsplit_once('_')
-        .expect("<run_id>_<random>")
-        .0
-        .to_owned();
-    (run_id, runs[0].join("attempt_0").join(file))
+    let run = runs[0]
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    (run, runs[0].join(format!("attempt_{n}")).join(file))
 }
 
 /// A filtered file's lines by their prefix, in order: ranks interleave in
@@ -256,10 +286,11 @@ fn by_prefix(path: &Path) -> BTreeMap<String, Vec<String>> {
 }
 
 /// The events a launcher printed on stderr, with what may differ between
-/// two runs made comparable: run id and pids checked for consistency and
-/// replaced, durations and run time checked for type and dropped.
-fn events(stderr: &str, run_id: &str) -> Vec<Value> {
-    let mut pids: BTreeMap<String, String> = BTreeMap::new();
+/// two runs made comparable: the run id (which must name the run
+/// directory `run_dir`) and pids checked for consistency and replaced,
+/// durations and run time checked for type and dropped.
+fn events(stderr: &str, run_dir: &str) -> Vec<Value> {
+    let mut pids: BTreeMap<u64, String> = BTreeMap::new();
     let mut out = Vec::new();
     for line in stderr
         .lines()
@@ -267,9 +298,10 @@ fn events(stderr: &str, run_id: &str) -> Vec<Value> {
     {
         let mut e: Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("{line}: {err}"));
         let md = e["metadata"].as_object_mut().expect("metadata");
-        assert_eq!(
-            md["run_id"], run_id,
-            "the run id names the log directory: {line}"
+        let run_id = md["run_id"].as_str().expect("run_id");
+        assert!(
+            run_dir.starts_with(&format!("{run_id}_")),
+            "the run id names the log directory {run_dir}: {line}"
         );
         md.insert("run_id".into(), "RUN".into());
         let duration = md.remove("duration_ms").expect("duration_ms");
@@ -286,25 +318,24 @@ fn events(stderr: &str, run_id: &str) -> Vec<Value> {
                 .is_u64(),
             "{line}"
         );
-        // A worker's id is its pid, the same in all its events.
-        if let (Some(rank), Some(id)) = (md["global_rank"].as_u64(), md["worker_id"].as_str()) {
+        // A worker's id is its pid, the same in all its events of a round.
+        let rank = md["global_rank"].as_u64();
+        if let (Some(rank), Some(id)) = (rank, md["worker_id"].as_str()) {
             assert!(id.parse::<u32>().is_ok(), "{line}");
-            let seen = pids
-                .entry(rank.to_string())
-                .or_insert_with(|| id.to_owned());
-            assert_eq!(seen, id, "{line}");
+            if md["state"] == "START" {
+                pids.insert(rank, id.to_owned());
+            }
+            assert_eq!(pids.get(&rank).map(String::as_str), Some(id), "{line}");
             md.insert("worker_id".into(), "PID".into());
         }
         let inner: Value =
             serde_json::from_str(md["metadata"].as_str().expect("inner")).expect("inner json");
         let mut inner = inner.as_object().expect("inner object").clone();
         if let Some(Value::Array(pid)) = inner.get_mut("worker_pid") {
-            if pid[0].is_u64() {
+            if let Some(p) = pid[0].as_u64() {
                 assert_eq!(
-                    Some(pid[0].to_string()),
-                    md["global_rank"]
-                        .as_u64()
-                        .and_then(|r| pids.get(&r.to_string()).cloned()),
+                    rank.and_then(|r| pids.get(&r)),
+                    Some(&p.to_string()),
                     "{line}"
                 );
                 pid[0] = "PID".into();
@@ -319,13 +350,15 @@ fn events(stderr: &str, run_id: &str) -> Vec<Value> {
     out
 }
 
-fn compare_with_torchrun(name: &str, fail: bool) {
+fn compare_with_torchrun(name: &str, ending: Ending) {
     let _heavy = heavy();
     let dir = scratch(name);
-    let script = job_script(&dir, fail);
-    let (torchrun, tr_logs) = launch(&dir, "torchrun", &venv().join("bin/torchrun"), &script);
-    let (accel, ac_logs) = launch(&dir, "accel", &bin("accel-agent"), &script);
-    let code = if fail { 1 } else { 0 };
+    let script = job_script(&dir, ending);
+    let restarts = u32::from(ending == Ending::FailsOnce);
+    let torchrun_bin = venv().join("bin/torchrun");
+    let (torchrun, tr_logs) = launch(&dir, "torchrun", &torchrun_bin, &script, restarts);
+    let (accel, ac_logs) = launch(&dir, "accel", &bin("accel-agent"), &script, restarts);
+    let code = if ending == Ending::Fails { 1 } else { 0 };
     assert_eq!(
         torchrun.status.code(),
         Some(code),
@@ -334,29 +367,36 @@ fn compare_with_torchrun(name: &str, fail: bool) {
     );
     assert_eq!(accel.status.code(), Some(code), "accel: {}", accel.stderr);
 
-    for file in ["filtered_stdout.log", "filtered_stderr.log"] {
-        let (_, tr) = attempt_file(&tr_logs, file);
-        let (_, ac) = attempt_file(&ac_logs, file);
-        let want = by_prefix(&tr);
-        assert_eq!(
-            want.len(),
-            2,
-            "torchrun wrote both ranks' lines to {file}: {want:?}"
-        );
-        assert_eq!(
-            by_prefix(&ac),
-            want,
-            "{file} differs from torchrun's ({})",
-            dir.display()
-        );
+    for attempt in 0..=restarts {
+        for file in ["filtered_stdout.log", "filtered_stderr.log"] {
+            let (_, tr) = nth_attempt_file(&tr_logs, attempt, file);
+            let (_, ac) = nth_attempt_file(&ac_logs, attempt, file);
+            let want = by_prefix(&tr);
+            assert_eq!(
+                want.len(),
+                2,
+                "torchrun wrote both ranks' lines to attempt {attempt}'s {file}: {want:?}"
+            );
+            assert_eq!(
+                by_prefix(&ac),
+                want,
+                "attempt {attempt}'s {file} differs from torchrun's ({})",
+                dir.display()
+            );
+        }
     }
 
-    let (tr_id, _) = attempt_file(&tr_logs, "");
-    let (ac_id, _) = attempt_file(&ac_logs, "");
-    let want = events(&torchrun.stderr, &tr_id);
-    let got = events(&accel.stderr, &ac_id);
-    // START ×2, the final state ×2, RENDEZVOUS, ASSIGN_WORKER_RANKS and the agent's.
-    assert_eq!(want.len(), 7, "torchrun's events: {want:#?}");
+    let (tr_run, _) = attempt_file(&tr_logs, "");
+    let (ac_run, _) = attempt_file(&ac_logs, "");
+    let want = events(&torchrun.stderr, &tr_run);
+    let got = events(&accel.stderr, &ac_run);
+    // Each attempt's RENDEZVOUS, ASSIGN_WORKER_RANKS and START ×2, then the
+    // final state ×2 and the agent's.
+    assert_eq!(
+        want.len(),
+        4 * (restarts as usize + 1) + 3,
+        "torchrun's events: {want:#?}"
+    );
     assert_eq!(
         serde_json::to_string_pretty(&got).expect("json"),
         serde_json::to_string_pretty(&want).expect("json"),
@@ -367,10 +407,104 @@ fn compare_with_torchrun(name: &str, fail: bool) {
 
 #[test]
 fn filtered_logs_and_events_match_torchrun() {
-    compare_with_torchrun("flags-parity", false);
+    compare_with_torchrun("flags-parity", Ending::Succeeds);
 }
 
 #[test]
 fn filtered_logs_and_events_of_a_failed_job_match_torchrun() {
-    compare_with_torchrun("flags-parity-failed", true);
+    compare_with_torchrun("flags-parity-failed", Ending::Fails);
+}
+
+#[test]
+fn filtered_logs_and_events_of_a_restarted_job_match_torchrun() {
+    compare_with_torchrun("flags-parity-restarted", Ending::FailsOnce);
+}
+
+#[test]
+fn torchrun_values_accel_cannot_honour_are_refused_with_the_way_out() {
+    let dir = scratch("flags-refused");
+    for (i, flag) in ["--logs-specs", "--logs_specs"].iter().enumerate() {
+        let out = run_agent(
+            &dir,
+            &format!("specs{i}"),
+            &[flag, "my_specs", "--no-python", "true"],
+            &[],
+            LIMIT,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+        for needed in [
+            "'my_specs'",
+            "runs no Python",
+            "--log-dir",
+            "--redirects",
+            "--tee",
+            "--local-ranks-filter",
+        ] {
+            assert!(out.stderr.contains(needed), "{needed}: {}", out.stderr);
+        }
+    }
+    let out = run_agent(
+        &dir,
+        "handler",
+        &["--event_log_handler", "syslog", "--no-python", "true"],
+        &[],
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("'syslog'") && out.stderr.contains("console, dynamic_rendezvous, null"),
+        "{}",
+        out.stderr
+    );
+    // The environment fallback torchrun has goes through the same parser.
+    let out = run_agent(
+        &dir,
+        "handler-env",
+        &["--no-python", "true"],
+        &[("PET_EVENT_LOG_HANDLER", "file")],
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("'file'"), "{}", out.stderr);
+}
+
+#[test]
+fn torchrun_defaults_given_explicitly_run_the_job() {
+    let dir = scratch("flags-defaults");
+    let logs = dir.join("logs");
+    let out = run_agent(
+        &dir,
+        "agent",
+        &[
+            "--logs_specs",
+            "default",
+            "--event_log_handler",
+            "null",
+            "--duplicate_stdout_filters",
+            "",
+            "--log-dir",
+            logs.to_str().expect("path"),
+            "--no-python",
+            "sh",
+            "-c",
+            "echo visible",
+        ],
+        &[],
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("torchelastic."),
+        "null prints no events: {}",
+        out.stderr
+    );
+    // Given, even empty, the filter list exists (torchrun's [""]): the file
+    // is made, and stays empty without --tee, as torchrun's does.
+    let (_, filtered) = attempt_file(&logs, "filtered_stdout.log");
+    assert_eq!(
+        std::fs::read_to_string(&filtered).expect("filtered file"),
+        ""
+    );
+    let (_, not_asked) = attempt_file(&logs, "filtered_stderr.log");
+    assert!(!not_asked.exists(), "no stderr filters, no file");
 }
