@@ -22,7 +22,8 @@
 //!   that size, so one endless line cannot grow memory without bound.
 //! - A console line that matches `--duplicate-std*-filters` is marked with
 //!   its filtered file ([`super::filter`]) and the writer thread writes it
-//!   there too, after the console: the same bytes, no second allocation.
+//!   there too, after flushing the console: the same bytes, no second
+//!   allocation.
 //!   A line dropped from a full console queue is dropped from that file
 //!   too (and counted with the console's).
 
@@ -133,21 +134,29 @@ fn write_lines(rx: &Receiver<Line>) {
     // batches instead of waiting for this thread.
     let mut out = io::BufWriter::with_capacity(CHUNK, io::stdout());
     let mut err = io::BufWriter::with_capacity(CHUNK, io::stderr());
+    // Lines also bound for a filtered file, written once the console is
+    // flushed (the console never waits on those files); reused.
+    let mut dups: Vec<Line> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         // Write what is queued, then flush once: whole lines, few syscalls.
         let mut acks = Vec::new();
-        while let Some(line) = next {
+        while let Some(mut line) = next {
             let w: &mut dyn Write = if line.err { &mut err } else { &mut out };
             let _ = w.write_all(&line.bytes);
-            if let Some(file) = &line.dup {
-                file.write(&line.bytes);
+            acks.extend(line.ack.take());
+            if line.dup.is_some() {
+                dups.push(line);
             }
-            acks.extend(line.ack);
             next = rx.try_recv().ok();
         }
         let _ = out.flush();
         let _ = err.flush();
+        for line in dups.drain(..) {
+            if let Some(file) = &line.dup {
+                file.write(&line.bytes);
+            }
+        }
         for ack in acks {
             let _ = ack.send(());
         }
