@@ -227,13 +227,16 @@ fn ending(result: &Result<Outcome, AgentError>) -> Ending {
     match result {
         Ok(Outcome::Succeeded) => Ending::Succeeded,
         Ok(Outcome::Failed(_)) => Ending::Failed,
-        // torchrun's agent raises SignalException; its traceback ends so.
+        // torchrun's raw_error is the Python traceback of the
+        // SignalException its agent raises; accel gives its last line, the
+        // exception, in the same words (ending in a newline, as there).
         Ok(Outcome::Signaled(sig)) => Ending::AgentFailed(format!(
-            "torch.distributed.elastic.multiprocessing.api.SignalException: Process {} got signal: {}",
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process {} got signal: {}\n",
             std::process::id(),
             *sig as i32
         )),
-        Err(e) => Ending::AgentFailed(e.to_string()),
+        // Any other error: its message, where torchrun has a traceback.
+        Err(e) => Ending::AgentFailed(format!("{e}\n")),
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use accel_agent::cli::AgentArgs;
 use accel_tests::{
-    bin, run_agent, run_logged, scratch, venv, venv_path, with_private_hosts, Finished,
+    bin, eventually, run_agent, run_logged, scratch, signal, venv, venv_path, with_private_hosts,
+    Finished,
 };
 use clap::CommandFactory;
 use serde_json::Value;
@@ -507,4 +508,88 @@ fn torchrun_defaults_given_explicitly_run_the_job() {
     );
     let (_, not_asked) = attempt_file(&logs, "filtered_stderr.log");
     assert!(!not_asked.exists(), "no stderr filters, no file");
+}
+
+/// Starts `launcher` with console events on a job of two `sleep 60`
+/// workers, stops it with SIGTERM once both workers started, and returns
+/// its stderr and run directory name.
+fn signalled(dir: &Path, name: &str, launcher: &Path) -> (String, String) {
+    let logs = dir.join(format!("{name}-logs"));
+    let argv = [
+        launcher.to_str().expect("path"),
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        logs.to_str().expect("path"),
+        "--event-log-handler",
+        "console",
+        "--no-python",
+        "sleep",
+        "60",
+    ];
+    let stderr = dir.join(format!("{name}.stderr"));
+    let mut child = with_private_hosts(dir, &argv)
+        .env("PATH", venv_path())
+        .env_remove("LOGLEVEL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("spawn");
+    let started = || {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .matches("torchelastic.worker.status.START")
+            .count()
+            == 2
+    };
+    assert!(
+        eventually(LIMIT, started),
+        "{name}: no START events: {}",
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    );
+    // `unshare` and `sh` exec the launcher: the child's pid is its pid.
+    signal(child.id(), "TERM");
+    assert!(
+        eventually(LIMIT, || matches!(child.try_wait(), Ok(Some(_)))),
+        "{name} did not stop on SIGTERM"
+    );
+    let (run, _) = attempt_file(&logs, "");
+    (std::fs::read_to_string(&stderr).expect("stderr"), run)
+}
+
+#[test]
+fn events_of_a_signalled_agent_match_torchrun() {
+    let _heavy = heavy();
+    let dir = scratch("flags-parity-signalled");
+    let (tr_err, tr_run) = signalled(&dir, "torchrun", &venv().join("bin/torchrun"));
+    let (ac_err, ac_run) = signalled(&dir, "accel", &bin("accel-agent"));
+    // torchrun's raw_error is the Python traceback of its SignalException;
+    // accel's is that traceback's last line, the exception itself.
+    let last_line = |mut events: Vec<Value>| {
+        for e in &mut events {
+            if let Some(Value::String(raw)) = e["metadata"].get_mut("raw_error") {
+                let line = raw.trim_end().lines().last().unwrap_or_default().to_owned();
+                let pid = line.rsplit_once("Process ").map_or("", |(_, p)| p);
+                let pid = pid.split(' ').next().unwrap_or_default().to_owned();
+                *raw = line.replace(&format!("Process {pid} "), "Process PID ");
+            }
+        }
+        events
+    };
+    let want = last_line(events(&tr_err, &tr_run));
+    let got = last_line(events(&ac_err, &ac_run));
+    // RENDEZVOUS, ASSIGN_WORKER_RANKS, START ×2 and the agent's FAILED:
+    // no final worker states when the agent itself is stopped.
+    assert_eq!(want.len(), 5, "torchrun's events: {want:#?}");
+    assert_eq!(
+        want[4]["metadata"]["raw_error"],
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process PID got signal: 15"
+    );
+    assert_eq!(
+        serde_json::to_string_pretty(&got).expect("json"),
+        serde_json::to_string_pretty(&want).expect("json"),
+        "accel's events differ from torchrun's ({})",
+        dir.display()
+    );
 }
