@@ -34,6 +34,7 @@ use tracing::warn;
 
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
+use crate::events::{Ending, EventLog, Identity};
 use crate::guard::Guard;
 use crate::rendezvous::{hostname, locate_rendezvous};
 use crate::signal::Signals;
@@ -107,6 +108,27 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // Preparing the zygote overlaps the rendezvous.
     let zygote = (!cfg.preload.is_empty())
         .then(|| Arc::new(crate::zygote::Zygote::start(zygote_spec(&cfg))));
+    let run_started = Instant::now();
+    let events = Arc::new(std::sync::Mutex::new(EventLog::new(
+        cfg.event_log_handler,
+        std::env::var("LOGLEVEL").ok().as_deref(),
+        Identity {
+            run_id: cfg.run_id.clone(),
+            role: cfg.role.clone(),
+            // torchrun reports `socket.getfqdn()`; the lookup only when printed.
+            hostname: match cfg.event_log_handler {
+                crate::events::EventHandler::Console => crate::sys::fqdn(&hostname),
+                _ => hostname.clone(),
+            },
+            rdzv_backend: cfg.rdzv_backend_name.into(),
+            entry_point: std::path::Path::new(&cfg.entrypoint.program)
+                .file_name()
+                .map_or_else(
+                    || cfg.entrypoint.program.clone(),
+                    |n| n.to_string_lossy().into_owned(),
+                ),
+        },
+    )));
     let located = locate_rendezvous(&cfg, &stop_server).await?;
     let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
     let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
@@ -174,6 +196,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 metrics.clone(),
                 watched.clone(),
             );
+            session.events = Some(events.clone());
             let result = session.drive(first_actions).await;
             match result {
                 Ok(SessionEnd::Unhealthy) => continue,
@@ -183,6 +206,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     };
     let result = sessions.await;
+    emit(events_lock(&events).ended(&ending(&result), run_started.elapsed()));
     if let Some(console) = &console {
         console.drain(Duration::from_secs(2));
         if console.dropped() > 0 {
@@ -196,6 +220,42 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     }
     result
+}
+
+/// What the job came to, as the final events say it.
+fn ending(result: &Result<Outcome, AgentError>) -> Ending {
+    match result {
+        Ok(Outcome::Succeeded) => Ending::Succeeded,
+        Ok(Outcome::Failed(_)) => Ending::Failed,
+        // torchrun's raw_error is the Python traceback of the
+        // SignalException its agent raises; accel gives its last line, the
+        // exception, in the same words (ending in a newline, as there).
+        Ok(Outcome::Signaled(sig)) => Ending::AgentFailed(format!(
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process {} got signal: {}\n",
+            std::process::id(),
+            *sig as i32
+        )),
+        // Any other error: its message, where torchrun has a traceback.
+        Err(e) => Ending::AgentFailed(format!("{e}\n")),
+    }
+}
+
+/// The shared event log, even if a holder panicked.
+fn events_lock(events: &std::sync::Mutex<EventLog>) -> std::sync::MutexGuard<'_, EventLog> {
+    events
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Prints event lines on the agent's stderr (the `console` handler), each
+/// with one write so lines from other writers do not split them.
+fn emit(lines: Vec<String>) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for mut line in lines {
+        line.push('\n');
+        let _ = err.write_all(line.as_bytes());
+    }
 }
 
 /// Connects to the fork server on inherited `fd`. If the server goes away
@@ -294,6 +354,9 @@ struct Session<'a, L: Link, S: Spawner> {
     health_checked: bool,
     /// The last round's workers, whose GPUs a new round waits for.
     last_pids: Vec<i32>,
+    /// torchelastic's status events (`--event-log-handler`), kept by the
+    /// agent across sessions; none in the driver's unit tests.
+    events: Option<Arc<std::sync::Mutex<EventLog>>>,
 }
 
 /// How a session with the rendezvous ended.
@@ -389,6 +452,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             watched,
             health_checked: true,
             last_pids: Vec::new(),
+            events: None,
         }
     }
 
@@ -430,10 +494,35 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
         }
     }
 
+    /// A worker that ended badly, by itself or of the agent's stop, for
+    /// the final events: its exit and its error file.
+    fn note_failure(&self, exit: &Exit) {
+        let Some(events) = &self.events else { return };
+        let mut events = events_lock(events);
+        if !events.on() {
+            return;
+        }
+        let text = self
+            .error_files
+            .get(exit.local_rank as usize)
+            .and_then(|f| std::fs::read_to_string(f).ok());
+        if let Some(failure) = crate::events::Failure::of(exit.ended, text.as_deref()) {
+            events.failed(exit.local_rank, failure);
+        }
+    }
+
+    /// Records this node's events, if any are printed.
+    fn record_events(&self, make: impl FnOnce(&mut EventLog) -> Vec<String>) {
+        if let Some(events) = &self.events {
+            emit(make(&mut events_lock(events)));
+        }
+    }
+
     /// Counts what an event says for the metrics.
     fn observe(&mut self, now: Instant, event: &Event) {
         match event {
             Event::Exited(exit) => {
+                self.note_failure(exit);
                 self.metrics.exited(&exit.ended);
                 if exit.ended != crate::Ended::Exited(0) {
                     self.failed_at.get_or_insert(now);
@@ -441,6 +530,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             }
             Event::Stopped(exits) => {
                 for exit in exits {
+                    self.note_failure(exit);
                     self.metrics.exited(&exit.ended);
                 }
                 self.metrics.stopped();

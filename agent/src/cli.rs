@@ -16,6 +16,8 @@ use clap::Parser;
 use crate::config::{
     rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, RdzvConf, Signals,
 };
+use crate::events::EventHandler;
+use crate::logs::filter::LineFilter;
 use crate::logs::StdSpec;
 
 /// Launches and supervises a node's training processes (a drop-in for torchrun).
@@ -157,6 +159,45 @@ pub struct AgentArgs {
         value_parser = ranks("--ranks-filter")
     )]
     pub ranks_filter: Ranks,
+    /// Also write the tee'd stdout lines that contain any of these
+    /// comma-separated strings (`,,` for a comma) to
+    /// `<log-dir>/.../attempt_N/filtered_stdout.log`, prefixed as on the console.
+    #[arg(
+        long = "duplicate-stdout-filters",
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        value_name = "FILTERS",
+        value_parser = line_filter
+    )]
+    pub duplicate_stdout_filters: Option<LineFilter>,
+    /// Likewise for stderr, to `filtered_stderr.log`.
+    #[arg(
+        long = "duplicate-stderr-filters",
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        value_name = "FILTERS",
+        value_parser = line_filter
+    )]
+    pub duplicate_stderr_filters: Option<LineFilter>,
+    /// torchelastic's status events: `null` (none), `console` (one JSON
+    /// line each on stderr, as torchrun prints them) or `dynamic_rendezvous` (none).
+    #[arg(
+        long = "event-log-handler",
+        alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        default_value = "null",
+        value_parser = str::parse::<EventHandler>
+    )]
+    pub event_log_handler: EventHandler,
+    /// Accepted for torchrun compatibility: only torchrun's built-in `default`
+    /// (what --log-dir, --redirects, --tee and --local-ranks-filter configure).
+    #[arg(
+        long = "logs-specs",
+        alias = "logs_specs",
+        value_name = "NAME",
+        value_parser = crate::logs::logs_specs
+    )]
+    pub logs_specs: Option<String>,
     /// Static rendezvous: this node's rank.
     #[arg(
         long = "node-rank",
@@ -278,6 +319,11 @@ pub struct AgentArgs {
     pub training_script_args: Vec<String>,
 }
 
+/// `--duplicate-std*-filters`: every value is a valid list (torchrun's).
+fn line_filter(s: &str) -> Result<LineFilter, std::convert::Infallible> {
+    Ok(LineFilter::parse(s))
+}
+
 /// `--restart-backoff BASE[:MAX]`.
 fn backoff(s: &str) -> Result<(Duration, Duration), String> {
     crate::config::RestartBackoff::parse_wait(s)
@@ -317,6 +363,9 @@ impl From<AgentArgs> for LaunchOptions {
             log_line_prefix_template: a.log_line_prefix_template,
             local_ranks_filter: a.local_ranks_filter.0,
             ranks_filter: a.ranks_filter.0,
+            duplicate_stdout_filters: a.duplicate_stdout_filters,
+            duplicate_stderr_filters: a.duplicate_stderr_filters,
+            event_log_handler: a.event_log_handler,
             node_rank: a.node_rank,
             master_addr: a.master_addr,
             master_port: a.master_port,

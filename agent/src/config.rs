@@ -124,6 +124,11 @@ pub struct Config {
     pub virtual_local_rank: bool,
     /// Where worker output goes.
     pub logs: crate::logs::LogSpec,
+    /// Where torchelastic's status events go (`--event-log-handler`).
+    pub event_log_handler: crate::events::EventHandler,
+    /// The `--rdzv-backend` name torchrun's events report (`c10d` for a
+    /// standalone job, as torchrun makes one).
+    pub rdzv_backend_name: &'static str,
     /// The agent's own `TORCHELASTIC_ERROR_FILE`, set by a parent launcher.
     pub parent_error_file: Option<PathBuf>,
     /// Warnings to print once logging is up.

@@ -33,7 +33,8 @@
 //! ([`agent::machine`]) and the driver that does its I/O · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
 //! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
-//! prefixes · [`failure`] error files and failure summaries · [`files`]
+//! prefixes, filtered copies · [`events`] torchelastic's status events
+//! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
 //! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
 //! signals · `sys` the only `unsafe` code. Accelerate's command set (`accel`)
 //! is its own crate, `accel-cli`, on this library.
@@ -45,6 +46,7 @@ pub mod client;
 pub mod config;
 mod deadline;
 pub mod error;
+pub mod events;
 pub mod failure;
 pub mod file_timer;
 pub mod files;

@@ -19,6 +19,7 @@
 //! `ENOSPC` on `print` and fails; a worker whose reader stops dies of SIGPIPE
 //! (torchrun's tee did that, and reported SIGPIPE as the root cause).
 
+pub mod filter;
 pub mod tee;
 
 use std::collections::BTreeSet;
@@ -146,6 +147,26 @@ pub fn render_prefix(template: &str, v: &PrefixVars<'_>) -> String {
         .replace("${node_rank}", &v.node_rank.to_string())
 }
 
+/// torchrun's built-in `--logs-specs` entry point (`torchrun.logs_specs`
+/// group, `DefaultLogsSpecs`), the only one accel has.
+pub const DEFAULT_LOGS_SPECS: &str = "default";
+
+/// `--logs-specs NAME`: torchrun loads a Python class registered under that
+/// name; the agent runs no Python, so only the built-in one is accepted.
+pub fn logs_specs(name: &str) -> Result<String, ConfigError> {
+    if name == DEFAULT_LOGS_SPECS {
+        return Ok(name.to_owned());
+    }
+    Err(ConfigError(format!(
+        "--logs-specs '{}' names a custom LogsSpecs, a Python class that torchrun loads from the \
+         'torchrun.logs_specs' entry points; accel-agent runs no Python, so it cannot load one. \
+         Drop the flag (or give '{DEFAULT_LOGS_SPECS}', torchrun's built-in layout, which accel writes) \
+         and say where logs go with --log-dir, --redirects, --tee, --local-ranks-filter \
+         and --log-line-prefix-template",
+        excerpt(name)
+    )))
+}
+
 /// The logging flags, validated.
 #[derive(Debug, Clone, Default)]
 pub struct LogSpec {
@@ -159,6 +180,10 @@ pub struct LogSpec {
     pub local_ranks: Option<BTreeSet<u32>>,
     /// `--ranks-filter`: global ranks whose output reaches the console.
     pub ranks: Option<BTreeSet<u32>>,
+    /// `--duplicate-stdout-filters` (`None`: not given).
+    pub stdout_filter: Option<filter::LineFilter>,
+    /// `--duplicate-stderr-filters` (`None`: not given).
+    pub stderr_filter: Option<filter::LineFilter>,
 }
 
 /// Parses a comma-separated rank list (empty: no filter).

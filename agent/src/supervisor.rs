@@ -35,6 +35,7 @@ use std::process::Stdio;
 
 use crate::fork_server::{ForkRequest, ForkServer};
 use crate::guard::Guard;
+use crate::logs::filter::Filtered;
 use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
 use crate::sys::{self, Ended};
@@ -54,6 +55,10 @@ pub struct WorkerSpec {
     pub stdout: Sink,
     /// Where its stderr goes.
     pub stderr: Sink,
+    /// `--duplicate-stdout-filters`, for a tee'd stdout shown on the console.
+    pub stdout_filtered: Option<Filtered>,
+    /// `--duplicate-stderr-filters`, likewise.
+    pub stderr_filtered: Option<Filtered>,
     /// Its `TORCHELASTIC_ERROR_FILE`.
     pub error_file: PathBuf,
     /// The CPUs it is bound to (`--numa-binding`); `None`: the agent's.
@@ -156,13 +161,13 @@ impl WorkerGroup {
             let pid = started.pid;
             let files = RankFiles::new(spec.local_rank);
             if let (Some(pipe), Sink::Pipe { file, prefix }) = (started.stdout, &spec.stdout) {
-                let to = to_console(prefix, false, &console);
+                let to = to_console(prefix, false, &console, &spec.stdout_filtered);
                 group
                     .pumps
                     .push(spawn_pump(pipe, file.clone(), files.clone(), to));
             }
             if let (Some(pipe), Sink::Pipe { file, prefix }) = (started.stderr, &spec.stderr) {
-                let to = to_console(prefix, true, &console);
+                let to = to_console(prefix, true, &console, &spec.stderr_filtered);
                 group
                     .pumps
                     .push(spawn_pump(pipe, file.clone(), files.clone(), to));
@@ -435,12 +440,20 @@ fn stdio(sink: &Sink) -> std::io::Result<Stdio> {
     })
 }
 
-/// Console lines for a stream with a `prefix` (tee'd and shown).
-fn to_console(prefix: &Option<Vec<u8>>, err: bool, console: &Option<Console>) -> Option<ToConsole> {
+/// Console lines for a stream with a `prefix` (tee'd and shown), and
+/// their copies in a filtered file (torchrun tails the same tee'd files
+/// for both).
+fn to_console(
+    prefix: &Option<Vec<u8>>,
+    err: bool,
+    console: &Option<Console>,
+    filtered: &Option<Filtered>,
+) -> Option<ToConsole> {
     Some(ToConsole {
         console: console.clone()?,
         prefix: prefix.clone()?,
         err,
+        filtered: filtered.clone(),
     })
 }
 

@@ -1,5 +1,6 @@
 //! The agent's only `unsafe` code and raw process calls: the worker's
-//! pre-exec hook, forking the guard, and signalling process groups.
+//! pre-exec hook, forking the guard, signalling process groups, and the
+//! host-name lookup torchrun's events report.
 //!
 //! Everything here is a thin wrapper; the policy lives in
 //! [`crate::supervisor`] and [`crate::guard`].
@@ -252,4 +253,50 @@ pub(crate) fn ignore_stop_signals() {
 pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit is async-signal-safe and never returns.
     unsafe { nix::libc::_exit(code) }
+}
+
+/// Python's `socket.getfqdn(name)`, which torchrun's events report as the
+/// host name: `name` resolved to its first address and that address back
+/// to its host name (`/etc/hosts` or DNS), or `name` itself when either
+/// lookup fails. (Python also prefers a dotted alias of that host name;
+/// `getnameinfo` gives no aliases, so the primary name is used.) Blocking:
+/// a reverse lookup may wait on DNS.
+pub(crate) fn fqdn(name: &str) -> String {
+    use nix::libc;
+    use std::ffi::{CStr, CString};
+    let Ok(c_name) = CString::new(name) else {
+        return name.to_owned();
+    };
+    // SAFETY: all-zero is a valid `addrinfo` (null pointers, zero flags).
+    let hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: `c_name` is a valid C string, `hints` a valid addrinfo, and
+    // `found` receives a list freed below with `freeaddrinfo`.
+    let rc = unsafe { libc::getaddrinfo(c_name.as_ptr(), std::ptr::null(), &hints, &mut found) };
+    if rc != 0 || found.is_null() {
+        return name.to_owned();
+    }
+    let mut host = [0 as libc::c_char; libc::NI_MAXHOST as usize];
+    // SAFETY: `found` is the non-null head of the list getaddrinfo made; its
+    // `ai_addr` points to `ai_addrlen` bytes; `host` has the length given.
+    let rc = unsafe {
+        let first = &*found;
+        let rc = libc::getnameinfo(
+            first.ai_addr,
+            first.ai_addrlen,
+            host.as_mut_ptr(),
+            host.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        );
+        libc::freeaddrinfo(found);
+        rc
+    };
+    if rc != 0 {
+        return name.to_owned();
+    }
+    // SAFETY: on success getnameinfo wrote a NUL-terminated string into `host`.
+    let resolved = unsafe { CStr::from_ptr(host.as_ptr()) };
+    resolved.to_string_lossy().into_owned()
 }

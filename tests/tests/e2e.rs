@@ -21,6 +21,7 @@ mod store_admission;
 mod store_bounds;
 mod tls;
 mod torch;
+mod torchrun_flags;
 
 use std::path::Path;
 

@@ -18,6 +18,7 @@ use super::store_bind::store_options;
 use super::workers::{Spawner, Workers};
 use super::{Session, SessionEnd};
 use crate::error::AgentError;
+use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
 use crate::store::WorkerStore;
 use crate::supervisor::WorkerSpec;
 use crate::worker_env::{full_env, worker_argv, RoundInfo};
@@ -174,7 +175,11 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             ),
             _ => None,
         };
+        let rendezvous = self.offered_at.map(|t| t.elapsed()).unwrap_or_default();
+        let assigning = tokio::time::Instant::now();
         let specs = self.specs(&info)?;
+        let assign = assigning.elapsed();
+        self.record_events(|e| e.formed(rendezvous, assign, &info));
         self.error_files = specs.iter().map(|s| s.error_file.clone()).collect();
         self.failures.clear();
         // The first round may wait for the imports, and every round for the
@@ -188,6 +193,19 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         self.monitor.reset();
         match self.spawner.spawn(specs).await {
             Ok(group) => {
+                let pids = group.pids();
+                self.record_events(|e| {
+                    e.started(
+                        pids.iter()
+                            .enumerate()
+                            .map(|(i, pid)| crate::events::WorkerInfo {
+                                local_rank: i as u32,
+                                global_rank: info.base_rank + i as u32,
+                                pid: *pid,
+                            })
+                            .collect(),
+                    )
+                });
                 self.watch(
                     group
                         .pids()
@@ -244,6 +262,16 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             }
         };
         let attempt = crate::files::attempt_dir(&run_dir, info.restart_count)?;
+        // One filtered file per stream and attempt, for all of the node's
+        // workers, created even when nothing is tee'd (as torchrun).
+        let filtered = |filter: &Option<LineFilter>, name: &str| {
+            filter.as_ref().map(|f| Filtered {
+                filter: Arc::new(f.clone()),
+                file: FilteredFile::create(&attempt.join(name)),
+            })
+        };
+        let stdout_filtered = filtered(&self.cfg.logs.stdout_filter, "filtered_stdout.log");
+        let stderr_filtered = filtered(&self.cfg.logs.stderr_filter, "filtered_stderr.log");
         let env = |k: &str| std::env::var(k).ok();
         (0..self.cfg.nproc_per_node)
             .map(|local_rank| {
@@ -270,6 +298,8 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     ),
                     stdout,
                     stderr,
+                    stdout_filtered: stdout_filtered.clone(),
+                    stderr_filtered: stderr_filtered.clone(),
                     error_file,
                     cpus: self
                         .cfg

@@ -26,6 +26,8 @@ use super::{
     Rendezvous, C10D_PORT, ETCD_PORT, MAX_NPROC_PER_NODE, MAX_PREFIX_TEMPLATE, MAX_PRELOAD,
     MAX_RDZV_ID, STATIC_PORT,
 };
+use crate::events::EventHandler;
+use crate::logs::filter::LineFilter;
 use crate::logs::{parse_ranks, LogSpec, StdSpec};
 
 /// `--nnodes`: `N` or `MIN:MAX`, with `0 < MIN <= MAX`.
@@ -268,6 +270,12 @@ pub struct LaunchOptions {
     pub local_ranks_filter: RankFilter,
     /// `--ranks-filter`.
     pub ranks_filter: RankFilter,
+    /// `--duplicate-stdout-filters` (`None`: not given).
+    pub duplicate_stdout_filters: Option<LineFilter>,
+    /// `--duplicate-stderr-filters` (`None`: not given).
+    pub duplicate_stderr_filters: Option<LineFilter>,
+    /// `--event-log-handler`.
+    pub event_log_handler: EventHandler,
     /// `--node-rank`.
     pub node_rank: u32,
     /// `--master-addr`.
@@ -335,6 +343,9 @@ impl LaunchOptions {
             log_line_prefix_template: None,
             local_ranks_filter: None,
             ranks_filter: None,
+            duplicate_stdout_filters: None,
+            duplicate_stderr_filters: None,
+            event_log_handler: EventHandler::Null,
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: None,
@@ -460,6 +471,12 @@ impl LaunchOptions {
                 path.to_string_lossy().into_owned(),
             ));
         }
+        let rdzv_backend_name = match (&rendezvous, self.rdzv_backend) {
+            (Rendezvous::Standalone, _) | (_, Backend::C10d) => "c10d",
+            (_, Backend::Static) => "static",
+            (_, Backend::Etcd) => "etcd",
+            (_, Backend::EtcdV2) => "etcd-v2",
+        };
         Ok(Config {
             rendezvous,
             run_id,
@@ -488,7 +505,11 @@ impl LaunchOptions {
                 prefix_template,
                 local_ranks: self.local_ranks_filter.clone(),
                 ranks: self.ranks_filter.clone(),
+                stdout_filter: self.duplicate_stdout_filters.clone(),
+                stderr_filter: self.duplicate_stderr_filters.clone(),
             },
+            event_log_handler: self.event_log_handler,
+            rdzv_backend_name,
             warnings,
             base_env,
             torchrun_env: self.torchrun_env,

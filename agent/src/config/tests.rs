@@ -607,3 +607,41 @@ fn numa_binding_is_chosen_when_the_options_are_built() {
     let plain = LaunchOptions::new("t.py").build(&at_root).expect("valid");
     assert_eq!(plain.numa_binding, None);
 }
+
+#[test]
+fn torchruns_logging_and_event_flags_in_both_spellings() {
+    use crate::events::EventHandler;
+    use crate::logs::filter::LineFilter;
+    for (out, err, handler, specs) in [
+        (
+            "--duplicate-stdout-filters",
+            "--duplicate-stderr-filters",
+            "--event-log-handler",
+            "--logs-specs",
+        ),
+        (
+            "--duplicate_stdout_filters",
+            "--duplicate_stderr_filters",
+            "--event_log_handler",
+            "--logs_specs",
+        ),
+    ] {
+        let cfg = parse(&[
+            out, "a,,b,c", err, "", handler, "console", specs, "default", "t.py",
+        ])
+        .expect("valid");
+        assert_eq!(cfg.logs.stdout_filter, Some(LineFilter::parse("a,,b,c")));
+        assert_eq!(cfg.logs.stderr_filter, Some(LineFilter::parse("")));
+        assert_eq!(cfg.event_log_handler, EventHandler::Console);
+    }
+    let cfg = parse(&["t.py"]).expect("defaults");
+    assert_eq!(cfg.logs.stdout_filter, None, "not given: no filtered file");
+    assert_eq!(cfg.event_log_handler, EventHandler::Null);
+    assert_eq!(
+        cfg.rdzv_backend_name, "c10d",
+        "standalone, as torchrun makes it"
+    );
+    let e = AgentArgs::try_parse_from(["accel-agent", "--logs-specs", "mine", "t.py"])
+        .expect_err("no Python to load it");
+    assert!(e.to_string().contains("runs no Python"), "{e}");
+}

@@ -20,6 +20,12 @@
 //!   partial last line is written out (with a newline) at end of stream.
 //! - A line longer than [`MAX_LINE`] bytes reaches the console in pieces of
 //!   that size, so one endless line cannot grow memory without bound.
+//! - A console line that matches `--duplicate-std*-filters` is marked with
+//!   its filtered file ([`super::filter`]) and the writer thread writes it
+//!   there too, after flushing the console: the same bytes, no second
+//!   allocation.
+//!   A line dropped from a full console queue is dropped from that file
+//!   too (and counted with the console's).
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -31,6 +37,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::warn;
 
+use super::filter::{Filtered, FilteredFile};
+
 /// Console lines queued before new ones are dropped.
 pub const CONSOLE_QUEUE: usize = 16 * 1024;
 /// Longest piece of a line sent to the console at once.
@@ -40,6 +48,8 @@ const CHUNK: usize = 64 * 1024;
 struct Line {
     err: bool,
     bytes: Vec<u8>,
+    /// The filtered file this line is copied to.
+    dup: Option<Arc<FilteredFile>>,
     /// A drain request: acknowledged once everything before it is written.
     ack: Option<std::sync::mpsc::Sender<()>>,
 }
@@ -81,10 +91,11 @@ impl Console {
         self
     }
 
-    fn line(&self, err: bool, bytes: Vec<u8>) {
+    fn line(&self, err: bool, bytes: Vec<u8>, dup: Option<Arc<FilteredFile>>) {
         match self.tx.try_send(Line {
             err,
             bytes,
+            dup,
             ack: None,
         }) {
             Ok(()) => {}
@@ -103,6 +114,7 @@ impl Console {
             .send(Line {
                 err: false,
                 bytes: Vec::new(),
+                dup: None,
                 ack: Some(ack),
             })
             .is_ok()
@@ -122,18 +134,29 @@ fn write_lines(rx: &Receiver<Line>) {
     // batches instead of waiting for this thread.
     let mut out = io::BufWriter::with_capacity(CHUNK, io::stdout());
     let mut err = io::BufWriter::with_capacity(CHUNK, io::stderr());
+    // Lines also bound for a filtered file, written once the console is
+    // flushed (the console never waits on those files); reused.
+    let mut dups: Vec<Line> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         // Write what is queued, then flush once: whole lines, few syscalls.
         let mut acks = Vec::new();
-        while let Some(line) = next {
+        while let Some(mut line) = next {
             let w: &mut dyn Write = if line.err { &mut err } else { &mut out };
             let _ = w.write_all(&line.bytes);
-            acks.extend(line.ack);
+            acks.extend(line.ack.take());
+            if line.dup.is_some() {
+                dups.push(line);
+            }
             next = rx.try_recv().ok();
         }
         let _ = out.flush();
         let _ = err.flush();
+        for line in dups.drain(..) {
+            if let Some(file) = &line.dup {
+                file.write(&line.bytes);
+            }
+        }
         for ack in acks {
             let _ = ack.send(());
         }
@@ -149,6 +172,8 @@ pub struct ToConsole {
     pub prefix: Vec<u8>,
     /// To the agent's stderr (else stdout).
     pub err: bool,
+    /// `--duplicate-std*-filters`: matching lines are also copied there.
+    pub filtered: Option<Filtered>,
 }
 
 /// One worker's log files, shared by the pumps of its stdout and stderr, so
@@ -259,13 +284,18 @@ pub async fn pump(
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
     let emit = |pending: &mut Vec<u8>, to: &ToConsole| {
+        let dup = to
+            .filtered
+            .as_ref()
+            .filter(|f| f.filter.matches(pending))
+            .map(|f| f.file.clone());
         let mut line = Vec::with_capacity(to.prefix.len() + pending.len() + 1);
         line.extend_from_slice(&to.prefix);
         line.append(pending);
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }
-        to.console.line(to.err, line);
+        to.console.line(to.err, line, dup);
     };
     loop {
         let n = pipe.read(&mut buf).await?;

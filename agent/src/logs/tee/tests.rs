@@ -19,6 +19,7 @@ fn to(console: Console, prefix: &[u8], err: bool) -> Option<ToConsole> {
         console,
         prefix: prefix.to_vec(),
         err,
+        filtered: None,
     })
 }
 
@@ -155,4 +156,34 @@ async fn a_writable_file_is_not_reported() {
     assert!(!rank.failed());
     assert_eq!(std::fs::read(&file).expect("log"), b"ok\n");
     let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn matching_lines_are_marked_for_the_filtered_file() {
+    use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
+    let (console, rx) = test_console();
+    let path = tmp("filtered_stdout.log");
+    let filtered = Filtered {
+        filter: Arc::new(LineFilter::parse("loss,,x,NaN")),
+        file: FilteredFile::create(&path),
+    };
+    let input: &[u8] = b"step 1 loss,x=3\nplain\nNaN at the end";
+    let mut to = to(console, b"[default1]:", false).expect("console");
+    to.filtered = Some(filtered);
+    pump(input, &tmp("stdout.log"), &RankFiles::new(1), Some(to))
+        .await
+        .expect("pump");
+    let lines: Vec<Line> = rx.try_iter().collect();
+    let marked: Vec<bool> = lines.iter().map(|l| l.dup.is_some()).collect();
+    assert_eq!(marked, [true, false, true], "matched without the prefix");
+    // What the writer thread does with a marked line.
+    for line in &lines {
+        if let Some(file) = &line.dup {
+            file.write(&line.bytes);
+        }
+    }
+    assert_eq!(
+        std::fs::read(&path).expect("filtered file"),
+        b"[default1]:step 1 loss,x=3\n[default1]:NaN at the end\n"
+    );
 }
