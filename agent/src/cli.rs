@@ -53,7 +53,8 @@ pub struct AgentArgs {
         value_parser = str::parse::<Nproc>
     )]
     pub nproc_per_node: Nproc,
-    /// Rendezvous backend: `static` (node rank 0 hosts it) or `c10d` (join an rdzv-server).
+    /// Rendezvous backend: `static` (node rank 0 hosts it), `c10d` (join an rdzv-server), or
+    /// `etcd` (also `etcd-v2`: the job's agents elect a host through the etcd members at the endpoint).
     #[arg(
         long = "rdzv-backend",
         alias = "rdzv_backend",

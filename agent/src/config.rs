@@ -1,6 +1,7 @@
 //! The agent's validated configuration, built from [`LaunchOptions`] and the
 //! environment by the same rules as torchrun's `run()` (reference: torchrun
-//! §1 "Derivation rules"), with the deviations the README lists.
+//! §1 "Derivation rules"), with the deviations the user guide lists
+//! (`docs/src/migrating-from-torchrun.md`).
 //!
 //! The environment is read through an injected lookup, so tests never touch
 //! the process environment.
