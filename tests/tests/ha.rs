@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use accel_proto::v1 as pb;
 use accel_tests::etcd::EtcdCluster;
 use accel_tests::scratch;
-use etcd_client::{Client, GetOptions};
+use accel_etcd::{Client, EventType, GetOptions};
 use pb::event::Kind;
 use rendezvous_server::job::{Session, SESSION_BYTES};
 use rendezvous_server::registry::NodeStream;
@@ -107,38 +107,38 @@ fn on_etcd(client: &Client, fence: Option<Fence>) -> Registry {
 
 /// Campaigns for leadership of `PREFIX/leader` with a fresh lease; the fence
 /// and the lease id.
-async fn lead(client: &mut Client, name: &str) -> (Fence, i64) {
-    let lease = client.lease_grant(10, None).await.expect("lease").id();
+async fn lead(client: &Client, name: &str) -> (Fence, i64) {
+    let lease = client.lease_grant(10).await.expect("lease").id;
     let won = client
         .campaign(format!("{PREFIX}/leader"), name, lease)
         .await
         .expect("campaign");
-    let key = won.leader().expect("leader key");
+    let key = won.leader.expect("leader key");
     (
         Fence {
-            key: key.key().to_vec(),
-            revision: key.rev(),
+            key: key.key,
+            revision: key.rev,
         },
         lease,
     )
 }
 
-async fn revision(client: &mut Client) -> i64 {
+async fn revision(client: &Client) -> i64 {
     client
         .get("/", None)
         .await
         .expect("get")
-        .header()
+        .header
         .expect("header")
-        .revision()
+        .revision
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes_nothing() {
     let dir = scratch("ha-store");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = connect(&etcd).await;
-    let (fence, lease) = lead(&mut client, "first").await;
+    let client = connect(&etcd).await;
+    let (fence, lease) = lead(&client, "first").await;
     let first = on_etcd(&client, Some(fence));
 
     let now = Instant::now();
@@ -148,7 +148,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
     let mut b = first
         .join(now, &join_request("b/1", None, None), None, secret(2))
         .expect("b joins");
-    let before = revision(&mut client).await;
+    let before = revision(&client).await;
     ready(&first, "a", secret(1), 0);
     ready(&first, "b/1", secret(2), 0);
     let rank_of_a = until(&first, &mut a, |k| match k {
@@ -156,7 +156,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
         _ => None,
     })
     .await;
-    let per_round = revision(&mut client).await - before;
+    let per_round = revision(&client).await - before;
     assert!(
         (1..=2).contains(&per_round),
         "two members getting ready and a round forming is one or two etcd writes, not {per_round}"
@@ -182,9 +182,9 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
         .await
         .expect("list");
     let mut names: Vec<String> = keys
-        .kvs()
+        .kvs
         .iter()
-        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect();
     names.sort();
     assert_eq!(
@@ -214,7 +214,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
 
     // Another replica leads: it loads the job as the first left it in etcd
     // (round 1, one restart spent, both members with their secrets).
-    let (fence, _) = lead(&mut client, "second").await;
+    let (fence, _) = lead(&client, "second").await;
     let second = on_etcd(&client, Some(fence));
     assert_eq!(second.load().await.expect("load"), 1);
     let info = second.status("team/job", 0, "").expect("status").jobs[0].clone();
@@ -266,9 +266,9 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
 }
 
 /// Whether etcd holds job `team/job`'s key `name` (under `PREFIX`).
-async fn has_key(client: &mut Client, name: &str) -> bool {
+async fn has_key(client: &Client, name: &str) -> bool {
     let key = format!("{PREFIX}/jobs/team%2Fjob/{name}");
-    client.get(key, None).await.expect("get").count() > 0
+    client.get(key, None).await.expect("get").count > 0
 }
 
 fn job_info(registry: &Registry) -> pb::JobInfo {
@@ -283,8 +283,8 @@ fn job_info(registry: &Registry) -> pb::JobInfo {
 async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_one_re_forms() {
     let dir = scratch("ha-torn");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = connect(&etcd).await;
-    let (fence, _lease) = lead(&mut client, "first").await;
+    let client = connect(&etcd).await;
+    let (fence, _lease) = lead(&client, "first").await;
     let first = on_etcd(&client, Some(fence));
     // A round of 150 nodes changes every member at once: more operations
     // than one transaction takes.
@@ -300,9 +300,9 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         streams.push(stream);
     }
     first.flush().await.expect("the joins are written");
-    let before = revision(&mut client).await;
+    let before = revision(&client).await;
     let mut marker = client
-        .watch(format!("{PREFIX}/jobs/team%2Fjob/writing"), None)
+        .watch(format!("{PREFIX}/jobs/team%2Fjob/writing"))
         .await
         .expect("watch the marker");
     for i in 0..n {
@@ -312,7 +312,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         matches!(k, Kind::RoundComplete(_)).then_some(())
     })
     .await;
-    let writes = revision(&mut client).await - before;
+    let writes = revision(&client).await - before;
     assert!(
         writes >= 2,
         "the round took several transactions ({writes})"
@@ -325,14 +325,11 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
             .expect("the marker's events")
             .expect("watch")
             .expect("watching");
-        seen.extend(resp.events().iter().map(|e| e.event_type()));
+        seen.extend(resp.events.iter().map(|e| e.r#type()));
     }
-    assert_eq!(
-        seen,
-        [etcd_client::EventType::Put, etcd_client::EventType::Delete]
-    );
+    assert_eq!(seen, [EventType::Put, EventType::Delete]);
     assert!(
-        !has_key(&mut client, "writing").await,
+        !has_key(&client, "writing").await,
         "a change written whole leaves no marker"
     );
     assert_eq!(job_info(&first).phase, "running");
@@ -341,7 +338,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
     // marker behind: the next leader re-forms the job instead of trusting
     // half of a round, and spends nothing of the budget on it.
     client
-        .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "", None)
+        .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "")
         .await
         .expect("put the marker");
     let second = on_etcd(&client, None);
@@ -354,7 +351,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
     );
     second.flush().await.expect("the re-formed job is written");
     assert!(
-        !has_key(&mut client, "writing").await,
+        !has_key(&client, "writing").await,
         "the job written whole again: the marker is gone"
     );
     // Loaded once more, it is trusted as it is.
