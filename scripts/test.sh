@@ -18,6 +18,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 # The integration tests start the real binaries: build them first.
 cargo build --workspace --locked
+# The README's run command builds from an empty target dir with protoc hidden
+# (Rust toolchain alone) and runs hello.py on four ranks.
+scripts/check-no-protoc.sh
 # Deployment files: systemd units verified and scored, Kubernetes manifests
 # rendered and validated, the Dockerfile linted (and the image built where
 # the tools run).
