@@ -22,12 +22,12 @@ use crate::pb::etcdserverpb::{
     auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
     watch_client::WatchClient, watch_request, AuthenticateRequest, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
-    LeaseRevokeResponse, PutRequest, PutResponse, RangeResponse, TxnResponse,
-    WatchCreateRequest, WatchRequest, WatchResponse,
+    LeaseRevokeResponse, PutRequest, PutResponse, RangeResponse, TxnResponse, WatchCreateRequest,
+    WatchRequest, WatchResponse,
 };
 use crate::pb::v3electionpb::{
-    election_client::ElectionClient, CampaignRequest, CampaignResponse, LeaderKey,
-    LeaderRequest, LeaderResponse, ResignRequest, ResignResponse,
+    election_client::ElectionClient, CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest,
+    LeaderResponse, ResignRequest, ResignResponse,
 };
 
 /// The metadata asking for a member with a leader.
@@ -49,7 +49,12 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field(
                 "endpoints",
-                &self.shared.members.iter().map(|m| &m.url).collect::<Vec<_>>(),
+                &self
+                    .shared
+                    .members
+                    .iter()
+                    .map(|m| &m.url)
+                    .collect::<Vec<_>>(),
             )
             .field("current", &self.shared.endpoints().current())
             .finish_non_exhaustive()
@@ -73,7 +78,9 @@ struct Member {
 
 impl Shared {
     fn endpoints(&self) -> std::sync::MutexGuard<'_, Endpoints> {
-        self.endpoints.lock().unwrap_or_else(PoisonError::into_inner)
+        self.endpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn token(&self) -> Option<MetadataValue<Ascii>> {
@@ -556,6 +563,44 @@ impl WatchStream {
         match self.messages.message().await? {
             Some(r) if r.canceled => Err(Error::WatchCanceled(r.cancel_reason)),
             other => Ok(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connecting_without_a_usable_endpoint_says_which() {
+        let none: [&str; 0] = [];
+        assert!(matches!(
+            Client::connect(none, None).await,
+            Err(Error::NoEndpoints)
+        ));
+        match Client::connect(["127.0.0.1:2379"], None).await {
+            Err(e @ Error::InvalidEndpoint { .. }) => {
+                assert!(e.to_string().contains("http://"), "{e}")
+            }
+            other => panic!("a URL without a scheme is refused, not {other:?}"),
+        }
+        // Two closed ports: both are tried, and both named.
+        let closed = |_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+            format!("http://{}", l.local_addr().expect("its address"))
+        };
+        let endpoints: Vec<String> = (0..2).map(closed).collect();
+        let options = ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(2));
+        match Client::connect(&endpoints, Some(options)).await {
+            Err(e @ Error::Connect { .. }) => {
+                assert!(e.is_transient());
+                let text = e.to_string();
+                assert!(
+                    endpoints.iter().all(|u| text.contains(u.as_str())),
+                    "{text}"
+                );
+            }
+            other => panic!("no member to connect to, not {other:?}"),
         }
     }
 }

@@ -71,10 +71,11 @@ impl Error {
     }
 
     /// Whether another attempt (possibly at another member) may succeed:
-    /// no answer came, or the member answered `UNAVAILABLE`.
+    /// no answer came (or no member took the connection), or the member
+    /// answered `UNAVAILABLE`.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Transport { .. } => true,
+            Error::Transport { .. } | Error::Connect { .. } => true,
             Error::Status(s) => s.code() == Code::Unavailable,
             _ => false,
         }

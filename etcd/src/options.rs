@@ -295,7 +295,12 @@ impl Compare {
     /// On the key's version (changes since it was created).
     pub fn version(key: impl Into<Vec<u8>>, op: CompareOp, version: i64) -> Self {
         use compare::{CompareTarget, TargetUnion};
-        Self::new(key, op, CompareTarget::Version, TargetUnion::Version(version))
+        Self::new(
+            key,
+            op,
+            CompareTarget::Version,
+            TargetUnion::Version(version),
+        )
     }
 
     /// On the revision at which the key was created.
@@ -323,7 +328,12 @@ impl Compare {
     /// On the key's value.
     pub fn value(key: impl Into<Vec<u8>>, op: CompareOp, value: impl Into<Vec<u8>>) -> Self {
         use compare::{CompareTarget, TargetUnion};
-        Self::new(key, op, CompareTarget::Value, TargetUnion::Value(value.into()))
+        Self::new(
+            key,
+            op,
+            CompareTarget::Value,
+            TargetUnion::Value(value.into()),
+        )
     }
 }
 
@@ -413,7 +423,10 @@ mod tests {
     #[test]
     fn get_options_build_the_range_request() {
         let r = GetOptions::new().request(b"k".to_vec());
-        assert_eq!((r.key.as_slice(), r.range_end.as_slice()), (&b"k"[..], &b""[..]));
+        assert_eq!(
+            (r.key.as_slice(), r.range_end.as_slice()),
+            (&b"k"[..], &b""[..])
+        );
         let r = GetOptions::new()
             .with_prefix()
             .with_keys_only()

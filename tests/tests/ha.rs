@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use accel_etcd::{Client, EventType, GetOptions};
 use accel_proto::v1 as pb;
 use accel_tests::etcd::EtcdCluster;
 use accel_tests::scratch;
-use accel_etcd::{Client, EventType, GetOptions};
 use pb::event::Kind;
 use rendezvous_server::job::{Session, SESSION_BYTES};
 use rendezvous_server::registry::NodeStream;
@@ -404,6 +404,58 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
     assert_eq!(
         again.status("team/job", 0, "").expect("status").jobs[0].phase,
         "running"
+    );
+}
+
+/// The etcd client on its own against a real member: it connects past a
+/// dead endpoint, authenticates, and after the member restarted (etcd's
+/// simple tokens live in its memory) gets a new token instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_lost_token() {
+    let dir = scratch("ha-client");
+    let mut etcd = EtcdCluster::start(&dir, 1);
+    etcd.ctl(&["user", "add", "root", "--new-user-password", "s3cret"]);
+    etcd.ctl(&["auth", "enable"]);
+    let dead = format!("http://127.0.0.1:{}", accel_tests::free_port());
+    let endpoints = [dead, etcd.endpoint(0)];
+
+    let wrong = accel_etcd::ConnectOptions::new().with_user("root", "wrong");
+    match Client::connect(&endpoints, Some(wrong)).await {
+        Err(accel_etcd::Error::Status(s)) => {
+            assert!(s.message().contains("authentication failed"), "{s:?}")
+        }
+        other => panic!("a wrong password is etcd's refusal, not {other:?}"),
+    }
+    let anonymous = Client::connect(&endpoints, None).await.expect("connects");
+    let refused = anonymous.get("k", None).await.expect_err("auth is on");
+    assert!(!refused.is_transient(), "{refused:?}");
+
+    let options = accel_etcd::ConnectOptions::new()
+        .with_user("root", "s3cret")
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_require_leader(true);
+    let client = Client::connect(&endpoints, Some(options))
+        .await
+        .expect("connects to the live member and authenticates");
+    client.put("k", "v1").await.expect("put");
+
+    etcd.kill(0);
+    etcd.restart(0);
+    // The member comes back without the token; calls fail transiently
+    // while it starts, then the client re-authenticates on its own.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        match client.get("k", None).await {
+            Ok(r) => break r,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("the client did not recover after the restart: {e}"),
+        }
+    };
+    assert_eq!(
+        got.kvs.first().map(|kv| kv.value.as_slice()),
+        Some(&b"v1"[..])
     );
 }
 
