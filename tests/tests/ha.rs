@@ -408,18 +408,27 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
 }
 
 /// The etcd client on its own against a real member: it connects past a
-/// dead endpoint, authenticates, and after the member restarted (etcd's
-/// simple tokens live in its memory) gets a new token instead of failing.
+/// dead endpoint, authenticates, recovers when the member restarts, and
+/// when etcd drops its token (the user was deleted and added again)
+/// authenticates anew instead of failing the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_lost_token() {
+async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token() {
     let dir = scratch("ha-client");
     let mut etcd = EtcdCluster::start(&dir, 1);
-    etcd.ctl(&["user", "add", "root", "--new-user-password", "s3cret"]);
+    let root = ["--user", "root:r00t"];
+    etcd.ctl(&["user", "add", "root", "--new-user-password", "r00t"]);
+    let add_accel = [
+        &["user", "add", "accel", "--new-user-password", "s3cret"][..],
+        &["user", "grant-role", "accel", "root"][..],
+    ];
+    for args in add_accel {
+        etcd.ctl(args);
+    }
     etcd.ctl(&["auth", "enable"]);
     let dead = format!("http://127.0.0.1:{}", accel_tests::free_port());
     let endpoints = [dead, etcd.endpoint(0)];
 
-    let wrong = accel_etcd::ConnectOptions::new().with_user("root", "wrong");
+    let wrong = accel_etcd::ConnectOptions::new().with_user("accel", "wrong");
     match Client::connect(&endpoints, Some(wrong)).await {
         Err(accel_etcd::Error::Status(s)) => {
             assert!(s.message().contains("authentication failed"), "{s:?}")
@@ -431,7 +440,7 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_lost_token() {
     assert!(!refused.is_transient(), "{refused:?}");
 
     let options = accel_etcd::ConnectOptions::new()
-        .with_user("root", "s3cret")
+        .with_user("accel", "s3cret")
         .with_connect_timeout(Duration::from_secs(2))
         .with_require_leader(true);
     let client = Client::connect(&endpoints, Some(options))
@@ -439,23 +448,33 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_lost_token() {
         .expect("connects to the live member and authenticates");
     client.put("k", "v1").await.expect("put");
 
+    // Calls fail transiently while the member restarts, then go on.
     etcd.kill(0);
     etcd.restart(0);
-    // The member comes back without the token; calls fail transiently
-    // while it starts, then the client re-authenticates on its own.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let got = loop {
-        match client.get("k", None).await {
-            Ok(r) => break r,
+    loop {
+        match client.put("k", "v2").await {
+            Ok(_) => break,
             Err(e) if e.is_transient() && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("the client did not recover after the restart: {e}"),
         }
-    };
+    }
+
+    // Deleting a user drops its tokens; the client's next call is refused
+    // for its token, and the client authenticates again on its own.
+    etcd.ctl(&[&["user", "delete", "accel"][..], &root].concat());
+    for args in add_accel {
+        etcd.ctl(&[args, &root].concat());
+    }
+    let got = client
+        .get("k", None)
+        .await
+        .expect("the call succeeds with a new token");
     assert_eq!(
         got.kvs.first().map(|kv| kv.value.as_slice()),
-        Some(&b"v1"[..])
+        Some(&b"v2"[..])
     );
 }
 
