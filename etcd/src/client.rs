@@ -595,6 +595,7 @@ mod tests {
             Err(e @ Error::Connect { .. }) => {
                 assert!(e.is_transient());
                 let text = e.to_string();
+                assert!(text.contains("refused"), "the reason is named: {text}");
                 assert!(
                     endpoints.iter().all(|u| text.contains(u.as_str())),
                     "{text}"

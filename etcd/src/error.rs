@@ -16,7 +16,7 @@ pub enum Error {
     Status(Status),
     /// No answer came from the member: the connection could not be made or
     /// broke (the status is tonic's account of it).
-    #[error("no answer from etcd at {endpoint}: {}", .status.message())]
+    #[error("no answer from etcd at {endpoint}: {}", causes(.status.message(), std::error::Error::source(.status)))]
     Transport {
         /// The member's URL.
         endpoint: String,
@@ -25,7 +25,7 @@ pub enum Error {
         status: Status,
     },
     /// None of the endpoints accepted a connection.
-    #[error("cannot connect to any etcd endpoint ({endpoints}): {source}")]
+    #[error("cannot connect to any etcd endpoint ({endpoints}): {}", causes(&source.to_string(), std::error::Error::source(source)))]
     Connect {
         /// The endpoints tried, comma-separated.
         endpoints: String,
@@ -53,6 +53,24 @@ pub enum Error {
     /// A stream's sending half is gone (the stream ended).
     #[error("the etcd {0} stream has ended")]
     StreamClosed(&'static str),
+}
+
+/// `first`, then each cause under it (tonic's own messages are terse:
+/// "transport error"; the reason, e.g. "Connection refused" or a
+/// certificate problem, is further down), skipping repeats.
+fn causes(first: &str, mut cause: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut text = first.to_owned();
+    let mut last = first.to_owned();
+    while let Some(e) = cause {
+        let message = e.to_string();
+        if !message.is_empty() && !last.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        last = message;
+        cause = e.source();
+    }
+    text
 }
 
 impl Error {
@@ -127,6 +145,8 @@ mod tests {
         assert!(matches!(e, Error::Transport { .. }), "{e:?}");
         assert!(e.is_transient());
         assert!(e.to_string().contains("http://m1:2379"), "{e}");
+        // The cause under tonic's words is named.
+        assert!(e.to_string().contains("refused"), "{e}");
         assert!(e.status().is_none());
     }
 

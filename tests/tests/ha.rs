@@ -478,6 +478,113 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token(
     );
 }
 
+/// An etcd member serving clients over mutual TLS, killed when dropped.
+struct TlsEtcd {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl TlsEtcd {
+    /// Starts a one-member etcd in `dir` whose clients must present a
+    /// certificate signed by `dir/ca.pem`; its own is `dir/server.pem`.
+    fn start(dir: &std::path::Path) -> Self {
+        let (client, peer) = (accel_tests::free_port(), accel_tests::free_port());
+        let endpoint = format!("https://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.join("etcd-tls.log")).expect("etcd log");
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "tls"])
+            .arg("--data-dir")
+            .arg(dir.join("etcd-tls"))
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("tls={peer_url}")])
+            .arg("--cert-file")
+            .arg(dir.join("server.pem"))
+            .arg("--key-file")
+            .arg(dir.join("server.key"))
+            .arg("--trusted-ca-file")
+            .arg(dir.join("ca.pem"))
+            .arg("--client-cert-auth")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (the test command installs etcd-server)");
+        Self { child, endpoint }
+    }
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The etcd client over mutual TLS (what `--etcd-ca`, `--etcd-cert` and
+/// `--etcd-key` give it): it works with the member's CA and a client
+/// certificate, and is refused with another CA or without a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_client_speaks_mutual_tls_and_is_refused_without_it() {
+    let dir = scratch("ha-client-tls");
+    crate::tls::ca(&dir, "ca");
+    crate::tls::ca(&dir, "other-ca");
+    crate::tls::leaf(&dir, "ca", "server");
+    crate::tls::leaf(&dir, "ca", "client");
+    let etcd = TlsEtcd::start(&dir);
+    let tls = |ca: &str, client: bool| {
+        let ca_path = dir.join(format!("{ca}.pem"));
+        let identity = (dir.join("client.pem"), dir.join("client.key"));
+        let identity = client.then_some((identity.0.as_path(), identity.1.as_path()));
+        let options = rendezvous_server::ha::tls_options(Some(&ca_path), identity)
+            .expect("the PEM files read");
+        accel_etcd::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_tls(options)
+    };
+
+    // The member starts: the client's first put goes through once it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let client = loop {
+        match Client::connect([&etcd.endpoint], Some(tls("ca", true))).await {
+            Ok(c) => match c.put("k", "over tls").await {
+                Ok(_) => break c,
+                Err(e) if Instant::now() < deadline => eprintln!("not yet: {e}"),
+                Err(e) => panic!("no put over TLS: {e}"),
+            },
+            Err(e) if Instant::now() < deadline => eprintln!("not yet: {e}"),
+            Err(e) => panic!("no connection over TLS: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let got = client.get("k", None).await.expect("get over TLS");
+    assert_eq!(
+        got.kvs.first().map(|kv| kv.value.as_slice()),
+        Some(&b"over tls"[..])
+    );
+
+    // A member whose certificate another CA signed is not trusted.
+    match Client::connect([&etcd.endpoint], Some(tls("other-ca", true))).await {
+        Err(e @ accel_etcd::Error::Connect { .. }) => eprintln!("{e}"),
+        other => panic!("the server's certificate is not of other-ca: {other:?}"),
+    }
+    // Without a client certificate the member refuses the handshake (at
+    // connecting or at the first call, as TLS 1.3 allows).
+    let refused = match Client::connect([&etcd.endpoint], Some(tls("ca", false))).await {
+        Err(e) => e,
+        Ok(c) => c.get("k", None).await.expect_err("no client certificate"),
+    };
+    assert!(
+        matches!(
+            refused,
+            accel_etcd::Error::Connect { .. } | accel_etcd::Error::Transport { .. }
+        ),
+        "{refused:?}"
+    );
+}
+
 mod replicas {
     //! Two `rdzv-server` replicas on a three-member etcd: one leads, the
     //! other sends callers to it; `kill -9` of the leader hands the job, its
