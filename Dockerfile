@@ -19,13 +19,13 @@ ARG DEBIAN_RELEASE=bookworm
 
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 ARG TARGET=x86_64-unknown-linux-musl
-# protoc and protobuf's well-known types: the etcd-client crate generates its
-# code at build time. musl-tools: musl-gcc, for ring's C and assembly.
+# musl-tools: musl-gcc, for ring's C and assembly (no protoc: every .proto is
+# compiled by protox, in Rust).
 # Build-only packages in a throw-away stage: not pinned (DL3008), the base
 # image pins the Debian release.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev musl-tools \
+ && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The toolchain file first: rustup installs the pinned toolchain and the musl

@@ -18,8 +18,8 @@
 #   CARGO_TARGET_DIR        cargo's target dir (default: ~/.cache/accel/target)
 #   ACCEL_IMAGE_STORAGE     buildah's storage driver (default: vfs, which needs
 #                           no overlay mounts and works inside a sandbox)
-# Runs as root (buildah's rootful storage); installs buildah, musl-tools and
-# protoc from Debian and the musl target through rustup if they are missing.
+# Runs as root (buildah's rootful storage); installs buildah and musl-tools
+# from Debian and the musl target through rustup if they are missing.
 # Prints the image name and the archive path on stdout as its last two lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,8 +65,6 @@ EPOCH="$(git log -1 --format=%ct 2>/dev/null || date +%s)"
 need_apt=()
 command -v buildah >/dev/null || need_apt+=(buildah)
 command -v musl-gcc >/dev/null || need_apt+=(musl-tools)
-command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
-[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "build-image: installing ${need_apt[*]}" >&2
   apt-get update -qq

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
-#     etcd-server and etcd-client (etcd 3.4 on Debian 12), protobuf-compiler
-#     and libprotobuf-dev (protoc, for the etcd-client crate's build),
-#     prometheus (the metrics tests scrape with a real one);
+#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the
+#     metrics tests scrape with a real one);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher,
@@ -30,10 +29,6 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 # clusters on loopback ports, never the packaged service.
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v etcdctl >/dev/null || need_apt+=(etcd-client)
-# protoc and the well-known types: the etcd-client crate generates its code at
-# build time (accel's own protos are compiled by protox and need neither).
-command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
-[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 # A real Prometheus for the metrics tests (they start their own, on loopback);
 # curl for the benchmarks' scrapes.
 command -v prometheus >/dev/null || need_apt+=(prometheus)

@@ -21,6 +21,9 @@ cargo build --workspace --locked
 # The user guide (docs/): built with mdBook; links, anchors and code blocks
 # checked, and the torchrun page's flags against accel-agent and torchrun.
 scripts/check-docs.sh
+# The README's run command builds from an empty target dir with protoc hidden
+# (Rust toolchain alone) and runs hello.py on four ranks.
+scripts/check-no-protoc.sh
 # Deployment files: systemd units verified and scored, Kubernetes manifests
 # rendered and validated, the Dockerfile linted (and the image built where
 # the tools run).

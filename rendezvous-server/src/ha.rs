@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, LeaderKey, ResignOptions, TlsOptions};
+use accel_etcd::{Client, ConnectOptions, LeaderKey, TlsOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -137,7 +137,7 @@ impl Role {
 }
 
 /// Connects to etcd with the options' credentials.
-pub async fn connect(o: &EtcdOptions) -> Result<Client, etcd_client::Error> {
+pub async fn connect(o: &EtcdOptions) -> Result<Client, accel_etcd::Error> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
@@ -164,10 +164,10 @@ pub fn tls_options(
     };
     let mut tls = TlsOptions::new();
     if let Some(ca) = ca {
-        tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+        tls = tls.ca_certificate(read(ca)?);
     }
     if let Some((cert, key)) = identity {
-        tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        tls = tls.identity(read(cert)?, read(key)?);
     }
     Ok(tls)
 }
@@ -253,16 +253,16 @@ pub async fn replicate(
 }
 
 async fn term(r: &Replica<'_>) -> Ended {
-    let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
-    let mut client = match connect(r.o).await {
+    let lost = |what: &str, e: accel_etcd::Error| Ended::Lost(format!("{what}: {e}"));
+    let client = match connect(r.o).await {
         Ok(c) => c,
         Err(e) => return lost("cannot reach etcd", e),
     };
-    let lease = match client.lease_grant(r.o.lease_secs(), None).await {
-        Ok(l) => l.id(),
+    let lease = match client.lease_grant(r.o.lease_secs()).await {
+        Ok(l) => l.id,
         Err(e) => return lost("cannot get an etcd lease", e),
     };
-    let ended = hold(r, &mut client, lease).await;
+    let ended = hold(r, &client, lease).await;
     // However the term ended, its lease goes with it, so no key of this
     // replica outlives the term.
     let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
@@ -271,8 +271,8 @@ async fn term(r: &Replica<'_>) -> Ended {
 
 /// Campaigns with `lease`, then leads until the lease or a write is lost, or
 /// `stop`.
-async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
-    let lost = |what: &str, e: etcd_client::Error| Ended::Lost(format!("{what}: {e}"));
+async fn hold(r: &Replica<'_>, client: &Client, lease: i64) -> Ended {
+    let lost = |what: &str, e: accel_etcd::Error| Ended::Lost(format!("{what}: {e}"));
     let expired = CancellationToken::new();
     let keeper = tokio::spawn(keep_lease(
         client.clone(),
@@ -282,9 +282,8 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
     ));
     let _keeper = AbortOnDrop(keeper);
     let follower = client.clone();
-    let mut campaigner = client.clone();
     let won = tokio::select! {
-        result = campaigner.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
+        result = client.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
         _ = follow(follower, r.o.election(), r.roles) => unreachable!("following never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
         _ = r.stop.cancelled() => return Ended::Shutdown,
@@ -292,15 +291,15 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
     // Won or not, the last leader's address is stale now.
     r.roles.send_replace(Role::Follower { leader: None });
     let key = match won {
-        Ok(mut campaign) => match campaign.take_leader() {
+        Ok(campaign) => match campaign.leader {
             Some(k) => k,
             None => return Ended::Lost("etcd elected this replica without a key".into()),
         },
         Err(e) => return lost("the campaign failed", e),
     };
     let fence = Fence {
-        key: key.key().to_vec(),
-        revision: key.rev(),
+        key: key.key.clone(),
+        revision: key.rev,
     };
     let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
     let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store))
@@ -354,11 +353,8 @@ async fn hold(r: &Replica<'_>, client: &mut Client, lease: i64) -> Ended {
 }
 
 /// Gives up leadership at once so another replica need not wait for the lease.
-async fn resign(client: &mut Client, key: LeaderKey) {
-    if let Err(e) = client
-        .resign(Some(ResignOptions::new().with_leader(key)))
-        .await
-    {
+async fn resign(client: &Client, key: LeaderKey) {
+    if let Err(e) = client.resign(key).await {
         warn!(error = %e, "cannot resign; another replica leads once the lease expires");
     }
 }
@@ -366,7 +362,7 @@ async fn resign(client: &mut Client, key: LeaderKey) {
 /// Renews `lease` every third of it; cancels `expired` once it has not been
 /// renewed for two thirds of it (or etcd says it is gone). Every wait is
 /// bounded by that moment, so a hung call cannot make the loss late.
-async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: CancellationToken) {
+async fn keep_lease(client: Client, lease: i64, length: Duration, expired: CancellationToken) {
     let every = length / 3;
     let mut renewed = Instant::now();
     let mut link = None;
@@ -389,7 +385,7 @@ async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: C
             })
             .await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = Instant::now(),
+                Ok(Ok(Some(r))) if r.ttl > 0 => renewed = Instant::now(),
                 Ok(Ok(Some(_))) => {
                     expired.cancel();
                     return;
@@ -409,7 +405,7 @@ async fn keep_lease(mut client: Client, lease: i64, length: Duration, expired: C
 /// second (it asks every [`RECHECK`] as well, since a stream through a
 /// member cut off from the others just goes silent); while no stream can
 /// be had, it asks every [`FOLLOW_EVERY`].
-async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role>) {
+async fn follow(client: Client, election: String, roles: &watch::Sender<Role>) {
     let set = |leader: Option<String>| {
         roles.send_if_modified(|role| match role {
             Role::Follower { leader: known } if *known != leader => {
@@ -420,15 +416,15 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
         });
     };
     loop {
-        set(leader_now(&mut client, &election).await);
+        set(leader_now(&client, &election).await);
         if let Ok(mut changes) = client.observe(election.clone()).await {
             loop {
                 match tokio::time::timeout(RECHECK, changes.message()).await {
-                    Ok(Ok(Some(r))) => set(address(r.kv())),
+                    Ok(Ok(Some(r))) => set(address(r.kv.as_ref())),
                     Ok(_) => break,
                     // A stream through a member cut off from the others is
                     // silent: ask now and then all the same.
-                    Err(_) => set(leader_now(&mut client, &election).await),
+                    Err(_) => set(leader_now(&client, &election).await),
                 }
             }
         }
@@ -437,14 +433,15 @@ async fn follow(mut client: Client, election: String, roles: &watch::Sender<Role
 }
 
 /// A leader key's value: the leader's address.
-fn address(kv: Option<&etcd_client::KeyValue>) -> Option<String> {
-    kv.and_then(|kv| kv.value_str().ok()).map(str::to_owned)
+fn address(kv: Option<&accel_etcd::KeyValue>) -> Option<String> {
+    kv.and_then(|kv| std::str::from_utf8(&kv.value).ok())
+        .map(str::to_owned)
 }
 
 /// Who leads now, by asking: "no leader" is an error of the election API
 /// (and Observe says nothing until there is one).
-async fn leader_now(client: &mut Client, election: &str) -> Option<String> {
-    address(client.leader(election).await.ok()?.kv())
+async fn leader_now(client: &Client, election: &str) -> Option<String> {
+    address(client.leader(election).await.ok()?.kv.as_ref())
 }
 
 /// Aborts a background task when its owner goes.

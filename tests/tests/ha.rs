@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use accel_etcd::{Client, EventType, GetOptions};
 use accel_proto::v1 as pb;
 use accel_tests::etcd::EtcdCluster;
 use accel_tests::scratch;
-use etcd_client::{Client, GetOptions};
 use pb::event::Kind;
 use rendezvous_server::job::{Session, SESSION_BYTES};
 use rendezvous_server::registry::NodeStream;
@@ -107,38 +107,38 @@ fn on_etcd(client: &Client, fence: Option<Fence>) -> Registry {
 
 /// Campaigns for leadership of `PREFIX/leader` with a fresh lease; the fence
 /// and the lease id.
-async fn lead(client: &mut Client, name: &str) -> (Fence, i64) {
-    let lease = client.lease_grant(10, None).await.expect("lease").id();
+async fn lead(client: &Client, name: &str) -> (Fence, i64) {
+    let lease = client.lease_grant(10).await.expect("lease").id;
     let won = client
         .campaign(format!("{PREFIX}/leader"), name, lease)
         .await
         .expect("campaign");
-    let key = won.leader().expect("leader key");
+    let key = won.leader.expect("leader key");
     (
         Fence {
-            key: key.key().to_vec(),
-            revision: key.rev(),
+            key: key.key,
+            revision: key.rev,
         },
         lease,
     )
 }
 
-async fn revision(client: &mut Client) -> i64 {
+async fn revision(client: &Client) -> i64 {
     client
         .get("/", None)
         .await
         .expect("get")
-        .header()
+        .header
         .expect("header")
-        .revision()
+        .revision
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes_nothing() {
     let dir = scratch("ha-store");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = connect(&etcd).await;
-    let (fence, lease) = lead(&mut client, "first").await;
+    let client = connect(&etcd).await;
+    let (fence, lease) = lead(&client, "first").await;
     let first = on_etcd(&client, Some(fence));
 
     let now = Instant::now();
@@ -148,7 +148,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
     let mut b = first
         .join(now, &join_request("b/1", None, None), None, secret(2))
         .expect("b joins");
-    let before = revision(&mut client).await;
+    let before = revision(&client).await;
     ready(&first, "a", secret(1), 0);
     ready(&first, "b/1", secret(2), 0);
     let rank_of_a = until(&first, &mut a, |k| match k {
@@ -156,7 +156,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
         _ => None,
     })
     .await;
-    let per_round = revision(&mut client).await - before;
+    let per_round = revision(&client).await - before;
     assert!(
         (1..=2).contains(&per_round),
         "two members getting ready and a round forming is one or two etcd writes, not {per_round}"
@@ -182,9 +182,9 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
         .await
         .expect("list");
     let mut names: Vec<String> = keys
-        .kvs()
+        .kvs
         .iter()
-        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect();
     names.sort();
     assert_eq!(
@@ -214,7 +214,7 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
 
     // Another replica leads: it loads the job as the first left it in etcd
     // (round 1, one restart spent, both members with their secrets).
-    let (fence, _) = lead(&mut client, "second").await;
+    let (fence, _) = lead(&client, "second").await;
     let second = on_etcd(&client, Some(fence));
     assert_eq!(second.load().await.expect("load"), 1);
     let info = second.status("team/job", 0, "").expect("status").jobs[0].clone();
@@ -266,9 +266,9 @@ async fn a_job_in_etcd_continues_in_another_registry_and_a_deposed_leader_writes
 }
 
 /// Whether etcd holds job `team/job`'s key `name` (under `PREFIX`).
-async fn has_key(client: &mut Client, name: &str) -> bool {
+async fn has_key(client: &Client, name: &str) -> bool {
     let key = format!("{PREFIX}/jobs/team%2Fjob/{name}");
-    client.get(key, None).await.expect("get").count() > 0
+    client.get(key, None).await.expect("get").count > 0
 }
 
 fn job_info(registry: &Registry) -> pb::JobInfo {
@@ -283,8 +283,8 @@ fn job_info(registry: &Registry) -> pb::JobInfo {
 async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_one_re_forms() {
     let dir = scratch("ha-torn");
     let etcd = EtcdCluster::start(&dir, 1);
-    let mut client = connect(&etcd).await;
-    let (fence, _lease) = lead(&mut client, "first").await;
+    let client = connect(&etcd).await;
+    let (fence, _lease) = lead(&client, "first").await;
     let first = on_etcd(&client, Some(fence));
     // A round of 150 nodes changes every member at once: more operations
     // than one transaction takes.
@@ -300,9 +300,9 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         streams.push(stream);
     }
     first.flush().await.expect("the joins are written");
-    let before = revision(&mut client).await;
+    let before = revision(&client).await;
     let mut marker = client
-        .watch(format!("{PREFIX}/jobs/team%2Fjob/writing"), None)
+        .watch(format!("{PREFIX}/jobs/team%2Fjob/writing"))
         .await
         .expect("watch the marker");
     for i in 0..n {
@@ -312,7 +312,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
         matches!(k, Kind::RoundComplete(_)).then_some(())
     })
     .await;
-    let writes = revision(&mut client).await - before;
+    let writes = revision(&client).await - before;
     assert!(
         writes >= 2,
         "the round took several transactions ({writes})"
@@ -325,14 +325,11 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
             .expect("the marker's events")
             .expect("watch")
             .expect("watching");
-        seen.extend(resp.events().iter().map(|e| e.event_type()));
+        seen.extend(resp.events.iter().map(|e| e.r#type()));
     }
-    assert_eq!(
-        seen,
-        [etcd_client::EventType::Put, etcd_client::EventType::Delete]
-    );
+    assert_eq!(seen, [EventType::Put, EventType::Delete]);
     assert!(
-        !has_key(&mut client, "writing").await,
+        !has_key(&client, "writing").await,
         "a change written whole leaves no marker"
     );
     assert_eq!(job_info(&first).phase, "running");
@@ -341,7 +338,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
     // marker behind: the next leader re-forms the job instead of trusting
     // half of a round, and spends nothing of the budget on it.
     client
-        .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "", None)
+        .put(format!("{PREFIX}/jobs/team%2Fjob/writing"), "")
         .await
         .expect("put the marker");
     let second = on_etcd(&client, None);
@@ -354,7 +351,7 @@ async fn a_round_too_large_for_one_transaction_is_bracketed_and_a_half_written_o
     );
     second.flush().await.expect("the re-formed job is written");
     assert!(
-        !has_key(&mut client, "writing").await,
+        !has_key(&client, "writing").await,
         "the job written whole again: the marker is gone"
     );
     // Loaded once more, it is trusted as it is.
@@ -407,6 +404,184 @@ async fn losing_one_of_three_etcd_members_changes_nothing() {
     assert_eq!(
         again.status("team/job", 0, "").expect("status").jobs[0].phase,
         "running"
+    );
+}
+
+/// The etcd client on its own against a real member: it connects past a
+/// dead endpoint, authenticates, recovers when the member restarts, and
+/// when etcd drops its token (the user was deleted and added again)
+/// authenticates anew instead of failing the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token() {
+    let dir = scratch("ha-client");
+    let mut etcd = EtcdCluster::start(&dir, 1);
+    let root = ["--user", "root:r00t"];
+    etcd.ctl(&["user", "add", "root", "--new-user-password", "r00t"]);
+    let add_accel = [
+        &["user", "add", "accel", "--new-user-password", "s3cret"][..],
+        &["user", "grant-role", "accel", "root"][..],
+    ];
+    for args in add_accel {
+        etcd.ctl(args);
+    }
+    etcd.ctl(&["auth", "enable"]);
+    let dead = format!("http://127.0.0.1:{}", accel_tests::free_port());
+    let endpoints = [dead, etcd.endpoint(0)];
+
+    let wrong = accel_etcd::ConnectOptions::new().with_user("accel", "wrong");
+    match Client::connect(&endpoints, Some(wrong)).await {
+        Err(accel_etcd::Error::Status(s)) => {
+            assert!(s.message().contains("authentication failed"), "{s:?}")
+        }
+        other => panic!("a wrong password is etcd's refusal, not {other:?}"),
+    }
+    let anonymous = Client::connect(&endpoints, None).await.expect("connects");
+    let refused = anonymous.get("k", None).await.expect_err("auth is on");
+    assert!(!refused.is_transient(), "{refused:?}");
+
+    let options = accel_etcd::ConnectOptions::new()
+        .with_user("accel", "s3cret")
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_require_leader(true);
+    let client = Client::connect(&endpoints, Some(options))
+        .await
+        .expect("connects to the live member and authenticates");
+    client.put("k", "v1").await.expect("put");
+
+    // Calls fail transiently while the member restarts, then go on.
+    etcd.kill(0);
+    etcd.restart(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.put("k", "v2").await {
+            Ok(_) => break,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("the client did not recover after the restart: {e}"),
+        }
+    }
+
+    // Deleting a user drops its tokens; the client's next call is refused
+    // for its token, and the client authenticates again on its own.
+    etcd.ctl(&[&["user", "delete", "accel"][..], &root].concat());
+    for args in add_accel {
+        etcd.ctl(&[args, &root].concat());
+    }
+    let got = client
+        .get("k", None)
+        .await
+        .expect("the call succeeds with a new token");
+    assert_eq!(
+        got.kvs.first().map(|kv| kv.value.as_slice()),
+        Some(&b"v2"[..])
+    );
+}
+
+/// An etcd member serving clients over mutual TLS, killed when dropped.
+struct TlsEtcd {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl TlsEtcd {
+    /// Starts a one-member etcd in `dir` whose clients must present a
+    /// certificate signed by `dir/ca.pem`; its own is `dir/server.pem`.
+    fn start(dir: &std::path::Path) -> Self {
+        let (client, peer) = (accel_tests::free_port(), accel_tests::free_port());
+        let endpoint = format!("https://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.join("etcd-tls.log")).expect("etcd log");
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "tls"])
+            .arg("--data-dir")
+            .arg(dir.join("etcd-tls"))
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("tls={peer_url}")])
+            .arg("--cert-file")
+            .arg(dir.join("server.pem"))
+            .arg("--key-file")
+            .arg(dir.join("server.key"))
+            .arg("--trusted-ca-file")
+            .arg(dir.join("ca.pem"))
+            .arg("--client-cert-auth")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (the test command installs etcd-server)");
+        Self { child, endpoint }
+    }
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The etcd client over mutual TLS (what `--etcd-ca`, `--etcd-cert` and
+/// `--etcd-key` give it): it works with the member's CA and a client
+/// certificate, and is refused with another CA or without a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_client_speaks_mutual_tls_and_is_refused_without_it() {
+    let dir = scratch("ha-client-tls");
+    crate::tls::ca(&dir, "ca");
+    crate::tls::ca(&dir, "other-ca");
+    crate::tls::leaf(&dir, "ca", "server");
+    crate::tls::leaf(&dir, "ca", "client");
+    let etcd = TlsEtcd::start(&dir);
+    let tls = |ca: &str, client: bool| {
+        let ca_path = dir.join(format!("{ca}.pem"));
+        let identity = (dir.join("client.pem"), dir.join("client.key"));
+        let identity = client.then_some((identity.0.as_path(), identity.1.as_path()));
+        let options = rendezvous_server::ha::tls_options(Some(&ca_path), identity)
+            .expect("the PEM files read");
+        accel_etcd::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_tls(options)
+    };
+
+    // The member starts: the client's first put goes through once it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let client = loop {
+        match Client::connect([&etcd.endpoint], Some(tls("ca", true))).await {
+            Ok(c) => match c.put("k", "over tls").await {
+                Ok(_) => break c,
+                Err(e) if Instant::now() < deadline => eprintln!("not yet: {e}"),
+                Err(e) => panic!("no put over TLS: {e}"),
+            },
+            Err(e) if Instant::now() < deadline => eprintln!("not yet: {e}"),
+            Err(e) => panic!("no connection over TLS: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let got = client.get("k", None).await.expect("get over TLS");
+    assert_eq!(
+        got.kvs.first().map(|kv| kv.value.as_slice()),
+        Some(&b"over tls"[..])
+    );
+
+    // A member whose certificate another CA signed is not trusted.
+    match Client::connect([&etcd.endpoint], Some(tls("other-ca", true))).await {
+        Err(e @ accel_etcd::Error::Connect { .. }) => eprintln!("{e}"),
+        other => panic!("the server's certificate is not of other-ca: {other:?}"),
+    }
+    // Without a client certificate the member refuses the handshake (at
+    // connecting or at the first call, as TLS 1.3 allows).
+    let refused = match Client::connect([&etcd.endpoint], Some(tls("ca", false))).await {
+        Err(e) => e,
+        Ok(c) => c.get("k", None).await.expect_err("no client certificate"),
+    };
+    assert!(
+        matches!(
+            refused,
+            accel_etcd::Error::Connect { .. } | accel_etcd::Error::Transport { .. }
+        ),
+        "{refused:?}"
     );
 }
 

@@ -9,7 +9,7 @@ use accel_tests::{bin, eventually, records, scratch, Agent, AgentCmd, Server};
 
 const TOKEN: &str = "tls-test-token-8d2e6b0c1a";
 
-fn openssl(dir: &Path, args: &[&str]) {
+pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -23,7 +23,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA `name` in `dir`: `name.key`, `name.pem`.
-fn ca(dir: &Path, name: &str) {
+pub(crate) fn ca(dir: &Path, name: &str) {
     openssl(
         dir,
         &[
@@ -48,7 +48,7 @@ fn ca(dir: &Path, name: &str) {
 
 /// A certificate `name` signed by CA `ca`, valid for 127.0.0.1 and localhost,
 /// for servers and clients.
-fn leaf(dir: &Path, ca: &str, name: &str) {
+pub(crate) fn leaf(dir: &Path, ca: &str, name: &str) {
     let ext = dir.join(format!("{name}.ext"));
     std::fs::write(
         &ext,

@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+use accel_etcd::{prefix_end, Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use tokio::sync::Mutex;
 use tracing::warn;
 
@@ -94,54 +94,33 @@ fn fenced() -> StoreError {
     )
 }
 
-fn unavailable(e: etcd_client::Error) -> StoreError {
+fn unavailable(e: accel_etcd::Error) -> StoreError {
     StoreError::Unavailable(format!("etcd: {e}"))
 }
 
 /// Attempts of one request before its error is returned.
 const ATTEMPTS: u32 = 6;
 
-/// Whether an error may be another etcd member's to answer: the client
-/// spreads requests over the endpoints without checking them, so a request
-/// may go to a member that is down while the others serve.
-fn transient(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
-
 /// Runs `request` again (briefly backing off) while it fails in a way
-/// another member may not. Every request here may be repeated: reads, and
+/// another member may not ([`accel_etcd::Error::is_transient`]: no answer,
+/// or UNAVAILABLE; the client then sends the next attempt to the next
+/// member). Every request here may be repeated: reads, and
 /// transactions of puts and deletes under the same condition.
-async fn retrying<T, F, Fut>(mut request: F) -> Result<T, etcd_client::Error>
+async fn retrying<T, F, Fut>(mut request: F) -> Result<T, accel_etcd::Error>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    Fut: std::future::Future<Output = Result<T, accel_etcd::Error>>,
 {
     let mut attempt = 1;
     loop {
         match request().await {
-            Err(e) if attempt < ATTEMPTS && transient(&e) => {
+            Err(e) if attempt < ATTEMPTS && e.is_transient() => {
                 tokio::time::sleep(std::time::Duration::from_millis(10 << attempt)).await;
                 attempt += 1;
             }
             other => return other,
         }
     }
-}
-
-/// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 impl EtcdStore {
@@ -160,7 +139,7 @@ impl EtcdStore {
     fn ops(&self, change: &Change) -> Vec<TxnOp> {
         match change {
             Change::Put { job, slot, value } => {
-                vec![TxnOp::put(slot.key(&self.prefix, job), value.clone(), None)]
+                vec![TxnOp::put(slot.key(&self.prefix, job), value.clone())]
             }
             Change::DeleteMember { job, node } => vec![TxnOp::delete(
                 Slot::Member(node.clone()).key(&self.prefix, job),
@@ -175,16 +154,19 @@ impl EtcdStore {
                 Some(DeleteOptions::new().with_prefix()),
             )],
             Change::Commit { job, meta } => vec![
-                TxnOp::put(Slot::Meta.key(&self.prefix, job), meta.clone(), None),
+                TxnOp::put(Slot::Meta.key(&self.prefix, job), meta.clone()),
                 TxnOp::delete(Slot::Writing.key(&self.prefix, job), None),
             ],
         }
     }
 
     /// Runs `txn`, retried while another member may answer.
-    async fn commit(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+    async fn commit(
+        &self,
+        txn: Txn,
+    ) -> Result<accel_etcd::pb::etcdserverpb::TxnResponse, accel_etcd::Error> {
         retrying(|| {
-            let mut client = self.client.clone();
+            let client = self.client.clone();
             let txn = txn.clone();
             async move { client.txn(txn).await }
         })
@@ -206,7 +188,7 @@ impl EtcdStore {
     /// with whether its meta is there.
     async fn read(&self, start: String) -> Result<BTreeMap<String, (Encoded, bool)>, StoreError> {
         let client = self.client.clone();
-        let end = prefix_end(&start);
+        let end = prefix_end(start.as_bytes());
         let mut from = start.clone().into_bytes();
         let mut revision = 0;
         let mut found: BTreeMap<String, (Encoded, bool)> = BTreeMap::new();
@@ -216,27 +198,27 @@ impl EtcdStore {
                 // Every page from the first page's snapshot.
                 options = options.with_revision(revision);
             }
-            let mut resp = retrying(|| {
-                let mut client = client.clone();
+            let resp = retrying(|| {
+                let client = client.clone();
                 let (from, options) = (from.clone(), options.clone());
                 async move { client.get(from, Some(options)).await }
             })
             .await
             .map_err(unavailable)?;
             if revision == 0 {
-                revision = resp.header().map_or(0, |h| h.revision());
+                revision = resp.header.as_ref().map_or(0, |h| h.revision);
             }
-            let more = resp.more();
-            let kvs = resp.take_kvs();
+            let more = resp.more;
+            let kvs = resp.kvs;
             for kv in &kvs {
-                let key = String::from_utf8_lossy(kv.key());
+                let key = String::from_utf8_lossy(&kv.key);
                 let Some((job, slot)) = Slot::parse(&self.prefix, &key) else {
                     warn!(key = %key, "ignoring a key under the job prefix that no rdzv-server writes");
                     continue;
                 };
                 let (e, has_meta) = found.entry(job).or_default();
                 *has_meta |= slot == Slot::Meta;
-                if !e.set(&slot, kv.value().to_vec()) {
+                if !e.set(&slot, kv.value.clone()) {
                     return Err(StoreError::Corrupt(format!(
                         "key '{key}': a participants index no job reaches"
                     )));
@@ -244,7 +226,7 @@ impl EtcdStore {
             }
             match kvs.last() {
                 Some(last) if more => {
-                    from = last.key().to_vec();
+                    from = last.key.clone();
                     from.push(0);
                 }
                 _ => break,
@@ -326,7 +308,7 @@ impl EtcdStore {
                 .commit(Txn::new().when(self.guard()))
                 .await
                 .map_err(unavailable)?;
-            if !resp.succeeded() {
+            if !resp.succeeded {
                 return Err(fenced());
             }
             return Ok(());
@@ -374,7 +356,7 @@ impl EtcdStore {
                     return Err(unavailable(e));
                 }
             };
-            if !resp.succeeded() {
+            if !resp.succeeded {
                 return Err(fenced());
             }
             for change in &done {
@@ -392,17 +374,5 @@ impl JobStore for EtcdStore {
 
     fn save(&self, batch: Batch) -> StoreFuture<'_, ()> {
         Box::pin(self.save_batch(batch))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_end;
-
-    #[test]
-    fn the_end_of_a_prefix_is_the_first_key_past_it() {
-        assert_eq!(prefix_end("/accel/jobs/"), b"/accel/jobs0".to_vec());
-        // 'ÿ' is c3 bf in UTF-8: the last byte goes up.
-        assert_eq!(prefix_end("a\u{ff}"), vec![0x61, 0xc3, 0xc0]);
     }
 }
