@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Checks the Python wheel as a user gets it:
-#  1. builds it with maturin (pyproject.toml: release profile, stripped) into
-#     $CARGO_TARGET_DIR/wheels, and checks its tag and contents;
-#  2. makes a fresh venv and installs the wheel into it with pip (no index, no
-#     dependencies: it has none); and `pip install .` into another. The pinned torch and accelerate (and the test
+# Checks the Python wheels as users get them:
+#  1. builds the wheels that are published, one per architecture, x86_64 and
+#     aarch64 (Grace), with maturin (pyproject.toml: release profile, stripped)
+#     linking through zig (`--zig`, ziglang from the pinned venv) against
+#     glibc 2.17's symbols, so they are tagged manylinux2014 (manylinux_2_17)
+#     and install on RHEL/Rocky 8, Ubuntu 20.04, Amazon Linux 2 and newer,
+#     into $CARGO_TARGET_DIR/wheels; checks each one's tag, contents and
+#     RECORD, the architecture of its three binaries and the newest GLIBC_x.y
+#     symbol version each needs (printed; at most the tag's 2.17);
+#  2. makes a fresh venv and installs the x86_64 wheel into it with pip (no
+#     index, no dependencies: it has none); and `pip install .` into another
+#     (the same build, reused). The pinned torch and accelerate (and the test
 #     tools: pytest, ipykernel, nbclient) come from the pinned venv through a
 #     .pth file instead of a 4.8 GB copy; `accel` and the binaries come only
 #     from the wheel;
 #  3. from that venv: accel-agent, rdzv-server and accel run from its bin/, and
 #     `accel-agent --nproc-per-node 2 examples/hello.py` prints both ranks;
+#     the aarch64 wheel is installed by pip for that platform
+#     (`--platform manylinux2014_aarch64 --target DIR`) and its binaries run
+#     under qemu-user: a standalone job of two `true` workers, and a two-node
+#     job through the aarch64 rdzv-server;
 #  4. runs python/tests with that venv's Python: notebooks in real Jupyter
 #     kernels (ipykernel, nbclient) calling accel's notebook_launcher and
 #     debug_launcher, accelerate's own launcher on the same notebook, and
 #     accelerate's notebook test suite with the launcher swapped. They run in a
 #     private mount namespace whose /etc/hosts maps ::1 and ::ffff:127.0.0.1
 #     (torch's TCPStore reverse-resolves loopback peers; see DESIGN notes).
-# Prints the wheel's size and the install time. Nothing is skipped.
+# Prints each wheel's size and build time, the GLIBC versions, and the install
+# time. Nothing is skipped.
 # Usage: scripts/check-wheel.sh   (after scripts/setup.sh; as root, for unshare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,29 +44,90 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 # The agent the launchers run is the installed one, not a development build.
 unset ACCEL_AGENT
 
-# 1. The wheel.
+# 1. The wheels. Each architecture is built once (a release build with LTO
+# costs minutes) into its own $CARGO_TARGET_DIR/TRIPLE, which later runs reuse.
+# manylinux2014 is glibc 2.17: zig links against that version's symbols
+# whatever the build machine's glibc is.
+COMPAT=manylinux2014
+MAX_GLIBC=2.17
+TRIPLES=(x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu)
+for t in "${TRIPLES[@]}"; do
+  if ! rustup target list --installed | grep -qx "$t"; then
+    say "adding the $t target"
+    rustup target add "$t" >&2
+  fi
+done
+"$VENV/bin/python" -m ziglang version >/dev/null 2>&1 || fail "$VENV has no ziglang (maturin's --zig): run scripts/setup.sh"
+command -v readelf >/dev/null || fail "readelf is missing (binutils): run scripts/setup.sh"
 OUT="$CARGO_TARGET_DIR/wheels"
 rm -rf "$OUT"
-start=$SECONDS
-"$VENV/bin/maturin" build --quiet --locked --release --out "$OUT" >&2
-wheels=("$OUT"/accel_launch-*.whl)
-[ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || fail "expected one wheel in $OUT, found: ${wheels[*]}"
-WHEEL="${wheels[0]}"
-size=$(stat -c %s "$WHEEL")
-say "built $(basename "$WHEEL") ($((size / 1024)) KiB) in $((SECONDS - start)) s"
-case "$(basename "$WHEEL")" in
-  *-py3-none-manylinux_*_x86_64.whl | *-py3-none-manylinux*.manylinux_*_x86_64.whl) ;;
-  *) fail "the wheel's tag is not a py3-none manylinux one: $(basename "$WHEEL")" ;;
-esac
-"$VENV/bin/python" - "$WHEEL" <<'EOF' || fail "the wheel's contents are not as expected"
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
+declare -A WHEELS
+for t in "${TRIPLES[@]}"; do
+  arch="${t%%-*}"
+  start=$SECONDS
+  # maturin runs zig as `python -m ziglang` with the python3 on PATH.
+  PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" build --quiet --locked --release --zig \
+    --target "$t" --compatibility "$COMPAT" --out "$OUT/$arch" >&2
+  wheels=("$OUT/$arch"/accel_launch-*.whl)
+  [ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || fail "expected one wheel in $OUT/$arch, found: ${wheels[*]}"
+  WHEEL="${wheels[0]}"
+  size=$(stat -c %s "$WHEEL")
+  say "built $(basename "$WHEEL") ($((size / 1024)) KiB) in $((SECONDS - start)) s"
+  case "$(basename "$WHEEL")" in
+    *-py3-none-manylinux2014_"$arch".manylinux_2_17_"$arch".whl) ;;
+    *) fail "the $arch wheel's tag is not py3-none-manylinux2014_$arch.manylinux_2_17_$arch: $(basename "$WHEEL")" ;;
+  esac
+  # Contents, and RECORD: every file listed once with its sha256 and size.
+  "$VENV/bin/python" - "$WHEEL" "$arch" <<'EOF' || fail "the $arch wheel's contents are not as expected"
+import base64, csv, hashlib, io, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+names = z.namelist()
 need = ["accel/__init__.py", "accel/launchers.py", "accel/_forkserver.py", "accel/py.typed"]
 scripts = sorted(n.rsplit("/", 1)[1] for n in names if ".data/scripts/" in n)
 missing = [n for n in need if n not in names]
 if missing or scripts != ["accel", "accel-agent", "rdzv-server"]:
     sys.exit(f"missing {missing}, scripts {scripts}")
+info = [n for n in names if n.endswith(".dist-info/WHEEL")]
+tags = [l.split(":", 1)[1].strip() for l in z.read(info[0]).decode().splitlines() if l.startswith("Tag:")]
+want = {f"py3-none-manylinux_2_17_{sys.argv[2]}", f"py3-none-manylinux2014_{sys.argv[2]}"}
+if set(tags) != want:
+    sys.exit(f"WHEEL says Tag: {tags}, expected {sorted(want)}")
+record = [n for n in names if n.endswith(".dist-info/RECORD")]
+rows = list(csv.reader(io.StringIO(z.read(record[0]).decode())))
+listed = {r[0] for r in rows}
+if listed != set(names) or len(rows) != len(names):
+    sys.exit(f"RECORD lists {sorted(listed ^ set(names))} differently from the archive")
+for path, digest, size in rows:
+    if path == record[0]:
+        continue
+    data = z.read(path)
+    want_digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    if digest != want_digest or int(size) != len(data):
+        sys.exit(f"RECORD's hash or size of {path} is wrong")
 EOF
+  # The binaries: the right machine, and no glibc symbol newer than the tag's.
+  mkdir -p "$OUT/$arch/bin"
+  "$VENV/bin/python" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if ".data/scripts/" in n:
+        open(sys.argv[2] + "/" + n.rsplit("/", 1)[1], "wb").write(z.read(n))' "$WHEEL" "$OUT/$arch/bin"
+  case "$arch" in
+    x86_64) machine="Advanced Micro Devices X86-64" ;;
+    aarch64) machine="AArch64" ;;
+  esac
+  for b in accel-agent rdzv-server accel; do
+    f="$OUT/$arch/bin/$b"
+    readelf -h "$f" | grep -q "Machine: *$machine\$" || fail "$arch wheel's $b is not a $machine binary: $(readelf -h "$f" | grep Machine)"
+    glibc=$(readelf -V -W "$f" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/^GLIBC_//' | sort -uV | tail -1)
+    [ -n "$glibc" ] || fail "$arch wheel's $b needs no GLIBC symbol version: is it dynamically linked against glibc?"
+    [ "$(printf '%s\n' "$glibc" "$MAX_GLIBC" | sort -V | tail -1)" = "$MAX_GLIBC" ] ||
+      fail "$arch wheel's $b needs GLIBC_$glibc, newer than $COMPAT's $MAX_GLIBC"
+    say "$arch $b needs GLIBC_$glibc at most"
+  done
+  WHEELS[$arch]="$WHEEL"
+done
+WHEEL="${WHEELS[x86_64]}"
 
 # 2. A fresh venv, and the wheel installed into it.
 TMP="$(mktemp -d)"
@@ -70,10 +143,15 @@ say "installed into a fresh venv in $((($(date +%s%N) - start_ns) / 1000000)) ms
 
 # ... and `pip install .` from the repository, as the README's install says
 # (without build isolation: maturin, the build backend, is the pinned venv's).
+# MATURIN_PEP517_ARGS gives it the x86_64 wheel's build options, so it reuses
+# that build instead of a third release build with LTO (minutes); a user's
+# plain `pip install .` links with the system's cc instead of zig, as the
+# test command's `cargo build` does.
 SOURCE_VENV="$TMP/from-source"
 "$VENV/bin/python" -m venv "$SOURCE_VENV"
 echo "$pinned" >"$("$SOURCE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/accel-pinned-venv.pth"
-PATH="$VENV/bin:$PATH" "$SOURCE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --no-build-isolation . >&2
+PATH="$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--zig --target x86_64-unknown-linux-gnu --compatibility $COMPAT" \
+  "$SOURCE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --no-build-isolation . >&2
 "$SOURCE_VENV/bin/accel-agent" --version >/dev/null || fail "pip install . did not install a working accel-agent"
 "$SOURCE_VENV/bin/python" -c 'from accel import notebook_launcher, debug_launcher' || fail "pip install . did not install accel"
 say "pip install . from the repository works"
@@ -91,6 +169,60 @@ for r in 0 1; do
   grep -q "^RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 " <<<"$out" || fail "rank $r did not print: $out"
 done
 say "accel-agent from the venv ran examples/hello.py with 2 workers"
+
+# The aarch64 wheel: pip takes it for that platform (and refuses it here),
+# and its binaries run under qemu-user with Debian's arm64 glibc as the
+# sysroot. The agent's workers are the host's own `true` and `sh`: qemu-user
+# hands a guest's execve to the kernel, which runs them natively (no binfmt_misc
+# is needed, and none is registered), so the job exercises the aarch64 agent's
+# rendezvous, spawning, monitoring and exit while its workers are x86_64.
+ARM_WHEEL="${WHEELS[aarch64]}"
+if "$FRESH/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps --dry-run "$ARM_WHEEL" >/dev/null 2>&1; then
+  fail "pip would install the aarch64 wheel on $(uname -m): its tag does not say aarch64"
+fi
+ARM="$TMP/aarch64"
+"$FRESH/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps \
+  --only-binary=:all: --platform manylinux2014_aarch64 --target "$ARM" "$ARM_WHEEL" ||
+  fail "pip refused the aarch64 wheel for --platform manylinux2014_aarch64"
+[ -f "$ARM/accel/launchers.py" ] || fail "pip --target did not install the accel package from the aarch64 wheel"
+SYSROOT=/usr/aarch64-linux-gnu
+command -v qemu-aarch64-static >/dev/null && [ -f "$SYSROOT/lib/ld-linux-aarch64.so.1" ] ||
+  fail "qemu-aarch64-static or the arm64 glibc ($SYSROOT) is missing: run scripts/setup.sh"
+arm() { qemu-aarch64-static -L "$SYSROOT" "$@"; }
+for b in accel-agent rdzv-server accel; do
+  [ -x "$ARM/bin/$b" ] || fail "pip did not install the aarch64 $b into $ARM/bin"
+  v=$(arm "$ARM/bin/$b" --version) || fail "aarch64 $b --version failed under qemu"
+  say "aarch64 $v"
+done
+(cd "$TMP" && ACCEL_LOG=warn arm "$ARM/bin/accel-agent" --nproc-per-node 2 --no-python true) >"$TMP/arm-true.out" 2>&1 ||
+  fail "aarch64 accel-agent --nproc-per-node 2 --no-python true failed under qemu: $(tail -5 "$TMP/arm-true.out")"
+say "aarch64 accel-agent ran 2 true workers under qemu"
+# Two nodes of two workers through the aarch64 rdzv-server.
+port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+RUST_LOG=warn arm "$ARM/bin/rdzv-server" --bind "127.0.0.1:$port" --metrics-bind off 2>"$TMP/arm-server.err" &
+srv=$!
+trap 'kill $srv 2>/dev/null || true; rm -rf "$TMP"' EXIT
+for _ in $(seq 100); do
+  arm "$ARM/bin/rdzv-server" status --rdzv-endpoint "127.0.0.1:$port" >/dev/null 2>&1 && break
+  kill -0 $srv 2>/dev/null || fail "the aarch64 rdzv-server exited: $(tail -5 "$TMP/arm-server.err")"
+  sleep 0.2
+done
+agents=()
+for n in 0 1; do
+  (cd "$TMP" && ACCEL_LOG=warn arm "$ARM/bin/accel-agent" --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \
+    --rdzv-endpoint "127.0.0.1:$port" --rdzv-id wheel-aarch64 --no-python \
+    sh -c 'echo "RANK=$RANK WORLD_SIZE=$WORLD_SIZE"') >"$TMP/arm-node$n.out" 2>&1 &
+  agents+=($!)
+done
+for n in 0 1; do
+  wait "${agents[$n]}" || fail "aarch64 agent $n of the two-node job failed: $(tail -5 "$TMP/arm-node$n.out")"
+done
+kill $srv
+wait $srv 2>/dev/null || true
+ranks=$(cat "$TMP"/arm-node*.out | grep -o '^RANK=[0-9]* WORLD_SIZE=4$' | sort)
+[ "$ranks" = "$(printf 'RANK=%d WORLD_SIZE=4\n' 0 1 2 3)" ] ||
+  fail "the aarch64 two-node job did not print ranks 0-3 of 4: $(cat "$TMP"/arm-node*.out)"
+say "aarch64 rdzv-server and two aarch64 agents ran a 2x2 job under qemu"
 
 # 4. The launchers in real Jupyter kernels.
 scripts/with-private-hosts.sh env -u PYTHONPATH PATH="$FRESH/bin:$PATH" JUPYTER_PLATFORM_DIRS=1 \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
-#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the
-#     metrics tests scrape with a real one);
+#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the metrics tests scrape with a real one); for the wheels'
+#     checks, binutils (readelf), qemu-user-static and libc6-arm64-cross (the
+#     aarch64 wheel's binaries run under qemu with Debian's arm64 glibc);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher,
@@ -33,6 +34,12 @@ command -v etcdctl >/dev/null || need_apt+=(etcd-client)
 # curl for the benchmarks' scrapes.
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v curl >/dev/null || need_apt+=(curl)
+# The wheels' checks (scripts/check-wheel.sh): readelf reads the binaries'
+# glibc symbol versions; the aarch64 binaries run under qemu-user with the
+# arm64 glibc as their sysroot.
+command -v readelf >/dev/null || need_apt+=(binutils)
+command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
+[ -f /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || need_apt+=(libc6-arm64-cross)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
@@ -60,15 +67,18 @@ if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
   "$VENV/bin/python" -c 'import deepspeed' >&2
   touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
 fi
-# The Python wheel's build and its tests: maturin, pytest, and a real Jupyter
-# kernel (ipykernel) driven by nbclient; py-spy, which the agent runs for a hung worker's stacks.
-PY_TOOLS="maturin==1.16.0 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
+# The Python wheel's build and its tests: maturin, with zig (ziglang) as the
+# linker for manylinux2014 wheels of any architecture, pytest, and a real
+# Jupyter kernel (ipykernel) driven by nbclient; py-spy, which the agent runs
+# for a hung worker's stacks.
+PY_TOOLS="maturin==1.16.0 ziglang==0.15.2 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
 tools_key="$(printf %s "$PY_TOOLS" | sha256sum | cut -c1-12)"
 if [ ! -f "$VENV/.tools-$tools_key" ]; then
   echo "setup: adding $PY_TOOLS to $VENV" >&2
   # shellcheck disable=SC2086 # one word per requirement
   "$VENV/bin/pip" install -q --disable-pip-version-check $PY_TOOLS
   "$VENV/bin/python" -c 'import pytest, ipykernel, nbclient, nbformat' >&2
+  "$VENV/bin/python" -m ziglang version >/dev/null
   touch "$VENV/.tools-$tools_key"
 fi
 # mdBook for the user guide (scripts/check-docs.sh builds it), from crates.io,
