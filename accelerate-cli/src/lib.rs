@@ -22,6 +22,7 @@ pub mod launch;
 pub mod python;
 pub mod pyvalue;
 pub mod questionnaire;
+pub mod release;
 pub mod test_cmd;
 pub mod tpu;
 pub mod vocab;
@@ -201,7 +202,7 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
         AccelCommand::Env { config_file } => print(env_cmd::run(config_file.as_deref(), env)?),
         AccelCommand::Test { config_file } => {
             let argv = test_cmd::launch_args(config_file.as_deref(), env)?;
-            match launch::plan(&argv, env)? {
+            match launch::plan(&argv, release::Release::installed(env), env)? {
                 launch::Planned::Help(text) => print(text),
                 launch::Planned::Run(mut plan) => {
                     plan.on_success = Some(test_cmd::SUCCESS.to_owned());
@@ -210,10 +211,12 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             }
         }
         AccelCommand::TestWorker => print(test_cmd::worker(env)?),
-        AccelCommand::Launch { args } => match launch::plan(&args, env)? {
-            launch::Planned::Help(text) => print(text),
-            launch::Planned::Run(plan) => Ok(Action::Launch(plan)),
-        },
+        AccelCommand::Launch { args } => {
+            match launch::plan(&args, release::Release::installed(env), env)? {
+                launch::Planned::Help(text) => print(text),
+                launch::Planned::Run(plan) => Ok(Action::Launch(plan)),
+            }
+        }
         AccelCommand::EstimateMemory(a) => print(estimate::run(&a, env)?),
         AccelCommand::TpuConfig(a) => {
             let config = config_file::load_optional(a.config_file.as_deref(), env)?;
