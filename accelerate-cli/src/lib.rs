@@ -192,10 +192,15 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             config_file,
         } => {
             let stdin = std::io::stdin();
+            let release = release::Release::installed(env);
+            if let Some(warning) = release.warning() {
+                eprintln!("accel: warning: {warning}");
+            }
             print(questionnaire::run(
                 config_file.as_deref(),
                 &mut stdin.lock(),
                 &mut std::io::stdout(),
+                release,
                 env,
             )?)
         }

@@ -55,6 +55,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 
 use super::config_file::{self, ConfigFileError};
+use crate::release::Release;
 
 mod cluster;
 mod deepspeed;
@@ -101,13 +102,14 @@ pub enum QuestionnaireError {
 /// The first question: accelerate's compute environments.
 const ENVIRONMENTS: [&str; 2] = ["This machine", "AWS (Amazon SageMaker)"];
 
-/// Asks the questions on `output`, reads answers from `input`, writes the
-/// file (`config_file`, else accelerate's default location) and returns the
-/// message to print.
+/// Asks the questions on `output` as `release`'s `accelerate config` does,
+/// reads answers from `input`, writes the file (`config_file`, else
+/// accelerate's default location) and returns the message to print.
 pub fn run(
     config_file: Option<&Path>,
     input: &mut dyn BufRead,
     output: &mut dyn Write,
+    release: Release,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, QuestionnaireError> {
     let mut p = Prompter::new(input, output);
@@ -119,7 +121,7 @@ pub fn run(
     {
         return Err(QuestionnaireError::SageMaker);
     }
-    let fields = cluster::ask(&mut p, env)?;
+    let fields = cluster::ask(&mut p, release, env)?;
     let path = config_file.map_or_else(|| config_file::default_location(env), Path::to_path_buf);
     config_file::save(&path, &fields)?;
     Ok(format!(
@@ -143,7 +145,14 @@ mod tests {
         let path = dir.join("sub/cfg.yaml");
         let mut input = "\n0\nyes\nno\nno\n\n".as_bytes();
         let mut output = Vec::new();
-        let msg = run(Some(&path), &mut input, &mut output, &env).expect("runs");
+        let msg = run(
+            Some(&path),
+            &mut input,
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect("runs");
         assert_eq!(
             msg,
             format!("accelerate configuration saved at {}", path.display())
@@ -163,10 +172,24 @@ mod tests {
     #[test]
     fn sagemaker_and_eof_stop_with_clear_errors() {
         let mut output = Vec::new();
-        let err = run(None, &mut "1\n".as_bytes(), &mut output, &env).expect_err("sagemaker");
+        let err = run(
+            None,
+            &mut "1\n".as_bytes(),
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect_err("sagemaker");
         assert!(matches!(err, QuestionnaireError::SageMaker));
         assert!(err.to_string().contains("`accelerate config`"), "{err}");
-        let err = run(None, &mut "0\n".as_bytes(), &mut output, &env).expect_err("eof");
+        let err = run(
+            None,
+            &mut "0\n".as_bytes(),
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect_err("eof");
         assert_eq!(
             err.to_string(),
             "no answer for: Which type of machine are you using?"
