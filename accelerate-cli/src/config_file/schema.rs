@@ -36,6 +36,9 @@ pub const CLUSTER_FIELDS: &[(&str, FieldDefault)] = &[
     ("fsdp_config", V("{}")),
     ("parallelism_config", V("{}")),
     ("megatron_lm_config", V("{}")),
+    // accelerate 1.10-1.12 (written by their questionnaire on CPU); later
+    // releases refuse the key, accel reads it whatever the release.
+    ("ipex_config", V("{}")),
     ("mpirun_config", V("{}")),
     ("downcast_bf16", V("false")),
     ("tpu_name", V("null")),
