@@ -130,11 +130,10 @@ pub struct Behaviour {
     /// The FP8 backends the questionnaire offers, in its order.
     pub fp8_backends: &'static [&'static str],
     /// `notebook_launcher` passes the precision as `MIXED_PRECISION` (< 1.16;
-    /// later as `ACCELERATE_MIXED_PRECISION`). Mirrored in `python/accel/launchers.py`.
+    /// later as `ACCELERATE_MIXED_PRECISION`). The Python launchers run
+    /// without this binary, so `python/accel/launchers.py` keeps the same
+    /// threshold; a test here checks that it does.
     pub notebook_plain_mixed_precision: bool,
-    /// `debug_launcher` pins gloo to loopback (`GLOO_SOCKET_IFNAME=lo`; 1.14
-    /// and later). Mirrored in `python/accel/launchers.py`.
-    pub debug_launcher_loopback: bool,
 }
 
 use Dest as D;
@@ -233,7 +232,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: true,
         fp8_backends: &["te", "msamp"],
         notebook_plain_mixed_precision: true,
-        debug_launcher_loopback: false,
     },
     Behaviour {
         since: Version::new(1, 12, 0),
@@ -248,7 +246,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: true,
         fp8_backends: &["te", "msamp"],
         notebook_plain_mixed_precision: true,
-        debug_launcher_loopback: false,
     },
     Behaviour {
         since: Version::new(1, 13, 0),
@@ -263,7 +260,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
-        debug_launcher_loopback: false,
     },
     Behaviour {
         since: Version::new(1, 14, 0),
@@ -278,7 +274,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
-        debug_launcher_loopback: true,
     },
     Behaviour {
         since: Version::new(1, 15, 0),
@@ -293,7 +288,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
-        debug_launcher_loopback: true,
     },
     Behaviour {
         since: Version::new(1, 16, 0),
@@ -308,7 +302,6 @@ pub const RELEASES: &[Behaviour] = &[
         ipex_questions: false,
         fp8_backends: &["ao", "te"],
         notebook_plain_mixed_precision: false,
-        debug_launcher_loopback: true,
     },
 ];
 

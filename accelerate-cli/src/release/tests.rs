@@ -60,7 +60,6 @@ fn each_known_release_behaves_as_its_sources() {
             .contains(&Dest::fsdp_activation_checkpointing_offload));
         assert_eq!(r.fp8_backends, ["ao", "te", "msamp"]);
         assert_eq!(r.dynamo_config_prefix, y == 14);
-        assert_eq!(r.debug_launcher_loopback, y == 14);
     }
     let r = b(1, 15, 0);
     assert_eq!(r.kmp_vars, KmpVars::OnCpu);
@@ -273,4 +272,42 @@ fn find_uses_the_interpreter_accel_launch_would_run() {
         Release::installed(&on_path).behaviour.since,
         Version::new(1, 16, 0)
     );
+}
+
+/// The Python launchers (which run without this binary) keep the table's
+/// numbers for what concerns them.
+#[test]
+fn python_launchers_agree_with_the_table() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/accel/launchers.py");
+    let text = fs::read_to_string(path).expect("launchers.py");
+    let constant = |name: &str| -> (u32, u32) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = (")))
+            .unwrap_or_else(|| panic!("{name} in launchers.py"));
+        let inner = line
+            .split_once('(')
+            .and_then(|(_, r)| r.split_once(')'))
+            .expect("tuple")
+            .0;
+        let (a, b) = inner.split_once(',').expect("pair");
+        (
+            a.trim().parse().expect("major"),
+            b.trim().parse().expect("minor"),
+        )
+    };
+    let minor = |v: Version| (v.major, v.minor);
+    assert_eq!(constant("_OLDEST_SUPPORTED"), minor(RELEASES[0].since));
+    assert_eq!(constant("_NEWEST_KNOWN"), minor(NEWEST_KNOWN));
+    let first_without = RELEASES
+        .iter()
+        .find(|r| !r.notebook_plain_mixed_precision)
+        .expect("a release sets ACCELERATE_MIXED_PRECISION");
+    assert_eq!(
+        constant("_ACCELERATE_MIXED_PRECISION_SINCE"),
+        minor(first_without.since)
+    );
+    assert!(RELEASES
+        .iter()
+        .all(|r| r.notebook_plain_mixed_precision == (r.since < first_without.since)));
 }
