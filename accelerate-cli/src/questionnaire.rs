@@ -5,7 +5,9 @@
 //! is read by both `accelerate launch` and `accel launch`, so the same
 //! answers must give the same questions in the same order, with the same
 //! defaults, and the same file byte for byte (accelerate 1.15's
-//! `commands/config/cluster.py`). The question texts are accelerate's.
+//! `commands/config/cluster.py`; where the installed release asks otherwise,
+//! the [`crate::release`] table says so: the IPEX and oneCCL questions
+//! before 1.13, the FP8 backends offered). The question texts are accelerate's.
 //!
 //! Differences in the asking, not in the result:
 //! * menus are line-based (see `questionnaire/prompt.rs`): the 0-based

@@ -1,6 +1,6 @@
 //! The fields of accelerate's configuration classes and their defaults
-//! (`ClusterConfig` and `SageMakerConfig` in accelerate 1.15), in the
-//! classes' order. A field whose default is `Required` must be in the file.
+//! (`ClusterConfig` and `SageMakerConfig` in accelerate 1.15, plus the
+//! `ipex_config` that 1.10-1.12 have), in the classes' order. A field whose default is `Required` must be in the file.
 
 /// A field's default value, as a JSON literal (`null` for `None`, `{}` for
 /// the dictionaries accelerate fills in after loading).
