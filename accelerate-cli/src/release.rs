@@ -127,6 +127,10 @@ pub struct Behaviour {
     /// The questionnaire asks about Intel's IPEX on CPU, and for mpirun's
     /// oneCCL worker count (< 1.13).
     pub ipex_questions: bool,
+    /// The questionnaire's device-ids question names the devices after the
+    /// accelerator found ("CPU(s)" without one; 1.16 and later) rather
+    /// than always "GPU(s)".
+    pub ids_named_by_accelerator: bool,
     /// The FP8 backends the questionnaire offers, in its order.
     pub fp8_backends: &'static [&'static str],
     /// `notebook_launcher` passes the precision as `MIXED_PRECISION` (< 1.16;
@@ -230,6 +234,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: false,
         absent_flags: ABSENT_1_10,
         ipex_questions: true,
+        ids_named_by_accelerator: false,
         fp8_backends: &["te", "msamp"],
         notebook_plain_mixed_precision: true,
     },
@@ -244,6 +249,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: false,
         absent_flags: ABSENT_1_12,
         ipex_questions: true,
+        ids_named_by_accelerator: false,
         fp8_backends: &["te", "msamp"],
         notebook_plain_mixed_precision: true,
     },
@@ -258,6 +264,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: false,
         absent_flags: ABSENT_1_13,
         ipex_questions: false,
+        ids_named_by_accelerator: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
     },
@@ -272,6 +279,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: true,
         absent_flags: ABSENT_1_13,
         ipex_questions: false,
+        ids_named_by_accelerator: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
     },
@@ -286,6 +294,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: true,
         absent_flags: UNTIL_1_13,
         ipex_questions: false,
+        ids_named_by_accelerator: false,
         fp8_backends: &["ao", "te", "msamp"],
         notebook_plain_mixed_precision: true,
     },
@@ -300,6 +309,7 @@ pub const RELEASES: &[Behaviour] = &[
         dynamo_config_prefix: true,
         absent_flags: ABSENT_1_16,
         ipex_questions: false,
+        ids_named_by_accelerator: true,
         fp8_backends: &["ao", "te"],
         notebook_plain_mixed_precision: false,
     },

@@ -164,8 +164,17 @@ pub(super) fn ask(
     }
     let on_device = (dist.is_multi_device() || dist == Dist::No) && !use_cpu;
     let gpu_ids = if on_device {
+        // From 1.16 the devices are named after the accelerator torch finds:
+        // CPU(s) when there is none (accel sees CUDA devices only).
+        let devices = if release.behaviour.ids_named_by_accelerator
+            && accel_agent::probe::cuda_devices(env) == 0
+        {
+            "CPU(s)"
+        } else {
+            "GPU(s)"
+        };
         Some(p.text(
-            "What GPU(s) (by id) should be used for training on this machine as a comma-separated list? [all]:",
+            &format!("What {devices} (by id) should be used for training on this machine as a comma-separated list? [all]:"),
             Some("all"),
         )?)
     } else {

@@ -391,6 +391,13 @@ fn questions_follow_the_release() {
     assert_eq!(r.expect("te")["fp8_config"]["backend"], "TE", "{printed}");
     let (r, _) = flow_as(&[&gpu[..], &["1", ""]].concat(), old);
     assert_eq!(r.expect("msamp")["fp8_config"]["backend"], "MSAMP");
+    // 1.16 names the devices after the accelerator: none here.
+    let plain = ["0", "no", "no", "no", "", "", "0"];
+    let (r, printed) = flow_as(&plain, Release::version(1, 16, 0));
+    assert!(
+        r.is_ok() && printed.contains("What CPU(s) (by id)"),
+        "{printed}"
+    );
     let (r, _) = flow_as(&[&gpu[..], &["2"]].concat(), Release::version(1, 16, 0));
     assert!(r.is_err(), "1.16 offers no third backend");
 }
