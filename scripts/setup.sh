@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
-#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the metrics tests scrape with a real one); for the wheels'
-#     checks, binutils (readelf), qemu-user-static and libc6-arm64-cross (the
-#     aarch64 wheel's binaries run under qemu with Debian's arm64 glibc);
+#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the
+#     metrics tests scrape with a real one); for the wheels' checks,
+#     binutils (readelf), qemu-user-static and libc6-arm64-cross (the aarch64
+#     wheel's binaries run under qemu with Debian's arm64 glibc);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher,
 #     and maturin, pytest, ipykernel and nbclient for the wheel's checks;
+#   - beside it, one small venv per other accelerate release the parity tests
+#     cover ($VENV/accelerate-versions/X.Y.Z): its own accelerate, and the
+#     pinned venv's packages (torch, ...) through a .pth file, so torch is
+#     installed once. The tests find them there by version;
 #   - mdBook, pinned, under ~/.cache/accel/tools/ (the user guide's check).
 # Prints nothing else but what it installs. Safe to run again.
 set -euo pipefail
 
 TORCH_VERSION="2.13.0"
 ACCELERATE_VERSION="1.15.0"
+# The other accelerate releases the parity tests run against: the oldest
+# supported (latest 1.10 patch) and the newest (tests/src/lib.rs names them too).
+EXTRA_ACCELERATE_VERSIONS="1.10.1 1.16.0"
 DEEPSPEED_VERSION="0.19.8"
 PY="$(command -v python3 || true)"
 CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
@@ -91,5 +99,24 @@ if [ ! -x "$MDBOOK_ROOT/bin/mdbook" ]; then
   env -u CARGO_TARGET_DIR cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" \
     --no-default-features --features search --root "$MDBOOK_ROOT" >&2
 fi
+for v in $EXTRA_ACCELERATE_VERSIONS; do
+  extra="$VENV/accelerate-versions/$v"
+  [ -f "$extra/.complete" ] && continue
+  echo "setup: creating $extra (accelerate==$v over $VENV's torch)" >&2
+  rm -rf "$extra"
+  "$VENV/bin/python" -m venv --without-pip "$extra"
+  site="$("$extra/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  # Appended after the venv's own site-packages: its accelerate wins.
+  echo "$base_site" >"$site/zz-pinned-venv.pth"
+  "$VENV/bin/pip" --python "$extra/bin/python" install -q --disable-pip-version-check --no-deps "accelerate==$v"
+  # torchrun must start workers with this venv's interpreter (sys.executable).
+  printf '#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' "$extra/bin/python" >"$extra/bin/torchrun"
+  chmod +x "$extra/bin/torchrun"
+  got="$("$extra/bin/python" -c 'import accelerate, torch; print(accelerate.__version__)')"
+  [ "$got" = "$v" ] || { echo "setup: $extra imports accelerate $got, not $v" >&2; exit 1; }
+  head -1 "$extra/bin/accelerate" | grep -qF "$extra/bin/python" || { echo "setup: $extra/bin/accelerate is not its own" >&2; exit 1; }
+  touch "$extra/.complete"
+done
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

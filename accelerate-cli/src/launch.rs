@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::config_file;
+use crate::release::Release;
 use accel_agent::config::{
     Backend, Config, ConfigError, LaunchOptions, NodeCount, Nproc, RdzvConf,
 };
@@ -65,11 +66,16 @@ pub enum LaunchError {
     Config(#[from] config_file::LoadError),
 }
 
-/// Plans `accel launch ARGS` (the words after `launch`).
-pub fn plan(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Planned, LaunchError> {
+/// Plans `accel launch ARGS` (the words after `launch`) as `release`
+/// launches (the installed accelerate's, [`Release::installed`]).
+pub fn plan(
+    args: &[String],
+    release: Release,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Planned, LaunchError> {
     let on_path = |p: &str| crate::find_program(p, env).is_some();
-    let ns = match flags::parse(args, &on_path).map_err(LaunchError::Invalid)? {
-        Parsed::Help => return Ok(Planned::Help(flags::help())),
+    let ns = match flags::parse(args, &on_path, release).map_err(LaunchError::Invalid)? {
+        Parsed::Help => return Ok(Planned::Help(flags::help(release))),
         Parsed::Launch(ns) => ns,
     };
     let explicit = ns.get(D::config_file).as_str().map(PathBuf::from);
@@ -118,7 +124,8 @@ pub fn build(
         }
     }
     let mut vars = env::accelerate_env(ns, launcher, &ds_fields, cwd, env).map_err(bad)?;
-    let mut warnings: Vec<String> = merged.warning.iter().cloned().collect();
+    let mut warnings: Vec<String> = ns.release.warning().into_iter().collect();
+    warnings.extend(merged.warning.iter().cloned());
     if launcher != Launcher::Simple && nvidia::detect() {
         let mut set_any = false;
         for var in ["NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"] {

@@ -22,6 +22,7 @@ pub mod launch;
 pub mod python;
 pub mod pyvalue;
 pub mod questionnaire;
+pub mod release;
 pub mod test_cmd;
 pub mod tpu;
 pub mod vocab;
@@ -191,17 +192,22 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             config_file,
         } => {
             let stdin = std::io::stdin();
+            let release = release::Release::installed(env);
+            if let Some(warning) = release.warning() {
+                eprintln!("accel: warning: {warning}");
+            }
             print(questionnaire::run(
                 config_file.as_deref(),
                 &mut stdin.lock(),
                 &mut std::io::stdout(),
+                release,
                 env,
             )?)
         }
         AccelCommand::Env { config_file } => print(env_cmd::run(config_file.as_deref(), env)?),
         AccelCommand::Test { config_file } => {
             let argv = test_cmd::launch_args(config_file.as_deref(), env)?;
-            match launch::plan(&argv, env)? {
+            match launch::plan(&argv, release::Release::installed(env), env)? {
                 launch::Planned::Help(text) => print(text),
                 launch::Planned::Run(mut plan) => {
                     plan.on_success = Some(test_cmd::SUCCESS.to_owned());
@@ -210,10 +216,12 @@ pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Acti
             }
         }
         AccelCommand::TestWorker => print(test_cmd::worker(env)?),
-        AccelCommand::Launch { args } => match launch::plan(&args, env)? {
-            launch::Planned::Help(text) => print(text),
-            launch::Planned::Run(plan) => Ok(Action::Launch(plan)),
-        },
+        AccelCommand::Launch { args } => {
+            match launch::plan(&args, release::Release::installed(env), env)? {
+                launch::Planned::Help(text) => print(text),
+                launch::Planned::Run(plan) => Ok(Action::Launch(plan)),
+            }
+        }
         AccelCommand::EstimateMemory(a) => print(estimate::run(&a, env)?),
         AccelCommand::TpuConfig(a) => {
             let config = config_file::load_optional(a.config_file.as_deref(), env)?;

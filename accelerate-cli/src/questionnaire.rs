@@ -5,7 +5,9 @@
 //! is read by both `accelerate launch` and `accel launch`, so the same
 //! answers must give the same questions in the same order, with the same
 //! defaults, and the same file byte for byte (accelerate 1.15's
-//! `commands/config/cluster.py`). The question texts are accelerate's.
+//! `commands/config/cluster.py`; where the installed release asks otherwise,
+//! the [`crate::release`] table says so: the IPEX and oneCCL questions
+//! before 1.13, the FP8 backends offered). The question texts are accelerate's.
 //!
 //! Differences in the asking, not in the result:
 //! * menus are line-based (see `questionnaire/prompt.rs`): the 0-based
@@ -55,6 +57,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 
 use super::config_file::{self, ConfigFileError};
+use crate::release::Release;
 
 mod cluster;
 mod deepspeed;
@@ -101,13 +104,14 @@ pub enum QuestionnaireError {
 /// The first question: accelerate's compute environments.
 const ENVIRONMENTS: [&str; 2] = ["This machine", "AWS (Amazon SageMaker)"];
 
-/// Asks the questions on `output`, reads answers from `input`, writes the
-/// file (`config_file`, else accelerate's default location) and returns the
-/// message to print.
+/// Asks the questions on `output` as `release`'s `accelerate config` does,
+/// reads answers from `input`, writes the file (`config_file`, else
+/// accelerate's default location) and returns the message to print.
 pub fn run(
     config_file: Option<&Path>,
     input: &mut dyn BufRead,
     output: &mut dyn Write,
+    release: Release,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, QuestionnaireError> {
     let mut p = Prompter::new(input, output);
@@ -119,7 +123,7 @@ pub fn run(
     {
         return Err(QuestionnaireError::SageMaker);
     }
-    let fields = cluster::ask(&mut p, env)?;
+    let fields = cluster::ask(&mut p, release, env)?;
     let path = config_file.map_or_else(|| config_file::default_location(env), Path::to_path_buf);
     config_file::save(&path, &fields)?;
     Ok(format!(
@@ -143,7 +147,14 @@ mod tests {
         let path = dir.join("sub/cfg.yaml");
         let mut input = "\n0\nyes\nno\nno\n\n".as_bytes();
         let mut output = Vec::new();
-        let msg = run(Some(&path), &mut input, &mut output, &env).expect("runs");
+        let msg = run(
+            Some(&path),
+            &mut input,
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect("runs");
         assert_eq!(
             msg,
             format!("accelerate configuration saved at {}", path.display())
@@ -163,10 +174,24 @@ mod tests {
     #[test]
     fn sagemaker_and_eof_stop_with_clear_errors() {
         let mut output = Vec::new();
-        let err = run(None, &mut "1\n".as_bytes(), &mut output, &env).expect_err("sagemaker");
+        let err = run(
+            None,
+            &mut "1\n".as_bytes(),
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect_err("sagemaker");
         assert!(matches!(err, QuestionnaireError::SageMaker));
         assert!(err.to_string().contains("`accelerate config`"), "{err}");
-        let err = run(None, &mut "0\n".as_bytes(), &mut output, &env).expect_err("eof");
+        let err = run(
+            None,
+            &mut "0\n".as_bytes(),
+            &mut output,
+            Release::of(None),
+            &env,
+        )
+        .expect_err("eof");
         assert_eq!(
             err.to_string(),
             "no answer for: Which type of machine are you using?"

@@ -42,6 +42,61 @@ from . import _forkserver
 __all__ = ["notebook_launcher", "debug_launcher"]
 
 _PRECISIONS = ("no", "fp8", "fp16", "bf16")
+
+# What differs between accelerate releases for these launchers: the field
+# of `Behaviour` in accelerate-cli/src/release.rs that concerns them, as the
+# first (major, minor) release with the newer behaviour, and the table's
+# range. A test there checks these numbers against the table.
+_OLDEST_SUPPORTED = (1, 10)
+_NEWEST_KNOWN = (1, 16)
+# notebook_launcher passes the precision as ACCELERATE_MIXED_PRECISION
+# (before: MIXED_PRECISION).
+_ACCELERATE_MIXED_PRECISION_SINCE = (1, 16)
+
+
+def _accelerate_release() -> Tuple[int, int]:
+    """The installed accelerate's (major, minor), as the behaviour table reads
+    it: the newest known when none is installed; a newer or older one than
+    the table knows warns once and behaves as the nearest known release."""
+    try:
+        from importlib.metadata import version
+
+        text = version("accelerate")
+    except Exception:  # noqa: BLE001 - not installed: the newest behaviour
+        return _NEWEST_KNOWN
+    major, _, rest = text.partition(".")
+    minor = ""
+    for c in rest:
+        if not c.isdigit():
+            break
+        minor += c
+    if not major.isdigit() or not minor:
+        return _NEWEST_KNOWN
+    found = (int(major), int(minor))
+    if found > _NEWEST_KNOWN:
+        _warn_once(
+            f"accelerate {text} is newer than the releases accel knows (1.10 to 1.16); "
+            "accel behaves as accelerate 1.16"
+        )
+        return _NEWEST_KNOWN
+    if found < _OLDEST_SUPPORTED:
+        _warn_once(
+            f"accelerate {text} is older than the oldest release accel supports (1.10); "
+            "accel behaves as accelerate 1.10"
+        )
+        return _OLDEST_SUPPORTED
+    return found
+
+
+_WARNED: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(message, stacklevel=3)
 # How long an interrupted launch waits for the agent to stop the workers
 # before it kills them.
 _INTERRUPT_GRACE = 30.0
@@ -123,12 +178,13 @@ def notebook_launcher(
         "WORLD_SIZE": str(num_nodes * num_processes),
         "MASTER_ADDR": str(master_addr),
         "MASTER_PORT": str(use_port),
-        "MIXED_PRECISION": precision,
-        # accelerate sets only MIXED_PRECISION, which Accelerator() does not
-        # read, so its argument has no effect; accel also sets the variable
-        # Accelerator() reads (a documented deviation).
         "ACCELERATE_MIXED_PRECISION": precision,
     }
+    if _accelerate_release() < _ACCELERATE_MIXED_PRECISION_SINCE:
+        # Before 1.16 accelerate sets only MIXED_PRECISION, which
+        # Accelerator() does not read, so its argument has no effect; accel
+        # also sets the variable Accelerator() reads (a documented deviation).
+        env["MIXED_PRECISION"] = precision
     if not _p2p_ib_supported():
         env["NCCL_P2P_DISABLE"] = "1"
         env["NCCL_IB_DISABLE"] = "1"
@@ -193,8 +249,10 @@ def debug_launcher(function: Callable[..., Any], args: Tuple[Any, ...] = (), num
     env = {
         "ACCELERATE_MIXED_PRECISION": "no",
         "ACCELERATE_USE_CPU": "yes",
-        "GLOO_SOCKET_IFNAME": "lo",
         "CUDA_VISIBLE_DEVICES": "",
+        # accelerate 1.14's fix for gloo's flaky host-name interface choice,
+        # kept for every release (1.10-1.13 leave gloo to choose).
+        "GLOO_SOCKET_IFNAME": "lo",
     }
     flags = ["--standalone", "--nproc-per-node", str(num_processes)]
     with _patched(env):

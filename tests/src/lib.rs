@@ -57,6 +57,75 @@ pub fn venv_path() -> String {
     format!("{}:{old}", venv().join("bin").display())
 }
 
+/// The accelerate releases the parity tests run against: the oldest
+/// supported (1.10's latest patch), the pinned one (`ACCEL_VENV`'s) and the
+/// newest. `scripts/setup.sh` makes a venv for each but the pinned one.
+pub const ACCELERATE_VERSIONS: [&str; 3] = ["1.10.1", PINNED_ACCELERATE, "1.16.0"];
+
+/// The accelerate release of `ACCEL_VENV` (scripts/setup.sh's pin).
+pub const PINNED_ACCELERATE: &str = "1.15.0";
+
+/// A Python environment with one accelerate release (and the pinned torch).
+#[derive(Debug, Clone)]
+pub struct AccelerateVenv {
+    /// accelerate's version in it.
+    pub version: &'static str,
+    /// Its root (`bin/python`, `bin/accelerate`, `bin/torchrun`).
+    pub root: PathBuf,
+}
+
+impl AccelerateVenv {
+    /// The venv for `version` (one of [`ACCELERATE_VERSIONS`]): the pinned
+    /// venv itself, or the one setup.sh made beside it
+    /// (`$ACCEL_VENV/accelerate-versions/X.Y.Z`). Panics naming the fix
+    /// when it is missing: a test never skips a version silently.
+    pub fn of(version: &'static str) -> AccelerateVenv {
+        let root = if version == PINNED_ACCELERATE {
+            venv()
+        } else {
+            venv().join("accelerate-versions").join(version)
+        };
+        assert!(
+            root.join(".complete").exists() || version == PINNED_ACCELERATE,
+            "no venv with accelerate {version} at {}: run scripts/setup.sh",
+            root.display()
+        );
+        let meta = root.join(format!(
+            "lib/python3.{}/site-packages/accelerate-{version}.dist-info",
+            python_minor(&root)
+        ));
+        assert!(
+            meta.is_dir(),
+            "{} is not accelerate {version}'s venv ({} is missing): run scripts/setup.sh",
+            root.display(),
+            meta.display()
+        );
+        AccelerateVenv { version, root }
+    }
+
+    /// A program in its `bin/`.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.root.join("bin").join(name)
+    }
+
+    /// `PATH` with its `bin/` first.
+    pub fn path(&self) -> String {
+        let old = std::env::var("PATH").unwrap_or_default();
+        format!("{}:{old}", self.root.join("bin").display())
+    }
+}
+
+/// The minor Python version of a venv (from its `lib/python3.N`).
+fn python_minor(root: &Path) -> String {
+    std::fs::read_dir(root.join("lib"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find_map(|n| n.strip_prefix("python3.").map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// A worker script under `tests/workers/`.
 pub fn worker(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

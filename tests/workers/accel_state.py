@@ -15,10 +15,14 @@ PLAIN = (
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
     "KMP_AFFINITY", "KMP_BLOCKTIME", "PYTHONPATH", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT",
-    "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE",
+    "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "CCL_WORKER_COUNT",
 )
+import importlib.metadata
+
 record = {
     "env": {k: v for k, v in os.environ.items() if k.startswith(PREFIXES) or k in PLAIN},
+    # The release this worker imports (the test checks it is the venv's).
+    "accelerate": importlib.metadata.version("accelerate"),
 }
 state = None
 if os.environ.get("STATE_ENV_ONLY") != "1":

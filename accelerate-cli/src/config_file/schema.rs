@@ -1,6 +1,6 @@
 //! The fields of accelerate's configuration classes and their defaults
-//! (`ClusterConfig` and `SageMakerConfig` in accelerate 1.15), in the
-//! classes' order. A field whose default is `Required` must be in the file.
+//! (`ClusterConfig` and `SageMakerConfig` in accelerate 1.15, plus the
+//! `ipex_config` that 1.10-1.12 have), in the classes' order. A field whose default is `Required` must be in the file.
 
 /// A field's default value, as a JSON literal (`null` for `None`, `{}` for
 /// the dictionaries accelerate fills in after loading).
@@ -36,6 +36,9 @@ pub const CLUSTER_FIELDS: &[(&str, FieldDefault)] = &[
     ("fsdp_config", V("{}")),
     ("parallelism_config", V("{}")),
     ("megatron_lm_config", V("{}")),
+    // accelerate 1.10-1.12 (written by their questionnaire on CPU); later
+    // releases refuse the key, accel reads it whatever the release.
+    ("ipex_config", V("{}")),
     ("mpirun_config", V("{}")),
     ("downcast_bf16", V("false")),
     ("tpu_name", V("null")),

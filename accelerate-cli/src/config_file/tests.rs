@@ -169,3 +169,17 @@ mod load {
         assert!(f["mixed_precision"].is_null());
     }
 }
+
+/// accelerate 1.10-1.12's questionnaire writes `ipex_config` on CPU; a file
+/// from it loads, the key kept in its place for `accel env`.
+#[test]
+fn ipex_config_from_older_releases_loads() {
+    let text =
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: 'no'\n\
+                use_cpu: true\ndebug: false\nipex_config:\n  ipex: false\n";
+    let (_, fields) = process(crate::yaml::load(text).expect("yaml")).expect("loads");
+    assert_eq!(fields["ipex_config"], serde_json::json!({"ipex": false}));
+    let keys: Vec<&String> = fields.keys().collect();
+    let at = |k: &str| keys.iter().position(|x| *x == k).expect(k);
+    assert_eq!(at("ipex_config") + 1, at("mpirun_config"));
+}

@@ -5,7 +5,8 @@
 //!
 //! Which variables are set depends on the launcher accelerate would pick:
 //! the simple one (one process, or accel's agent for several CPU
-//! processes), the multi-GPU one (torchrun), or DeepSpeed's.
+//! processes), the multi-GPU one (torchrun), or DeepSpeed's; and on the
+//! installed accelerate release (`ns.release`, see [`crate::release`]).
 //!
 //! Gaps accelerate leaves, fixed here (each listed in the README):
 //! - `--offload_{optimizer,param}_nvme_path` reach the script as
@@ -36,6 +37,7 @@ pub enum Launcher {
 }
 
 pub use crate::pyvalue::{repr as py_repr, str_of as py_str, truthy};
+use crate::release::KmpVars;
 use crate::vocab::{DynamoBackend, MixedPrecision};
 
 /// The variables for `launcher`. `ds_fields` is DeepSpeed's
@@ -67,9 +69,24 @@ pub fn accelerate_env(
     if !ids.is_null() && ids != "all" {
         set("CUDA_VISIBLE_DEVICES", py_str(ids));
     }
-    if launcher == Launcher::Simple && str_to_bool(&use_cpu) == Some(true) {
-        set("KMP_AFFINITY", "granularity=fine,compact,1,0".into());
-        set("KMP_BLOCKTIME", "1".into());
+    let release = ns.release.behaviour;
+    if launcher == Launcher::Simple {
+        let processes = ns.int(D::num_processes).unwrap_or(1);
+        let machines = super::merge::machines_max(ns.get(D::num_machines));
+        if release.ccl_worker_count && (processes > 1 || machines > 1) {
+            // oneCCL's worker count, 0 without its Python bindings (accel
+            // cannot ask Python whether they are installed).
+            set("CCL_WORKER_COUNT", "0".into());
+        }
+        let kmp = match release.kmp_vars {
+            KmpVars::Always => true,
+            KmpVars::Never => false,
+            KmpVars::OnCpu => str_to_bool(&use_cpu) == Some(true),
+        };
+        if kmp {
+            set("KMP_AFFINITY", "granularity=fine,compact,1,0".into());
+            set("KMP_BLOCKTIME", "1".into());
+        }
     }
     if launcher == Launcher::DeepSpeed {
         let mut paths: Vec<String> = env("PYTHONPATH")
@@ -167,7 +184,9 @@ pub fn accelerate_env(
             "ACCELERATE_DYNAMO_USE_FULLGRAPH",
             s(D::dynamo_use_fullgraph),
         );
-        set("ACCELERATE_DYNAMO_USE_DYNAMIC", s(D::dynamo_use_dynamic));
+        if !release.dynamo_dynamic_optional || ns.given(D::dynamo_use_dynamic) {
+            set("ACCELERATE_DYNAMO_USE_DYNAMIC", s(D::dynamo_use_dynamic));
+        }
         set(
             "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
             s(D::dynamo_use_regional_compilation),
@@ -191,7 +210,12 @@ pub fn accelerate_env(
             s(D::deepspeed_moe_layer_cls_names),
         );
     }
-    if launcher != Launcher::Simple && ns.truthy(D::use_parallelism_config) {
+    let parallelism_launcher = match launcher {
+        Launcher::Simple => false,
+        Launcher::MultiGpu => true,
+        Launcher::DeepSpeed => release.parallelism_sequence,
+    };
+    if parallelism_launcher && ns.truthy(D::use_parallelism_config) {
         parallelism_env(ns, &mut set);
     }
     Ok(out)
@@ -279,7 +303,9 @@ fn fsdp_env(ns: &Namespace, set: &mut Set<'_>) -> Result<(), String> {
             "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
         ),
     ] {
-        set(var, lc(flag));
+        if ns.release.has_flag(flag) {
+            set(var, lc(flag));
+        }
     }
     if !ns.attr("fsdp_ignored_modules").is_null() {
         set(
@@ -324,7 +350,7 @@ const MEGATRON: &[(Dest, bool)] = &[
 fn megatron_env(ns: &Namespace, set: &mut Set<'_>) {
     set("ACCELERATE_USE_MEGATRON_LM", "true".into());
     for &(flag, always) in MEGATRON {
-        if always || ns.given(flag) {
+        if (always && ns.release.has_flag(flag)) || ns.given(flag) {
             set(&flag.name().to_uppercase(), ns.text(flag));
         }
     }
@@ -334,6 +360,21 @@ fn parallelism_env(ns: &Namespace, set: &mut Set<'_>) {
     set("ACCELERATE_USE_PARALLELISM_CONFIG", "true".into());
     // Each flag to the variable of its name in capitals.
     let mut pass = |flag: Dest| set(&flag.name().to_uppercase(), ns.text(flag));
+    if !ns.release.behaviour.parallelism_sequence {
+        // Before 1.12: the four sizes, and the context-parallel strategy.
+        for flag in [
+            D::parallelism_config_dp_replicate_size,
+            D::parallelism_config_tp_size,
+            D::parallelism_config_cp_size,
+            D::parallelism_config_dp_shard_size,
+        ] {
+            pass(flag);
+        }
+        if ns.int(D::parallelism_config_cp_size).unwrap_or(1) > 1 {
+            pass(D::parallelism_config_cp_comm_strategy);
+        }
+        return;
+    }
     for flag in [
         D::parallelism_config_dp_replicate_size,
         D::parallelism_config_dp_shard_size,

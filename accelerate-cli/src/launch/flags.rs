@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use accel_input::excerpt;
 use serde_json::Value;
 
+use crate::release::Release;
+
 /// How a flag's value is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -73,6 +75,8 @@ pub struct Namespace {
     pub script: String,
     /// Its arguments.
     pub script_args: Vec<String>,
+    /// The accelerate release whose flags and defaults these are.
+    pub release: Release,
 }
 
 impl Namespace {
@@ -140,20 +144,24 @@ const BOOL_WORDS: &[&str] = &[
 /// Parses `argv` (the words after `launch`). `on_path` tells whether a
 /// program name is on `PATH` (an on/off flag followed by `true` is a mistake
 /// unless `--no_python` makes `true` the program).
-pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, String> {
+///
+/// `release` decides which flags exist (one the installed accelerate lacks
+/// is refused, naming the release) and two defaults that changed.
+pub fn parse(
+    argv: &[String],
+    on_path: &dyn Fn(&str) -> bool,
+    release: Release,
+) -> Result<Parsed, String> {
     let mut ns = Namespace {
         values: FLAGS
             .iter()
-            .map(|f| {
-                (
-                    f.dest.name().to_owned(),
-                    serde_json::from_str(f.default).unwrap_or(Value::Null),
-                )
-            })
+            .filter(|f| release.has_flag(f.dest))
+            .map(|f| (f.dest.name().to_owned(), default_of(f, release)))
             .collect(),
         nondefault: BTreeSet::new(),
         script: String::new(),
         script_args: Vec::new(),
+        release,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -173,6 +181,12 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
             None => (tok.as_str(), None),
         };
         let flag = lookup(name).ok_or_else(|| unknown(name))?;
+        if !release.has_flag(flag.dest) {
+            return Err(format!(
+                "{name} is not a flag of accelerate {} (the release installed for the script's Python); leave it out, or install the accelerate release that has it",
+                release.name()
+            ));
+        }
         i += 1;
         let value = match flag.kind {
             Kind::Flag | Kind::SetTrue => {
@@ -224,6 +238,18 @@ pub fn parse(argv: &[String], on_path: &dyn Fn(&str) -> bool) -> Result<Parsed, 
             "the following arguments are required: training_script (usage: accel launch [flags] SCRIPT [ARGS...])"
                 .into(),
         ),
+    }
+}
+
+/// A flag's default in `release`: the table's, except where the release
+/// changed it.
+fn default_of(f: &Flag, release: Release) -> Value {
+    let b = release.behaviour;
+    match f.dest {
+        Dest::dynamo_use_dynamic if b.dynamo_dynamic_optional => Value::Null,
+        // argparse's `default=1e8`: a float, exported as `100000000.0`.
+        Dest::fsdp_min_num_params if b.fsdp_min_num_params_float => serde_json::json!(1e8),
+        _ => serde_json::from_str(f.default).unwrap_or(Value::Null),
     }
 }
 
@@ -321,15 +347,15 @@ fn convert(flag: &Flag, name: &str, raw: &str, current: &Value) -> Result<Value,
     })
 }
 
-/// `accel launch --help`.
-pub fn help() -> String {
+/// `accel launch --help`: the flags `release` has.
+pub fn help(release: Release) -> String {
     let mut out = String::from(
         "usage: accel launch [flags] SCRIPT [SCRIPT ARGS...]\n\n\
          Launches SCRIPT on accel's agent with accelerate's configuration and flags.\n\
          Every --foo_bar flag is also accepted as --foo-bar.\n",
     );
     let mut group = "";
-    for f in FLAGS {
+    for f in FLAGS.iter().filter(|f| release.has_flag(f.dest)) {
         if f.group != group {
             group = f.group;
             out.push_str(&format!("\n{group}:\n"));
@@ -346,9 +372,11 @@ pub fn help() -> String {
             .find(|(_, l)| *l == f.name)
             .map(|(s, _)| format!("{s}, "))
             .unwrap_or_default();
-        let default = match f.default {
-            "null" | "false" | "\"\"" => String::new(),
-            d => format!(" (default {})", d.trim_matches('"')),
+        let default = match default_of(f, release) {
+            Value::Null | Value::Bool(false) => String::new(),
+            Value::String(d) if d.is_empty() => String::new(),
+            Value::String(d) => format!(" (default {d})"),
+            d => format!(" (default {d})"),
         };
         let line = format!("  {short}--{}{value}{default}", f.name);
         match describe(f.name) {

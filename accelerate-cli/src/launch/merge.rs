@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::flags::{Dest as D, Namespace};
 use crate::config_file::{AccelerateConfig, CLUSTER_FIELDS};
+use crate::release::ProcessDefault;
 use crate::vocab::DistributedType;
 
 /// The machine facts the merge depends on.
@@ -148,7 +149,7 @@ fn apply_file(
         let value = cfg.get(name);
         if let Value::Object(dict) = value {
             for (key, v) in dict {
-                let key = prefixed(name, key);
+                let key = prefixed(name, key, ns.release.behaviour.dynamo_config_prefix);
                 if !ns.nondefault.contains(&key) {
                     ns.set_attr(&key, v.clone());
                 }
@@ -203,12 +204,15 @@ fn apply_file(
     Ok(())
 }
 
-/// A configuration dictionary's key as a flag name.
-fn prefixed(dict: &str, key: &str) -> String {
+/// A configuration dictionary's key as a flag name (`dynamo_config`'s keys
+/// get their prefix from 1.14 on: `dynamo_prefix`).
+fn prefixed(dict: &str, key: &str, dynamo_prefix: bool) -> String {
     match dict {
         "fsdp_config" if !key.starts_with("fsdp") => format!("fsdp_{key}"),
         "fp8_config" if !key.starts_with("fp8") => format!("fp8_{key}"),
-        "dynamo_config" if !key.starts_with("dynamo_") => format!("dynamo_{key}"),
+        "dynamo_config" if dynamo_prefix && !key.starts_with("dynamo_") => {
+            format!("dynamo_{key}")
+        }
         _ => key.to_owned(),
     }
 }
@@ -221,15 +225,22 @@ pub fn machines_max(v: &Value) -> i64 {
 }
 
 fn defaults_without_file(ns: &mut Namespace, machine: Machine, warned: &mut Vec<String>) {
+    // The devices accelerate counts: from 1.16 on, none under --cpu.
+    let devices = match ns.release.behaviour.process_default {
+        ProcessDefault::Devices => machine.gpus,
+        ProcessDefault::AtLeastOne if ns.truthy(D::cpu) => 0,
+        ProcessDefault::AtLeastOne => machine.gpus,
+    };
     if !ns.given(D::num_processes) {
-        ns.set(D::num_processes, json!(machine.gpus));
-        warned.push(format!(
-            "\t`--num_processes` was set to a value of `{}`",
-            machine.gpus
-        ));
+        let n = match ns.release.behaviour.process_default {
+            ProcessDefault::Devices => devices,
+            ProcessDefault::AtLeastOne => devices.max(1),
+        };
+        ns.set(D::num_processes, json!(n));
+        warned.push(format!("\t`--num_processes` was set to a value of `{n}`"));
     }
     let n = ns.int(D::num_processes).unwrap_or(0);
-    if !ns.truthy(D::multi_gpu) && n > 1 && machine.gpus > 1 {
+    if !ns.truthy(D::multi_gpu) && n > 1 && devices > 1 {
         warned.push(
             "\t\tMore than one GPU was found, enabling multi-GPU training.\n\
              \t\tIf this was unintended please pass in `--num_processes=1`."

@@ -8,6 +8,7 @@ use super::flags::{parse, Dest as D, Parsed};
 use super::merge::{merge, Machine};
 use super::{agent_options, build, env::Launcher};
 use crate::config_file::{process, AccelerateConfig};
+use crate::release::Release;
 use crate::yaml;
 use accel_agent::config::{Backend, LaunchOptions, NodeCount, Nproc};
 
@@ -29,9 +30,18 @@ fn config(text: &str) -> AccelerateConfig {
     }
 }
 
+/// The pinned release (1.15.0), which these tests describe unless they say.
+fn pinned() -> Release {
+    Release::version(1, 15, 0)
+}
+
 fn merged(args: &str, file: Option<&str>) -> super::merge::Merged {
+    merged_as(args, file, pinned())
+}
+
+fn merged_as(args: &str, file: Option<&str>, release: Release) -> super::merge::Merged {
     let argv: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
-    let Parsed::Launch(ns) = parse(&argv, &|_| false).expect("parses") else {
+    let Parsed::Launch(ns) = parse(&argv, &|_| false, release).expect("parses") else {
         panic!("help")
     };
     merge(ns, file.map(config), CPU_BOX, &no_env).expect("merges")
@@ -170,7 +180,7 @@ fn one_machine_is_standalone_and_one_process_is_plain() {
 fn bad_combinations_are_errors() {
     let fails = |args: &str, file: Option<&str>| {
         let argv: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
-        let Parsed::Launch(ns) = parse(&argv, &|_| false).expect("parses") else {
+        let Parsed::Launch(ns) = parse(&argv, &|_| false, pinned()).expect("parses") else {
             panic!("help")
         };
         match merge(ns, file.map(config), CPU_BOX, &no_env) {
@@ -217,4 +227,120 @@ fn torchruns_flags_accelerate_lacks_keep_their_environment_fallback() {
     let bad = |k: &str| (k == "PET_SIGNALS_TO_HANDLE").then(|| "SIGNOPE".to_owned());
     let e = agent_options(&m.ns, Launcher::Simple, &mut Vec::new(), &bad).expect_err("bad signal");
     assert!(e.contains("PET_SIGNALS_TO_HANDLE"), "{e}");
+}
+
+/// The variables `accelerate_env` gives for `args`/`file` as `release` launches.
+fn vars_as(
+    args: &str,
+    file: Option<&str>,
+    launcher: Launcher,
+    release: Release,
+) -> std::collections::BTreeMap<String, String> {
+    let m = merged_as(args, file, release);
+    super::env::accelerate_env(&m.ns, launcher, &[], "/work", &no_env)
+        .expect("vars")
+        .into_iter()
+        .collect()
+}
+
+/// What changed between the supported releases, each where the table says.
+#[test]
+fn each_release_exports_what_it_exports() {
+    let (old, pinned_, new) = (
+        Release::version(1, 10, 1),
+        pinned(),
+        Release::version(1, 16, 0),
+    );
+    let v13 = Release::version(1, 13, 0);
+    // --cpu on a machine without GPUs: 1.16 counts one process and gives it
+    // the physical cores; before, zero processes and one thread.
+    let cpu = |r| vars_as("--cpu t.py", None, Launcher::Simple, r);
+    assert_eq!(cpu(pinned_)["OMP_NUM_THREADS"], "1");
+    assert_eq!(cpu(new)["OMP_NUM_THREADS"], "8");
+    assert_eq!(
+        merged_as("--cpu t.py", None, new).ns.get(D::num_processes),
+        &json!(1)
+    );
+    // KMP_*: always before 1.13 (even on GPUs), never in 1.13/1.14, on CPU from 1.15.
+    let single = |r| vars_as("--mixed_precision fp16 t.py", None, Launcher::Simple, r);
+    assert!(single(old).contains_key("KMP_AFFINITY"));
+    assert!(!single(v13).contains_key("KMP_AFFINITY"));
+    assert!(!cpu(v13).contains_key("KMP_BLOCKTIME"));
+    assert!(!single(pinned_).contains_key("KMP_AFFINITY"));
+    assert_eq!(cpu(pinned_)["KMP_BLOCKTIME"], "1");
+    // ACCELERATE_DYNAMO_USE_DYNAMIC: always before 1.16, then only when given.
+    assert_eq!(single(pinned_)["ACCELERATE_DYNAMO_USE_DYNAMIC"], "False");
+    assert!(!single(new).contains_key("ACCELERATE_DYNAMO_USE_DYNAMIC"));
+    let given = vars_as("--dynamo_use_dynamic t.py", None, Launcher::Simple, new);
+    assert_eq!(given["ACCELERATE_DYNAMO_USE_DYNAMIC"], "True");
+    // FSDP: the float default before 1.13, the offload variable from 1.15.
+    let fsdp = |r| {
+        vars_as(
+            "t.py",
+            Some("distributed_type: FSDP\nnum_processes: 2\n"),
+            Launcher::MultiGpu,
+            r,
+        )
+    };
+    assert_eq!(fsdp(old)["FSDP_MIN_NUM_PARAMS"], "100000000.0");
+    assert_eq!(fsdp(pinned_)["FSDP_MIN_NUM_PARAMS"], "100000000");
+    assert!(!fsdp(old).contains_key("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"));
+    assert!(!fsdp(v13).contains_key("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"));
+    assert_eq!(
+        fsdp(pinned_)["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"],
+        "false"
+    );
+    // Several CPU processes: oneCCL's count before 1.13.
+    let procs = |r| vars_as("--cpu --num_processes 2 t.py", None, Launcher::Simple, r);
+    assert_eq!(procs(old)["CCL_WORKER_COUNT"], "0");
+    assert!(!procs(pinned_).contains_key("CCL_WORKER_COUNT"));
+    // Megatron-LM's always-set custom FSDP variable came with 1.13.
+    let mlm = |r| {
+        vars_as(
+            "t.py",
+            Some("distributed_type: MEGATRON_LM\nnum_processes: 2\n"),
+            Launcher::MultiGpu,
+            r,
+        )
+    };
+    assert!(!mlm(old).contains_key("MEGATRON_LM_USE_CUSTOM_FSDP"));
+    assert_eq!(mlm(v13)["MEGATRON_LM_USE_CUSTOM_FSDP"], "False");
+    // ParallelismConfig: the sequence-parallel set from 1.12, DeepSpeed too.
+    let pc =
+        "--use_fsdp --fsdp_version 2 --use_parallelism_config --parallelism_config_cp_size 2 t.py";
+    let old_pc = vars_as(pc, None, Launcher::MultiGpu, old);
+    assert_eq!(old_pc["PARALLELISM_CONFIG_CP_COMM_STRATEGY"], "allgather");
+    assert!(!old_pc.contains_key("PARALLELISM_CONFIG_SP_SIZE"));
+    assert_eq!(
+        vars_as(pc, None, Launcher::MultiGpu, pinned_)["PARALLELISM_CONFIG_SP_SIZE"],
+        "1"
+    );
+    // A dynamo_config key without its prefix counts from 1.14.
+    let dyn_file = Some("distributed_type: 'NO'\ndynamo_config:\n  backend: INDUCTOR\n");
+    let dynamo =
+        |r| vars_as("t.py", dyn_file, Launcher::Simple, r)["ACCELERATE_DYNAMO_BACKEND"].clone();
+    assert_eq!(dynamo(v13), "NO");
+    assert_eq!(dynamo(pinned_), "INDUCTOR");
+}
+
+/// A flag the installed release lacks is refused, naming the release.
+#[test]
+fn flags_follow_the_release() {
+    let parse_as = |s: &str, r| {
+        let argv: Vec<String> = s.split_whitespace().map(str::to_owned).collect();
+        parse(&argv, &|_| false, r)
+    };
+    let e = parse_as("--fp8_opt_level O1 t.py", Release::version(1, 16, 0))
+        .expect_err("removed in 1.16");
+    assert!(e.contains("not a flag of accelerate 1.16.0"), "{e}");
+    assert!(parse_as("--fp8_opt_level O1 t.py", pinned()).is_ok());
+    let e = parse_as("--use_xpu t.py", pinned()).expect_err("removed in 1.13");
+    assert!(e.contains("accelerate 1.15.0"), "{e}");
+    assert!(parse_as("--use_xpu --mpirun_ccl 2 t.py", Release::version(1, 10, 1)).is_ok());
+    let e = parse_as(
+        "--parallelism_config_sp_size 2 t.py",
+        Release::version(1, 11, 0),
+    )
+    .expect_err("added in 1.12");
+    assert!(e.contains("1.11.0"), "{e}");
 }

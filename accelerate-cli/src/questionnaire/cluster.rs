@@ -3,6 +3,7 @@
 //! out to the DeepSpeed/FSDP/Megatron and precision/TPU parts, then the
 //! fields of accelerate's `ClusterConfig` for those answers.
 
+use crate::release::Release;
 use serde_json::{json, Map, Value};
 
 use super::prompt::Prompter;
@@ -77,6 +78,7 @@ impl Nodes {
 /// Runs the "This machine" questions; returns every `ClusterConfig` field.
 pub(super) fn ask(
     p: &mut Prompter<'_>,
+    release: Release,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Map<String, Value>, QuestionnaireError> {
     let labels = MACHINES.map(|(label, _)| label);
@@ -91,6 +93,12 @@ pub(super) fn ask(
         Dist::MultiCpu => true,
         _ => false,
     };
+    let mut ipex = Map::new();
+    // Before 1.13, on CPU (or XPU, which accel does not detect).
+    if release.behaviour.ipex_questions && use_cpu {
+        let answer = p.yes_no("Do you want to use Intel PyTorch Extension (IPEX) to speed up training on CPU/XPU? [yes/NO]:", false)?;
+        ipex.insert("ipex".into(), json!(answer));
+    }
     let mut mpirun = Map::new();
     if dist == Dist::MultiCpu
         && p.yes_no("Do you want accelerate to launch mpirun? [yes/NO]: ", false)?
@@ -103,6 +111,16 @@ pub(super) fn ask(
             "mpirun_hostfile".into(),
             json!(expand_user(hostfile.trim(), env)),
         );
+        if release.behaviour.ipex_questions {
+            // No conversion: an answer stays text, the default is the number 1.
+            let ccl = p.field(
+                "Enter the number of oneCCL worker threads [1]: ",
+                Some(json!(1)),
+                None,
+                |s| Some(json!(s)),
+            )?;
+            mpirun.insert("mpirun_ccl".into(), ccl);
+        }
     }
     let dynamo = dynamo(p)?;
     // No MPS here: DeepSpeed is offered to every accelerator type and NO.
@@ -146,8 +164,17 @@ pub(super) fn ask(
     }
     let on_device = (dist.is_multi_device() || dist == Dist::No) && !use_cpu;
     let gpu_ids = if on_device {
+        // From 1.16 the devices are named after the accelerator torch finds:
+        // CPU(s) when there is none (accel sees CUDA devices only).
+        let devices = if release.behaviour.ids_named_by_accelerator
+            && accel_agent::probe::cuda_devices(env) == 0
+        {
+            "CPU(s)"
+        } else {
+            "GPU(s)"
+        };
         Some(p.text(
-            "What GPU(s) (by id) should be used for training on this machine as a comma-separated list? [all]:",
+            &format!("What {devices} (by id) should be used for training on this machine as a comma-separated list? [all]:"),
             Some("all"),
         )?)
     } else {
@@ -156,7 +183,7 @@ pub(super) fn ask(
     let cpu_affinity = matches!(dist, Dist::No | Dist::MultiGpu)
         && !use_cpu
         && p.yes_no("Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware). [yes/NO]: ", false)?;
-    let tail = precision::ask(p, dist, ds.json_file)?;
+    let tail = precision::ask(p, dist, ds.json_file, release)?;
     if dynamo.is_some() && tail.mixed_precision == Some(MixedPrecision::No) && !use_cpu {
         p.say("Torch dynamo used without mixed precision requires TF32 to be efficient. Accelerate will enable it by default when launching your scripts.\n")?;
     }
@@ -185,6 +212,7 @@ pub(super) fn ask(
     put("parallelism_config", Value::Object(parallelism));
     put("megatron_lm_config", Value::Object(megatron));
     put("mpirun_config", Value::Object(mpirun));
+    put("ipex_config", Value::Object(ipex));
     put("use_cpu", json!(use_cpu));
     put("rdzv_backend", json!(nodes.rdzv_backend));
     put("same_network", json!(nodes.same_network));

@@ -11,17 +11,27 @@ use super::precision::abspath;
 use super::prompt::Prompter;
 use super::QuestionnaireError;
 use crate::config_file::to_dict;
+use crate::release::Release;
 
 fn env(k: &str) -> Option<String> {
     (k == "HOME").then(|| "/home/u".to_owned())
 }
 
-/// Runs the flow; the fields (to_dict'ed) or the error, and what was printed.
+/// Runs the flow as the pinned release (1.15) asks it; the fields
+/// (to_dict'ed) or the error, and what was printed.
 fn flow(answers: &[&str]) -> (Result<Map<String, Value>, QuestionnaireError>, String) {
+    flow_as(answers, Release::version(1, 15, 0))
+}
+
+/// Runs the flow as `release` asks it.
+fn flow_as(
+    answers: &[&str],
+    release: Release,
+) -> (Result<Map<String, Value>, QuestionnaireError>, String) {
     let text: String = answers.iter().map(|a| format!("{a}\n")).collect();
     let mut input = text.as_bytes();
     let mut output = Vec::new();
-    let r = cluster::ask(&mut Prompter::new(&mut input, &mut output), &env);
+    let r = cluster::ask(&mut Prompter::new(&mut input, &mut output), release, &env);
     let printed = String::from_utf8(output).expect("utf-8");
     if r.is_ok() {
         assert!(
@@ -335,4 +345,64 @@ fn paths_as_python_expands_them() {
     assert_eq!(abspath("//net/x", cwd), "//net/x");
     assert_eq!(abspath("///x", cwd), "/x");
     assert_eq!(abspath("f", Path::new("/")), "/f");
+}
+
+/// Before 1.13 a CPU configuration is asked about IPEX, and mpirun about
+/// oneCCL's threads; the FP8 backends each release offers.
+#[test]
+fn questions_follow_the_release() {
+    let old = Release::version(1, 10, 1);
+    // One CPU process: the IPEX question after "CPU only".
+    let (r, printed) = flow_as(&["0", "yes", "yes", "no", "no", "0"], old);
+    let f = r.unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    assert!(
+        printed.contains("Intel PyTorch Extension (IPEX)"),
+        "{printed}"
+    );
+    assert_eq!(f["ipex_config"], json!({"ipex": true}));
+    let (r, printed) = flow_as(&["0", "yes", "no", "no", "0"], Release::version(1, 13, 0));
+    assert!(r.is_ok() && !printed.contains("IPEX"), "{printed}");
+    // mpirun: the thread count stays text when typed, the number 1 by default.
+    let mpirun = |ccl: &str| {
+        let (r, printed) = flow_as(
+            &[
+                "1", "", "", "no", "yes", "~/hosts", ccl, "no", "no", "4", "0",
+            ],
+            old,
+        );
+        r.unwrap_or_else(|e| panic!("{e}\n{printed}"))["mpirun_config"].clone()
+    };
+    assert_eq!(
+        mpirun("4"),
+        json!({"mpirun_hostfile": "/home/u/hosts", "mpirun_ccl": "4"})
+    );
+    assert_eq!(
+        mpirun(""),
+        json!({"mpirun_hostfile": "/home/u/hosts", "mpirun_ccl": 1})
+    );
+    // FP8: te/msamp before 1.13, ao/te from 1.16.
+    let gpu = ["0", "no", "no", "no", "", "", "3"];
+    let first = |r| fields_as(&[&gpu[..], &["", "no", ""]].concat(), r);
+    assert_eq!(
+        first(Release::version(1, 16, 0))["fp8_config"]["backend"],
+        "AO"
+    );
+    let (r, printed) = flow_as(&[&gpu[..], &["", "", "", "", "", "", "", ""]].concat(), old);
+    assert_eq!(r.expect("te")["fp8_config"]["backend"], "TE", "{printed}");
+    let (r, _) = flow_as(&[&gpu[..], &["1", ""]].concat(), old);
+    assert_eq!(r.expect("msamp")["fp8_config"]["backend"], "MSAMP");
+    // 1.16 names the devices after the accelerator: none here.
+    let plain = ["0", "no", "no", "no", "", "", "0"];
+    let (r, printed) = flow_as(&plain, Release::version(1, 16, 0));
+    assert!(
+        r.is_ok() && printed.contains("What CPU(s) (by id)"),
+        "{printed}"
+    );
+    let (r, _) = flow_as(&[&gpu[..], &["2"]].concat(), Release::version(1, 16, 0));
+    assert!(r.is_err(), "1.16 offers no third backend");
+}
+
+fn fields_as(answers: &[&str], release: Release) -> Map<String, Value> {
+    let (r, printed) = flow_as(answers, release);
+    r.unwrap_or_else(|e| panic!("{e}\n{printed}"))
 }

@@ -2,6 +2,7 @@
 //! mixed precision, as accelerate sets it), else mixed precision and the FP8
 //! recipe (not asked after a DeepSpeed JSON file, which holds precision).
 
+use crate::release::Release;
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
@@ -56,6 +57,7 @@ pub(super) fn ask(
     p: &mut Prompter<'_>,
     dist: Dist,
     deepspeed_json: bool,
+    release: Release,
 ) -> Result<Tail, QuestionnaireError> {
     if dist == Dist::Xla {
         let main = p.text("What is the name of the function in your script that should be launched in all parallel scripts? [main]: ", Some("main"))?;
@@ -81,7 +83,7 @@ pub(super) fn ask(
         let mp = MixedPrecision::ALL[chosen];
         tail.mixed_precision = Some(mp);
         if mp == MixedPrecision::Fp8 {
-            tail.fp8 = fp8(p)?;
+            tail.fp8 = fp8(p, release)?;
         }
     }
     Ok(tail)
@@ -139,16 +141,14 @@ fn tpu(p: &mut Prompter<'_>) -> Result<Tpu, QuestionnaireError> {
     Ok(t)
 }
 
-/// The FP8 backend and its recipe.
-fn fp8(p: &mut Prompter<'_>) -> Result<Map<String, Value>, QuestionnaireError> {
+/// The FP8 backend (among those `release` offers) and its recipe.
+fn fp8(p: &mut Prompter<'_>, release: Release) -> Result<Map<String, Value>, QuestionnaireError> {
     let mut c = Map::new();
-    let backend = ["AO", "TE", "MSAMP"][p.choose(
-        "Which FP8 backend do you want to use?",
-        &["ao", "te", "msamp"],
-        0,
-    )?];
+    let offered = release.behaviour.fp8_backends;
+    let backend =
+        offered[p.choose("Which FP8 backend do you want to use?", offered, 0)?].to_uppercase();
     c.insert("backend".into(), json!(backend));
-    match backend {
+    match backend.as_str() {
         "TE" => {
             let autocast = p.yes_no_quiet("Do you want to use FP8 autocast during eval mode? Generally better metrics are found when this is disabled [yes/NO]: ", false)?;
             c.insert("use_autocast_during_eval".into(), json!(autocast));

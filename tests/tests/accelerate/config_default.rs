@@ -3,14 +3,22 @@
 use std::process::Command;
 use std::time::Duration;
 
-use accel_tests::{bin, run_logged, scratch, venv};
+use accel_tests::{bin, run_logged, scratch, venv, AccelerateVenv, ACCELERATE_VERSIONS};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn config_default_writes_what_accelerate_writes_and_accelerate_reads_it() {
-    let dir = scratch("accel-config");
-    let accelerate = venv().join("bin/accelerate");
+    for version in ACCELERATE_VERSIONS {
+        config_default_matches(&AccelerateVenv::of(version));
+    }
+}
+
+/// `accel config default` against `v`'s, with `v` first on `PATH`.
+fn config_default_matches(v: &AccelerateVenv) {
+    let version = v.version;
+    let dir = scratch(&format!("accel-config-{version}"));
+    let accelerate = v.bin("accelerate");
     let cases: [&[&str]; 3] = [
         &[],
         &["--mixed_precision", "bf16"],
@@ -33,12 +41,17 @@ fn config_default_writes_what_accelerate_writes_and_accelerate_reads_it() {
                 let mut c = Command::new(&program);
                 c.args(["config", "default"])
                     .args(&args)
+                    .env("PATH", v.path())
                     .env("HF_HOME", &home)
                     .env_remove("XDG_CACHE_HOME");
                 run_logged(c, &dir, &format!("{tool}-{i}"), LIMIT)
             };
             let out = run();
-            assert!(out.status.success(), "{tool} {args:?}: {}", out.stderr);
+            assert!(
+                out.status.success(),
+                "{tool} {args:?} ({version}): {}",
+                out.stderr
+            );
             let path = match args.iter().position(|a| a == "--config_file") {
                 Some(k) => std::path::PathBuf::from(&args[k + 1]),
                 None => home.join("accelerate/default_config.yaml"),
@@ -61,10 +74,10 @@ fn config_default_writes_what_accelerate_writes_and_accelerate_reads_it() {
         }
         assert_eq!(
             written[0].1, written[1].1,
-            "case {i}: accel writes accelerate's file byte for byte"
+            "case {i} ({version}): accel writes accelerate's file byte for byte"
         );
         // accelerate loads accel's file as it loads its own.
-        let python = venv().join("bin/python");
+        let python = v.bin("python");
         let load = |p: &std::path::Path| {
             let out = Command::new(&python)
                 .args(["-c", "import sys; from accelerate.commands.config.config_args import load_config_from_file as l; print(sorted(l(sys.argv[1]).to_dict().items()))"])

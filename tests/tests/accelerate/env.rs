@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use accel_tests::{bin, run_logged, scratch, venv, venv_path};
+use accel_tests::{bin, run_logged, scratch, AccelerateVenv, ACCELERATE_VERSIONS};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -23,11 +23,18 @@ fn own_line(line: &str) -> bool {
 }
 
 /// Runs `tool env ARGS` with the venv first on PATH and HF_HOME=`hf`.
-fn env_output(dir: &Path, name: &str, program: &Path, hf: &Path, args: &[&str]) -> String {
+fn env_output(
+    v: &AccelerateVenv,
+    dir: &Path,
+    name: &str,
+    program: &Path,
+    hf: &Path,
+    args: &[&str],
+) -> String {
     let mut c = Command::new(program);
     c.arg("env")
         .args(args)
-        .env("PATH", venv_path())
+        .env("PATH", v.path())
         .env("HF_HOME", hf)
         .env_remove("PYTHON_EXEC")
         .env_remove("XDG_CACHE_HOME");
@@ -37,15 +44,17 @@ fn env_output(dir: &Path, name: &str, program: &Path, hf: &Path, args: &[&str]) 
 }
 
 /// Both tools' output, checked line for line; returns accel's.
-fn compare(dir: &Path, case: &str, hf: &Path, args: &[&str]) -> String {
+fn compare(v: &AccelerateVenv, dir: &Path, case: &str, hf: &Path, args: &[&str]) -> String {
+    let case = &format!("{case}@{}", v.version);
     let accelerate = env_output(
+        v,
         dir,
         &format!("accelerate-{case}"),
-        &venv().join("bin/accelerate"),
+        &v.bin("accelerate"),
         hf,
         args,
     );
-    let accel = env_output(dir, &format!("accel-{case}"), &bin("accel"), hf, args);
+    let accel = env_output(v, dir, &format!("accel-{case}"), &bin("accel"), hf, args);
     let strip = |t: &str| -> Vec<String> {
         t.lines()
             .filter(|l| !own_line(l))
@@ -80,13 +89,20 @@ fn compare(dir: &Path, case: &str, hf: &Path, args: &[&str]) -> String {
 
 #[test]
 fn env_matches_accelerate_with_default_explicit_and_no_config() {
-    let dir = scratch("accel-env");
+    for version in ACCELERATE_VERSIONS {
+        env_matches(&AccelerateVenv::of(version));
+    }
+}
+
+/// `accel env` against `v`'s `accelerate env`.
+fn env_matches(v: &AccelerateVenv) {
+    let dir = scratch(&format!("accel-env-{}", v.version));
     let hf = dir.join("hf");
     let default = hf.join("accelerate/default_config.yaml");
     std::fs::create_dir_all(default.parent().expect("dir")).expect("mkdir");
 
     // No configuration at all.
-    let none = compare(&dir, "none", &hf, &[]);
+    let none = compare(v, &dir, "none", &hf, &[]);
     assert!(
         none.ends_with("- `Accelerate` default config:\n\tNot found\n"),
         "{none}"
@@ -104,7 +120,7 @@ fn env_matches_accelerate_with_default_explicit_and_no_config() {
          tpu_env: [A=1, B=2]\ncommands: []\n",
     )
     .expect("write config");
-    let with_default = compare(&dir, "default", &hf, &[]);
+    let with_default = compare(v, &dir, "default", &hf, &[]);
     assert!(
         with_default.contains("\t- mixed_precision: fp16\n"),
         "{with_default}"
@@ -124,6 +140,7 @@ fn env_matches_accelerate_with_default_explicit_and_no_config() {
     )
     .expect("write json");
     let explicit = compare(
+        v,
         &dir,
         "explicit",
         &hf,

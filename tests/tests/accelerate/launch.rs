@@ -1,8 +1,14 @@
-//! `accel launch` against `accelerate launch` (1.15.0, with torch and
-//! DeepSpeed from the pinned venv): for each configuration, every process of
-//! both launches records the accelerate variables it sees and the state
-//! `Accelerator()` builds (`tests/workers/accel_state.py`); the records must
-//! match, ports, run ids and accel's documented fixes aside.
+//! `accel launch` against `accelerate launch`, for each accelerate release
+//! of [`ACCELERATE_VERSIONS`] in its own venv (torch and DeepSpeed from the
+//! pinned one): for each configuration, every process of both launches
+//! records the accelerate variables it sees and the state `Accelerator()`
+//! builds (`tests/workers/accel_state.py`); the records must match, ports,
+//! run ids and accel's documented fixes aside. accel finds the release
+//! itself, from the venv first on `PATH`. The pinned release runs every
+//! configuration; the oldest and newest run the issue's five (fp16 on one
+//! process, `--cpu`, multi-GPU bf16 with dynamo, FSDP, and a plain one),
+//! which cover every variable the release table changes that a CPU machine
+//! can show.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use accel_tests::{
     bin, free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    Finished,
+    AccelerateVenv, Finished, ACCELERATE_VERSIONS, PINNED_ACCELERATE,
 };
 use serde_json::Value;
 
@@ -25,6 +31,7 @@ const LIMIT: Duration = Duration::from_secs(240);
 const PER_LAUNCH: &[&str] = &["MASTER_PORT", "MASTER_ADDR"];
 
 fn launch(
+    v: &AccelerateVenv,
     tool: &str,
     dir: &Path,
     name: &str,
@@ -35,7 +42,7 @@ fn launch(
     let out = dir.join(format!("{name}-{tool}"));
     fs::create_dir_all(&out).expect("state dir");
     let program = match tool {
-        "accelerate" => venv().join("bin/accelerate"),
+        "accelerate" => v.bin("accelerate"),
         _ => bin("accel"),
     };
     let script = worker("accel_state.py");
@@ -48,8 +55,8 @@ fn launch(
         .env(
             "PATH",
             match path_prefix {
-                Some(p) => format!("{}:{}", p.display(), venv_path()),
-                None => venv_path(),
+                Some(p) => format!("{}:{}", p.display(), v.path()),
+                None => v.path(),
             },
         )
         .env("HF_HOME", dir.join("no-default-config"))
@@ -82,16 +89,20 @@ fn mesh_broke(records: &BTreeMap<String, Value>) -> bool {
     })
 }
 
-/// Runs both launchers and compares; `fixes` are variables only accel sets
-/// (accelerate's gaps, fixed and documented), checked for their value.
+/// Runs both launchers with `v`'s accelerate and compares; `fixes` are
+/// variables only accel sets (accelerate's gaps, fixed and documented),
+/// checked for their value. Failures name the case and the release
+/// (`fp16@1.16.0`).
 fn same_as_accelerate(
+    v: &AccelerateVenv,
     dir: &Path,
-    name: &str,
+    case: &str,
     config: Option<&str>,
     args: &[&str],
     env_only: bool,
     fixes: &[(&str, &str)],
 ) {
+    let name = &format!("{case}@{}", v.version);
     let mut all: Vec<String> = Vec::new();
     if let Some(text) = config {
         let path = dir.join(format!("{name}.yaml"));
@@ -101,7 +112,7 @@ fn same_as_accelerate(
     }
     all.extend(args.iter().map(|a| (*a).to_owned()));
     let argv: Vec<&str> = all.iter().map(String::as_str).collect();
-    let fake_smi = fake_nvidia_smi(dir, name);
+    let fake_smi = fake_nvidia_smi(dir, case, name);
     // torchrun (under accelerate) now and then fails to start its workers on
     // this small machine, or gloo drops a connection while its mesh forms
     // (a worker then records "Gloo connectFullMesh failed ... Connection
@@ -112,6 +123,7 @@ fn same_as_accelerate(
         tries += 1;
         let tool_dir = format!("{name}-try{tries}");
         let (a, records) = launch(
+            v,
             "accelerate",
             dir,
             &tool_dir,
@@ -129,9 +141,16 @@ fn same_as_accelerate(
         "{name}: accelerate launch failed {tries} times: {}",
         a.stderr
     );
-    let (b, mut got) = launch("accel", dir, name, &argv, env_only, fake_smi.as_deref());
+    let (b, mut got) = launch(v, "accel", dir, name, &argv, env_only, fake_smi.as_deref());
     assert_eq!(b.code(), 0, "{name}: accel launch failed: {}", b.stderr);
     assert!(!expected.is_empty(), "{name}: no records from accelerate");
+    for rec in expected.values().chain(got.values()) {
+        assert_eq!(
+            rec.get("accelerate").and_then(Value::as_str),
+            Some(v.version),
+            "{name}: a worker imported another accelerate release than the venv's"
+        );
+    }
     for rec in got.values_mut() {
         let env = rec
             .get_mut("env")
@@ -171,8 +190,8 @@ fn canonical(records: &BTreeMap<String, Value>) -> String {
 
 /// For case names starting `rtx40`: a directory with an `nvidia-smi` that
 /// reports two RTX 4090s on a driver older than 550.40.07.
-fn fake_nvidia_smi(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
-    if !name.starts_with("rtx40") {
+fn fake_nvidia_smi(dir: &Path, case: &str, name: &str) -> Option<std::path::PathBuf> {
+    if !case.starts_with("rtx40") {
         return None;
     }
     let bin = dir.join(format!("{name}-bin"));
@@ -197,41 +216,57 @@ fn accel_launch(dir: &Path) -> Command {
     c
 }
 
-#[test]
-fn launch_matches_accelerate_across_configs() {
+/// The configurations every release runs.
+const FIVE: &[&str] = &["no", "cpu-flag", "fp16-single", "bf16-dynamo", "fsdp"];
+
+/// Compares the configurations (all, or `only` those) under `version`.
+fn matrix(version: &'static str, only: Option<&[&str]>) {
     let _heavy = heavy();
-    let dir = scratch("accel-launch-matrix");
+    let v = AccelerateVenv::of(version);
+    let dir = scratch(&format!("accel-launch-matrix-{version}"));
+    let wanted = |case: &str| only.is_none_or(|o| o.contains(&case));
+    let same =
+        |case: &str, config: Option<&str>, args: &[&str], env_only, fixes: &[(&str, &str)]| {
+            if wanted(case) {
+                same_as_accelerate(&v, &dir, case, config, args, env_only, fixes);
+            }
+        };
     let multi = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n";
-    same_as_accelerate(&dir, "cpu-flag", None, &["--cpu"], false, &[]);
-    same_as_accelerate(
-        &dir,
+    same("cpu-flag", None, &["--cpu"], false, &[]);
+    same(
         "no",
         Some("distributed_type: 'NO'\nuse_cpu: true\nmixed_precision: 'no'\ndebug: true\n"),
         &[],
         false,
         &[],
     );
-    same_as_accelerate(&dir, "cpu-processes", Some(multi), &[], false, &[]);
+    // One process with fp16 and no file (Accelerator() refuses fp16 on a
+    // CPU; the records then compare the error and the variables).
+    same(
+        "fp16-single",
+        None,
+        &["--mixed_precision", "fp16", "--num_processes", "1"],
+        false,
+        &[],
+    );
+    same("cpu-processes", Some(multi), &[], false, &[]);
     // accelerate's RTX 40 rule (NCCL_P2P_DISABLE, NCCL_IB_DISABLE) from nvidia-smi.
-    same_as_accelerate(&dir, "rtx40", Some(multi), &[], true, &[]);
-    same_as_accelerate(
-        &dir,
+    same("rtx40", Some(multi), &[], true, &[]);
+    same(
         "gpu-ids",
         Some(&format!("{multi}gpu_ids: 0,1\n")),
         &[],
         false,
         &[],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "fp16",
         Some(&format!("{multi}mixed_precision: fp16\n")),
         &[],
         false,
         &[],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "bf16-dynamo",
         Some(&format!(
             "{multi}mixed_precision: bf16\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n"
@@ -240,16 +275,14 @@ fn launch_matches_accelerate_across_configs() {
         false,
         &[],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "cli-beats-config",
         Some(&format!("{multi}mixed_precision: fp16\n")),
         &["--mixed_precision", "bf16", "--num_processes", "3"],
         false,
         &[],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "fsdp",
         Some(
             "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: false\n  \
@@ -260,8 +293,7 @@ fn launch_matches_accelerate_across_configs() {
         false,
         &[],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "deepspeed",
         Some(
             "distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: 'no'\ndeepspeed_config:\n  zero_stage: 2\n  offload_optimizer_device: cpu\n  \
@@ -272,8 +304,7 @@ fn launch_matches_accelerate_across_configs() {
         true,
         &[("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "/nvme")],
     );
-    same_as_accelerate(
-        &dir,
+    same(
         "megatron",
         Some(
             "distributed_type: MEGATRON_LM\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n  \
@@ -283,6 +314,21 @@ fn launch_matches_accelerate_across_configs() {
         true,
         &[],
     );
+}
+
+#[test]
+fn launch_matches_accelerate_across_configs() {
+    matrix(PINNED_ACCELERATE, None);
+}
+
+#[test]
+fn launch_matches_oldest_supported_accelerate() {
+    matrix(ACCELERATE_VERSIONS[0], Some(FIVE));
+}
+
+#[test]
+fn launch_matches_newest_accelerate() {
+    matrix(ACCELERATE_VERSIONS[2], Some(FIVE));
 }
 
 /// One machine of a two-machine launch, with a private hosts file (torch's

@@ -1,5 +1,7 @@
-//! The flag table: accelerate 1.15's `launch` flags in its order, then
-//! accel's own, and [`Dest`], their destinations. Defaults are JSON literals
+//! The flag table: accelerate's `launch` flags in its order (1.15's, plus
+//! `--use_xpu` and `--mpirun_ccl`, which 1.13 removed; which release lacks
+//! which flag is `crate::release`'s table), then accel's own, and [`Dest`],
+//! their destinations. Defaults are JSON literals
 //! of what argparse leaves when a flag is not given (`null` for None).
 
 use super::{Flag, Kind};
@@ -59,6 +61,7 @@ destinations! {
     use_fsdp,
     use_parallelism_config,
     use_megatron_lm,
+    use_xpu,
     gpu_ids,
     same_network,
     machine_rank,
@@ -148,6 +151,7 @@ destinations! {
     aws_access_key_id,
     aws_secret_access_key,
     mpirun_hostfile,
+    mpirun_ccl,
     parallelism_config_dp_replicate_size,
     parallelism_config_dp_shard_size,
     parallelism_config_tp_size,
@@ -260,6 +264,8 @@ pub const FLAGS: &[Flag] = &[
     f(D::use_fsdp, B, "false", PAR),
     f(D::use_parallelism_config, B, "false", PAR),
     f(D::use_megatron_lm, B, "false", PAR),
+    // Deprecated and ignored until 1.13 removed it.
+    f(D::use_xpu, B, "null", PAR),
     f(D::gpu_ids, S, "null", DIST),
     f(D::same_network, B, "false", DIST),
     f(D::machine_rank, Int, "null", DIST),
@@ -404,6 +410,8 @@ pub const FLAGS: &[Flag] = &[
     f(D::aws_access_key_id, S, "null", AWS),
     f(D::aws_secret_access_key, S, "null", AWS),
     f(D::mpirun_hostfile, S, "null", MPI),
+    // Until 1.13; accel starts no mpirun either way.
+    f(D::mpirun_ccl, Int, "1", MPI),
     f(D::parallelism_config_dp_replicate_size, Int, "1", PC),
     f(D::parallelism_config_dp_shard_size, Int, "1", PC),
     f(D::parallelism_config_tp_size, Int, "1", PC),

@@ -1,14 +1,20 @@
 //! Parsing `accel launch`'s command line.
 
 use super::*;
+use crate::release::Release;
 use Dest as D;
+
+/// The pinned release (1.15.0), which these tests describe unless they say.
+fn pinned() -> Release {
+    Release::version(1, 15, 0)
+}
 
 fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_owned).collect()
 }
 
 fn ns(s: &str) -> Namespace {
-    match parse(&args(s), &|_| false).expect("parses") {
+    match parse(&args(s), &|_| false, pinned()).expect("parses") {
         Parsed::Launch(ns) => ns,
         Parsed::Help => panic!("help"),
     }
@@ -47,7 +53,7 @@ fn typed_values() {
 
 #[test]
 fn mistakes_are_errors() {
-    let err = |s: &str| parse(&args(s), &|p| p == "true").expect_err(s);
+    let err = |s: &str| parse(&args(s), &|p| p == "true", pinned()).expect_err(s);
     assert!(err("--same_network false train.py").contains("on/off flag"));
     assert!(err("--same_network=true train.py").contains("takes no value"));
     assert!(err("--num_processes x train.py").contains("invalid int"));
@@ -66,18 +72,36 @@ fn mistakes_are_errors() {
         "{e}"
     );
     // With --no_python, a program named `true` is a program.
-    let ok = parse(&args("--no_python --cpu true"), &|p| p == "true").expect("program");
+    let ok = parse(&args("--no_python --cpu true"), &|p| p == "true", pinned()).expect("program");
     assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));
-    let ok = parse(&args("--cpu --no_python true"), &|p| p == "true").expect("program");
+    let ok = parse(&args("--cpu --no_python true"), &|p| p == "true", pinned()).expect("program");
     assert!(matches!(ok, Parsed::Launch(n) if n.script == "true"));
-    assert_eq!(parse(&args("--cpu --help"), &|_| false), Ok(Parsed::Help));
+    assert_eq!(
+        parse(&args("--cpu --help"), &|_| false, pinned()),
+        Ok(Parsed::Help)
+    );
 }
 
 #[test]
 fn help_lists_every_flag() {
-    let h = help();
-    for f in FLAGS {
-        assert!(h.contains(&format!("--{}", f.name)), "{}", f.name);
+    // Each release's help lists its flags and only those.
+    for release in [
+        pinned(),
+        Release::version(1, 10, 1),
+        Release::version(1, 16, 0),
+    ] {
+        let h = help(release);
+        for f in FLAGS {
+            let listed =
+                h.contains(&format!("--{} ", f.name)) || h.contains(&format!("--{}\n", f.name));
+            assert_eq!(
+                listed,
+                release.has_flag(f.dest),
+                "{} in {}",
+                f.name,
+                release.name()
+            );
+        }
     }
 }
 
