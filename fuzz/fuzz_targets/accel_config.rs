@@ -7,7 +7,9 @@
 //!
 //! # Input
 //! The file's text (UTF-8; the reader refuses anything else), read both as
-//! a `.yaml` and as a `.json` file.
+//! a `.yaml` and as a `.json` file. The launch decisions follow the
+//! accelerate release of the table row the input's length picks, so every
+//! row of [`accel_cli::release::RELEASES`] is exercised.
 
 #![no_main]
 
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 
 use accel_cli::config_file::{self, AccelerateConfig};
 use accel_cli::launch::{build, flags, merge};
+use accel_cli::release::{Release, RELEASES};
 use accel_cli::yaml;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
@@ -23,16 +26,17 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    let release = Release::of(Some(RELEASES[data.len() % RELEASES.len()].since));
     match yaml::load(text) {
-        Ok(v) => check(v, "config.yaml"),
+        Ok(v) => check(v, "config.yaml", release),
         Err(e) => assert!(!e.to_string().is_empty()),
     }
     if let Ok(v) = serde_json::from_str::<Value>(text) {
-        check(v, "config.json");
+        check(v, "config.json", release);
     }
 });
 
-fn check(value: Value, name: &str) {
+fn check(value: Value, name: &str, release: Release) {
     let (sagemaker, fields) = match config_file::process(value) {
         Ok(ok) => ok,
         Err(message) => {
@@ -46,7 +50,7 @@ fn check(value: Value, name: &str) {
         sagemaker,
         fields,
     };
-    launch(config);
+    launch(config, release);
 }
 
 /// `accel config update` writes `to_dict(fields)` as YAML. Every value it
@@ -82,9 +86,9 @@ fn update(fields: &Map<String, Value>) -> (String, bool, Map<String, Value>) {
 
 /// `accel launch --config_file FILE train.py`, up to the agent's
 /// configuration (nothing is started).
-fn launch(config: AccelerateConfig) {
+fn launch(config: AccelerateConfig, release: Release) {
     let args = ["train.py".to_owned()];
-    let ns = match flags::parse(&args, &|_| false) {
+    let ns = match flags::parse(&args, &|_| false, release) {
         Ok(flags::Parsed::Launch(ns)) => ns,
         other => panic!("plain `accel launch train.py` does not parse: {other:?}"),
     };
