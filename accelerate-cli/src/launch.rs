@@ -8,7 +8,7 @@
 //! rendered and parsed again), validated by the same `build` as
 //! `accel-agent`'s flags, so there is one launcher behind both commands.
 //!
-//! Deviations (all in the README): one machine always uses a private
+//! Deviations (all in the user guide's accelerate page): one machine always uses a private
 //! rendezvous on a free port (no port clash between jobs); several CPU
 //! processes (`--cpu`/`MULTI_CPU` with `num_processes` > 1) run as that many
 //! processes instead of one; `num_processes` that does not divide by

@@ -8,7 +8,7 @@
 //! processes), the multi-GPU one (torchrun), or DeepSpeed's; and on the
 //! installed accelerate release (`ns.release`, see [`crate::release`]).
 //!
-//! Gaps accelerate leaves, fixed here (each listed in the README):
+//! Gaps accelerate leaves, fixed here (each listed in the user guide):
 //! - `--offload_{optimizer,param}_nvme_path` reach the script as
 //!   `ACCELERATE_DEEPSPEED_OFFLOAD_{OPTIMIZER,PARAM}_NVME_PATH`, the names
 //!   accelerate's DeepSpeed plugin reads (accelerate never exports them);
