@@ -6,13 +6,18 @@ A three-member etcd on loopback (started here, in a temporary directory), then:
            `kill -9` of the leader, then the time until every agent has reconnected
            to the new one; then one worker is killed, and the time until every agent
            runs the next round's workers.
+  pause    two `rdzv-server` replicas; two agents (2 workers each) join through both.
+           `SIGSTOP` of the leader for 10 s (a GC pause, a frozen VM), one worker killed
+           0.5 s into the pause; the time until every agent is on the new leader, and
+           until every agent runs the next round's workers (from the pause, and from the
+           new leader's election, its "leading" log line); then `SIGCONT`.
   agents   three agents with `--rdzv-backend etcd` (no server), `--nnodes 2:3`.
            `kill -9` of the agent that hosts the rendezvous, then the time until both
            survivors reconnected to the new host, and until they run the re-formed
            round (after the job's drop limit, when the dead node is dropped).
 
 Times come from the agents' own log timestamps, against the moment of the kill.
-Usage: python bench/failover.py [server|agents] [--lease SECONDS] [--runs N]
+Usage: python bench/failover.py [server|pause|agents] [--lease SECONDS] [--runs N]
 (the binaries of `cargo build --release`, etcd and etcdctl on PATH).
 """
 
@@ -157,6 +162,59 @@ def server_run(d, lease):
     return reconnected - killed, formed - failed
 
 
+def pause_run(d, lease):
+    """Seconds from the pause to every agent on the new leader, to every agent running
+    the next round, and from the new leader's election to that (None: not within 40 s)."""
+    etcd = Etcd(d)
+    ports = [free_port(), free_port()]
+    servers = []
+    logs = [os.path.join(d, f"s{i}.log") for i in range(2)]
+    for i, port in enumerate(ports):
+        log = open(logs[i], "w")
+        servers.append(subprocess.Popen(
+            [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}", "--metrics-bind", "off",
+             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(lease)],
+            stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "info"}))
+        if i == 0:
+            wait_for("the first replica to lead", lambda: grep(logs[0], "leading"))
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    agents = [agent(d, f"a{n}", [
+        "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoints, "--rdzv-id", "f", "--local-addr", "127.0.0.1",
+        "--no-python", "sleep", "60"]) for n in range(2)]
+    wait_for("the workers", lambda: all(grep(e, "starting workers") for _, e in agents))
+    time.sleep(1)
+    paused = time.time()
+    servers[0].send_signal(signal.SIGSTOP)
+    time.sleep(0.5)
+    os.kill(worker_pids(agents[0][0].pid)[0], signal.SIGKILL)
+
+    def settle(text, limit):
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            seen = [first_after(e, text, paused) for _, e in agents]
+            if all(seen):
+                return max(seen)
+            time.sleep(0.05)
+        return None
+
+    moved = settle("reconnected", 9)
+    formed = settle("starting workers round=1", 9)
+    elected = first_after(logs[1], "leading", paused)
+    time.sleep(max(0.0, paused + 10 - time.time()))
+    servers[0].send_signal(signal.SIGCONT)
+    # A job lost to the pause shows once the old leader is back.
+    if formed is None:
+        formed = settle("starting workers round=1", 30)
+    for p, _ in agents:
+        p.kill()
+    for s in servers:
+        s.kill()
+    etcd.stop()
+    since = lambda t, base: None if t is None or base is None else t - base
+    return since(moved, paused), since(formed, paused), since(formed, elected)
+
+
 def agents_run(d, lease):
     etcd = Etcd(d)
     endpoints = etcd.urls().replace("http://", "")
@@ -186,12 +244,36 @@ def agents_run(d, lease):
     return reconnected - killed, formed - killed
 
 
+def pause_main(a):
+    results = []
+    for _ in range(a.runs):
+        d = tempfile.mkdtemp(prefix="accel-bench-failover-")
+        try:
+            results.append(pause_run(d, a.lease))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def median(i, unit=1.0):
+        got = [r[i] for r in results if r[i] is not None]
+        if len(got) < len(results):
+            return f"not within the pause in {len(results) - len(got)} of {len(results)} runs" + (
+                f" (others {statistics.median(got) * unit:.2f})" if got else "")
+        return f"{statistics.median(got) * unit:.2f}"
+
+    print(f"server replicas, --etcd-lease {a.lease}: leader paused (SIGSTOP) 10 s, a worker killed "
+          f"0.5 s into it -> every agent on the new leader {median(0)} s; every agent running the "
+          f"next round {median(1)} s after the pause, {median(2)} s after the new leader's election "
+          f"(median of {a.runs})")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["server", "agents"])
+    ap.add_argument("mode", choices=["server", "pause", "agents"])
     ap.add_argument("--lease", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
+    if a.mode == "pause":
+        return pause_main(a)
     run = server_run if a.mode == "server" else agents_run
     results = []
     for _ in range(a.runs):

@@ -30,6 +30,8 @@ need_apt=()
 [ -n "$PY" ] || need_apt+=(python3 python3-venv)
 command -v kill >/dev/null || need_apt+=(procps)
 command -v ip >/dev/null || need_apt+=(iproute2)
+# nftables: the HA tests make a replica's host deaf (tests/tests/ha.rs).
+command -v nft >/dev/null || need_apt+=(nftables)
 # certificates for the TLS tests.
 command -v openssl >/dev/null || need_apt+=(openssl)
 # gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).

@@ -180,7 +180,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             };
             let reach = Arc::new(link::Reach::new(&cfg, endpoints.clone(), leaders, join_req));
             let joined = tokio::select! {
-                r = reach.join(reach.join_req.clone(), 0, deadline) => r?,
+                r = reach.join(reach.join_req.clone(), 0, None, deadline) => r?,
                 sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
             };
             let (link, first) = joined;

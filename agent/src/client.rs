@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::error::AgentError;
 
@@ -34,6 +34,11 @@ pub struct RdzvClient {
     /// The secret from `Joined`; never logged.
     session: Vec<u8>,
     read_timeout: Duration,
+    /// The replica that took the join, `(host, port)`.
+    server: (String, u16),
+    /// When the join that `Joined` answered was sent: the server's last
+    /// sign of life of this node is no earlier.
+    sent: Instant,
 }
 
 impl std::fmt::Debug for RdzvClient {
@@ -87,9 +92,21 @@ impl RdzvClient {
     /// refusal by the server (a setting that disagrees with the job, a
     /// duplicate node rank, a missing token, a certificate the other side
     /// refuses) is not retried. `tls`: the link's TLS files (disabled: plain
-    /// HTTP/2). `leaders`: which named leaders are followed. Returns which
-    /// endpoint served (a followed [`Leaders::Published`] leader counts as
-    /// the first), so a rejoin starts there.
+    /// HTTP/2). `leaders`: which named leaders are followed. `silence`: how
+    /// long a connection may go without an answer to an HTTP/2 PING before
+    /// it is given up (a paused or cut-off server answers none, though its
+    /// kernel keeps TCP up). `avoid`: a replica that went silent (see
+    /// below). Returns which endpoint served (a followed
+    /// [`Leaders::Published`] leader counts as the first), so a rejoin
+    /// starts there.
+    ///
+    /// # A silent replica
+    /// With `avoid`, the join is a node leaving a replica that stopped
+    /// answering: it asks the other endpoints (or, [`Leaders::Published`],
+    /// its own replica) who leads, every [`LEADER_RETRY`] or so, and goes to
+    /// any leader they name but the silent one; meanwhile, beside that, it
+    /// keeps trying the silent one itself (it may come back, still leading,
+    /// after a short pause). Whichever takes the join first wins.
     #[allow(clippy::too_many_arguments)]
     pub async fn join(
         endpoints: &[(String, u16)],
@@ -98,8 +115,81 @@ impl RdzvClient {
         token: Option<&Token>,
         tls: &ClientTlsFiles,
         read_timeout: Duration,
+        silence: Duration,
+        avoid: Option<&(String, u16)>,
         deadline: Instant,
     ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+        let avoid = avoid.filter(|_| leaders == Leaders::Published || endpoints.len() > 1);
+        let how = How {
+            req: &req,
+            token,
+            tls,
+            read_timeout,
+            silence,
+        };
+        let walk = Self::walk(endpoints, leaders, how, avoid, deadline);
+        let Some(silent) = avoid else {
+            return walk.await;
+        };
+        let at = endpoints.iter().position(|e| e == silent).unwrap_or(0);
+        tokio::select! {
+            r = walk => r,
+            r = Self::wait_for(silent, at, how, deadline) => r,
+        }
+    }
+
+    /// Tries the replica that went silent, `silent` (endpoint `at`), until
+    /// it takes the join or refuses it; never returns otherwise (the walk
+    /// over the others ends the join at the deadline).
+    async fn wait_for(
+        silent: &(String, u16),
+        at: usize,
+        how: How<'_>,
+        deadline: Instant,
+    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+        let mut delays = retry_delays(LEADER_RETRY);
+        let connect = how.read_timeout.min(PUBLISHED_CONNECT);
+        // A paused server accepts the connection (its kernel does) and then
+        // answers nothing: the PINGs give up after `silence`; this bounds
+        // whatever else could hang.
+        let bound = connect + how.silence * 2;
+        loop {
+            let (host, port) = silent;
+            let tried = tokio::time::timeout_at(
+                deadline.min(Instant::now() + bound),
+                attempt(host, *port, how, connect),
+            )
+            .await;
+            match tried {
+                Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, silent, at)),
+                Ok(Attempt::Refused(code, message)) => {
+                    return Err(AgentError::Rejected { code, message })
+                }
+                Ok(Attempt::Config(e)) => return Err(AgentError::Config(e)),
+                Ok(Attempt::Retry(_)) | Err(_) => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(AgentError::JoinTimeout(format!(
+                    "the rendezvous at {host}:{port} stopped answering and no other replica named another leader before the deadline"
+                )));
+            }
+            let delay = delays.next().unwrap_or(LEADER_RETRY);
+            tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
+        }
+    }
+
+    /// Walks the endpoints (see [`RdzvClient::join`]), never trying `avoid`.
+    async fn walk(
+        endpoints: &[(String, u16)],
+        leaders: Leaders,
+        how: How<'_>,
+        avoid: Option<&(String, u16)>,
+        deadline: Instant,
+    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+        let How {
+            tls, read_timeout, ..
+        } = how;
         let Some(first) = endpoints.first() else {
             return Err(AgentError::Config("no rendezvous endpoint".into()));
         };
@@ -119,9 +209,12 @@ impl RdzvClient {
         };
         // Asking this agent's own replica who leads costs a loopback call:
         // ask often, so a new leader is found as soon as it is elected.
-        let mut delays = retry_delays(match leaders {
-            Leaders::Listed => Duration::from_secs(1),
-            Leaders::Published => Duration::from_millis(100),
+        // Leaving a silent leader, a new one is found as soon as the
+        // others name it.
+        let mut delays = retry_delays(match (leaders, avoid) {
+            (Leaders::Listed, None) => Duration::from_secs(1),
+            (Leaders::Listed, Some(_)) => LEADER_RETRY,
+            (Leaders::Published, _) => Duration::from_millis(100),
         });
         // A named leader that does not serve (dead, still loading) is tried
         // again less often than the local replica is asked (a thousand
@@ -130,7 +223,12 @@ impl RdzvClient {
         // second of being named; a newly named one at once.
         let mut leader_delays = retry_delays(LEADER_RETRY);
         let mut failed_leader: Option<(String, u16)> = None;
-        let mut at = 0;
+        let avoided = |e: &(String, u16)| avoid == Some(e);
+        let walked = endpoints.iter().filter(|e| !avoided(e)).count();
+        let Some(mut at) = endpoints.iter().position(|e| !avoided(e)) else {
+            // Only the silent one: trying it is all there is to do.
+            return std::future::pending().await;
+        };
         let mut tried = 0;
         // A leader this agent's own replica named, tried next.
         let mut published: Option<(String, u16)> = None;
@@ -149,20 +247,11 @@ impl RdzvClient {
                 Some(_) => read_timeout.min(PUBLISHED_CONNECT),
                 None => read_timeout.min(Duration::from_secs(10)),
             };
-            let attempt = attempt(host, *port, &req, token, tls, connect);
+            let server = (host.clone(), *port);
+            let attempt = attempt(host, *port, how, connect);
             // No attempt outlives the deadline (a cut link would hang a connect).
             let (error, leader) = match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(Attempt::Joined(joined)) => {
-                    let (inner, stream, joined) = *joined;
-                    let client = Self {
-                        inner,
-                        job_id: req.job_id.clone(),
-                        node_id: req.node_id.clone(),
-                        session: joined.session.clone(),
-                        read_timeout,
-                    };
-                    return Ok((client, stream, joined, at));
-                }
+                Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, &server, at)),
                 Ok(Attempt::Refused(code, message)) => {
                     return Err(AgentError::Rejected { code, message })
                 }
@@ -205,7 +294,9 @@ impl RdzvClient {
                 // This agent's replica named the leader: go there (at once,
                 // unless it is the one that just failed).
                 if let Some(l) = leader.as_deref().and_then(split_host_port) {
-                    if l != (host.clone(), *port) {
+                    // The silent leader, named until its lease runs out, is
+                    // tried beside this walk, not by it.
+                    if l != (host.clone(), *port) && !avoided(&l) {
                         if failed_leader.as_ref() != Some(&l) {
                             leader_delays = retry_delays(LEADER_RETRY);
                         }
@@ -221,20 +312,27 @@ impl RdzvClient {
                 continue;
             }
             let named_leader = leader.and_then(|l| {
-                endpoints
-                    .iter()
-                    .position(|(h, p)| l == format!("{h}:{p}") || l == format!("[{h}]:{p}"))
+                endpoints.iter().position(|(h, p)| {
+                    (l == format!("{h}:{p}") || l == format!("[{h}]:{p}"))
+                        && !avoided(&(h.clone(), *p))
+                })
             });
             at = match named_leader {
                 // A follower named the leader: go there next.
                 Some(i) if i != at => i,
-                _ => (at + 1) % endpoints.len(),
+                _ => {
+                    let mut next = (at + 1) % endpoints.len();
+                    while avoided(&endpoints[next]) {
+                        next = (next + 1) % endpoints.len();
+                    }
+                    next
+                }
             };
             // Back off once as many attempts as there are endpoints failed,
             // however they were chosen (two replicas naming each other
             // while a new leader loads must not become a busy loop).
             tried += 1;
-            if tried >= endpoints.len() {
+            if tried >= walked {
                 tried = 0;
                 let delay = delays.next().unwrap_or(Duration::from_secs(2));
                 tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
@@ -245,6 +343,17 @@ impl RdzvClient {
     /// The session secret, for a `Join` that resumes this node.
     pub fn session(&self) -> &[u8] {
         &self.session
+    }
+
+    /// The replica that took the join, `(host, port)`.
+    pub fn server(&self) -> &(String, u16) {
+        &self.server
+    }
+
+    /// When the join was sent (the server's last sign of life of this node
+    /// is no earlier).
+    pub fn sent(&self) -> Instant {
+        self.sent
     }
 
     fn request<T>(&self, msg: T) -> tonic::Request<T> {
@@ -286,7 +395,7 @@ impl RdzvClient {
         exit_code: i32,
         reason: String,
         failure: Option<pb::Failure>,
-    ) {
+    ) -> Result<(), Status> {
         let (reason, failure) = fit_failure(reason, failure);
         let req = self.request(pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
@@ -299,22 +408,18 @@ impl RdzvClient {
             failure,
             session: self.session.clone(),
         });
-        if let Err(s) = self.inner.report_failure(req).await {
-            warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
-        }
+        self.inner.report_failure(req).await.map(drop)
     }
 
     /// Reports that every worker of this node succeeded in `round`.
-    pub async fn report_success(&mut self, round: u64) {
+    pub async fn report_success(&mut self, round: u64) -> Result<(), Status> {
         let req = self.request(pb::ReportSuccessRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
             session: self.session.clone(),
         });
-        if let Err(s) = self.inner.report_success(req).await {
-            warn!(code = ?s.code(), error = %s.message(), "could not report success to the rendezvous");
-        }
+        self.inner.report_success(req).await.map(drop)
     }
 
     /// Leaves the job.
@@ -353,7 +458,7 @@ impl Retry {
 /// How one attempt to join ended.
 enum Attempt {
     /// Joined: the client, its event stream, what `Joined` said.
-    Joined(Box<(Inner, Streaming<pb::Event>, pb::Joined)>),
+    Joined(Box<Joined>),
     /// The server refused this node: final.
     Refused(Code, String),
     /// The endpoint or its TLS settings are unusable: final.
@@ -362,15 +467,63 @@ enum Attempt {
     Retry(Retry),
 }
 
+/// What every attempt of one join shares.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    req: &'a pb::JoinRequest,
+    token: Option<&'a Token>,
+    tls: &'a ClientTlsFiles,
+    read_timeout: Duration,
+    /// How long a connection may go without an answer (HTTP/2 PINGs).
+    silence: Duration,
+}
+
+impl How<'_> {
+    /// The client of a join `server` (endpoint `at`) took.
+    fn joined(
+        &self,
+        j: Joined,
+        server: &(String, u16),
+        at: usize,
+    ) -> (RdzvClient, Streaming<pb::Event>, pb::Joined, usize) {
+        let client = RdzvClient {
+            inner: j.inner,
+            job_id: self.req.job_id.clone(),
+            node_id: self.req.node_id.clone(),
+            session: j.joined.session.clone(),
+            read_timeout: self.read_timeout,
+            server: server.clone(),
+            sent: j.sent,
+        };
+        (client, j.stream, j.joined, at)
+    }
+}
+
+/// A join that was taken.
+struct Joined {
+    inner: Inner,
+    stream: Streaming<pb::Event>,
+    joined: pb::Joined,
+    /// When the join was sent.
+    sent: Instant,
+}
+
+/// The HTTP/2 PINGs of a connection that must go without an answer for no
+/// longer than `silence`: one after `silence / 2` without a frame, given
+/// up `silence / 2` later. A paused process cannot answer them although
+/// its kernel keeps the TCP connection up; a one-way partition drops them
+/// or their answers. Every call on the connection (the event stream
+/// included) then fails at once.
+pub fn pings(silence: Duration) -> (Duration, Duration) {
+    let half = (silence / 2).max(Duration::from_millis(10));
+    (half, half)
+}
+
 /// One attempt to join at `host:port`: joined, refused (final), or to retry.
-async fn attempt(
-    host: &str,
-    port: u16,
-    req: &pb::JoinRequest,
-    token: Option<&Token>,
-    tls: &ClientTlsFiles,
-    connect_timeout: Duration,
-) -> Attempt {
+async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration) -> Attempt {
+    let How {
+        req, token, tls, ..
+    } = how;
     let uri = endpoint_uri(host, port, tls.enabled());
     let mut endpoint = match Endpoint::from_shared(uri) {
         Ok(e) => e,
@@ -386,11 +539,12 @@ async fn attempt(
         Ok(None) => {}
         Err(e) => return Attempt::Config(e.to_string()),
     }
+    let (interval, timeout) = pings(how.silence);
     let endpoint = endpoint
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
+        .http2_keep_alive_interval(interval)
+        .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true);
     let channel = match endpoint.connect().await {
         Ok(c) => c,
@@ -404,13 +558,19 @@ async fn attempt(
     let mut inner = RendezvousClient::with_interceptor(channel, AttachToken::new(token))
         // node rank 0 hears every member's address in its RoundComplete.
         .max_decoding_message_size(64 << 20);
+    let sent = Instant::now();
     match inner.join(req.clone()).await {
         Ok(stream) => {
             let mut stream = stream.into_inner();
             match stream.message().await {
                 Ok(Some(pb::Event {
-                    kind: Some(Kind::Joined(j)),
-                })) => Attempt::Joined(Box::new((inner, stream, j))),
+                    kind: Some(Kind::Joined(joined)),
+                })) => Attempt::Joined(Box::new(Joined {
+                    inner,
+                    stream,
+                    joined,
+                    sent,
+                })),
                 Ok(other) => Attempt::Refused(
                     Code::Internal,
                     format!("unexpected first event from the rendezvous: {other:?}"),
@@ -569,6 +729,8 @@ mod tests {
                 token.as_ref(),
                 &ClientTlsFiles::default(),
                 Duration::from_secs(5),
+                Duration::from_secs(1),
+                None,
                 Instant::now() + Duration::from_secs(5),
             )
             .await

@@ -43,6 +43,10 @@ pub enum Error {
     /// admitted until it takes one (what waits to be written stays bounded).
     #[error("the rendezvous cannot write job state to its store ({0}); it admits no new node until it can; retrying")]
     Unwritable(String),
+    /// This replica led, but its etcd lease may have lapsed (it was paused
+    /// or cut off): it serves nothing more ([`crate::lease`]).
+    #[error("{}", crate::registry::NOT_LEADING)]
+    NotLeading,
     /// This replica does not lead: the status names the leader.
     #[error("{}", .0.message())]
     Redirect(Status),
@@ -64,6 +68,7 @@ impl From<Error> for Status {
             | Error::Store(_)
             | Error::Unwritable(_)
             | Error::Redirect(_)
+            | Error::NotLeading
             | Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())

@@ -25,7 +25,15 @@
 //! before it notices; it steps down when a write is refused (fenced), or when
 //! it has not renewed its lease for two thirds of it, whichever comes first:
 //! it stops deciding, ends every node's stream (they reconnect to the new
-//! leader) and campaigns again.
+//! leader) and campaigns again. A leader that was paused past that moment
+//! does not wait for its lease keeper to run: its registry checks the
+//! lease's clock ([`crate::lease`]) before it serves any call or tick, and
+//! on waking refuses the first one and ends every stream at once.
+//!
+//! # A new leader's grace
+//! The nodes of a job it loads kept alive the last leader, not this one:
+//! each is given the full drop limit from the load to reach this leader
+//! ([`crate::job::Job::handed_over`]) before it can be dropped for silence.
 //!
 //! On shutdown a leader writes what is pending and resigns, so another
 //! replica takes over at once instead of after the lease.
@@ -41,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{info, warn};
 
+use crate::lease::LeaseClock;
 use crate::limits::Limits;
 use crate::quiet::{Quiet, Say};
 use crate::registry::Registry;
@@ -258,11 +267,12 @@ async fn term(r: &Replica<'_>) -> Ended {
         Ok(c) => c,
         Err(e) => return lost("cannot reach etcd", e),
     };
+    let granted = Instant::now();
     let lease = match client.lease_grant(r.o.lease_secs()).await {
         Ok(l) => l.id,
         Err(e) => return lost("cannot get an etcd lease", e),
     };
-    let ended = hold(r, &client, lease).await;
+    let ended = hold(r, &client, lease, granted).await;
     // However the term ended, its lease goes with it, so no key of this
     // replica outlives the term.
     let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
@@ -271,13 +281,14 @@ async fn term(r: &Replica<'_>) -> Ended {
 
 /// Campaigns with `lease`, then leads until the lease or a write is lost, or
 /// `stop`.
-async fn hold(r: &Replica<'_>, client: &Client, lease: i64) -> Ended {
+async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) -> Ended {
     let lost = |what: &str, e: accel_etcd::Error| Ended::Lost(format!("{what}: {e}"));
     let expired = CancellationToken::new();
+    let clock = LeaseClock::granted(granted.into_std(), r.o.lease);
     let keeper = tokio::spawn(keep_lease(
         client.clone(),
         lease,
-        r.o.lease,
+        clock.clone(),
         expired.clone(),
     ));
     let _keeper = AbortOnDrop(keeper);
@@ -303,7 +314,8 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64) -> Ended {
     };
     let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
     let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store))
-        .with_metrics(r.tenure.metrics.clone());
+        .with_metrics(r.tenure.metrics.clone())
+        .with_lease(clock);
     if r.tenure.ends_with_job {
         registry = registry.without_relearning();
     }
@@ -359,15 +371,17 @@ async fn resign(client: &Client, key: LeaderKey) {
     }
 }
 
-/// Renews `lease` every third of it; cancels `expired` once it has not been
-/// renewed for two thirds of it (or etcd says it is gone). Every wait is
-/// bounded by that moment, so a hung call cannot make the loss late.
-async fn keep_lease(client: Client, lease: i64, length: Duration, expired: CancellationToken) {
-    let every = length / 3;
+/// Renews `lease` every third of it, moving `clock` on with the send time
+/// of each keep-alive etcd answered; cancels `expired` once the clock says
+/// the lease may have lapsed (two thirds of it after the last renewal was
+/// sent), or etcd says it is gone. Every wait is bounded by that moment, so
+/// a hung call cannot make the loss late.
+async fn keep_lease(client: Client, lease: i64, clock: LeaseClock, expired: CancellationToken) {
+    let every = clock.window() / 2;
     let mut renewed = Instant::now();
     let mut link = None;
     loop {
-        let overdue = renewed + length * 2 / 3;
+        let overdue = Instant::from_std(clock.until());
         if Instant::now() >= overdue {
             expired.cancel();
             return;
@@ -379,13 +393,17 @@ async fn keep_lease(client: Client, lease: i64, length: Duration, expired: Cance
                 .and_then(Result::ok);
         }
         if let Some((keeper, stream)) = &mut link {
+            let sent = Instant::now();
             let answer = tokio::time::timeout_at(overdue, async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })
             .await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl > 0 => renewed = Instant::now(),
+                Ok(Ok(Some(r))) if r.ttl > 0 => {
+                    clock.renewed(sent.into_std());
+                    renewed = sent;
+                }
                 Ok(Ok(Some(_))) => {
                     expired.cancel();
                     return;

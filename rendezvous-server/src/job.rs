@@ -84,6 +84,11 @@ const ABSENT: &str = "\u{0}absent-rank-";
 /// within their `reconnect_grace`, 60 s by default.
 pub const RELEARN_WINDOW: Duration = Duration::from_secs(60);
 
+/// The least a job that lost every member before it was over is kept for
+/// them: the agents' default `reconnect_grace`, which the server is not
+/// told (a node that comes back later finds its job gone, as before).
+pub const RECONNECT_WINDOW: Duration = Duration::from_secs(60);
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
@@ -307,15 +312,22 @@ impl Job {
         self.expires_at(ttl).is_some_and(|t| now >= t)
     }
 
+    /// When the job may be forgotten. A job that is over, `ttl` after it
+    /// ended. A job that lost its last member before it was over (they
+    /// were dropped for silence, or left), `ttl` after that but no sooner
+    /// than [`RECONNECT_WINDOW`]: its nodes may be cut off from a leader
+    /// that went silent and come back to resume within their
+    /// `reconnect_grace` (60 s by default), and must find their job.
     fn expires_at(&self, ttl: Duration) -> Option<Instant> {
-        let since = if self.phase.is_terminal() {
-            self.finished_at
+        let (since, keep) = if self.phase.is_terminal() {
+            (self.finished_at, ttl)
         } else if self.members.is_empty() {
-            self.empty_since
+            (self.empty_since, ttl.max(RECONNECT_WINDOW))
         } else {
-            None
-        }?;
-        Some(since.checked_add(ttl).unwrap_or(since))
+            (None, ttl)
+        };
+        let since = since?;
+        Some(since.checked_add(keep).unwrap_or(since))
     }
 
     /// When this job next has periodic work for [`Job::tick`] (or may be
@@ -506,6 +518,21 @@ impl Job {
         // progress when due; otherwise it does nothing.
         out.extend(self.step(now));
         out
+    }
+
+    /// A new leader took the job over at `now` (it loaded it from the job
+    /// store): every member, and every placeholder still waiting, gets the
+    /// whole drop limit from `now` to reach it. Their keep-alives went to
+    /// the last leader, which this one never heard; silence is counted
+    /// from the handover, so a node is dropped only for missing keep-alives
+    /// to this leader.
+    pub fn handed_over(&mut self, now: Instant) {
+        for m in self.members.values_mut() {
+            m.last_seen = m.last_seen.max(now);
+        }
+        if !self.phase.is_terminal() {
+            self.next_liveness = liveness(now, self).1;
+        }
     }
 
     /// Ends the job for everyone (server shutdown); `may_rejoin`: the server

@@ -31,6 +31,7 @@ pub mod config;
 pub mod error;
 pub mod ha;
 pub mod job;
+pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod outbox;

@@ -49,6 +49,7 @@ use tracing::{info, warn};
 
 use crate::error::Error;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
+use crate::lease::LeaseClock;
 use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
@@ -65,6 +66,10 @@ pub const STATUS_NODES: usize = 1000;
 pub const STATUS_PAGE: (usize, usize) = (100, 1000);
 
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+/// What a replica whose lease may have lapsed tells its nodes.
+pub const NOT_LEADING: &str =
+    "this rdzv-server is no longer the leader (its etcd lease lapsed); reconnect to the new one";
 
 #[derive(Debug)]
 struct Entry {
@@ -126,6 +131,8 @@ pub struct Registry {
     relearn: bool,
     /// Woken by every change a flush should write.
     wake: Arc<tokio::sync::Notify>,
+    /// A replica's lease: nothing is served once it may have lapsed.
+    lease: Option<LeaseClock>,
     /// What is counted for Prometheus.
     metrics: ServerMetrics,
     /// One flush at a time, so batches reach the store in the order taken.
@@ -143,6 +150,7 @@ impl Registry {
             store: None,
             relearn: true,
             wake: Arc::default(),
+            lease: None,
             metrics: ServerMetrics::default(),
             flushing: Arc::default(),
         }
@@ -165,6 +173,31 @@ impl Registry {
         self
     }
 
+    /// The same, serving only while `lease` may be valid: once it may have
+    /// lapsed (a leader that was paused, or cut off from etcd), the first
+    /// call or tick ends every stream, saying this server no longer leads,
+    /// and every call is refused with UNAVAILABLE ([`crate::lease`]).
+    pub fn with_lease(mut self, lease: LeaseClock) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Whether this registry may act now (see [`Registry::with_lease`]).
+    fn acting(&self) -> Result<(), Error> {
+        match &self.lease {
+            Some(lease) if !lease.may_act(Instant::now()) => {
+                if !self.lock().closing {
+                    warn!(
+                        "this replica's etcd lease may have lapsed (the process was paused, or cut off from etcd): it no longer leads; ending every node's stream"
+                    );
+                    self.close_all(NOT_LEADING, true);
+                }
+                Err(Error::NotLeading)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The same, counting into `metrics` (shared with the rest of the server).
     pub fn with_metrics(mut self, metrics: ServerMetrics) -> Self {
         self.metrics = metrics;
@@ -184,6 +217,8 @@ impl Registry {
         };
         let records = store.load().await?;
         let now = Instant::now();
+        self.acting()
+            .map_err(|e| StoreError::Fenced(e.to_string()))?;
         let mut guard = self.lock();
         let jobs = &mut *guard;
         let mut loaded = 0;
@@ -198,6 +233,8 @@ impl Registry {
             }
             let torn = record.torn;
             let mut job = Job::restore(record, now);
+            // Its nodes kept the last leader alive, not this one.
+            job.handed_over(now);
             if torn {
                 // No node acted on the half-written change; its nodes rejoin
                 // a new round (their workers stop), and the next flush writes
@@ -337,6 +374,7 @@ impl Registry {
         from: Option<IpAddr>,
         fresh: Session,
     ) -> Result<NodeStream, Error> {
+        self.acting()?;
         let mut guard = self.lock();
         let jobs = &mut *guard;
         if jobs.closing {
@@ -456,6 +494,7 @@ impl Registry {
         session: &[u8],
         f: impl FnOnce(&mut Job) -> (R, Vec<Outbound>),
     ) -> Result<R, Error> {
+        self.acting()?;
         let mut guard = self.lock();
         let jobs = &mut *guard;
         let entry = jobs
@@ -584,6 +623,7 @@ impl Registry {
         node_id: &str,
         session: &[u8],
     ) -> Result<bool, Error> {
+        self.acting()?;
         let mut jobs = self.lock();
         let entry = jobs
             .map
@@ -596,6 +636,9 @@ impl Registry {
     /// Periodic work: runs the jobs whose deadline is due, forgets expired
     /// ones, and logs arrivals and departures.
     pub fn tick(&self, now: Instant) {
+        if self.acting().is_err() {
+            return;
+        }
         let mut guard = self.lock();
         let jobs = &mut *guard;
         while let Some(Reverse((t, _))) = jobs.deadlines.peek() {
@@ -691,6 +734,7 @@ impl Registry {
         session: &[u8],
         reason: &str,
     ) -> Result<(), Error> {
+        self.acting()?;
         let mut guard = self.lock();
         let Some(entry) = guard.map.get(job_id) else {
             return Ok(());
@@ -743,6 +787,7 @@ impl Registry {
         page_size: u32,
         page_token: &str,
     ) -> Result<pb::JobStatusResponse, Error> {
+        self.acting()?;
         let jobs = self.lock();
         if !job_id.is_empty() {
             let e = jobs

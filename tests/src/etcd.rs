@@ -28,11 +28,19 @@ pub struct EtcdCluster {
     dir: PathBuf,
     token: String,
     members: Vec<Member>,
+    /// An address clients reach the members at besides loopback.
+    also: Option<String>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members in `dir` and waits until the cluster serves.
     pub fn start(dir: &Path, n: usize) -> Self {
+        Self::start_also_at(dir, n, None)
+    }
+
+    /// The same, the members also serving clients at `also` (an address of
+    /// this namespace, such as a [`crate::Lan`]'s gateway), on the same ports.
+    pub fn start_also_at(dir: &Path, n: usize, also: Option<&str>) -> Self {
         let dir = dir.join("etcd");
         fs::create_dir_all(&dir).expect("etcd dir");
         let members = (0..n)
@@ -47,6 +55,7 @@ impl EtcdCluster {
             token: format!("accel-test-{}", std::process::id()),
             dir,
             members,
+            also: also.map(str::to_owned),
         };
         for i in 0..n {
             cluster.start_member(i);
@@ -60,6 +69,15 @@ impl EtcdCluster {
         self.members
             .iter()
             .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The client URLs at the address given to [`Self::start_also_at`].
+    pub fn endpoints_at(&self, addr: &str) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("http://{addr}:{}", m.client))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -147,7 +165,10 @@ impl EtcdCluster {
             .append(true)
             .open(self.dir.join(format!("{}.log", m.name)))
             .expect("etcd log");
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let mut client = format!("http://127.0.0.1:{}", m.client);
+        if let Some(also) = &self.also {
+            client.push_str(&format!(",http://{also}:{}", m.client));
+        }
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let child = Command::new("etcd")
             .args(["--name", &m.name])

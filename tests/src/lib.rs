@@ -295,7 +295,22 @@ impl Server {
     /// Starts `rdzv-server --bind BIND ARGS` with `env` added, and waits
     /// until it listens.
     pub fn start_with(bind: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(bin("rdzv-server"))
+        Self::start_in(&[], bind, args, env)
+    }
+
+    /// [`Self::start_with`] behind `PREFIX...` (e.g. a [`Netns`]'s `exec`,
+    /// which leaves the server's pid as it is).
+    pub fn start_in(prefix: &[&str], bind: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let server = bin("rdzv-server");
+        let mut command = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&server);
+                c
+            }
+            None => Command::new(&server),
+        };
+        let mut child = command
             .args(["--bind", bind])
             .args(args)
             // Tests run side by side: metrics on a port of their own.

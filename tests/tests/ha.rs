@@ -707,6 +707,14 @@ mod replicas {
             "2",
         ];
         let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        leads(&first);
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        (etcd, first, second)
+    }
+
+    /// Waits until `server`, the first replica, leads (it wins the empty
+    /// election).
+    fn leads(server: &Server) {
         // The tests are async or own a runtime: wait on a thread of its own.
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -715,7 +723,7 @@ mod replicas {
                     .build()
                     .expect("runtime");
                 rt.block_on(async {
-                    let mut c = client(&first.addr).await;
+                    let mut c = client(&server.addr).await;
                     let deadline = Instant::now() + Duration::from_secs(20);
                     // The first replica wins the empty election.
                     loop {
@@ -732,8 +740,6 @@ mod replicas {
                 })
             });
         });
-        let second = Server::start_with("127.0.0.1:0", &args, &[]);
-        (etcd, first, second)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -918,6 +924,269 @@ mod replicas {
             assert_eq!((info.phase.as_str(), info.restart_count), ("succeeded", 1));
         });
     }
+
+    /// Seconds since the epoch, as the workers' records count them.
+    fn wall() -> f64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64()
+    }
+
+    /// How a leader goes silent in [`a_silent_leader`].
+    trait Silence {
+        /// Makes the leader silent.
+        fn start(&self);
+        /// Ends it: the old leader hears and is heard again.
+        fn end(&self);
+    }
+
+    /// `SIGSTOP` and `SIGCONT`: a GC pause, a frozen VM, swap. Its kernel
+    /// keeps its TCP connections open and accepts new ones.
+    struct Paused<'a>(&'a Server);
+
+    impl Silence for Paused<'_> {
+        fn start(&self) {
+            self.0.signal("STOP");
+        }
+        fn end(&self) {
+            self.0.signal("CONT");
+        }
+    }
+
+    /// Every packet that reaches the leader's host from outside is dropped
+    /// (nftables in its network namespace): the agents' and etcd's alike,
+    /// so its lease lapses and the other replica is elected, while what it
+    /// sends still goes out. Its process runs on throughout.
+    struct Deaf<'a>(&'a accel_tests::Netns);
+
+    impl Deaf<'_> {
+        fn nft(&self, script: &str) {
+            use std::io::Write;
+            let mut child = std::process::Command::new("ip")
+                .args(["netns", "exec", &self.0.name, "nft", "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("run nft (the test command installs nftables)");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(script.as_bytes())
+                .expect("nft script");
+            assert!(child.wait().expect("nft").success(), "nft: {script}");
+        }
+    }
+
+    impl Silence for Deaf<'_> {
+        fn start(&self) {
+            self.nft(&format!(
+                "table inet accel_deaf {{ chain in {{ type filter hook input priority 0; iifname \"{}\" drop; }} }}\n",
+                self.0.iface
+            ));
+        }
+        fn end(&self) {
+            self.nft("delete table inet accel_deaf\n");
+        }
+    }
+
+    /// A leader whose job (two nodes of two workers, one restart allowed
+    /// per failure) goes silent 1.5 s into its first round for 10 s, while
+    /// global rank 3 fails 3 s into it (during the silence, before the
+    /// other replica is elected). Checks that the workers ran on (no
+    /// worker of the first round started twice), that the failure
+    /// restarted the job exactly once on every node, within a second of
+    /// the other replica's election, that the old leader, heard again,
+    /// refuses to act and disturbs nobody (the second round's workers run
+    /// to their end), and that the job succeeds on the new leader. The
+    /// replicas: `old` leads, `new` follows; `cmd` starts the agent tagged
+    /// so. Returns the seconds from the election to the last worker of the
+    /// next round running.
+    fn a_silent_leader(
+        dir: &std::path::Path,
+        old: &Server,
+        new: &Server,
+        silence: &dyn Silence,
+        cmd: impl Fn(&str) -> accel_tests::Agent,
+    ) -> f64 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let agents: Vec<_> = (0..2).map(|i| cmd(&format!("node-{i}"))).collect();
+        let records = || accel_tests::records(dir);
+        let round = |restart: u32| {
+            records()
+                .into_iter()
+                .filter(|r| r.restart == restart)
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || round(0).len() == 4),
+            "four workers run"
+        );
+        let started = round(0).iter().map(|r| r.start).fold(f64::MIN, f64::max);
+        // 1.5 s into the round (its workers' own clock), the leader goes silent.
+        let at = started + 1.5;
+        std::thread::sleep(Duration::from_secs_f64((at - wall()).max(0.0)));
+        let silent_at = wall();
+        silence.start();
+        // The other replica is elected once the old one's lease runs out:
+        // the moment its job status turns from UNAVAILABLE to an answer.
+        let elected = rt.block_on(async {
+            let mut c = client(&new.addr).await;
+            loop {
+                match status(&mut c).await {
+                    Ok(_) => break wall(),
+                    Err(s) if s.code() == Code::Unavailable && wall() - silent_at < 20.0 => {
+                        tokio::time::sleep(Duration::from_millis(10)).await
+                    }
+                    Err(s) => panic!("the other replica did not take over: {s:?}"),
+                }
+            }
+        });
+        eprintln!(
+            "silent leader: the other replica serves {:.2} s after the silence began",
+            elected - silent_at
+        );
+        assert!(
+            accel_tests::eventually(Duration::from_secs(10), || round(1).len() == 4),
+            "every node runs the next round: {:?}",
+            records()
+                .iter()
+                .map(|r| (r.restart, r.rank, r.pid))
+                .collect::<Vec<_>>()
+        );
+        let next = round(1).iter().map(|r| r.start).fold(f64::MIN, f64::max);
+        let took = next - elected;
+        eprintln!("silent leader: new leader elected -> every worker of the next round running in {:.3} s", took);
+        // Heard again 10 s after it went silent, mid-round.
+        std::thread::sleep(Duration::from_secs_f64(
+            (silent_at + 10.0 - wall()).max(0.0),
+        ));
+        silence.end();
+        let healed = wall();
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|a| a.wait(Duration::from_secs(60)))
+            .collect();
+        for out in &outs {
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        let recs = records();
+        let first: Vec<_> = recs.iter().filter(|r| r.restart == 0).collect();
+        assert_eq!(
+            first.len(),
+            4,
+            "no worker of the first round was started again: {:?}",
+            first.iter().map(|r| (r.rank, r.pid)).collect::<Vec<_>>()
+        );
+        let failed = first.iter().find(|r| r.rank == 3).expect("rank 3");
+        let failed_at = failed.start + 2.3;
+        assert!(
+            failed_at > silent_at && failed_at < elected,
+            "the failure came during the silence, before the election ({silent_at:.2} < {failed_at:.2} < {elected:.2})"
+        );
+        let second: Vec<_> = recs.iter().filter(|r| r.restart == 1).collect();
+        assert_eq!(second.len(), 4, "one restart, on every node");
+        assert!(recs.iter().all(|r| r.restart <= 1), "exactly one restart");
+        assert!(
+            second.iter().all(|r| r.end.is_some_and(|end| end > healed)),
+            "the second round ran to its end, past the old leader's return: {:?}",
+            second.iter().map(|r| (r.rank, r.end)).collect::<Vec<_>>()
+        );
+        rt.block_on(async {
+            let mut c = client(&new.addr).await;
+            let info = status(&mut c).await.expect("the new leader knows the job");
+            assert_eq!((info.phase.as_str(), info.restart_count), ("succeeded", 1));
+            // The old one, heard again, serves nothing.
+            let mut c = client(&old.addr).await;
+            let s = status(&mut c)
+                .await
+                .expect_err("the old leader no longer leads");
+            assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        });
+        took
+    }
+
+    #[test]
+    fn a_paused_leader_loses_nothing_and_a_failure_meanwhile_restarts_the_job_once() {
+        let dir = scratch("ha-paused-leader");
+        let (_etcd, first, second) = replicas(&dir, "/paused");
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), |tag| {
+            accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(3)
+                .recording(&dir, tag)
+                .envs(&SILENT_LEADER_ENV)
+                .start(&dir, tag)
+        });
+        assert!(
+            took <= 1.0,
+            "the next round ran {took:.3} s after the election"
+        );
+    }
+
+    #[test]
+    fn a_deaf_leader_loses_nothing_and_a_failure_meanwhile_restarts_the_job_once() {
+        // The old leader on a host of its own; the other replica, etcd and
+        // the agents here, on the segment's gateway.
+        let lan = accel_tests::Lan::create(85);
+        let host = lan.host(2);
+        let dir = scratch("ha-deaf-leader");
+        let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
+        let args = |endpoints: String| {
+            [
+                "--etcd-endpoints".to_owned(),
+                endpoints,
+                "--etcd-prefix".into(),
+                "/deaf".into(),
+                "--etcd-lease".into(),
+                "2".into(),
+            ]
+        };
+        let args_of = |a: &[String; 6]| a.iter().map(String::as_str).collect::<Vec<_>>();
+        let first_args = args(etcd.endpoints_at(&lan.gateway));
+        let first = Server::start_in(
+            &host.exec(),
+            &format!("{}:{}", host.addr, accel_tests::free_port()),
+            &args_of(&first_args),
+            &[],
+        );
+        leads(&first);
+        let second_args = args(etcd.endpoints());
+        let second = Server::start_with(
+            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
+            &args_of(&second_args),
+            &[],
+        );
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), |tag| {
+            accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(3)
+                .recording(&dir, tag)
+                .envs(&SILENT_LEADER_ENV)
+                .start(&dir, tag)
+        });
+        assert!(
+            took <= 1.0,
+            "the next round ran {took:.3} s after the election"
+        );
+    }
+
+    /// The workers of [`a_silent_leader`]: rank 3 fails 2.3 s into the first
+    /// round (during the silence); the others run 12 s (the next round outlasts the silence).
+    const SILENT_LEADER_ENV: [(&str, &str); 5] = [
+        ("RECORD_EACH_ROUND", "1"),
+        ("FAIL_RANKS", "3"),
+        ("FAIL_UNTIL", "1"),
+        ("FAIL_AFTER", "2.3"),
+        ("RUN_FOR", "12"),
+    ];
 
     #[test]
     fn losing_etcd_quorum_stops_every_decision_and_the_job_goes_on_when_it_returns() {

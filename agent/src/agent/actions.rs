@@ -40,7 +40,11 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                 }
                 self.offered_at
                     .get_or_insert_with(tokio::time::Instant::now);
-                self.offer(round).await?;
+                if let Err(why) = self.offer(round).await? {
+                    // Not the server's verdict: it went silent, or no longer
+                    // leads. Rejoin (as for a lost stream) and offer again.
+                    queue.push_back(Event::Lost(why));
+                }
             }
             Action::Start { info, members } => {
                 if let Some(failed) = self.start(info, members).await? {
@@ -140,21 +144,27 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
 
     /// Ready for `round`, offering a freshly bound store listener: if this
     /// node becomes node rank 0, its workers' store is served on it.
-    async fn offer(&mut self, round: u64) -> Result<(), AgentError> {
+    /// Offers a store listener for `round`. `Ok(Err(why))`: the rendezvous
+    /// did not answer (or no longer serves): the node reconnects.
+    async fn offer(&mut self, round: u64) -> Result<Result<(), String>, AgentError> {
         let (addr, listener) = self.store_binder.bind(self.cfg, &self.hostname).await?;
         let port = listener
             .local_addr()
             .map_err(|e| AgentError::io("worker store listener", e))?
             .port();
         self.store_listener = Some(listener);
-        self.link
-            .ready(round, (addr, u32::from(port)))
-            .await
-            .map_err(|s| AgentError::NotReady {
+        match self.link.ready(round, (addr, u32::from(port))).await {
+            Ok(()) => Ok(Ok(())),
+            Err(s) if super::link::is_silence(s.code()) => Ok(Err(format!(
+                "ready for round {round} went unanswered: {}",
+                s.message()
+            ))),
+            Err(s) => Err(AgentError::NotReady {
                 round,
                 code: s.code(),
                 message: s.message().to_owned(),
-            })
+            }),
+        }
     }
 
     /// Starts the round's store (node rank 0; everyone else lets its offer

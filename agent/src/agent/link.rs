@@ -7,6 +7,26 @@
 //! the calls and says what a test tells it to. Everything the driver does
 //! with the rendezvous goes through these methods, so the tests see every
 //! call the real agent would make.
+//!
+//! # A silent leader is a dead leader
+//! The drop limit (`keep_alive_interval × keep_alive_max_attempt`, 15 s by
+//! default) is when the rendezvous gives a node up; waiting that long to
+//! give the *rendezvous* up would lose the job whenever its leader pauses
+//! (a GC pause, a frozen VM, swap) or goes deaf, since its TCP connections
+//! stay open and nobody asks who leads now. So the link declares its
+//! server silent after [`silence_bound`] (1 s by default, a third of a
+//! shorter drop limit): HTTP/2 PINGs on the connection ([`pings`]) that go
+//! unanswered for that long end it, and so does a keep-alive, ready or
+//! report that gets no answer within it, or any error from one. The node
+//! then rejoins (its workers keep running) and the join leaves the silent
+//! replica for whichever the others name ([`RdzvClient::join`]), trying
+//! the silent one beside that. A failure report that was lost with the
+//! silent server is made again to the new one (`machine.rs`, `Round::reported`).
+//!
+//! The fence counts from the *send* time of the last call the server
+//! answered ([`Heard::Silent`]'s `since`): the server's own last sign of
+//! life of this node is no earlier, so a node never keeps its workers
+//! longer than the server keeps the node.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +38,7 @@ use rendezvous_server::Token;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
+use tracing::warn;
 
 use crate::client::{Leaders, RdzvClient};
 use crate::config::Config;
@@ -32,12 +53,13 @@ pub(crate) enum Heard {
     Nothing,
     /// The session ended or broke: why.
     Lost(String),
-    /// Keep-alives went unanswered for the drop limit: why, and when one
-    /// was last answered.
+    /// The server went silent (no answer within the silence bound, or
+    /// the connection broke): why, and the send time of the last call it
+    /// answered.
     Silent {
         /// Why, in words.
         why: String,
-        /// The last answered keep-alive.
+        /// The send time of the last answered call.
         since: Instant,
     },
 }
@@ -105,7 +127,21 @@ pub(crate) struct Reach {
     read_timeout: Duration,
     reconnect_grace: Duration,
     keep_alive_interval: Duration,
-    keep_alive_max_attempt: u32,
+    /// How long the server may leave a call or a PING unanswered.
+    silence: Duration,
+}
+
+/// The most a node waits for an answer before it takes its server for
+/// silent: a third of the drop limit, at most a second. Well within the
+/// drop limit, so a node leaves a paused or deaf leader and finds the new
+/// one long before either side gives the other up; long enough that a
+/// loaded server's answer (microseconds of work, plus a round trip) is not
+/// mistaken for silence. A server wrongly taken for silent costs a rejoin
+/// (the workers keep running), nothing more.
+pub(crate) fn silence_bound(drop_limit: Duration) -> Duration {
+    (drop_limit / 3)
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(20))
 }
 
 impl Reach {
@@ -126,16 +162,17 @@ impl Reach {
             read_timeout: cfg.rdzv.read_timeout,
             reconnect_grace: cfg.rdzv.reconnect_grace,
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
-            keep_alive_max_attempt: cfg.rdzv.keep_alive_max_attempt,
+            silence: silence_bound(cfg.rdzv.dead_after()),
         }
     }
 
     /// Joins (the first time, or again), within `deadline`, starting at
-    /// endpoint `first`.
+    /// endpoint `first`; `avoid`: a replica that went silent.
     pub(crate) async fn join(
         self: &Arc<Self>,
         req: pb::JoinRequest,
         first: usize,
+        avoid: Option<(String, u16)>,
         deadline: Instant,
     ) -> Result<(RdzvLink, pb::Joined), AgentError> {
         // The replica that served last first, then the others.
@@ -149,6 +186,8 @@ impl Reach {
             self.token.as_ref(),
             &self.tls,
             self.read_timeout,
+            self.silence,
+            avoid.as_ref(),
             deadline,
         )
         .await?;
@@ -163,8 +202,15 @@ impl Reach {
 pub(crate) struct RdzvLink {
     client: RdzvClient,
     events: Streaming<pb::Event>,
-    /// Says why, when keep-alives go unanswered for too long.
+    /// Says why, when a keep-alive goes unanswered or fails.
     silent: mpsc::Receiver<Silence>,
+    /// The send time of the last call the server answered.
+    answered: Answered,
+    /// A call of the driver's went unanswered (or failed): why.
+    tripped: Option<String>,
+    /// The server went silent, or closed the job saying it is going away
+    /// (it no longer leads): a rejoin leaves it for another.
+    leaving: bool,
     keep_alive: tokio::task::JoinHandle<()>,
     /// Which endpoint served: a rejoin starts there.
     serving: usize,
@@ -184,42 +230,124 @@ impl RdzvLink {
         serving: usize,
         reach: Arc<Reach>,
     ) -> Self {
+        let answered = Answered::new(client.sent());
         let (keep_alive, silent) = spawn_keep_alive(
             client.clone(),
             reach.keep_alive_interval,
-            reach.keep_alive_max_attempt,
+            reach.silence,
+            answered.clone(),
         );
         Self {
             client,
             events,
             silent,
+            answered,
+            tripped: None,
+            leaving: false,
             keep_alive,
             serving,
             reach,
         }
     }
+
+    /// Runs one call of the driver's: an answer moves the keep-alive
+    /// clock; no answer within the silence bound, or a failure that is not
+    /// the server's verdict on the call, marks the server silent (the next
+    /// [`Link::next`] says so).
+    async fn call<F>(&mut self, what: &str, call: F) -> Result<(), Status>
+    where
+        F: Future<Output = Result<(), Status>>,
+    {
+        let sent = Instant::now();
+        let result = match tokio::time::timeout(self.reach.silence, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Status::unavailable(format!(
+                "the rendezvous did not answer {what} within {:.1} s",
+                self.reach.silence.as_secs_f64()
+            ))),
+        };
+        match &result {
+            Ok(()) => self.answered.note(sent),
+            Err(s) if is_silence(s.code()) => {
+                self.tripped.get_or_insert_with(|| {
+                    format!("the rendezvous did not answer {what}: {}", s.message())
+                });
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Whether a failed call says nothing about the call itself: the server
+/// did not answer, or answers that it does not serve (a follower, a leader
+/// whose lease lapsed), or the connection broke.
+pub(crate) fn is_silence(code: tonic::Code) -> bool {
+    use tonic::Code;
+    matches!(
+        code,
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+    )
+}
+
+/// The send time of the last call the server answered, shared by the
+/// link and its keep-alive task. The server's last sign of life of this
+/// node is no earlier, so the fence that counts from it is never late.
+#[derive(Debug, Clone)]
+struct Answered(Arc<std::sync::Mutex<Instant>>);
+
+impl Answered {
+    fn new(at: Instant) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(at)))
+    }
+
+    /// A call sent at `sent` was answered.
+    fn note(&self, sent: Instant) {
+        let mut at = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *at = (*at).max(sent);
+    }
+
+    fn get(&self) -> Instant {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Link for RdzvLink {
     async fn ready(&mut self, round: u64, store: (String, u32)) -> Result<(), Status> {
-        self.client.ready(round, store).await
+        let mut client = self.client.clone();
+        self.call("ready", client.ready(round, store)).await
     }
 
     async fn report_failure(&mut self, round: u64, f: Failed) {
-        self.client
-            .report_failure(
-                round,
-                f.local_rank,
-                f.global_rank,
-                f.exit_code,
-                f.reason,
-                f.failure,
-            )
-            .await;
+        let mut client = self.client.clone();
+        let call = client.report_failure(
+            round,
+            f.local_rank,
+            f.global_rank,
+            f.exit_code,
+            f.reason,
+            f.failure,
+        );
+        if let Err(s) = self.call("the failure report", call).await {
+            // Made again once the node reaches a rendezvous (`Round::reported`).
+            warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
+        }
     }
 
     async fn report_success(&mut self, round: u64) {
-        self.client.report_success(round).await;
+        let mut client = self.client.clone();
+        if let Err(s) = self
+            .call("the success report", client.report_success(round))
+            .await
+        {
+            warn!(code = ?s.code(), error = %s.message(), "could not report success to the rendezvous");
+        }
     }
 
     async fn leave(&mut self, reason: &str) {
@@ -227,18 +355,35 @@ impl Link for RdzvLink {
     }
 
     async fn next(&mut self) -> Heard {
-        tokio::select! {
-            Some((why, since)) = self.silent.recv() => match since {
-                Some(since) => Heard::Silent { why, since },
-                None => Heard::Lost(why),
+        let heard = match self.tripped.take() {
+            Some(why) => Heard::Silent {
+                why,
+                since: self.answered.get(),
             },
-            ev = self.events.message() => match ev {
-                Ok(Some(pb::Event { kind: Some(kind) })) => Heard::Message(kind),
-                Ok(Some(_)) => Heard::Nothing,
-                Ok(None) => Heard::Lost("the rendezvous ended this node's session".into()),
-                Err(s) => Heard::Lost(format!("lost the rendezvous: {}", s.message())),
+            None => tokio::select! {
+                Some((why, silent)) = self.silent.recv() => match silent {
+                    true => Heard::Silent { why, since: self.answered.get() },
+                    false => Heard::Lost(why),
+                },
+                ev = self.events.message() => match ev {
+                    Ok(Some(pb::Event { kind: Some(kind) })) => Heard::Message(kind),
+                    Ok(Some(_)) => Heard::Nothing,
+                    Ok(None) => Heard::Lost("the rendezvous ended this node's session".into()),
+                    // The connection broke, or its PINGs went unanswered.
+                    Err(s) => Heard::Silent {
+                        why: format!("lost the rendezvous: {}", s.message()),
+                        since: self.answered.get(),
+                    },
+                },
             },
+        };
+        if matches!(
+            heard,
+            Heard::Silent { .. } | Heard::Message(pb::event::Kind::JobClosed(_))
+        ) {
+            self.leaving = true;
         }
+        heard
     }
 
     fn rejoin(
@@ -252,54 +397,87 @@ impl Link for RdzvLink {
         // it only with it.
         req.session = self.client.session().to_vec();
         let first = self.serving;
+        // A server that went silent is left for whichever the others name
+        // (and tried beside that); one that ended the session is tried first.
+        let avoid = self.leaving.then(|| self.client.server().clone());
         async move {
             let deadline = crate::deadline::after(reach.reconnect_grace);
-            reach.join(req, first, deadline).await
+            reach.join(req, first, avoid, deadline).await
         }
     }
 }
 
-/// Why the keep-alives gave up, and for silence the last answer.
-type Silence = (String, Option<Instant>);
+/// Why the keep-alives gave up, and whether the server went silent.
+type Silence = (String, bool);
 
-/// Sends keep-alives every `every`. If none is answered for `every ×
-/// max_attempt` (a cut link stalls a stream without ending it), or the
-/// server no longer knows this node, the returned receiver says why (and,
-/// for silence, when one was last answered): the session treats that as a
-/// lost rendezvous.
+/// Sends keep-alives every `every`, each noting its send time in
+/// `answered` once answered. One not answered within `silence`, or failed,
+/// means the server went silent (the PINGs usually say so first); one the
+/// server answers with NOT_FOUND means it no longer knows this node (a
+/// restarted server relearns its nodes). Either way the returned receiver
+/// says why, and the session treats that as a lost rendezvous.
 fn spawn_keep_alive(
     mut client: RdzvClient,
     every: Duration,
-    max_attempt: u32,
+    silence: Duration,
+    answered: Answered,
 ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Silence>) {
     let (tx, rx) = mpsc::channel(1);
-    let limit = every.saturating_mul(max_attempt);
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
-        let mut answered = Instant::now();
         loop {
             tick.tick().await;
-            match tokio::time::timeout(every, client.keep_alive()).await {
-                Ok(Ok(())) => answered = Instant::now(),
+            let sent = Instant::now();
+            let why = match tokio::time::timeout(silence, client.keep_alive()).await {
+                Ok(Ok(())) => {
+                    answered.note(sent);
+                    continue;
+                }
                 Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
-                    // A restarted server relearns its nodes: not silence.
                     let why = format!("the rendezvous no longer knows this node: {}", s.message());
-                    let _ = tx.send((why, None)).await;
+                    let _ = tx.send((why, false)).await;
                     return;
                 }
-                Ok(Err(s)) => tracing::debug!(error = %s.message(), "keep-alive failed"),
-                Err(_) => tracing::debug!("keep-alive timed out"),
-            }
-            if answered.elapsed() > limit {
-                let why = format!(
-                    "no keep-alive answered for {:.1} s",
-                    answered.elapsed().as_secs_f64()
-                );
-                let _ = tx.send((why, Some(answered))).await;
-                return;
-            }
+                Ok(Err(s)) => format!("a keep-alive failed: {}", s.message()),
+                Err(_) => format!(
+                    "no keep-alive answered within {:.1} s",
+                    silence.as_secs_f64()
+                ),
+            };
+            let _ = tx.send((why, true)).await;
+            return;
         }
     });
     (task, rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_silence_bound_is_a_third_of_the_drop_limit_at_most_a_second() {
+        let s = Duration::from_secs;
+        assert_eq!(silence_bound(s(15)), s(1), "the default drop limit");
+        assert_eq!(silence_bound(s(3)), s(1));
+        assert_eq!(silence_bound(s(1)), Duration::from_millis(333));
+        assert_eq!(silence_bound(Duration::ZERO), Duration::from_millis(20));
+        let (interval, timeout) = crate::client::pings(s(1));
+        assert_eq!(
+            interval + timeout,
+            s(1),
+            "a connection with no answer ends within the bound"
+        );
+    }
+
+    #[test]
+    fn the_fence_clock_keeps_the_latest_answered_send_time() {
+        let t0 = Instant::now();
+        let a = Answered::new(t0);
+        a.note(t0 + Duration::from_secs(2));
+        // A slow answer to an older call does not move it back.
+        a.note(t0 + Duration::from_secs(1));
+        assert_eq!(a.get(), t0 + Duration::from_secs(2));
+    }
 }

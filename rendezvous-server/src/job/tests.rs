@@ -390,13 +390,79 @@ fn finished_jobs_and_jobs_without_members_expire_after_the_ttl() {
     assert!(!j.expired(t + Duration::from_secs(1), ttl));
     assert!(j.expired(t + ttl, ttl));
     assert_eq!(j.next_deadline(t, ttl), Some(t + ttl));
-    // A job whose every node left before it finished.
+    // A job whose every node left before it finished: kept for the
+    // reconnect window (its nodes may come back to resume it), or the TTL
+    // if that is longer.
     let mut j = job(2);
     j.join(t, "n0", &req("a", 2, None), S).expect("join");
     assert!(!j.expired(t + ttl * 10, ttl), "a member is there");
     j.leave(t, "n0", "gone");
-    assert!(!j.expired(t + Duration::from_secs(1), ttl));
-    assert!(j.expired(t + ttl, ttl));
+    assert!(!j.expired(t + ttl, ttl));
+    assert!(!j.expired(t + Duration::from_secs(59), ttl));
+    assert!(j.expired(t + RECONNECT_WINDOW, ttl));
+    assert!(j.expired(t + ttl * 3, ttl * 3), "a longer TTL is kept");
+    assert!(!j.expired(t + ttl * 3 - Duration::from_secs(1), ttl * 3));
+}
+
+#[test]
+fn every_node_dropped_for_silence_keeps_the_job_for_the_reconnect_window() {
+    let t = Instant::now();
+    let ttl = Duration::from_secs(5);
+    let (mut j, _) = formed(&["a", "b"], t);
+    // Both nodes kept a leader alive that this one never heard from.
+    let dropped = t + Duration::from_secs(16);
+    j.tick(dropped);
+    assert!(j.members().is_empty(), "both dropped for silence");
+    assert!(!j.expired(dropped + ttl, ttl));
+    assert!(j.expired(dropped + RECONNECT_WINDOW, ttl));
+    // A node that comes back within it finds the job, a round later.
+    let mut back = req("a", 2, None);
+    back.resume = Some(pb::Resume {
+        round: 0,
+        restart_count: 0,
+        node_rank: 0,
+        nnodes: 2,
+    });
+    let out = j
+        .join(dropped + Duration::from_secs(30), "n0", &back, S)
+        .expect("the job is there");
+    assert!(matches!(
+        kinds_for(&out, "n0")[..],
+        [Kind::Joined(pb::Joined {
+            round: 1,
+            resumed: false,
+            ..
+        })]
+    ));
+}
+
+#[test]
+fn a_new_leader_counts_silence_from_when_it_took_the_job_over() {
+    let t = Instant::now();
+    let (j, _) = formed(&["a", "b"], t);
+    // The last leader heard both at t and wrote the job 10 s later; the
+    // record is loaded after a pause: without the handover both would be
+    // dropped 5 s after it.
+    let taken = t + Duration::from_secs(30);
+    let mut j = Job::restore(j.record(t + Duration::from_secs(10)), taken);
+    j.handed_over(taken);
+    assert!(
+        j.tick(taken + Duration::from_secs(14)).is_empty(),
+        "nobody is lost before the drop limit has passed since the handover"
+    );
+    assert_eq!(j.members().len(), 2);
+    assert_eq!(
+        j.next_deadline(taken, Duration::from_secs(30)),
+        Some(taken + Duration::from_millis(15_001))
+    );
+    // One node reaches the new leader; the other never does.
+    j.keep_alive(taken + Duration::from_secs(10), "n0");
+    let out = j.tick(taken + Duration::from_millis(15_002));
+    assert!(!j.members().contains_key("n1"), "silent to this leader");
+    assert!(j.members().contains_key("n0"));
+    assert!(out
+        .iter()
+        .any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
 }
 
 #[test]
