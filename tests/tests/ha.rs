@@ -981,7 +981,7 @@ mod replicas {
     impl Silence for Deaf<'_> {
         fn start(&self) {
             self.nft(&format!(
-                "table inet accel_deaf {{ chain in {{ type filter hook input priority 0; iifname \"{}\" drop; }} }}\n",
+                "table inet accel_deaf {{\n  chain in {{\n    type filter hook input priority 0;\n    iifname \"{}\" drop\n  }}\n}}\n",
                 self.0.iface
             ));
         }
@@ -1137,6 +1137,7 @@ mod replicas {
         let host = lan.host(2);
         let dir = scratch("ha-deaf-leader");
         let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
+        // The segment is the test's own: no token.
         let args = |endpoints: String| {
             [
                 "--etcd-endpoints".to_owned(),
@@ -1145,9 +1146,12 @@ mod replicas {
                 "/deaf".into(),
                 "--etcd-lease".into(),
                 "2".into(),
+                "--allow-unauthenticated".into(),
             ]
         };
-        let args_of = |a: &[String; 6]| a.iter().map(String::as_str).collect::<Vec<_>>();
+        fn args_of(a: &[String; 7]) -> Vec<&str> {
+            a.iter().map(String::as_str).collect()
+        }
         let first_args = args(etcd.endpoints_at(&lan.gateway));
         let first = Server::start_in(
             &host.exec(),

@@ -461,7 +461,7 @@ mod tests {
         let s = Duration::from_secs;
         assert_eq!(silence_bound(s(15)), s(1), "the default drop limit");
         assert_eq!(silence_bound(s(3)), s(1));
-        assert_eq!(silence_bound(s(1)), Duration::from_millis(333));
+        assert_eq!(silence_bound(s(1)), s(1) / 3);
         assert_eq!(silence_bound(Duration::ZERO), Duration::from_millis(20));
         let (interval, timeout) = crate::client::pings(s(1));
         assert_eq!(
