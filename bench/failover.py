@@ -189,23 +189,26 @@ def pause_run(d, lease):
     time.sleep(0.5)
     os.kill(worker_pids(agents[0][0].pid)[0], signal.SIGKILL)
 
-    def settle(text, limit):
+    def settle(texts, limit):
         deadline = time.time() + limit
         while time.time() < deadline:
-            seen = [first_after(e, text, paused) for _, e in agents]
+            seen = [min((t for t in (first_after(e, x, paused) for x in texts) if t), default=None)
+                    for _, e in agents]
             if all(seen):
                 return max(seen)
             time.sleep(0.05)
         return None
 
-    moved = settle("reconnected", 9)
-    formed = settle("starting workers round=1", 9)
+    # On the new leader: resumed there, or found the job restarted there already.
+    on_new = ["reconnected", "the job moved on without this node"]
+    moved = settle(on_new, 9)
+    formed = settle(["starting workers round=1"], 9)
     elected = first_after(logs[1], "leading", paused)
     time.sleep(max(0.0, paused + 10 - time.time()))
     servers[0].send_signal(signal.SIGCONT)
     # What did not happen during the pause may happen after it.
-    moved = moved or settle("reconnected", 30)
-    formed = formed or settle("starting workers round=1", 30)
+    moved = moved or settle(on_new, 30)
+    formed = formed or settle(["starting workers round=1"], 30)
     for p, _ in agents:
         p.kill()
     for s in servers:

@@ -718,6 +718,63 @@ mod tests {
         }
     }
 
+    /// A port whose kernel accepts connections that nobody serves: a
+    /// paused server, as its nodes see it.
+    async fn paused() -> (tokio::net::TcpListener, (String, u16)) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        (listener, ("127.0.0.1".to_owned(), port))
+    }
+
+    #[tokio::test]
+    async fn a_join_gives_a_paused_replica_up_after_the_silence_bound_or_at_once_when_it_went_silent(
+    ) {
+        let token = Token::new("right-token-0123456789", "test").expect("token");
+        let (_held, silent) = paused().await;
+        let live = (
+            "127.0.0.1".to_owned(),
+            serve("right-token-0123456789").await,
+        );
+        let endpoints = [silent.clone(), live];
+        let join = |node: &str, silence: Duration, avoid: Option<&(String, u16)>| {
+            let mut req = request(2);
+            req.node_id = node.into();
+            let (endpoints, token) = (endpoints.clone(), token.clone());
+            let avoid = avoid.cloned();
+            async move {
+                let started = Instant::now();
+                let (_client, _events, _joined, at) = RdzvClient::join(
+                    &endpoints,
+                    Leaders::Listed,
+                    req,
+                    Some(&token),
+                    &ClientTlsFiles::default(),
+                    Duration::from_secs(60),
+                    silence,
+                    avoid.as_ref(),
+                    Instant::now() + Duration::from_secs(30),
+                )
+                .await
+                .expect("joins the live replica");
+                (at, started.elapsed())
+            }
+        };
+        // Tried first, the paused one holds the join only until its PINGs
+        // go unanswered for the bound.
+        let (at, took) = join("a", Duration::from_secs(1), None).await;
+        assert_eq!(at, 1);
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        // Known to be silent, it is left for the other at once.
+        let (at, took) = join("b", Duration::from_secs(10), Some(&silent)).await;
+        assert_eq!(at, 1);
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+
     #[tokio::test]
     async fn a_refusal_keeps_the_servers_status_code() {
         let port = serve("right-token-0123456789").await;

@@ -76,6 +76,63 @@ impl LeaseClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::{Session, SESSION_BYTES};
+    use crate::{Limits, Registry};
+    use accel_proto::v1 as pb;
+    use pb::event::Kind;
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn a_registry_whose_lease_lapsed_ends_its_streams_and_serves_nothing() {
+        let clock = LeaseClock::granted(Instant::now(), Duration::from_millis(300));
+        let registry =
+            Registry::new(Duration::from_secs(60), Limits::default()).with_lease(clock.clone());
+        let secret = Session::from_bytes([1; SESSION_BYTES]);
+        let req = |node: &str| pb::JoinRequest {
+            job_id: "j".into(),
+            node_id: node.into(),
+            hostname: "h".into(),
+            min_nodes: 2,
+            max_nodes: 2,
+            nproc_per_node: 1,
+            ..Default::default()
+        };
+        let mut stream = registry
+            .join(Instant::now(), &req("a"), None, secret)
+            .expect("joins while the lease is valid");
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(pb::Event {
+                kind: Some(Kind::Joined(_))
+            }))
+        ));
+        // The process sleeps past the lease (a pause, as the clock sees it).
+        while clock.may_act(Instant::now()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        registry.tick(Instant::now());
+        let refused = registry
+            .keep_alive(Instant::now(), "j", "a", &secret.to_vec())
+            .expect_err("a leader whose lease lapsed serves nothing");
+        assert_eq!(
+            tonic::Status::from(refused).code(),
+            tonic::Code::Unavailable
+        );
+        match stream.next().await {
+            Some(Ok(pb::Event {
+                kind: Some(Kind::JobClosed(c)),
+            })) => assert!(
+                c.may_rejoin && c.reason.contains("no longer the leader"),
+                "{c:?}"
+            ),
+            other => panic!("expected the stream to say it no longer leads, got {other:?}"),
+        }
+        assert!(stream.next().await.is_none(), "and then end");
+        assert!(registry
+            .join(Instant::now(), &req("b"), None, secret)
+            .is_err());
+        assert!(registry.status("j", 0, "").is_err());
+    }
 
     #[test]
     fn a_leader_acts_for_two_thirds_of_the_lease_after_each_renewal_was_sent() {

@@ -15,7 +15,7 @@
 //! (a GC pause, a frozen VM, swap) or goes deaf, since its TCP connections
 //! stay open and nobody asks who leads now. So the link declares its
 //! server silent after [`silence_bound`] (1 s by default, a third of a
-//! shorter drop limit): HTTP/2 PINGs on the connection ([`pings`]) that go
+//! shorter drop limit): HTTP/2 PINGs on the connection ([`pings`](crate::client::pings)) that go
 //! unanswered for that long end it, and so does a keep-alive, ready or
 //! report that gets no answer within it, or any error from one. The node
 //! then rejoins (its workers keep running) and the join leaves the silent
