@@ -103,7 +103,7 @@ impl RdzvClient {
     /// # A silent replica
     /// With `avoid`, the join is a node leaving a replica that stopped
     /// answering: it asks the other endpoints (or, [`Leaders::Published`],
-    /// its own replica) who leads, every [`LEADER_RETRY`] or so, and goes to
+    /// its own replica) who leads, every quarter second or so, and goes to
     /// any leader they name but the silent one; meanwhile, beside that, it
     /// keeps trying the silent one itself (it may come back, still leading,
     /// after a short pause). Whichever takes the join first wins.
