@@ -620,6 +620,41 @@ async fn a_refused_offer_ends_the_agent_with_the_servers_status_code() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_offer_the_rendezvous_leaves_unanswered_rejoins_and_offers_again() {
+    let end = drive(|mut h| async move {
+        running(&mut h).await;
+        h.script.exit(0, 1, Ended::Exited(3));
+        assert!(matches!(h.next().await, Call::Failure(0, 0, _)));
+        assert!(matches!(h.next().await, Call::Stop(..)));
+        // The leader went silent (or no longer leads): not its verdict.
+        *h.script.refuse_ready.lock().expect("lock") = Some(tonic::Status::unavailable(
+            "the rendezvous did not answer ready within 1.0 s",
+        ));
+        h.script
+            .rejoins
+            .lock()
+            .expect("lock")
+            .push_back(Ok(pb::Joined {
+                round: 1,
+                resumed: false,
+                session: Vec::new(),
+            }));
+        h.script.say(0, restart(0, 1));
+        assert_eq!(h.next().await, Call::Ready(0, 1));
+        assert_eq!(h.next().await, Call::Rejoin(0, None));
+        assert_eq!(
+            h.next().await,
+            Call::Ready(1, 1),
+            "offered again, on the new link"
+        );
+        h.signals.send(Signal::SIGTERM).expect("signal");
+        assert!(matches!(h.next().await, Call::Leave(1, _)));
+    })
+    .await;
+    assert_eq!(outcome(end), Outcome::Signaled(Signal::SIGTERM));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_rejoin_that_gives_up_stops_the_workers_and_ends_the_agent() {
     let end = drive(|mut h| async move {
         running(&mut h).await;
