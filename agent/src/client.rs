@@ -298,9 +298,28 @@ impl RdzvClient {
             reason,
             failure,
             session: self.session.clone(),
+            fenced: false,
         });
         if let Err(s) = self.inner.report_failure(req).await {
             warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
+        }
+    }
+
+    /// Says that this node stopped its workers in `round` because it lost
+    /// the rendezvous (fencing): the job re-forms without spending its
+    /// restart budget (a server that predates this counts it as a failure).
+    pub async fn report_fenced(&mut self, round: u64, reason: String) {
+        let req = self.request(pb::ReportFailureRequest {
+            job_id: self.job_id.clone(),
+            node_id: self.node_id.clone(),
+            round,
+            reason: truncated(&reason, rendezvous_server::limits::MAX_REASON_BYTES).to_owned(),
+            session: self.session.clone(),
+            fenced: true,
+            ..Default::default()
+        });
+        if let Err(s) = self.inner.report_failure(req).await {
+            warn!(code = ?s.code(), error = %s.message(), "could not tell the rendezvous that this node's workers were fenced");
         }
     }
 

@@ -55,6 +55,10 @@ pub(crate) trait Link: Send + Sized + 'static {
     /// Reports a worker's failure in `round` (best effort).
     fn report_failure(&mut self, round: u64, failed: Failed) -> impl Future<Output = ()> + Send;
 
+    /// Says that this node stopped its workers in `round` for want of a
+    /// rendezvous (fencing), not because one failed (best effort).
+    fn report_fenced(&mut self, round: u64, reason: String) -> impl Future<Output = ()> + Send;
+
     /// Reports that every worker of this node succeeded in `round` (best
     /// effort).
     fn report_success(&mut self, round: u64) -> impl Future<Output = ()> + Send;
@@ -106,6 +110,9 @@ pub(crate) struct Reach {
     reconnect_grace: Duration,
     keep_alive_interval: Duration,
     keep_alive_max_attempt: u32,
+    /// Agent-only rendezvous: this node's presence key, which must be in
+    /// etcd before it joins (the leader drops a member without one).
+    presence: Option<rendezvous_server::presence::Held>,
 }
 
 impl Reach {
@@ -124,10 +131,17 @@ impl Reach {
             token: cfg.token.clone(),
             tls: cfg.link_tls(),
             read_timeout: cfg.rdzv.read_timeout,
-            reconnect_grace: cfg.rdzv.reconnect_grace,
+            reconnect_grace: cfg.reconnect_grace(),
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
             keep_alive_max_attempt: cfg.rdzv.keep_alive_max_attempt,
+            presence: None,
         }
+    }
+
+    /// The same, joining only while this node's presence key is in etcd.
+    pub(crate) fn with_presence(mut self, held: Option<rendezvous_server::presence::Held>) -> Self {
+        self.presence = held;
+        self
     }
 
     /// Joins (the first time, or again), within `deadline`, starting at
@@ -138,6 +152,13 @@ impl Reach {
         first: usize,
         deadline: Instant,
     ) -> Result<(RdzvLink, pb::Joined), AgentError> {
+        if let Some(held) = &self.presence {
+            if !held.wait(deadline).await {
+                return Err(AgentError::JoinTimeout(
+                    "this node's presence key could not be written to etcd in time (the rendezvous drops a node without one); is etcd reachable from this node?".into(),
+                ));
+            }
+        }
         // The replica that served last first, then the others.
         let mut order = self.endpoints.clone();
         let first = first.min(order.len());
@@ -216,6 +237,10 @@ impl Link for RdzvLink {
                 f.failure,
             )
             .await;
+    }
+
+    async fn report_fenced(&mut self, round: u64, reason: String) {
+        self.client.report_fenced(round, reason).await;
     }
 
     async fn report_success(&mut self, round: u64) {
