@@ -46,7 +46,7 @@ use crate::store::records::{escape, unescape};
 
 /// What the others are told about a node dropped for its expired lease.
 pub const EXPIRED: &str =
-    "left the job: its etcd lease expired (its presence key is gone; the node is dead or cut off from etcd)";
+    "its etcd lease expired (its presence key is gone: the node is dead, or cut off from etcd)";
 /// Keys read per request in a check.
 const PAGE: i64 = 1000;
 /// Pause before trying etcd again after it failed.
