@@ -21,7 +21,7 @@
 //!
 //! # The leader
 //! While it leads, a replica with [`crate::ha::EtcdOptions::presence`]
-//! watches the prefix ([`watch`]): a key deleted (its lease expired or was
+//! watches the prefix ([`watch()`]): a key deleted (its lease expired or was
 //! revoked) triggers a check, and so does every lease's worth of time (a
 //! watch that missed something, or a member loaded without a key). A check
 //! takes the registry's members first and reads the keys after, then drops
@@ -77,7 +77,7 @@ pub struct Presence {
 
 impl Presence {
     /// Starts keeping node `node_id`'s key under `options.prefix` (its value
-    /// `host`, for people reading etcd); [`Presence::wait`] says when it is
+    /// `host`, for people reading etcd); [`Held::wait`] says when it is
     /// there.
     pub fn announce(options: &EtcdOptions, node_id: &str, host: &str) -> Self {
         let (tx, held) = watch::channel(false);
