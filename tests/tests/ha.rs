@@ -1130,7 +1130,9 @@ mod agent_only {
                     .nnodes(nnodes)
                     .nproc(1)
                     .max_restarts(max_restarts)
-                    .conf("last_call_timeout=1")
+                    // A first round waits for the third node (a re-formed
+                    // one starts once its members are ready).
+                    .conf("last_call_timeout=5")
                     .conf("etcd_prefix=/agent-only");
                 for c in conf {
                     cmd = cmd.conf(c);
