@@ -51,6 +51,9 @@ pub const EXPIRED: &str =
 const PAGE: i64 = 1000;
 /// Pause before trying etcd again after it failed.
 const RETRY: Duration = Duration::from_millis(500);
+/// How long after a deleted key the leader waits for more before it checks
+/// (at most twenty times that while changes keep coming).
+const COALESCE: Duration = Duration::from_millis(50);
 /// Host names named in a drop's log line.
 const NAMED: usize = 8;
 
@@ -247,7 +250,20 @@ pub async fn watch(client: Client, prefix: String, registry: Registry, every: Du
             };
             tokio::select! {
                 d = deleted => match d {
-                    Ok(true) => check_logged(&client, &keys, &registry, &mut failing).await,
+                    Ok(true) => {
+                        // Many nodes going at once (a rack) are many events:
+                        // those that follow closely share one check.
+                        if let Some(w) = &mut changes {
+                            let until = tokio::time::Instant::now() + COALESCE * 20;
+                            while tokio::time::Instant::now() < until {
+                                match tokio::time::timeout(COALESCE, w.message()).await {
+                                    Ok(Ok(Some(_))) => {}
+                                    _ => break,
+                                }
+                            }
+                        }
+                        check_logged(&client, &keys, &registry, &mut failing).await
+                    }
                     Ok(false) => continue,
                     Err(why) => {
                         tracing::debug!(reason = %why, "the presence watch ended; watching again");
