@@ -276,6 +276,12 @@ def rdzv_seeds():
     yield "two-nodes-succeed", formed + success(0) + success(1)
     yield "failure-restarts", formed + failure(1) + ready(0) + ready(1) + failure(0) + ready(0) + ready(1) + success(0) + success(1)
     yield "budget-spent", join(0, 0, (1, 1, 1, 0, 0, 0)) + ready(0) + failure(0)
+    # Detail byte bit 1: the node's workers were fenced, not failed (no budget is spent).
+    no_budget = (2, 2, 1, 0, 3000, 0)
+    yield "fenced-re-forms", (
+        join(0, 0, no_budget) + join(1, 1) + ready(0) + ready(1) + failure(1, detail=2) + failure(0, 2, detail=2)
+        + ready(0) + ready(1) + failure(0, detail=1)
+    )
     yield "leave-restarts", formed + leave(1) + join(2, 2) + ready(0) + ready(2) + tick()
     yield "lost-node", formed + clock(200) + keep_alive(0) + clock(200) + tick() + clock(0xF0_0000) + tick()
     elastic = (2, 4, 1, 1, 0, 200)

@@ -130,7 +130,12 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         },
     )));
     let located = locate_rendezvous(&cfg, &stop_server).await?;
-    let (endpoints, leaders, server) = (located.endpoints, located.leaders, located.server);
+    let (endpoints, leaders, server, etcd) = (
+        located.endpoints,
+        located.leaders,
+        located.server,
+        located.etcd,
+    );
     let console = match cfg.logs.tee == crate::logs::StdSpec::default() {
         true => None,
         false => Some(
@@ -178,12 +183,30 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 resume: None,
                 session: Vec::new(),
             };
-            let reach = Arc::new(link::Reach::new(&cfg, endpoints.clone(), leaders, join_req));
+            // Agent-only: the node's presence key is written before it
+            // joins, and kept while it is a member (withdrawn below).
+            let presence = etcd
+                .as_ref()
+                .map(|o| rendezvous_server::presence::Presence::announce(o, &node_id, &hostname));
+            let reach = Arc::new(
+                link::Reach::new(&cfg, endpoints.clone(), leaders, join_req)
+                    .with_presence(presence.as_ref().map(|p| p.held())),
+            );
             let joined = tokio::select! {
-                r = reach.join(reach.join_req.clone(), 0, None, deadline) => r?,
-                sig = signals.recv() => return Ok(Outcome::Signaled(sig)),
+                r = reach.join(reach.join_req.clone(), 0, None, deadline) => r.map(Ok),
+                sig = signals.recv() => Ok(Err(sig)),
             };
-            let (link, first) = joined;
+            let (link, first) = match joined {
+                Ok(Ok(joined)) => joined,
+                Ok(Err(sig)) => {
+                    withdraw(presence).await;
+                    return Ok(Outcome::Signaled(sig));
+                }
+                Err(e) => {
+                    withdraw(presence).await;
+                    return Err(e);
+                }
+            };
             let (machine, first_actions) =
                 NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
             let mut session = Session::new(
@@ -198,6 +221,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             );
             session.events = Some(events.clone());
             let result = session.drive(first_actions).await;
+            // This membership is over (the node left, the job ended, or the
+            // agent exits): its presence goes at once, not after the lease.
+            withdraw(presence).await;
             match result {
                 Ok(SessionEnd::Unhealthy) => continue,
                 Ok(SessionEnd::Done(outcome)) => return Ok(outcome),
@@ -220,6 +246,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     }
     result
+}
+
+/// Deletes this node's presence key, if it keeps one.
+async fn withdraw(presence: Option<rendezvous_server::presence::Presence>) {
+    if let Some(p) = presence {
+        p.withdraw().await;
+    }
 }
 
 /// What the job came to, as the final events say it.

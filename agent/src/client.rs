@@ -407,6 +407,23 @@ impl RdzvClient {
             reason,
             failure,
             session: self.session.clone(),
+            fenced: false,
+        });
+        self.inner.report_failure(req).await.map(drop)
+    }
+
+    /// Says that this node stopped its workers in `round` because it lost
+    /// the rendezvous (fencing): the job re-forms without spending its
+    /// restart budget (a server that predates this counts it as a failure).
+    pub async fn report_fenced(&mut self, round: u64, reason: String) -> Result<(), Status> {
+        let req = self.request(pb::ReportFailureRequest {
+            job_id: self.job_id.clone(),
+            node_id: self.node_id.clone(),
+            round,
+            reason: truncated(&reason, rendezvous_server::limits::MAX_REASON_BYTES).to_owned(),
+            session: self.session.clone(),
+            fenced: true,
+            ..Default::default()
         });
         self.inner.report_failure(req).await.map(drop)
     }

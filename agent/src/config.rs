@@ -12,6 +12,7 @@ use std::time::Duration;
 use accel_input::excerpt;
 use nix::sys::signal::Signal;
 
+pub mod conflicts;
 mod options;
 mod rdzv_conf;
 pub mod slurm;
@@ -171,6 +172,13 @@ impl Config {
             Rendezvous::Standalone => Default::default(),
             _ => self.rdzv.tls.clone(),
         }
+    }
+
+    /// How long a node that lost the rendezvous keeps trying to rejoin:
+    /// `reconnect_grace`, but never shorter than an agent-only rendezvous's
+    /// failover ([`conflicts::rejoin_grace`]).
+    pub fn reconnect_grace(&self) -> Duration {
+        conflicts::rejoin_grace(&self.rendezvous, &self.rdzv)
     }
 
     /// How long a round may take to form before the agent gives up.

@@ -13,10 +13,13 @@
 //! in etcd; the others' replicas answer with the leader's address, which is
 //! where this agent's client goes ([`Leaders::Published`]). When the hosting
 //! agent's node dies, its lease runs out, another agent is elected, loads the
-//! state, and the nodes reconnect and resume within their drop limit (the
-//! dead node is dropped as for any silent node). The last leader deletes the
-//! finished job's records when it exits, so etcd keeps nothing of a job
-//! that is over.
+//! state, and the nodes reconnect and resume within their drop limit. Each
+//! agent keeps a presence key under the job's prefix on an etcd lease of
+//! its own, written before it joins and revoked when it exits; the leader
+//! drops a node whose key vanished (its lease expired: the dead host, say)
+//! at once, not at the keep-alive limit ([`rendezvous_server::presence`]).
+//! The last leader deletes the finished job's records when it exits, so
+//! etcd keeps nothing of a job that is over.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -37,6 +40,9 @@ pub(crate) struct Located {
     pub leaders: Leaders,
     /// The rendezvous this agent serves (until the stop token).
     pub server: Option<tokio::task::JoinHandle<()>>,
+    /// Agent-only rendezvous: how the job's etcd is reached, where each
+    /// node keeps its presence key ([`rendezvous_server::presence`]).
+    pub etcd: Option<rendezvous_server::ha::EtcdOptions>,
 }
 
 impl Located {
@@ -45,6 +51,7 @@ impl Located {
             endpoints,
             leaders: Leaders::Listed,
             server,
+            etcd: None,
         }
     }
 }
@@ -270,7 +277,9 @@ async fn serve_replica(
         user: None,
         tls: etcd_tls,
         advertise: advertise.clone(),
+        presence: true,
     });
+    let replication = options.replication.clone();
     if options.token.is_none() && !bind.ip().is_loopback() {
         warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
     }
@@ -303,6 +312,7 @@ async fn serve_replica(
         endpoints: vec![(own, port)],
         leaders: Leaders::Published,
         server: Some(task),
+        etcd: replication,
     })
 }
 

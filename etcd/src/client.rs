@@ -17,7 +17,7 @@ use tonic::{Response, Status, Streaming};
 
 use crate::endpoints::Endpoints;
 use crate::error::{must_reauthenticate, Error};
-use crate::options::{ConnectOptions, GetOptions, Txn};
+use crate::options::{prefix_end, ConnectOptions, GetOptions, Txn};
 use crate::pb::etcdserverpb::{
     auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
     watch_client::WatchClient, watch_request, AuthenticateRequest, LeaseGrantRequest,
@@ -324,6 +324,27 @@ impl Client {
         .await
     }
 
+    /// Writes `value` at `key`, attached to `lease`: the key goes when the
+    /// lease ends (revoked, or expired without renewal).
+    pub async fn put_with_lease(
+        &self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: i64,
+    ) -> Result<PutResponse, Error> {
+        let request = PutRequest {
+            key: key.into(),
+            value: value.into(),
+            lease,
+            ..Default::default()
+        };
+        self.call(|ch, stamp| {
+            let request = stamp.request(request.clone());
+            async move { KvClient::new(ch).put(request).await }
+        })
+        .await
+    }
+
     /// Runs a transaction.
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error> {
         let request = txn.request();
@@ -446,12 +467,26 @@ impl Client {
     /// Watches `key` from now on: once this returns, etcd has the watch, and
     /// every later change of the key comes on the stream.
     pub async fn watch(&self, key: impl Into<Vec<u8>>) -> Result<WatchStream, Error> {
+        self.watch_range(key.into(), Vec::new()).await
+    }
+
+    /// Watches every key that starts with `prefix` from now on, as
+    /// [`Client::watch`] does one key: a key created, changed or deleted
+    /// (its lease ended, say) comes on the stream as an event.
+    pub async fn watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> Result<WatchStream, Error> {
+        let prefix = prefix.into();
+        let end = prefix_end(&prefix);
+        self.watch_range(prefix, end).await
+    }
+
+    async fn watch_range(&self, key: Vec<u8>, range_end: Vec<u8>) -> Result<WatchStream, Error> {
         let (index, url, _) = self.shared.current();
         let url = url.to_owned();
         let create = WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(
                 WatchCreateRequest {
-                    key: key.into(),
+                    key,
+                    range_end,
                     ..Default::default()
                 },
             )),

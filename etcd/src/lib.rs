@@ -15,12 +15,13 @@
 //!   tried when it fails ([`Client::connect`], [`ConnectOptions`]): connect
 //!   timeout, HTTP/2 keep-alive, `hasleader`, user and password (the token
 //!   renewed when etcd stops accepting it), TLS from PEM;
-//! - keys: [`Client::get`], [`Client::put`], [`Client::txn`] (compares on
-//!   version, create and mod revision or value; put, delete and get);
+//! - keys: [`Client::get`], [`Client::put`] (or [`Client::put_with_lease`]),
+//!   [`Client::txn`] (compares on version, create and mod revision or value;
+//!   put, delete and get);
 //! - leases: grant, revoke, keep-alive (a stream);
 //! - elections (etcd's v3election service): campaign, leader, observe,
 //!   resign;
-//! - watching one key.
+//! - watching one key, or every key under a prefix.
 //!
 //! Responses are the generated messages of [`pb`], read by their fields.
 #![forbid(unsafe_code)]

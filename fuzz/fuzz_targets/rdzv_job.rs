@@ -5,7 +5,8 @@
 //! - one round at a time: the round number never decreases and moves by at
 //!   most one per step; a terminal job stays terminal;
 //! - the restart budget: `restart_count` never decreases and never exceeds
-//!   `max_restarts`;
+//!   `max_restarts`, and a fenced node's report (no worker failed) never
+//!   spends it;
 //! - node ranks: a completed round hands out ranks `0..n` once each, with
 //!   `n` within `[min_nodes, max_nodes]` and consistent sizes; a running
 //!   round's participants are unique and every ranked member sits at its
@@ -31,7 +32,8 @@
 //!   dead_after_ms, last_call_ms (u64); with 2 the node rank (u32); with 4
 //!   round, restart_count, node_rank, nnodes;
 //! - 1 ready: node, round, endpoint byte; 2 keep-alive: node;
-//! - 3 failure: node, round, detail byte; 4 success: node, round;
+//! - 3 failure: node, round, detail byte (bit 0: a failure detail; bit 1:
+//!   the node's workers were fenced, not failed); 4 success: node, round;
 //! - 5 leave: node; 6 tick; 7 clock: milliseconds (u32);
 //! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job).
 //!
@@ -132,12 +134,24 @@ fuzz_target!(|data: &[u8]| {
             3 => {
                 let node = input.node();
                 let r = round(&mut input, &server);
-                let detail = (input.byte() & 1 == 1).then(|| pb::Failure {
-                    host: "host".into(),
-                    message: "RuntimeError: boom".into(),
-                    ..Default::default()
-                });
-                (server.failure(node, r, detail), false)
+                let flags = input.byte();
+                if flags & 2 == 2 {
+                    let out = server.fenced(node, r);
+                    let spent = server.job.as_ref().map(Job::restart_count);
+                    assert_eq!(
+                        spent,
+                        before.job.as_ref().map(|j| j.restart_count),
+                        "a fenced node's report spent the restart budget"
+                    );
+                    (out, false)
+                } else {
+                    let detail = (flags & 1 == 1).then(|| pb::Failure {
+                        host: "host".into(),
+                        message: "RuntimeError: boom".into(),
+                        ..Default::default()
+                    });
+                    (server.failure(node, r, detail), false)
+                }
             }
             4 => {
                 let node = input.node();
@@ -336,6 +350,14 @@ impl Server {
         let host = j.members().get(node).map_or(node.to_owned(), |m| m.hostname.clone());
         let reason = format!("worker rank 0 (local rank 0) on host '{host}' exited with 1");
         j.failure(now, node, round, reason, detail)
+    }
+
+    fn fenced(&mut self, node: &str, round: u64) -> Vec<Outbound> {
+        let now = self.now();
+        self.job
+            .as_mut()
+            .map(|j| j.fenced(now, node, round, "stopped its workers (fencing)"))
+            .unwrap_or_default()
     }
 
     fn success(&mut self, node: &str, round: u64) -> Vec<Outbound> {

@@ -286,6 +286,8 @@ impl ServerArgs {
             user,
             tls,
             advertise,
+            // Agents of a server's jobs keep no presence keys.
+            presence: false,
         }))
     }
 

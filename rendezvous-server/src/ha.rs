@@ -81,6 +81,10 @@ pub struct EtcdOptions {
     pub tls: Option<TlsOptions>,
     /// The address agents reach this replica at (`HOST:PORT`).
     pub advertise: String,
+    /// Whether the job's nodes keep presence keys under `<prefix>/presence/`
+    /// (agent-only rendezvous): the leader then drops a member whose key
+    /// is gone, its etcd lease expired ([`crate::presence`]).
+    pub presence: bool,
 }
 
 impl std::fmt::Debug for EtcdOptions {
@@ -93,6 +97,7 @@ impl std::fmt::Debug for EtcdOptions {
             .field("user", &self.user.as_ref().map(|(u, _)| u))
             .field("tls", &self.tls.is_some())
             .field("advertise", &self.advertise)
+            .field("presence", &self.presence)
             .finish()
     }
 }
@@ -335,6 +340,16 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         Some(fenced.clone()),
     ));
     let _ticker = AbortOnDrop(ticker);
+    // A node whose etcd lease expired is dead: dropped then, not at the
+    // keep-alive limit (agent-only rendezvous).
+    let _presence = r.o.presence.then(|| {
+        AbortOnDrop(tokio::spawn(crate::presence::watch(
+            client.clone(),
+            r.o.prefix.clone(),
+            registry.clone(),
+            r.o.lease,
+        )))
+    });
     let ended = tokio::select! {
         _ = expired.cancelled() => Ended::Lost("the etcd lease could not be renewed in time".into()),
         _ = fenced.cancelled() => Ended::Lost("etcd refused a write: another replica leads".into()),
@@ -376,7 +391,12 @@ async fn resign(client: &Client, key: LeaderKey) {
 /// the lease may have lapsed (two thirds of it after the last renewal was
 /// sent), or etcd says it is gone. Every wait is bounded by that moment, so
 /// a hung call cannot make the loss late.
-async fn keep_lease(client: Client, lease: i64, clock: LeaseClock, expired: CancellationToken) {
+pub(crate) async fn keep_lease(
+    client: Client,
+    lease: i64,
+    clock: LeaseClock,
+    expired: CancellationToken,
+) {
     let every = clock.window() / 2;
     let mut renewed = Instant::now();
     let mut link = None;

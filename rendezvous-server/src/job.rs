@@ -142,6 +142,15 @@ pub struct Member {
     joined_seq: u64,
 }
 
+impl Member {
+    /// Which joining of its node id this membership is: numbered in order
+    /// of arrival within the job, so a node dropped and joining again under
+    /// the same id is another membership, with a larger number.
+    pub fn joined_seq(&self) -> u64 {
+        self.joined_seq
+    }
+}
+
 /// An event for one node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outbound {
@@ -443,6 +452,37 @@ impl Job {
         self.finish(now, Phase::Failed(reason))
     }
 
+    /// `node_id` stopped its workers in `round` itself, not because one
+    /// failed: it lost the rendezvous for the drop limit and killed them so
+    /// that no second copy of its ranks could run beside a job re-formed
+    /// without it (fencing). It is back and the round is still current, but
+    /// the round cannot go on without those workers, so the job re-forms as
+    /// for a membership change: nothing of the restart budget is spent, and
+    /// the round's failure (`last_failure`, the root cause) is untouched.
+    /// `reason`: what the node says happened. A node that is not in the
+    /// round, or whose workers had succeeded, changes nothing.
+    pub fn fenced(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        round: u64,
+        reason: &str,
+    ) -> Vec<Outbound> {
+        self.keep_alive(now, node_id);
+        if round != self.round || self.phase != Phase::Running {
+            return Vec::new();
+        }
+        let Some(m) = self
+            .members
+            .get(node_id)
+            .filter(|m| m.rank.is_some() && !m.succeeded)
+        else {
+            return Vec::new();
+        };
+        let reason = format!("host '{}' {reason}", m.hostname);
+        self.restart(reason, false)
+    }
+
     /// Every worker of `node_id` succeeded in `round`.
     pub fn success(&mut self, now: Instant, node_id: &str, round: u64) -> Vec<Outbound> {
         self.keep_alive(now, node_id);
@@ -471,6 +511,27 @@ impl Job {
             Some(out) => out,
             None => Vec::new(),
         }
+    }
+
+    /// Drops these members at once, each as a departure (`reason`: why,
+    /// for instance that its etcd lease expired), and decides the forming
+    /// round once, after all of them went, so no round completes with a
+    /// node this call drops. Ids that are not members are skipped. Like any
+    /// departure, a node of the running round re-forms the job without
+    /// spending the restart budget.
+    pub fn drop_nodes(&mut self, now: Instant, node_ids: &[String], reason: &str) -> Vec<Outbound> {
+        let mut out = Vec::new();
+        let mut dropped = false;
+        for id in node_ids {
+            if let Some(o) = self.remove(now, id, reason) {
+                dropped = true;
+                out.extend(o);
+            }
+        }
+        if dropped {
+            out.extend(self.step(now));
+        }
+        out
     }
 
     /// Drops a member without deciding anything: a forming round is decided
@@ -564,6 +625,12 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
             session: session.to_vec(),
         }),
     }
+}
+
+/// Whether `node_id` is a relearned job's placeholder for a node that has
+/// not reconnected yet (no node can join under such an id).
+pub fn is_placeholder(node_id: &str) -> bool {
+    node_id.starts_with(ABSENT)
 }
 
 /// A placeholder's secret: never handed out, and [`Job::authorize`] refuses

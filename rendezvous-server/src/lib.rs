@@ -11,6 +11,8 @@
 //! - [`store`]: the seam through which job state outlives the process, and
 //!   its etcd implementation;
 //! - [`ha`]: replicas on etcd: election, leading, stepping down;
+//! - [`presence`]: agent-only rendezvous: nodes' presence keys, and the
+//!   leader dropping a node whose etcd lease expired;
 //! - [`service`]: the gRPC handlers;
 //! - [`auth`]: the token every call carries, and nodes' session secrets;
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
@@ -35,6 +37,7 @@ pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod outbox;
+pub mod presence;
 pub mod quiet;
 pub mod registry;
 pub mod service;

@@ -105,6 +105,9 @@ pub struct Movements {
     pub disconnected: u64,
     /// Members dropped for sending no keep-alive in time.
     pub silent: u64,
+    /// Members dropped because their etcd lease expired (agent-only
+    /// rendezvous: their presence key vanished).
+    pub expired: u64,
     /// Members disconnected for not reading their events.
     pub too_slow: u64,
 }
@@ -118,7 +121,10 @@ impl ServerMetrics {
         for (family, kinds) in [
             (&c.restarts, &["failure", "membership"][..]),
             (&c.failures, &["exit", "signal"]),
-            (&c.nodes_dropped, &["disconnected", "silent", "too_slow"]),
+            (
+                &c.nodes_dropped,
+                &["disconnected", "silent", "too_slow", "lease_expired"],
+            ),
             (&c.nodes_joined, &["new", "resumed"]),
             (&c.jobs_ended, &["succeeded", "failed"]),
             (&c.store_writes, &["ok", "error"]),
@@ -233,6 +239,7 @@ impl ServerMetrics {
             (m.disconnected, &self.0.nodes_dropped, "disconnected"),
             (m.silent, &self.0.nodes_dropped, "silent"),
             (m.too_slow, &self.0.nodes_dropped, "too_slow"),
+            (m.expired, &self.0.nodes_dropped, "lease_expired"),
         ] {
             if n > 0 {
                 family.get_or_create(&Kind { kind }).inc_by(n);

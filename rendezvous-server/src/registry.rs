@@ -119,6 +119,18 @@ struct Held {
     horizon: u64,
 }
 
+/// One node's membership of a job, as [`Registry::memberships`] saw it: a
+/// node dropped and joining again under the same id is another membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    /// The job.
+    pub job_id: String,
+    /// The node.
+    pub node_id: String,
+    /// Which joining of the node id it is ([`Member::joined_seq`]).
+    pub seq: u64,
+}
+
 /// Every job the server knows.
 #[derive(Debug, Clone)]
 pub struct Registry {
@@ -689,6 +701,76 @@ impl Registry {
         }
     }
 
+    /// Every member of every job that is not over, as of now (not a
+    /// relearned job's placeholders, which stand for nodes not back yet).
+    /// O(members): for checks that run now and then, not per call.
+    pub fn memberships(&self) -> Vec<Membership> {
+        let jobs = self.lock();
+        let mut all = Vec::new();
+        for (job_id, e) in jobs
+            .map
+            .iter()
+            .filter(|(_, e)| !e.job.phase().is_terminal())
+        {
+            all.extend(
+                e.job
+                    .members()
+                    .iter()
+                    .filter(|(id, _)| !crate::job::is_placeholder(id))
+                    .map(|(id, m)| Membership {
+                        job_id: job_id.clone(),
+                        node_id: id.clone(),
+                        seq: m.joined_seq(),
+                    }),
+            );
+        }
+        all
+    }
+
+    /// Drops the memberships of `gone` that still hold (a node that left
+    /// and joined again since is another membership, and stays) because
+    /// their nodes' etcd leases expired; `reason` says so to the others.
+    /// Each job decides once, after all of its nodes went
+    /// ([`Job::drop_nodes`]); a node of the running round re-forms the job
+    /// as any departure does. Returns how many went.
+    pub fn drop_expired(&self, now: Instant, gone: &[Membership], reason: &str) -> usize {
+        let mut by_job: BTreeMap<&str, Vec<&Membership>> = BTreeMap::new();
+        for m in gone {
+            by_job.entry(m.job_id.as_str()).or_default().push(m);
+        }
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let mut dropped = 0;
+        for (job_id, nodes) in by_job {
+            let Some(entry) = jobs.map.get_mut(job_id) else {
+                continue;
+            };
+            let members = entry.job.members();
+            let ids: Vec<String> = nodes
+                .iter()
+                .filter(|n| {
+                    members
+                        .get(&n.node_id)
+                        .is_some_and(|m| m.joined_seq() == n.seq)
+                })
+                .map(|n| n.node_id.clone())
+                .collect();
+            if ids.is_empty() || entry.job.phase().is_terminal() {
+                continue;
+            }
+            for id in &ids {
+                entry.streams.remove(id);
+            }
+            let before = entry.job.members().len();
+            let out = entry.job.drop_nodes(now, &ids, reason);
+            let n = before.saturating_sub(entry.job.members().len());
+            dropped += n;
+            jobs.tallies.entry(job_id.to_owned()).or_default().expired += n as u64;
+            self.after(jobs, job_id, now, out);
+        }
+        dropped
+    }
+
     /// Ends every job's streams (server shutdown). A store is written no
     /// more: the jobs were not closed for the server that continues them, so
     /// it starts from the last batch (flush first to make that the latest).
@@ -925,6 +1007,7 @@ fn log_tally(job: &str, t: &Tally) {
         (t.left, "left"),
         (t.disconnected, "lost their connection"),
         (t.silent, "dropped for sending no keep-alive in time"),
+        (t.expired, "dropped when their etcd lease expired"),
         (t.too_slow, "disconnected for not reading their events"),
     ] {
         if n > 0 {
@@ -935,7 +1018,7 @@ fn log_tally(job: &str, t: &Tally) {
         return;
     }
     let summary = parts.join(", ");
-    if t.disconnected + t.silent + t.too_slow > 0 {
+    if t.disconnected + t.silent + t.too_slow + t.expired > 0 {
         warn!(job, nodes = %summary, "membership changed");
     } else {
         info!(job, nodes = %summary, "membership changed");
@@ -1015,3 +1098,6 @@ fn job_info(job: &Job) -> pb::JobInfo {
         node_count: members.len() as u32,
     }
 }
+
+#[cfg(test)]
+mod tests;

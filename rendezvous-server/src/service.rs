@@ -127,6 +127,21 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
         limits::check_failure(&r)?;
+        if r.fenced {
+            // Its reason goes to every member, as a leave's does.
+            limits::check_reason(&r.reason)?;
+            // Not a failure: the node stopped its workers for want of a
+            // rendezvous; the job re-forms without spending the budget.
+            ignore_non_member(
+                self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
+                    (
+                        (),
+                        job.fenced(now, &r.node_id, r.round, &printable(&r.reason)),
+                    )
+                }),
+            )?;
+            return Ok(Response::new(pb::Ack {}));
+        }
         let detail = r.failure.as_ref().map(printable_failure);
         let mut counted = false;
         ignore_non_member(

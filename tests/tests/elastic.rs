@@ -230,6 +230,74 @@ fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
     drop(restarted);
 }
 
+/// The server is gone for longer than the job's drop limit (1 s): both
+/// nodes stop their workers (fencing), and when it is back (relearning the
+/// job from them, its round still current) they say so and the job re-forms
+/// as for a membership change, without spending its restart budget of 0.
+#[test]
+fn workers_fenced_while_the_server_was_away_re_form_without_spending_restarts() {
+    let addr = format!("127.0.0.1:{}", accel_tests::free_port());
+    let server = Server::start_at(&addr);
+    let dir = scratch("fenced");
+    let conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,reconnect_grace=30";
+    // Long enough that the first round's workers are fenced before they end.
+    let env = [("RUN_FOR", "5")];
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|n| elastic_agent(&server, &dir, n, "fenced", "2", conf, &env))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(20), || records(&dir).len() == 4),
+        "running"
+    );
+    let first: Vec<Record> = records(&dir);
+    server.signal("KILL");
+    let _ = server.wait(Duration::from_secs(10));
+    // Both nodes fence their workers within the drop limit of the loss.
+    assert!(
+        eventually(Duration::from_secs(10), || first
+            .iter()
+            .all(|r| !alive(r.pid))),
+        "the first round's workers were stopped without a rendezvous"
+    );
+    let restarted = Server::start_at(&addr);
+    for agent in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(
+            out.code(),
+            0,
+            "--max-restarts 0, yet the job finished\n{}",
+            out.stderr
+        );
+    }
+    let recs = records(&dir);
+    assert_eq!(recs.len(), 8, "one more round of 4 workers: {recs:#?}");
+    for r in &first {
+        let again = recs.iter().find(|x| x.pid == r.pid).expect("its record");
+        assert!(
+            again.end.is_none(),
+            "rank {} was killed, not finished",
+            r.rank
+        );
+    }
+    let second: Vec<&Record> = recs
+        .iter()
+        .filter(|r| first.iter().all(|f| f.pid != r.pid))
+        .collect();
+    let mut ranks: Vec<u32> = second.iter().map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3]);
+    assert!(second
+        .iter()
+        .all(|r| r.end.is_some() && r.var("WORLD_SIZE") == "4"));
+    assert!(
+        recs.iter()
+            .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"),
+        "the fence spent no restart"
+    );
+    drop(restarted);
+}
+
 /// Three hosts in their own network namespaces; one host's link is cut (no
 /// reset, packets just stop). The server drops it after the keep-alive limit
 /// and the others re-form; the cut host cannot rejoin and stops its workers

@@ -1372,50 +1372,69 @@ mod agent_only {
         Some(line[at..].split_whitespace().next()?.to_owned())
     }
 
-    #[test]
-    fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
-        let dir = scratch("ha-agent-only");
-        let etcd = EtcdCluster::start(&dir, 3);
+    /// Three agent-only agents of job `team/agents` on `etcd` running the
+    /// recording worker (one each, records in `dir`): a round of two (the
+    /// survivors') runs for a second, any other until it is broken (so a
+    /// round formed before the third node arrived cannot finish the job);
+    /// `conf`: more `--rdzv-conf` entries.
+    fn three_agents(
+        dir: &std::path::Path,
+        etcd: &EtcdCluster,
+        nnodes: &str,
+        max_restarts: u32,
+        conf: &[&str],
+    ) -> Vec<(String, accel_tests::Agent)> {
         let endpoints = etcd.endpoints().replace("http://", "");
-        let cmd = |backend: &str| {
-            accel_tests::AgentCmd::etcd(&endpoints, "team/agents")
-                .backend(backend)
-                .nnodes("2:3")
-                .nproc(1)
-                .max_restarts(1)
-                .conf("last_call_timeout=1")
-                .conf("etcd_prefix=/agent-only")
-                .conf("etcd_lease=2")
-                // A silent node is dropped after 5 s.
-                .conf("keep_alive_interval=1")
-                .conf("keep_alive_max_attempt=5")
-        };
-        // The first round (3 nodes) runs until the test breaks it; the
-        // re-formed one (2 nodes) for a second.
         let env = [
             ("RECORD_EACH_ROUND", "1"),
-            ("RUN_FOR", "1"),
-            ("RUN_FOR_WORLD", "3:120"),
+            ("RUN_FOR", "120"),
+            ("RUN_FOR_WORLD", "2:1"),
+            // A stop by SIGTERM is recorded; the fence's SIGKILL is not.
+            ("ON_SIGTERM", "exit"),
         ];
         // torchrun's etcd-v2 name is the same backend.
-        let mut agents: Vec<_> = ["etcd", "etcd", "etcd-v2"]
+        let agents: Vec<_> = ["etcd", "etcd", "etcd-v2"]
             .iter()
             .enumerate()
             .map(|(i, backend)| {
                 let tag = format!("node-{i}");
-                let agent = cmd(backend)
-                    .recording(&dir, &tag)
-                    .envs(&env)
-                    .start(&dir, &tag);
+                let mut cmd = accel_tests::AgentCmd::etcd(&endpoints, "team/agents")
+                    .backend(backend)
+                    .nnodes(nnodes)
+                    .nproc(1)
+                    .max_restarts(max_restarts)
+                    // A first round waits for the third node (a re-formed
+                    // one starts once its members are ready).
+                    .conf("last_call_timeout=5")
+                    .conf("etcd_prefix=/agent-only");
+                for c in conf {
+                    cmd = cmd.conf(c);
+                }
+                let agent = cmd.recording(dir, &tag).envs(&env).start(dir, &tag);
                 (tag, agent)
             })
             .collect();
+        let three = || {
+            accel_tests::records(dir)
+                .iter()
+                .filter(|r| r.env.get("WORLD_SIZE").map(String::as_str) == Some("3"))
+                .count()
+                == 3
+        };
         assert!(
-            accel_tests::eventually(Duration::from_secs(30), || {
-                accel_tests::records(&dir).len() == 3
-            }),
-            "three workers run"
+            accel_tests::eventually(Duration::from_secs(60), three),
+            "three workers run in a round of three"
         );
+        agents
+    }
+
+    /// Kills (`kill -9`) the agent elected to host the rendezvous; its tag,
+    /// its worker's record and when it was killed.
+    fn kill_the_host(
+        etcd: &EtcdCluster,
+        agents: &mut Vec<(String, accel_tests::Agent)>,
+        dir: &std::path::Path,
+    ) -> (String, accel_tests::Record, Instant) {
         // The elected agent: the oldest candidacy in the job's election.
         let election = "/agent-only/team%2Fagents/leader";
         let leader = etcd.ctl(&[
@@ -1437,30 +1456,28 @@ mod agent_only {
             .position(|(_, a)| advertised(&a.stderr).as_deref() == Some(leader.as_str()))
             .unwrap_or_else(|| panic!("no agent advertises {leader}"));
         let (killed_tag, killed) = agents.remove(host);
-        let killed_worker = accel_tests::records(&dir)
+        let killed_worker = accel_tests::records(dir)
             .into_iter()
-            .find(|r| r.env.get("AGENT_TAG") == Some(&killed_tag))
+            .find(|r| {
+                r.env.get("AGENT_TAG") == Some(&killed_tag)
+                    && r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
+            })
             .expect("the hosting node's worker");
+        let at = Instant::now();
         killed.signal("KILL");
         let _ = killed.wait(Duration::from_secs(10));
+        (killed_tag, killed_worker, at)
+    }
 
-        let outs: Vec<_> = agents
-            .into_iter()
-            .map(|(tag, a)| (tag, a.wait(Duration::from_secs(90))))
-            .collect();
-        for (tag, out) in &outs {
-            assert_eq!(out.code(), 0, "{tag}: {}", out.stderr);
-        }
-        // One survivor was elected and hosted the rest of the job.
-        let elected: Vec<_> = outs
-            .iter()
-            .filter(|(_, o)| o.stderr.contains("leading: serving the rendezvous"))
-            .map(|(tag, _)| tag.as_str())
-            .collect();
-        assert_eq!(elected.len(), 1, "one survivor took over: {elected:?}");
-        let recs = accel_tests::records(&dir);
+    /// The survivors' round after the kill: one finished worker each, ranks
+    /// 0 and 1 of a world of 2, no restart counted.
+    fn reformed_by_the_survivors(
+        dir: &std::path::Path,
+        outs: &[(String, accel_tests::Finished)],
+    ) -> Vec<accel_tests::Record> {
+        let recs = accel_tests::records(dir);
         let reformed: Vec<_> = recs
-            .iter()
+            .into_iter()
             .filter(|r| r.env.get("WORLD_SIZE").map(String::as_str) == Some("2"))
             .collect();
         let mut tags: Vec<_> = reformed
@@ -1477,7 +1494,64 @@ mod agent_only {
         );
         let mut ranks: Vec<_> = reformed.iter().map(|r| r.rank).collect();
         ranks.sort();
-        assert_eq!(ranks, [0, 1]);
+        assert_eq!(ranks, [0, 1], "unique, contiguous ranks");
+        for r in &reformed {
+            assert_eq!(
+                r.env["TORCHELASTIC_RESTART_COUNT"], "0",
+                "a re-form is no restart"
+            );
+        }
+        reformed
+    }
+
+    #[test]
+    fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
+        let dir = scratch("ha-agent-only");
+        let etcd = EtcdCluster::start(&dir, 3);
+        // A silent node would be dropped only after 30 s: the dead host is
+        // dropped when its etcd lease (2 s) expires.
+        let mut agents = three_agents(
+            &dir,
+            &etcd,
+            "2:3",
+            1,
+            &[
+                "etcd_lease=2",
+                "keep_alive_interval=1",
+                "keep_alive_max_attempt=30",
+            ],
+        );
+        let (_, killed_worker, killed_at) = kill_the_host(&etcd, &mut agents, &dir);
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|(tag, a)| (tag, a.wait(Duration::from_secs(90))))
+            .collect();
+        for (tag, out) in &outs {
+            assert_eq!(out.code(), 0, "{tag}: {}", out.stderr);
+        }
+        // One survivor was elected and hosted the rest of the job.
+        let elected: Vec<_> = outs
+            .iter()
+            .filter(|(_, o)| o.stderr.contains("leading: serving the rendezvous"))
+            .map(|(tag, _)| tag.as_str())
+            .collect();
+        assert_eq!(elected.len(), 1, "one survivor took over: {elected:?}");
+        let reformed = reformed_by_the_survivors(&dir, &outs);
+        // The survivors ran again long before the 30 s keep-alive limit
+        // could have dropped the dead host: its lease did (bounded loosely
+        // for a loaded machine; bench/failover.py measures it).
+        let killed_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64()
+            - killed_at.elapsed().as_secs_f64();
+        for r in &reformed {
+            let after = r.start - killed_unix;
+            assert!(
+                after < 20.0,
+                "the re-formed round started {after:.1} s after the kill: the dead host was not dropped at its lease"
+            );
+        }
         let proc = format!("/proc/{}", killed_worker.pid);
         assert!(
             accel_tests::eventually(Duration::from_secs(10), || {
@@ -1485,8 +1559,171 @@ mod agent_only {
             }),
             "the killed node's worker is gone (its guard stopped it)"
         );
-        // The job is over: nothing of it is left in etcd.
+        // The job is over: nothing of it is left in etcd (presence keys
+        // included: each agent revoked its own).
         let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
         assert!(left.trim().is_empty(), "etcd still holds {left}");
+    }
+
+    #[test]
+    fn a_one_second_drop_limit_fences_the_survivors_and_the_job_re_forms_without_spending_restarts()
+    {
+        let dir = scratch("ha-agent-only-fence");
+        let etcd = EtcdCluster::start(&dir, 3);
+        // The settings: a 1 s drop limit, the default 5 s lease,
+        // and no restart budget at all.
+        let mut agents = three_agents(
+            &dir,
+            &etcd,
+            "1:3",
+            0,
+            &["keep_alive_interval=0.5", "keep_alive_max_attempt=2"],
+        );
+        // Said once at start, naming both values.
+        for (tag, a) in &agents {
+            let text = std::fs::read_to_string(&a.stderr).unwrap_or_default();
+            let warned = text
+                .lines()
+                .filter(|l| l.contains("(the drop limit) is shorter than etcd_lease = 5 s"))
+                .count();
+            assert_eq!(warned, 1, "{tag}: one warning\n{text}");
+        }
+        let (_, _, _) = kill_the_host(&etcd, &mut agents, &dir);
+        let outs: Vec<_> = agents
+            .into_iter()
+            .map(|(tag, a)| (tag, a.wait(Duration::from_secs(90))))
+            .collect();
+        for (tag, out) in &outs {
+            assert_eq!(out.code(), 0, "{tag}: the job finished\n{}", out.stderr);
+        }
+        let reformed = reformed_by_the_survivors(&dir, &outs);
+        // The survivors' workers of the first round were fenced: killed
+        // (SIGKILL, unrecorded), not stopped by a restart (SIGTERM, which
+        // they record) and not finished.
+        let recs = accel_tests::records(&dir);
+        for (tag, _) in &outs {
+            let first = recs
+                .iter()
+                .find(|r| {
+                    r.env.get("AGENT_TAG") == Some(tag)
+                        && r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
+                })
+                .expect("a survivor's first worker");
+            assert_eq!(
+                (first.end, first.signal),
+                (None, None),
+                "{tag}: its first worker was killed by the fence"
+            );
+            let reformed_start = reformed
+                .iter()
+                .find(|r| r.env.get("AGENT_TAG") == Some(tag))
+                .expect("its re-formed worker")
+                .start;
+            assert!(reformed_start > first.start);
+        }
+        for r in &recs {
+            assert_eq!(
+                r.env["TORCHELASTIC_RESTART_COUNT"], "0",
+                "the fence spent no restart"
+            );
+        }
+        let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
+        assert!(left.trim().is_empty(), "etcd still holds {left}");
+    }
+
+    /// The lease-death rule on its own: a node whose presence lease expires
+    /// is dropped by the leader's watch, at once, whatever its keep-alive
+    /// limit; a node that withdraws its key is dropped too; a live one stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_whose_etcd_lease_expires_is_dropped_by_the_leader() {
+        use rendezvous_server::presence::{self, Presence};
+        let dir = scratch("ha-presence");
+        let etcd = EtcdCluster::start(&dir, 1);
+        let client = connect(&etcd).await;
+        let options = rendezvous_server::ha::EtcdOptions {
+            endpoints: vec![etcd.endpoint(0)],
+            prefix: "/presence-test/job".into(),
+            lease: Duration::from_secs(1),
+            user: None,
+            tls: None,
+            advertise: "127.0.0.1:1".into(),
+            presence: true,
+        };
+        let registry = Registry::new(TTL, Limits::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut keys = Vec::new();
+        let mut streams = Vec::new();
+        for (n, node) in ["a", "b", "c"].into_iter().enumerate() {
+            // The key first, then the join.
+            let p = Presence::announce(&options, node, &format!("host-{node}"));
+            assert!(p.held().wait(deadline).await, "{node}'s key is written");
+            keys.push(p);
+            let mut req = join_request(node, None, None);
+            (req.min_nodes, req.max_nodes) = (1, 3);
+            streams.push(
+                registry
+                    .join(Instant::now(), &req, None, secret(n as u8))
+                    .expect("joins"),
+            );
+        }
+        let watch = tokio::spawn(presence::watch(
+            client.clone(),
+            options.prefix.clone(),
+            registry.clone(),
+            Duration::from_secs(30),
+        ));
+        let members = |r: &Registry| {
+            let mut m: Vec<_> = r.memberships().into_iter().map(|m| m.node_id).collect();
+            m.sort();
+            m
+        };
+        // Nobody went: a check drops nothing.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(members(&registry), ["a", "b", "c"]);
+        // c's process dies: nothing renews its lease, which expires (1 s);
+        // the watch drops it, long before its 60 s keep-alive limit.
+        let c = keys.pop().expect("c");
+        let dead_at = Instant::now();
+        drop(c);
+        let gone = async {
+            while members(&registry).contains(&"c".to_owned()) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .expect("c is dropped once its lease expired");
+        assert!(
+            dead_at.elapsed() >= Duration::from_millis(500),
+            "dropped when the lease expired, not before"
+        );
+        assert_eq!(members(&registry), ["a", "b"]);
+        // b leaves cleanly: its key is revoked, and it goes at once.
+        let b = keys.pop().expect("b");
+        b.withdraw().await;
+        let gone = async {
+            while members(&registry).contains(&"b".to_owned()) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), gone)
+            .await
+            .expect("b is dropped once its key is gone");
+        // a stays, its lease renewed well past its length.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(members(&registry), ["a"]);
+        watch.abort();
+        let a = keys.pop().expect("a");
+        a.withdraw().await;
+        let left = client
+            .get("/presence-test", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("get");
+        assert!(
+            left.kvs.is_empty(),
+            "withdrawn keys are gone: {:?}",
+            left.kvs
+        );
+        drop(streams);
     }
 }

@@ -95,6 +95,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     )
                     .await
             }
+            Action::ReportFenced { round, reason } => self.link.report_fenced(round, reason).await,
             Action::Note(exit) => {
                 let f = self.describe(&exit);
                 self.failures.push(f);

@@ -77,6 +77,10 @@ pub(crate) trait Link: Send + Sized + 'static {
     /// Reports a worker's failure in `round` (best effort).
     fn report_failure(&mut self, round: u64, failed: Failed) -> impl Future<Output = ()> + Send;
 
+    /// Says that this node stopped its workers in `round` for want of a
+    /// rendezvous (fencing), not because one failed (best effort).
+    fn report_fenced(&mut self, round: u64, reason: String) -> impl Future<Output = ()> + Send;
+
     /// Reports that every worker of this node succeeded in `round` (best
     /// effort).
     fn report_success(&mut self, round: u64) -> impl Future<Output = ()> + Send;
@@ -129,6 +133,9 @@ pub(crate) struct Reach {
     keep_alive_interval: Duration,
     /// How long the server may leave a call or a PING unanswered.
     silence: Duration,
+    /// Agent-only rendezvous: this node's presence key, which must be in
+    /// etcd before it joins (the leader drops a member without one).
+    presence: Option<rendezvous_server::presence::Held>,
 }
 
 /// The most a node waits for an answer before it takes its server for
@@ -160,10 +167,17 @@ impl Reach {
             token: cfg.token.clone(),
             tls: cfg.link_tls(),
             read_timeout: cfg.rdzv.read_timeout,
-            reconnect_grace: cfg.rdzv.reconnect_grace,
+            reconnect_grace: cfg.reconnect_grace(),
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
             silence: silence_bound(cfg.rdzv.dead_after()),
+            presence: None,
         }
+    }
+
+    /// The same, joining only while this node's presence key is in etcd.
+    pub(crate) fn with_presence(mut self, held: Option<rendezvous_server::presence::Held>) -> Self {
+        self.presence = held;
+        self
     }
 
     /// Joins (the first time, or again), within `deadline`, starting at
@@ -175,6 +189,13 @@ impl Reach {
         avoid: Option<(String, u16)>,
         deadline: Instant,
     ) -> Result<(RdzvLink, pb::Joined), AgentError> {
+        if let Some(held) = &self.presence {
+            if !held.wait(deadline).await {
+                return Err(AgentError::JoinTimeout(
+                    "this node's presence key could not be written to etcd in time (the rendezvous drops a node without one); is etcd reachable from this node?".into(),
+                ));
+            }
+        }
         // The replica that served last first, then the others.
         let mut order = self.endpoints.clone();
         let first = first.min(order.len());
@@ -337,6 +358,16 @@ impl Link for RdzvLink {
         if let Err(s) = self.call("the failure report", call).await {
             // Made again once the node reaches a rendezvous (`Round::reported`).
             warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
+        }
+    }
+
+    async fn report_fenced(&mut self, round: u64, reason: String) {
+        let mut client = self.client.clone();
+        if let Err(s) = self
+            .call("the fenced report", client.report_fenced(round, reason))
+            .await
+        {
+            warn!(code = ?s.code(), error = %s.message(), "could not tell the rendezvous that this node's workers were fenced");
         }
     }
 

@@ -31,8 +31,10 @@
 //!   then they are killed (SIGKILL: their own shutdown, a last checkpoint,
 //!   is what must not run), so no second copy of this node's ranks runs
 //!   beside a re-formed job. The node still rejoins within the grace; if its
-//!   round is still current (a rendezvous that came back late), it reports
-//!   the stop as its failure and the job restarts.
+//!   round is still current (a rendezvous that came back late, or a new
+//!   host that loaded the job), it says its workers were fenced and the job
+//!   re-forms as for a membership change: no worker failed, so nothing of
+//!   `--max-restarts` is spent.
 //! - **Backing off** before round `r`: a crash loop. When a failure
 //!   restarts the job within `restart_backoff.window` of its round's start
 //!   for the second time in a row (or more), the node waits before it says
@@ -91,7 +93,7 @@ impl Settings {
             join_timeout: cfg.join_timeout(),
             exit_barrier_timeout: cfg.exit_barrier_timeout,
             shutdown_timeout: cfg.shutdown_timeout,
-            reconnect_grace: cfg.rdzv.reconnect_grace,
+            reconnect_grace: cfg.reconnect_grace(),
             fence_after: cfg.rdzv.dead_after(),
             restart_backoff: cfg.restart_backoff,
         }
@@ -187,6 +189,15 @@ pub enum Action {
         global_rank: u32,
         /// Why.
         message: String,
+    },
+    /// Say that this node stopped its workers in `round` because it lost
+    /// the rendezvous for the drop limit (fencing), not because one failed:
+    /// the round, still current, re-forms without spending the budget.
+    ReportFenced {
+        /// The round.
+        round: u64,
+        /// Why, for the other nodes.
+        reason: String,
     },
     /// Keep a failure this node caused by stopping its workers, for the
     /// summary (as torchrun lists them); not reported.
@@ -355,6 +366,10 @@ impl NodeMachine {
         match &self.phase {
             Phase::Running(r) if r.barrier.is_some() => Err(format!(
                 "round {}: this node's workers succeeded; waiting for the other nodes",
+                r.info.round
+            )),
+            Phase::Running(r) if r.fenced => Err(format!(
+                "round {}: this node's workers were stopped while the rendezvous was lost (fencing); waiting for the job to re-form",
                 r.info.round
             )),
             Phase::Running(r) if r.failed || r.live == 0 => Err(format!(
@@ -895,28 +910,29 @@ impl NodeMachine {
                 );
                 let mut actions = Vec::new();
                 round.fence = None;
-                if let Some(exit) = pending {
+                // A worker's failure, seen while unreachable or reported
+                // before the loss (the rendezvous now serving may not have
+                // it: its round would otherwise never end), is the round's
+                // failure and spends the budget.
+                if let Some(exit) = pending.or(round.reported) {
                     actions.push(Action::ReportFailure {
                         round: round.info.round,
                         exit,
                     });
                 } else if round.fenced {
-                    // The round cannot go on without this node's workers.
-                    actions.push(Action::ReportStartFailure {
+                    // No worker failed: this node stopped them itself. The
+                    // round cannot go on without them, so the job re-forms,
+                    // spending nothing of the budget.
+                    info!(
+                        round = round.info.round,
+                        "this node's workers were fenced; the job re-forms with it (no restart is counted)"
+                    );
+                    actions.push(Action::ReportFenced {
                         round: round.info.round,
-                        local_rank: 0,
-                        global_rank: round.info.base_rank,
-                        message: format!(
-                            "its workers were stopped after {:.1} s without a rendezvous (the drop limit)",
+                        reason: format!(
+                            "stopped its workers after {:.1} s without a rendezvous (the drop limit; fencing)",
                             self.settings.fence_after.as_secs_f64()
                         ),
-                    });
-                } else if let Some(exit) = round.reported {
-                    // Reported before the loss; the rendezvous now serving
-                    // may not have it (its round would otherwise never end).
-                    actions.push(Action::ReportFailure {
-                        round: round.info.round,
-                        exit,
                     });
                 }
                 if round.barrier.is_some() {

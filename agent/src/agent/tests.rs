@@ -34,6 +34,8 @@ enum Call {
     /// On link `n` (0: the first; each rejoin makes the next).
     Ready(u32, u64),
     Failure(u32, u64, Failed),
+    /// The workers of this round were fenced (no worker failed).
+    Fenced(u32, u64),
     Success(u32, u64),
     Leave(u32, String),
     Rejoin(u32, Option<pb::Resume>),
@@ -51,6 +53,8 @@ struct Script {
     senders: Mutex<Vec<UnboundedSender<Heard>>>,
     /// Answers to rejoins, in order.
     rejoins: Mutex<VecDeque<Result<pb::Joined, AgentError>>>,
+    /// How long a rejoin takes before it answers.
+    rejoin_takes: Mutex<Duration>,
     /// The next spawn fails.
     spawn_fails: Mutex<bool>,
     /// Workers ignore the stop signal (only SIGKILL ends them).
@@ -153,6 +157,11 @@ impl Link for FakeLink {
         self.call(Call::Failure(self.n, round, failed));
     }
 
+    async fn report_fenced(&mut self, round: u64, reason: String) {
+        assert!(reason.contains("drop limit"), "{reason}");
+        self.call(Call::Fenced(self.n, round));
+    }
+
     async fn report_success(&mut self, round: u64) {
         self.call(Call::Success(self.n, round));
     }
@@ -176,6 +185,8 @@ impl Link for FakeLink {
         self.call(Call::Rejoin(self.n, resume));
         let (script, calls, made) = (self.script.clone(), self.calls.clone(), self.made.clone());
         async move {
+            let takes = *script.rejoin_takes.lock().expect("lock");
+            tokio::time::sleep(takes).await;
             let answer = script
                 .rejoins
                 .lock()
@@ -588,6 +599,58 @@ async fn a_rejoin_into_a_reformed_job_stops_the_workers_and_offers_for_its_round
     })
     .await;
     assert_eq!(outcome(end), Outcome::Signaled(Signal::SIGTERM));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fenced_workers_re_form_the_round_without_a_failure_or_a_counted_restart() {
+    let end = drive(|mut h| async move {
+        running(&mut h).await;
+        // The rendezvous comes back after 20 s (a new host elected), past
+        // the drop limit (15 s), and still runs round 0.
+        *h.script.rejoin_takes.lock().expect("lock") = Duration::from_secs(20);
+        h.script
+            .rejoins
+            .lock()
+            .expect("lock")
+            .push_back(Ok(pb::Joined {
+                round: 0,
+                resumed: true,
+                session: Vec::new(),
+            }));
+        h.script
+            .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
+        assert!(matches!(h.next().await, Call::Rejoin(0, Some(_))));
+        assert_eq!(
+            h.next().await,
+            Call::Stop(Signal::SIGKILL, Duration::ZERO),
+            "the fence"
+        );
+        assert_eq!(h.next().await, Call::Fenced(1, 0), "not a failure");
+        // The job re-forms for free: the same restart count.
+        h.script.say(
+            1,
+            Heard::Message(Kind::RestartRequested(pb::RestartRequested {
+                round: 0,
+                next_round: 1,
+                reason: "host 'node-a' stopped its workers".into(),
+                counted: false,
+            })),
+        );
+        // Nothing is left to stop: the node offers itself at once.
+        assert_eq!(h.next().await, Call::Ready(1, 1));
+        h.script.say(1, complete(1, 1, 0));
+        assert_eq!(
+            h.next().await,
+            Call::Spawn(vec![2, 3], vec!["0".into(), "0".into()])
+        );
+        h.script.exit(1, 0, Ended::Exited(0));
+        h.script.exit(1, 1, Ended::Exited(0));
+        assert_eq!(h.next().await, Call::Success(1, 1));
+        h.script.say(1, succeeded(1));
+        h.quiet();
+    })
+    .await;
+    assert_eq!(outcome(end), Outcome::Succeeded);
 }
 
 #[tokio::test(start_paused = true)]

@@ -451,6 +451,7 @@ impl LaunchOptions {
             return Err(bad("--role must not be empty"));
         }
         warnings.extend(self.warnings.iter().cloned());
+        warnings.extend(super::conflicts::conflicts(&rendezvous, &rdzv));
         let mut base_env = self.base_env.clone();
         // torchrun's switch and path for its FileTimer server.
         let file_timer =

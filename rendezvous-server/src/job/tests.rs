@@ -311,6 +311,125 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
 }
 
 #[test]
+fn a_fenced_node_re_forms_the_job_without_spending_the_budget() {
+    let t = Instant::now();
+    let no_budget = |h: &str| pb::JoinRequest {
+        max_restarts: 0,
+        ..req(h, 2, None)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&no_budget("h")));
+    for (n, h) in [("n0", "a"), ("n1", "b")] {
+        j.join(t, n, &no_budget(h), S).expect("join");
+        j.ready(t, n, 0, (h.into(), 1), None);
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    let why = "stopped its workers after 1.0 s without a rendezvous (the drop limit)";
+    let out = j.fenced(t, "n1", 0, why);
+    assert_eq!(out.len(), 2, "both nodes are told");
+    for o in &out {
+        assert!(
+            matches!(&o.event, Kind::RestartRequested(r) if r.round == 0 && r.next_round == 1 && !r.counted && r.reason.contains("host 'b' stopped its workers")),
+            "{o:?}"
+        );
+    }
+    assert_eq!(j.restart_count(), 0, "no restart is counted");
+    assert_eq!(j.last_failure(), None, "no worker failed");
+    // The other node was fenced too; its report of the same round is stale.
+    assert!(j.fenced(t, "n0", 0, why).is_empty());
+    j.ready(t, "n0", 1, ("a".into(), 1), None);
+    let out = j.ready(t, "n1", 1, ("b".into(), 1), None);
+    let (r0, r1) = (round_of(&out, "n0"), round_of(&out, "n1"));
+    assert_eq!((r0.node_rank, r1.node_rank), (0, 1), "ranks stay put");
+    assert_eq!((r0.restart_count, r1.restart_count), (0, 0));
+    // The budget is whole: with --max-restarts 0 a real failure fails the job.
+    let out = j.failure(t, "n0", 1, "exited 1".into(), None);
+    assert!(matches!(&out[0].event, Kind::JobFailed(_)), "{out:?}");
+}
+
+#[test]
+fn a_fence_report_outside_the_running_round_changes_nothing() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    let why = "stopped its workers (fencing)";
+    assert!(j.fenced(t, "n0", 1, why).is_empty(), "a future round");
+    assert!(j.fenced(t, "nobody", 0, why).is_empty(), "not a member");
+    j.success(t, "n1", 0);
+    assert!(
+        j.fenced(t, "n1", 0, why).is_empty(),
+        "a node whose workers succeeded has nothing to re-run"
+    );
+    assert_eq!((j.round(), j.phase()), (0, &Phase::Running));
+    // A spare of a full round has no workers to lose.
+    let (mut j, _) = formed(&["a", "b"], t);
+    j.join(t, "n2", &req("c", 2, None), S)
+        .expect("a spare joins");
+    assert!(j.fenced(t, "n2", 0, why).is_empty());
+    assert_eq!((j.round(), j.phase()), (0, &Phase::Running));
+}
+
+#[test]
+fn dropped_nodes_go_together_before_the_round_is_decided() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["a", "b", "c"] {
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+        j.ready(t, n, 0, (n.into(), 1), None);
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    let why = "its etcd lease expired";
+    // Two of the round's nodes are dropped at once: one re-form, uncounted.
+    let out = j.drop_nodes(t, &["a".into(), "c".into(), "not-a-member".into()], why);
+    let restarts: Vec<_> = out
+        .iter()
+        .filter_map(|o| match &o.event {
+            Kind::RestartRequested(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert!(!restarts.is_empty());
+    assert!(restarts.iter().all(|r| !r.counted && r.next_round == 1));
+    assert!(restarts[0].reason.contains(why), "{:?}", restarts[0]);
+    assert_eq!(j.restart_count(), 0);
+    assert_eq!(j.members().keys().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(j.round(), 1);
+    // b alone is below MIN (2): the round waits for more nodes.
+    let out = j.ready(t, "b", 1, ("b".into(), 1), None);
+    assert!(out
+        .iter()
+        .all(|o| !matches!(o.event, Kind::RoundComplete(_))));
+    // While forming, a drop that would let the round complete on a node
+    // it also drops decides only once both went.
+    j.join(t, "d", &elastic("d", 2, 3), S).expect("join");
+    j.join(t, "e", &elastic("e", 2, 3), S).expect("join");
+    j.ready(t, "e", 1, ("e".into(), 1), None);
+    assert_eq!(j.phase(), &Phase::Forming, "b and e wait for d (last call)");
+    let out = j.drop_nodes(t, &["d".into(), "e".into()], why);
+    assert!(
+        out.iter()
+            .all(|o| !matches!(o.event, Kind::RoundComplete(_))),
+        "no round forms with a node the same call drops: {out:?}"
+    );
+    assert_eq!(j.phase(), &Phase::Forming);
+    assert!(
+        j.drop_nodes(t, &["d".into()], why).is_empty(),
+        "gone already"
+    );
+}
+
+#[test]
+fn a_membership_has_its_own_number() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 1, 3)));
+    j.join(t, "a", &elastic("a", 1, 3), S).expect("join");
+    j.join(t, "b", &elastic("b", 1, 3), S).expect("join");
+    let first = j.members()["a"].joined_seq();
+    assert!(j.members()["b"].joined_seq() > first);
+    j.leave(t, "a", "gone");
+    j.join(t, "a", &elastic("a", 1, 3), S).expect("joins again");
+    assert!(j.members()["a"].joined_seq() > j.members()["b"].joined_seq());
+}
+
+#[test]
 fn success_needs_every_node_of_the_round() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);

@@ -278,7 +278,7 @@ fn a_lost_rendezvous_keeps_the_workers_and_resumes_the_round() {
 }
 
 #[test]
-fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once_back() {
+fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_re_forms_once_back() {
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
     assert_eq!(m.deadline(), Some(t0 + 15 * SECOND), "the fence");
@@ -304,8 +304,10 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once
     );
     assert!(m.sources().rejoin && !m.sources().stream, "still rejoining");
     assert_eq!(m.deadline(), None, "nothing left to fence");
-    // The rendezvous comes back late and still runs round 0: it cannot go on
-    // without this node's workers, so the node says they are gone.
+    // The rendezvous comes back late (a new host loaded the job) and still
+    // runs round 0: it cannot go on without this node's workers, so the
+    // node says they were fenced. No worker failed: nothing is reported as
+    // a failure, and the round re-forms without spending the budget.
     let actions = m.step(
         t0 + 30 * SECOND,
         Event::Rejoined {
@@ -314,21 +316,56 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_fails_once
         },
     );
     match &actions[..] {
-        [Action::ReportStartFailure {
-            round: 0,
-            global_rank: 2,
-            message,
-            ..
-        }] => assert!(message.contains("drop limit"), "{message}"),
-        other => panic!("expected the round's failure, got {other:?}"),
+        [Action::ReportFenced { round: 0, reason }] => {
+            assert!(
+                reason.contains("15.0 s") && reason.contains("drop limit"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected the fence to be said, got {other:?}"),
     }
-    // The job's restart is then followed as usual.
-    let actions = m.step(t0 + 31 * SECOND, restart(0, 1));
+    let ready = m.readiness().expect_err("not ready");
+    assert!(ready.contains("fencing"), "{ready}");
+    // The job's re-form is then followed as usual, and is no crash.
+    let reform = Event::Message(Kind::RestartRequested(pb::RestartRequested {
+        round: 0,
+        next_round: 1,
+        reason: "host 'h' stopped its workers".into(),
+        counted: false,
+    }));
+    let actions = m.step(t0 + 31 * SECOND, reform);
     assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
     let actions = m.step(t0 + 31 * SECOND, Event::Stopped(Vec::new()));
     assert!(
         matches!(actions[..], [Action::Offer { round: 1 }]),
         "{actions:?}"
+    );
+}
+
+#[test]
+fn a_failure_before_the_fence_is_still_the_rounds_failure() {
+    let (mut m, t0) = running();
+    // A worker fails and is reported; the loss comes before the job's
+    // decision, and the fence then stops what is left.
+    let actions = m.step(t0, Event::Exited(exit(1, 9)));
+    assert!(matches!(actions[0], Action::ReportFailure { round: 0, .. }));
+    m.step(t0, Event::Stopped(Vec::new()));
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    // (The machine does not count the stopped workers as ended: it kills
+    // whatever may be left.)
+    let actions = m.step(t0 + 15 * SECOND, Event::Timer);
+    assert!(matches!(&actions[..], [a] if is_kill(a)), "{actions:?}");
+    m.step(t0 + 15 * SECOND, Event::Stopped(Vec::new()));
+    let actions = m.step(
+        t0 + 20 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(&actions[..], [Action::ReportFailure { round: 0, exit }] if exit.local_rank == 1),
+        "the failure is said again, not a fence: {actions:?}"
     );
 }
 
