@@ -92,7 +92,12 @@ impl Settings {
             exit_barrier_timeout: cfg.exit_barrier_timeout,
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.rdzv.reconnect_grace,
-            fence_after: cfg.rdzv.dead_after(),
+            // A test-only switch (debug builds) turns fencing off: see `testing`.
+            fence_after: if crate::testing::fence_broken() {
+                accel_input::MAX_DURATION
+            } else {
+                cfg.rdzv.dead_after()
+            },
             restart_backoff: cfg.restart_backoff,
         }
     }
