@@ -14,10 +14,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 ACCEL_VENV="${ACCEL_VENV:-$(scripts/setup.sh)}"
 export ACCEL_VENV
 command -v nft >/dev/null || { echo "chaos: nft is missing (scripts/setup.sh installs nftables)" >&2; exit 2; }
-# Debug builds: the agent's test-only switches exist only there (the fence
-# test uses one; the seeded run does not).
+# Debug builds (built if missing or stale; nothing to do if fresh): the
+# agent's test-only switches exist only there (the fence test uses one; a
+# seeded run does not).
 D="$CARGO_TARGET_DIR/debug"
-if [ ! -x "$D/chaos" ] || [ ! -x "$D/accel-agent" ] || [ ! -x "$D/rdzv-server" ]; then
-  cargo build --locked -p accel-agent -p rendezvous-server -p accel-tests --bins >&2
-fi
+cargo build --quiet --locked -p accel-agent -p rendezvous-server -p accel-tests --bins >&2
 exec scripts/with-private-hosts.sh "$D/chaos" "$@"

@@ -43,7 +43,10 @@ fn main() -> ExitCode {
         opts.dir.display()
     );
     let out = run::run(&opts);
-    println!("\nschedule (seed {}):", opts.seed);
+    println!(
+        "\nschedule (seed {}; node i is the node holding group rank i when the fault is due):",
+        opts.seed
+    );
     for p in &out.schedule {
         println!("  {p}");
     }
@@ -54,10 +57,7 @@ fn main() -> ExitCode {
     if out.violations.is_empty() {
         ExitCode::SUCCESS
     } else {
-        println!(
-            "repeat with: scripts/chaos.sh {} {} --mode {}",
-            opts.seconds, opts.seed, opts.mode
-        );
+        println!("repeat with: scripts/chaos.sh {}", args.join(" "));
         ExitCode::from(1)
     }
 }
@@ -80,8 +80,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--no-ddp" => ddp = false,
             "--fence-test" => fence_test = true,
-            "--break-fence" => agent_env.push(("ACCEL_TEST_BREAK_FENCE".to_owned(), "1".to_owned())),
-            "--net" => net = Some(value("--net")?.parse::<u8>().map_err(|e| format!("--net: {e}"))?),
+            "--break-fence" => {
+                agent_env.push(("ACCEL_TEST_BREAK_FENCE".to_owned(), "1".to_owned()))
+            }
+            "--net" => {
+                net = Some(
+                    value("--net")?
+                        .parse::<u8>()
+                        .map_err(|e| format!("--net: {e}"))?,
+                )
+            }
             "--dir" => dir = Some(PathBuf::from(value("--dir")?)),
             s if s.starts_with("--") => return Err(format!("unknown flag {s}")),
             s => pos.push(s.to_owned()),

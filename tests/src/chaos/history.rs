@@ -126,7 +126,12 @@ impl Parser {
 
     /// Every worker so far, by start time.
     pub fn workers(&self) -> Vec<Worker> {
-        let mut out: Vec<Worker> = self.done.iter().chain(self.by_pid.values()).cloned().collect();
+        let mut out: Vec<Worker> = self
+            .done
+            .iter()
+            .chain(self.by_pid.values())
+            .cloned()
+            .collect();
         out.sort_by(|a, b| a.start.total_cmp(&b.start));
         out
     }

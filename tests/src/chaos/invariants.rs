@@ -108,7 +108,10 @@ pub fn round_ranks(workers: &[Worker], nproc: u32) -> Vec<Violation> {
         let mut node_of: BTreeMap<u32, &str> = BTreeMap::new();
         for w in &ws {
             if w.rank >= w.world {
-                problems.push(format!("rank {} is not below WORLD_SIZE {}", w.rank, w.world));
+                problems.push(format!(
+                    "rank {} is not below WORLD_SIZE {}",
+                    w.rank, w.world
+                ));
             }
             if w.local_rank >= nproc || w.rank != w.group_rank * nproc + w.local_rank {
                 problems.push(format!(
@@ -117,7 +120,10 @@ pub fn round_ranks(workers: &[Worker], nproc: u32) -> Vec<Violation> {
                 ));
             }
             if let Some(other) = held.insert(w.rank, w.pid) {
-                problems.push(format!("rank {} held by pids {other} and {}", w.rank, w.pid));
+                problems.push(format!(
+                    "rank {} held by pids {other} and {}",
+                    w.rank, w.pid
+                ));
             }
             match node_of.insert(w.group_rank, &w.node) {
                 Some(n) if n != w.node => problems.push(format!(
@@ -201,7 +207,10 @@ pub fn budget(workers: &[Worker], injected: &[Injected]) -> Vec<Violation> {
     for kill in &kills {
         let Some(v) = &kill.victim else { continue };
         let isolated = injected.iter().all(|o| {
-            std::ptr::eq(o, *kill) || o.skipped.is_some() || o.healed + SETTLE < kill.at || o.at > kill.at + SETTLE
+            std::ptr::eq(o, *kill)
+                || o.skipped.is_some()
+                || o.healed + SETTLE < kill.at
+                || o.at > kill.at + SETTLE
         });
         let newest = workers
             .iter()
@@ -340,7 +349,11 @@ pub fn liveness(workers: &[Worker], e: &Ending) -> Vec<Violation> {
                 what: format!(
                     "{who} of job {} {bad} the job was {} at {from:.3}",
                     e.job,
-                    if e.told_at.is_some() { "told to finish" } else { "healed" }
+                    if e.told_at.is_some() {
+                        "told to finish"
+                    } else {
+                        "healed"
+                    }
                 ),
                 slice: slice(),
             });
@@ -411,17 +424,26 @@ mod tests {
     /// A clean history: round 0 (4 ranks) until 10 s, a kill of rank 1 at
     /// 10, round 1 from 10.5 to 20, ended.
     fn clean() -> (Vec<Worker>, Vec<Injected>) {
-        let mut ws: Vec<Worker> = (0..4).map(|r| w(r, 4, 0, "a:1", 100 + r, 1.0, 10.0)).collect();
+        let mut ws: Vec<Worker> = (0..4)
+            .map(|r| w(r, 4, 0, "a:1", 100 + r, 1.0, 10.0))
+            .collect();
         ws.extend((0..4).map(|r| {
             let mut x = w(r, 4, 1, "a:2", 200 + r, 10.5, 20.0);
             x.ended = true;
             x
         }));
         let kill = Injected {
-            fault: Fault::KillWorker { job: Job::Rec, pick: 1 },
+            fault: Fault::KillWorker {
+                job: Job::Rec,
+                pick: 1,
+            },
             at: 10.0,
             healed: 10.0,
-            victim: Some(Victim { pid: 101, restart: 0, rank: 1 }),
+            victim: Some(Victim {
+                pid: 101,
+                restart: 0,
+                rank: 1,
+            }),
             skipped: None,
         };
         (ws, vec![kill])
@@ -460,12 +482,19 @@ mod tests {
         ws[7].local_rank = 0;
         let v = round_ranks(&ws, 2);
         let text: Vec<_> = v.iter().map(|v| v.what.clone()).collect();
-        assert!(text.iter().any(|t| t.contains("rank 2 held by pids 202 and 203")), "{text:?}");
+        assert!(
+            text.iter()
+                .any(|t| t.contains("rank 2 held by pids 202 and 203")),
+            "{text:?}"
+        );
         assert!(text.iter().any(|t| t.contains("not 0..4")), "{text:?}");
         let (mut ws, _) = clean();
         ws[1].rank = 5;
         let v = round_ranks(&ws, 2);
-        assert!(v.iter().any(|v| v.what.contains("not below WORLD_SIZE")), "{v:?}");
+        assert!(
+            v.iter().any(|v| v.what.contains("not below WORLD_SIZE")),
+            "{v:?}"
+        );
         // An unfinished round may miss ranks (its start was cut short).
         let (ws, _) = clean();
         assert_eq!(round_ranks(&ws[..3], 2), []);
@@ -503,21 +532,43 @@ mod tests {
             run_bound: 5.0,
             told_at: Some(19.0),
             finish_bound: 5.0,
-            agents: vec![("agent0/rec".into(), Some((20.0, 0))), ("agent1/rec".into(), Some((21.0, 0)))],
+            agents: vec![
+                ("agent0/rec".into(), Some((20.0, 0))),
+                ("agent1/rec".into(), Some((21.0, 0))),
+            ],
             early: Vec::new(),
         };
         assert_eq!(liveness(&ws, &ending), []);
-        let late = Ending { last_heal: 10.1, run_bound: 0.2, ..ending.clone() };
+        let late = Ending {
+            last_heal: 10.1,
+            run_bound: 0.2,
+            ..ending.clone()
+        };
         assert!(liveness(&ws, &late)[0].what.contains("did not run within"));
         let mut stuck = ending.clone();
         stuck.agents[1].1 = None;
-        stuck.early.push(Exit { who: "agent2/rec".into(), at: 12.0, status: "exit 1".into(), ok: false });
+        stuck.early.push(Exit {
+            who: "agent2/rec".into(),
+            at: 12.0,
+            status: "exit 1".into(),
+            ok: false,
+        });
         let v = liveness(&ws, &stuck);
         assert_eq!(v.len(), 2, "{v:?}");
         assert!(v.iter().any(|v| v.what.contains("still running")));
-        assert!(v.iter().any(|v| v.what.contains("ended by itself (exit 1)")));
+        assert!(v
+            .iter()
+            .any(|v| v.what.contains("ended by itself (exit 1)")));
         // Never ran again after the heal.
-        assert!(liveness(&ws, &Ending { last_heal: 30.0, ..ending })[0].what.contains("never ran again"));
+        assert!(liveness(
+            &ws,
+            &Ending {
+                last_heal: 30.0,
+                ..ending
+            }
+        )[0]
+        .what
+        .contains("never ran again"));
     }
 
     #[test]

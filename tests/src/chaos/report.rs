@@ -188,8 +188,18 @@ mod tests {
         let injected = vec![
             inj(Fault::Slow(Host::Node(0)), 5.0),
             Injected {
-                victim: Some(Victim { pid: 2, restart: 0, rank: 1 }),
-                ..inj(Fault::KillWorker { job: Job::Rec, pick: 1 }, 10.0)
+                victim: Some(Victim {
+                    pid: 2,
+                    restart: 0,
+                    rank: 1,
+                }),
+                ..inj(
+                    Fault::KillWorker {
+                        job: Job::Rec,
+                        pick: 1,
+                    },
+                    10.0,
+                )
             },
             inj(Fault::Isolate(Host::Node(0)), 20.0),
         ];
@@ -202,7 +212,10 @@ mod tests {
         }
         assert_eq!(e[2], Effect::KeptRunning);
         let t = table(&injected, &e, &[]);
-        assert!(t.contains("| kill -9 worker | 1 | 0 | 0 | 1 | 0 | 0.50 / 0.50 / 0.50 |"), "{t}");
+        assert!(
+            t.contains("| kill -9 worker | 1 | 0 | 0 | 1 | 0 | 0.50 / 0.50 / 0.50 |"),
+            "{t}"
+        );
         assert!(t.contains("| **all** | 3 | 0 | 2 | 1 | 0 |"), "{t}");
         assert!(t.contains("violations: 0"), "{t}");
     }

@@ -153,9 +153,9 @@ impl Proc {
         let c = self.child.as_mut()?;
         let status = c.try_wait().ok()??;
         self.child = None;
-        let code = status
-            .code()
-            .unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0));
+        let code = status.code().unwrap_or_else(|| {
+            128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+        });
         self.end = Some((now(), code));
         Some((code, self.killed))
     }
@@ -215,7 +215,10 @@ impl Cluster {
         for i in 0..ETCD {
             hosts.push(Host::Etcd(i));
         }
-        let hosts: Vec<(Host, Netns)> = hosts.into_iter().map(|h| (h, lan.host(host_index(h)))).collect();
+        let hosts: Vec<(Host, Netns)> = hosts
+            .into_iter()
+            .map(|h| (h, lan.host(host_index(h))))
+            .collect();
         let mut c = Cluster {
             id,
             history: dir.join("history.jsonl"),
@@ -265,13 +268,19 @@ impl Cluster {
             ];
             c.add(Daemon::Etcd(i), Host::Etcd(i), argv, Vec::new());
         }
-        let etcd_eps: Vec<String> = (0..ETCD).map(|i| format!("{}:2379", c.addr(Host::Etcd(i)))).collect();
+        let etcd_eps: Vec<String> = (0..ETCD)
+            .map(|i| format!("{}:2379", c.addr(Host::Etcd(i))))
+            .collect();
         c.wait_etcd(&etcd_eps);
 
         // Replicas.
         let bins = &o.bins;
         if o.mode == Mode::Server {
-            let urls = etcd_eps.iter().map(|e| format!("http://{e}")).collect::<Vec<_>>().join(",");
+            let urls = etcd_eps
+                .iter()
+                .map(|e| format!("http://{e}"))
+                .collect::<Vec<_>>()
+                .join(",");
             for i in 0..REPLICAS {
                 let argv = vec![
                     bins.join("rdzv-server").to_string_lossy().into_owned(),
@@ -329,7 +338,11 @@ impl Cluster {
                 .arg(&logs)
                 .status()
                 .is_ok_and(|s| s.success());
-            assert!(ok, "mount a tmpfs at {} (needs root and a private mount namespace)", logs.display());
+            assert!(
+                ok,
+                "mount a tmpfs at {} (needs root and a private mount namespace)",
+                logs.display()
+            );
             c.log_dirs.push(logs.clone());
             let addr = c.addr(Host::Node(i));
             for job in [Job::Rec, Job::Ddp] {
@@ -338,7 +351,12 @@ impl Cluster {
                 }
                 let (nnodes, nproc) = match job {
                     Job::Rec => ("2:3", NPROC),
-                    Job::Ddp => ("3", 1),
+                    // Two ranks (the third node's agent a spare): a sum
+                    // of two gradients has one order, so a resumed run is
+                    // bit-exact whatever DDP's bucket layout (with three, the
+                    // buckets DDP rebuilds after its first step change the
+                    // order of additions across a restart).
+                    Job::Ddp => ("2", 1),
                 };
                 let mut argv: Vec<String> = vec![
                     bins.join("accel-agent").to_string_lossy().into_owned(),
@@ -364,7 +382,12 @@ impl Cluster {
                     "3".into(),
                 ];
                 match job {
-                    Job::Rec => argv.push(worker.join("chaos_worker.py").to_string_lossy().into_owned()),
+                    Job::Rec => argv.push(
+                        worker
+                            .join("chaos_worker.py")
+                            .to_string_lossy()
+                            .into_owned(),
+                    ),
                     Job::Ddp => {
                         argv.push(worker.join("ddp_train.py").to_string_lossy().into_owned());
                         argv.extend(ddp_args(o.seconds, &ddp_dirs.0, &ddp_dirs.1, 0.2));
@@ -378,6 +401,10 @@ impl Cluster {
                     ("CHAOS_STOP".into(), c.stop.to_string_lossy().into_owned()),
                     ("PATH".into(), path.clone()),
                     ("GLOO_SOCKET_IFNAME".into(), "lan0".into()),
+                    // One thread per worker here and in the uninterrupted
+                    // run, so their arithmetic is the same (a one-worker
+                    // node would otherwise use every core).
+                    ("OMP_NUM_THREADS".into(), "1".into()),
                     ("ACCEL_LOG".into(), "info".into()),
                 ];
                 env.extend(o.agent_env.iter().cloned());
@@ -393,7 +420,9 @@ impl Cluster {
             ns: self.ns(host).name.clone(),
             argv,
             env,
-            log: self.dir.join(format!("{}.log", who.to_string().replace('/', "-"))),
+            log: self
+                .dir
+                .join(format!("{}.log", who.to_string().replace('/', "-"))),
             child: None,
             killed: false,
             end: None,
@@ -406,7 +435,15 @@ impl Cluster {
         let deadline = now() + 30.0;
         loop {
             let ok = Command::new("etcdctl")
-                .args(["--endpoints", &eps.join(","), "--command-timeout", "2s", "put", "/chaos-probe", "1"])
+                .args([
+                    "--endpoints",
+                    &eps.join(","),
+                    "--command-timeout",
+                    "2s",
+                    "put",
+                    "/chaos-probe",
+                    "1",
+                ])
                 .env("ETCDCTL_API", "3")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -415,7 +452,11 @@ impl Cluster {
             if ok {
                 return;
             }
-            assert!(now() < deadline, "etcd did not serve within 30 s; logs in {}", self.dir.display());
+            assert!(
+                now() < deadline,
+                "etcd did not serve within 30 s; logs in {}",
+                self.dir.display()
+            );
             thread::sleep(Duration::from_millis(100));
         }
     }
@@ -429,12 +470,22 @@ impl Cluster {
             .stderr(Stdio::piped())
             .spawn()
             .expect("run nft (nftables; scripts/setup.sh installs it)");
-        let _ = child.stdin.take().expect("stdin").write_all(script.as_bytes());
+        let _ = child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes());
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
         if out.status.success() {
             Ok(())
         } else {
-            Err(format!("nft: {}", String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("failed")))
+            Err(format!(
+                "nft: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or("failed")
+            ))
         }
     }
 
@@ -553,7 +604,11 @@ pub fn run(o: &Options) -> Outcome {
                 }
                 // The DDP job ends by itself; the recording job only when told.
                 let ok = code == 0 && (finishing || matches!(p.who, Daemon::Agent(_, Job::Ddp)));
-                say(format!("{} exited {code}{}", p.who, if ok { "" } else { " (by itself)" }));
+                say(format!(
+                    "{} exited {code}{}",
+                    p.who,
+                    if ok { "" } else { " (by itself)" }
+                ));
                 if !ok {
                     early.push((
                         p.who,
@@ -590,14 +645,29 @@ pub fn run(o: &Options) -> Outcome {
             what: "the recording job never ran (90 s after the start)".into(),
             slice: Vec::new(),
         });
-        return finish(o, c, plan, injected, tail, violations, &mut early.into_iter().map(|e| e.1).collect());
+        return finish(
+            o,
+            c,
+            plan,
+            injected,
+            tail,
+            violations,
+            &mut early.into_iter().map(|e| e.1).collect(),
+        );
     };
-    say(format!("workload running; {} faults over {} s", plan.len(), o.seconds));
+    say(format!(
+        "workload running; {} faults over {} s",
+        plan.len(),
+        o.seconds
+    ));
 
     // Inject and heal, in time order.
     // (when, which planned fault, at its heal: what to undo and its entry in `injected`).
-    let mut pending: Vec<(f64, usize, Option<(Undo, usize)>)> =
-        plan.iter().enumerate().map(|(n, p)| (t0 + p.at, n, None)).collect();
+    let mut pending: Vec<(f64, usize, Option<(Undo, usize)>)> = plan
+        .iter()
+        .enumerate()
+        .map(|(n, p)| (t0 + p.at, n, None))
+        .collect();
     let end = t0 + o.seconds;
     while !pending.is_empty() || now() < end {
         tail.poll();
@@ -616,8 +686,17 @@ pub fn run(o: &Options) -> Outcome {
                     say(format!(
                         "{}{}{}",
                         inj.fault,
-                        inj.victim.as_ref().map(|v| format!(" (pid {} rank {} restart {})", v.pid, v.rank, v.restart)).unwrap_or_default(),
-                        inj.skipped.as_ref().map(|s| format!(" skipped: {s}")).unwrap_or_default()
+                        inj.victim
+                            .as_ref()
+                            .map(|v| format!(
+                                " (pid {} rank {} restart {})",
+                                v.pid, v.rank, v.restart
+                            ))
+                            .unwrap_or_default(),
+                        inj.skipped
+                            .as_ref()
+                            .map(|s| format!(" skipped: {s}"))
+                            .unwrap_or_default()
                     ));
                     injected.push(inj);
                     pending.push((t0 + p.heal, n, Some((undo, injected.len() - 1))));
@@ -625,7 +704,7 @@ pub fn run(o: &Options) -> Outcome {
                 Some((undo, slot)) => {
                     heal(&mut c, undo);
                     injected[slot].healed = now();
-                    say(format!("healed: {}", p.fault));
+                    say(format!("healed: {}", injected[slot].fault));
                 }
             }
         }
@@ -666,7 +745,9 @@ fn live_workers(c: &Cluster, workers: &[Worker], job: Job) -> Vec<Victim> {
         }
         Job::Ddp => marked(&c.id)
             .into_iter()
-            .filter(|(_, vars)| var(vars, "CHAOS_JOB") == Some("ddp") && var(vars, "RANK").is_some())
+            .filter(|(_, vars)| {
+                var(vars, "CHAOS_JOB") == Some("ddp") && var(vars, "RANK").is_some()
+            })
             .filter_map(|(pid, vars)| {
                 Some(Victim {
                     pid,
@@ -688,14 +769,23 @@ fn live_workers(c: &Cluster, workers: &[Worker], job: Job) -> Vec<Victim> {
 /// so a fixed schedule can aim at the node holding rank 0.
 fn physical(workers: &[Worker]) -> Vec<usize> {
     let t = now();
-    let live: Vec<&Worker> = workers.iter().filter(|w| !w.ended && w.last > t - 0.5).collect();
-    let newest = live.iter().map(|w| (w.restart, w.start)).fold(None, |a: Option<(u32, f64)>, b| match a {
-        Some(x) if x.0 > b.0 || (x.0 == b.0 && x.1 >= b.1) => Some(x),
-        _ => Some(b),
-    });
+    let live: Vec<&Worker> = workers
+        .iter()
+        .filter(|w| !w.ended && w.last > t - 0.5)
+        .collect();
+    let newest =
+        live.iter()
+            .map(|w| (w.restart, w.start))
+            .fold(None, |a: Option<(u32, f64)>, b| match a {
+                Some(x) if x.0 > b.0 || (x.0 == b.0 && x.1 >= b.1) => Some(x),
+                _ => Some(b),
+            });
     let mut order: Vec<(u32, usize)> = Vec::new();
     if let Some((restart, start)) = newest {
-        if let Some(w) = live.iter().find(|w| w.restart == restart && w.start == start) {
+        if let Some(w) = live
+            .iter()
+            .find(|w| w.restart == restart && w.start == start)
+        {
             let key = w.round();
             for x in live.iter().filter(|x| x.round() == key) {
                 let n = x.node.trim_start_matches("node").parse().unwrap_or(0);
@@ -706,7 +796,11 @@ fn physical(workers: &[Worker]) -> Vec<usize> {
         }
     }
     order.sort();
-    let mut out: Vec<usize> = order.into_iter().map(|(_, n)| n).filter(|&n| n < NODES).collect();
+    let mut out: Vec<usize> = order
+        .into_iter()
+        .map(|(_, n)| n)
+        .filter(|&n| n < NODES)
+        .collect();
     for n in 0..NODES {
         if !out.contains(&n) {
             out.push(n);
@@ -742,10 +836,7 @@ fn resolve(f: &Fault, map: &[usize]) -> Fault {
 
 fn inject(c: &mut Cluster, workers: &[Worker], p: &Planned) -> (Injected, Undo) {
     let fault = resolve(&p.fault, &physical(workers));
-    let p = &Planned {
-        fault,
-        ..p.clone()
-    };
+    let p = &Planned { fault, ..p.clone() };
     let mut inj = Injected {
         fault: p.fault.clone(),
         at: now(),
@@ -796,7 +887,11 @@ fn inject(c: &mut Cluster, workers: &[Worker], p: &Planned) -> (Injected, Undo) 
         },
         Fault::Partition { from, to, both } => {
             let mut made = Vec::new();
-            let pairs = if *both { vec![(*from, *to), (*to, *from)] } else { vec![(*from, *to)] };
+            let pairs = if *both {
+                vec![(*from, *to), (*to, *from)]
+            } else {
+                vec![(*from, *to)]
+            };
             for (a, b) in pairs {
                 let table = c.new_table();
                 let script = format!(
@@ -827,7 +922,22 @@ fn inject(c: &mut Cluster, workers: &[Worker], p: &Planned) -> (Injected, Undo) 
             // netem's delay is not in every kernel (not in this one): a
             // token bucket at 1 Mbit/s with up to 400 ms of queue.
             let ok = Command::new("tc")
-                .args(["-n", &c.ns(*h).name, "qdisc", "add", "dev", "lan0", "root", "tbf", "rate", "1mbit", "burst", "32kbit", "latency", "400ms"])
+                .args([
+                    "-n",
+                    &c.ns(*h).name,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "lan0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    "1mbit",
+                    "burst",
+                    "32kbit",
+                    "latency",
+                    "400ms",
+                ])
                 .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
@@ -856,10 +966,11 @@ fn heal(c: &mut Cluster, undo: Undo) {
         Undo::Nothing => {}
         Undo::Restart(d) => {
             // A finished DDP job's agents stay down (their job is over).
-            let ddp_done = c
-                .procs
-                .iter()
-                .any(|p| matches!(p.who, Daemon::Agent(_, Job::Ddp)) && p.end.is_some_and(|(_, code)| code == 0) && !p.killed);
+            let ddp_done = c.procs.iter().any(|p| {
+                matches!(p.who, Daemon::Agent(_, Job::Ddp))
+                    && p.end.is_some_and(|(_, code)| code == 0)
+                    && !p.killed
+            });
             if !(matches!(d, Daemon::Agent(_, Job::Ddp)) && ddp_done) {
                 c.proc(d).spawn();
             }
@@ -914,19 +1025,35 @@ fn finish_with(
     fs::write(&c.stop, "").expect("stop file");
     say("the job is told to finish".into());
     let agents_of = |c: &Cluster, job: Job| -> Vec<Daemon> {
-        c.procs.iter().filter(|p| matches!(p.who, Daemon::Agent(_, j) if j == job)).map(|p| p.who).collect()
+        c.procs
+            .iter()
+            .filter(|p| matches!(p.who, Daemon::Agent(_, j) if j == job))
+            .map(|p| p.who)
+            .collect()
     };
-    let wait_agents = |c: &mut Cluster, job: Job, until: f64, early: &mut Vec<Exit>, say: &mut dyn FnMut(String)| {
+    let wait_agents = |c: &mut Cluster,
+                       job: Job,
+                       until: f64,
+                       early: &mut Vec<Exit>,
+                       say: &mut dyn FnMut(String)| {
         loop {
             for p in c.procs.iter_mut() {
                 if let Some((code, killed)) = p.reap() {
                     if !killed && code != 0 && !matches!(p.who, Daemon::Agent(..)) {
-                        early.push(Exit { who: p.who.to_string(), at: now(), status: format!("exit {code}"), ok: false });
+                        early.push(Exit {
+                            who: p.who.to_string(),
+                            at: now(),
+                            status: format!("exit {code}"),
+                            ok: false,
+                        });
                     }
                     say(format!("{} exited {code}", p.who));
                 }
             }
-            let running = c.procs.iter().any(|p| matches!(p.who, Daemon::Agent(_, j) if j == job) && p.child.is_some());
+            let running = c
+                .procs
+                .iter()
+                .any(|p| matches!(p.who, Daemon::Agent(_, j) if j == job) && p.child.is_some());
             if !running || now() > until {
                 return;
             }
@@ -938,7 +1065,12 @@ fn finish_with(
         wait_agents(&mut c, Job::Ddp, last_heal + DDP_BOUND, early, say);
     }
     tail.poll();
-    let workers: Vec<Worker> = tail.parser.workers().into_iter().filter(|w| w.job == "rec").collect();
+    let workers: Vec<Worker> = tail
+        .parser
+        .workers()
+        .into_iter()
+        .filter(|w| w.job == "rec")
+        .collect();
     let ending = |c: &Cluster, job: Job, told_at: Option<f64>, bound: f64, early: &[Exit]| Ending {
         job: job.id().into(),
         last_heal,
@@ -965,7 +1097,11 @@ fn finish_with(
     let ddp_end = o.ddp.then(|| ending(&c, Job::Ddp, None, DDP_BOUND, early));
 
     // Whatever still runs of the jobs is stopped (the guards take the workers).
-    for p in c.procs.iter_mut().filter(|p| matches!(p.who, Daemon::Agent(..))) {
+    for p in c
+        .procs
+        .iter_mut()
+        .filter(|p| matches!(p.who, Daemon::Agent(..)))
+    {
         if let Some(pid) = p.pid() {
             signal(pid, libc::SIGCONT);
         }
@@ -987,7 +1123,10 @@ fn finish_with(
             let cmd = fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
                 .unwrap_or_default();
-            format!("pid {pid} (job {}): {cmd}", var(vars, "CHAOS_JOB").unwrap_or("?"))
+            format!(
+                "pid {pid} (job {}): {cmd}",
+                var(vars, "CHAOS_JOB").unwrap_or("?")
+            )
         })
         .collect();
     for (pid, _) in &left {
@@ -1008,7 +1147,11 @@ fn finish_with(
         violations.extend(invariants::liveness(&[], e));
     }
     violations.extend(invariants::leftovers(&leftovers));
-    if o.ddp && ddp_end.as_ref().is_some_and(|e| e.agents.iter().all(|(_, end)| matches!(end, Some((_, 0))))) {
+    if o.ddp
+        && ddp_end
+            .as_ref()
+            .is_some_and(|e| e.agents.iter().all(|(_, end)| matches!(end, Some((_, 0)))))
+    {
         violations.extend(ddp_parameters(o, &c.dir, say));
     }
     let effects = report::effects(&workers, &injected, told);
@@ -1023,7 +1166,7 @@ fn finish_with(
     }
 }
 
-/// (f): the same DDP job, uninterrupted (one node, three workers, no
+/// (f): the same DDP job, uninterrupted (one node, two workers, no
 /// sleep), and the final parameters of both compared.
 fn ddp_parameters(o: &Options, dir: &Path, say: &mut dyn FnMut(String)) -> Vec<Violation> {
     let (ck, out) = (dir.join("ddp-clean/ckpt"), dir.join("ddp-clean/out"));
@@ -1031,15 +1174,20 @@ fn ddp_parameters(o: &Options, dir: &Path, say: &mut dyn FnMut(String)) -> Vec<V
     fs::create_dir_all(&out).expect("dir");
     say("the uninterrupted DDP run (invariant (f))".into());
     let path = match &o.venv {
-        Some(v) => format!("{}:{}", v.join("bin").display(), std::env::var("PATH").unwrap_or_default()),
+        Some(v) => format!(
+            "{}:{}",
+            v.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
         None => std::env::var("PATH").unwrap_or_default(),
     };
     let log = fs::File::create(dir.join("ddp-clean.log")).expect("log");
     let status = Command::new(o.bins.join("accel-agent"))
-        .args(["--standalone", "--nproc-per-node", "3"])
+        .args(["--standalone", "--nproc-per-node", "2"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/ddp_train.py"))
         .args(ddp_args(o.seconds, &ck, &out, 0.0))
         .env("PATH", path)
+        .env("OMP_NUM_THREADS", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
@@ -1047,13 +1195,20 @@ fn ddp_parameters(o: &Options, dir: &Path, say: &mut dyn FnMut(String)) -> Vec<V
     if !status.is_ok_and(|s| s.success()) {
         return vec![Violation {
             invariant: 'f',
-            what: format!("the uninterrupted DDP run failed; see {}", dir.join("ddp-clean.log").display()),
+            what: format!(
+                "the uninterrupted DDP run failed; see {}",
+                dir.join("ddp-clean.log").display()
+            ),
             slice: Vec::new(),
         }];
     }
     let read = |d: &Path| -> Vec<Option<Value>> {
-        (0..3)
-            .map(|r| fs::read_to_string(d.join(format!("final_{r}.json"))).ok().and_then(|t| serde_json::from_str(&t).ok()))
+        (0..2)
+            .map(|r| {
+                fs::read_to_string(d.join(format!("final_{r}.json")))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+            })
             .collect()
     };
     invariants::same_parameters(&read(&dir.join("ddp/out")), &read(&out))

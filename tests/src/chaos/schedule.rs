@@ -180,7 +180,11 @@ impl fmt::Display for Fault {
             Fault::Kill(d) => write!(f, "kill -9 {d}"),
             Fault::Stop(d) => write!(f, "SIGSTOP {d}"),
             Fault::Partition { from, to, both } => {
-                write!(f, "partition {from} {} {to}", if *both { "<->" } else { "->" })
+                write!(
+                    f,
+                    "partition {from} {} {to}",
+                    if *both { "<->" } else { "->" }
+                )
             }
             Fault::Isolate(h) => write!(f, "isolate {h}"),
             Fault::Slow(h) => write!(f, "slow link {h}"),
@@ -203,7 +207,11 @@ pub struct Planned {
 impl fmt::Display for Planned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.heal > self.at {
-            write!(f, "{:7.2}s {} (healed at {:.2}s)", self.at, self.fault, self.heal)
+            write!(
+                f,
+                "{:7.2}s {} (healed at {:.2}s)",
+                self.at, self.fault, self.heal
+            )
         } else {
             write!(f, "{:7.2}s {}", self.at, self.fault)
         }
@@ -248,10 +256,12 @@ impl Rng {
 /// links and full log disks the rest. `ddp`: the DDP job runs (its
 /// workers and agents are targets too).
 pub fn schedule(seed: u64, duration: f64, mode: Mode, ddp: bool) -> Vec<Planned> {
-    let mut rng = Rng::new(seed ^ match mode {
-        Mode::Server => 0,
-        Mode::Agents => 0x5eed_a6e7,
-    });
+    let mut rng = Rng::new(
+        seed ^ match mode {
+            Mode::Server => 0,
+            Mode::Agents => 0x5eed_a6e7,
+        },
+    );
     let mut out = Vec::new();
     let mut at = 2.0;
     while at < duration - 1.0 {
@@ -272,7 +282,13 @@ pub fn schedule(seed: u64, duration: f64, mode: Mode, ddp: bool) -> Vec<Planned>
 }
 
 fn pick(rng: &mut Rng, mode: Mode, ddp: bool) -> Fault {
-    let job = |rng: &mut Rng| if ddp && rng.below(4) == 0 { Job::Ddp } else { Job::Rec };
+    let job = |rng: &mut Rng| {
+        if ddp && rng.below(4) == 0 {
+            Job::Ddp
+        } else {
+            Job::Rec
+        }
+    };
     let node = |rng: &mut Rng| rng.below(NODES);
     // The rendezvous's hosts: replicas, or (agent-only) the agents themselves.
     let server_side = |rng: &mut Rng| match mode {
@@ -325,7 +341,11 @@ fn pick(rng: &mut Rng, mode: Mode, ddp: bool) -> Fault {
 }
 
 fn daemon(rng: &mut Rng, mode: Mode, ddp: bool) -> Daemon {
-    let job = if ddp && rng.below(4) == 0 { Job::Ddp } else { Job::Rec };
+    let job = if ddp && rng.below(4) == 0 {
+        Job::Ddp
+    } else {
+        Job::Rec
+    };
     match (mode, rng.below(5)) {
         (Mode::Server, 3) => Daemon::Replica(rng.below(REPLICAS)),
         (_, 4) => Daemon::Etcd(rng.below(ETCD)),
