@@ -2,8 +2,10 @@
 //! checked against invariants on what its workers recorded
 //! (`accel_tests::chaos`; the user guide's "Fault testing" page).
 //!
-//! Usage: chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR]
-//!              [--fence-test] [--break-fence]
+//! ```text
+//! chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR]
+//!       [--fence-test] [--break-fence]
+//! ```
 //!
 //! `--fence-test` runs a fixed schedule instead of the seed's: node 0 (the
 //! one holding rank 0) cut off both ways at 1 s for 8 s, then its agent of

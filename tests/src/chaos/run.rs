@@ -508,6 +508,10 @@ fn ddp_args(seconds: f64, ckpt: &Path, out: &Path, sleep: f64) -> Vec<String> {
     ]
 }
 
+/// A fault or a heal that is due: when, which planned fault, and (for a
+/// heal) what to undo and its entry in the injected list.
+type Due = (f64, usize, Option<(Undo, usize)>);
+
 /// What a fault left to undo at its heal.
 #[derive(Debug)]
 enum Undo {
@@ -662,8 +666,7 @@ pub fn run(o: &Options) -> Outcome {
     ));
 
     // Inject and heal, in time order.
-    // (when, which planned fault, at its heal: what to undo and its entry in `injected`).
-    let mut pending: Vec<(f64, usize, Option<(Undo, usize)>)> = plan
+    let mut pending: Vec<Due> = plan
         .iter()
         .enumerate()
         .map(|(n, p)| (t0 + p.at, n, None))
@@ -767,8 +770,7 @@ fn live_workers(c: &Cluster, workers: &[Worker], job: Job) -> Vec<Victim> {
 /// Node `i` of a schedule is the node holding group rank `i` of the
 /// recording job's newest round now (nodes outside it follow, by number),
 /// so a fixed schedule can aim at the node holding rank 0.
-fn physical(workers: &[Worker]) -> Vec<usize> {
-    let t = now();
+fn physical(workers: &[Worker], t: f64) -> Vec<usize> {
     let live: Vec<&Worker> = workers
         .iter()
         .filter(|w| !w.ended && w.last > t - 0.5)
@@ -835,7 +837,7 @@ fn resolve(f: &Fault, map: &[usize]) -> Fault {
 }
 
 fn inject(c: &mut Cluster, workers: &[Worker], p: &Planned) -> (Injected, Undo) {
-    let fault = resolve(&p.fault, &physical(workers));
+    let fault = resolve(&p.fault, &physical(workers, now()));
     let p = &Planned { fault, ..p.clone() };
     let mut inj = Injected {
         fault: p.fault.clone(),
@@ -1212,4 +1214,54 @@ fn ddp_parameters(o: &Options, dir: &Path, say: &mut dyn FnMut(String)) -> Vec<V
             .collect()
     };
     invariants::same_parameters(&read(&dir.join("ddp/out")), &read(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(node: usize, group_rank: u32, restart: u32, start: f64) -> Worker {
+        Worker {
+            job: "rec".into(),
+            rank: group_rank * NPROC,
+            world: 4,
+            local_rank: 0,
+            group_rank,
+            restart,
+            master: format!("m:{restart}"),
+            pid: 100 + node as u32 + 10 * restart,
+            node: format!("node{node}"),
+            start,
+            last: 10.0,
+            ended: false,
+        }
+    }
+
+    #[test]
+    fn node_i_of_a_schedule_is_the_node_holding_group_rank_i_of_the_newest_round() {
+        // Round of restart 1: node2 holds group rank 0, node0 group rank 1;
+        // node1 is out of it. An older round ordered them otherwise.
+        let ws = vec![
+            w(0, 0, 0, 1.0),
+            w(1, 1, 0, 1.0),
+            w(2, 0, 1, 5.0),
+            w(0, 1, 1, 5.0),
+        ];
+        let map = physical(&ws, 9.9);
+        assert_eq!(map, [2, 0, 1]);
+        assert_eq!(
+            resolve(&Fault::Isolate(Host::Node(0)), &map),
+            Fault::Isolate(Host::Node(2))
+        );
+        assert_eq!(
+            resolve(&Fault::Stop(Daemon::Agent(1, Job::Rec)), &map),
+            Fault::Stop(Daemon::Agent(0, Job::Rec))
+        );
+        assert_eq!(
+            resolve(&Fault::Kill(Daemon::Etcd(1)), &map),
+            Fault::Kill(Daemon::Etcd(1))
+        );
+        // Nothing live: the nodes by number.
+        assert_eq!(physical(&ws, 60.0), [0, 1, 2]);
+    }
 }
