@@ -22,7 +22,8 @@ fn fence_run(name: &str, net: u8, broken: bool) -> (i32, String) {
     let mut argv = vec![
         chaos.to_str().expect("path"),
         "24",
-        "--fence-test",
+        "--scenario",
+        "fence",
         "--no-ddp",
         "--net",
         &net,

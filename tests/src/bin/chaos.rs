@@ -4,13 +4,12 @@
 //!
 //! ```text
 //! chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR]
-//!       [--fence-test] [--break-fence]
+//!       [--scenario NAME] [--break-fence]
 //! ```
 //!
-//! `--fence-test` runs a fixed schedule instead of the seed's: node 0 (the
-//! one holding rank 0) cut off both ways at 1 s for 8 s, then its agent of
-//! the recording job paused at 12 s for 8 s; both outlast the drop limit,
-//! so fencing must act. `--break-fence` starts the agents with
+//! `--scenario NAME` runs a fixed schedule instead of the seed's
+//! (`schedule::scenario`: `fence`, `failure-while-cut-off`), for SECONDS at
+//! least its own. `--break-fence` starts the agents with
 //! `ACCEL_TEST_BREAK_FENCE=1`, the debug build's test-only switch that
 //! turns fencing off (`accel_agent::testing`): invariant (a) must catch it.
 //!
@@ -23,9 +22,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use accel_tests::chaos::run::{self, Options};
-use accel_tests::chaos::schedule::{Daemon, Fault, Host, Job, Mode, Planned};
+use accel_tests::chaos::schedule::{self, Mode};
 
-const USAGE: &str = "usage: chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR] [--fence-test] [--break-fence]";
+const USAGE: &str = "usage: chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR] [--scenario NAME] [--break-fence]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -70,7 +69,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut ddp = true;
     let mut net = None;
     let mut dir = None;
-    let mut fence_test = false;
+    let mut scenario = None;
     let mut agent_env = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -81,7 +80,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 mode = Mode::parse(&v).ok_or(format!("unknown mode {v:?}"))?;
             }
             "--no-ddp" => ddp = false,
-            "--fence-test" => fence_test = true,
+            "--scenario" => {
+                let v = value("--scenario")?;
+                scenario = Some(schedule::scenario(&v).ok_or(format!(
+                    "unknown scenario {v:?} (known: {})",
+                    schedule::SCENARIOS.join(", ")
+                ))?);
+            }
             "--break-fence" => {
                 agent_env.push(("ACCEL_TEST_BREAK_FENCE".to_owned(), "1".to_owned()))
             }
@@ -102,8 +107,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
         .ok_or("SECONDS is missing")?
         .parse()
         .map_err(|e| format!("SECONDS: {e}"))?;
-    if !(5.0..=86_400.0).contains(&seconds) || (fence_test && seconds < 22.0) {
-        return Err("SECONDS is 5 to 86400 (at least 22 with --fence-test)".into());
+    if !(5.0..=86_400.0).contains(&seconds) {
+        return Err("SECONDS is 5 to 86400".into());
+    }
+    if let Some((need, _)) = &scenario {
+        if seconds < *need {
+            return Err(format!("this scenario needs SECONDS of at least {need}"));
+        }
     }
     let seed: u64 = match pos.get(1) {
         Some(s) => s.parse().map_err(|e| format!("SEED: {e}"))?,
@@ -124,20 +134,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         seed,
         mode,
         ddp,
-        schedule: fence_test.then(|| {
-            vec![
-                Planned {
-                    at: 1.0,
-                    fault: Fault::Isolate(Host::Node(0)),
-                    heal: 9.0,
-                },
-                Planned {
-                    at: 12.0,
-                    fault: Fault::Stop(Daemon::Agent(0, Job::Rec)),
-                    heal: 20.0,
-                },
-            ]
-        }),
+        schedule: scenario.map(|(_, plan)| plan),
         dir,
         bins,
         venv: std::env::var_os("ACCEL_VENV").map(PathBuf::from),

@@ -731,7 +731,7 @@ fn finish(
     finish_with(o, c, plan, injected, tail, violations, early, &mut say)
 }
 
-/// Live workers of `job` now: (pid, restart, rank), by pid.
+/// Live workers of `job`'s newest round now, by global rank.
 fn live_workers(c: &Cluster, workers: &[Worker], job: Job) -> Vec<Victim> {
     let mut out: Vec<Victim> = match job {
         Job::Rec => {
@@ -763,7 +763,7 @@ fn live_workers(c: &Cluster, workers: &[Worker], job: Job) -> Vec<Victim> {
     // The newest round's only.
     let newest = out.iter().map(|v| v.restart).max().unwrap_or(0);
     out.retain(|v| v.restart == newest);
-    out.sort_by_key(|v| v.pid);
+    out.sort_by_key(|v| (v.rank, v.pid));
     out
 }
 

@@ -116,7 +116,8 @@ impl fmt::Display for Daemon {
 /// One fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
-    /// `kill -9` of a live worker of `job`'s newest round (the `pick`-th, modulo their number).
+    /// `kill -9` of a live worker of `job`'s newest round: the `pick`-th by
+    /// global rank, modulo their number (so `pick` 0 is rank 0's).
     KillWorker {
         /// The job.
         job: Job,
@@ -353,6 +354,44 @@ fn daemon(rng: &mut Rng, mode: Mode, ddp: bool) -> Daemon {
     }
 }
 
+/// The fixed schedules (`--scenario NAME`), each aimed at one guarantee,
+/// with the seconds it needs: `fence` cuts node 0 (ranks 0..) off both
+/// ways at 1 s for 8 s, then pauses its agent of the recording job at
+/// 12 s for 8 s, both past the 3 s drop limit, so its workers must be
+/// fenced twice; `failure-while-cut-off` cuts node 0 off at 1 s for 6 s
+/// and kills its rank-0 worker at 2 s (within the drop limit): the node's
+/// other worker must still stop before the job re-forms without it.
+pub fn scenario(name: &str) -> Option<(f64, Vec<Planned>)> {
+    let p = |at, fault, heal| Planned { at, fault, heal };
+    match name {
+        "fence" => Some((
+            24.0,
+            vec![
+                p(1.0, Fault::Isolate(Host::Node(0)), 9.0),
+                p(12.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 20.0),
+            ],
+        )),
+        "failure-while-cut-off" => Some((
+            12.0,
+            vec![
+                p(1.0, Fault::Isolate(Host::Node(0)), 7.0),
+                p(
+                    2.0,
+                    Fault::KillWorker {
+                        job: Job::Rec,
+                        pick: 0,
+                    },
+                    2.0,
+                ),
+            ],
+        )),
+        _ => None,
+    }
+}
+
+/// The names [`scenario`] knows.
+pub const SCENARIOS: [&str; 2] = ["fence", "failure-while-cut-off"];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +418,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_scenario_heals_within_its_seconds() {
+        for name in SCENARIOS {
+            let (secs, plan) = scenario(name).expect("known");
+            assert!(
+                plan.iter().all(|p| p.at <= p.heal && p.heal < secs),
+                "{name}"
+            );
+        }
+        assert!(scenario("nope").is_none());
     }
 
     #[test]
