@@ -337,6 +337,12 @@ pub fn liveness(workers: &[Worker], e: &Ending) -> Vec<Violation> {
     }
     let from = e.told_at.unwrap_or(e.last_heal);
     for (who, end) in &e.agents {
+        // An agent whose end was already reported as early is not reported twice.
+        let said = e.early.iter().any(|x| !x.ok && &x.who == who)
+            && end.is_some_and(|(_, code)| code != 0);
+        if said {
+            continue;
+        }
         let bad = match end {
             Some((t, 0)) if *t - from <= e.finish_bound => None,
             Some((t, 0)) => Some(format!("exited 0 only {:.3} s after", t - from)),
@@ -547,6 +553,7 @@ mod tests {
         assert!(liveness(&ws, &late)[0].what.contains("did not run within"));
         let mut stuck = ending.clone();
         stuck.agents[1].1 = None;
+        stuck.agents.push(("agent2/rec".into(), Some((12.0, 1))));
         stuck.early.push(Exit {
             who: "agent2/rec".into(),
             at: 12.0,
