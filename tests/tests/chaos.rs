@@ -15,15 +15,21 @@ use accel_tests::{bin, run_logged, scratch, with_private_hosts};
 
 /// Runs the fence schedule; the run's output.
 fn fence_run(name: &str, net: u8, broken: bool) -> (i32, String) {
+    scenario_run(name, "fence", "24", net, broken)
+}
+
+/// Runs fixed scenario `scenario` for `seconds` (without the DDP job); the
+/// run's exit code and output.
+fn scenario_run(name: &str, scenario: &str, seconds: &str, net: u8, broken: bool) -> (i32, String) {
     let dir = scratch(name);
     let chaos = bin("chaos");
     let run_dir = dir.join("run");
     let net = net.to_string();
     let mut argv = vec![
         chaos.to_str().expect("path"),
-        "24",
+        seconds,
         "--scenario",
-        "fence",
+        scenario,
         "--no-ddp",
         "--net",
         &net,
@@ -63,5 +69,25 @@ fn a_working_fence_holds_when_a_node_is_cut_off_or_its_agent_paused() {
     assert!(
         !out.contains("violation (a)"),
         "with fencing on, no two workers held one rank:\n{out}"
+    );
+}
+
+/// A worker fails on a node cut off from the rendezvous, within the drop
+/// limit: the node's other worker must still be stopped before the job
+/// re-forms without the node (the failure report to an unreachable
+/// rendezvous must not hold the stop back).
+#[test]
+fn a_failure_on_a_cut_off_node_stops_its_other_workers_before_the_job_re_forms() {
+    let (_, out) = scenario_run(
+        "chaos-cut-off-failure",
+        "failure-while-cut-off",
+        "12",
+        95,
+        false,
+    );
+    assert!(out.contains("| kill -9 worker | 1 | 0 |"), "{out}");
+    assert!(
+        !out.contains("violation (a)"),
+        "no two workers held one rank:\n{out}"
     );
 }

@@ -35,25 +35,26 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A fixed scenario's name, or the seed.
+    let what = match args.iter().position(|a| a == "--scenario") {
+        Some(i) => format!("scenario {}", args[i + 1]),
+        None => format!("seed {}", opts.seed),
+    };
     println!(
-        "chaos run: {} s, seed {}, mode {}{}; scratch {}",
+        "chaos run: {} s, {what}, mode {}{}; scratch {}",
         opts.seconds,
-        opts.seed,
         opts.mode,
         if opts.ddp { ", with the DDP job" } else { "" },
         opts.dir.display()
     );
     let out = run::run(&opts);
-    println!(
-        "\nschedule (seed {}; node i is the node holding group rank i when the fault is due):",
-        opts.seed
-    );
+    println!("\nschedule ({what}; node i is the node holding group rank i when the fault is due):");
     for p in &out.schedule {
         println!("  {p}");
     }
     println!("\n{}", out.table);
     for v in &out.violations {
-        println!("seed {} mode {}: {v}", opts.seed, opts.mode);
+        println!("{what} mode {}: {v}", opts.mode);
     }
     if out.violations.is_empty() {
         ExitCode::SUCCESS
