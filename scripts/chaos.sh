@@ -6,6 +6,7 @@
 # and fills; then the invariants are checked on the recorded history.
 # The same seed gives the same schedule. Exits non-zero on any violation.
 # Usage: scripts/chaos.sh SECONDS [SEED] [--mode server|agents] [--no-ddp]
+#        [--scenario NAME] [--break-fence]   (fixed schedules; see the page)
 # Needs root (namespaces, nftables, tmpfs). See docs/src/fault-testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
