@@ -230,5 +230,18 @@ mod tests {
         );
         assert_eq!(ws[0].round(), ("rec".into(), 2, "10.0.0.2:9".into(), 4));
         assert_eq!((ws[1].pid, ws[1].last, ws[1].ended), (8, 1.2, false));
+
+        // Read as it grows: a line cut between two reads is read whole.
+        let mut p = Parser::default();
+        let (a, b) = text.split_at(text.len() / 2);
+        p.feed(a);
+        p.feed(b);
+        p.feed("\n");
+        assert_eq!((p.workers(), p.bad), (ws, 1));
+        // A later worker with a pid used before is another worker.
+        p.feed(&(line("start", 9.0, 7) + "\n"));
+        let again = p.workers();
+        assert_eq!(again.len(), 3);
+        assert_eq!((again[2].pid, again[2].start, again[0].last), (7, 9.0, 1.5));
     }
 }
