@@ -153,9 +153,13 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// The kind, for the report's table.
+    /// The kind, for the report's table (the DDP job's workers and agents apart).
     pub fn kind(&self) -> &'static str {
         match self {
+            Fault::KillWorker { job: Job::Ddp, .. } => "kill -9 DDP worker",
+            Fault::StopWorker { job: Job::Ddp, .. } => "SIGSTOP DDP worker",
+            Fault::Kill(Daemon::Agent(_, Job::Ddp)) => "kill -9 DDP agent",
+            Fault::Stop(Daemon::Agent(_, Job::Ddp)) => "SIGSTOP DDP agent",
             Fault::KillWorker { .. } => "kill -9 worker",
             Fault::StopWorker { .. } => "SIGSTOP worker",
             Fault::Kill(Daemon::Agent(..)) => "kill -9 agent",
@@ -464,6 +468,6 @@ mod tests {
                 kinds.insert(p.fault.kind());
             }
         }
-        assert_eq!(kinds.len(), 13, "{kinds:?}");
+        assert_eq!(kinds.len(), 17, "{kinds:?}");
     }
 }
