@@ -600,30 +600,28 @@ pub fn run(o: &Options) -> Outcome {
         at: 0,
         parser: Parser::default(),
     };
-    let mut early: Vec<(Daemon, Exit)> = Vec::new();
-    let mut reap = |c: &mut Cluster, say: &mut dyn FnMut(String), finishing: bool| {
+    // Daemons that ended by themselves (not killed by the harness).
+    let mut early: Vec<Exit> = Vec::new();
+    let mut reap = |c: &mut Cluster, say: &mut dyn FnMut(String)| {
         for p in c.procs.iter_mut() {
             if let Some((code, killed)) = p.reap() {
                 if killed {
                     continue;
                 }
                 // The DDP job ends by itself; the recording job only when told.
-                let ok = code == 0 && (finishing || matches!(p.who, Daemon::Agent(_, Job::Ddp)));
+                let ok = code == 0 && matches!(p.who, Daemon::Agent(_, Job::Ddp));
                 say(format!(
                     "{} exited {code}{}",
                     p.who,
                     if ok { "" } else { " (by itself)" }
                 ));
                 if !ok {
-                    early.push((
-                        p.who,
-                        Exit {
-                            who: p.who.to_string(),
-                            at: now(),
-                            status: format!("exit {code}"),
-                            ok,
-                        },
-                    ));
+                    early.push(Exit {
+                        who: p.who.to_string(),
+                        at: now(),
+                        status: format!("exit {code}"),
+                        ok,
+                    });
                 }
             }
         }
@@ -633,7 +631,7 @@ pub fn run(o: &Options) -> Outcome {
     let started = now();
     let t0 = loop {
         tail.poll();
-        reap(&mut c, &mut say, false);
+        reap(&mut c, &mut say);
         if let Some(t) = invariants::running_at(&tail.parser.workers(), 0.0) {
             break Some(t.max(now()));
         }
@@ -650,15 +648,7 @@ pub fn run(o: &Options) -> Outcome {
             what: "the recording job never ran (90 s after the start)".into(),
             slice: Vec::new(),
         });
-        return finish(
-            o,
-            c,
-            plan,
-            injected,
-            tail,
-            violations,
-            &mut early.into_iter().map(|e| e.1).collect(),
-        );
+        return finish(o, c, plan, injected, tail, violations, &mut early, &mut say);
     };
     say(format!(
         "workload running; {} faults over {} s",
@@ -675,7 +665,7 @@ pub fn run(o: &Options) -> Outcome {
     let end = t0 + o.seconds;
     while !pending.is_empty() || now() < end {
         tail.poll();
-        reap(&mut c, &mut say, false);
+        reap(&mut c, &mut say);
         let t = now();
         pending.sort_by(|a, b| a.0.total_cmp(&b.0));
         while let Some(first) = pending.first() {
@@ -714,22 +704,7 @@ pub fn run(o: &Options) -> Outcome {
         }
         thread::sleep(Duration::from_millis(20));
     }
-    let early: Vec<Exit> = early.into_iter().map(|e| e.1).collect();
-    let mut early = early;
-    finish_with(o, c, plan, injected, tail, violations, &mut early, &mut say)
-}
-
-fn finish(
-    o: &Options,
-    c: Cluster,
-    plan: Vec<Planned>,
-    injected: Vec<Injected>,
-    tail: Tail,
-    violations: Vec<Violation>,
-    early: &mut Vec<Exit>,
-) -> Outcome {
-    let mut say = |line: String| eprintln!("chaos: {line}");
-    finish_with(o, c, plan, injected, tail, violations, early, &mut say)
+    finish(o, c, plan, injected, tail, violations, &mut early, &mut say)
 }
 
 /// Live workers of `job`'s newest round now, by global rank.
@@ -999,8 +974,10 @@ fn heal(c: &mut Cluster, undo: Undo) {
     }
 }
 
+/// After the last heal: the job runs again, is told to finish, its agents
+/// end; what is left is stopped and found; the invariants are checked.
 #[allow(clippy::too_many_arguments)]
-fn finish_with(
+fn finish(
     o: &Options,
     mut c: Cluster,
     plan: Vec<Planned>,
