@@ -1216,6 +1216,25 @@ mod tests {
     }
 
     #[test]
+    fn a_process_carrying_the_runs_mark_is_found_and_others_are_not() {
+        let id = format!("unit-{}", std::process::id());
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .env("CHAOS_RUN", &id)
+            .env("CHAOS_JOB", "rec")
+            .spawn()
+            .expect("sleep");
+        let found = marked(&id);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, child.id());
+        assert_eq!(var(&found[0].1, "CHAOS_JOB"), Some("rec"));
+        assert!(marked(&id).is_empty(), "gone once killed");
+        assert!(marked(&format!("{id}-other")).is_empty());
+    }
+
+    #[test]
     fn node_i_of_a_schedule_is_the_node_holding_group_rank_i_of_the_newest_round() {
         // Round of restart 1: node2 holds group rank 0, node0 group rank 1;
         // node1 is out of it. An older round ordered them otherwise.
