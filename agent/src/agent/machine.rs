@@ -92,14 +92,18 @@ impl Settings {
             exit_barrier_timeout: cfg.exit_barrier_timeout,
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.rdzv.reconnect_grace,
-            // A test-only switch (debug builds) turns fencing off: see `testing`.
-            fence_after: if crate::testing::fence_broken() {
-                accel_input::MAX_DURATION
-            } else {
-                cfg.rdzv.dead_after()
-            },
+            fence_after: cfg.rdzv.dead_after(),
             restart_backoff: cfg.restart_backoff,
         }
+        .with_test_switches()
+    }
+
+    /// A debug build's test-only switch turns fencing off (see `testing`).
+    fn with_test_switches(mut self) -> Self {
+        if crate::testing::fence_broken() {
+            self.fence_after = accel_input::MAX_DURATION;
+        }
+        self
     }
 }
 
