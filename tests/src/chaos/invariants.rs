@@ -32,7 +32,7 @@ use std::fmt;
 use serde_json::Value;
 
 use super::history::{Exit, Injected, RoundKey, Worker};
-use super::schedule::Fault;
+use super::schedule::{Fault, Job};
 
 /// Seconds around a worker kill in which no other fault may be active for
 /// it to count as isolated (invariant (c)).
@@ -163,7 +163,9 @@ pub fn budget(workers: &[Worker], injected: &[Injected]) -> Vec<Violation> {
     let mut out = Vec::new();
     let kills: Vec<&Injected> = injected
         .iter()
-        .filter(|i| matches!(i.fault, Fault::KillWorker { .. }) && i.victim.is_some())
+        .filter(|i| {
+            matches!(i.fault, Fault::KillWorker { job: Job::Rec, .. }) && i.victim.is_some()
+        })
         .collect();
     let killed_counts: BTreeSet<u32> = kills
         .iter()
@@ -406,7 +408,6 @@ pub fn same_parameters(through: &[Option<Value>], clean: &[Option<Value>]) -> Ve
 #[cfg(test)]
 mod tests {
     use super::super::history::Victim;
-    use super::super::schedule::Job;
     use super::*;
 
     /// A worker of job `rec`, 2 per node, store `m`, that ran `start..last`.
@@ -517,6 +518,14 @@ mod tests {
         let v = budget(&ws[..4], &inj);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].what.contains("restart 1 never came"), "{}", v[0]);
+        // A kill of the DDP job's worker is not the recording job's failure.
+        let mut ddp = inj.clone();
+        ddp[0].fault = Fault::KillWorker {
+            job: Job::Ddp,
+            pick: 1,
+        };
+        assert_eq!(budget(&ws, &ddp).len(), 1);
+        assert_eq!(budget(&ws[..4], &ddp), []);
         // ... unless another fault was near (its effect is then not defined).
         let mut two = inj.clone();
         two.push(Injected {
