@@ -12,12 +12,15 @@
 //! * [`invariants`]: records, injected faults, the end → violations, each
 //!   with the slice of history that shows it;
 //! * [`report`]: the table (faults by kind, recoveries, times);
-//! * [`run`]: the topology (network namespaces, etcd, replicas, agents),
-//!   the injection loop and the final checks.
+//! * [`run`]: the run itself, on the topology `cluster.rs` builds (network
+//!   namespaces, etcd, replicas, agents) with the faults `faults.rs`
+//!   injects and heals.
 //!
 //! The user guide's "Fault testing" page says how to run it and what the
 //! table means.
 
+mod cluster;
+mod faults;
 pub mod history;
 pub mod invariants;
 pub mod report;
