@@ -112,6 +112,21 @@ out="$(mktemp)"
   scripts/bench-worker-runtime.sh "${wr[@]}" 2>/dev/null
   echo '```'
   echo
+  if [ $quick = 0 ]; then
+    echo "## Chaos run"
+    echo "A three-node job on two rdzv-server replicas over three etcd members (and agent-only on the etcd) under a"
+    echo "seeded schedule of kills, pauses, partitions, slow links and full log disks, 600 s each; the invariants of"
+    echo "docs/src/fault-testing.md checked on the recorded history. Times: from a fault to every rank of the recording"
+    echo "job running again. Debug builds (the harness's own). Command: \`scripts/chaos.sh 600 SEED [--mode agents]\`."
+    for run in "1 server" "2 server" "3 agents"; do
+      set -- $run
+      echo
+      echo "Seed $1, mode $2:"
+      echo
+      scripts/chaos.sh 600 "$1" --mode "$2" 2>/dev/null | grep -E '^(\||violations:)' || true
+    done
+    echo
+  fi
   echo "## Where a target is not clearly met"
   echo "The worker store is at parity with PyTorch's libuv server rather than ahead of it. Both servers are"
   echo "single-threaded and spend about the same CPU per operation (last column). \`strace -c\` of the agent under this"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what accel's tests and benchmarks need, idempotently:
 #   - Debian packages: python3 with venv, procps (kill), iproute2, libgloo-dev,
-#     etcd-server and etcd-client (etcd 3.4 on Debian 12), prometheus (the
+#     etcd-server and etcd-client (etcd 3.4 on Debian 12), nftables (the
+#     chaos run's partitions), prometheus (the
 #     metrics tests scrape with a real one); for the wheels' checks,
 #     binutils (readelf), qemu-user-static and libc6-arm64-cross (the aarch64
 #     wheel's binaries run under qemu with Debian's arm64 glibc);
@@ -40,6 +41,8 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 # clusters on loopback ports, never the packaged service.
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v etcdctl >/dev/null || need_apt+=(etcd-client)
+# nftables: the chaos run's network partitions (rules inside namespaces).
+command -v nft >/dev/null || need_apt+=(nftables)
 # A real Prometheus for the metrics tests (they start their own, on loopback);
 # curl for the benchmarks' scrapes.
 command -v prometheus >/dev/null || need_apt+=(prometheus)

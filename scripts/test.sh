@@ -37,6 +37,11 @@ scripts/check-slurm.sh
 # notebook tests).
 scripts/check-wheel.sh
 cargo test --workspace --locked
+# The chaos run, short (about 2 minutes, fixed seeds, both modes): faults
+# injected into a three-node job, invariants checked on what its workers
+# recorded; any violation fails the run (docs/src/fault-testing.md).
+scripts/chaos.sh 40 1 --mode server
+scripts/chaos.sh 30 2 --mode agents --no-ddp
 # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
 # SECONDS runs them longer); a crash fails the run.
 scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"

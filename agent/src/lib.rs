@@ -64,6 +64,7 @@ pub mod signal;
 pub mod store;
 pub mod supervisor;
 mod sys;
+pub mod testing;
 pub mod worker_env;
 pub mod zygote;
 

@@ -82,7 +82,12 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
     }
     // Forked before any thread exists; see the guard module.
     // A frozen agent's workers are killed after the job's drop limit.
-    let limit = Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero());
+    // (Never with the test-only switch that turns fencing off: `testing`.)
+    let limit =
+        Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero() && !crate::testing::fence_broken());
+    if crate::testing::fence_broken() {
+        tracing::warn!("ACCEL_TEST_BREAK_FENCE=1 (a debug build's test-only switch): this node never fences its workers");
+    }
     let guard = match Guard::start(limit) {
         Ok(g) => Some(Arc::new(g)),
         Err(e) => {

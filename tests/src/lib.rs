@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod chaos;
 pub mod etcd;
 
 /// Path of a workspace binary next to the running test.

@@ -3,6 +3,7 @@
 
 mod accelerate;
 mod bad_input;
+mod chaos;
 mod elastic;
 mod errors;
 mod ha;

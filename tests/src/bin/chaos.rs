@@ -1,0 +1,148 @@
+//! The chaos run: a multi-node job under a seeded schedule of faults,
+//! checked against invariants on what its workers recorded
+//! (`accel_tests::chaos`; the user guide's "Fault testing" page).
+//!
+//! ```text
+//! chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR]
+//!       [--scenario NAME] [--break-fence]
+//! ```
+//!
+//! `--scenario NAME` runs a fixed schedule instead of the seed's
+//! (`schedule::scenario`: `fence`, `failure-while-cut-off`), for SECONDS at
+//! least its own. `--break-fence` starts the agents with
+//! `ACCEL_TEST_BREAK_FENCE=1`, the debug build's test-only switch that
+//! turns fencing off (`accel_agent::testing`): invariant (a) must catch it.
+//!
+//! Run it through `scripts/chaos.sh`, which builds the binaries and runs it
+//! as root in a private mount namespace. Prints the seed, the schedule, the
+//! table and every violation with its history slice; exits 1 on any
+//! violation, 2 on bad arguments.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use accel_tests::chaos::run::{self, Options};
+use accel_tests::chaos::schedule::{self, Mode};
+
+const USAGE: &str = "usage: chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR] [--scenario NAME] [--break-fence]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("chaos: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    // A fixed scenario's name, or the seed.
+    let what = match args.iter().position(|a| a == "--scenario") {
+        Some(i) => format!("scenario {}", args[i + 1]),
+        None => format!("seed {}", opts.seed),
+    };
+    println!(
+        "chaos run: {} s, {what}, mode {}{}; scratch {}",
+        opts.seconds,
+        opts.mode,
+        if opts.ddp { ", with the DDP job" } else { "" },
+        opts.dir.display()
+    );
+    let out = run::run(&opts);
+    println!("\nschedule ({what}; node i is the node holding group rank i when the fault is due):");
+    for p in &out.schedule {
+        println!("  {p}");
+    }
+    println!("\n{}", out.table);
+    for v in &out.violations {
+        println!("{what} mode {}: {v}", opts.mode);
+    }
+    if out.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("repeat with: scripts/chaos.sh {}", args.join(" "));
+        ExitCode::from(1)
+    }
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut pos = Vec::new();
+    let mut mode = Mode::Server;
+    let mut ddp = true;
+    let mut net = None;
+    let mut dir = None;
+    let mut scenario = None;
+    let mut agent_env = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--mode" => {
+                let v = value("--mode")?;
+                mode = Mode::parse(&v).ok_or(format!("unknown mode {v:?}"))?;
+            }
+            "--no-ddp" => ddp = false,
+            "--scenario" => {
+                let v = value("--scenario")?;
+                scenario = Some(schedule::scenario(&v).ok_or(format!(
+                    "unknown scenario {v:?} (known: {})",
+                    schedule::SCENARIOS.join(", ")
+                ))?);
+            }
+            "--break-fence" => {
+                agent_env.push(("ACCEL_TEST_BREAK_FENCE".to_owned(), "1".to_owned()))
+            }
+            "--net" => {
+                net = Some(
+                    value("--net")?
+                        .parse::<u8>()
+                        .map_err(|e| format!("--net: {e}"))?,
+                )
+            }
+            "--dir" => dir = Some(PathBuf::from(value("--dir")?)),
+            s if s.starts_with("--") => return Err(format!("unknown flag {s}")),
+            s => pos.push(s.to_owned()),
+        }
+    }
+    let seconds: f64 = pos
+        .first()
+        .ok_or("SECONDS is missing")?
+        .parse()
+        .map_err(|e| format!("SECONDS: {e}"))?;
+    if !(5.0..=86_400.0).contains(&seconds) {
+        return Err("SECONDS is 5 to 86400".into());
+    }
+    if let Some((need, _)) = &scenario {
+        if seconds < *need {
+            return Err(format!("this scenario needs SECONDS of at least {need}"));
+        }
+    }
+    let seed: u64 = match pos.get(1) {
+        Some(s) => s.parse().map_err(|e| format!("SEED: {e}"))?,
+        None => 1,
+    };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bins = exe.parent().ok_or("binary dir")?.to_path_buf();
+    let dir = match dir {
+        Some(d) => d,
+        None => tempfile::Builder::new()
+            .prefix("accel-chaos-")
+            .tempdir()
+            .map_err(|e| e.to_string())?
+            .keep(),
+    };
+    Ok(Options {
+        seconds,
+        seed,
+        mode,
+        ddp,
+        schedule: scenario.map(|(_, plan)| plan),
+        dir,
+        bins,
+        venv: std::env::var_os("ACCEL_VENV").map(PathBuf::from),
+        net: net.unwrap_or(match mode {
+            Mode::Server => 91,
+            Mode::Agents => 92,
+        }),
+        agent_env,
+    })
+}
