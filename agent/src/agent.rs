@@ -220,6 +220,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 watched.clone(),
             );
             session.events = Some(events.clone());
+            session.presence = reach.presence().cloned();
             let result = session.drive(first_actions).await;
             // This membership is over (the node left, the job ended, or the
             // agent exits): its presence goes at once, not after the lease.
@@ -390,6 +391,12 @@ struct Session<'a, L: Link, S: Spawner> {
     /// torchelastic's status events (`--event-log-handler`), kept by the
     /// agent across sessions; none in the driver's unit tests.
     events: Option<Arc<std::sync::Mutex<EventLog>>>,
+    /// This node's presence key in etcd (agent-only rendezvous): when its
+    /// lease lapses while workers run, they are fenced at once.
+    presence: Option<rendezvous_server::presence::Held>,
+    /// The lapse was said since the node last (re)joined, which it does
+    /// only with its key back in etcd.
+    lapse_said: bool,
 }
 
 /// How a session with the rendezvous ended.
@@ -486,6 +493,8 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             health_checked: true,
             last_pids: Vec::new(),
             events: None,
+            presence: None,
+            lapse_said: false,
         }
     }
 
@@ -507,6 +516,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                         Ok((link, joined)) => {
                             // The old link (and its keep-alives) ends here.
                             self.link = link;
+                            self.lapse_said = false;
                             Event::Rejoined {
                                 round: joined.round,
                                 resumed: joined.resumed,
@@ -590,9 +600,12 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             link,
             signals,
             monitor,
+            presence,
+            lapse_said,
             ..
         } = self;
         let live = src.workers && group.as_ref().is_some_and(|g| !g.all_ended());
+        let watch_presence = live && !*lapse_said && presence.is_some();
         tokio::select! {
             done = async { stopping.as_mut().expect("guarded").await }, if src.stop && stopping.is_some() => {
                 *stopping = None;
@@ -617,6 +630,12 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                 Heard::Lost(why) => Woke::Event(Event::Lost(why)),
                 Heard::Silent { why, since } => Woke::Event(Event::Silent { why, since }),
             },
+            () = async { presence.as_ref().expect("guarded").lapsed().await }, if watch_presence => {
+                *lapse_said = true;
+                Woke::Event(Event::Dead(
+                    "this node's presence lease in etcd could not be renewed in time".into(),
+                ))
+            }
             sig = signals.recv() => Woke::Event(Event::Signal(sig)),
             _ = async { sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Woke::Event(Event::Timer),
         }

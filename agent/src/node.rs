@@ -81,10 +81,14 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
             .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
     }
     // Forked before any thread exists; see the guard module.
-    // A frozen agent's workers are killed after the job's drop limit.
+    // A frozen agent's workers are killed after the job's drop limit (in
+    // an agent-only rendezvous, before its presence lease can end).
     // (Never with the test-only switch that turns fencing off: `testing`.)
-    let limit =
-        Some(cfg.rdzv.dead_after()).filter(|d| !d.is_zero() && !crate::testing::fence_broken());
+    let limit = Some(crate::config::conflicts::frozen_limit(
+        &cfg.rendezvous,
+        &cfg.rdzv,
+    ))
+    .filter(|d| !d.is_zero() && !crate::testing::fence_broken());
     if crate::testing::fence_broken() {
         tracing::warn!("ACCEL_TEST_BREAK_FENCE=1 (a debug build's test-only switch): this node never fences its workers");
     }

@@ -133,6 +133,17 @@ impl Held {
     pub fn now(&self) -> bool {
         *self.0.borrow()
     }
+
+    /// Waits until the key's lease may have lapsed (its keeper could not
+    /// renew it within two thirds of it): from then on the leader may drop
+    /// the node at any moment. Never returns while the key is kept, nor
+    /// once the node withdrew it.
+    pub async fn lapsed(&self) {
+        let mut held = self.0.clone();
+        if held.wait_for(|h| !*h).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Drop for Presence {

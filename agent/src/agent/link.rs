@@ -174,6 +174,11 @@ impl Reach {
         }
     }
 
+    /// This node's presence key (agent-only rendezvous), if it keeps one.
+    pub(crate) fn presence(&self) -> Option<&rendezvous_server::presence::Held> {
+        self.presence.as_ref()
+    }
+
     /// The same, joining only while this node's presence key is in etcd.
     pub(crate) fn with_presence(mut self, held: Option<rendezvous_server::presence::Held>) -> Self {
         self.presence = held;

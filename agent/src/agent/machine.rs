@@ -80,6 +80,9 @@ pub struct Settings {
     pub reconnect_grace: Duration,
     /// How long workers keep running while no rendezvous is reached.
     pub fence_after: Duration,
+    /// Whether the node fences at all (always, but for a debug build's
+    /// test-only switch: `testing`).
+    pub fence: bool,
     /// Waits between restarts in a crash loop.
     pub restart_backoff: crate::config::RestartBackoff,
 }
@@ -95,6 +98,7 @@ impl Settings {
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.reconnect_grace(),
             fence_after: cfg.rdzv.dead_after(),
+            fence: true,
             restart_backoff: cfg.restart_backoff,
         }
         .with_test_switches()
@@ -104,6 +108,7 @@ impl Settings {
     fn with_test_switches(mut self) -> Self {
         if crate::testing::fence_broken() {
             self.fence_after = accel_input::MAX_DURATION;
+            self.fence = false;
         }
         self
     }
@@ -124,6 +129,13 @@ pub enum Event {
         /// The last answered keep-alive.
         since: Instant,
     },
+    /// The rendezvous takes this node for dead from now on, although the
+    /// link may still answer: its presence lease in etcd (agent-only
+    /// rendezvous) could not be renewed in time, so the leader drops it
+    /// when etcd ends the lease. Workers still running are stopped at once
+    /// (fencing), before the job can re-form without them; the node rejoins
+    /// once its presence is back.
+    Dead(String),
     /// A worker ended.
     Exited(Exit),
     /// A worker could not be started (the others were killed).
@@ -529,7 +541,7 @@ impl NodeMachine {
     ) -> Vec<Action> {
         let kind = match event {
             Event::Message(kind) => kind,
-            Event::Lost(why) | Event::Silent { why, .. } => {
+            Event::Lost(why) | Event::Silent { why, .. } | Event::Dead(why) => {
                 return self.reconnect(deadline, why, waiting)
             }
             Event::Timer if now >= deadline => {
@@ -668,6 +680,7 @@ impl NodeMachine {
             }
             event @ (Event::Lost(_)
             | Event::Silent { .. }
+            | Event::Dead(_)
             | Event::Message(
                 Kind::JobFailed(_) | Kind::JobSucceeded(_) | Kind::JobClosed(_),
             )) => self.forming(now, round, deadline, String::new(), event),
@@ -757,6 +770,11 @@ impl NodeMachine {
             // The fence counts from the last contact, as the rendezvous
             // counts the silence: the workers stop at once.
             Event::Silent { why, since } => self.recover(since.min(now), round, why),
+            Event::Dead(why) => {
+                let actions = self.recover(now, round, why);
+                self.fence_now(now);
+                actions
+            }
             Event::Timer if round.barrier.is_some_and(|b| now >= b) => {
                 warn!(
                     timeout_s = self.settings.exit_barrier_timeout.as_secs_f64(),
@@ -843,6 +861,16 @@ impl NodeMachine {
         }]
     }
 
+    /// Moves a recovering round's fence to `now`: its workers stop at the
+    /// next step (the driver wakes at once for the deadline).
+    fn fence_now(&mut self, now: Instant) {
+        if let Phase::Recovering { round, .. } = &mut self.phase {
+            if self.settings.fence && round.live > 0 {
+                round.fence = Some(now);
+            }
+        }
+    }
+
     fn recovering(
         &mut self,
         now: Instant,
@@ -875,6 +903,18 @@ impl NodeMachine {
                     signal: Signal::SIGKILL,
                     grace: Duration::ZERO,
                 }]
+            }
+            Event::Dead(why) => {
+                warn!(reason = %why, "this node's presence lease lapsed: the rendezvous drops it");
+                if self.settings.fence && round.live > 0 {
+                    round.fence = Some(now);
+                }
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                Vec::new()
             }
             Event::Exited(exit) => {
                 round.live = round.live.saturating_sub(1);

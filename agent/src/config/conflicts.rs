@@ -37,6 +37,20 @@ pub fn rejoin_grace(rendezvous: &Rendezvous, rdzv: &RdzvConf) -> Duration {
     }
 }
 
+/// How long the guard lets a frozen agent's workers run (SIGSTOP, a hung
+/// host; see `guard`): the drop limit, but in an agent-only rendezvous on
+/// etcd at most half the lease. There the rendezvous also drops a node
+/// once its presence lease ends, which a frozen agent cannot renew: the
+/// lease was last renewed at most a third of it before the freeze (it is
+/// renewed every third), so it ends at least two thirds of it after the
+/// freeze, and the workers must be gone before then.
+pub fn frozen_limit(rendezvous: &Rendezvous, rdzv: &RdzvConf) -> Duration {
+    match rendezvous {
+        Rendezvous::Etcd { .. } => rdzv.dead_after().min(rdzv.etcd.lease / 2),
+        _ => rdzv.dead_after(),
+    }
+}
+
 /// The longest a hosting agent's death leaves the job unserved.
 fn failover(rdzv: &RdzvConf) -> Duration {
     rdzv.etcd.lease.saturating_add(ELECTION)
@@ -97,6 +111,21 @@ mod tests {
 
     fn conf(s: &str) -> RdzvConf {
         RdzvConf::parse(s).expect("valid --rdzv-conf")
+    }
+
+    #[test]
+    fn a_frozen_agent_is_fenced_before_its_presence_lease_can_end() {
+        let c = conf("keep_alive_interval=1,keep_alive_max_attempt=3,etcd_lease=2");
+        assert_eq!(frozen_limit(&etcd(), &c), Duration::from_secs(1));
+        // The drop limit when it is the shorter one.
+        let c = conf("keep_alive_interval=0.5,keep_alive_max_attempt=2,etcd_lease=10");
+        assert_eq!(frozen_limit(&etcd(), &c), Duration::from_secs(1));
+        // No presence lease with a server: the drop limit alone.
+        let c = conf("etcd_lease=2");
+        assert_eq!(
+            frozen_limit(&Rendezvous::Standalone, &c),
+            Duration::from_secs(15)
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn settings() -> Settings {
         shutdown_timeout: Duration::from_secs(30),
         reconnect_grace: Duration::from_secs(60),
         fence_after: Duration::from_secs(15),
+        fence: true,
         restart_backoff: crate::config::RestartBackoff::default(),
     }
 }
@@ -340,6 +341,36 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_re_forms_o
         matches!(actions[..], [Action::Offer { round: 1 }]),
         "{actions:?}"
     );
+}
+
+#[test]
+fn a_lapsed_presence_lease_fences_the_workers_at_once_and_the_node_rejoins() {
+    // Agent-only rendezvous: the link still answers, but this node's
+    // presence lease could not be renewed, so the leader drops it when etcd
+    // ends the lease: the workers go now, not at the drop limit.
+    let (mut m, t0) = running();
+    let actions = m.step(t0, Event::Dead("presence lease lapsed".into()));
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: Some(_) }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(t0), "the fence is now");
+    let actions = m.step(t0, Event::Timer);
+    assert!(is_kill(&actions[0]), "{actions:?}");
+    m.step(t0 + SECOND, Event::Stopped(Vec::new()));
+    // Already recovering (the link broke first): the lapse moves the fence.
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    assert_eq!(m.deadline(), Some(t0 + 15 * SECOND));
+    assert!(m
+        .step(t0 + 2 * SECOND, Event::Dead("lapsed".into()))
+        .is_empty());
+    assert_eq!(m.deadline(), Some(t0 + 2 * SECOND), "fenced at the lapse");
+    // With fencing switched off (the debug-only test switch) nothing moves.
+    let (mut m, t0) = running();
+    m.settings.fence = false;
+    m.step(t0, Event::Dead("lapsed".into()));
+    assert_ne!(m.deadline(), Some(t0));
 }
 
 #[test]
