@@ -19,7 +19,7 @@ pub enum Error {
     UnknownJob(String),
     /// A node resumes a job the store does not hold, and the registry
     /// relearns nothing ([`crate::Registry::without_relearning`]).
-    #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off (the other nodes' logs have its outcome), or it never got that far")]
+    #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off, longer ago than its outcome is kept (tombstone_ttl; the other nodes' logs have it), or it never got that far")]
     JobGone(String),
     /// The job is over (its tombstone says so) and this node took no part in it.
     #[error("job '{job}' already {outcome} at {at}, and this node took no part in it; start a new job with another --rdzv-id (this one is refused until {until})")]
