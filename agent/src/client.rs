@@ -913,7 +913,9 @@ mod tests {
             First::Attempt(Attempt::Retry(_))
         ));
         assert!(matches!(
-            first_event(Err(Status::failed_precondition("job 'j' already succeeded"))),
+            first_event(Err(Status::failed_precondition(
+                "job 'j' already succeeded"
+            ))),
             First::Attempt(Attempt::Refused(Code::FailedPrecondition, _))
         ));
     }

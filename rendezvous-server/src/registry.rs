@@ -671,9 +671,9 @@ impl Registry {
             .get(job_id)
             .filter(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
         match jobs.map.get(job_id) {
-            Some(e) if e.job.phase().is_terminal() => laid
-                .cloned()
-                .or_else(|| Tombstone::of(&e.job, now_ms)),
+            Some(e) if e.job.phase().is_terminal() => {
+                laid.cloned().or_else(|| Tombstone::of(&e.job, now_ms))
+            }
             Some(_) => None,
             None => laid.cloned(),
         }
@@ -684,9 +684,9 @@ impl Registry {
     /// other node is refused, with the outcome and the fix.
     fn over(&self, t: Tombstone, req: &pb::JoinRequest) -> Result<NodeStream, Error> {
         if !t.belongs(&req.node_id, &req.hostname) {
-            let until = t
-                .finished_ms
-                .saturating_add(u64::try_from(self.limits.tombstone_ttl.as_millis()).unwrap_or(u64::MAX));
+            let until = t.finished_ms.saturating_add(
+                u64::try_from(self.limits.tombstone_ttl.as_millis()).unwrap_or(u64::MAX),
+            );
             return Err(Error::Over {
                 job: t.job_id.clone(),
                 outcome: t.outcome(),

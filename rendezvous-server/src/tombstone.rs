@@ -116,8 +116,13 @@ impl Tombstone {
 
     /// Whether the node `node_id` on `hostname` took part in the job.
     pub fn belongs(&self, node_id: &str, hostname: &str) -> bool {
-        self.nodes.binary_search_by(|n| n.as_str().cmp(node_id)).is_ok()
-            || self.hosts.binary_search_by(|h| h.as_str().cmp(hostname)).is_ok()
+        self.nodes
+            .binary_search_by(|n| n.as_str().cmp(node_id))
+            .is_ok()
+            || self
+                .hosts
+                .binary_search_by(|h| h.as_str().cmp(hostname))
+                .is_ok()
     }
 
     /// `succeeded` or `failed`.
@@ -251,7 +256,10 @@ mod tests {
         let t = stone();
         assert_eq!(Tombstone::decode(&t.encode()), Some(t.clone()));
         assert!(t.belongs("a-1", "elsewhere"));
-        assert!(t.belongs("a-9", "b"), "a restarted agent on a host of the job");
+        assert!(
+            t.belongs("a-9", "b"),
+            "a restarted agent on a host of the job"
+        );
         assert!(!t.belongs("c-3", "c"));
         assert!(Tombstone::decode(b"{\"job\":\"x\"}").is_none());
         assert!(Tombstone::decode(b"\xff").is_none());

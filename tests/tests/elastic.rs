@@ -467,9 +467,8 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
         "the round of two runs"
     );
     let spare = agent("c").start(&dir, "c");
-    let said = |a: &Agent, what: &str| {
-        std::fs::read_to_string(&a.stderr).is_ok_and(|t| t.contains(what))
-    };
+    let said =
+        |a: &Agent, what: &str| std::fs::read_to_string(&a.stderr).is_ok_and(|t| t.contains(what));
     assert!(
         eventually(Duration::from_secs(10), || said(&spare, "spare")),
         "the third agent waits as a spare"
@@ -481,7 +480,12 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     let back = Instant::now();
     spare.signal("CONT");
     let out = spare.wait(Duration::from_secs(30));
-    assert_eq!(out.code(), 0, "the spare belonged to the job: {}", out.stderr);
+    assert_eq!(
+        out.code(),
+        0,
+        "the spare belonged to the job: {}",
+        out.stderr
+    );
     assert!(
         out.stderr.contains("job 'tomb' already succeeded at")
             && out.stderr.contains("nothing to do"),
@@ -500,7 +504,13 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     assert!(out.stderr.contains("nothing to do"), "{}", out.stderr);
 
     // Another host (its own UTS namespace) never belonged: refused.
-    let stranger = ["unshare", "--uts", "sh", "-c", "hostname stranger && exec \"$0\" \"$@\""];
+    let stranger = [
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        "hostname stranger && exec \"$0\" \"$@\"",
+    ];
     let out = agent("e")
         .start_with(&stranger, &dir, "e")
         .wait(Duration::from_secs(30));

@@ -1559,7 +1559,13 @@ mod agent_only {
             out.stderr
         );
         // Another host never belonged: refused, with the outcome and the fix.
-        let stranger = ["unshare", "--uts", "sh", "-c", "hostname stranger && exec \"$0\" \"$@\""];
+        let stranger = [
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            "hostname stranger && exec \"$0\" \"$@\"",
+        ];
         let out = job("team/late", "true")
             .start_with(&stranger, &dir, "stranger")
             .wait(Duration::from_secs(60));

@@ -479,9 +479,11 @@ impl NodeMachine {
                 Event::Signal(sig),
             ) => self.finish(Vec::new(), Outcome::Signaled(sig)),
             // A late node's job is over: it ends with the job's result.
-            (Phase::Running(_) | Phase::Recovering { .. }, Event::Over(o)) => {
-                self.stop(Signal::SIGTERM, Then::Finish(Vec::new(), outcome_of(&o)), false)
-            }
+            (Phase::Running(_) | Phase::Recovering { .. }, Event::Over(o)) => self.stop(
+                Signal::SIGTERM,
+                Then::Finish(Vec::new(), outcome_of(&o)),
+                false,
+            ),
             (
                 Phase::Forming { .. } | Phase::Reconnecting { .. } | Phase::BackingOff { .. },
                 Event::Over(o),

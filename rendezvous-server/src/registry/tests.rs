@@ -179,9 +179,16 @@ async fn succeeded(registry: &Registry) {
 
 /// What a joining node is answered: the outcome (a node of the job), or the error.
 async fn answer(registry: &Registry, node: &str, host: &str) -> Result<pb::JobOver, Error> {
-    let mut stream = registry.join(Instant::now(), &join_req("job", node, host), None, session(9))?;
+    let mut stream = registry.join(
+        Instant::now(),
+        &join_req("job", node, host),
+        None,
+        session(9),
+    )?;
     let over = match next(&mut stream).await {
-        Some(Kind::Joined(j)) => j.over.expect("a node of a finished job is told its outcome"),
+        Some(Kind::Joined(j)) => j
+            .over
+            .expect("a node of a finished job is told its outcome"),
         other => panic!("expected Joined, got {other:?}"),
     };
     assert_eq!(next(&mut stream).await, None, "nothing follows the outcome");
@@ -202,9 +209,14 @@ async fn a_late_node_of_a_finished_job_is_told_its_outcome_and_a_stranger_is_ref
         }
         // A member that was cut off at the end resumes under its own id.
         let over = answer(&registry, "a", "elsewhere").await.expect("told");
-        assert!(over.succeeded && over.exit_code == 0 && over.round == 0, "{over:?}");
+        assert!(
+            over.succeeded && over.exit_code == 0 && over.round == 0,
+            "{over:?}"
+        );
         // A restarted agent has a new node id, on a host of the job.
-        let over = answer(&registry, "b-restarted", "host-b").await.expect("told");
+        let over = answer(&registry, "b-restarted", "host-b")
+            .await
+            .expect("told");
         assert!(over.succeeded, "{over:?}");
         // A node that never belonged is refused, with the outcome and the fix.
         let e = answer(&registry, "c", "host-c").await.expect_err("refused");
@@ -215,7 +227,10 @@ async fn a_late_node_of_a_finished_job_is_told_its_outcome_and_a_stranger_is_ref
                 && text.contains("another --rdzv-id"),
             "{text}"
         );
-        assert_eq!(tonic::Status::from(e).code(), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            tonic::Status::from(e).code(),
+            tonic::Code::FailedPrecondition
+        );
         // None of this started a job.
         assert_eq!(registry.job_count(), usize::from(!forgotten));
     }
@@ -239,7 +254,10 @@ async fn a_failed_jobs_tombstone_says_so_and_the_agents_exit_code() {
     assert!(matches!(next(&mut a).await, Some(Kind::RoundComplete(_))));
     registry
         .for_node(now, "job", "a", &session(1).to_vec(), |j| {
-            ((), j.failure(now, "a", 0, "worker rank 0 exited 3".into(), None))
+            (
+                (),
+                j.failure(now, "a", 0, "worker rank 0 exited 3".into(), None),
+            )
         })
         .expect("a member");
     assert!(matches!(next(&mut a).await, Some(Kind::JobFailed(_))));
@@ -280,10 +298,14 @@ async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
     // j1's tombstone went: a stranger may use the id again.
     let mut fresh = join_req("j1", "c", "host-c");
     fresh.max_nodes = 1;
-    assert!(registry.join(Instant::now(), &fresh, None, session(3)).is_ok());
+    assert!(registry
+        .join(Instant::now(), &fresh, None, session(3))
+        .is_ok());
     let mut other = join_req("j3", "c", "host-c");
     other.max_nodes = 1;
-    assert!(registry.join(Instant::now(), &other, None, session(3)).is_err());
+    assert!(registry
+        .join(Instant::now(), &other, None, session(3))
+        .is_err());
 
     // Expired: a TTL that has passed.
     let limits = Limits {
@@ -298,7 +320,12 @@ async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
     registry.tick(Instant::now());
     assert_eq!(registry.tombstone_count(), 0);
     let mut s = registry
-        .join(Instant::now(), &join_req("job", "c", "host-c"), None, session(3))
+        .join(
+            Instant::now(),
+            &join_req("job", "c", "host-c"),
+            None,
+            session(3),
+        )
         .expect("the id is free again");
     assert!(matches!(next(&mut s).await, Some(Kind::Joined(j)) if j.over.is_none()));
 

@@ -1189,7 +1189,11 @@ fn over(succeeded: bool) -> Event {
     Event::Over(pb::JobOver {
         succeeded,
         exit_code: i32::from(!succeeded),
-        reason: if succeeded { String::new() } else { "budget spent".into() },
+        reason: if succeeded {
+            String::new()
+        } else {
+            "budget spent".into()
+        },
         round: 3,
         finished_unix_ms: 1_796_473_296_000,
     })
@@ -1229,12 +1233,18 @@ fn a_node_back_after_its_job_ended_ends_with_the_jobs_result() {
     let actions = m.step(t0 + SECOND, Event::Stopped(Vec::new()));
     assert_eq!(outcome(&actions), &Outcome::Succeeded);
 
-    let line = over_line("j", &pb::JobOver {
-        succeeded: true,
-        finished_unix_ms: 1_796_473_296_000,
-        ..Default::default()
-    });
-    assert_eq!(line, "job 'j' already succeeded at 2026-12-05 12:21:36 UTC; nothing to do");
+    let line = over_line(
+        "j",
+        &pb::JobOver {
+            succeeded: true,
+            finished_unix_ms: 1_796_473_296_000,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        line,
+        "job 'j' already succeeded at 2026-12-05 12:21:36 UTC; nothing to do"
+    );
 }
 
 /// F6 of the chaos run: a server going away right after this node's
@@ -1258,7 +1268,10 @@ fn a_job_closed_for_a_rejoin_right_after_a_rejoin_is_rejoined_again() {
             resumed: false,
         },
     );
-    assert!(matches!(actions[..], [Action::Offer { round: 0 }]), "{actions:?}");
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 0 }]),
+        "{actions:?}"
+    );
     let actions = m.step(t0, closing());
     assert!(
         matches!(actions[..], [Action::Rejoin { resume: None }]),
