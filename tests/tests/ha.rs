@@ -1538,6 +1538,19 @@ mod agent_only {
         let out = job("team/late", "true").run(&dir, "first", Duration::from_secs(60));
         assert_eq!(out.code(), 0, "{}", out.stderr);
         only_the_tombstone_is_left(&etcd, "/late", "team%2Flate");
+        // On a lease: etcd deletes it after tombstone_ttl even if no agent
+        // of that id ever runs again.
+        let fields = etcd.ctl(&[
+            "get",
+            "/late/team%2Flate/tombstones/team%2Flate",
+            "-w",
+            "fields",
+        ]);
+        let lease = fields
+            .lines()
+            .find(|l| l.starts_with("\"Lease\""))
+            .unwrap_or_else(|| panic!("no lease field: {fields}"));
+        assert!(!lease.trim_end().ends_with(": 0"), "{fields}");
         let t = Instant::now();
         let out = job("team/late", "true").run(&dir, "late", Duration::from_secs(60));
         assert_eq!(out.code(), 0, "{}", out.stderr);
