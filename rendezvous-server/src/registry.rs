@@ -87,6 +87,11 @@ struct Entry {
     formed: bool,
     /// Whether its end left a tombstone (or it was over when loaded).
     buried: bool,
+    /// Nodes that joined through this registry (node id → host name; at
+    /// most [`crate::tombstone::MAX_NODES`]): the job's tombstone names them
+    /// too, so that a spare or a member dropped before the end (cut off)
+    /// still belongs to the job when it comes back.
+    joined: BTreeMap<String, String>,
 }
 
 /// Arrivals and departures of one job since they were last logged.
@@ -279,6 +284,7 @@ impl Registry {
                 forming_since: forming.then_some(now),
                 formed: true,
                 buried,
+                joined: BTreeMap::new(),
             };
             jobs.map.insert(id.clone(), entry);
             if torn {
@@ -472,6 +478,7 @@ impl Registry {
                     scheduled: None,
                     forming_since: Some(now),
                     buried: false,
+                    joined: BTreeMap::new(),
                 },
             );
         }
@@ -504,6 +511,11 @@ impl Registry {
             }
         };
         entry.job.seen_from(&req.node_id, from);
+        if entry.joined.len() < crate::tombstone::MAX_NODES {
+            entry
+                .joined
+                .insert(req.node_id.clone(), req.hostname.clone());
+        }
         let stream = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = outbox();
         // A replaced stream (the node reconnected) ends when its outbox drops.
@@ -559,7 +571,8 @@ impl Registry {
         self.count_transitions(entry, &out, now);
         if !entry.buried && entry.job.phase().is_terminal() {
             entry.buried = true;
-            if let Some(t) = Tombstone::of(&entry.job, unix_ms(SystemTime::now())) {
+            let now_ms = unix_ms(SystemTime::now());
+            if let Some(t) = Tombstone::of(&entry.job, now_ms, &entry.joined) {
                 self.lay(jobs, t);
             }
         }
@@ -671,9 +684,9 @@ impl Registry {
             .get(job_id)
             .filter(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
         match jobs.map.get(job_id) {
-            Some(e) if e.job.phase().is_terminal() => {
-                laid.cloned().or_else(|| Tombstone::of(&e.job, now_ms))
-            }
+            Some(e) if e.job.phase().is_terminal() => laid
+                .cloned()
+                .or_else(|| Tombstone::of(&e.job, now_ms, &e.joined)),
             Some(_) => None,
             None => laid.cloned(),
         }

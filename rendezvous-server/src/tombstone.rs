@@ -20,19 +20,26 @@
 //! - any other node is refused, naming the job, its outcome and the fix
 //!   (another `--rdzv-id`, or waiting for the tombstone to expire).
 //!
+//! Who took part: the members at the end, the last round's participants,
+//! and every node that joined through this server (a spare or member
+//! dropped before the end, for being cut off, included). Nodes that joined
+//! through an earlier leader and were dropped before the end are not in a
+//! job's stored state; such a node is known by its host if another node of
+//! that host stayed.
+//!
 //! Every field is bounded: at most [`MAX_NODES`] node ids and as many host
 //! names are kept (a larger job keeps the first ones in id order: a node
 //! beyond them is told the job is over, without the outcome), and the
 //! failure reason is cut to [`MAX_REASON`] bytes. A stored tombstone is
 //! untrusted input like any other: one that does not parse is ignored.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use accel_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::job::{Job, Phase};
+use crate::job::{is_placeholder, Job, Phase};
 
 /// Most node ids (and, separately, host names) a tombstone keeps.
 pub const MAX_NODES: usize = 1024;
@@ -80,19 +87,30 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 impl Tombstone {
-    /// The tombstone of `job`, if it is over; `finished_ms`: now, on the wall clock.
-    pub fn of(job: &Job, finished_ms: u64) -> Option<Self> {
+    /// The tombstone of `job`, if it is over; `finished_ms`: now, on the
+    /// wall clock; `also`: nodes that joined it but may have left (node id
+    /// → host name).
+    pub fn of(job: &Job, finished_ms: u64, also: &BTreeMap<String, String>) -> Option<Self> {
         let (succeeded, reason) = match job.phase() {
             Phase::Succeeded => (true, String::new()),
             Phase::Failed(r) => (false, cut(r, MAX_REASON)),
             _ => return None,
         };
-        let mut nodes: BTreeSet<&str> = job.members().keys().map(String::as_str).collect();
-        nodes.extend(job.participants().iter().map(String::as_str));
+        // A relearned job's placeholders stand for nobody.
+        let mut nodes: BTreeSet<&str> = job
+            .members()
+            .keys()
+            .chain(job.participants())
+            .chain(also.keys())
+            .map(String::as_str)
+            .filter(|n| !is_placeholder(n))
+            .collect();
         let hosts: BTreeSet<&str> = job
             .members()
-            .values()
-            .map(|m| m.hostname.as_str())
+            .iter()
+            .filter(|(id, _)| !is_placeholder(id))
+            .map(|(_, m)| m.hostname.as_str())
+            .chain(also.values().map(String::as_str))
             .collect();
         Some(Self {
             job_id: job.id().to_owned(),

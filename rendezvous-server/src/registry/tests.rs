@@ -380,3 +380,47 @@ async fn a_tombstone_outlives_its_leader_through_the_store() {
     assert!(matches!(next(&mut s).await, Some(Kind::Joined(j)) if j.over.is_some()));
     assert!(answer(&second, "c", "host-c").await.is_err());
 }
+
+/// F8: a spare (here on a host of its own) cut off and dropped before the
+/// job succeeded still belongs to it when it comes back.
+#[tokio::test]
+async fn a_spare_dropped_before_the_end_still_belongs_to_the_job() {
+    let registry = Registry::new(Duration::from_secs(60), Limits::default());
+    let (mut a, mut b) = (join(&registry, "a", 1), join(&registry, "b", 2));
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::Joined(_))));
+    }
+    ready(&registry, "a", 1, 0);
+    ready(&registry, "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::RoundComplete(_))));
+    }
+    // The round is full: c waits as a spare, then is dropped (cut off).
+    let mut c = join(&registry, "c", 3);
+    assert!(matches!(next(&mut c).await, Some(Kind::Joined(_))));
+    let gone: Vec<_> = registry
+        .memberships()
+        .into_iter()
+        .filter(|m| m.node_id == "c")
+        .collect();
+    assert_eq!(registry.drop_expired(Instant::now(), &gone, "cut off"), 1);
+    succeed(&registry, "job", "a", 1, 0);
+    succeed(&registry, "job", "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::JobSucceeded(_))));
+    }
+    // Back under its own id, or restarted on its host.
+    assert!(
+        answer(&registry, "c", "elsewhere")
+            .await
+            .expect("told")
+            .succeeded
+    );
+    assert!(
+        answer(&registry, "c2", "host-c")
+            .await
+            .expect("told")
+            .succeeded
+    );
+    assert!(answer(&registry, "d", "host-d").await.is_err());
+}
