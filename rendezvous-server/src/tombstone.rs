@@ -97,7 +97,7 @@ impl Tombstone {
             _ => return None,
         };
         // A relearned job's placeholders stand for nobody.
-        let mut nodes: BTreeSet<&str> = job
+        let nodes: BTreeSet<&str> = job
             .members()
             .keys()
             .chain(job.participants())
