@@ -30,7 +30,7 @@ use accel_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{error, info, warn};
 
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
@@ -207,6 +207,19 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     return Err(e);
                 }
             };
+            if let Some(over) = &first.over {
+                // The job was over before this node came: it took part in
+                // it (cut off at the end, or restarted since), and ends
+                // with the job's result at once.
+                withdraw(presence).await;
+                let line = machine::over_line(&cfg.run_id, over);
+                let outcome = machine::outcome_of(over);
+                match &outcome {
+                    Outcome::Succeeded => info!("{line}"),
+                    _ => error!("{line}"),
+                }
+                return Ok(outcome);
+            }
             let (machine, first_actions) =
                 NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
             let mut session = Session::new(
@@ -517,9 +530,19 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                             // The old link (and its keep-alives) ends here.
                             self.link = link;
                             self.lapse_said = false;
-                            Event::Rejoined {
-                                round: joined.round,
-                                resumed: joined.resumed,
+                            match joined.over {
+                                Some(over) => {
+                                    let line = machine::over_line(&self.cfg.run_id, &over);
+                                    match over.succeeded {
+                                        true => info!("{line}"),
+                                        false => error!("{line}"),
+                                    }
+                                    Event::Over(over)
+                                }
+                                None => Event::Rejoined {
+                                    round: joined.round,
+                                    resumed: joined.resumed,
+                                },
                             }
                         }
                         Err(e) => Event::RejoinFailed(e),

@@ -579,27 +579,68 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
     match inner.join(req.clone()).await {
         Ok(stream) => {
             let mut stream = stream.into_inner();
-            match stream.message().await {
-                Ok(Some(pb::Event {
-                    kind: Some(Kind::Joined(joined)),
-                })) => Attempt::Joined(Box::new(Joined {
+            match first_event(stream.message().await) {
+                First::Joined(joined) => Attempt::Joined(Box::new(Joined {
                     inner,
                     stream,
                     joined,
                     sent,
                 })),
-                Ok(other) => Attempt::Refused(
-                    Code::Internal,
-                    format!("unexpected first event from the rendezvous: {other:?}"),
-                ),
-                Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
-                Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
+                First::Attempt(a) => a,
             }
         }
         // Only the server's own verdicts are final; transport trouble (a
         // server going down, a reset connection, a follower) is retried.
         Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
         Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
+    }
+}
+
+/// What the first event of a join's stream means.
+enum First {
+    /// The join was taken.
+    Joined(pb::Joined),
+    /// It was not: retry, or give up.
+    Attempt(Attempt),
+}
+
+/// Judges the first event of a join's stream. `Joined` takes the node. A
+/// server going away may close the job before the join's `Joined` was
+/// sent (a leader stepping down holds events until they are durable, and
+/// then ends every stream with `JobClosed{may_rejoin}`), or end the stream
+/// with no event at all: the join is made again, at the leader it names
+/// or the next endpoint, as for any server going away. Anything else is a
+/// refusal.
+fn first_event(message: Result<Option<pb::Event>, Status>) -> First {
+    match message {
+        Ok(Some(pb::Event {
+            kind: Some(Kind::Joined(joined)),
+        })) => First::Joined(joined),
+        Ok(Some(pb::Event {
+            kind: Some(Kind::JobClosed(c)),
+        })) if c.may_rejoin => First::Attempt(Attempt::Retry(Retry {
+            error: format!(
+                "the rendezvous closed the job before it took this join: {}",
+                c.reason
+            ),
+            leader: None,
+        })),
+        Ok(None) => First::Attempt(Attempt::Retry(Retry {
+            error: "the rendezvous ended the join's stream before answering it".into(),
+            leader: None,
+        })),
+        Ok(Some(pb::Event {
+            kind: Some(Kind::JobClosed(c)),
+        })) => First::Attempt(Attempt::Refused(
+            Code::FailedPrecondition,
+            format!("the rendezvous closed the job: {}", c.reason),
+        )),
+        Ok(other) => First::Attempt(Attempt::Refused(
+            Code::Internal,
+            format!("unexpected first event from the rendezvous: {other:?}"),
+        )),
+        Err(s) if !is_refusal(s.code()) => First::Attempt(Attempt::Retry(Retry::of(&s))),
+        Err(s) => First::Attempt(Attempt::Refused(s.code(), s.message().to_owned())),
     }
 }
 
@@ -837,5 +878,45 @@ mod tests {
             }
             other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// F6 of the chaos run: a join whose stream begins with the server
+    /// closing the job for a rejoin (a leader stepping down before the
+    /// join's `Joined` was durable) is made again, not taken for a refusal.
+    #[test]
+    fn a_join_closed_before_it_was_taken_is_retried_and_a_closed_job_refuses() {
+        let event = |kind| Ok(Some(pb::Event { kind: Some(kind) }));
+        let closed = |may_rejoin| {
+            event(Kind::JobClosed(pb::JobClosed {
+                reason: "this rdzv-server is no longer the leader".into(),
+                may_rejoin,
+            }))
+        };
+        assert!(matches!(
+            first_event(closed(true)),
+            First::Attempt(Attempt::Retry(r)) if r.error.contains("no longer the leader")
+        ));
+        assert!(matches!(
+            first_event(Ok(None)),
+            First::Attempt(Attempt::Retry(_))
+        ));
+        assert!(matches!(
+            first_event(closed(false)),
+            First::Attempt(Attempt::Refused(Code::FailedPrecondition, m)) if m.contains("closed the job")
+        ));
+        assert!(matches!(
+            first_event(event(Kind::Joined(pb::Joined::default()))),
+            First::Joined(_)
+        ));
+        assert!(matches!(
+            first_event(Err(Status::unavailable("going away"))),
+            First::Attempt(Attempt::Retry(_))
+        ));
+        assert!(matches!(
+            first_event(Err(Status::failed_precondition(
+                "job 'j' already succeeded"
+            ))),
+            First::Attempt(Attempt::Refused(Code::FailedPrecondition, _))
+        ));
     }
 }

@@ -139,7 +139,8 @@ pub(crate) async fn locate_rendezvous(
 ) -> Result<Located, AgentError> {
     let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
-        let options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+        let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+        options.limits.tombstone_ttl = cfg.rdzv.tombstone_ttl;
         async move {
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();
@@ -232,6 +233,7 @@ async fn serve_replica(
     let tls = hosted_tls(cfg)?;
     let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
     options.ends_with_job = true;
+    options.limits.tombstone_ttl = cfg.rdzv.tombstone_ttl;
     let etcd = &cfg.rdzv.etcd;
     let etcd_tls = if etcd.https {
         Some(

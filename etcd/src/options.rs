@@ -353,6 +353,19 @@ impl TxnOp {
         })
     }
 
+    /// Writes `value` at `key`, attached to `lease`: the key goes when the
+    /// lease ends.
+    pub fn put_with_lease(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: i64) -> Self {
+        TxnOp(RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: key.into(),
+                value: value.into(),
+                lease,
+                ..Default::default()
+            })),
+        })
+    }
+
     /// Deletes `key` (or the keys `options` say).
     pub fn delete(key: impl Into<Vec<u8>>, options: Option<DeleteOptions>) -> Self {
         let request = options.unwrap_or_default().request(key.into());

@@ -31,6 +31,12 @@ pub struct ServerArgs {
     /// joiners are told it finished (seconds, or with a unit: 500ms, 2m).
     #[arg(long, env = "RDZV_FINISHED_JOB_TTL", default_value = "30", value_parser = DurationParser)]
     pub finished_job_ttl: Duration,
+    /// How long a finished job's outcome is kept after that, so that a node
+    /// of the job that comes back late (cut off at the end, or restarted) is
+    /// told it and exits with the job's result, and any other node joining
+    /// that id is refused (0: not kept; at most 10,000 jobs' outcomes).
+    #[arg(long, env = "RDZV_TOMBSTONE_TTL", default_value = "600", value_parser = DurationParser)]
+    pub tombstone_ttl: Duration,
     /// Log format: `text`, or `json` (one object per line).
     #[arg(long, env = "RDZV_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -312,6 +318,8 @@ impl ServerArgs {
             max_nodes_per_job: self.max_nodes_per_job,
             max_connections_per_ip: self.max_connections_per_ip,
             auth_timeout: self.auth_timeout,
+            tombstone_ttl: self.tombstone_ttl,
+            ..Limits::default()
         }
     }
 

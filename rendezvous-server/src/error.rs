@@ -19,8 +19,20 @@ pub enum Error {
     UnknownJob(String),
     /// A node resumes a job the store does not hold, and the registry
     /// relearns nothing ([`crate::Registry::without_relearning`]).
-    #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off (the other nodes' logs have its outcome), or it never got that far")]
+    #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off, longer ago than its outcome is kept (tombstone_ttl; the other nodes' logs have it), or it never got that far")]
     JobGone(String),
+    /// The job is over (its tombstone says so) and this node took no part in it.
+    #[error("job '{job}' already {outcome} at {at}, and this node took no part in it; start a new job with another --rdzv-id (this one is refused until {until})")]
+    Over {
+        /// The job id.
+        job: String,
+        /// `succeeded` or `failed`.
+        outcome: &'static str,
+        /// When it finished, UTC.
+        at: String,
+        /// When its tombstone expires, UTC.
+        until: String,
+    },
     /// The node is not a member of the job.
     #[error("node '{1}' is not a member of job '{0}'; join it first")]
     UnknownNode(String, String),
@@ -60,7 +72,7 @@ impl From<Error> for Status {
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
-            Error::Join(_) => Code::FailedPrecondition,
+            Error::Join(_) | Error::Over { .. } => Code::FailedPrecondition,
             Error::UnknownJob(_) | Error::JobGone(_) | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,

@@ -623,6 +623,7 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
             round,
             resumed,
             session: session.to_vec(),
+            over: None,
         }),
     }
 }

@@ -23,6 +23,7 @@
 //! - [`config`]: `rdzv-server`'s flags
 //!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
+//! - [`tombstone`]: what a finished job leaves for its late nodes;
 //! - [`error`]: typed errors and their gRPC status codes.
 #![forbid(unsafe_code)]
 
@@ -45,6 +46,7 @@ pub mod signal;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod tombstone;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -41,6 +41,11 @@ pub struct Limits {
     pub max_connections_per_ip: u32,
     /// How long a new connection has to make its first authenticated call.
     pub auth_timeout: Duration,
+    /// How long a finished job's tombstone is kept (zero: none is kept);
+    /// see [`crate::tombstone`].
+    pub tombstone_ttl: Duration,
+    /// Most tombstones kept at once (the oldest go first).
+    pub max_tombstones: usize,
 }
 
 impl Default for Limits {
@@ -50,6 +55,8 @@ impl Default for Limits {
             max_nodes_per_job: 100_000,
             max_connections_per_ip: 1024,
             auth_timeout: Duration::from_secs(30),
+            tombstone_ttl: Duration::from_secs(600),
+            max_tombstones: 10_000,
         }
     }
 }

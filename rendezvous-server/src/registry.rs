@@ -32,14 +32,14 @@
 //! so a 10,000-node job's arrival is one line, not 10,000.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
@@ -54,6 +54,7 @@ use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
 use crate::store::{Batch, JobStore, StoreError};
+use crate::tombstone::{unix_ms, Tombstone};
 use accel_input::excerpt;
 
 /// Most bytes of the last failure in a status answer (per job).
@@ -84,6 +85,13 @@ struct Entry {
     forming_since: Option<Instant>,
     /// Whether a round of this job formed here before.
     formed: bool,
+    /// Whether its end left a tombstone (or it was over when loaded).
+    buried: bool,
+    /// Nodes that joined through this registry (node id → host name; at
+    /// most [`crate::tombstone::MAX_NODES`]): the job's tombstone names them
+    /// too, so that a spare or a member dropped before the end (cut off)
+    /// still belongs to the job when it comes back.
+    joined: BTreeMap<String, String>,
 }
 
 /// Arrivals and departures of one job since they were last logged.
@@ -106,6 +114,13 @@ struct Jobs {
     /// members are refused meanwhile, so what waits to be written stays
     /// bounded by the members' own calls while the store takes nothing.
     unwritable: Option<String>,
+    /// Finished jobs' tombstones by job id ([`crate::tombstone`]), and
+    /// their ids in the order they were laid (the oldest expire first).
+    tombstones: HashMap<String, Tombstone>,
+    tomb_order: VecDeque<String>,
+    /// Tombstones to write, and to delete, with the next flush (only with a store).
+    tomb_put: Vec<Tombstone>,
+    tomb_removed: Vec<String>,
 }
 
 /// A change's events, waiting for the change to be durable.
@@ -228,6 +243,7 @@ impl Registry {
             return Ok(0);
         };
         let records = store.load().await?;
+        let stones = store.tombstones().await?;
         let now = Instant::now();
         self.acting()
             .map_err(|e| StoreError::Fenced(e.to_string()))?;
@@ -260,12 +276,15 @@ impl Registry {
             // A leader taking over saw neither the round begin nor the
             // job's first one: a round it forms now counts as a re-form.
             let forming = matches!(job.phase(), Phase::Forming);
+            let buried = job.phase().is_terminal();
             let entry = Entry {
                 job,
                 streams: HashMap::new(),
                 scheduled: None,
                 forming_since: forming.then_some(now),
                 formed: true,
+                buried,
+                joined: BTreeMap::new(),
             };
             jobs.map.insert(id.clone(), entry);
             if torn {
@@ -277,6 +296,7 @@ impl Registry {
         if jobs.map.len() > self.limits.max_jobs {
             warn!(jobs = jobs.map.len(), max_jobs = self.limits.max_jobs, "the job store holds more jobs than --max-jobs; no new job is admitted until some end");
         }
+        self.lay_loaded(jobs, stones);
         Ok(loaded)
     }
 
@@ -298,7 +318,12 @@ impl Registry {
             let ids = std::mem::take(&mut jobs.dirty);
             let held = std::mem::take(&mut jobs.held);
             let now = Instant::now();
-            let mut batch = Batch::default();
+            let mut batch = Batch {
+                tombstones: std::mem::take(&mut jobs.tomb_put),
+                tombstones_removed: std::mem::take(&mut jobs.tomb_removed),
+                tombstone_ttl: self.limits.tombstone_ttl,
+                ..Batch::default()
+            };
             for id in &ids {
                 match jobs.map.get(id) {
                     Some(e) => batch.put.push(e.job.record(now)),
@@ -308,10 +333,16 @@ impl Registry {
             (batch, ids, held)
         };
         if !batch.is_empty() {
+            let stones = (batch.tombstones.clone(), batch.tombstones_removed.clone());
             if let Err(e) = store.save(batch).await {
                 let mut jobs = self.lock();
                 jobs.unwritable = Some(e.to_string());
                 jobs.dirty.extend(ids);
+                // Written again with the next batch (earlier ones first).
+                let later = std::mem::replace(&mut jobs.tomb_put, stones.0);
+                jobs.tomb_put.extend(later);
+                let later = std::mem::replace(&mut jobs.tomb_removed, stones.1);
+                jobs.tomb_removed.extend(later);
                 let later = std::mem::replace(&mut jobs.held, held);
                 jobs.held.extend(later);
                 return Err(e);
@@ -393,6 +424,9 @@ impl Registry {
             // Its jobs were closed for the server that continues them.
             return Err(Error::ShuttingDown);
         }
+        if let Some(t) = self.tombstone_for(jobs, &req.job_id) {
+            return self.over(t, req);
+        }
         let created = !jobs.map.contains_key(&req.job_id);
         let newcomer = jobs
             .map
@@ -443,6 +477,8 @@ impl Registry {
                     streams: HashMap::new(),
                     scheduled: None,
                     forming_since: Some(now),
+                    buried: false,
+                    joined: BTreeMap::new(),
                 },
             );
         }
@@ -475,6 +511,11 @@ impl Registry {
             }
         };
         entry.job.seen_from(&req.node_id, from);
+        if entry.joined.len() < crate::tombstone::MAX_NODES {
+            entry
+                .joined
+                .insert(req.node_id.clone(), req.hostname.clone());
+        }
         let stream = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = outbox();
         // A replaced stream (the node reconnected) ends when its outbox drops.
@@ -528,6 +569,16 @@ impl Registry {
         };
         log_transitions(&entry.job, &out);
         self.count_transitions(entry, &out, now);
+        if !entry.buried && entry.job.phase().is_terminal() {
+            entry.buried = true;
+            let now_ms = unix_ms(SystemTime::now());
+            if let Some(t) = Tombstone::of(&entry.job, now_ms, &entry.joined) {
+                self.lay(jobs, t);
+            }
+        }
+        let Some(entry) = jobs.map.get_mut(job_id) else {
+            return;
+        };
         if self.store.is_some() {
             // Nobody acts on a change before it is durable: a leader that
             // dies before the write took no decision its successor lacks.
@@ -553,6 +604,132 @@ impl Registry {
             entry.streams.retain(|id, _| job.members().contains_key(id));
         }
         self.schedule(jobs, job_id, now);
+    }
+
+    /// Keeps `t` (and writes it with the next flush), dropping the oldest
+    /// tombstone beyond [`Limits::max_tombstones`].
+    fn lay(&self, jobs: &mut Jobs, t: Tombstone) {
+        if self.limits.tombstone_ttl.is_zero() || self.limits.max_tombstones == 0 {
+            return;
+        }
+        let id = t.job_id.clone();
+        if self.store.is_some() {
+            jobs.tomb_put.push(t.clone());
+        }
+        if jobs.tombstones.insert(id.clone(), t).is_none() {
+            jobs.tomb_order.push_back(id);
+        }
+        while jobs.tombstones.len() > self.limits.max_tombstones {
+            let Some(old) = jobs.tomb_order.pop_front() else {
+                break;
+            };
+            self.unlay(jobs, &old);
+        }
+    }
+
+    fn unlay(&self, jobs: &mut Jobs, id: &str) {
+        if jobs.tombstones.remove(id).is_some() && self.store.is_some() {
+            jobs.tomb_put.retain(|t| t.job_id != id);
+            jobs.tomb_removed.push(id.to_owned());
+        }
+    }
+
+    /// The store's tombstones, oldest first; expired ones are deleted.
+    fn lay_loaded(&self, jobs: &mut Jobs, mut stones: Vec<Tombstone>) {
+        let now_ms = unix_ms(SystemTime::now());
+        stones.sort_by_key(|t| t.finished_ms);
+        for t in stones {
+            if t.expired(now_ms, self.limits.tombstone_ttl) {
+                jobs.tomb_removed.push(t.job_id);
+            } else if !jobs.tombstones.contains_key(&t.job_id) {
+                let id = t.job_id.clone();
+                jobs.tombstones.insert(id.clone(), t);
+                jobs.tomb_order.push_back(id);
+            }
+        }
+        if self.store.is_none() {
+            jobs.tomb_removed.clear();
+        }
+        while jobs.tombstones.len() > self.limits.max_tombstones {
+            let Some(old) = jobs.tomb_order.pop_front() else {
+                break;
+            };
+            self.unlay(jobs, &old);
+        }
+    }
+
+    /// Drops the tombstones that outlived their TTL (the oldest first).
+    fn expire_tombstones(&self, jobs: &mut Jobs) {
+        let now_ms = unix_ms(SystemTime::now());
+        while let Some(id) = jobs.tomb_order.front() {
+            let live = jobs
+                .tombstones
+                .get(id)
+                .is_some_and(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
+            if live {
+                break;
+            }
+            if let Some(id) = jobs.tomb_order.pop_front() {
+                self.unlay(jobs, &id);
+            }
+        }
+    }
+
+    /// The tombstone that answers a join of `job_id`: the job's own if it
+    /// is over (or one made from it), none while it is not.
+    fn tombstone_for(&self, jobs: &Jobs, job_id: &str) -> Option<Tombstone> {
+        let now_ms = unix_ms(SystemTime::now());
+        let laid = jobs
+            .tombstones
+            .get(job_id)
+            .filter(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
+        match jobs.map.get(job_id) {
+            Some(e) if e.job.phase().is_terminal() => laid
+                .cloned()
+                .or_else(|| Tombstone::of(&e.job, now_ms, &e.joined)),
+            Some(_) => None,
+            None => laid.cloned(),
+        }
+    }
+
+    /// Answers a join of a job that is over: a node of the job is told the
+    /// outcome (a stream of one `Joined` carrying it, then its end); any
+    /// other node is refused, with the outcome and the fix.
+    fn over(&self, t: Tombstone, req: &pb::JoinRequest) -> Result<NodeStream, Error> {
+        if !t.belongs(&req.node_id, &req.hostname) {
+            let until = t.finished_ms.saturating_add(
+                u64::try_from(self.limits.tombstone_ttl.as_millis()).unwrap_or(u64::MAX),
+            );
+            return Err(Error::Over {
+                job: t.job_id.clone(),
+                outcome: t.outcome(),
+                at: t.finished_text(),
+                until: crate::tombstone::utc(until),
+            });
+        }
+        tracing::debug!(job = %t.job_id, node = %req.node_id, outcome = t.outcome(), "a node of a finished job joined late; told the outcome");
+        let (tx, rx) = outbox();
+        // A fresh outbox takes its first event.
+        let _ = tx.send(Kind::Joined(pb::Joined {
+            round: t.round,
+            resumed: false,
+            session: Vec::new(),
+            over: Some(t.over()),
+        }));
+        drop(tx);
+        Ok(NodeStream {
+            inbox: rx,
+            registry: self.clone(),
+            job_id: req.job_id.clone(),
+            node_id: req.node_id.clone(),
+            // No stream of the job carries this number: its end changes nothing.
+            stream: 0,
+        })
+    }
+
+    /// Tombstones held (for tests).
+    pub fn tombstone_count(&self) -> usize {
+        self.lock().tombstones.len()
     }
 
     /// Counts what a change did: a round formed (and how long it took), a
@@ -680,6 +857,7 @@ impl Registry {
             }
             self.after(jobs, &id, now, out);
         }
+        self.expire_tombstones(jobs);
         // Stale entries pile up only when deadlines keep moving earlier.
         if jobs.deadlines.len() > 2 * jobs.map.len() + 1024 {
             let live = jobs

@@ -27,6 +27,7 @@ use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::job::JobRecord;
+use crate::tombstone::Tombstone;
 
 pub mod etcd;
 pub mod records;
@@ -57,12 +58,22 @@ pub struct Batch {
     pub put: Vec<JobRecord>,
     /// Jobs forgotten (expired, or refused as they were created).
     pub removed: Vec<String>,
+    /// Tombstones of jobs that ended ([`crate::tombstone`]).
+    pub tombstones: Vec<Tombstone>,
+    /// Tombstones expired or dropped, by job id.
+    pub tombstones_removed: Vec<String>,
+    /// How long the tombstones are kept: a store that can expire keys
+    /// (etcd, with a lease) deletes them itself after that long.
+    pub tombstone_ttl: std::time::Duration,
 }
 
 impl Batch {
     /// Whether there is nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.put.is_empty() && self.removed.is_empty()
+        self.put.is_empty()
+            && self.removed.is_empty()
+            && self.tombstones.is_empty()
+            && self.tombstones_removed.is_empty()
     }
 }
 
@@ -72,12 +83,17 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     fn load(&self) -> StoreFuture<'_, Vec<JobRecord>>;
     /// Applies `batch` as one change: all of it or none.
     fn save(&self, batch: Batch) -> StoreFuture<'_, ()>;
+    /// Every tombstone saved (expired ones included: the caller drops them).
+    fn tombstones(&self) -> StoreFuture<'_, Vec<Tombstone>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// Records in this process's memory.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     jobs: Mutex<BTreeMap<String, JobRecord>>,
+    tombstones: Mutex<BTreeMap<String, Tombstone>>,
 }
 
 impl MemoryStore {
@@ -120,7 +136,21 @@ impl JobStore for MemoryStore {
         for record in batch.put {
             jobs.insert(record.id.clone(), record);
         }
+        drop(jobs);
+        let mut stones = self.tombstones.lock().unwrap_or_else(|e| e.into_inner());
+        for id in batch.tombstones_removed {
+            stones.remove(&id);
+        }
+        for t in batch.tombstones {
+            stones.insert(t.job_id.clone(), t);
+        }
         Box::pin(async { Ok(()) })
+    }
+
+    fn tombstones(&self) -> StoreFuture<'_, Vec<Tombstone>> {
+        let stones = self.tombstones.lock().unwrap_or_else(|e| e.into_inner());
+        let all = stones.values().cloned().collect();
+        Box::pin(async move { Ok(all) })
     }
 }
 

@@ -439,3 +439,88 @@ fn a_node_failing_its_health_check_stays_out_and_the_job_runs_without_it() {
     );
     assert!(!out.stderr.contains("round formed"), "{}", out.stderr);
 }
+
+/// F8 of the chaos run: a spare cut off from the rendezvous (here: paused
+/// past the drop limit, so the server drops it) while the job succeeds comes
+/// back to a job that is over. It belonged to the job, so it is told the
+/// outcome and exits 0 at once (it used to exit 1, "has already
+/// succeeded"). A node that never belonged (another host) is refused, with
+/// the outcome and the fix; a restarted agent of the job's host exits 0.
+#[test]
+fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
+    let server = Server::start();
+    let dir = scratch("tomb-spare");
+    let conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,reconnect_grace=30";
+    let env = [("RUN_FOR", "4")];
+    let agent = |name: &str| {
+        AgentCmd::c10d(&server.addr, "tomb")
+            .nnodes("2")
+            .nproc(1)
+            .conf(conf)
+            .recording(&dir, name)
+            .envs(&env)
+    };
+    let a = agent("a").start(&dir, "a");
+    let b = agent("b").start(&dir, "b");
+    assert!(
+        eventually(Duration::from_secs(30), || records(&dir).len() == 2),
+        "the round of two runs"
+    );
+    let spare = agent("c").start(&dir, "c");
+    let said =
+        |a: &Agent, what: &str| std::fs::read_to_string(&a.stderr).is_ok_and(|t| t.contains(what));
+    assert!(
+        eventually(Duration::from_secs(10), || said(&spare, "spare")),
+        "the third agent waits as a spare"
+    );
+    spare.signal("STOP");
+    for (n, out) in [("a", a.wait(LIMIT)), ("b", b.wait(LIMIT))] {
+        assert_eq!(out.code(), 0, "{n}: {}", out.stderr);
+    }
+    let back = Instant::now();
+    spare.signal("CONT");
+    let out = spare.wait(Duration::from_secs(30));
+    assert_eq!(
+        out.code(),
+        0,
+        "the spare belonged to the job: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("job 'tomb' already succeeded at")
+            && out.stderr.contains("nothing to do"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(15),
+        "told at once, not after a timeout"
+    );
+    assert_eq!(records(&dir).len(), 2, "no worker started again");
+
+    // A restarted agent of a host of the job: a new node id, same host.
+    let out = agent("d").run(&dir, "d", Duration::from_secs(30));
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(out.stderr.contains("nothing to do"), "{}", out.stderr);
+
+    // Another host (its own UTS namespace) never belonged: refused.
+    let stranger = [
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        "hostname stranger && exec \"$0\" \"$@\"",
+    ];
+    let out = agent("e")
+        .start_with(&stranger, &dir, "e")
+        .wait(Duration::from_secs(30));
+    assert_ne!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("job 'tomb' already succeeded at")
+            && out.stderr.contains("took no part")
+            && out.stderr.contains("another --rdzv-id"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(records(&dir).len(), 2, "no worker started again");
+}

@@ -1504,6 +1504,93 @@ mod agent_only {
         reformed
     }
 
+    /// The job is over: nothing of it is left in etcd (presence keys
+    /// included: each agent revoked its own) but its tombstone, which tells
+    /// a late node the outcome (it expires after `tombstone_ttl`).
+    fn only_the_tombstone_is_left(etcd: &EtcdCluster, prefix: &str, job: &str) {
+        let left = etcd.ctl(&["get", "--prefix", prefix, "--keys-only"]);
+        let keys: Vec<&str> = left.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(
+            keys,
+            [format!("{prefix}/{job}/tombstones/{job}")],
+            "etcd still holds {left}"
+        );
+    }
+
+    /// F7 of the chaos run: a finished agent-only job's records are deleted
+    /// as its last agent leaves. A late or restarted agent of the job then
+    /// led an empty job and waited alone until `join_timeout`. Now the job's
+    /// tombstone tells it the outcome at once, and it exits with the job's
+    /// result; an agent of another host is refused, naming the fix.
+    #[test]
+    fn a_late_agent_of_a_finished_agent_only_job_is_told_its_outcome_at_once() {
+        let dir = scratch("ha-agent-only-late");
+        let etcd = EtcdCluster::start(&dir, 1);
+        let endpoints = etcd.endpoints().replace("http://", "");
+        let job = |id: &str, program: &str| {
+            accel_tests::AgentCmd::etcd(&endpoints, id)
+                .nnodes("1")
+                .nproc(1)
+                .conf("etcd_prefix=/late")
+                .conf("etcd_lease=2")
+                .no_python(program, &[])
+        };
+        let out = job("team/late", "true").run(&dir, "first", Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        only_the_tombstone_is_left(&etcd, "/late", "team%2Flate");
+        // On a lease: etcd deletes it after tombstone_ttl even if no agent
+        // of that id ever runs again.
+        let fields = etcd.ctl(&[
+            "get",
+            "/late/team%2Flate/tombstones/team%2Flate",
+            "-w",
+            "fields",
+        ]);
+        let lease = fields
+            .lines()
+            .find(|l| l.starts_with("\"Lease\""))
+            .unwrap_or_else(|| panic!("no lease field: {fields}"));
+        assert!(!lease.trim_end().ends_with(": 0"), "{fields}");
+        let t = Instant::now();
+        let out = job("team/late", "true").run(&dir, "late", Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'team/late' already succeeded at")
+                && out.stderr.contains("nothing to do"),
+            "{}",
+            out.stderr
+        );
+        assert!(t.elapsed() < Duration::from_secs(20), "told at once");
+        // A failed job's late agent exits 1, with the job's reason.
+        let out = job("team/failed", "false").run(&dir, "failed", Duration::from_secs(60));
+        assert_eq!(out.code(), 1, "{}", out.stderr);
+        let out = job("team/failed", "true").run(&dir, "failed-late", Duration::from_secs(60));
+        assert_eq!(out.code(), 1, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'team/failed' already failed at"),
+            "{}",
+            out.stderr
+        );
+        // Another host never belonged: refused, with the outcome and the fix.
+        let stranger = [
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            "hostname stranger && exec \"$0\" \"$@\"",
+        ];
+        let out = job("team/late", "true")
+            .start_with(&stranger, &dir, "stranger")
+            .wait(Duration::from_secs(60));
+        assert_ne!(out.code(), 0, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'team/late' already succeeded at")
+                && out.stderr.contains("another --rdzv-id"),
+            "{}",
+            out.stderr
+        );
+    }
+
     #[test]
     fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
         let dir = scratch("ha-agent-only");
@@ -1561,8 +1648,7 @@ mod agent_only {
         );
         // The job is over: nothing of it is left in etcd (presence keys
         // included: each agent revoked its own).
-        let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
-        assert!(left.trim().is_empty(), "etcd still holds {left}");
+        only_the_tombstone_is_left(&etcd, "/agent-only", "team%2Fagents");
     }
 
     #[test]
@@ -1627,8 +1713,7 @@ mod agent_only {
                 "the fence spent no restart"
             );
         }
-        let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
-        assert!(left.trim().is_empty(), "etcd still holds {left}");
+        only_the_tombstone_is_left(&etcd, "/agent-only", "team%2Fagents");
     }
 
     /// The lease-death rule on its own: a node whose presence lease expires

@@ -398,7 +398,7 @@ fn a_server_on_a_routable_address_needs_a_token_or_an_explicit_opt_out() {
 fn a_finished_jobs_id_is_reusable_after_the_ttl() {
     let server = Server::start_with(
         "127.0.0.1:0",
-        &["--finished-job-ttl", "1"],
+        &["--finished-job-ttl", "1", "--tombstone-ttl", "1"],
         &[("RDZV_TOKEN", TOKEN)],
     );
     let dir = scratch("sec-ttl");
@@ -409,16 +409,23 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         .env("ACCEL_RDZV_TOKEN", TOKEN);
     let run = |tag: &str| job.run(&dir, tag, Duration::from_secs(30));
     assert_eq!(run("first").code(), 0);
+    // Within the TTL the job is remembered: an agent of its host (as a
+    // restarted one would be) is told it is over, and runs nothing.
     let early = run("early");
-    assert_ne!(early.code(), 0, "the finished job is still remembered");
+    assert_eq!(early.code(), 0, "{}", early.stderr);
     assert!(
-        early.stderr.contains("already succeeded"),
+        early.stderr.contains("already succeeded") && early.stderr.contains("nothing to do"),
         "{}",
         early.stderr
     );
     std::thread::sleep(Duration::from_millis(1500));
     let again = run("again");
     assert_eq!(again.code(), 0, "{}", again.stderr);
+    assert!(
+        !again.stderr.contains("nothing to do"),
+        "after both TTLs the id starts a new job: {}",
+        again.stderr
+    );
 }
 
 #[test]

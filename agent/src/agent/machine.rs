@@ -161,6 +161,10 @@ pub enum Event {
     },
     /// A [`Action::Rejoin`] gave up (the grace ended, or a refusal).
     RejoinFailed(AgentError),
+    /// The job was already over when this node (re)joined, and it took part
+    /// in it: the outcome its tombstone kept. The node ends with the job's
+    /// result (its workers, if any still run, are stopped first).
+    Over(pb::JobOver),
     /// [`NodeMachine::deadline`] passed.
     Timer,
 }
@@ -474,6 +478,24 @@ impl NodeMachine {
                 Phase::Forming { .. } | Phase::Reconnecting { .. } | Phase::BackingOff { .. },
                 Event::Signal(sig),
             ) => self.finish(Vec::new(), Outcome::Signaled(sig)),
+            // A late node's job is over: it ends with the job's result.
+            (Phase::Running(_) | Phase::Recovering { .. }, Event::Over(o)) => self.stop(
+                Signal::SIGTERM,
+                Then::Finish(Vec::new(), outcome_of(&o)),
+                false,
+            ),
+            (
+                Phase::Forming { .. } | Phase::Reconnecting { .. } | Phase::BackingOff { .. },
+                Event::Over(o),
+            ) => self.exit(Ok(outcome_of(&o))),
+            (Phase::Stopping { note, heard, .. }, Event::Over(o)) => {
+                self.phase = Phase::Stopping {
+                    then: Then::Finish(Vec::new(), outcome_of(&o)),
+                    note,
+                    heard,
+                };
+                Vec::new()
+            }
             (
                 Phase::Forming {
                     round,
@@ -1105,6 +1127,28 @@ impl NodeMachine {
             grace: self.settings.reconnect_grace,
             source: Box::new(e),
         }
+    }
+}
+
+/// The result a node of a job that is already over ends with.
+pub(crate) fn outcome_of(o: &pb::JobOver) -> Outcome {
+    if o.succeeded {
+        Outcome::Succeeded
+    } else {
+        Outcome::Failed(o.reason.clone())
+    }
+}
+
+/// The one line a node of a finished job prints when it joins late.
+pub(crate) fn over_line(job: &str, o: &pb::JobOver) -> String {
+    let at = rendezvous_server::tombstone::utc(o.finished_unix_ms);
+    if o.succeeded {
+        format!("job '{job}' already succeeded at {at}; nothing to do")
+    } else {
+        format!(
+            "job '{job}' already failed at {at} (round {}): {}; exiting {}",
+            o.round, o.reason, o.exit_code
+        )
     }
 }
 

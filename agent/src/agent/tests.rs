@@ -553,6 +553,7 @@ async fn a_lost_link_rejoins_and_a_resumed_round_keeps_its_workers() {
                 round: 0,
                 resumed: true,
                 session: Vec::new(),
+                over: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -585,6 +586,7 @@ async fn a_rejoin_into_a_reformed_job_stops_the_workers_and_offers_for_its_round
                 round: 2,
                 resumed: false,
                 session: Vec::new(),
+                over: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -616,6 +618,7 @@ async fn fenced_workers_re_form_the_round_without_a_failure_or_a_counted_restart
                 round: 0,
                 resumed: true,
                 session: Vec::new(),
+                over: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -701,6 +704,7 @@ async fn an_offer_the_rendezvous_leaves_unanswered_rejoins_and_offers_again() {
                 round: 1,
                 resumed: false,
                 session: Vec::new(),
+                over: None,
             }));
         h.script.say(0, restart(0, 1));
         assert_eq!(h.next().await, Call::Ready(0, 1));

@@ -31,6 +31,10 @@ pub struct RdzvConf {
     /// How long an agent that lost the rendezvous keeps its workers while it
     /// reconnects (accel's own key).
     pub reconnect_grace: Duration,
+    /// How long a finished job's outcome is kept for nodes that come back
+    /// late (accel's own key; 0: not kept). Served by the agent that hosts
+    /// the rendezvous, and by agent-only leaders on etcd.
+    pub tombstone_ttl: Duration,
     /// File holding the rendezvous token (accel's own key; else the
     /// variable `ACCEL_RDZV_TOKEN` holds it).
     pub token_file: Option<std::path::PathBuf>,
@@ -170,6 +174,7 @@ impl Default for RdzvConf {
             is_host: None,
             timeout: Duration::from_secs(900),
             reconnect_grace: Duration::from_secs(60),
+            tombstone_ttl: rendezvous_server::Limits::default().tombstone_ttl,
             token_file: None,
             tls: Default::default(),
             store_ports: None,
@@ -181,7 +186,7 @@ impl Default for RdzvConf {
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
+                         tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
                          for --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, etcd_lease";
 
 impl RdzvConf {
@@ -206,6 +211,7 @@ impl RdzvConf {
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
+                "tombstone_ttl" => c.tombstone_ttl = dur(value)?,
                 "store_ports" => {
                     c.store_ports = Some(
                         PortRange::parse(value)

@@ -135,3 +135,292 @@ async fn a_node_that_joined_again_since_the_snapshot_stays() {
     );
     assert_eq!(registry.memberships().len(), 2);
 }
+
+fn join_req(job: &str, node: &str, host: &str) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: job.into(),
+        node_id: node.into(),
+        hostname: host.into(),
+        min_nodes: 1,
+        max_nodes: 2,
+        nproc_per_node: 1,
+        dead_after_ms: 60_000,
+        last_call_ms: 60_000,
+        ..Default::default()
+    }
+}
+
+fn succeed(registry: &Registry, job: &str, node: &str, n: u8, round: u64) {
+    let now = Instant::now();
+    registry
+        .for_node(now, job, node, &session(n).to_vec(), |j| {
+            ((), j.success(now, node, round))
+        })
+        .expect("a member");
+}
+
+/// Two nodes ran round 0 of "job" to success; `a`'s stream is gone.
+async fn succeeded(registry: &Registry) {
+    let (mut a, mut b) = (join(registry, "a", 1), join(registry, "b", 2));
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::Joined(_))));
+    }
+    ready(registry, "a", 1, 0);
+    ready(registry, "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::RoundComplete(_))));
+    }
+    succeed(registry, "job", "a", 1, 0);
+    succeed(registry, "job", "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::JobSucceeded(_))));
+    }
+}
+
+/// What a joining node is answered: the outcome (a node of the job), or the error.
+async fn answer(registry: &Registry, node: &str, host: &str) -> Result<pb::JobOver, Error> {
+    let mut stream = registry.join(
+        Instant::now(),
+        &join_req("job", node, host),
+        None,
+        session(9),
+    )?;
+    let over = match next(&mut stream).await {
+        Some(Kind::Joined(j)) => j
+            .over
+            .expect("a node of a finished job is told its outcome"),
+        other => panic!("expected Joined, got {other:?}"),
+    };
+    assert_eq!(next(&mut stream).await, None, "nothing follows the outcome");
+    Ok(over)
+}
+
+#[tokio::test]
+async fn a_late_node_of_a_finished_job_is_told_its_outcome_and_a_stranger_is_refused() {
+    let registry = Registry::new(Duration::from_secs(60), Limits::default());
+    succeeded(&registry).await;
+    assert_eq!(registry.tombstone_count(), 1);
+    // While the job itself is still held, and once it is forgotten (an
+    // agent-only leader leaving with its job, or the finished-job TTL).
+    for forgotten in [false, true] {
+        if forgotten {
+            assert_eq!(registry.forget_finished(), 1);
+            assert_eq!(registry.job_count(), 0);
+        }
+        // A member that was cut off at the end resumes under its own id.
+        let over = answer(&registry, "a", "elsewhere").await.expect("told");
+        assert!(
+            over.succeeded && over.exit_code == 0 && over.round == 0,
+            "{over:?}"
+        );
+        // A restarted agent has a new node id, on a host of the job.
+        let over = answer(&registry, "b-restarted", "host-b")
+            .await
+            .expect("told");
+        assert!(over.succeeded, "{over:?}");
+        // A node that never belonged is refused, with the outcome and the fix.
+        let e = answer(&registry, "c", "host-c").await.expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("job 'job' already succeeded at")
+                && text.contains("took no part")
+                && text.contains("another --rdzv-id"),
+            "{text}"
+        );
+        assert_eq!(
+            tonic::Status::from(e).code(),
+            tonic::Code::FailedPrecondition
+        );
+        // None of this started a job.
+        assert_eq!(registry.job_count(), usize::from(!forgotten));
+    }
+}
+
+#[tokio::test]
+async fn a_failed_jobs_tombstone_says_so_and_the_agents_exit_code() {
+    let registry = Registry::new(Duration::from_secs(60), Limits::default());
+    let mut req = join_req("job", "a", "host-a");
+    req.max_nodes = 1;
+    let mut a = registry
+        .join(Instant::now(), &req, None, session(1))
+        .expect("joins");
+    assert!(matches!(next(&mut a).await, Some(Kind::Joined(_))));
+    let now = Instant::now();
+    registry
+        .for_node(now, "job", "a", &session(1).to_vec(), |j| {
+            ((), j.ready(now, "a", 0, ("127.0.0.1".into(), 1), None))
+        })
+        .expect("a member");
+    assert!(matches!(next(&mut a).await, Some(Kind::RoundComplete(_))));
+    registry
+        .for_node(now, "job", "a", &session(1).to_vec(), |j| {
+            (
+                (),
+                j.failure(now, "a", 0, "worker rank 0 exited 3".into(), None),
+            )
+        })
+        .expect("a member");
+    assert!(matches!(next(&mut a).await, Some(Kind::JobFailed(_))));
+    registry.forget_finished();
+    let over = answer(&registry, "a2", "host-a").await.expect("told");
+    assert!(!over.succeeded && over.exit_code == 1, "{over:?}");
+    assert!(over.reason.contains("exited 3"), "{over:?}");
+    let e = answer(&registry, "c", "host-c").await.expect_err("refused");
+    assert!(e.to_string().contains("already failed at"), "{e}");
+}
+
+#[tokio::test]
+async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
+    // Bounded: the oldest goes first.
+    let limits = Limits {
+        max_tombstones: 2,
+        ..Limits::default()
+    };
+    let registry = Registry::new(Duration::from_secs(60), limits);
+    for job in ["j1", "j2", "j3"] {
+        let mut req = join_req(job, "a", "host-a");
+        req.max_nodes = 1;
+        let mut s = registry
+            .join(Instant::now(), &req, None, session(1))
+            .expect("joins");
+        assert!(matches!(next(&mut s).await, Some(Kind::Joined(_))));
+        let now = Instant::now();
+        registry
+            .for_node(now, job, "a", &session(1).to_vec(), |j| {
+                ((), j.ready(now, "a", 0, ("127.0.0.1".into(), 1), None))
+            })
+            .expect("a member");
+        assert!(matches!(next(&mut s).await, Some(Kind::RoundComplete(_))));
+        succeed(&registry, job, "a", 1, 0);
+    }
+    assert_eq!(registry.tombstone_count(), 2);
+    registry.forget_finished();
+    // j1's tombstone went: a stranger may use the id again.
+    let mut fresh = join_req("j1", "c", "host-c");
+    fresh.max_nodes = 1;
+    assert!(registry
+        .join(Instant::now(), &fresh, None, session(3))
+        .is_ok());
+    let mut other = join_req("j3", "c", "host-c");
+    other.max_nodes = 1;
+    assert!(registry
+        .join(Instant::now(), &other, None, session(3))
+        .is_err());
+
+    // Expired: a TTL that has passed.
+    let limits = Limits {
+        tombstone_ttl: Duration::from_millis(50),
+        ..Limits::default()
+    };
+    let registry = Registry::new(Duration::from_secs(60), limits);
+    succeeded(&registry).await;
+    registry.forget_finished();
+    assert_eq!(registry.tombstone_count(), 1);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    registry.tick(Instant::now());
+    assert_eq!(registry.tombstone_count(), 0);
+    let mut s = registry
+        .join(
+            Instant::now(),
+            &join_req("job", "c", "host-c"),
+            None,
+            session(3),
+        )
+        .expect("the id is free again");
+    assert!(matches!(next(&mut s).await, Some(Kind::Joined(j)) if j.over.is_none()));
+
+    // Off: none is kept.
+    let limits = Limits {
+        tombstone_ttl: Duration::ZERO,
+        ..Limits::default()
+    };
+    let registry = Registry::new(Duration::from_secs(60), limits);
+    succeeded(&registry).await;
+    assert_eq!(registry.tombstone_count(), 0);
+}
+
+#[tokio::test]
+async fn a_tombstone_outlives_its_leader_through_the_store() {
+    let store = Arc::new(crate::store::MemoryStore::new());
+    let first = Registry::with_store(Duration::from_secs(60), Limits::default(), store.clone());
+    let (mut a, mut b) = (join(&first, "a", 1), join(&first, "b", 2));
+    first.flush().await.expect("written");
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::Joined(_))));
+    }
+    ready(&first, "a", 1, 0);
+    ready(&first, "b", 2, 0);
+    first.flush().await.expect("written");
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::RoundComplete(_))));
+    }
+    succeed(&first, "job", "a", 1, 0);
+    succeed(&first, "job", "b", 2, 0);
+    first.flush().await.expect("written");
+    // The agent-only leader leaves with its job: the job's records go.
+    assert_eq!(first.forget_finished(), 1);
+    first.flush().await.expect("written");
+    assert!(store.is_empty(), "the job's own records are deleted");
+    // The next leader (a late agent's) knows the outcome.
+    let second = Registry::with_store(Duration::from_secs(60), Limits::default(), store.clone())
+        .without_relearning();
+    second.load().await.expect("loads");
+    let over = answer(&second, "a", "host-a").await.expect("told");
+    assert!(over.succeeded, "{over:?}");
+    let mut resume = join_req("job", "b", "host-b");
+    resume.resume = Some(pb::Resume {
+        round: 0,
+        restart_count: 0,
+        node_rank: 1,
+        nnodes: 2,
+    });
+    let mut s = second
+        .join(Instant::now(), &resume, None, session(2))
+        .expect("a resuming node of the job is told, not refused as gone");
+    assert!(matches!(next(&mut s).await, Some(Kind::Joined(j)) if j.over.is_some()));
+    assert!(answer(&second, "c", "host-c").await.is_err());
+}
+
+/// F8: a spare (here on a host of its own) cut off and dropped before the
+/// job succeeded still belongs to it when it comes back.
+#[tokio::test]
+async fn a_spare_dropped_before_the_end_still_belongs_to_the_job() {
+    let registry = Registry::new(Duration::from_secs(60), Limits::default());
+    let (mut a, mut b) = (join(&registry, "a", 1), join(&registry, "b", 2));
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::Joined(_))));
+    }
+    ready(&registry, "a", 1, 0);
+    ready(&registry, "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::RoundComplete(_))));
+    }
+    // The round is full: c waits as a spare, then is dropped (cut off).
+    let mut c = join(&registry, "c", 3);
+    assert!(matches!(next(&mut c).await, Some(Kind::Joined(_))));
+    let gone: Vec<_> = registry
+        .memberships()
+        .into_iter()
+        .filter(|m| m.node_id == "c")
+        .collect();
+    assert_eq!(registry.drop_expired(Instant::now(), &gone, "cut off"), 1);
+    succeed(&registry, "job", "a", 1, 0);
+    succeed(&registry, "job", "b", 2, 0);
+    for s in [&mut a, &mut b] {
+        assert!(matches!(next(s).await, Some(Kind::JobSucceeded(_))));
+    }
+    // Back under its own id, or restarted on its host.
+    assert!(
+        answer(&registry, "c", "elsewhere")
+            .await
+            .expect("told")
+            .succeeded
+    );
+    assert!(
+        answer(&registry, "c2", "host-c")
+            .await
+            .expect("told")
+            .succeeded
+    );
+    assert!(answer(&registry, "d", "host-d").await.is_err());
+}

@@ -31,6 +31,7 @@ use tracing::warn;
 use super::records::{self, Change, Encoded, Slot};
 use super::{Batch, JobStore, StoreError, StoreFuture};
 use crate::job::JobRecord;
+use crate::tombstone::Tombstone;
 
 /// Most operations in one transaction.
 pub const TXN_OPS: usize = 100;
@@ -265,8 +266,115 @@ impl EtcdStore {
         Ok(jobs)
     }
 
+    /// The key of job `id`'s tombstone (beside the jobs, not under them).
+    fn tombstone_key(&self, id: &str) -> String {
+        format!("{}/tombstones/{}", self.prefix, records::escape(id))
+    }
+
+    /// Writes and deletes tombstones, in transactions within the bounds.
+    /// Each put tombstone is attached to a lease of `ttl` (one per batch),
+    /// so that etcd deletes it even if no leader of its job id ever runs
+    /// again; a leader that loads one also drops it once expired.
+    async fn save_tombstones(
+        &self,
+        put: &[Tombstone],
+        removed: &[String],
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let mut ops: Vec<(TxnOp, usize)> = removed
+            .iter()
+            .map(|id| (TxnOp::delete(self.tombstone_key(id), None), 0))
+            .collect();
+        let lease = if put.is_empty() {
+            0
+        } else {
+            let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+            retrying(|| {
+                let client = self.client.clone();
+                async move { client.lease_grant(secs).await }
+            })
+            .await
+            .map_err(unavailable)?
+            .id
+        };
+        for t in put {
+            let value = t.encode();
+            let len = value.len();
+            ops.push((
+                TxnOp::put_with_lease(self.tombstone_key(&t.job_id), value, lease),
+                len,
+            ));
+        }
+        let mut txns: Vec<Vec<TxnOp>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for (op, len) in ops {
+            let current = txns.last().map_or(0, Vec::len);
+            if current > 0 && (current >= TXN_OPS || bytes + len > TXN_BYTES) {
+                txns.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += len;
+            if let Some(last) = txns.last_mut() {
+                last.push(op);
+            }
+        }
+        for ops in txns.into_iter().filter(|t| !t.is_empty()) {
+            let txn = Txn::new().when(self.guard()).and_then(ops);
+            let resp = self.commit(txn).await.map_err(unavailable)?;
+            if !resp.succeeded {
+                return Err(fenced());
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tombstone stored; one that cannot be read is left out.
+    async fn load_tombstones(&self) -> Result<Vec<Tombstone>, StoreError> {
+        let start = format!("{}/tombstones/", self.prefix);
+        let end = prefix_end(start.as_bytes());
+        let mut from = start.into_bytes();
+        let mut out = Vec::new();
+        loop {
+            let options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            let resp = retrying(|| {
+                let client = self.client.clone();
+                let (from, options) = (from.clone(), options.clone());
+                async move { client.get(from, Some(options)).await }
+            })
+            .await
+            .map_err(unavailable)?;
+            for kv in &resp.kvs {
+                match Tombstone::decode(&kv.value) {
+                    Some(t) => out.push(t),
+                    None => {
+                        warn!(key = %String::from_utf8_lossy(&kv.key), "ignoring a finished job's tombstone that cannot be read")
+                    }
+                }
+            }
+            match resp.kvs.last() {
+                Some(last) if resp.more => {
+                    from = last.key.clone();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
     async fn save_batch(&self, batch: Batch) -> Result<(), StoreError> {
         let mut guard = self.held.lock().await;
+        // A finished job's tombstone is durable before its final state
+        // (whose events wait for this save): a node told the outcome can
+        // count on later leaders knowing it.
+        if !batch.tombstones.is_empty() || !batch.tombstones_removed.is_empty() {
+            self.save_tombstones(
+                &batch.tombstones,
+                &batch.tombstones_removed,
+                batch.tombstone_ttl,
+            )
+            .await?;
+        }
         let held = &mut *guard;
         let stale: Vec<String> = batch
             .put
@@ -374,5 +482,9 @@ impl JobStore for EtcdStore {
 
     fn save(&self, batch: Batch) -> StoreFuture<'_, ()> {
         Box::pin(self.save_batch(batch))
+    }
+
+    fn tombstones(&self) -> StoreFuture<'_, Vec<Tombstone>> {
+        Box::pin(self.load_tombstones())
     }
 }

@@ -1184,3 +1184,114 @@ fn a_zero_base_never_waits() {
         t = at;
     }
 }
+
+fn over(succeeded: bool) -> Event {
+    Event::Over(pb::JobOver {
+        succeeded,
+        exit_code: i32::from(!succeeded),
+        reason: if succeeded {
+            String::new()
+        } else {
+            "budget spent".into()
+        },
+        round: 3,
+        finished_unix_ms: 1_796_473_296_000,
+    })
+}
+
+#[test]
+fn a_node_back_after_its_job_ended_ends_with_the_jobs_result() {
+    // Workers still running (cut off at the end): they stop, then it exits 0.
+    let (mut m, t0) = running();
+    assert!(matches!(
+        m.step(t0, Event::Lost("eof".into()))[..],
+        [Action::Rejoin { resume: Some(_) }]
+    ));
+    let actions = m.step(t0 + SECOND, over(true));
+    assert!(
+        matches!(&actions[..], [a] if is_stop(a, Signal::SIGTERM)),
+        "{actions:?}"
+    );
+    let actions = m.step(t0 + 2 * SECOND, Event::Stopped(Vec::new()));
+    assert_eq!(outcome(&actions), &Outcome::Succeeded);
+    assert_eq!(outcome(&actions).exit_code(), 0);
+
+    // No workers (a spare, or reconnecting while forming): it exits at once.
+    let (mut m, t0) = joined();
+    m.step(t0, Event::Lost("eof".into()));
+    let actions = m.step(t0 + SECOND, over(false));
+    assert!(
+        matches!(outcome(&actions), Outcome::Failed(r) if r == "budget spent"),
+        "{actions:?}"
+    );
+    assert_eq!(outcome(&actions).exit_code(), 1);
+
+    // Told while its workers were being stopped: the stop ends the node.
+    let (mut m, t0) = running();
+    m.step(t0, restart(0, 1));
+    assert!(m.step(t0, over(true)).is_empty());
+    let actions = m.step(t0 + SECOND, Event::Stopped(Vec::new()));
+    assert_eq!(outcome(&actions), &Outcome::Succeeded);
+
+    let line = over_line(
+        "j",
+        &pb::JobOver {
+            succeeded: true,
+            finished_unix_ms: 1_796_473_296_000,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        line,
+        "job 'j' already succeeded at 2026-12-05 12:21:36 UTC; nothing to do"
+    );
+}
+
+/// F6 of the chaos run: a server going away right after this node's
+/// rejoin may close the job as the first event of the new stream; that is
+/// a rendezvous lost again, never a refusal.
+#[test]
+fn a_job_closed_for_a_rejoin_right_after_a_rejoin_is_rejoined_again() {
+    let closing = || {
+        Event::Message(Kind::JobClosed(pb::JobClosed {
+            reason: "this rdzv-server is no longer the leader".into(),
+            may_rejoin: true,
+        }))
+    };
+    // Forming: rejoined, then closed at once.
+    let (mut m, t0) = joined();
+    m.step(t0, Event::Lost("eof".into()));
+    let actions = m.step(
+        t0,
+        Event::Rejoined {
+            round: 0,
+            resumed: false,
+        },
+    );
+    assert!(
+        matches!(actions[..], [Action::Offer { round: 0 }]),
+        "{actions:?}"
+    );
+    let actions = m.step(t0, closing());
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: None }]),
+        "{actions:?}"
+    );
+    // Running: resumed, then closed at once; the workers are kept.
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("eof".into()));
+    let actions = m.step(
+        t0,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    let actions = m.step(t0, closing());
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: Some(_) }]),
+        "{actions:?}"
+    );
+    assert!(m.sources().workers);
+}

@@ -1,0 +1,295 @@
+//! What is left of a finished job: its tombstone.
+//!
+//! A finished job is forgotten after `--finished-job-ttl` (and at once in
+//! agent-only mode, when the agent hosting the rendezvous exits with the
+//! job). A node that belonged to the job but was cut off when it ended, or
+//! whose agent was restarted (by systemd, say) afterwards, would then find
+//! nothing: it would start the job anew and wait alone for `join_timeout`, or
+//! be told its job "is not in the store". So the end leaves a small record —
+//! the outcome, the agents' exit code, the round, the finish time, and which
+//! nodes took part (node ids and host names) — kept for `tombstone_ttl`
+//! (ten minutes by default, at most [`crate::Limits::max_tombstones`] of
+//! them, the oldest dropped first). With a job store it is written with the
+//! job's final state, under its own key, so that a later leader (another
+//! replica, or in agent-only mode the next agent to lead) knows it too.
+//!
+//! A node joining a tombstoned job is answered at once:
+//! - a node of the job (its node id, or a node on a host that took part:
+//!   a restarted agent has a new node id) gets `Joined` carrying the outcome
+//!   and exits with the job's result (0 when it succeeded);
+//! - any other node is refused, naming the job, its outcome and the fix
+//!   (another `--rdzv-id`, or waiting for the tombstone to expire).
+//!
+//! Who took part: the members at the end, the last round's participants,
+//! and every node that joined through this server (a spare or member
+//! dropped before the end, for being cut off, included). Nodes that joined
+//! through an earlier leader and were dropped before the end are not in a
+//! job's stored state; such a node is known by its host if another node of
+//! that host stayed.
+//!
+//! Every field is bounded: at most [`MAX_NODES`] node ids and as many host
+//! names are kept (a larger job keeps the first ones in id order: a node
+//! beyond them is told the job is over, without the outcome), and the
+//! failure reason is cut to [`MAX_REASON`] bytes. A stored tombstone is
+//! untrusted input like any other: one that does not parse is ignored.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use accel_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::job::{is_placeholder, Job, Phase};
+
+/// Most node ids (and, separately, host names) a tombstone keeps.
+pub const MAX_NODES: usize = 1024;
+/// Longest failure reason a tombstone keeps, in bytes.
+pub const MAX_REASON: usize = 4096;
+
+/// A finished job's outcome and who took part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tombstone {
+    /// The job id.
+    pub job_id: String,
+    /// Whether it succeeded (else it failed).
+    pub succeeded: bool,
+    /// What its agents exited with: 0, or 1 for a failed job.
+    pub exit_code: i32,
+    /// Why it failed (empty when it succeeded).
+    pub reason: String,
+    /// Its last round.
+    pub round: u64,
+    /// When it finished, Unix milliseconds (wall clock: shared by replicas).
+    pub finished_ms: u64,
+    /// Node ids that took part (members and spares at the end, and the
+    /// last round's participants), sorted.
+    pub nodes: Vec<String>,
+    /// Their host names, sorted, without repeats.
+    pub hosts: Vec<String>,
+}
+
+/// Unix milliseconds of `t`.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+impl Tombstone {
+    /// The tombstone of `job`, if it is over; `finished_ms`: now, on the
+    /// wall clock; `also`: nodes that joined it but may have left (node id
+    /// → host name).
+    pub fn of(job: &Job, finished_ms: u64, also: &BTreeMap<String, String>) -> Option<Self> {
+        let (succeeded, reason) = match job.phase() {
+            Phase::Succeeded => (true, String::new()),
+            Phase::Failed(r) => (false, cut(r, MAX_REASON)),
+            _ => return None,
+        };
+        // A relearned job's placeholders stand for nobody.
+        let nodes: BTreeSet<&str> = job
+            .members()
+            .keys()
+            .chain(job.participants())
+            .chain(also.keys())
+            .map(String::as_str)
+            .filter(|n| !is_placeholder(n))
+            .collect();
+        let hosts: BTreeSet<&str> = job
+            .members()
+            .iter()
+            .filter(|(id, _)| !is_placeholder(id))
+            .map(|(_, m)| m.hostname.as_str())
+            .chain(also.values().map(String::as_str))
+            .collect();
+        Some(Self {
+            job_id: job.id().to_owned(),
+            succeeded,
+            exit_code: if succeeded { 0 } else { 1 },
+            reason,
+            round: job.round(),
+            finished_ms,
+            nodes: nodes
+                .into_iter()
+                .take(MAX_NODES)
+                .map(str::to_owned)
+                .collect(),
+            hosts: hosts
+                .into_iter()
+                .take(MAX_NODES)
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// Whether the node `node_id` on `hostname` took part in the job.
+    pub fn belongs(&self, node_id: &str, hostname: &str) -> bool {
+        self.nodes
+            .binary_search_by(|n| n.as_str().cmp(node_id))
+            .is_ok()
+            || self
+                .hosts
+                .binary_search_by(|h| h.as_str().cmp(hostname))
+                .is_ok()
+    }
+
+    /// `succeeded` or `failed`.
+    pub fn outcome(&self) -> &'static str {
+        if self.succeeded {
+            "succeeded"
+        } else {
+            "failed"
+        }
+    }
+
+    /// When it finished, as UTC text (`2026-12-05 12:34:56 UTC`).
+    pub fn finished_text(&self) -> String {
+        utc(self.finished_ms)
+    }
+
+    /// Whether it has outlived `ttl` at wall-clock `now_ms`.
+    pub fn expired(&self, now_ms: u64, ttl: Duration) -> bool {
+        let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        now_ms.saturating_sub(self.finished_ms) >= ttl
+    }
+
+    /// What a node of the job is told when it joins.
+    pub fn over(&self) -> pb::JobOver {
+        pb::JobOver {
+            succeeded: self.succeeded,
+            exit_code: self.exit_code,
+            reason: self.reason.clone(),
+            round: self.round,
+            finished_unix_ms: self.finished_ms,
+        }
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> Vec<u8> {
+        json!({
+            "job": self.job_id,
+            "succeeded": self.succeeded,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "round": self.round,
+            "finished_ms": self.finished_ms,
+            "nodes": self.nodes,
+            "hosts": self.hosts,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// Reads a stored tombstone back; `None` if it is not one (or breaks a bound).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        let names = |key: &str| -> Option<Vec<String>> {
+            let list = v.get(key)?.as_array()?;
+            if list.len() > MAX_NODES {
+                return None;
+            }
+            let mut out: Vec<String> = list
+                .iter()
+                .map(|x| x.as_str().map(str::to_owned))
+                .collect::<Option<_>>()?;
+            out.sort();
+            out.dedup();
+            Some(out)
+        };
+        let job_id = v.get("job")?.as_str()?.to_owned();
+        if job_id.is_empty() || job_id.len() > crate::limits::MAX_NAME_BYTES {
+            return None;
+        }
+        Some(Self {
+            job_id,
+            succeeded: v.get("succeeded")?.as_bool()?,
+            exit_code: i32::try_from(v.get("exit_code")?.as_i64()?).ok()?,
+            reason: cut(v.get("reason")?.as_str()?, MAX_REASON),
+            round: v.get("round")?.as_u64()?,
+            finished_ms: v.get("finished_ms")?.as_u64()?,
+            nodes: names("nodes")?,
+            hosts: names("hosts")?,
+        })
+    }
+}
+
+/// Unix milliseconds as UTC text, to the second.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 as a proleptic Gregorian date (Howard Hinnant's
+/// well-known civil-from-days arithmetic, written out here).
+fn civil(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stone() -> Tombstone {
+        Tombstone {
+            job_id: "j".into(),
+            succeeded: false,
+            exit_code: 1,
+            reason: "worker rank 3 failed".into(),
+            round: 4,
+            finished_ms: 1_796_473_296_000,
+            nodes: vec!["a-1".into(), "b-2".into()],
+            hosts: vec!["a".into(), "b".into()],
+        }
+    }
+
+    #[test]
+    fn a_tombstone_reads_back_and_knows_its_nodes() {
+        let t = stone();
+        assert_eq!(Tombstone::decode(&t.encode()), Some(t.clone()));
+        assert!(t.belongs("a-1", "elsewhere"));
+        assert!(
+            t.belongs("a-9", "b"),
+            "a restarted agent on a host of the job"
+        );
+        assert!(!t.belongs("c-3", "c"));
+        assert!(Tombstone::decode(b"{\"job\":\"x\"}").is_none());
+        assert!(Tombstone::decode(b"\xff").is_none());
+    }
+
+    #[test]
+    fn expiry_and_text() {
+        let t = stone();
+        assert!(!t.expired(t.finished_ms + 599_999, Duration::from_secs(600)));
+        assert!(t.expired(t.finished_ms + 600_000, Duration::from_secs(600)));
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_796_473_296_000), "2026-12-05 12:21:36 UTC");
+    }
+}
