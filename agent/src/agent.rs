@@ -62,13 +62,29 @@ const EMBEDDED_DRAIN: Duration = Duration::from_secs(5);
 pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, AgentError> {
     let mut signals = Signals::install(&cfg.signals)?;
     let hostname = hostname();
-    // The guard kills the workers if these beats stop (a frozen agent).
+    // The fence clock: the send time of the last call a rendezvous
+    // answered, kept by every link of this agent.
+    let answered = link::Answered::default();
+    // The guard kills the workers if these beats stop (a frozen agent), by
+    // the fence deadline they carry: when the rendezvous may drop this
+    // node, less half the fence margin (the agent's own fence acts a
+    // margin before it).
     let beating = guard.clone().map(|g| {
+        let answered = answered.clone();
+        let drop_limit = cfg.rdzv.dead_after();
+        let before = drop_limit.saturating_sub(link::fence_margin(drop_limit) / 2);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(g.every());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                g.beat();
+                let now = tokio::time::Instant::now();
+                g.beat(
+                    answered
+                        .get()
+                        .and_then(|a| a.checked_add(before))
+                        .map(|d| d.saturating_duration_since(now)),
+                );
             }
         })
     });
@@ -190,7 +206,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 .map(|o| rendezvous_server::presence::Presence::announce(o, &node_id, &hostname));
             let reach = Arc::new(
                 link::Reach::new(&cfg, endpoints.clone(), leaders, join_req)
-                    .with_presence(presence.as_ref().map(|p| p.held())),
+                    .with_presence(presence.as_ref().map(|p| p.held()))
+                    .with_answered(answered.clone()),
             );
             let joined = tokio::select! {
                 r = reach.join(reach.join_req.clone(), 0, None, deadline) => r.map(Ok),

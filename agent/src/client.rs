@@ -19,11 +19,24 @@ use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tracing::info;
 
 use crate::error::AgentError;
 
 type Inner = RendezvousClient<InterceptedService<Channel, AttachToken>>;
+
+/// What a join that was taken gives: the client, the node's event stream,
+/// the probe's health watch (see [`RdzvClient::join`]), what joining said,
+/// and which endpoint served.
+pub type Taken = (
+    RdzvClient,
+    Streaming<pb::Event>,
+    Option<Streaming<HealthCheckResponse>>,
+    pb::Joined,
+    usize,
+);
 
 /// A joined node's handle on its job.
 #[derive(Clone)]
@@ -100,6 +113,18 @@ impl RdzvClient {
     /// [`Leaders::Published`] leader counts as the first), so a rejoin
     /// starts there.
     ///
+    /// # The probe
+    /// The node's stream and calls go over a connection without PINGs: a
+    /// server takes the end of that connection for the node's death, so
+    /// the node must be able to give up a silent server without ending it
+    /// (`agent/link.rs`). Silence is watched on a second connection, the
+    /// probe: PINGed every `silence / 2` and given up `silence / 2` after an
+    /// unanswered one, it carries a health watch that ends then. A join
+    /// whose probe ends before the join is taken is retried; once joined,
+    /// the probe makes one keep-alive, so the server keeps the connection
+    /// (it closes connections that make no admitted call, see
+    /// `rendezvous_server::admission`).
+    ///
     /// # A silent replica
     /// With `avoid`, the join is a node leaving a replica that stopped
     /// answering: it asks the other endpoints (or, [`Leaders::Published`],
@@ -118,7 +143,7 @@ impl RdzvClient {
         silence: Duration,
         avoid: Option<&(String, u16)>,
         deadline: Instant,
-    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+    ) -> Result<Taken, AgentError> {
         let avoid = avoid.filter(|_| leaders == Leaders::Published || endpoints.len() > 1);
         let how = How {
             req: &req,
@@ -146,7 +171,7 @@ impl RdzvClient {
         at: usize,
         how: How<'_>,
         deadline: Instant,
-    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+    ) -> Result<Taken, AgentError> {
         let mut delays = retry_delays(LEADER_RETRY);
         let connect = how.read_timeout.min(PUBLISHED_CONNECT);
         // A paused server accepts the connection (its kernel does) and then
@@ -186,7 +211,7 @@ impl RdzvClient {
         how: How<'_>,
         avoid: Option<&(String, u16)>,
         deadline: Instant,
-    ) -> Result<(Self, Streaming<pb::Event>, pb::Joined, usize), AgentError> {
+    ) -> Result<Taken, AgentError> {
         let How {
             tls, read_timeout, ..
         } = how;
@@ -497,12 +522,7 @@ struct How<'a> {
 
 impl How<'_> {
     /// The client of a join `server` (endpoint `at`) took.
-    fn joined(
-        &self,
-        j: Joined,
-        server: &(String, u16),
-        at: usize,
-    ) -> (RdzvClient, Streaming<pb::Event>, pb::Joined, usize) {
+    fn joined(&self, j: Joined, server: &(String, u16), at: usize) -> Taken {
         let client = RdzvClient {
             inner: j.inner,
             job_id: self.req.job_id.clone(),
@@ -512,7 +532,7 @@ impl How<'_> {
             server: server.clone(),
             sent: j.sent,
         };
-        (client, j.stream, j.joined, at)
+        (client, j.stream, j.probe, j.joined, at)
     }
 }
 
@@ -520,9 +540,36 @@ impl How<'_> {
 struct Joined {
     inner: Inner,
     stream: Streaming<pb::Event>,
+    probe: Option<Streaming<HealthCheckResponse>>,
     joined: pb::Joined,
     /// When the join was sent.
     sent: Instant,
+}
+
+/// Opens the probe at `endpoint` (PINGed): its connection and health watch.
+async fn open_probe(
+    endpoint: Endpoint,
+) -> Result<(Channel, Streaming<HealthCheckResponse>), String> {
+    let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
+    let mut health = HealthClient::new(channel.clone());
+    let watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map_err(|s| s.message().to_owned())?;
+    Ok((channel, watch.into_inner()))
+}
+
+/// Waits until a probe's watch ends: why.
+async fn probe_ended(watch: &mut Streaming<HealthCheckResponse>) -> String {
+    loop {
+        match watch.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => return "the server ended the probe".into(),
+            Err(s) => return s.message().to_owned(),
+        }
+    }
 }
 
 /// The HTTP/2 PINGs of a connection that must go without an answer for no
@@ -556,14 +603,18 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
         Ok(None) => {}
         Err(e) => return Attempt::Config(e.to_string()),
     }
-    let (interval, timeout) = pings(how.silence);
     let endpoint = endpoint
         .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
+        .tcp_nodelay(true);
+    // The node's connection has no PINGs; the probe's has (see `join`).
+    let (interval, timeout) = pings(how.silence);
+    let probe = endpoint
+        .clone()
         .http2_keep_alive_interval(interval)
         .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true);
-    let channel = match endpoint.connect().await {
+    let (channel, probe) = tokio::join!(endpoint.connect(), open_probe(probe));
+    let channel = match channel {
         Ok(c) => c,
         Err(e) => {
             return Attempt::Retry(Retry {
@@ -572,28 +623,62 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
             })
         }
     };
-    let mut inner = RendezvousClient::with_interceptor(channel, AttachToken::new(token))
+    let (probe_channel, mut probe) = match probe {
+        Ok(p) => p,
+        Err(error) => {
+            return Attempt::Retry(Retry {
+                error: format!("the probe connection failed: {error}"),
+                leader: None,
+            })
+        }
+    };
+    let inner = RendezvousClient::with_interceptor(channel, AttachToken::new(token))
         // node rank 0 hears every member's address in its RoundComplete.
         .max_decoding_message_size(64 << 20);
     let sent = Instant::now();
-    match inner.join(req.clone()).await {
-        Ok(stream) => {
-            let mut stream = stream.into_inner();
-            match first_event(stream.message().await) {
-                First::Joined(joined) => Attempt::Joined(Box::new(Joined {
-                    inner,
-                    stream,
-                    joined,
-                    sent,
-                })),
-                First::Attempt(a) => a,
+    let joining = async {
+        match inner.clone().join(req.clone()).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                match first_event(stream.message().await) {
+                    First::Joined(joined) => Ok((stream, joined)),
+                    First::Attempt(a) => Err(a),
+                }
             }
+            // Only the server's own verdicts are final; transport trouble (a
+            // server going down, a reset connection, a follower) is retried.
+            Err(s) if !is_refusal(s.code()) => Err(Attempt::Retry(Retry::of(&s))),
+            Err(s) => Err(Attempt::Refused(s.code(), s.message().to_owned())),
         }
-        // Only the server's own verdicts are final; transport trouble (a
-        // server going down, a reset connection, a follower) is retried.
-        Err(s) if !is_refusal(s.code()) => Attempt::Retry(Retry::of(&s)),
-        Err(s) => Attempt::Refused(s.code(), s.message().to_owned()),
-    }
+    };
+    let taken = tokio::select! {
+        taken = joining => taken,
+        why = probe_ended(&mut probe) => Err(Attempt::Retry(Retry {
+            error: format!("the rendezvous answered no HTTP/2 PING within {:.1} s ({why})", how.silence.as_secs_f64()),
+            leader: None,
+        })),
+    };
+    let (stream, joined) = match taken {
+        Ok(t) => t,
+        Err(a) => return a,
+    };
+    // Proves the probe's connection (one keep-alive, as the node); without
+    // it the server would close the probe, and the node would take that
+    // for silence and rejoin.
+    let proof = pb::KeepAliveRequest {
+        job_id: req.job_id.clone(),
+        node_id: req.node_id.clone(),
+        session: joined.session.clone(),
+    };
+    let mut prover = RendezvousClient::with_interceptor(probe_channel, AttachToken::new(token));
+    let _ = tokio::time::timeout(how.silence, prover.keep_alive(proof)).await;
+    Attempt::Joined(Box::new(Joined {
+        inner,
+        stream,
+        probe: Some(probe),
+        joined,
+        sent,
+    }))
 }
 
 /// What the first event of a join's stream means.
@@ -803,7 +888,7 @@ mod tests {
             let avoid = avoid.cloned();
             async move {
                 let started = Instant::now();
-                let (_client, _events, _joined, at) = RdzvClient::join(
+                let (_client, _events, _probe, _joined, at) = RdzvClient::join(
                     &endpoints,
                     Leaders::Listed,
                     req,
@@ -859,7 +944,7 @@ mod tests {
             other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
         }
         let right = Token::new("right-token-0123456789", "test").expect("token");
-        let (_client, _events, _joined, _at) = join(request(2), Some(right.clone()))
+        let (_client, _events, _probe, _joined, _at) = join(request(2), Some(right.clone()))
             .await
             .expect("joins with the token");
         // The job now wants 2 nodes: another node asking for 3 disagrees.

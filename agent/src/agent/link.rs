@@ -26,7 +26,24 @@
 //! The fence counts from the *send* time of the last call the server
 //! answered ([`Heard::Silent`]'s `since`): the server's own last sign of
 //! life of this node is no earlier, so a node never keeps its workers
-//! longer than the server keeps the node.
+//! longer than the server keeps the node. The same clock ([`Answered`],
+//! one per agent) goes to the guard with every beat, so the workers of an
+//! agent that stops running die by the same deadline (`guard.rs`).
+//!
+//! # Leaving a silent server without hanging up
+//! A server takes a node whose connection ends for gone and re-forms its
+//! job at once (that is how a `kill -9`ed agent is noticed in
+//! milliseconds). A node that gives up a *silent* server keeps its workers
+//! while it rejoins, so it must not end that connection: a server that was
+//! only paused or cut off would read the close when it wakes or the link
+//! heals, re-form the job without the node, and start its ranks elsewhere
+//! while they still run here. So the PINGs that detect silence run on a
+//! connection of their own (the probe: a health watch, see
+//! [`RdzvClient::join`]), and the connection that carries the node's
+//! stream has no PING timeout; when the link leaves a silent server it
+//! keeps that connection open ([`hold`]) until the fence deadline, by
+//! which time the node's workers are stopped or it has joined again (a
+//! rejoined node's old stream ending is ignored by the server).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -38,6 +55,7 @@ use rendezvous_server::Token;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
+use tonic_health::pb::HealthCheckResponse;
 use tracing::warn;
 
 use crate::client::{Leaders, RdzvClient};
@@ -133,6 +151,11 @@ pub(crate) struct Reach {
     keep_alive_interval: Duration,
     /// How long the server may leave a call or a PING unanswered.
     silence: Duration,
+    /// The job's drop limit: how long the server keeps a silent node.
+    drop_limit: Duration,
+    /// The send time of the last call a server answered (the agent's fence
+    /// clock, shared with the guard's beats).
+    answered: Answered,
     /// Agent-only rendezvous: this node's presence key, which must be in
     /// etcd before it joins (the leader drops a member without one).
     presence: Option<rendezvous_server::presence::Held>,
@@ -149,6 +172,14 @@ pub(crate) fn silence_bound(drop_limit: Duration) -> Duration {
     (drop_limit / 3)
         .min(Duration::from_secs(1))
         .max(Duration::from_millis(20))
+}
+
+/// How long before the drop limit a node stops its own workers: a tenth
+/// of the limit, at most 0.2 s, so the kill lands before the rendezvous
+/// can drop the node and the other nodes start its ranks again. The guard
+/// of an agent that stopped running acts at half of it.
+pub(crate) fn fence_margin(drop_limit: Duration) -> Duration {
+    (drop_limit / 10).min(Duration::from_millis(200))
 }
 
 impl Reach {
@@ -170,8 +201,16 @@ impl Reach {
             reconnect_grace: cfg.reconnect_grace(),
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
             silence: silence_bound(cfg.rdzv.dead_after()),
+            drop_limit: cfg.rdzv.dead_after(),
+            answered: Answered::default(),
             presence: None,
         }
+    }
+
+    /// The same, keeping the fence clock in `answered` (the agent's one).
+    pub(crate) fn with_answered(mut self, answered: Answered) -> Self {
+        self.answered = answered;
+        self
     }
 
     /// This node's presence key (agent-only rendezvous), if it keeps one.
@@ -205,7 +244,7 @@ impl Reach {
         let mut order = self.endpoints.clone();
         let first = first.min(order.len());
         order.rotate_left(first);
-        let (client, events, joined, at) = RdzvClient::join(
+        let (client, events, probe, joined, at) = RdzvClient::join(
             &order,
             self.leaders,
             req,
@@ -219,7 +258,10 @@ impl Reach {
         .await?;
         // `at` counts from the endpoint tried first.
         let serving = (first + at) % self.endpoints.len().max(1);
-        Ok((RdzvLink::new(client, events, serving, self.clone()), joined))
+        Ok((
+            RdzvLink::new(client, events, probe, serving, self.clone()),
+            joined,
+        ))
     }
 }
 
@@ -227,7 +269,11 @@ impl Reach {
 /// that watch the connection.
 pub(crate) struct RdzvLink {
     client: RdzvClient,
-    events: Streaming<pb::Event>,
+    /// The node's event stream (taken by [`hold`] when the link is
+    /// dropped after its server went silent).
+    events: Option<Streaming<pb::Event>>,
+    /// The probe's health watch: it ends when its PINGs go unanswered.
+    probe: Option<Streaming<HealthCheckResponse>>,
     /// Says why, when a keep-alive goes unanswered or fails.
     silent: mpsc::Receiver<Silence>,
     /// The send time of the last call the server answered.
@@ -237,6 +283,9 @@ pub(crate) struct RdzvLink {
     /// The server went silent, or closed the job saying it is going away
     /// (it no longer leads): a rejoin leaves it for another.
     leaving: bool,
+    /// The server went silent: its connection is held open until the fence
+    /// deadline once the link is dropped.
+    went_silent: bool,
     keep_alive: tokio::task::JoinHandle<()>,
     /// Which endpoint served: a rejoin starts there.
     serving: usize,
@@ -246,17 +295,46 @@ pub(crate) struct RdzvLink {
 impl Drop for RdzvLink {
     fn drop(&mut self) {
         self.keep_alive.abort();
+        if !self.went_silent {
+            return;
+        }
+        let Some(events) = self.events.take() else {
+            return;
+        };
+        let since = self.answered.get().unwrap_or_else(Instant::now);
+        // An unbounded drop limit holds for a day (the process is gone long before).
+        let until = since
+            .checked_add(self.reach.drop_limit)
+            .unwrap_or_else(|| since + Duration::from_secs(86_400));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(hold(self.client.clone(), events, until));
+        }
     }
+}
+
+/// Keeps a silent server's connection open (and its stream read) until
+/// `until`, the node's fence deadline (see the module docs): ending it
+/// sooner would tell the server, once it hears again, that the node is
+/// gone while its workers still run.
+async fn hold(client: RdzvClient, mut events: Streaming<pb::Event>, until: Instant) {
+    let _connection = client;
+    let _ = tokio::time::timeout_at(until, async {
+        while let Ok(Some(_)) = events.message().await {}
+        // The server ended the stream itself: nothing is left to hold.
+    })
+    .await;
 }
 
 impl RdzvLink {
     fn new(
         client: RdzvClient,
         events: Streaming<pb::Event>,
+        probe: Option<Streaming<HealthCheckResponse>>,
         serving: usize,
         reach: Arc<Reach>,
     ) -> Self {
-        let answered = Answered::new(client.sent());
+        let answered = reach.answered.clone();
+        answered.note(client.sent());
         let (keep_alive, silent) = spawn_keep_alive(
             client.clone(),
             reach.keep_alive_interval,
@@ -265,15 +343,21 @@ impl RdzvLink {
         );
         Self {
             client,
-            events,
+            events: Some(events),
+            probe,
             silent,
             answered,
             tripped: None,
             leaving: false,
+            went_silent: false,
             keep_alive,
             serving,
             reach,
         }
+    }
+
+    fn since(&self) -> Instant {
+        self.answered.get().unwrap_or_else(|| self.client.sent())
     }
 
     /// Runs one call of the driver's: an answer moves the keep-alive
@@ -316,27 +400,25 @@ pub(crate) fn is_silence(code: tonic::Code) -> bool {
     )
 }
 
-/// The send time of the last call the server answered, shared by the
-/// link and its keep-alive task. The server's last sign of life of this
-/// node is no earlier, so the fence that counts from it is never late.
-#[derive(Debug, Clone)]
-struct Answered(Arc<std::sync::Mutex<Instant>>);
+/// The send time of the last call a server answered, shared by the
+/// agent's links, their keep-alive tasks and the guard's beats. The
+/// server's last sign of life of this node is no earlier, so the fence
+/// that counts from it is never late.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Answered(Arc<std::sync::Mutex<Option<Instant>>>);
 
 impl Answered {
-    fn new(at: Instant) -> Self {
-        Self(Arc::new(std::sync::Mutex::new(at)))
-    }
-
     /// A call sent at `sent` was answered.
-    fn note(&self, sent: Instant) {
+    pub(crate) fn note(&self, sent: Instant) {
         let mut at = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *at = (*at).max(sent);
+        *at = Some(at.map_or(sent, |a| a.max(sent)));
     }
 
-    fn get(&self) -> Instant {
+    /// The latest send time answered, if any call was.
+    pub(crate) fn get(&self) -> Option<Instant> {
         *self
             .0
             .lock()
@@ -391,33 +473,42 @@ impl Link for RdzvLink {
     }
 
     async fn next(&mut self) -> Heard {
-        let heard = match self.tripped.take() {
-            Some(why) => Heard::Silent {
-                why,
-                since: self.answered.get(),
-            },
-            None => tokio::select! {
+        let since = self.since();
+        let silence = self.reach.silence;
+        let heard = match (self.tripped.take(), self.events.as_mut()) {
+            (Some(why), _) => Heard::Silent { why, since },
+            (None, None) => std::future::pending().await,
+            (None, Some(events)) => tokio::select! {
                 Some((why, silent)) = self.silent.recv() => match silent {
-                    true => Heard::Silent { why, since: self.answered.get() },
+                    true => Heard::Silent { why, since },
                     false => Heard::Lost(why),
                 },
-                ev = self.events.message() => match ev {
+                why = probe_ends(&mut self.probe) => Heard::Silent {
+                    why: format!(
+                        "the rendezvous answered no HTTP/2 PING within {:.1} s ({why})",
+                        silence.as_secs_f64()
+                    ),
+                    since,
+                },
+                ev = events.message() => match ev {
                     Ok(Some(pb::Event { kind: Some(kind) })) => Heard::Message(kind),
                     Ok(Some(_)) => Heard::Nothing,
                     Ok(None) => Heard::Lost("the rendezvous ended this node's session".into()),
-                    // The connection broke, or its PINGs went unanswered.
+                    // The connection broke.
                     Err(s) => Heard::Silent {
                         why: format!("lost the rendezvous: {}", s.message()),
-                        since: self.answered.get(),
+                        since,
                     },
                 },
             },
         };
-        if matches!(
-            heard,
-            Heard::Silent { .. } | Heard::Message(pb::event::Kind::JobClosed(_))
-        ) {
-            self.leaving = true;
+        match heard {
+            Heard::Silent { .. } => {
+                self.leaving = true;
+                self.went_silent = true;
+            }
+            Heard::Message(pb::event::Kind::JobClosed(_)) => self.leaving = true,
+            _ => {}
         }
         heard
     }
@@ -441,6 +532,25 @@ impl Link for RdzvLink {
             reach.join(req, first, avoid, deadline).await
         }
     }
+}
+
+/// Waits until the probe's health watch ends (its PINGs went unanswered,
+/// or the server closed it): why. Never returns without a probe.
+async fn probe_ends(probe: &mut Option<Streaming<HealthCheckResponse>>) -> String {
+    let Some(watch) = probe.as_mut() else {
+        return std::future::pending().await;
+    };
+    let why = loop {
+        match watch.message().await {
+            // A change of the server's health: its own streams say what
+            // it means for this node.
+            Ok(Some(_)) => continue,
+            Ok(None) => break "the server ended the probe".to_owned(),
+            Err(s) => break s.message().to_owned(),
+        }
+    };
+    *probe = None;
+    why
 }
 
 /// Why the keep-alives gave up, and whether the server went silent.
@@ -510,10 +620,20 @@ mod tests {
     #[test]
     fn the_fence_clock_keeps_the_latest_answered_send_time() {
         let t0 = Instant::now();
-        let a = Answered::new(t0);
+        let a = Answered::default();
+        assert_eq!(a.get(), None);
+        a.note(t0);
         a.note(t0 + Duration::from_secs(2));
         // A slow answer to an older call does not move it back.
         a.note(t0 + Duration::from_secs(1));
-        assert_eq!(a.get(), t0 + Duration::from_secs(2));
+        assert_eq!(a.get(), Some(t0 + Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_node_fences_a_little_before_the_drop_limit() {
+        let ms = Duration::from_millis;
+        assert_eq!(fence_margin(ms(15_000)), ms(200));
+        assert_eq!(fence_margin(ms(1_000)), ms(100));
+        assert_eq!(fence_margin(ms(400)), ms(40));
     }
 }

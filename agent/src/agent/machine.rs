@@ -104,6 +104,14 @@ impl Settings {
         .with_test_switches()
     }
 
+    /// How long after its last contact a node stops its workers: the drop
+    /// limit less [`super::link::fence_margin`], so the kill lands before
+    /// the rendezvous can drop the node and the others re-form.
+    pub fn fence_in(&self) -> Duration {
+        self.fence_after
+            .saturating_sub(super::link::fence_margin(self.fence_after))
+    }
+
     /// A debug build's test-only switch turns fencing off (see `testing`).
     fn with_test_switches(mut self) -> Self {
         if crate::testing::fence_broken() {
@@ -865,7 +873,7 @@ impl NodeMachine {
     /// the node rejoins, presenting its round.
     fn recover(&mut self, now: Instant, mut round: Round, why: String) -> Vec<Action> {
         warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), fence_s = self.settings.fence_after.as_secs_f64(), "lost the rendezvous; workers keep running while this node reconnects");
-        round.fence = Some(after_from(now, self.settings.fence_after));
+        round.fence = Some(after_from(now, self.settings.fence_in()));
         let info = &round.info;
         let resume = pb::Resume {
             round: info.round,

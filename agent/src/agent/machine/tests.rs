@@ -5,6 +5,9 @@ use super::*;
 use crate::sys::Ended;
 
 const SECOND: Duration = Duration::from_secs(1);
+/// When a node that lost its rendezvous stops its workers: the 15 s drop
+/// limit less the fence margin (0.2 s).
+const FENCE: Duration = Duration::from_millis(14_800);
 
 fn settings() -> Settings {
     Settings {
@@ -282,7 +285,7 @@ fn a_lost_rendezvous_keeps_the_workers_and_resumes_the_round() {
 fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_re_forms_once_back() {
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
-    assert_eq!(m.deadline(), Some(t0 + 15 * SECOND), "the fence");
+    assert_eq!(m.deadline(), Some(t0 + FENCE), "the fence");
     assert!(
         m.step(t0 + 14 * SECOND, Event::Timer).is_empty(),
         "early timer"
@@ -361,7 +364,7 @@ fn a_lapsed_presence_lease_fences_the_workers_at_once_and_the_node_rejoins() {
     // Already recovering (the link broke first): the lapse moves the fence.
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
-    assert_eq!(m.deadline(), Some(t0 + 15 * SECOND));
+    assert_eq!(m.deadline(), Some(t0 + FENCE));
     assert!(m
         .step(t0 + 2 * SECOND, Event::Dead("lapsed".into()))
         .is_empty());
@@ -414,7 +417,7 @@ fn a_fenced_node_whose_job_moved_on_gets_ready_for_the_next_round() {
     );
     assert_eq!(
         m.deadline(),
-        Some(since + 15 * SECOND),
+        Some(since + FENCE),
         "the fence counts from the last answer"
     );
     let actions = m.step(t0 + 15 * SECOND, Event::Timer);
