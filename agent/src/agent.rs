@@ -481,6 +481,9 @@ enum Woke<L> {
     Rejoined(Box<Result<(L, pb::Joined), AgentError>>),
     /// The monitor's backstop found these exits.
     Checked(Vec<Exit>),
+    /// The guard killed the workers while the agent did not run: these
+    /// exits (one or, from the backstop, several) were fenced.
+    GuardFenced(Vec<Exit>),
 }
 
 impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
@@ -567,6 +570,10 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                     Woke::Checked(exits) => {
                         queue.extend(exits.into_iter().map(Event::Exited));
                         continue;
+                    }
+                    Woke::GuardFenced(exits) => {
+                        queue.extend(exits.into_iter().map(Event::Exited));
+                        Event::GuardFenced
                     }
                 },
             };
@@ -661,8 +668,19 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                 *rejoin = None;
                 Woke::Rejoined(Box::new(joined))
             }
-            exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => Woke::Event(Event::Exited(exit)),
-            _ = monitor.tick(), if live => Woke::Checked(group.as_mut().map(Workers::check).unwrap_or_default()),
+            exit = async { group.as_mut().expect("guarded by `live`").next_exit().await }, if live => {
+                match group.as_ref().is_some_and(|g| g.fenced_by_guard()) {
+                    true => Woke::GuardFenced(vec![exit]),
+                    false => Woke::Event(Event::Exited(exit)),
+                }
+            }
+            _ = monitor.tick(), if live => {
+                let exits = group.as_mut().map(Workers::check).unwrap_or_default();
+                match !exits.is_empty() && group.as_ref().is_some_and(|g| g.fenced_by_guard()) {
+                    true => Woke::GuardFenced(exits),
+                    false => Woke::Checked(exits),
+                }
+            }
             heard = link.next(), if src.stream => match heard {
                 Heard::Message(kind) => Woke::Event(Event::Message(kind)),
                 // An empty event carries nothing to act on.

@@ -87,6 +87,9 @@ const NO_DEADLINE: i64 = -1;
 #[derive(Debug)]
 pub struct Guard {
     pipe: File,
+    /// What the guard tells the agent (non-blocking): a byte each time it
+    /// killed the workers.
+    back: File,
     /// The guard is gone (said once).
     lost: std::sync::atomic::AtomicBool,
     /// How often [`Guard::beat`] is due ([`beat_every`] of the limit).
@@ -98,14 +101,30 @@ impl Guard {
     /// `limit`: how long the agent may go without a beat before the guard
     /// kills its workers (`None`: never).
     pub fn start(limit: Option<Duration>) -> io::Result<Self> {
-        let (read, write) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-        let write = sys::fork_guard(guard_main, read, write, limit)?;
+        use nix::fcntl::OFlag;
+        let pipe = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let back =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(io::Error::from)?;
+        let (write, back) = sys::fork_guard(guard_main, pipe, back, limit)?;
         Ok(Self {
             pipe: File::from(write),
+            back: File::from(back),
             lost: std::sync::atomic::AtomicBool::new(false),
             every: beat_every(limit),
         })
+    }
+
+    /// Whether the guard killed the workers since this was last asked: the
+    /// agent did not run past the fence deadline, so the workers that
+    /// ended were fenced, not failed.
+    pub fn take_fenced(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut fenced = false;
+        // Non-blocking: stops at "would block" (nothing more) or at the end.
+        while let Ok(1..) = (&self.back).read(&mut buf) {
+            fenced = true;
+        }
+        fenced
     }
 
     /// How often the agent must [`beat`](Guard::beat): a quarter of the
@@ -178,10 +197,11 @@ fn next_check(
     }
 }
 
-fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
+fn guard_main(read: OwnedFd, back: OwnedFd, limit: Option<Duration>) -> ! {
     sys::ignore_stop_signals();
     let _ = nix::sys::prctl::set_name(c"accel-guard");
     let mut pipe = File::from(read);
+    let mut back = File::from(back);
     let mut groups = BTreeSet::new();
     let mut buf = [0u8; RECORD];
     let mut heard = Instant::now();
@@ -211,6 +231,9 @@ fn guard_main(read: OwnedFd, limit: Option<Duration>) -> ! {
                     for pgid in std::mem::take(&mut groups) {
                         sys::killpg(pgid, Signal::SIGKILL);
                     }
+                    // The agent, when it runs again, reads this before the
+                    // workers' exits: they were fenced, not failed.
+                    let _ = back.write_all(&[1]);
                     crate::node::say(&format!(
                         "accel-guard: the agent has not run for {:.1} s (frozen or starved) and the rendezvous may drop this node: killed its workers so no second copy of its ranks runs beside a re-formed job",
                         heard.elapsed().as_secs_f64()

@@ -107,6 +107,14 @@ pub struct WorkerGroup {
     pumps: Vec<tokio::task::JoinHandle<()>>,
 }
 
+impl WorkerGroup {
+    /// Whether the guard killed this group's workers since this was last
+    /// asked (see [`Guard::take_fenced`]).
+    pub fn fenced_by_guard(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.take_fenced())
+    }
+}
+
 /// A worker could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start worker local rank {local_rank} ({program}): {source}")]

@@ -210,26 +210,30 @@ pub(crate) fn peek_exit(pid: i32) -> Option<Ended> {
     }
 }
 
-/// Forks the guard process; `child` runs in it and never returns.
+/// Forks the guard process; `child` runs in it and never returns. The
+/// guard gets `read` (the agent's records) and `back_write` (what it tells
+/// the agent); the agent keeps `write` and `back_read`, returned.
 ///
 /// Must be called while the process has a single thread (before the async
 /// runtime starts): only then is running arbitrary code after `fork` sound.
 pub(crate) fn fork_guard(
-    child: fn(OwnedFd, Option<std::time::Duration>) -> !,
-    read: OwnedFd,
-    write: OwnedFd,
+    child: fn(OwnedFd, OwnedFd, Option<std::time::Duration>) -> !,
+    (read, write): (OwnedFd, OwnedFd),
+    (back_read, back_write): (OwnedFd, OwnedFd),
     limit: Option<std::time::Duration>,
-) -> io::Result<OwnedFd> {
+) -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: documented precondition: the caller is single-threaded, so the
     // child inherits no lock held by another thread.
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         nix::unistd::ForkResult::Child => {
             drop(write);
-            child(read, limit)
+            drop(back_read);
+            child(read, back_write, limit)
         }
         nix::unistd::ForkResult::Parent { .. } => {
             drop(read);
-            Ok(write)
+            drop(back_write);
+            Ok((write, back_read))
         }
     }
 }

@@ -91,3 +91,25 @@ fn a_failure_on_a_cut_off_node_stops_its_other_workers_before_the_job_re_forms()
         "no two workers held one rank:\n{out}"
     );
 }
+
+/// Faults shorter than the drop limit, aimed at the two ways a node's
+/// ranks could run twice without one: a node that gives up a silent
+/// server (cut off, or its packets to the node dropped, for 1.5 s) must
+/// not end its connection, which the server would read as the node's
+/// death once the link heals and re-form the job while the node's workers
+/// still run; and a paused agent's guard must kill its workers before the
+/// server may drop the node (counted from its last keep-alive, up to a
+/// keep-alive interval before the agent's last beat), not a full drop
+/// limit after that beat. Both broke invariant (a) in a 600 s run.
+#[test]
+fn faults_shorter_than_the_drop_limit_never_leave_a_rank_running_twice() {
+    let (code, out) = scenario_run("chaos-short-faults", "short-faults", "42", 96, false);
+    assert!(out.contains("| isolate host | 1 | 0 |"), "{out}");
+    assert!(out.contains("| partition one-way | 2 | 0 |"), "{out}");
+    assert!(out.contains("| SIGSTOP agent | 4 | 0 |"), "{out}");
+    assert!(
+        !out.contains("violation (a)"),
+        "no two workers held one rank:\n{out}"
+    );
+    assert_eq!(code, 0, "no invariant broke:\n{out}");
+}

@@ -87,6 +87,9 @@ pub struct Settings {
     pub restart_backoff: crate::config::RestartBackoff,
 }
 
+/// What a node whose guard killed its workers says.
+const GUARD_FENCED: &str = "this agent did not run past its fence deadline (paused or starved): its guard killed the workers, so no second copy of their ranks runs; the job re-forms with this node (no restart is counted)";
+
 impl Settings {
     /// The machine's part of `cfg`.
     pub fn of(cfg: &crate::config::Config) -> Self {
@@ -144,6 +147,11 @@ pub enum Event {
     /// (fencing), before the job can re-form without them; the node rejoins
     /// once its presence is back.
     Dead(String),
+    /// The guard killed this node's workers while the agent did not run
+    /// (paused, starved) past its fence deadline: the exits that follow were
+    /// fenced, not failed; the node rejoins and the job re-forms with it
+    /// without spending the restart budget.
+    GuardFenced,
     /// A worker ended.
     Exited(Exit),
     /// A worker could not be started (the others were killed).
@@ -805,6 +813,11 @@ impl NodeMachine {
                 self.fence_now(now);
                 actions
             }
+            Event::GuardFenced => {
+                let actions = self.rejoin_with(now, round, GUARD_FENCED.into());
+                self.guard_fenced();
+                actions
+            }
             Event::Timer if round.barrier.is_some_and(|b| now >= b) => {
                 warn!(
                     timeout_s = self.settings.exit_barrier_timeout.as_secs_f64(),
@@ -871,8 +884,13 @@ impl NodeMachine {
 
     /// The rendezvous was lost while workers run: they keep running while
     /// the node rejoins, presenting its round.
-    fn recover(&mut self, now: Instant, mut round: Round, why: String) -> Vec<Action> {
+    fn recover(&mut self, now: Instant, round: Round, why: String) -> Vec<Action> {
         warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), fence_s = self.settings.fence_after.as_secs_f64(), "lost the rendezvous; workers keep running while this node reconnects");
+        self.rejoin_with(now, round, why)
+    }
+
+    /// Recovering `round`: the node rejoins, presenting it.
+    fn rejoin_with(&mut self, now: Instant, mut round: Round, why: String) -> Vec<Action> {
         round.fence = Some(after_from(now, self.settings.fence_in()));
         let info = &round.info;
         let resume = pb::Resume {
@@ -889,6 +907,16 @@ impl NodeMachine {
         vec![Action::Rejoin {
             resume: Some(resume),
         }]
+    }
+
+    /// The guard killed a recovering round's workers: they were fenced.
+    fn guard_fenced(&mut self) {
+        if let Phase::Recovering { round, .. } = &mut self.phase {
+            warn!("{GUARD_FENCED}");
+            round.fence = None;
+            round.fenced = true;
+            round.failed = true;
+        }
     }
 
     /// Moves a recovering round's fence to `now`: its workers stop at the
@@ -933,6 +961,15 @@ impl NodeMachine {
                     signal: Signal::SIGKILL,
                     grace: Duration::ZERO,
                 }]
+            }
+            Event::GuardFenced => {
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                self.guard_fenced();
+                Vec::new()
             }
             Event::Dead(why) => {
                 warn!(reason = %why, "this node's presence lease lapsed: the rendezvous drops it");

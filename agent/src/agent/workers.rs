@@ -36,6 +36,12 @@ pub(crate) trait Workers: Send + 'static {
     /// `sig` to every live worker, SIGKILL after `grace`, then whatever they
     /// started; the exits seen meanwhile.
     fn stop(&mut self, sig: Signal, grace: Duration) -> impl Future<Output = Vec<Exit>> + Send;
+
+    /// Whether the guard killed them since this was last asked (the agent
+    /// did not run past its fence deadline, see `guard.rs`).
+    fn fenced_by_guard(&self) -> bool {
+        false
+    }
 }
 
 /// Starts a round's workers.
@@ -59,6 +65,10 @@ pub(crate) trait Spawner: Send + Sync {
 impl Workers for WorkerGroup {
     fn next_exit(&mut self) -> impl Future<Output = Exit> + Send {
         WorkerGroup::next_exit(self)
+    }
+
+    fn fenced_by_guard(&self) -> bool {
+        WorkerGroup::fenced_by_guard(self)
     }
 
     fn check(&mut self) -> Vec<Exit> {

@@ -364,7 +364,15 @@ fn daemon(rng: &mut Rng, mode: Mode, ddp: bool) -> Daemon {
 /// 12 s for 8 s, both past the 3 s drop limit, so its workers must be
 /// fenced twice; `failure-while-cut-off` cuts node 0 off at 1 s for 6 s
 /// and kills its rank-0 worker at 2 s (within the drop limit): the node's
-/// other worker must still stop before the job re-forms without it.
+/// other worker must still stop before the job re-forms without it;
+/// `short-faults` cuts node 0 off (both ways, then the replicas' or etcd's
+/// packets to it) for 1.5 s, longer than the 1 s silence bound and shorter
+/// than the 3 s drop limit, three times, then pauses its agent for 2.6 to
+/// 2.9 s four times: the node leaves its silent server and must not end
+/// its connection (the server would drop it on reading the close while
+/// its workers run), and a paused agent's guard must kill its workers
+/// before the server can drop the node, which counts from the node's last
+/// keep-alive, not its agent's last beat.
 pub fn scenario(name: &str) -> Option<(f64, Vec<Planned>)> {
     let p = |at, fault, heal| Planned { at, fault, heal };
     match name {
@@ -389,12 +397,40 @@ pub fn scenario(name: &str) -> Option<(f64, Vec<Planned>)> {
                 ),
             ],
         )),
+        "short-faults" => Some((
+            42.0,
+            vec![
+                p(1.0, Fault::Isolate(Host::Node(0)), 2.5),
+                p(
+                    6.0,
+                    Fault::Partition {
+                        from: Host::Replica(0),
+                        to: Host::Node(0),
+                        both: false,
+                    },
+                    7.5,
+                ),
+                p(
+                    11.0,
+                    Fault::Partition {
+                        from: Host::Replica(1),
+                        to: Host::Node(0),
+                        both: false,
+                    },
+                    12.5,
+                ),
+                p(16.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 18.6),
+                p(22.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 24.7),
+                p(28.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 30.8),
+                p(34.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 36.9),
+            ],
+        )),
         _ => None,
     }
 }
 
 /// The names [`scenario`] knows.
-pub const SCENARIOS: [&str; 2] = ["fence", "failure-while-cut-off"];
+pub const SCENARIOS: [&str; 3] = ["fence", "failure-while-cut-off", "short-faults"];
 
 #[cfg(test)]
 mod tests {

@@ -377,6 +377,55 @@ fn a_lapsed_presence_lease_fences_the_workers_at_once_and_the_node_rejoins() {
 }
 
 #[test]
+fn workers_the_guard_killed_while_the_agent_was_paused_were_fenced_not_failed() {
+    // The agent wakes from a pause past its fence deadline: the guard
+    // killed both workers; their exits follow the guard's word.
+    let (mut m, t0) = running();
+    let t = t0 + 3 * SECOND;
+    let actions = m.step(t, Event::GuardFenced);
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: Some(_) }]),
+        "{actions:?}"
+    );
+    let killed = |local_rank| Exit {
+        ended: Ended::Signaled(9),
+        ..exit(local_rank, 0)
+    };
+    assert!(m.step(t, Event::Exited(killed(0))).is_empty());
+    assert!(m.step(t, Event::Exited(killed(1))).is_empty());
+    assert_eq!(m.deadline(), None, "nothing left to fence");
+    // Back on the same round: said to be fenced, not failed, so the job
+    // re-forms without spending the budget.
+    let actions = m.step(
+        t + SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(&actions[..], [Action::ReportFenced { round: 0, .. }]),
+        "{actions:?}"
+    );
+    // Already recovering (the link broke during the pause): the same.
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
+    assert!(m.step(t0 + SECOND, Event::GuardFenced).is_empty());
+    assert!(m.step(t0 + SECOND, Event::Exited(killed(0))).is_empty());
+    let actions = m.step(
+        t0 + 2 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        matches!(&actions[..], [Action::ReportFenced { round: 0, .. }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn a_failure_before_the_fence_is_still_the_rounds_failure() {
     let (mut m, t0) = running();
     // A worker fails and is reported; the loss comes before the job's
