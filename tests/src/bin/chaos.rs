@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `--scenario NAME` runs a fixed schedule instead of the seed's
-//! (`schedule::scenario`: `fence`, `failure-while-cut-off`), for SECONDS at
+//! (`schedule::scenario`: `fence`, `failure-while-cut-off`, `short-faults`), for SECONDS at
 //! least its own. `--break-fence` starts the agents with
 //! `ACCEL_TEST_BREAK_FENCE=1`, the debug build's test-only switch that
 //! turns fencing off (`accel_agent::testing`): invariant (a) must catch it.
