@@ -603,9 +603,7 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
         Ok(None) => {}
         Err(e) => return Attempt::Config(e.to_string()),
     }
-    let endpoint = endpoint
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true);
+    let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
     // The node's connection has no PINGs; the probe's has (see `join`).
     let (interval, timeout) = pings(how.silence);
     let probe = endpoint

@@ -178,8 +178,7 @@ fn due(
     deadline: Option<Instant>,
 ) -> bool {
     let silent = now.saturating_duration_since(heard);
-    limit.is_some_and(|l| silent >= l)
-        || (silent >= stale && deadline.is_some_and(|d| now >= d))
+    limit.is_some_and(|l| silent >= l) || (silent >= stale && deadline.is_some_and(|d| now >= d))
 }
 
 /// When [`due`] may next become true (`None`: only on a beat).
@@ -209,9 +208,8 @@ fn guard_main(read: OwnedFd, back: OwnedFd, limit: Option<Duration>) -> ! {
     let stale = stale_after(beat_every(limit));
     // Without a limit the guard only acts when the agent is gone.
     let deadline_of = |value: i64| {
-        (limit.is_some() && value >= 0).then(|| {
-            Instant::now() + Duration::from_nanos(u64::try_from(value).unwrap_or(0))
-        })
+        (limit.is_some() && value >= 0)
+            .then(|| Instant::now() + Duration::from_nanos(u64::try_from(value).unwrap_or(0)))
     };
     loop {
         // Wait for the next record, at most until the guard may be due.

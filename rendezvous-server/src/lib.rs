@@ -217,7 +217,9 @@ pub async fn serve_with_metrics(
         // does not hold a descriptor for ever.
         builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE))?;
     }
-    let result = builder
+    let drained = std::sync::Arc::new(tokio::sync::Notify::new());
+    let draining = drained.clone();
+    let serving = builder
         .layer(metrics::CountRpcs(counters))
         .add_service(health_service)
         .add_service(rendezvous)
@@ -228,10 +230,25 @@ pub async fn serve_with_metrics(
             if let Err(e) = background.await {
                 warn!(error = %e, "the rendezvous did not shut down cleanly");
             }
-        })
-        .await;
-    result.map_err(Error::from)
+            draining.notify_one();
+        });
+    // Every job's stream is closed by now; a client that keeps another call
+    // open (a health watch) does not hold the shutdown beyond DRAIN_LIMIT.
+    tokio::select! {
+        result = serving => result.map_err(Error::from),
+        () = async {
+            drained.notified().await;
+            tokio::time::sleep(DRAIN_LIMIT).await;
+        } => {
+            warn!(limit_s = DRAIN_LIMIT.as_secs(), "connections still open after the shutdown's drain limit; closing them");
+            Ok(())
+        }
+    }
 }
+
+/// How long a shutting-down server waits for its clients' open calls to
+/// end once every job's stream is closed.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The metrics endpoint: the counters, the states of whichever registry
 /// serves, and readiness from the role.

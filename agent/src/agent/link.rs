@@ -510,6 +510,14 @@ impl Link for RdzvLink {
             Heard::Message(pb::event::Kind::JobClosed(_)) => self.leaving = true,
             _ => {}
         }
+        if matches!(
+            heard,
+            Heard::Silent { .. } | Heard::Lost(_) | Heard::Message(pb::event::Kind::JobClosed(_))
+        ) {
+            // The session is over here: the probe goes now (a server
+            // shutting down waits for its open calls to end).
+            self.probe = None;
+        }
         heard
     }
 
