@@ -37,18 +37,28 @@
 //!
 //! On shutdown a leader writes what is pending and resigns, so another
 //! replica takes over at once instead of after the lease.
+//!
+//! # A leader its agents cannot reach
+//! A leader that reaches etcd but not its agents (a one-way partition)
+//! keeps its lease. Its agents, leaving it for silence, join a follower
+//! saying which replica went silent; the follower counts these complaints
+//! ([`crate::depose`]) and, once most nodes of a job complained, revokes
+//! the leader's lease: it is elected at once (it was campaigning), and the
+//! deposed leader, which learns from its next keep-alive (TTL 0) or its
+//! next fenced write that its lease is gone, steps down as above.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use accel_etcd::{Client, ConnectOptions, LeaderKey, TlsOptions};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{info, warn};
 
+use crate::depose::{Action, Event, Members, Tally, Term};
 use crate::lease::LeaseClock;
 use crate::limits::Limits;
 use crate::quiet::{Quiet, Say};
@@ -64,6 +74,37 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 const RECHECK: Duration = Duration::from_secs(2);
 /// Pause before campaigning again after etcd failed us.
 const RETRY: Duration = Duration::from_secs(1);
+/// Complaints a follower's service may queue for its tally.
+pub const COMPLAINTS_QUEUED: usize = 1024;
+/// A complaint older than this when its tally hears it is stale.
+const COMPLAINT_FRESH: Duration = Duration::from_secs(1);
+/// Bound on one etcd call of the tally (a job read, a revoke).
+const DEPOSE_CALL: Duration = Duration::from_secs(2);
+
+/// A node joined this follower because the replica it was connected to,
+/// `silent`, stopped answering (see [`crate::depose`]). Bounded by the
+/// service ([`crate::limits::check_silent_replica`]).
+#[derive(Debug, Clone)]
+pub struct Complaint {
+    /// The job.
+    pub job: String,
+    /// The node.
+    pub node: String,
+    /// The session secret the join presented.
+    pub session: Vec<u8>,
+    /// The replica it left ("host:port").
+    pub silent: String,
+    /// When the service heard it.
+    pub at: std::time::Instant,
+}
+
+/// What a replica's tally of complaints keeps across its terms.
+struct Hearing {
+    complaints: mpsc::Receiver<Complaint>,
+    tally: Tally,
+    /// Complaints are summed up, never logged one by one.
+    said: Quiet,
+}
 
 /// How a replica reaches etcd and what it announces.
 #[derive(Clone)]
@@ -209,6 +250,8 @@ struct Replica<'a> {
     tenure: Tenure,
     roles: &'a watch::Sender<Role>,
     stop: &'a CancellationToken,
+    /// Complaints about the leader, heard while following.
+    hearing: &'a tokio::sync::Mutex<Hearing>,
     /// Whether this term led (its end is then news, not a retry).
     led: AtomicBool,
 }
@@ -221,13 +264,21 @@ enum Ended {
 }
 
 /// Campaigns, leads and steps down, term after term, until `stop`; then
-/// hands over (flush, close, resign) if leading.
+/// hands over (flush, close, resign) if leading. While following, it
+/// counts the `complaints` its service hears and deposes a leader most
+/// nodes of a job cannot reach ([`crate::depose`]).
 pub async fn replicate(
     options: EtcdOptions,
     tenure: Tenure,
     roles: watch::Sender<Role>,
     stop: CancellationToken,
+    complaints: mpsc::Receiver<Complaint>,
 ) {
+    let hearing = tokio::sync::Mutex::new(Hearing {
+        complaints,
+        tally: Tally::new(),
+        said: Quiet::every(Duration::from_secs(10)),
+    });
     // etcd down or without quorum fails every attempt: said once, then
     // summed up every 10 s.
     let mut failing = Quiet::every(Duration::from_secs(10));
@@ -237,6 +288,7 @@ pub async fn replicate(
             tenure: tenure.clone(),
             roles: &roles,
             stop: &stop,
+            hearing: &hearing,
             led: AtomicBool::new(false),
         };
         match term(&replica).await {
@@ -298,9 +350,11 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     ));
     let _keeper = AbortOnDrop(keeper);
     let follower = client.clone();
+    let (leading, leader) = watch::channel(None);
     let won = tokio::select! {
         result = client.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
-        _ = follow(follower, r.o.election(), r.roles) => unreachable!("following never ends"),
+        _ = follow(follower, r.o.election(), r.roles, &leading) => unreachable!("following never ends"),
+        _ = hear(client.clone(), &r.o.prefix, leader, r.hearing, &r.tenure.metrics) => unreachable!("hearing never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
         _ = r.stop.cancelled() => return Ended::Shutdown,
     };
@@ -443,8 +497,20 @@ pub(crate) async fn keep_lease(
 /// second (it asks every [`RECHECK`] as well, since a stream through a
 /// member cut off from the others just goes silent); while no stream can
 /// be had, it asks every [`FOLLOW_EVERY`].
-async fn follow(client: Client, election: String, roles: &watch::Sender<Role>) {
-    let set = |leader: Option<String>| {
+async fn follow(
+    client: Client,
+    election: String,
+    roles: &watch::Sender<Role>,
+    terms: &watch::Sender<Option<Term>>,
+) {
+    let set = |kv: Option<&accel_etcd::KeyValue>| {
+        let leader = address(kv);
+        terms.send_replace(kv.and_then(|kv| {
+            Some(Term {
+                addr: leader.clone()?,
+                lease: kv.lease,
+            })
+        }));
         roles.send_if_modified(|role| match role {
             Role::Follower { leader: known } if *known != leader => {
                 *known = leader.clone();
@@ -454,15 +520,15 @@ async fn follow(client: Client, election: String, roles: &watch::Sender<Role>) {
         });
     };
     loop {
-        set(leader_now(&client, &election).await);
+        set(leader_now(&client, &election).await.as_ref());
         if let Ok(mut changes) = client.observe(election.clone()).await {
             loop {
                 match tokio::time::timeout(RECHECK, changes.message()).await {
-                    Ok(Ok(Some(r))) => set(address(r.kv.as_ref())),
+                    Ok(Ok(Some(r))) => set(r.kv.as_ref()),
                     Ok(_) => break,
                     // A stream through a member cut off from the others is
                     // silent: ask now and then all the same.
-                    Err(_) => set(leader_now(&client, &election).await),
+                    Err(_) => set(leader_now(&client, &election).await.as_ref()),
                 }
             }
         }
@@ -478,8 +544,126 @@ fn address(kv: Option<&accel_etcd::KeyValue>) -> Option<String> {
 
 /// Who leads now, by asking: "no leader" is an error of the election API
 /// (and Observe says nothing until there is one).
-async fn leader_now(client: &Client, election: &str) -> Option<String> {
-    address(client.leader(election).await.ok()?.kv.as_ref())
+async fn leader_now(client: &Client, election: &str) -> Option<accel_etcd::KeyValue> {
+    client.leader(election).await.ok()?.kv
+}
+
+/// Whether a complaint's `silent` replica is the leader at `addr` (the
+/// same text, or the same socket address written otherwise).
+fn same_replica(silent: &str, addr: &str) -> bool {
+    silent == addr
+        || matches!(
+            (silent.parse::<std::net::SocketAddr>(), addr.parse::<std::net::SocketAddr>()),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
+/// Counts the complaints the service hears about the current leader
+/// (`leader`, as [`follow`] learns it) and deposes it when most nodes of a
+/// job complained ([`crate::depose`]): reads the job's members from etcd
+/// under `prefix`, revokes the leader's lease. Never ends.
+async fn hear(
+    client: Client,
+    prefix: &str,
+    leader: watch::Receiver<Option<Term>>,
+    hearing: &tokio::sync::Mutex<Hearing>,
+    metrics: &crate::metrics::ServerMetrics,
+) {
+    let mut guard = hearing.lock().await;
+    let h = &mut *guard;
+    let store = EtcdStore::new(client.clone(), prefix, None);
+    while let Some(c) = h.complaints.recv().await {
+        let now = std::time::Instant::now();
+        if now.saturating_duration_since(c.at) > COMPLAINT_FRESH {
+            continue;
+        }
+        let Some(term) = leader.borrow().clone() else {
+            continue;
+        };
+        if !same_replica(&c.silent, &term.addr) {
+            continue;
+        }
+        match h.said.hit(Instant::now()) {
+            Say::First => info!(
+                leader = %term.addr,
+                "agents report the leader silent; counting their complaints (most nodes of a job complaining depose it)"
+            ),
+            Say::Summary(n, over) => info!(
+                leader = %term.addr,
+                complaints = n,
+                over_s = over.as_secs(),
+                jobs = h.tally.jobs(),
+                "agents still report the leader silent"
+            ),
+            Say::Nothing => {}
+        }
+        let mut queue = h.tally.step(
+            now,
+            Event::Complaint {
+                job: c.job,
+                node: c.node,
+                session: c.session,
+                leader: term,
+            },
+        );
+        while let Some(action) = queue.pop() {
+            match action {
+                Action::Fetch { job } => {
+                    match tokio::time::timeout(DEPOSE_CALL, store.job(&job)).await {
+                        Ok(Ok(record)) => {
+                            let members = record.map(|r| Members {
+                                nodes: r
+                                    .members
+                                    .into_iter()
+                                    .map(|(id, m)| (id, m.session))
+                                    .collect(),
+                                drop_limit: r.config.dead_after,
+                            });
+                            queue.extend(h.tally.step(
+                                std::time::Instant::now(),
+                                Event::Members { job, members },
+                            ));
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "cannot read a job's members to count complaints")
+                        }
+                        Err(_) => tracing::debug!("reading a job's members timed out"),
+                    }
+                }
+                Action::Depose {
+                    leader,
+                    job,
+                    complained,
+                    of,
+                } => {
+                    let revoked =
+                        tokio::time::timeout(DEPOSE_CALL, client.lease_revoke(leader.lease)).await;
+                    match revoked {
+                        Ok(Ok(_)) => {
+                            metrics.leader_deposed();
+                            warn!(
+                                leader = %leader.addr,
+                                job = %crate::store::records::escape(&job),
+                                "deposing the leader: {complained} of {of} nodes of the job cannot reach it; \
+                                 its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
+                            );
+                        }
+                        Ok(Err(e)) => warn!(
+                            leader = %leader.addr,
+                            error = %e,
+                            "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease failed"
+                        ),
+                        Err(_) => warn!(
+                            leader = %leader.addr,
+                            "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease timed out"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+    // The service holds the sender for as long as the process serves.
+    std::future::pending::<()>().await;
 }
 
 /// Aborts a background task when its owner goes.

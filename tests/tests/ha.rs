@@ -1007,6 +1007,7 @@ mod replicas {
         old: &Server,
         new: &Server,
         silence: &dyn Silence,
+        fail_after: f64,
         cmd: impl Fn(&str) -> accel_tests::Agent,
     ) -> f64 {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1082,7 +1083,7 @@ mod replicas {
             first.iter().map(|r| (r.rank, r.pid)).collect::<Vec<_>>()
         );
         let failed = first.iter().find(|r| r.rank == 3).expect("rank 3");
-        let failed_at = failed.start + 2.3;
+        let failed_at = failed.start + fail_after;
         assert!(
             failed_at > silent_at && failed_at < elected,
             "the failure came during the silence, before the election ({silent_at:.2} < {failed_at:.2} < {elected:.2})"
@@ -1114,7 +1115,7 @@ mod replicas {
         let dir = scratch("ha-paused-leader");
         let (_etcd, first, second) = replicas(&dir, "/paused");
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), 2.3, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1167,7 +1168,7 @@ mod replicas {
             &[],
         );
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.3, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1181,6 +1182,216 @@ mod replicas {
             "the next round ran {took:.3} s after the election"
         );
     }
+
+    /// Packets from the agents to the leader's port are dropped (nftables
+    /// in its network namespace), one way: the leader still reaches etcd
+    /// (it keeps its lease) and what it sends still goes out. Nothing but
+    /// the agents' complaints to the other replica can end its term.
+    struct CutOff<'a> {
+        host: &'a accel_tests::Netns,
+        port: u16,
+    }
+
+    impl Silence for CutOff<'_> {
+        fn start(&self) {
+            Deaf(self.host).nft(&format!(
+                "table inet accel_cut {{\n  chain in {{\n    type filter hook input priority 0;\n    iifname \"{}\" tcp dport {} drop\n  }}\n}}\n",
+                self.host.iface, self.port
+            ));
+        }
+        fn end(&self) {
+            Deaf(self.host).nft("delete table inet accel_cut\n");
+        }
+    }
+
+    #[test]
+    fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once(
+    ) {
+        // The old leader on a host of its own; the other replica, etcd and
+        // the agents here, on the segment's gateway.
+        let lan = accel_tests::Lan::create(86);
+        let host = lan.host(2);
+        let dir = scratch("ha-cut-leader");
+        let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
+        let args = |endpoints: String| {
+            [
+                "--etcd-endpoints".to_owned(),
+                endpoints,
+                "--etcd-prefix".into(),
+                "/cut".into(),
+                "--etcd-lease".into(),
+                "2".into(),
+                "--allow-unauthenticated".into(),
+            ]
+        };
+        fn args_of(a: &[String; 7]) -> Vec<&str> {
+            a.iter().map(String::as_str).collect()
+        }
+        let port = accel_tests::free_port();
+        let first_args = args(etcd.endpoints_at(&lan.gateway));
+        let first = Server::start_in(
+            &host.exec(),
+            &format!("{}:{port}", host.addr),
+            &args_of(&first_args),
+            &[],
+        );
+        leads(&first);
+        let second_args = args(etcd.endpoints());
+        let second = Server::start_with(
+            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
+            &args_of(&second_args),
+            &[],
+        );
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cut = CutOff { host: &host, port };
+        let took = a_silent_leader(&dir, &first, &second, &cut, 2.0, |tag| {
+            accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(3)
+                .recording(&dir, tag)
+                .envs(&CUT_LEADER_ENV)
+                .start(&dir, tag)
+        });
+        assert!(
+            took <= 1.0,
+            "the next round ran {took:.3} s after the election"
+        );
+        assert!(
+            second.stderr().contains("deposing the leader: 2 of 2 nodes"),
+            "the new leader says why it took over"
+        );
+    }
+
+    /// Complaints (joins that say the leader went silent) reach the
+    /// follower from one of a job's three nodes, and from a second one
+    /// with a wrong secret: the leader stays. A second node's own
+    /// complaint makes a majority: the follower deposes the leader and
+    /// leads within a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_minority_of_a_jobs_nodes_complaining_deposes_nobody_a_majority_does() {
+        let dir = scratch("ha-complaints");
+        let (_etcd, first, second) = replicas(&dir, "/complaints");
+        let mut c1 = client(&first.addr).await;
+        let mut c2 = client(&second.addr).await;
+        let three = |id: &str| {
+            let mut req = join_request(id, None, None);
+            req.min_nodes = 3;
+            req.max_nodes = 3;
+            req
+        };
+        let mut nodes = Vec::new();
+        for id in ["a", "b", "c"] {
+            let mut events = c1.join(three(id)).await.expect("joins").into_inner();
+            let session = match next(&mut events).await {
+                Kind::Joined(j) => j.session,
+                other => panic!("expected Joined, got {other:?}"),
+            };
+            nodes.push((id, session, events));
+        }
+        let complain = |id: &str, session: &[u8]| {
+            let mut req = three(id);
+            req.session = session.to_vec();
+            req.resume = Some(pb::Resume {
+                round: 0,
+                ..Default::default()
+            });
+            req.silent_replica = first.addr.clone();
+            req
+        };
+        let complaints = |reqs: Vec<pb::JoinRequest>, for_s: f64| {
+            let mut c2 = c2.clone();
+            async move {
+                let until = Instant::now() + Duration::from_secs_f64(for_s);
+                while Instant::now() < until {
+                    for req in &reqs {
+                        // A follower refuses the join, naming the leader.
+                        let _ = c2.join(req.clone()).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        };
+        // The job is in etcd once its members are (the leader writes every tick).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        complaints(
+            vec![
+                complain("a", &nodes[0].1),
+                complain("b", &[7; SESSION_BYTES]),
+                complain("stranger", &nodes[2].1),
+            ],
+            4.0,
+        )
+        .await;
+        status(&mut c1)
+            .await
+            .expect("one node of three (and a wrong secret, and a stranger) depose nobody");
+        let s = status(&mut c2).await.expect_err("the follower still follows");
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        assert!(
+            !second.stderr().contains("deposing"),
+            "no deposal: {}",
+            second.stderr()
+        );
+        // A second node complains: 2 of 3.
+        let complained = Instant::now();
+        let majority = tokio::spawn(complaints(
+            vec![complain("a", &nodes[0].1), complain("b", &nodes[1].1)],
+            5.0,
+        ));
+        let elected = loop {
+            match status(&mut c2).await {
+                Ok(_) => break Instant::now(),
+                Err(s) if s.code() == Code::Unavailable && complained.elapsed() < Duration::from_secs(5) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(s) => panic!("the follower did not take over: {s:?}"),
+            }
+        };
+        let took = elected.duration_since(complained);
+        eprintln!("complaints: a majority -> the follower leads in {took:?}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        // The deposed leader, still reaching etcd, stepped down: it ends
+        // its streams at once and follows.
+        let (_, _, events) = &mut nodes[2];
+        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match events.message().await {
+                    Ok(Some(pb::Event {
+                        kind: Some(Kind::JobClosed(c)),
+                    })) => break Some(c),
+                    Ok(Some(_)) => continue,
+                    _ => break None,
+                }
+            }
+        })
+        .await
+        .expect("the deposed leader ends its streams promptly");
+        if let Some(c) = ended {
+            assert!(c.may_rejoin, "{c:?}");
+        }
+        let s = status(&mut c1).await.expect_err("the deposed leader follows");
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        majority.await.expect("complaints sent");
+        let log = second.stderr();
+        assert_eq!(
+            log.matches("deposing the leader").count(),
+            1,
+            "one warning per deposal: {log}"
+        );
+        assert!(log.contains("2 of 3 nodes"), "{log}");
+    }
+
+    /// The workers of [`a_leader_its_agents_cannot_reach_is_deposed_...`]:
+    /// rank 3 fails 2.0 s into the first round (0.5 s into the cut, before
+    /// the agents notice the silence); the others run 12 s.
+    const CUT_LEADER_ENV: [(&str, &str); 5] = [
+        ("RECORD_EACH_ROUND", "1"),
+        ("FAIL_RANKS", "3"),
+        ("FAIL_UNTIL", "1"),
+        ("FAIL_AFTER", "2.0"),
+        ("RUN_FOR", "12"),
+    ];
 
     /// The workers of [`a_silent_leader`]: rank 3 fails 2.3 s into the first
     /// round (during the silence); the others run 12 s (the next round outlasts the silence).
