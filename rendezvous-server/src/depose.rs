@@ -5,7 +5,7 @@
 //! that still reaches etcd keeps its lease and its place even when its
 //! agents cannot reach it (a one-way partition, a firewall rule, a broken
 //! route between the agents' network and the leader's host). Its agents
-//! notice the silence within a second ([`accel_agent`'s link]), leave it and
+//! notice the silence within a second (the agent's link), leave it and
 //! ask the other replicas who leads; a follower keeps naming the
 //! unreachable leader, no election ever happens, and at the drop limit the
 //! agents fence their workers: the job stalls until the partition heals.
@@ -43,10 +43,8 @@
 //! tally hears one agent: a majority is never seen and an agent-only job
 //! waits for the partition to heal (or for the unreachable host's etcd
 //! lease to lapse). Counting complaints in etcd would lift that; not done.
-//!
-//! [`accel_agent`'s link]: https://docs.rs/accel-agent
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::job::constant_time_eq;
@@ -350,7 +348,7 @@ impl Tally {
 
     /// Which jobs are tracked, for tests.
     #[cfg(test)]
-    fn tracked(&self) -> BTreeSet<String> {
+    fn tracked(&self) -> std::collections::BTreeSet<String> {
         self.jobs.keys().cloned().collect()
     }
 }
