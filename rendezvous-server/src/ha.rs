@@ -22,8 +22,10 @@
 //! only as long as its lease), and no decision's events are sent before its
 //! write succeeded ([`crate::registry`]). A leader whose lease expired (etcd
 //! unreachable, the process paused) therefore cannot act on anything even
-//! before it notices; it steps down when a write is refused (fenced), or when
-//! it has not renewed its lease for two thirds of it, whichever comes first:
+//! before it notices; it steps down when a write is refused (fenced), when
+//! its election key is deleted (it watches the key: its lease was revoked),
+//! or when it has not renewed its lease for two thirds of it, whichever
+//! comes first:
 //! it stops deciding, ends every node's stream (they reconnect to the new
 //! leader) and campaigns again. A leader that was paused past that moment
 //! does not wait for its lease keeper to run: its registry checks the
@@ -44,8 +46,9 @@
 //! saying which replica went silent; the follower counts these complaints
 //! ([`crate::depose`]) and, once most nodes of a job complained, revokes
 //! the leader's lease: it is elected at once (it was campaigning), and the
-//! deposed leader, which learns from its next keep-alive (TTL 0) or its
-//! next fenced write that its lease is gone, steps down as above.
+//! deposed leader, which sees its election key deleted (or, should its
+//! watch be down, its next keep-alive answered with TTL 0, or its next
+//! write refused), steps down as above.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -371,7 +374,7 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         key: key.key.clone(),
         revision: key.rev,
     };
-    let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
+    let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence.clone()));
     let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store))
         .with_metrics(r.tenure.metrics.clone())
         .with_lease(clock);
@@ -394,6 +397,14 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         Some(fenced.clone()),
     ));
     let _ticker = AbortOnDrop(ticker);
+    // A leader deposed by a follower (its lease revoked) learns at once,
+    // not at its next keep-alive or write.
+    let deposed = CancellationToken::new();
+    let _watch = AbortOnDrop(tokio::spawn(watch_own_key(
+        client.clone(),
+        fence.clone(),
+        deposed.clone(),
+    )));
     // A node whose etcd lease expired is dead: dropped then, not at the
     // keep-alive limit (agent-only rendezvous).
     let _presence = r.o.presence.then(|| {
@@ -407,6 +418,9 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     let ended = tokio::select! {
         _ = expired.cancelled() => Ended::Lost("the etcd lease could not be renewed in time".into()),
         _ = fenced.cancelled() => Ended::Lost("etcd refused a write: another replica leads".into()),
+        _ = deposed.cancelled() => Ended::Lost(
+            "its election key is gone: its etcd lease was revoked (a follower deposed it because most nodes of a job could not reach it, or an operator did)".into(),
+        ),
         _ = r.stop.cancelled() => Ended::Shutdown,
     };
     r.roles.send_replace(Role::Follower { leader: None });
@@ -431,6 +445,39 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         }
     }
     ended
+}
+
+/// Cancels `deposed` once the leader's election key (`fence`) is deleted
+/// or replaced: its lease was revoked ([`crate::depose`]). Watches the key
+/// first, then reads it, so a deletion between the two is not missed; a
+/// watch that fails is set up again (the lease keeper and the fenced
+/// writes still end the term meanwhile).
+async fn watch_own_key(client: Client, fence: Fence, deposed: CancellationToken) {
+    loop {
+        if let Ok(mut changes) = client.watch(fence.key.clone()).await {
+            let held = client
+                .get(fence.key.clone(), None)
+                .await
+                .map(|r| r.kvs.iter().any(|kv| kv.create_revision == fence.revision));
+            if let Ok(false) = held {
+                deposed.cancel();
+                return;
+            }
+            while let Ok(Some(r)) = changes.message().await {
+                let gone = r.events.iter().any(|e| {
+                    e.r#type == accel_etcd::EventType::Delete as i32
+                        || e.kv
+                            .as_ref()
+                            .is_some_and(|kv| kv.create_revision != fence.revision)
+                });
+                if gone {
+                    deposed.cancel();
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
 }
 
 /// Gives up leadership at once so another replica need not wait for the lease.

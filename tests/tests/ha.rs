@@ -1299,8 +1299,9 @@ mod replicas {
             req.silent_replica = first.addr.clone();
             req
         };
+        let to_follower = c2.clone();
         let complaints = |reqs: Vec<pb::JoinRequest>, for_s: f64| {
-            let mut c2 = c2.clone();
+            let mut c2 = to_follower.clone();
             async move {
                 let until = Instant::now() + Duration::from_secs_f64(for_s);
                 while Instant::now() < until {
@@ -1354,7 +1355,9 @@ mod replicas {
         // The deposed leader, still reaching etcd, stepped down: it ends
         // its streams at once and follows.
         let (_, _, events) = &mut nodes[2];
-        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+        // It watches its election key: it learns at once, not at its next
+        // keep-alive (a third of the lease) or write.
+        let ended = tokio::time::timeout(Duration::from_secs(1), async {
             loop {
                 match events.message().await {
                     Ok(Some(pb::Event {
