@@ -992,8 +992,8 @@ mod replicas {
 
     /// A leader whose job (two nodes of two workers, one restart allowed
     /// per failure) goes silent 1.5 s into its first round for 10 s, while
-    /// global rank 3 fails 3 s into it (during the silence, before the
-    /// other replica is elected). Checks that the workers ran on (no
+    /// global rank 3 fails `fail_after` s into it (during the silence,
+    /// before the other replica is elected). Checks that the workers ran on (no
     /// worker of the first round started twice), that the failure
     /// restarted the job exactly once on every node, within a second of
     /// the other replica's election, that the old leader, heard again,
@@ -1032,7 +1032,8 @@ mod replicas {
         std::thread::sleep(Duration::from_secs_f64((at - wall()).max(0.0)));
         let silent_at = wall();
         silence.start();
-        // The other replica is elected once the old one's lease runs out:
+        // The other replica is elected once the old one's lease runs out,
+        // or once the agents' complaints depose it, whichever is first:
         // the moment its job status turns from UNAVAILABLE to an answer.
         let elected = rt.block_on(async {
             let mut c = client(&new.addr).await;
@@ -1115,7 +1116,7 @@ mod replicas {
         let dir = scratch("ha-paused-leader");
         let (_etcd, first, second) = replicas(&dir, "/paused");
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), 2.3, |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1168,7 +1169,7 @@ mod replicas {
             &[],
         );
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.3, |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1250,7 +1251,7 @@ mod replicas {
                 .nproc(2)
                 .max_restarts(3)
                 .recording(&dir, tag)
-                .envs(&CUT_LEADER_ENV)
+                .envs(&SILENT_LEADER_ENV)
                 .start(&dir, tag)
         });
         assert!(
@@ -1385,24 +1386,15 @@ mod replicas {
         assert!(log.contains("2 of 3 nodes"), "{log}");
     }
 
-    /// The workers of [`a_leader_its_agents_cannot_reach_is_deposed_...`]:
-    /// rank 3 fails 2.0 s into the first round (0.5 s into the cut, before
-    /// the agents notice the silence); the others run 12 s.
-    const CUT_LEADER_ENV: [(&str, &str); 5] = [
-        ("RECORD_EACH_ROUND", "1"),
-        ("FAIL_RANKS", "3"),
-        ("FAIL_UNTIL", "1"),
-        ("FAIL_AFTER", "2.0"),
-        ("RUN_FOR", "12"),
-    ];
-
-    /// The workers of [`a_silent_leader`]: rank 3 fails 2.3 s into the first
-    /// round (during the silence); the others run 12 s (the next round outlasts the silence).
+    /// The workers of [`a_silent_leader`]: rank 3 fails 2.0 s into the first
+    /// round (0.5 s into the silence, before the agents take the leader for
+    /// silent and their complaints depose it); the others run 12 s (the
+    /// next round outlasts the silence).
     const SILENT_LEADER_ENV: [(&str, &str); 5] = [
         ("RECORD_EACH_ROUND", "1"),
         ("FAIL_RANKS", "3"),
         ("FAIL_UNTIL", "1"),
-        ("FAIL_AFTER", "2.3"),
+        ("FAIL_AFTER", "2.0"),
         ("RUN_FOR", "12"),
     ];
 
