@@ -683,28 +683,36 @@ async fn hear(
                     complained,
                     of,
                 } => {
-                    let revoked =
-                        tokio::time::timeout(DEPOSE_CALL, client.lease_revoke(leader.lease)).await;
-                    match revoked {
-                        Ok(Ok(_)) => {
-                            metrics.leader_deposed();
-                            warn!(
+                    // Its own task: the revoke elects this replica, which
+                    // ends this loop (the campaign won) before the answer
+                    // may be read here.
+                    let client = client.clone();
+                    let metrics = metrics.clone();
+                    tokio::spawn(async move {
+                        let revoked =
+                            tokio::time::timeout(DEPOSE_CALL, client.lease_revoke(leader.lease))
+                                .await;
+                        match revoked {
+                            Ok(Ok(_)) => {
+                                metrics.leader_deposed();
+                                warn!(
+                                    leader = %leader.addr,
+                                    job = %crate::store::records::escape(&job),
+                                    "deposing the leader: {complained} of {of} nodes of the job cannot reach it; \
+                                     its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
+                                );
+                            }
+                            Ok(Err(e)) => warn!(
                                 leader = %leader.addr,
-                                job = %crate::store::records::escape(&job),
-                                "deposing the leader: {complained} of {of} nodes of the job cannot reach it; \
-                                 its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
-                            );
+                                error = %e,
+                                "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease failed"
+                            ),
+                            Err(_) => warn!(
+                                leader = %leader.addr,
+                                "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease timed out"
+                            ),
                         }
-                        Ok(Err(e)) => warn!(
-                            leader = %leader.addr,
-                            error = %e,
-                            "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease failed"
-                        ),
-                        Err(_) => warn!(
-                            leader = %leader.addr,
-                            "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease timed out"
-                        ),
-                    }
+                    });
                 }
             }
         }
