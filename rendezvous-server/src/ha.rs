@@ -666,10 +666,12 @@ async fn hear(
                                     .collect(),
                                 drop_limit: r.config.dead_after,
                             });
-                            queue.extend(h.tally.step(
-                                std::time::Instant::now(),
-                                Event::Members { job, members },
-                            ));
+                            queue.extend(
+                                h.tally.step(
+                                    std::time::Instant::now(),
+                                    Event::Members { job, members },
+                                ),
+                            );
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, "cannot read a job's members to count complaints")

@@ -213,8 +213,8 @@ pub async fn serve_with_metrics(
     if let Some(complaints) = complain {
         service = service.hearing(complaints);
     }
-    let rendezvous = RendezvousServer::new(service)
-        .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
+    let rendezvous =
+        RendezvousServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let rendezvous = tonic::service::interceptor::InterceptedService::new(
         rendezvous,
         auth::RequireToken::new(options.token.clone()),

@@ -1206,8 +1206,7 @@ mod replicas {
     }
 
     #[test]
-    fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once(
-    ) {
+    fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once() {
         // The old leader on a host of its own; the other replica, etcd and
         // the agents here, on the segment's gateway.
         let lan = accel_tests::Lan::create(86);
@@ -1259,7 +1258,9 @@ mod replicas {
             "the next round ran {took:.3} s after the election"
         );
         assert!(
-            second.stderr().contains("deposing the leader: 2 of 2 nodes"),
+            second
+                .stderr()
+                .contains("deposing the leader: 2 of 2 nodes"),
             "the new leader says why it took over"
         );
     }
@@ -1328,7 +1329,9 @@ mod replicas {
         status(&mut c1)
             .await
             .expect("one node of three (and a wrong secret, and a stranger) depose nobody");
-        let s = status(&mut c2).await.expect_err("the follower still follows");
+        let s = status(&mut c2)
+            .await
+            .expect_err("the follower still follows");
         assert_eq!(s.code(), Code::Unavailable, "{s:?}");
         assert!(
             !second.stderr().contains("deposing"),
@@ -1344,7 +1347,10 @@ mod replicas {
         let elected = loop {
             match status(&mut c2).await {
                 Ok(_) => break Instant::now(),
-                Err(s) if s.code() == Code::Unavailable && complained.elapsed() < Duration::from_secs(5) => {
+                Err(s)
+                    if s.code() == Code::Unavailable
+                        && complained.elapsed() < Duration::from_secs(5) =>
+                {
                     tokio::time::sleep(Duration::from_millis(20)).await
                 }
                 Err(s) => panic!("the follower did not take over: {s:?}"),
@@ -1374,7 +1380,9 @@ mod replicas {
         if let Some(c) = ended {
             assert!(c.may_rejoin, "{c:?}");
         }
-        let s = status(&mut c1).await.expect_err("the deposed leader follows");
+        let s = status(&mut c1)
+            .await
+            .expect_err("the deposed leader follows");
         assert_eq!(s.code(), Code::Unavailable, "{s:?}");
         majority.await.expect("complaints sent");
         let log = second.stderr();

@@ -209,16 +209,16 @@ fn members_are_read_once_at_a_time_and_again_when_stale() {
         tally.step(t0 + FETCH_PATIENCE, complaint("j", "a", 7)),
         vec![fetch("j")]
     );
-    tally.step(t0 + FETCH_PATIENCE, read("j", members(&["a", "b", "c"], 15)));
+    tally.step(
+        t0 + FETCH_PATIENCE,
+        read("j", members(&["a", "b", "c"], 15)),
+    );
     assert_eq!(
         tally.step(t0 + FETCH_PATIENCE + ms(500), complaint("j", "a", 7)),
         vec![]
     );
     assert_eq!(
-        tally.step(
-            t0 + FETCH_PATIENCE + MEMBERS_FRESH,
-            complaint("j", "a", 7)
-        ),
+        tally.step(t0 + FETCH_PATIENCE + MEMBERS_FRESH, complaint("j", "a", 7)),
         vec![fetch("j")]
     );
     // A job etcd does not hold: nobody counts.
@@ -251,7 +251,10 @@ fn memory_is_bounded_and_entries_expire() {
     for i in 0..MAX_UNVERIFIED + 10 {
         tally.step(t0 + ms(400), complaint("big", &format!("n{i}"), 7));
     }
-    assert!(tally.jobs.get("big").is_some_and(|t| t.complaints.len() <= MAX_UNVERIFIED));
+    assert!(tally
+        .jobs
+        .get("big")
+        .is_some_and(|t| t.complaints.len() <= MAX_UNVERIFIED));
     // Nothing heard for longer than the window: all forgotten.
     tally.step(
         t0 + DEFAULT_WINDOW + Duration::from_secs(2),

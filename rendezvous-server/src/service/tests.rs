@@ -156,12 +156,19 @@ async fn a_follower_queues_bounded_complaints_of_joins_that_left_a_silent_leader
         complaint("head-1:29400\n", secret.clone()),
         complaint("head-1:29400", vec![3; 4]),
     ] {
-        let refused = service.join(req).await.expect_err("a follower serves nothing");
+        let refused = service
+            .join(req)
+            .await
+            .expect_err("a follower serves nothing");
         assert_eq!(refused.code(), tonic::Code::Unavailable);
     }
     let heard = rx.try_recv().expect("the well-formed complaint is queued");
     assert_eq!(
-        (heard.job.as_str(), heard.node.as_str(), heard.silent.as_str()),
+        (
+            heard.job.as_str(),
+            heard.node.as_str(),
+            heard.silent.as_str()
+        ),
         ("job", "n0", "head-1:29400")
     );
     assert_eq!(heard.session, secret);
