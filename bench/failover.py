@@ -307,8 +307,8 @@ def pause_main(a):
     what = ("agents cut off from the leader (one way) 10 s" if a.mode == "cut"
             else "leader paused (SIGSTOP) 10 s")
     print(f"server replicas, --etcd-lease {a.lease}: {what}, a worker killed "
-          f"0.5 s into it -> every agent on the new leader {median(0)} after the pause; every agent "
-          f"running the next round {median(1)} after the pause, {median(2)} after the new leader's "
+          f"0.5 s into it -> every agent on the new leader {median(0)} after it began; every agent "
+          f"running the next round {median(1)} after it began, {median(2)} after the new leader's "
           f"election (median of {a.runs}; each run: {[tuple(round(x, 2) if x is not None else None for x in r) for r in results]})")
 
 
