@@ -739,7 +739,16 @@ pub fn is_fenced(e: &StoreError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Role, LEADER_METADATA};
+    use super::{same_replica, Role, LEADER_METADATA};
+
+    #[test]
+    fn a_complaint_names_the_leader_by_its_advertised_address_or_the_same_socket() {
+        assert!(same_replica("head-1:29400", "head-1:29400"));
+        assert!(same_replica("[::1]:29400", "[0:0:0:0:0:0:0:1]:29400"));
+        assert!(!same_replica("head-1:29400", "head-2:29400"));
+        assert!(!same_replica("head-1:29400", "head-1:29401"));
+        assert!(!same_replica("", "head-1:29400"));
+    }
 
     #[test]
     fn a_follower_names_the_leader_in_its_refusal() {
