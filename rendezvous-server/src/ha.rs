@@ -107,6 +107,120 @@ struct Hearing {
     tally: Tally,
     /// Complaints are summed up, never logged one by one.
     said: Quiet,
+    /// Complaints written to etcd (agent-only rendezvous).
+    shared: Shared,
+}
+
+/// How long a complaint written to etcd outlives its last repetition, at
+/// least (seconds: the TTL of the lease it is put with).
+const SHARED_TTL: i64 = 3;
+/// A lease for shared complaints is used this long, then a new one granted.
+const SHARED_LEASE_USE: Duration = Duration::from_secs(1);
+/// One node's complaint is written at most this often.
+const SHARED_EVERY: Duration = Duration::from_millis(250);
+/// Complaints of one job read back at most.
+const SHARED_READ: i64 = 4096;
+/// Nodes whose last write is remembered (then forgotten all at once).
+const SHARED_NODES: usize = 1024;
+
+/// Complaints this replica wrote to etcd, so that every replica counts
+/// them: with `--rdzv-backend etcd` each agent asks only its own replica,
+/// which alone would never see a majority. Each is a key
+/// `<prefix>/complaints/<leader lease>/<job>/<node>` (value: the node's
+/// session secret, then its id) on a short lease of its own, so it lapses
+/// a few seconds after the node stops complaining.
+#[derive(Default)]
+struct Shared {
+    /// The lease complaints are put with, and when it was granted.
+    lease: Option<(i64, std::time::Instant)>,
+    /// When each (job, node) was last written.
+    written: std::collections::BTreeMap<(String, String), std::time::Instant>,
+}
+
+/// Deletes the complaints this replica wrote to etcd (revokes their lease).
+async fn withdraw_complaints(client: &Client, hearing: &tokio::sync::Mutex<Hearing>) {
+    let lease = hearing.lock().await.shared.lease.take();
+    if let Some((id, _)) = lease {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(id)).await;
+    }
+}
+
+/// Where complaints about the leader of `lease` by nodes of `job` are kept.
+fn complaints_prefix(prefix: &str, lease: i64, job: &str) -> String {
+    format!(
+        "{prefix}/complaints/{lease:016x}/{}/",
+        crate::store::records::escape(job)
+    )
+}
+
+/// Writes complaint `c` about `term` to etcd (at most every
+/// [`SHARED_EVERY`] per node; every call bounded).
+async fn share(client: &Client, prefix: &str, term: &Term, c: &Complaint, shared: &mut Shared) {
+    let now = std::time::Instant::now();
+    let who = (c.job.clone(), c.node.clone());
+    if shared
+        .written
+        .get(&who)
+        .is_some_and(|at| now.saturating_duration_since(*at) < SHARED_EVERY)
+    {
+        return;
+    }
+    if shared.written.len() >= SHARED_NODES {
+        shared.written.clear();
+    }
+    shared.written.insert(who, now);
+    let lease = match shared.lease {
+        Some((id, at)) if now.saturating_duration_since(at) < SHARED_LEASE_USE => id,
+        _ => match tokio::time::timeout(DEPOSE_CALL, client.lease_grant(SHARED_TTL)).await {
+            Ok(Ok(l)) => {
+                shared.lease = Some((l.id, now));
+                l.id
+            }
+            _ => return,
+        },
+    };
+    let key = format!(
+        "{}{}",
+        complaints_prefix(prefix, term.lease, &c.job),
+        crate::store::records::escape(&c.node)
+    );
+    let mut value = c.session.clone();
+    value.extend_from_slice(c.node.as_bytes());
+    if let Ok(Err(e)) =
+        tokio::time::timeout(DEPOSE_CALL, client.put_with_lease(key, value, lease)).await
+    {
+        tracing::debug!(error = %e, "cannot write a complaint to etcd");
+    }
+}
+
+/// The complaints about `term` by nodes of `job` that etcd holds (written
+/// by any replica), as (node, session secret).
+async fn shared_complaints(
+    client: &Client,
+    prefix: &str,
+    term: &Term,
+    job: &str,
+) -> Vec<(String, Vec<u8>)> {
+    let options = accel_etcd::GetOptions::new()
+        .with_prefix()
+        .with_limit(SHARED_READ);
+    let read = tokio::time::timeout(
+        DEPOSE_CALL,
+        client.get(complaints_prefix(prefix, term.lease, job), Some(options)),
+    )
+    .await;
+    let Ok(Ok(resp)) = read else {
+        return Vec::new();
+    };
+    resp.kvs
+        .iter()
+        .filter_map(|kv| {
+            let (session, node) = kv.value.split_at_checked(crate::job::SESSION_BYTES)?;
+            let node = std::str::from_utf8(node).ok()?;
+            crate::limits::check_name("node_id", node).ok()?;
+            Some((node.to_owned(), session.to_vec()))
+        })
+        .collect()
 }
 
 /// How a replica reaches etcd and what it announces.
@@ -281,6 +395,7 @@ pub async fn replicate(
         complaints,
         tally: Tally::new(),
         said: Quiet::every(Duration::from_secs(10)),
+        shared: Shared::default(),
     });
     // etcd down or without quorum fails every attempt: said once, then
     // summed up every 10 s.
@@ -334,8 +449,9 @@ async fn term(r: &Replica<'_>) -> Ended {
     };
     let ended = hold(r, &client, lease, granted).await;
     // However the term ended, its lease goes with it, so no key of this
-    // replica outlives the term.
+    // replica outlives the term; its shared complaints neither.
     let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    withdraw_complaints(&client, r.hearing).await;
     ended
 }
 
@@ -357,12 +473,14 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     let won = tokio::select! {
         result = client.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
         _ = follow(follower, r.o.election(), r.roles, &leading) => unreachable!("following never ends"),
-        _ = hear(client.clone(), &r.o.prefix, leader, r.hearing, &r.tenure.metrics) => unreachable!("hearing never ends"),
+        _ = hear(client.clone(), &r.o.prefix, r.o.presence, leader, r.hearing, &r.tenure.metrics) => unreachable!("hearing never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
         _ = r.stop.cancelled() => return Ended::Shutdown,
     };
     // Won or not, the last leader's address is stale now.
     r.roles.send_replace(Role::Follower { leader: None });
+    // Its complaints were about a leader that is gone.
+    withdraw_complaints(client, r.hearing).await;
     let key = match won {
         Ok(campaign) => match campaign.leader {
             Some(k) => k,
@@ -612,6 +730,7 @@ fn same_replica(silent: &str, addr: &str) -> bool {
 async fn hear(
     client: Client,
     prefix: &str,
+    shared: bool,
     leader: watch::Receiver<Option<Term>>,
     hearing: &tokio::sync::Mutex<Hearing>,
     metrics: &crate::metrics::ServerMetrics,
@@ -644,13 +763,16 @@ async fn hear(
             ),
             Say::Nothing => {}
         }
+        if shared {
+            share(&client, prefix, &term, &c, &mut h.shared).await;
+        }
         let mut queue = h.tally.step(
             now,
             Event::Complaint {
                 job: c.job,
                 node: c.node,
                 session: c.session,
-                leader: term,
+                leader: term.clone(),
             },
         );
         while let Some(action) = queue.pop() {
@@ -666,12 +788,29 @@ async fn hear(
                                     .collect(),
                                 drop_limit: r.config.dead_after,
                             });
-                            queue.extend(
-                                h.tally.step(
+                            let others = match shared {
+                                true => shared_complaints(&client, prefix, &term, &job).await,
+                                false => Vec::new(),
+                            };
+                            queue.extend(h.tally.step(
+                                std::time::Instant::now(),
+                                Event::Members {
+                                    job: job.clone(),
+                                    members,
+                                },
+                            ));
+                            // The other replicas' complaints count as heard now.
+                            for (node, session) in others {
+                                queue.extend(h.tally.step(
                                     std::time::Instant::now(),
-                                    Event::Members { job, members },
-                                ),
-                            );
+                                    Event::Complaint {
+                                        job: job.clone(),
+                                        node,
+                                        session,
+                                        leader: term.clone(),
+                                    },
+                                ));
+                            }
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, "cannot read a job's members to count complaints")
@@ -704,6 +843,11 @@ async fn hear(
                                      its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
                                 );
                             }
+                            // Another replica counted the same complaints first.
+                            Ok(Err(e)) if e.to_string().contains("lease not found") => info!(
+                                leader = %leader.addr,
+                                "{complained} of {of} nodes of a job cannot reach the leader; another replica deposed it already"
+                            ),
                             Ok(Err(e)) => warn!(
                                 leader = %leader.addr,
                                 error = %e,

@@ -1718,6 +1718,146 @@ mod agent_only {
         reformed
     }
 
+    /// Drops every packet to one TCP port of this host (nftables, root
+    /// namespace, one way) until dropped.
+    struct PortCut {
+        table: String,
+    }
+
+    impl PortCut {
+        fn nft(script: &str) -> bool {
+            use std::io::Write;
+            let mut child = std::process::Command::new("nft")
+                .args(["-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("run nft (the test command installs nftables)");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(script.as_bytes())
+                .expect("nft script");
+            child.wait().expect("nft").success()
+        }
+
+        fn start(port: u16) -> Self {
+            let table = format!("accel_cut_{}", std::process::id());
+            assert!(
+                Self::nft(&format!(
+                    "table inet {table} {{\n  chain in {{\n    type filter hook input priority 0;\n    tcp dport {port} drop\n  }}\n}}\n"
+                )),
+                "nft"
+            );
+            Self { table }
+        }
+    }
+
+    impl Drop for PortCut {
+        fn drop(&mut self) {
+            Self::nft(&format!("delete table inet {}\n", self.table));
+        }
+    }
+
+    /// Agent-only: the hosting agent's replica cannot be reached (every
+    /// packet to its port dropped, one way) while it keeps its etcd lease.
+    /// Each agent asks only its own replica, so each replica hears one
+    /// complaint; they share them through etcd, and a replica that counts
+    /// 2 of 3 deposes the host. The two other agents resume on the new
+    /// host with their workers running. (On loopback the host's own agent
+    /// is cut from its replica too, which a real partition would not do:
+    /// it is left out of the checks, and the job re-forms without it at
+    /// the drop limit, after this test.)
+    #[test]
+    fn agents_cut_off_from_the_hosting_agent_depose_it_and_resume_with_their_workers() {
+        let dir = scratch("ha-agent-only-cut");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let agents = three_agents(&dir, &etcd, "3", 1, &[]);
+        let election = "/agent-only/team%2Fagents/leader";
+        let host = etcd.ctl(&[
+            "get",
+            "--prefix",
+            election,
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--print-value-only",
+        ]);
+        let host = host
+            .lines()
+            .next()
+            .expect("an elected agent")
+            .trim()
+            .to_owned();
+        let port: u16 = host
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("host:port");
+        let others: Vec<_> = agents
+            .iter()
+            .filter(|(_, a)| advertised(&a.stderr).as_deref() != Some(host.as_str()))
+            .collect();
+        assert_eq!(others.len(), 2, "two agents do not host");
+        let workers: Vec<_> = accel_tests::records(&dir)
+            .into_iter()
+            .filter(|r| {
+                r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
+                    && others
+                        .iter()
+                        .any(|(tag, _)| r.env.get("AGENT_TAG") == Some(tag))
+            })
+            .collect();
+        assert_eq!(workers.len(), 2, "their workers of the first round");
+        let cut_at = Instant::now();
+        let cut = PortCut::start(port);
+        let stderr =
+            |a: &accel_tests::Agent| std::fs::read_to_string(&a.stderr).unwrap_or_default();
+        assert!(
+            accel_tests::eventually(Duration::from_secs(10), || agents
+                .iter()
+                .any(|(_, a)| stderr(a).contains("deposing the leader"))),
+            "a replica deposed the unreachable host"
+        );
+        eprintln!(
+            "agent-only cut: deposed {:.2} s after the cut",
+            cut_at.elapsed().as_secs_f64()
+        );
+        let deposals: usize = agents
+            .iter()
+            .map(|(_, a)| stderr(a).matches("deposing the leader").count())
+            .sum();
+        assert_eq!(deposals, 1, "one deposal");
+        assert!(
+            agents
+                .iter()
+                .any(|(_, a)| stderr(a).contains("deposing the leader: 2 of 3 nodes")),
+            "2 of 3 nodes complained, through etcd"
+        );
+        assert!(
+            accel_tests::eventually(Duration::from_secs(5), || others
+                .iter()
+                .all(|(_, a)| stderr(a).contains("reconnected; the round is still current"))),
+            "both resumed their round on the new host"
+        );
+        eprintln!(
+            "agent-only cut: both resumed {:.2} s after the cut",
+            cut_at.elapsed().as_secs_f64()
+        );
+        for r in &workers {
+            assert!(
+                std::path::Path::new(&format!("/proc/{}", r.pid)).exists(),
+                "worker pid {} still runs",
+                r.pid
+            );
+        }
+        assert_eq!(
+            accel_tests::records(&dir).len(),
+            3,
+            "no worker was started again"
+        );
+        drop(cut);
+    }
+
     #[test]
     fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
         let dir = scratch("ha-agent-only");
@@ -1811,9 +1951,12 @@ mod agent_only {
             assert_eq!(out.code(), 0, "{tag}: the job finished\n{}", out.stderr);
         }
         let reformed = reformed_by_the_survivors(&dir, &outs);
-        // The survivors' workers of the first round were fenced: killed
-        // (SIGKILL, unrecorded), not stopped by a restart (SIGTERM, which
-        // they record) and not finished.
+        // The survivors' workers of the first round did not finish: they
+        // were fenced (killed by SIGKILL, unrecorded) or, as the survivors'
+        // complaints usually depose the dead host within half a second,
+        // before the 1 s fence, stopped by the membership restart once its
+        // presence lease lapsed (SIGTERM, which they record). Either way
+        // no restart was spent (below).
         let recs = accel_tests::records(&dir);
         for (tag, _) in &outs {
             let first = recs
@@ -1823,10 +1966,10 @@ mod agent_only {
                         && r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
                 })
                 .expect("a survivor's first worker");
-            assert_eq!(
-                (first.end, first.signal),
-                (None, None),
-                "{tag}: its first worker was killed by the fence"
+            assert!(
+                first.end.is_none() && matches!(first.signal, None | Some(15)),
+                "{tag}: its first worker was fenced or stopped by a membership restart: {:?}",
+                (first.end, first.signal)
             );
             let reformed_start = reformed
                 .iter()
@@ -1841,8 +1984,19 @@ mod agent_only {
                 "the fence spent no restart"
             );
         }
-        let left = etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"]);
-        assert!(left.trim().is_empty(), "etcd still holds {left}");
+        // The killed host could not revoke its presence key: it lapses
+        // with its lease (5 s), which may be after the job ended now that
+        // the survivors depose the dead host at once.
+        let empty = || {
+            etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"])
+                .trim()
+                .is_empty()
+        };
+        assert!(
+            accel_tests::eventually(Duration::from_secs(10), empty),
+            "etcd still holds {}",
+            etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"])
+        );
     }
 
     /// The lease-death rule on its own: a node whose presence lease expires
