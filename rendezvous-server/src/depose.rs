@@ -39,10 +39,12 @@
 //! ([`crate::ha`]) does them and feeds the answers back.
 //!
 //! # Agent-only rendezvous
-//! There every agent asks only its own embedded replica, so one replica's
-//! tally hears one agent: a majority is never seen and an agent-only job
-//! waits for the partition to heal (or for the unreachable host's etcd
-//! lease to lapse). Counting complaints in etcd would lift that; not done.
+//! There every agent asks only its own embedded replica, so one replica
+//! hears one agent. Its replica therefore also writes each complaint to
+//! etcd (a key per complaining node, on a short lease; [`crate::ha`]) and,
+//! when it reads a job's members, steps every replica's complaints into
+//! its tally as [`Event::Complaint`]s: the count is the same whichever
+//! replica the nodes asked.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

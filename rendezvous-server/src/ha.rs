@@ -48,7 +48,9 @@
 //! the leader's lease: it is elected at once (it was campaigning), and the
 //! deposed leader, which sees its election key deleted (or, should its
 //! watch be down, its next keep-alive answered with TTL 0, or its next
-//! write refused), steps down as above.
+//! write refused), steps down as above. In an agent-only rendezvous (each
+//! agent asks only its own replica) the replicas also write their
+//! complaints to etcd and count each other's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
