@@ -11,6 +11,9 @@ A three-member etcd on loopback (started here, in a temporary directory), then:
            0.5 s into the pause; the time until every agent is on the new leader, and
            until every agent runs the next round's workers (from the pause, and from the
            new leader's election, its "leading" log line); then `SIGCONT`.
+  cut      as `pause`, but the leader runs on and reaches etcd: every packet from the agents
+           to the leader's port is dropped for 10 s (nftables on loopback, one way; needs root
+           and `nft`). Only the agents' complaints to the other replica end its term.
   agents   three agents with `--rdzv-backend etcd` (no server), `--nnodes 2:3`.
            `kill -9` of the agent that hosts the rendezvous, then the time until both
            survivors reconnected to the new host (resuming their round, or told the job
@@ -18,7 +21,7 @@ A three-member etcd on loopback (started here, in a temporary directory), then:
            (the new host drops the dead node once its etcd lease expired).
 
 Times come from the agents' own log timestamps, against the moment of the kill.
-Usage: python bench/failover.py [server|pause|agents] [--lease SECONDS] [--runs N]
+Usage: python bench/failover.py [server|pause|cut|agents] [--lease SECONDS] [--runs N]
 (the binaries of `cargo build --release`, etcd and etcdctl on PATH).
 """
 
@@ -170,9 +173,38 @@ def server_run(d, lease):
     return reconnected - killed, formed - failed
 
 
-def pause_run(d, lease):
-    """Seconds from the pause to every agent on the new leader, to every agent running
-    the next round, and from the new leader's election to that (None: not within 40 s)."""
+def nft(script):
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+
+
+class Cut:
+    """Drops every packet to the leader's port (one way: what it sends goes out, and its
+    own connections to etcd are untouched)."""
+
+    def __init__(self, port):
+        self.table = f"accel_bench_cut_{os.getpid()}"
+        self.port = port
+
+    def start(self, _server):
+        nft(f"table inet {self.table} {{\n chain in {{\n  type filter hook input priority 0;\n"
+            f"  tcp dport {self.port} drop\n }}\n}}\n")
+
+    def end(self, _server):
+        nft(f"delete table inet {self.table}\n")
+
+
+class Pause:
+    def start(self, server):
+        server.send_signal(signal.SIGSTOP)
+
+    def end(self, server):
+        server.send_signal(signal.SIGCONT)
+
+
+def pause_run(d, lease, cut=False):
+    """Seconds from the pause (or cut) to every agent on the new leader, to every agent
+    running the next round, and from the new leader's election to that (None: not within
+    40 s)."""
     etcd = Etcd(d)
     ports = [free_port(), free_port()]
     servers = []
@@ -192,8 +224,9 @@ def pause_run(d, lease):
         "--no-python", "sleep", "60"]) for n in range(2)]
     wait_for("the workers", lambda: all(grep(e, "starting workers") for _, e in agents))
     time.sleep(1)
+    silence = Cut(ports[0]) if cut else Pause()
     paused = time.time()
-    servers[0].send_signal(signal.SIGSTOP)
+    silence.start(servers[0])
     time.sleep(0.5)
     os.kill(worker_pids(agents[0][0].pid)[0], signal.SIGKILL)
 
@@ -213,7 +246,7 @@ def pause_run(d, lease):
     formed = settle(["starting workers round=1"], 9)
     elected = first_after(logs[1], "leading", paused)
     time.sleep(max(0.0, paused + 10 - time.time()))
-    servers[0].send_signal(signal.SIGCONT)
+    silence.end(servers[0])
     # What did not happen during the pause may happen after it.
     moved = moved or settle(on_new, 30)
     formed = formed or settle(["starting workers round=1"], 30)
@@ -260,7 +293,7 @@ def pause_main(a):
     for _ in range(a.runs):
         d = tempfile.mkdtemp(prefix="accel-bench-failover-")
         try:
-            results.append(pause_run(d, a.lease))
+            results.append(pause_run(d, a.lease, cut=a.mode == "cut"))
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -271,19 +304,21 @@ def pause_main(a):
             text += f" (not within 40 s in {len(results) - len(got)} of {len(results)} runs)"
         return text
 
-    print(f"server replicas, --etcd-lease {a.lease}: leader paused (SIGSTOP) 10 s, a worker killed "
-          f"0.5 s into it -> every agent on the new leader {median(0)} after the pause; every agent "
-          f"running the next round {median(1)} after the pause, {median(2)} after the new leader's "
+    what = ("agents cut off from the leader (one way) 10 s" if a.mode == "cut"
+            else "leader paused (SIGSTOP) 10 s")
+    print(f"server replicas, --etcd-lease {a.lease}: {what}, a worker killed "
+          f"0.5 s into it -> every agent on the new leader {median(0)} after it began; every agent "
+          f"running the next round {median(1)} after it began, {median(2)} after the new leader's "
           f"election (median of {a.runs}; each run: {[tuple(round(x, 2) if x is not None else None for x in r) for r in results]})")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["server", "pause", "agents"])
+    ap.add_argument("mode", choices=["server", "pause", "cut", "agents"])
     ap.add_argument("--lease", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    if a.mode == "pause":
+    if a.mode in ("pause", "cut"):
         return pause_main(a)
     run = server_run if a.mode == "server" else agents_run
     results = []

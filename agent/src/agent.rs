@@ -198,6 +198,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 dead_after_ms: crate::deadline::millis(cfg.rdzv.dead_after()),
                 resume: None,
                 session: Vec::new(),
+                // Set by a join that leaves a silent replica.
+                silent_replica: String::new(),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).

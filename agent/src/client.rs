@@ -131,7 +131,9 @@ impl RdzvClient {
     /// its own replica) who leads, every quarter second or so, and goes to
     /// any leader they name but the silent one; meanwhile, beside that, it
     /// keeps trying the silent one itself (it may come back, still leading,
-    /// after a short pause). Whichever takes the join first wins.
+    /// after a short pause). Whichever takes the join first wins. The
+    /// request says which replica went silent (`silent_replica`), so a
+    /// follower can depose a leader most of a job's nodes cannot reach.
     #[allow(clippy::too_many_arguments)]
     pub async fn join(
         endpoints: &[(String, u16)],
@@ -145,6 +147,17 @@ impl RdzvClient {
         deadline: Instant,
     ) -> Result<Taken, AgentError> {
         let avoid = avoid.filter(|_| leaders == Leaders::Published || endpoints.len() > 1);
+        // Say why: a follower that still names the silent replica as the
+        // leader counts this, and deposes a leader most of a job's nodes
+        // cannot reach.
+        let mut req = req;
+        if let Some((host, port)) = avoid {
+            req.silent_replica = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+        }
         let how = How {
             req: &req,
             token,

@@ -273,6 +273,7 @@ impl Settings {
             last_call_ms: self.last_call_ms,
             resume,
             session: SESSION.to_vec(),
+            silent_replica: String::new(),
         }
     }
 }

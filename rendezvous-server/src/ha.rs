@@ -22,8 +22,10 @@
 //! only as long as its lease), and no decision's events are sent before its
 //! write succeeded ([`crate::registry`]). A leader whose lease expired (etcd
 //! unreachable, the process paused) therefore cannot act on anything even
-//! before it notices; it steps down when a write is refused (fenced), or when
-//! it has not renewed its lease for two thirds of it, whichever comes first:
+//! before it notices; it steps down when a write is refused (fenced), when
+//! its election key is deleted (it watches the key: its lease was revoked),
+//! or when it has not renewed its lease for two thirds of it, whichever
+//! comes first:
 //! it stops deciding, ends every node's stream (they reconnect to the new
 //! leader) and campaigns again. A leader that was paused past that moment
 //! does not wait for its lease keeper to run: its registry checks the
@@ -37,18 +39,31 @@
 //!
 //! On shutdown a leader writes what is pending and resigns, so another
 //! replica takes over at once instead of after the lease.
+//!
+//! # A leader its agents cannot reach
+//! A leader that reaches etcd but not its agents (a one-way partition)
+//! keeps its lease. Its agents, leaving it for silence, join a follower
+//! saying which replica went silent; the follower counts these complaints
+//! ([`crate::depose`]) and, once most nodes of a job complained, revokes
+//! the leader's lease: it is elected at once (it was campaigning), and the
+//! deposed leader, which sees its election key deleted (or, should its
+//! watch be down, its next keep-alive answered with TTL 0, or its next
+//! write refused), steps down as above. In an agent-only rendezvous (each
+//! agent asks only its own replica) the replicas also write their
+//! complaints to etcd and count each other's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use accel_etcd::{Client, ConnectOptions, LeaderKey, TlsOptions};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{info, warn};
 
+use crate::depose::{Action, Event, Members, Tally, Term};
 use crate::lease::LeaseClock;
 use crate::limits::Limits;
 use crate::quiet::{Quiet, Say};
@@ -64,6 +79,151 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 const RECHECK: Duration = Duration::from_secs(2);
 /// Pause before campaigning again after etcd failed us.
 const RETRY: Duration = Duration::from_secs(1);
+/// Complaints a follower's service may queue for its tally.
+pub const COMPLAINTS_QUEUED: usize = 1024;
+/// A complaint older than this when its tally hears it is stale.
+const COMPLAINT_FRESH: Duration = Duration::from_secs(1);
+/// Bound on one etcd call of the tally (a job read, a revoke).
+const DEPOSE_CALL: Duration = Duration::from_secs(2);
+
+/// A node joined this follower because the replica it was connected to,
+/// `silent`, stopped answering (see [`crate::depose`]). Bounded by the
+/// service ([`crate::limits::check_silent_replica`]).
+#[derive(Debug, Clone)]
+pub struct Complaint {
+    /// The job.
+    pub job: String,
+    /// The node.
+    pub node: String,
+    /// The session secret the join presented.
+    pub session: Vec<u8>,
+    /// The replica it left ("host:port").
+    pub silent: String,
+    /// When the service heard it.
+    pub at: std::time::Instant,
+}
+
+/// What a replica's tally of complaints keeps across its terms.
+struct Hearing {
+    complaints: mpsc::Receiver<Complaint>,
+    tally: Tally,
+    /// Complaints are summed up, never logged one by one.
+    said: Quiet,
+    /// Complaints written to etcd (agent-only rendezvous).
+    shared: Shared,
+}
+
+/// How long a complaint written to etcd outlives its last repetition, at
+/// least (seconds: the TTL of the lease it is put with).
+const SHARED_TTL: i64 = 3;
+/// A lease for shared complaints is used this long, then a new one granted.
+const SHARED_LEASE_USE: Duration = Duration::from_secs(1);
+/// One node's complaint is written at most this often.
+const SHARED_EVERY: Duration = Duration::from_millis(250);
+/// Complaints of one job read back at most.
+const SHARED_READ: i64 = 4096;
+/// Nodes whose last write is remembered (then forgotten all at once).
+const SHARED_NODES: usize = 1024;
+
+/// Complaints this replica wrote to etcd, so that every replica counts
+/// them: with `--rdzv-backend etcd` each agent asks only its own replica,
+/// which alone would never see a majority. Each is a key
+/// `<prefix>/complaints/<leader lease>/<job>/<node>` (value: the node's
+/// session secret, then its id) on a short lease of its own, so it lapses
+/// a few seconds after the node stops complaining.
+#[derive(Default)]
+struct Shared {
+    /// The lease complaints are put with, and when it was granted.
+    lease: Option<(i64, std::time::Instant)>,
+    /// When each (job, node) was last written.
+    written: std::collections::BTreeMap<(String, String), std::time::Instant>,
+}
+
+/// Deletes the complaints this replica wrote to etcd (revokes their lease).
+async fn withdraw_complaints(client: &Client, hearing: &tokio::sync::Mutex<Hearing>) {
+    let lease = hearing.lock().await.shared.lease.take();
+    if let Some((id, _)) = lease {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(id)).await;
+    }
+}
+
+/// Where complaints about the leader of `lease` by nodes of `job` are kept.
+fn complaints_prefix(prefix: &str, lease: i64, job: &str) -> String {
+    format!(
+        "{prefix}/complaints/{lease:016x}/{}/",
+        crate::store::records::escape(job)
+    )
+}
+
+/// Writes complaint `c` about `term` to etcd (at most every
+/// [`SHARED_EVERY`] per node; every call bounded).
+async fn share(client: &Client, prefix: &str, term: &Term, c: &Complaint, shared: &mut Shared) {
+    let now = std::time::Instant::now();
+    let who = (c.job.clone(), c.node.clone());
+    if shared
+        .written
+        .get(&who)
+        .is_some_and(|at| now.saturating_duration_since(*at) < SHARED_EVERY)
+    {
+        return;
+    }
+    if shared.written.len() >= SHARED_NODES {
+        shared.written.clear();
+    }
+    shared.written.insert(who, now);
+    let lease = match shared.lease {
+        Some((id, at)) if now.saturating_duration_since(at) < SHARED_LEASE_USE => id,
+        _ => match tokio::time::timeout(DEPOSE_CALL, client.lease_grant(SHARED_TTL)).await {
+            Ok(Ok(l)) => {
+                shared.lease = Some((l.id, now));
+                l.id
+            }
+            _ => return,
+        },
+    };
+    let key = format!(
+        "{}{}",
+        complaints_prefix(prefix, term.lease, &c.job),
+        crate::store::records::escape(&c.node)
+    );
+    let mut value = c.session.clone();
+    value.extend_from_slice(c.node.as_bytes());
+    if let Ok(Err(e)) =
+        tokio::time::timeout(DEPOSE_CALL, client.put_with_lease(key, value, lease)).await
+    {
+        tracing::debug!(error = %e, "cannot write a complaint to etcd");
+    }
+}
+
+/// The complaints about `term` by nodes of `job` that etcd holds (written
+/// by any replica), as (node, session secret).
+async fn shared_complaints(
+    client: &Client,
+    prefix: &str,
+    term: &Term,
+    job: &str,
+) -> Vec<(String, Vec<u8>)> {
+    let options = accel_etcd::GetOptions::new()
+        .with_prefix()
+        .with_limit(SHARED_READ);
+    let read = tokio::time::timeout(
+        DEPOSE_CALL,
+        client.get(complaints_prefix(prefix, term.lease, job), Some(options)),
+    )
+    .await;
+    let Ok(Ok(resp)) = read else {
+        return Vec::new();
+    };
+    resp.kvs
+        .iter()
+        .filter_map(|kv| {
+            let (session, node) = kv.value.split_at_checked(crate::job::SESSION_BYTES)?;
+            let node = std::str::from_utf8(node).ok()?;
+            crate::limits::check_name("node_id", node).ok()?;
+            Some((node.to_owned(), session.to_vec()))
+        })
+        .collect()
+}
 
 /// How a replica reaches etcd and what it announces.
 #[derive(Clone)]
@@ -209,6 +369,8 @@ struct Replica<'a> {
     tenure: Tenure,
     roles: &'a watch::Sender<Role>,
     stop: &'a CancellationToken,
+    /// Complaints about the leader, heard while following.
+    hearing: &'a tokio::sync::Mutex<Hearing>,
     /// Whether this term led (its end is then news, not a retry).
     led: AtomicBool,
 }
@@ -221,13 +383,22 @@ enum Ended {
 }
 
 /// Campaigns, leads and steps down, term after term, until `stop`; then
-/// hands over (flush, close, resign) if leading.
+/// hands over (flush, close, resign) if leading. While following, it
+/// counts the `complaints` its service hears and deposes a leader most
+/// nodes of a job cannot reach ([`crate::depose`]).
 pub async fn replicate(
     options: EtcdOptions,
     tenure: Tenure,
     roles: watch::Sender<Role>,
     stop: CancellationToken,
+    complaints: mpsc::Receiver<Complaint>,
 ) {
+    let hearing = tokio::sync::Mutex::new(Hearing {
+        complaints,
+        tally: Tally::new(),
+        said: Quiet::every(Duration::from_secs(10)),
+        shared: Shared::default(),
+    });
     // etcd down or without quorum fails every attempt: said once, then
     // summed up every 10 s.
     let mut failing = Quiet::every(Duration::from_secs(10));
@@ -237,6 +408,7 @@ pub async fn replicate(
             tenure: tenure.clone(),
             roles: &roles,
             stop: &stop,
+            hearing: &hearing,
             led: AtomicBool::new(false),
         };
         match term(&replica).await {
@@ -279,8 +451,9 @@ async fn term(r: &Replica<'_>) -> Ended {
     };
     let ended = hold(r, &client, lease, granted).await;
     // However the term ended, its lease goes with it, so no key of this
-    // replica outlives the term.
+    // replica outlives the term; its shared complaints neither.
     let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    withdraw_complaints(&client, r.hearing).await;
     ended
 }
 
@@ -298,14 +471,18 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     ));
     let _keeper = AbortOnDrop(keeper);
     let follower = client.clone();
+    let (leading, leader) = watch::channel(None);
     let won = tokio::select! {
         result = client.campaign(r.o.election(), r.o.advertise.clone(), lease) => result,
-        _ = follow(follower, r.o.election(), r.roles) => unreachable!("following never ends"),
+        _ = follow(follower, r.o.election(), r.roles, &leading) => unreachable!("following never ends"),
+        _ = hear(client.clone(), &r.o.prefix, r.o.presence, leader, r.hearing, &r.tenure.metrics) => unreachable!("hearing never ends"),
         _ = expired.cancelled() => return Ended::Lost("the lease expired while campaigning".into()),
         _ = r.stop.cancelled() => return Ended::Shutdown,
     };
     // Won or not, the last leader's address is stale now.
     r.roles.send_replace(Role::Follower { leader: None });
+    // Its complaints were about a leader that is gone.
+    withdraw_complaints(client, r.hearing).await;
     let key = match won {
         Ok(campaign) => match campaign.leader {
             Some(k) => k,
@@ -317,7 +494,7 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         key: key.key.clone(),
         revision: key.rev,
     };
-    let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence));
+    let store = EtcdStore::new(client.clone(), &r.o.prefix, Some(fence.clone()));
     let mut registry = Registry::with_store(r.tenure.ttl, r.tenure.limits, Arc::new(store))
         .with_metrics(r.tenure.metrics.clone())
         .with_lease(clock);
@@ -340,6 +517,14 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         Some(fenced.clone()),
     ));
     let _ticker = AbortOnDrop(ticker);
+    // A leader deposed by a follower (its lease revoked) learns at once,
+    // not at its next keep-alive or write.
+    let deposed = CancellationToken::new();
+    let _watch = AbortOnDrop(tokio::spawn(watch_own_key(
+        client.clone(),
+        fence.clone(),
+        deposed.clone(),
+    )));
     // A node whose etcd lease expired is dead: dropped then, not at the
     // keep-alive limit (agent-only rendezvous).
     let _presence = r.o.presence.then(|| {
@@ -353,6 +538,9 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     let ended = tokio::select! {
         _ = expired.cancelled() => Ended::Lost("the etcd lease could not be renewed in time".into()),
         _ = fenced.cancelled() => Ended::Lost("etcd refused a write: another replica leads".into()),
+        _ = deposed.cancelled() => Ended::Lost(
+            "its election key is gone: its etcd lease was revoked (a follower deposed it because most nodes of a job could not reach it, or an operator did)".into(),
+        ),
         _ = r.stop.cancelled() => Ended::Shutdown,
     };
     r.roles.send_replace(Role::Follower { leader: None });
@@ -377,6 +565,39 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         }
     }
     ended
+}
+
+/// Cancels `deposed` once the leader's election key (`fence`) is deleted
+/// or replaced: its lease was revoked ([`crate::depose`]). Watches the key
+/// first, then reads it, so a deletion between the two is not missed; a
+/// watch that fails is set up again (the lease keeper and the fenced
+/// writes still end the term meanwhile).
+async fn watch_own_key(client: Client, fence: Fence, deposed: CancellationToken) {
+    loop {
+        if let Ok(mut changes) = client.watch(fence.key.clone()).await {
+            let held = client
+                .get(fence.key.clone(), None)
+                .await
+                .map(|r| r.kvs.iter().any(|kv| kv.create_revision == fence.revision));
+            if let Ok(false) = held {
+                deposed.cancel();
+                return;
+            }
+            while let Ok(Some(r)) = changes.message().await {
+                let gone = r.events.iter().any(|e| {
+                    e.r#type == accel_etcd::EventType::Delete as i32
+                        || e.kv
+                            .as_ref()
+                            .is_some_and(|kv| kv.create_revision != fence.revision)
+                });
+                if gone {
+                    deposed.cancel();
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
 }
 
 /// Gives up leadership at once so another replica need not wait for the lease.
@@ -443,8 +664,20 @@ pub(crate) async fn keep_lease(
 /// second (it asks every [`RECHECK`] as well, since a stream through a
 /// member cut off from the others just goes silent); while no stream can
 /// be had, it asks every [`FOLLOW_EVERY`].
-async fn follow(client: Client, election: String, roles: &watch::Sender<Role>) {
-    let set = |leader: Option<String>| {
+async fn follow(
+    client: Client,
+    election: String,
+    roles: &watch::Sender<Role>,
+    terms: &watch::Sender<Option<Term>>,
+) {
+    let set = |kv: Option<&accel_etcd::KeyValue>| {
+        let leader = address(kv);
+        terms.send_replace(kv.and_then(|kv| {
+            Some(Term {
+                addr: leader.clone()?,
+                lease: kv.lease,
+            })
+        }));
         roles.send_if_modified(|role| match role {
             Role::Follower { leader: known } if *known != leader => {
                 *known = leader.clone();
@@ -454,15 +687,15 @@ async fn follow(client: Client, election: String, roles: &watch::Sender<Role>) {
         });
     };
     loop {
-        set(leader_now(&client, &election).await);
+        set(leader_now(&client, &election).await.as_ref());
         if let Ok(mut changes) = client.observe(election.clone()).await {
             loop {
                 match tokio::time::timeout(RECHECK, changes.message()).await {
-                    Ok(Ok(Some(r))) => set(address(r.kv.as_ref())),
+                    Ok(Ok(Some(r))) => set(r.kv.as_ref()),
                     Ok(_) => break,
                     // A stream through a member cut off from the others is
                     // silent: ask now and then all the same.
-                    Err(_) => set(leader_now(&client, &election).await),
+                    Err(_) => set(leader_now(&client, &election).await.as_ref()),
                 }
             }
         }
@@ -478,8 +711,162 @@ fn address(kv: Option<&accel_etcd::KeyValue>) -> Option<String> {
 
 /// Who leads now, by asking: "no leader" is an error of the election API
 /// (and Observe says nothing until there is one).
-async fn leader_now(client: &Client, election: &str) -> Option<String> {
-    address(client.leader(election).await.ok()?.kv.as_ref())
+async fn leader_now(client: &Client, election: &str) -> Option<accel_etcd::KeyValue> {
+    client.leader(election).await.ok()?.kv
+}
+
+/// Whether a complaint's `silent` replica is the leader at `addr` (the
+/// same text, or the same socket address written otherwise).
+fn same_replica(silent: &str, addr: &str) -> bool {
+    silent == addr
+        || matches!(
+            (silent.parse::<std::net::SocketAddr>(), addr.parse::<std::net::SocketAddr>()),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
+/// Counts the complaints the service hears about the current leader
+/// (`leader`, as [`follow`] learns it) and deposes it when most nodes of a
+/// job complained ([`crate::depose`]): reads the job's members from etcd
+/// under `prefix`, revokes the leader's lease. Never ends.
+async fn hear(
+    client: Client,
+    prefix: &str,
+    shared: bool,
+    leader: watch::Receiver<Option<Term>>,
+    hearing: &tokio::sync::Mutex<Hearing>,
+    metrics: &crate::metrics::ServerMetrics,
+) {
+    let mut guard = hearing.lock().await;
+    let h = &mut *guard;
+    let store = EtcdStore::new(client.clone(), prefix, None);
+    while let Some(c) = h.complaints.recv().await {
+        let now = std::time::Instant::now();
+        if now.saturating_duration_since(c.at) > COMPLAINT_FRESH {
+            continue;
+        }
+        let Some(term) = leader.borrow().clone() else {
+            continue;
+        };
+        if !same_replica(&c.silent, &term.addr) {
+            continue;
+        }
+        match h.said.hit(Instant::now()) {
+            Say::First => info!(
+                leader = %term.addr,
+                "agents report the leader silent; counting their complaints (most nodes of a job complaining depose it)"
+            ),
+            Say::Summary(n, over) => info!(
+                leader = %term.addr,
+                complaints = n,
+                over_s = over.as_secs(),
+                jobs = h.tally.jobs(),
+                "agents still report the leader silent"
+            ),
+            Say::Nothing => {}
+        }
+        if shared {
+            share(&client, prefix, &term, &c, &mut h.shared).await;
+        }
+        let mut queue = h.tally.step(
+            now,
+            Event::Complaint {
+                job: c.job,
+                node: c.node,
+                session: c.session,
+                leader: term.clone(),
+            },
+        );
+        while let Some(action) = queue.pop() {
+            match action {
+                Action::Fetch { job } => {
+                    match tokio::time::timeout(DEPOSE_CALL, store.job(&job)).await {
+                        Ok(Ok(record)) => {
+                            let members = record.map(|r| Members {
+                                nodes: r
+                                    .members
+                                    .into_iter()
+                                    .map(|(id, m)| (id, m.session))
+                                    .collect(),
+                                drop_limit: r.config.dead_after,
+                            });
+                            let others = match shared {
+                                true => shared_complaints(&client, prefix, &term, &job).await,
+                                false => Vec::new(),
+                            };
+                            queue.extend(h.tally.step(
+                                std::time::Instant::now(),
+                                Event::Members {
+                                    job: job.clone(),
+                                    members,
+                                },
+                            ));
+                            // The other replicas' complaints count as heard now.
+                            for (node, session) in others {
+                                queue.extend(h.tally.step(
+                                    std::time::Instant::now(),
+                                    Event::Complaint {
+                                        job: job.clone(),
+                                        node,
+                                        session,
+                                        leader: term.clone(),
+                                    },
+                                ));
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "cannot read a job's members to count complaints")
+                        }
+                        Err(_) => tracing::debug!("reading a job's members timed out"),
+                    }
+                }
+                Action::Depose {
+                    leader,
+                    job,
+                    complained,
+                    of,
+                } => {
+                    // Its own task: the revoke elects this replica, which
+                    // ends this loop (the campaign won) before the answer
+                    // may be read here.
+                    let client = client.clone();
+                    let metrics = metrics.clone();
+                    tokio::spawn(async move {
+                        let revoked =
+                            tokio::time::timeout(DEPOSE_CALL, client.lease_revoke(leader.lease))
+                                .await;
+                        match revoked {
+                            Ok(Ok(_)) => {
+                                metrics.leader_deposed();
+                                warn!(
+                                    leader = %leader.addr,
+                                    job = %crate::store::records::escape(&job),
+                                    "deposing the leader: {complained} of {of} nodes of the job cannot reach it; \
+                                     its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
+                                );
+                            }
+                            // Another replica counted the same complaints first.
+                            Ok(Err(e)) if e.to_string().contains("lease not found") => info!(
+                                leader = %leader.addr,
+                                "{complained} of {of} nodes of a job cannot reach the leader; another replica deposed it already"
+                            ),
+                            Ok(Err(e)) => warn!(
+                                leader = %leader.addr,
+                                error = %e,
+                                "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease failed"
+                            ),
+                            Err(_) => warn!(
+                                leader = %leader.addr,
+                                "{complained} of {of} nodes of a job cannot reach the leader, but revoking its etcd lease timed out"
+                            ),
+                        }
+                    });
+                }
+            }
+        }
+    }
+    // The service holds the sender for as long as the process serves.
+    std::future::pending::<()>().await;
 }
 
 /// Aborts a background task when its owner goes.
@@ -498,7 +885,16 @@ pub fn is_fenced(e: &StoreError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Role, LEADER_METADATA};
+    use super::{same_replica, Role, LEADER_METADATA};
+
+    #[test]
+    fn a_complaint_names_the_leader_by_its_advertised_address_or_the_same_socket() {
+        assert!(same_replica("head-1:29400", "head-1:29400"));
+        assert!(same_replica("[::1]:29400", "[0:0:0:0:0:0:0:1]:29400"));
+        assert!(!same_replica("head-1:29400", "head-2:29400"));
+        assert!(!same_replica("head-1:29400", "head-1:29401"));
+        assert!(!same_replica("", "head-1:29400"));
+    }
 
     #[test]
     fn a_follower_names_the_leader_in_its_refusal() {

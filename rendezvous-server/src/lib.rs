@@ -31,6 +31,7 @@ pub mod accept;
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod depose;
 pub mod error;
 pub mod ha;
 pub mod job;
@@ -133,6 +134,9 @@ pub async fn serve_with_metrics(
             stop.clone(),
         ));
     }
+    // A follower's service hands the complaints of agents that left a
+    // silent leader to its replica's tally ([`depose`]).
+    let mut complain = None;
     let background = match options.replication.clone() {
         None => {
             let registry = match options.store.clone() {
@@ -197,7 +201,9 @@ pub async fn serve_with_metrics(
                 ends_with_job: options.ends_with_job,
                 metrics: counters.clone(),
             };
-            tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone()))
+            let (complaints, heard) = tokio::sync::mpsc::channel(ha::COMPLAINTS_QUEUED);
+            complain = Some(complaints);
+            tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone(), heard))
         }
     };
     let admission = admission::Admission::new(
@@ -205,8 +211,12 @@ pub async fn serve_with_metrics(
         options.limits.auth_timeout,
     );
     let incoming = accept::incoming(listener, admission);
-    let rendezvous = RendezvousServer::new(RendezvousService::seated(seat))
-        .max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
+    let mut service = RendezvousService::seated(seat);
+    if let Some(complaints) = complain {
+        service = service.hearing(complaints);
+    }
+    let rendezvous =
+        RendezvousServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let rendezvous = tonic::service::interceptor::InterceptedService::new(
         rendezvous,
         auth::RequireToken::new(options.token.clone()),

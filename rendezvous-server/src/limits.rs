@@ -95,10 +95,25 @@ fn check_ms(field: &'static str, ms: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// Most bytes of a join's `silent_replica` ("host:port").
+pub const MAX_ADDR_BYTES: usize = 256;
+
+/// The replica a joining agent says went silent: empty, or a short
+/// "host:port" without control characters.
+pub fn check_silent_replica(value: &str) -> Result<(), Error> {
+    if value.len() > MAX_ADDR_BYTES || value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "silent_replica must be at most {MAX_ADDR_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
 /// A join request, against the server's `limits`.
 pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
     check_name("job_id", &req.job_id)?;
     check_name("node_id", &req.node_id)?;
+    check_silent_replica(&req.silent_replica)?;
     if req.hostname.len() > MAX_NAME_BYTES || req.hostname.chars().any(char::is_control) {
         return Err(invalid(format!(
             "hostname must be at most {MAX_NAME_BYTES} bytes without control characters"

@@ -68,6 +68,7 @@ struct Counters {
     rendezvous: Histogram,
     reform: Histogram,
     leader: Gauge,
+    leaders_deposed: Counter,
 }
 
 impl Default for Counters {
@@ -88,6 +89,7 @@ impl Default for Counters {
             rendezvous: buckets(),
             reform: buckets(),
             leader: Gauge::default(),
+            leaders_deposed: Counter::default(),
         }
     }
 }
@@ -195,6 +197,11 @@ impl ServerMetrics {
             "1 while this process serves the rendezvous (the leader, or the only server), 0 while it follows",
             c.leader.clone(),
         );
+        registry.register(
+            "accel_rdzv_leaders_deposed",
+            "Leaders this replica deposed (revoked their etcd lease) because most nodes of a job reported them silent",
+            c.leaders_deposed.clone(),
+        );
     }
 
     /// A round formed, `took` after its rendezvous or re-form began (if the
@@ -252,6 +259,11 @@ impl ServerMetrics {
     pub fn store_write(&self, ok: bool) {
         let kind = if ok { "ok" } else { "error" };
         self.0.store_writes.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// This replica deposed a leader its nodes could not reach.
+    pub fn leader_deposed(&self) {
+        self.0.leaders_deposed.inc();
     }
 
     /// Whether this process serves now.

@@ -17,12 +17,12 @@ use std::time::Instant;
 
 use accel_proto::v1 as pb;
 use pb::rendezvous_server::Rendezvous;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status};
 
 use crate::auth::new_session;
 use crate::error::Error;
-use crate::ha::Role;
+use crate::ha::{Complaint, Role};
 use crate::job::Job;
 use crate::limits::{self, printable, printable_failure};
 use crate::registry::{NodeStream, Registry};
@@ -33,6 +33,9 @@ pub struct RendezvousService {
     /// What this server is now: the leader with its registry, or a follower
     /// that sends callers to the leader.
     seat: watch::Receiver<Role>,
+    /// Where a follower sends the complaints of nodes that left a silent
+    /// leader ([`crate::depose`]).
+    complaints: Option<mpsc::Sender<Complaint>>,
 }
 
 impl RendezvousService {
@@ -43,7 +46,41 @@ impl RendezvousService {
 
     /// A service for a replica whose role changes ([`crate::ha`]).
     pub fn seated(seat: watch::Receiver<Role>) -> Self {
-        Self { seat }
+        Self {
+            seat,
+            complaints: None,
+        }
+    }
+
+    /// Hands the complaints of joins that say their replica went silent to
+    /// `complaints`, while this replica follows.
+    pub fn hearing(mut self, complaints: mpsc::Sender<Complaint>) -> Self {
+        self.complaints = Some(complaints);
+        self
+    }
+
+    /// A join this follower refuses: if it says the node left a silent
+    /// replica, its complaint is counted (bounded first; dropped when the
+    /// queue is full, as the node repeats it within half a second).
+    fn complain(&self, req: &pb::JoinRequest) {
+        let Some(complaints) = &self.complaints else {
+            return;
+        };
+        if req.silent_replica.is_empty()
+            || limits::check_name("job_id", &req.job_id).is_err()
+            || limits::check_name("node_id", &req.node_id).is_err()
+            || limits::check_silent_replica(&req.silent_replica).is_err()
+            || req.session.len() != crate::job::SESSION_BYTES
+        {
+            return;
+        }
+        let _ = complaints.try_send(Complaint {
+            job: req.job_id.clone(),
+            node: req.node_id.clone(),
+            session: req.session.clone(),
+            silent: req.silent_replica.clone(),
+            at: Instant::now(),
+        });
     }
 
     /// The registry to serve a call with; a follower's status otherwise.
@@ -92,7 +129,13 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<NodeStream>, Status> {
         let from = peer(&request);
         let req = request.into_inner();
-        let registry = self.registry()?;
+        let registry = match self.registry() {
+            Ok(r) => r,
+            Err(follower) => {
+                self.complain(&req);
+                return Err(follower);
+            }
+        };
         limits::check_join(&req, registry.limits())?;
         let stream = registry.join(Instant::now(), &req, from, new_session()?)?;
         Ok(Response::new(stream))

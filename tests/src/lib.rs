@@ -280,7 +280,12 @@ pub struct Server {
     child: Child,
     /// `127.0.0.1:PORT` it listens on.
     pub addr: String,
+    /// What it logged so far (the first [`SERVER_LOG_LINES`] lines).
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
+
+/// Lines of a [`Server`]'s log kept for [`Server::stderr`].
+pub const SERVER_LOG_LINES: usize = 100_000;
 
 impl Server {
     /// Starts `rdzv-server --bind 127.0.0.1:0` and waits until it listens.
@@ -324,8 +329,15 @@ impl Server {
             .expect("start rdzv-server");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut kept) = kept.lock() {
+                    if kept.len() < SERVER_LOG_LINES {
+                        kept.push(line.clone());
+                    }
+                }
                 if let Some(i) = line.find("addr=") {
                     let addr = line[i + 5..]
                         .split_whitespace()
@@ -340,7 +352,12 @@ impl Server {
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("rdzv-server reports its address");
-        Self { child, addr }
+        Self { child, addr, log }
+    }
+
+    /// What the server logged so far, one line per line.
+    pub fn stderr(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
     }
 
     /// Sends `sig` to the server.

@@ -992,8 +992,8 @@ mod replicas {
 
     /// A leader whose job (two nodes of two workers, one restart allowed
     /// per failure) goes silent 1.5 s into its first round for 10 s, while
-    /// global rank 3 fails 3 s into it (during the silence, before the
-    /// other replica is elected). Checks that the workers ran on (no
+    /// global rank 3 fails `fail_after` s into it (during the silence,
+    /// before the other replica is elected). Checks that the workers ran on (no
     /// worker of the first round started twice), that the failure
     /// restarted the job exactly once on every node, within a second of
     /// the other replica's election, that the old leader, heard again,
@@ -1007,6 +1007,7 @@ mod replicas {
         old: &Server,
         new: &Server,
         silence: &dyn Silence,
+        fail_after: f64,
         cmd: impl Fn(&str) -> accel_tests::Agent,
     ) -> f64 {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1031,7 +1032,8 @@ mod replicas {
         std::thread::sleep(Duration::from_secs_f64((at - wall()).max(0.0)));
         let silent_at = wall();
         silence.start();
-        // The other replica is elected once the old one's lease runs out:
+        // The other replica is elected once the old one's lease runs out,
+        // or once the agents' complaints depose it, whichever is first:
         // the moment its job status turns from UNAVAILABLE to an answer.
         let elected = rt.block_on(async {
             let mut c = client(&new.addr).await;
@@ -1082,7 +1084,7 @@ mod replicas {
             first.iter().map(|r| (r.rank, r.pid)).collect::<Vec<_>>()
         );
         let failed = first.iter().find(|r| r.rank == 3).expect("rank 3");
-        let failed_at = failed.start + 2.3;
+        let failed_at = failed.start + fail_after;
         assert!(
             failed_at > silent_at && failed_at < elected,
             "the failure came during the silence, before the election ({silent_at:.2} < {failed_at:.2} < {elected:.2})"
@@ -1114,7 +1116,7 @@ mod replicas {
         let dir = scratch("ha-paused-leader");
         let (_etcd, first, second) = replicas(&dir, "/paused");
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Paused(&first), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1167,7 +1169,7 @@ mod replicas {
             &[],
         );
         let endpoints = format!("{},{}", first.addr, second.addr);
-        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), |tag| {
+        let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
                 .nnodes(2)
                 .nproc(2)
@@ -1182,13 +1184,225 @@ mod replicas {
         );
     }
 
-    /// The workers of [`a_silent_leader`]: rank 3 fails 2.3 s into the first
-    /// round (during the silence); the others run 12 s (the next round outlasts the silence).
+    /// Packets from the agents to the leader's port are dropped (nftables
+    /// in its network namespace), one way: the leader still reaches etcd
+    /// (it keeps its lease) and what it sends still goes out. Nothing but
+    /// the agents' complaints to the other replica can end its term.
+    struct CutOff<'a> {
+        host: &'a accel_tests::Netns,
+        port: u16,
+    }
+
+    impl Silence for CutOff<'_> {
+        fn start(&self) {
+            Deaf(self.host).nft(&format!(
+                "table inet accel_cut {{\n  chain in {{\n    type filter hook input priority 0;\n    iifname \"{}\" tcp dport {} drop\n  }}\n}}\n",
+                self.host.iface, self.port
+            ));
+        }
+        fn end(&self) {
+            Deaf(self.host).nft("delete table inet accel_cut\n");
+        }
+    }
+
+    #[test]
+    fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once() {
+        // The old leader on a host of its own; the other replica, etcd and
+        // the agents here, on the segment's gateway.
+        let lan = accel_tests::Lan::create(86);
+        let host = lan.host(2);
+        let dir = scratch("ha-cut-leader");
+        let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
+        let args = |endpoints: String| {
+            [
+                "--etcd-endpoints".to_owned(),
+                endpoints,
+                "--etcd-prefix".into(),
+                "/cut".into(),
+                "--etcd-lease".into(),
+                "2".into(),
+                "--allow-unauthenticated".into(),
+            ]
+        };
+        fn args_of(a: &[String; 7]) -> Vec<&str> {
+            a.iter().map(String::as_str).collect()
+        }
+        let port = accel_tests::free_port();
+        let first_args = args(etcd.endpoints_at(&lan.gateway));
+        let first = Server::start_in(
+            &host.exec(),
+            &format!("{}:{port}", host.addr),
+            &args_of(&first_args),
+            &[],
+        );
+        leads(&first);
+        let second_args = args(etcd.endpoints());
+        let second = Server::start_with(
+            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
+            &args_of(&second_args),
+            &[],
+        );
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cut = CutOff { host: &host, port };
+        let took = a_silent_leader(&dir, &first, &second, &cut, 2.0, |tag| {
+            accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(3)
+                .recording(&dir, tag)
+                .envs(&SILENT_LEADER_ENV)
+                .start(&dir, tag)
+        });
+        assert!(
+            took <= 1.0,
+            "the next round ran {took:.3} s after the election"
+        );
+        assert!(
+            second
+                .stderr()
+                .contains("deposing the leader: 2 of 2 nodes"),
+            "the new leader says why it took over"
+        );
+    }
+
+    /// Complaints (joins that say the leader went silent) reach the
+    /// follower from one of a job's three nodes, and from a second one
+    /// with a wrong secret: the leader stays. A second node's own
+    /// complaint makes a majority: the follower deposes the leader and
+    /// leads within a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_minority_of_a_jobs_nodes_complaining_deposes_nobody_a_majority_does() {
+        let dir = scratch("ha-complaints");
+        let (_etcd, first, second) = replicas(&dir, "/complaints");
+        let mut c1 = client(&first.addr).await;
+        let mut c2 = client(&second.addr).await;
+        let three = |id: &str| {
+            let mut req = join_request(id, None, None);
+            req.min_nodes = 3;
+            req.max_nodes = 3;
+            req
+        };
+        let mut nodes = Vec::new();
+        for id in ["a", "b", "c"] {
+            let mut events = c1.join(three(id)).await.expect("joins").into_inner();
+            let session = match next(&mut events).await {
+                Kind::Joined(j) => j.session,
+                other => panic!("expected Joined, got {other:?}"),
+            };
+            nodes.push((id, session, events));
+        }
+        let complain = |id: &str, session: &[u8]| {
+            let mut req = three(id);
+            req.session = session.to_vec();
+            req.resume = Some(pb::Resume {
+                round: 0,
+                ..Default::default()
+            });
+            req.silent_replica = first.addr.clone();
+            req
+        };
+        let to_follower = c2.clone();
+        let complaints = |reqs: Vec<pb::JoinRequest>, for_s: f64| {
+            let mut c2 = to_follower.clone();
+            async move {
+                let until = Instant::now() + Duration::from_secs_f64(for_s);
+                while Instant::now() < until {
+                    for req in &reqs {
+                        // A follower refuses the join, naming the leader.
+                        let _ = c2.join(req.clone()).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        };
+        // The job is in etcd once its members are (the leader writes every tick).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        complaints(
+            vec![
+                complain("a", &nodes[0].1),
+                complain("b", &[7; SESSION_BYTES]),
+                complain("stranger", &nodes[2].1),
+            ],
+            4.0,
+        )
+        .await;
+        status(&mut c1)
+            .await
+            .expect("one node of three (and a wrong secret, and a stranger) depose nobody");
+        let s = status(&mut c2)
+            .await
+            .expect_err("the follower still follows");
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        assert!(
+            !second.stderr().contains("deposing"),
+            "no deposal: {}",
+            second.stderr()
+        );
+        // A second node complains: 2 of 3.
+        let complained = Instant::now();
+        let majority = tokio::spawn(complaints(
+            vec![complain("a", &nodes[0].1), complain("b", &nodes[1].1)],
+            5.0,
+        ));
+        let elected = loop {
+            match status(&mut c2).await {
+                Ok(_) => break Instant::now(),
+                Err(s)
+                    if s.code() == Code::Unavailable
+                        && complained.elapsed() < Duration::from_secs(5) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(s) => panic!("the follower did not take over: {s:?}"),
+            }
+        };
+        let took = elected.duration_since(complained);
+        eprintln!("complaints: a majority -> the follower leads in {took:?}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        // The deposed leader, still reaching etcd, stepped down: it ends
+        // its streams at once and follows.
+        let (_, _, events) = &mut nodes[2];
+        // It watches its election key: it learns at once, not at its next
+        // keep-alive (a third of the lease) or write.
+        let ended = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match events.message().await {
+                    Ok(Some(pb::Event {
+                        kind: Some(Kind::JobClosed(c)),
+                    })) => break Some(c),
+                    Ok(Some(_)) => continue,
+                    _ => break None,
+                }
+            }
+        })
+        .await
+        .expect("the deposed leader ends its streams promptly");
+        if let Some(c) = ended {
+            assert!(c.may_rejoin, "{c:?}");
+        }
+        let s = status(&mut c1)
+            .await
+            .expect_err("the deposed leader follows");
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        majority.await.expect("complaints sent");
+        let log = second.stderr();
+        assert_eq!(
+            log.matches("deposing the leader").count(),
+            1,
+            "one warning per deposal: {log}"
+        );
+        assert!(log.contains("2 of 3 nodes"), "{log}");
+    }
+
+    /// The workers of [`a_silent_leader`]: rank 3 fails 2.0 s into the first
+    /// round (0.5 s into the silence, before the agents take the leader for
+    /// silent and their complaints depose it); the others run 12 s (the
+    /// next round outlasts the silence).
     const SILENT_LEADER_ENV: [(&str, &str); 5] = [
         ("RECORD_EACH_ROUND", "1"),
         ("FAIL_RANKS", "3"),
         ("FAIL_UNTIL", "1"),
-        ("FAIL_AFTER", "2.3"),
+        ("FAIL_AFTER", "2.0"),
         ("RUN_FOR", "12"),
     ];
 
@@ -1591,6 +1805,146 @@ mod agent_only {
         );
     }
 
+    /// Drops every packet to one TCP port of this host (nftables, root
+    /// namespace, one way) until dropped.
+    struct PortCut {
+        table: String,
+    }
+
+    impl PortCut {
+        fn nft(script: &str) -> bool {
+            use std::io::Write;
+            let mut child = std::process::Command::new("nft")
+                .args(["-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("run nft (the test command installs nftables)");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(script.as_bytes())
+                .expect("nft script");
+            child.wait().expect("nft").success()
+        }
+
+        fn start(port: u16) -> Self {
+            let table = format!("accel_cut_{}", std::process::id());
+            assert!(
+                Self::nft(&format!(
+                    "table inet {table} {{\n  chain in {{\n    type filter hook input priority 0;\n    tcp dport {port} drop\n  }}\n}}\n"
+                )),
+                "nft"
+            );
+            Self { table }
+        }
+    }
+
+    impl Drop for PortCut {
+        fn drop(&mut self) {
+            Self::nft(&format!("delete table inet {}\n", self.table));
+        }
+    }
+
+    /// Agent-only: the hosting agent's replica cannot be reached (every
+    /// packet to its port dropped, one way) while it keeps its etcd lease.
+    /// Each agent asks only its own replica, so each replica hears one
+    /// complaint; they share them through etcd, and a replica that counts
+    /// 2 of 3 deposes the host. The two other agents resume on the new
+    /// host with their workers running. (On loopback the host's own agent
+    /// is cut from its replica too, which a real partition would not do:
+    /// it is left out of the checks, and the job re-forms without it at
+    /// the drop limit, after this test.)
+    #[test]
+    fn agents_cut_off_from_the_hosting_agent_depose_it_and_resume_with_their_workers() {
+        let dir = scratch("ha-agent-only-cut");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let agents = three_agents(&dir, &etcd, "3", 1, &[]);
+        let election = "/agent-only/team%2Fagents/leader";
+        let host = etcd.ctl(&[
+            "get",
+            "--prefix",
+            election,
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--print-value-only",
+        ]);
+        let host = host
+            .lines()
+            .next()
+            .expect("an elected agent")
+            .trim()
+            .to_owned();
+        let port: u16 = host
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("host:port");
+        let others: Vec<_> = agents
+            .iter()
+            .filter(|(_, a)| advertised(&a.stderr).as_deref() != Some(host.as_str()))
+            .collect();
+        assert_eq!(others.len(), 2, "two agents do not host");
+        let workers: Vec<_> = accel_tests::records(&dir)
+            .into_iter()
+            .filter(|r| {
+                r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
+                    && others
+                        .iter()
+                        .any(|(tag, _)| r.env.get("AGENT_TAG") == Some(tag))
+            })
+            .collect();
+        assert_eq!(workers.len(), 2, "their workers of the first round");
+        let cut_at = Instant::now();
+        let cut = PortCut::start(port);
+        let stderr =
+            |a: &accel_tests::Agent| std::fs::read_to_string(&a.stderr).unwrap_or_default();
+        assert!(
+            accel_tests::eventually(Duration::from_secs(10), || agents
+                .iter()
+                .any(|(_, a)| stderr(a).contains("deposing the leader"))),
+            "a replica deposed the unreachable host"
+        );
+        eprintln!(
+            "agent-only cut: deposed {:.2} s after the cut",
+            cut_at.elapsed().as_secs_f64()
+        );
+        let deposals: usize = agents
+            .iter()
+            .map(|(_, a)| stderr(a).matches("deposing the leader").count())
+            .sum();
+        assert_eq!(deposals, 1, "one deposal");
+        assert!(
+            agents
+                .iter()
+                .any(|(_, a)| stderr(a).contains("deposing the leader: 2 of 3 nodes")),
+            "2 of 3 nodes complained, through etcd"
+        );
+        assert!(
+            accel_tests::eventually(Duration::from_secs(5), || others
+                .iter()
+                .all(|(_, a)| stderr(a).contains("reconnected; the round is still current"))),
+            "both resumed their round on the new host"
+        );
+        eprintln!(
+            "agent-only cut: both resumed {:.2} s after the cut",
+            cut_at.elapsed().as_secs_f64()
+        );
+        for r in &workers {
+            assert!(
+                std::path::Path::new(&format!("/proc/{}", r.pid)).exists(),
+                "worker pid {} still runs",
+                r.pid
+            );
+        }
+        assert_eq!(
+            accel_tests::records(&dir).len(),
+            3,
+            "no worker was started again"
+        );
+        drop(cut);
+    }
+
     #[test]
     fn three_agents_on_etcd_re_form_without_the_hosting_agent_when_it_is_killed() {
         let dir = scratch("ha-agent-only");
@@ -1683,9 +2037,12 @@ mod agent_only {
             assert_eq!(out.code(), 0, "{tag}: the job finished\n{}", out.stderr);
         }
         let reformed = reformed_by_the_survivors(&dir, &outs);
-        // The survivors' workers of the first round were fenced: killed
-        // (SIGKILL, unrecorded), not stopped by a restart (SIGTERM, which
-        // they record) and not finished.
+        // The survivors' workers of the first round did not finish: they
+        // were fenced (killed by SIGKILL, unrecorded) or, as the survivors'
+        // complaints usually depose the dead host within half a second,
+        // before the 1 s fence, stopped by the membership restart once its
+        // presence lease lapsed (SIGTERM, which they record). Either way
+        // no restart was spent (below).
         let recs = accel_tests::records(&dir);
         for (tag, _) in &outs {
             let first = recs
@@ -1695,10 +2052,10 @@ mod agent_only {
                         && r.env.get("WORLD_SIZE").map(String::as_str) == Some("3")
                 })
                 .expect("a survivor's first worker");
-            assert_eq!(
-                (first.end, first.signal),
-                (None, None),
-                "{tag}: its first worker was killed by the fence"
+            assert!(
+                first.end.is_none() && matches!(first.signal, None | Some(15)),
+                "{tag}: its first worker was fenced or stopped by a membership restart: {:?}",
+                (first.end, first.signal)
             );
             let reformed_start = reformed
                 .iter()
@@ -1713,6 +2070,17 @@ mod agent_only {
                 "the fence spent no restart"
             );
         }
+        // The killed host could not revoke its presence key: it lapses
+        // with its lease (5 s), which may be after the job ended now that
+        // the survivors depose the dead host at once.
+        let settled = || {
+            etcd.ctl(&["get", "--prefix", "/agent-only", "--keys-only"])
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count()
+                == 1
+        };
+        accel_tests::eventually(Duration::from_secs(10), settled);
         only_the_tombstone_is_left(&etcd, "/agent-only", "team%2Fagents");
     }
 

@@ -17,6 +17,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         last_call_ms: 30_000,
         resume: None,
         session: Vec::new(),
+        silent_replica: String::new(),
     }
 }
 

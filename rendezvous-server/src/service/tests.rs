@@ -132,3 +132,51 @@ fn a_world_larger_than_pytorchs_ranks_is_refused() {
     r.nproc_per_node = 21_474;
     assert!(validate_join(&r).is_ok());
 }
+
+/// A follower hands the joins that say the leader went silent to its
+/// tally, bounded; other joins, and a leader's, are not complaints.
+#[tokio::test]
+async fn a_follower_queues_bounded_complaints_of_joins_that_left_a_silent_leader() {
+    let (_roles, seat) = watch::channel(Role::Follower {
+        leader: Some("head-1:29400".into()),
+    });
+    let (tx, mut rx) = mpsc::channel(8);
+    let service = RendezvousService::seated(seat).hearing(tx);
+    let complaint = |silent: &str, session: Vec<u8>| {
+        let mut req = join(None);
+        req.silent_replica = silent.into();
+        req.session = session;
+        Request::new(req)
+    };
+    let secret = vec![3; crate::job::SESSION_BYTES];
+    for req in [
+        complaint("head-1:29400", secret.clone()),
+        complaint("", secret.clone()),
+        complaint(&"h".repeat(limits::MAX_ADDR_BYTES + 1), secret.clone()),
+        complaint("head-1:29400\n", secret.clone()),
+        complaint("head-1:29400", vec![3; 4]),
+    ] {
+        let refused = service
+            .join(req)
+            .await
+            .expect_err("a follower serves nothing");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+    }
+    let heard = rx.try_recv().expect("the well-formed complaint is queued");
+    assert_eq!(
+        (
+            heard.job.as_str(),
+            heard.node.as_str(),
+            heard.silent.as_str()
+        ),
+        ("job", "n0", "head-1:29400")
+    );
+    assert_eq!(heard.session, secret);
+    assert!(rx.try_recv().is_err(), "nothing else is a complaint");
+    // A leader checks the field as part of the join.
+    let mut req = join(None);
+    req.silent_replica = "h".repeat(limits::MAX_ADDR_BYTES + 1);
+    assert!(validate_join(&req).is_err());
+    req.silent_replica = "head-1:29400".into();
+    assert!(validate_join(&req).is_ok());
+}

@@ -236,6 +236,17 @@ impl EtcdStore {
         Ok(found)
     }
 
+    /// Job `id` as etcd holds it now (`None`: no such job, or its first
+    /// write did not finish), read without touching what this store holds:
+    /// for a follower counting the job's members ([`crate::depose`]).
+    pub async fn job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let mut found = self.read(records::job_prefix(&self.prefix, id)).await?;
+        match found.remove(id) {
+            Some((encoded, true)) => records::decode(id, &encoded).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
         let found = self.read(records::jobs_prefix(&self.prefix)).await?;
         let mut held = self.held.lock().await;

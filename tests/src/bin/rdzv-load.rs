@@ -88,6 +88,7 @@ async fn agent(
         last_call_ms: 0,
         resume: None,
         session: Vec::new(),
+        silent_replica: String::new(),
     };
     let mut events = client
         .join(req)
