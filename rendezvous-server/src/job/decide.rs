@@ -24,26 +24,38 @@ pub enum Decision {
     Complete(Vec<String>),
 }
 
-/// Whether the forming round completes at `now`. O(1) unless it completes.
+/// Whether the forming round completes at `now`. O(1) unless it would
+/// complete (then O(members)).
 ///
 /// A round completes at MAX ready nodes, or at MIN once the last call (which
 /// starts when MIN are ready) ends. A job re-forming after a round ran starts
 /// as soon as every remaining member is ready: there is nobody to wait for.
+///
+/// # Never beside a stopping node
+/// Whichever way it would complete, a round waits while a node of the last
+/// round that ran is still a member and not ready: it may still run that
+/// round's workers (it has not heard the restart, being cut off, or its
+/// workers take their time to stop), and the new round would give its
+/// ranks to others. It is ready once its workers are gone; otherwise it
+/// leaves, or is dropped at the drop limit, by which time it stopped them
+/// itself (fencing). So no two live workers hold one rank, whatever the
+/// last call says.
 pub fn decide(now: Instant, job: &Job) -> Decision {
     if job.phase != Phase::Forming {
         return Decision::Idle;
     }
     let c = &job.config;
     let ready = job.ready;
+    let wait = |last_call_ends| Decision::Wait {
+        ready,
+        needed: c.min_nodes,
+        last_call_ends,
+    };
     if ready >= c.max_nodes {
-        return Decision::Complete(rank_order(job));
+        return complete_unless_stopping(job, wait(None));
     }
     if ready < c.min_nodes {
-        return Decision::Wait {
-            ready,
-            needed: c.min_nodes,
-            last_call_ends: None,
-        };
+        return wait(None);
     }
     if !job.participants.is_empty() && ready as usize == job.members.len() {
         return Decision::Complete(rank_order(job));
@@ -51,12 +63,23 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     let since = job.min_ready_since.unwrap_or(now);
     let ends = since.checked_add(c.last_call).unwrap_or(since);
     if now >= ends {
-        return Decision::Complete(rank_order(job));
+        // Waiting on a stopping node has no deadline of its own: its
+        // readiness, departure or drop wakes the job.
+        return complete_unless_stopping(job, wait(None));
     }
-    Decision::Wait {
-        ready,
-        needed: c.min_nodes,
-        last_call_ends: Some(ends),
+    wait(Some(ends))
+}
+
+/// Completes the round unless a node of the last round may still run its
+/// workers (see [`decide`]); `wait` otherwise.
+fn complete_unless_stopping(job: &Job, wait: Decision) -> Decision {
+    let stopping = job
+        .members
+        .values()
+        .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
+    match stopping {
+        true => wait,
+        false => Decision::Complete(rank_order(job)),
     }
 }
 

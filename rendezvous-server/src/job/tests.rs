@@ -787,3 +787,68 @@ fn a_member_reconnects_with_its_secret_even_without_resume() {
         Err(JoinError::WrongSession { .. })
     ));
 }
+
+#[test]
+fn a_round_never_forms_while_a_node_of_the_last_one_may_still_run_its_workers() {
+    // Three nodes ran round 0; one fails. The other two stop and are
+    // ready for round 1, but c (cut off, say) has not said it stopped: its
+    // workers may still hold ranks the new round would give away.
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    for n in ["a", "b", "c"] {
+        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+    }
+    for n in ["a", "b", "c"] {
+        j.ready(t, n, 0, (n.into(), 1), None);
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    j.failure(t, "a", 0, "worker 0 failed".into(), None);
+    assert_eq!((j.phase(), j.round()), (&Phase::Forming, 1));
+    j.ready(t, "a", 1, ("a".into(), 1), None);
+    j.ready(t, "b", 1, ("b".into(), 1), None);
+    // The last call is long over: still no round beside c's workers.
+    let later = t + Duration::from_secs(40);
+    for n in ["a", "b", "c"] {
+        assert!(j.keep_alive(later, n));
+    }
+    let out = j.tick(later);
+    assert!(
+        out.iter()
+            .all(|o| !matches!(o.event, Kind::RoundComplete(_))),
+        "{out:?}"
+    );
+    assert!(
+        matches!(
+            decide(later, &j),
+            Decision::Wait {
+                ready: 2,
+                last_call_ends: None,
+                ..
+            }
+        ),
+        "no deadline to spin on: {:?}",
+        decide(later, &j)
+    );
+    // Once c is dropped (by then it fenced its workers), a and b go on.
+    let out = j.drop_nodes(later, &["c".into()], "sent no keep-alive in time");
+    assert_eq!(round_of(&out, "a").nnodes, 2);
+    // The same when the round would fill up (MAX) with a newcomer.
+    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 2)));
+    for n in ["a", "b"] {
+        j.join(t, n, &elastic(n, 2, 2), S).expect("join");
+    }
+    for n in ["a", "b"] {
+        j.ready(t, n, 0, (n.into(), 1), None);
+    }
+    j.join(t, "d", &elastic("d", 2, 2), S).expect("join");
+    j.failure(t, "a", 0, "worker 0 failed".into(), None);
+    j.ready(t, "a", 1, ("a".into(), 1), None);
+    let out = j.ready(t, "d", 1, ("d".into(), 1), None);
+    assert!(
+        out.iter()
+            .all(|o| !matches!(o.event, Kind::RoundComplete(_))),
+        "b may still run rank 1's workers: {out:?}"
+    );
+    let out = j.ready(t, "b", 1, ("b".into(), 1), None);
+    assert_eq!(round_of(&out, "a").nnodes, 2, "b stopped: a full round");
+}
