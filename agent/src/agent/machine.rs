@@ -108,7 +108,7 @@ impl Settings {
     }
 
     /// How long after its last contact a node stops its workers: the drop
-    /// limit less [`super::link::fence_margin`], so the kill lands before
+    /// limit less the fence margin (`link::fence_margin`), so the kill lands before
     /// the rendezvous can drop the node and the others re-form.
     pub fn fence_in(&self) -> Duration {
         self.fence_after
