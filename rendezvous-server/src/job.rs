@@ -191,6 +191,11 @@ pub struct Job {
     empty_since: Option<Instant>,
     /// Placeholders of a relearned job not claimed yet.
     absent: u32,
+    /// When the forming round began after a round ran (the restart): a
+    /// node of that round may run its workers until its fence, at most the
+    /// drop limit later ([`decide`]). Not stored: a loaded job counts from
+    /// its load.
+    forming_since: Option<Instant>,
 }
 
 impl Job {
@@ -215,6 +220,7 @@ impl Job {
             next_liveness: None,
             empty_since: None,
             absent: 0,
+            forming_since: None,
         }
     }
 
@@ -443,7 +449,7 @@ impl Job {
         self.root_cause = detail;
         if self.restart_count < self.config.max_restarts {
             self.restart_count = self.restart_count.saturating_add(1);
-            return self.restart(reason, true);
+            return self.restart(now, reason, true);
         }
         let reason = format!(
             "{reason}; the job's restart budget is spent ({} of --max-restarts {})",
@@ -480,7 +486,7 @@ impl Job {
             return Vec::new();
         };
         let reason = format!("host '{}' {reason}", m.hostname);
-        self.restart(reason, false)
+        self.restart(now, reason, false)
     }
 
     /// Every worker of `node_id` succeeded in `round`.
@@ -550,6 +556,7 @@ impl Job {
         Some(match self.phase {
             // A node whose workers succeeded may go; the others finish the round.
             Phase::Running if m.rank.is_some() && !m.succeeded => self.restart(
+                now,
                 format!("host '{}' left the job: {reason}", m.hostname),
                 false,
             ),

@@ -269,6 +269,7 @@ impl Registry {
                 // the job whole.
                 warn!(job = %id, round = job.round(), "the last leader stopped while writing a change to this job; re-forming it (no restart is counted)");
                 let _ = job.reform(
+                    now,
                     "the rendezvous server that led this job stopped while writing a change to it"
                         .into(),
                 );

@@ -31,15 +31,17 @@ pub enum Decision {
 /// starts when MIN are ready) ends. A job re-forming after a round ran starts
 /// as soon as every remaining member is ready: there is nobody to wait for.
 ///
-/// # Never beside a stopping node
+/// # Never beside a node that may not have heard
 /// Whichever way it would complete, a round waits while a node of the last
-/// round that ran is still a member and not ready: it may still run that
-/// round's workers (it has not heard the restart, being cut off, or its
-/// workers take their time to stop), and the new round would give its
-/// ranks to others. It is ready once its workers are gone; otherwise it
-/// leaves, or is dropped at the drop limit, by which time it stopped them
-/// itself (fencing). So no two live workers hold one rank, whatever the
-/// last call says.
+/// round that ran is still a member and not ready, for at most the drop
+/// limit from the restart: it may not have heard the restart (cut off from
+/// the server's events) and still run that round's workers, whose ranks
+/// the new round would give to others. A node that hears nothing from the
+/// server stops its workers itself (fencing) within the drop limit of the
+/// last call it had answered, which is no later than the restart; one
+/// that heard it is stopping them (or backing off, its workers gone), and
+/// need not hold the others up longer. So no two live workers hold one
+/// rank, whatever the last call says.
 pub fn decide(now: Instant, job: &Job) -> Decision {
     if job.phase != Phase::Forming {
         return Decision::Idle;
@@ -52,7 +54,7 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
         last_call_ends,
     };
     if ready >= c.max_nodes {
-        return complete_unless_stopping(job, wait(None));
+        return complete_unless_unheard(now, job, wait);
     }
     if ready < c.min_nodes {
         return wait(None);
@@ -63,22 +65,37 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     let since = job.min_ready_since.unwrap_or(now);
     let ends = since.checked_add(c.last_call).unwrap_or(since);
     if now >= ends {
-        // Waiting on a stopping node has no deadline of its own: its
-        // readiness, departure or drop wakes the job.
-        return complete_unless_stopping(job, wait(None));
+        return complete_unless_unheard(now, job, wait);
     }
     wait(Some(ends))
 }
 
 /// Completes the round unless a node of the last round may still run its
-/// workers (see [`decide`]); `wait` otherwise.
-fn complete_unless_stopping(job: &Job, wait: Decision) -> Decision {
-    let stopping = job
-        .members
-        .values()
-        .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
-    match stopping {
-        true => wait,
+/// workers without having heard the restart (see [`decide`]): then waits
+/// until that may no longer be (its readiness, departure or drop decides
+/// sooner).
+fn complete_unless_unheard(
+    now: Instant,
+    job: &Job,
+    wait: impl Fn(Option<Instant>) -> Decision,
+) -> Decision {
+    let until = job.forming_since.map(|since| match job.config.dead_after {
+        Some(d) => since.checked_add(d),
+        None => None,
+    });
+    let blocking = match until {
+        None => false,
+        Some(Some(t)) => now < t,
+        // No drop limit: a node never fences, so it is waited for.
+        Some(None) => true,
+    };
+    let unheard = blocking
+        && job
+            .members
+            .values()
+            .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
+    match unheard {
+        true => wait(until.flatten()),
         false => Decision::Complete(rank_order(job)),
     }
 }

@@ -86,7 +86,11 @@ impl Job {
         if self.phase == Phase::Running {
             if (self.participants.len() as u32) < self.config.max_nodes {
                 // A node arriving while a round with free slots runs: re-form with it.
-                out.extend(self.restart(format!("host '{}' joined the job", req.hostname), false));
+                out.extend(self.restart(
+                    now,
+                    format!("host '{}' joined the job", req.hostname),
+                    false,
+                ));
             } else {
                 // The round is full: the newcomer waits as a spare for a freed slot.
                 out.push(Outbound {

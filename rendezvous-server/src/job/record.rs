@@ -180,6 +180,7 @@ impl Job {
                 (id, member)
             })
             .collect();
+        let forming = record.phase == super::Phase::Forming;
         let mut job = Self {
             id: record.id,
             config: record.config,
@@ -199,6 +200,8 @@ impl Job {
             next_liveness: at(record.next_liveness),
             empty_since: at(record.empty_since),
             absent: record.absent,
+            // A node of the last round gets the drop limit from the load.
+            forming_since: forming.then_some(now),
         };
         job.ready = job.members.values().filter(|m| m.ready.is_some()).count() as u32;
         job.absent = job

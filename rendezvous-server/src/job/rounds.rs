@@ -153,15 +153,16 @@ impl Job {
     /// whose stored state is not to be trusted as a whole
     /// ([`super::JobRecord::torn`]). Every member is asked to offer itself
     /// again; nothing happens to a job that is over.
-    pub fn reform(&mut self, reason: String) -> Vec<Outbound> {
+    pub fn reform(&mut self, now: Instant, reason: String) -> Vec<Outbound> {
         if self.phase.is_terminal() {
             return Vec::new();
         }
-        self.restart(reason, false)
+        self.restart(now, reason, false)
     }
 
-    pub(super) fn restart(&mut self, reason: String, counted: bool) -> Vec<Outbound> {
+    pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
+        self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);
         self.phase = Phase::Forming;
         self.succeeded = 0;

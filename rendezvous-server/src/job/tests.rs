@@ -789,14 +789,20 @@ fn a_member_reconnects_with_its_secret_even_without_resume() {
 }
 
 #[test]
-fn a_round_never_forms_while_a_node_of_the_last_one_may_still_run_its_workers() {
+fn a_round_never_forms_while_a_node_of_the_last_one_may_not_have_heard_the_restart() {
     // Three nodes ran round 0; one fails. The other two stop and are
-    // ready for round 1, but c (cut off, say) has not said it stopped: its
-    // workers may still hold ranks the new round would give away.
+    // ready for round 1, but c has not said it stopped: if it is cut off
+    // from the server's events, its workers still hold ranks the new round
+    // would give away, until it fences them within the drop limit (15 s).
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
+    let quick = |h: &str, min, max| pb::JoinRequest {
+        last_call_ms: 1_000,
+        max_restarts: 5,
+        ..elastic(h, min, max)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&quick("h", 2, 3)));
     for n in ["a", "b", "c"] {
-        j.join(t, n, &elastic(n, 2, 3), S).expect("join");
+        j.join(t, n, &quick(n, 2, 3), S).expect("join");
     }
     for n in ["a", "b", "c"] {
         j.ready(t, n, 0, (n.into(), 1), None);
@@ -806,31 +812,39 @@ fn a_round_never_forms_while_a_node_of_the_last_one_may_still_run_its_workers() 
     assert_eq!((j.phase(), j.round()), (&Phase::Forming, 1));
     j.ready(t, "a", 1, ("a".into(), 1), None);
     j.ready(t, "b", 1, ("b".into(), 1), None);
-    // The last call is long over: still no round beside c's workers.
-    let later = t + Duration::from_secs(40);
-    for n in ["a", "b", "c"] {
-        assert!(j.keep_alive(later, n));
-    }
+    // The last call is over: still no round beside c's workers, and the
+    // job wakes when c must have fenced them.
+    let later = t + Duration::from_secs(5);
     let out = j.tick(later);
     assert!(
         out.iter()
             .all(|o| !matches!(o.event, Kind::RoundComplete(_))),
         "{out:?}"
     );
-    assert!(
-        matches!(
-            decide(later, &j),
-            Decision::Wait {
-                ready: 2,
-                last_call_ends: None,
-                ..
-            }
-        ),
-        "no deadline to spin on: {:?}",
-        decide(later, &j)
+    assert_eq!(
+        decide(later, &j),
+        Decision::Wait {
+            ready: 2,
+            needed: 2,
+            last_call_ends: Some(t + Duration::from_secs(15)),
+        },
     );
-    // Once c is dropped (by then it fenced its workers), a and b go on.
-    let out = j.drop_nodes(later, &["c".into()], "sent no keep-alive in time");
+    // c hears and is ready: a full round at once.
+    let out = j.ready(later, "c", 1, ("c".into(), 1), None);
+    assert_eq!(round_of(&out, "a").nnodes, 3);
+    // Once the drop limit from the restart passed, c (still silent, or
+    // backing off with its workers gone) holds nobody up.
+    j.failure(later, "a", 1, "worker 0 failed".into(), None);
+    j.ready(later, "a", 2, ("a".into(), 1), None);
+    j.ready(later, "b", 2, ("b".into(), 1), None);
+    for n in ["a", "b", "c"] {
+        assert!(j.keep_alive(later + Duration::from_secs(14), n));
+    }
+    assert!(j
+        .tick(later + Duration::from_secs(14))
+        .iter()
+        .all(|o| !matches!(o.event, Kind::RoundComplete(_))));
+    let out = j.tick(later + Duration::from_secs(15));
     assert_eq!(round_of(&out, "a").nnodes, 2);
     // The same when the round would fill up (MAX) with a newcomer.
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 2)));
