@@ -492,7 +492,13 @@ mod tests {
             .env("CHAOS_JOB", "rec")
             .spawn()
             .expect("sleep");
-        let found = marked(&id);
+        // Until it has exec'ed, the child's environment is still ours.
+        let t0 = std::time::Instant::now();
+        let mut found = marked(&id);
+        while found.is_empty() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            found = marked(&id);
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(found.len(), 1, "{found:?}");
