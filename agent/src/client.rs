@@ -146,7 +146,7 @@ impl RdzvClient {
         avoid: Option<&(String, u16)>,
         deadline: Instant,
     ) -> Result<Taken, AgentError> {
-        let avoid = avoid.filter(|_| leaders == Leaders::Published || endpoints.len() > 1);
+        let avoid = avoidable(leaders, endpoints, avoid);
         // Say why: a follower that still names the silent replica as the
         // leader counts this, and deposes a leader most of a job's nodes
         // cannot reach.
@@ -740,6 +740,23 @@ fn first_event(message: Result<Option<pb::Event>, Status>) -> First {
     }
 }
 
+/// The replica a join leaves aside, of the silent one `avoid`: with
+/// [`Leaders::Listed`], only if another endpoint is left to ask. With
+/// [`Leaders::Published`], never this agent's own replica (the first
+/// endpoint): it runs in this process, so it is not silent but stepped
+/// down, and it is the one that names the new leader; avoiding it would
+/// leave nobody to ask.
+fn avoidable<'a>(
+    leaders: Leaders,
+    endpoints: &[(String, u16)],
+    avoid: Option<&'a (String, u16)>,
+) -> Option<&'a (String, u16)> {
+    avoid.filter(|a| match leaders {
+        Leaders::Listed => endpoints.len() > 1,
+        Leaders::Published => endpoints.first() != Some(*a),
+    })
+}
+
 /// `HOST:PORT` (or `[V6]:PORT`) as a host and port; `None` if it is not one.
 fn split_host_port(s: &str) -> Option<(String, u16)> {
     let (host, port) = s.rsplit_once(':')?;
@@ -802,6 +819,25 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_never_avoids_its_own_replica_nor_its_only_server() {
+        let own = ("10.0.0.1".to_owned(), 29400);
+        let other = ("10.0.0.2".to_owned(), 29400);
+        // Agent-only: its own replica stepped down (it led); it names the
+        // new leader, so it is asked, not avoided.
+        let published = [own.clone()];
+        assert_eq!(avoidable(Leaders::Published, &published, Some(&own)), None);
+        // Another agent's replica that went silent is avoided.
+        assert_eq!(
+            avoidable(Leaders::Published, &published, Some(&other)),
+            Some(&other)
+        );
+        // Listed replicas: avoided while another is left to ask.
+        let both = [own.clone(), other.clone()];
+        assert_eq!(avoidable(Leaders::Listed, &both, Some(&own)), Some(&own));
+        assert_eq!(avoidable(Leaders::Listed, &published, Some(&own)), None);
+    }
 
     #[test]
     fn a_published_leader_is_host_and_port() {
