@@ -574,15 +574,25 @@ async fn open_probe(
     Ok((channel, watch.into_inner()))
 }
 
-/// Waits until a probe's watch ends: why.
-async fn probe_ended(watch: &mut Streaming<HealthCheckResponse>) -> String {
-    loop {
+/// Waits until a probe's watch ends (its PINGs went unanswered for
+/// `silence`, or the server closed it): why, in words.
+pub(crate) async fn probe_ended(
+    watch: &mut Streaming<HealthCheckResponse>,
+    silence: Duration,
+) -> String {
+    let why = loop {
         match watch.message().await {
+            // A change of the server's health: its own streams say what it
+            // means for this node.
             Ok(Some(_)) => continue,
-            Ok(None) => return "the server ended the probe".into(),
-            Err(s) => return s.message().to_owned(),
+            Ok(None) => break "the server ended the probe".to_owned(),
+            Err(s) => break s.message().to_owned(),
         }
-    }
+    };
+    format!(
+        "the rendezvous answered no HTTP/2 PING within {:.1} s ({why})",
+        silence.as_secs_f64()
+    )
 }
 
 /// The HTTP/2 PINGs of a connection that must go without an answer for no
@@ -664,8 +674,8 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
     };
     let taken = tokio::select! {
         taken = joining => taken,
-        why = probe_ended(&mut probe) => Err(Attempt::Retry(Retry {
-            error: format!("the rendezvous answered no HTTP/2 PING within {:.1} s ({why})", how.silence.as_secs_f64()),
+        error = probe_ended(&mut probe, how.silence) => Err(Attempt::Retry(Retry {
+            error,
             leader: None,
         })),
     };

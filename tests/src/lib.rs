@@ -266,6 +266,17 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<
     }
 }
 
+/// A prefix that runs a command as another host, `stranger` (a UTS
+/// namespace of its own), for a node that must not be taken for one of
+/// this host's: `cmd.start_with(&STRANGER_HOST, ...)`.
+pub const STRANGER_HOST: [&str; 5] = [
+    "unshare",
+    "--uts",
+    "sh",
+    "-c",
+    "hostname stranger && exec \"$0\" \"$@\"",
+];
+
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

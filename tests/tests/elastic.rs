@@ -504,15 +504,8 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     assert!(out.stderr.contains("nothing to do"), "{}", out.stderr);
 
     // Another host (its own UTS namespace) never belonged: refused.
-    let stranger = [
-        "unshare",
-        "--uts",
-        "sh",
-        "-c",
-        "hostname stranger && exec \"$0\" \"$@\"",
-    ];
     let out = agent("e")
-        .start_with(&stranger, &dir, "e")
+        .start_with(&accel_tests::STRANGER_HOST, &dir, "e")
         .wait(Duration::from_secs(30));
     assert_ne!(out.code(), 0, "{}", out.stderr);
     assert!(

@@ -1786,15 +1786,8 @@ mod agent_only {
             out.stderr
         );
         // Another host never belonged: refused, with the outcome and the fix.
-        let stranger = [
-            "unshare",
-            "--uts",
-            "sh",
-            "-c",
-            "hostname stranger && exec \"$0\" \"$@\"",
-        ];
         let out = job("team/late", "true")
-            .start_with(&stranger, &dir, "stranger")
+            .start_with(&accel_tests::STRANGER_HOST, &dir, "stranger")
             .wait(Duration::from_secs(60));
         assert_ne!(out.code(), 0, "{}", out.stderr);
         assert!(

@@ -483,13 +483,7 @@ impl Link for RdzvLink {
                     true => Heard::Silent { why, since },
                     false => Heard::Lost(why),
                 },
-                why = probe_ends(&mut self.probe) => Heard::Silent {
-                    why: format!(
-                        "the rendezvous answered no HTTP/2 PING within {:.1} s ({why})",
-                        silence.as_secs_f64()
-                    ),
-                    since,
-                },
+                why = probe_ends(&mut self.probe, silence) => Heard::Silent { why, since },
                 ev = events.message() => match ev {
                     Ok(Some(pb::Event { kind: Some(kind) })) => Heard::Message(kind),
                     Ok(Some(_)) => Heard::Nothing,
@@ -542,21 +536,16 @@ impl Link for RdzvLink {
     }
 }
 
-/// Waits until the probe's health watch ends (its PINGs went unanswered,
-/// or the server closed it): why. Never returns without a probe.
-async fn probe_ends(probe: &mut Option<Streaming<HealthCheckResponse>>) -> String {
+/// Waits until the probe's health watch ends ([`crate::client::probe_ended`])
+/// and drops it: why. Never returns without a probe.
+async fn probe_ends(
+    probe: &mut Option<Streaming<HealthCheckResponse>>,
+    silence: Duration,
+) -> String {
     let Some(watch) = probe.as_mut() else {
         return std::future::pending().await;
     };
-    let why = loop {
-        match watch.message().await {
-            // A change of the server's health: its own streams say what
-            // it means for this node.
-            Ok(Some(_)) => continue,
-            Ok(None) => break "the server ended the probe".to_owned(),
-            Err(s) => break s.message().to_owned(),
-        }
-    };
+    let why = crate::client::probe_ended(watch, silence).await;
     *probe = None;
     why
 }
