@@ -53,12 +53,20 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v readelf >/dev/null || need_apt+=(binutils)
 command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
 [ -f /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || need_apt+=(libc6-arm64-cross)
+# The shared-node tests act as a second local user (tests/tests/shared_node.rs).
+command -v useradd >/dev/null || need_apt+=(passwd)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null
   PY="$(command -v python3)"
+fi
+
+if ! id accel-other >/dev/null 2>&1; then
+  echo "setup: creating the local user accel-other (the shared-node tests' second user)" >&2
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+  $sudo_ useradd --system --no-create-home --shell /usr/sbin/nologin accel-other
 fi
 
 pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"

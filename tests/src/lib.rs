@@ -186,6 +186,38 @@ pub fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The second local user of the shared-node tests: a job runs as one user
+/// (root, as the tests do), and what this user can read or reach of it is
+/// what any other user of the node could. `scripts/setup.sh` creates it.
+pub const OTHER_USER: &str = "accel-other";
+
+/// [`OTHER_USER`]'s uid and gid. Panics with the fix when the user is missing:
+/// a test that needs it never passes without it.
+pub fn other_user() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, OTHER_USER])
+            .output()
+            .expect("run id");
+        assert!(
+            out.status.success(),
+            "the local user {OTHER_USER} is missing: run scripts/setup.sh (it creates it)"
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a numeric id")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// Makes `cmd` run as [`OTHER_USER`], with its primary group only.
+pub fn as_other_user(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    let (uid, gid) = other_user();
+    cmd.uid(uid).gid(gid).env("HOME", "/").env_remove("ACCEL_RDZV_TOKEN")
+}
+
 /// A fresh scratch directory for one test, kept afterwards (a failed test's
 /// logs and worker files stay readable) for a day: the first call of a run
 /// deletes the scratch directories of runs older than that.
