@@ -61,6 +61,9 @@ const EMBEDDED_DRAIN: Duration = Duration::from_secs(5);
 /// Runs the job on this node to its outcome.
 pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, AgentError> {
     let mut signals = Signals::install(&cfg.signals)?;
+    // A log directory the agent must not write into fails it now, not
+    // when the first round starts its workers.
+    crate::files::check_log_dir(cfg.log_dir.as_deref())?;
     let hostname = hostname();
     // The fence clock: the send time of the last call a rendezvous
     // answered, kept by every link of this agent.
@@ -386,7 +389,7 @@ struct Session<'a, L: Link, S: Spawner> {
     spawner: S,
     signals: &'a mut Signals,
     hostname: String,
-    run_dir: Option<PathBuf>,
+    run_dir: Option<Arc<crate::files::Dir>>,
     /// The listener offered for the forming round's worker store.
     store_listener: Option<TcpListener>,
     /// Binds each round's store listener.
@@ -404,7 +407,7 @@ struct Session<'a, L: Link, S: Spawner> {
     /// A rejoin attempt in flight.
     rejoin: Option<Rejoining<L>>,
     /// The running round's error files, by local rank.
-    error_files: Vec<PathBuf>,
+    error_files: Vec<crate::files::FileAt>,
     /// This node's failures in the running round.
     failures: Vec<pb::Failure>,
     /// What is counted for Prometheus.
@@ -597,7 +600,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
         let text = self
             .error_files
             .get(exit.local_rank as usize)
-            .and_then(|f| std::fs::read_to_string(f).ok());
+            .and_then(|f| crate::failure::read_error_text(&f.path()));
         if let Some(failure) = crate::events::Failure::of(exit.ended, text.as_deref()) {
             events.failed(exit.local_rank, failure);
         }

@@ -34,17 +34,7 @@ pub const MAX_ERROR_FILE_BYTES: u64 = 4 << 20;
 /// Reads a worker's error file; `None` if it wrote none (or nothing readable,
 /// or more than [`MAX_ERROR_FILE_BYTES`]).
 pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
-    use std::io::Read as _;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(MAX_ERROR_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .ok()?;
-    if text.len() as u64 > MAX_ERROR_FILE_BYTES {
-        tracing::warn!(file = %path.display(), "the worker's error file is larger than 4 MiB; it is not read");
-        return None;
-    }
+    let text = read_error_text(path)?;
     let raw: Value = serde_json::from_str(&text).ok()?;
     let num = |v: &Value| {
         v.as_f64()
@@ -68,6 +58,36 @@ pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
         timestamp,
         raw,
     })
+}
+
+/// The text of a worker's error file, if it is a regular file of at most
+/// [`MAX_ERROR_FILE_BYTES`]. Never blocks: the worker may have put a named
+/// pipe, a link or a device there ([`crate::files::open_worker_file`]);
+/// such a file is not read, with one warning per agent (later ones are
+/// debug lines: a worker doing it every round does not flood the log).
+pub fn read_error_text(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let file = match crate::files::open_worker_file(path) {
+        Ok(f) => f?,
+        Err(what) => {
+            if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::debug!(file = %path.display(), what, "a worker's error file is not a regular file; not read");
+            } else {
+                tracing::warn!(file = %path.display(), what, "a worker's error file is not a regular file, so it is not read (said once; later ones are debug lines)");
+            }
+            return None;
+        }
+    };
+    let mut text = String::new();
+    file.take(MAX_ERROR_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() as u64 > MAX_ERROR_FILE_BYTES {
+        tracing::warn!(file = %path.display(), "the worker's error file is larger than 4 MiB; it is not read");
+        return None;
+    }
+    Some(text)
 }
 
 fn now_secs() -> f64 {

@@ -197,8 +197,8 @@ pub struct Watched {
     pub pid: i32,
     /// Its global rank.
     pub rank: u32,
-    /// Its `TORCHELASTIC_ERROR_FILE`.
-    pub error_file: PathBuf,
+    /// Its `TORCHELASTIC_ERROR_FILE`, in its rank directory's handle.
+    pub error_file: crate::files::FileAt,
 }
 
 /// The running round's workers, updated by the agent as rounds start.
@@ -356,7 +356,7 @@ async fn act(e: &Expired, worker: &Watched, workers: &Workers) {
         worker.rank, e.pid
     );
     if let Err(err) = write_error_file(&worker.error_file, &message, &stacks) {
-        warn!(file = %worker.error_file.display(), error = %err, "cannot write the hung worker's error file");
+        warn!(file = %worker.error_file.path().display(), error = %err, "cannot write the hung worker's error file");
     }
     // Still that worker's process after the dump (not a reused pid)?
     if owner(e.pid, &lock(workers).clone()).is_none_or(|w| w.pid != worker.pid) {
@@ -404,8 +404,10 @@ async fn stacks(pid: i32) -> String {
     }
 }
 
-/// Writes torch's error-file format, which the failure report reads.
-fn write_error_file(path: &Path, message: &str, stacks: &str) -> io::Result<()> {
+/// Writes torch's error-file format, which the failure report reads: 0600,
+/// in the rank directory's handle, replacing (never following) whatever the
+/// worker left at that name.
+fn write_error_file(at: &crate::files::FileAt, message: &str, stacks: &str) -> io::Result<()> {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -416,9 +418,7 @@ fn write_error_file(path: &Path, message: &str, stacks: &str) -> io::Result<()> 
         }
     });
     // Whole or not at all: the report may be read while this is written.
-    let tmp = path.with_extension("accel-tmp");
-    std::fs::write(&tmp, body.to_string())?;
-    std::fs::rename(&tmp, path)
+    at.dir().replace_file(at.name(), body.to_string().as_bytes())
 }
 
 #[cfg(test)]
@@ -507,10 +507,13 @@ mod tests {
         // whose pid is our group is the owner; anything else is nobody's.
         let me = std::process::id() as i32;
         let group = nix::unistd::getpgid(None).expect("pgid").as_raw();
+        let dir = std::sync::Arc::new(
+            crate::files::Dir::open_base(Path::new("/dev"), "test").expect("/dev"),
+        );
         let w = |pid| Watched {
             pid,
             rank: 3,
-            error_file: PathBuf::from("/dev/null"),
+            error_file: crate::files::FileAt::new(dir.clone(), "null"),
         };
         assert_eq!(owner(me, &[w(group)]).map(|w| w.rank), Some(3));
         assert!(owner(me, &[w(group + 1)]).is_none(), "another group");

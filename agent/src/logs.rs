@@ -23,7 +23,6 @@ pub mod filter;
 pub mod tee;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 use accel_input::excerpt;
 
@@ -111,8 +110,8 @@ pub enum Sink {
     /// A pipe read by the agent: everything to `file`, and prefixed lines to
     /// the console when `prefix` is set (tee'd and shown).
     Pipe {
-        /// The log file.
-        file: PathBuf,
+        /// The log file, created (0600, never through a link) by the pump.
+        file: crate::files::FileAt,
         /// The console prefix; `None`: the rank is filtered from the console.
         prefix: Option<Vec<u8>>,
     },
@@ -217,7 +216,11 @@ impl LogSpec {
 
     /// Where the stdout and stderr of the worker `v` describes go, with its
     /// log files in `dir`.
-    pub fn sinks(&self, dir: &std::path::Path, v: &PrefixVars<'_>) -> (Sink, Sink) {
+    pub fn sinks(
+        &self,
+        dir: &std::sync::Arc<crate::files::Dir>,
+        v: &PrefixVars<'_>,
+    ) -> (Sink, Sink) {
         let (redirect, tee) = (
             self.redirects.for_rank(v.local_rank),
             self.tee.for_rank(v.local_rank),
@@ -227,7 +230,7 @@ impl LogSpec {
             render_prefix(self.prefix_template.as_deref().unwrap_or(DEFAULT_PREFIX), v).into_bytes()
         });
         let pick = |redirected: bool, teed: bool, name: &str| {
-            let file = dir.join(name);
+            let file = crate::files::FileAt::new(dir.clone(), name);
             if teed || redirected {
                 Sink::Pipe {
                     file,
@@ -305,35 +308,39 @@ mod tests {
 
     #[test]
     fn sinks_follow_torchrun() {
-        let dir = std::path::Path::new("/logs/attempt_0/1");
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let dir = std::sync::Arc::new(
+            crate::files::Dir::open_base(scratch.path(), "--log-dir").expect("open"),
+        );
+        let at = |name: &str| crate::files::FileAt::new(dir.clone(), name);
         let mut spec = LogSpec {
             tee: StdSpec::parse("--tee", "1").expect("ok"),
             ..Default::default()
         };
         spec.redirects = StdSpec::parse("--redirects", "2").expect("ok");
-        let (out, err) = spec.sinks(dir, &vars(1, 5));
+        let (out, err) = spec.sinks(&dir, &vars(1, 5));
         assert_eq!(
             out,
             Sink::Pipe {
-                file: dir.join("stdout.log"),
+                file: at("stdout.log"),
                 prefix: Some(b"[trainer1]:".to_vec())
             }
         );
         assert_eq!(
             err,
             Sink::Pipe {
-                file: dir.join("stderr.log"),
+                file: at("stderr.log"),
                 prefix: None
             },
             "redirected only: through the agent to the file, not to the console"
         );
         // Filtered ranks: tee'd output still reaches the file, plain output nothing.
         spec.local_ranks = parse_ranks("--local-ranks-filter", "0").expect("ok");
-        let (out, _) = spec.sinks(dir, &vars(1, 5));
+        let (out, _) = spec.sinks(&dir, &vars(1, 5));
         assert_eq!(
             out,
             Sink::Pipe {
-                file: dir.join("stdout.log"),
+                file: at("stdout.log"),
                 prefix: None
             }
         );
@@ -341,8 +348,8 @@ mod tests {
             ranks: parse_ranks("--ranks-filter", "0,4").expect("ok"),
             ..Default::default()
         };
-        assert_eq!(plain.sinks(dir, &vars(1, 5)).0, Sink::Null);
-        assert_eq!(plain.sinks(dir, &vars(0, 4)).0, Sink::Inherit);
+        assert_eq!(plain.sinks(&dir, &vars(1, 5)).0, Sink::Null);
+        assert_eq!(plain.sinks(&dir, &vars(0, 4)).0, Sink::Inherit);
         assert!(parse_ranks("--local-ranks-filter", "0,x").is_err());
     }
 }

@@ -29,7 +29,6 @@ use tracing::{debug, warn};
 
 use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
 
@@ -60,7 +59,7 @@ pub struct WorkerSpec {
     /// `--duplicate-stderr-filters`, likewise.
     pub stderr_filtered: Option<Filtered>,
     /// Its `TORCHELASTIC_ERROR_FILE`.
-    pub error_file: PathBuf,
+    pub error_file: crate::files::FileAt,
     /// The CPUs it is bound to (`--numa-binding`); `None`: the agent's.
     pub cpus: Option<crate::numa::CpuList>,
 }
@@ -467,13 +466,13 @@ fn to_console(
 
 fn spawn_pump(
     pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    file: PathBuf,
+    file: crate::files::FileAt,
     files: RankFiles,
     console: Option<ToConsole>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if let Err(e) = tee::pump(pipe, &file, &files, console).await {
-            warn!(file = %file.display(), error = %e, "cannot read a worker's output pipe");
+            warn!(file = %file.path().display(), error = %e, "cannot read a worker's output pipe");
         }
     })
 }

@@ -264,6 +264,8 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
     }
 
     fn specs(&mut self, info: &RoundInfo) -> Result<Vec<WorkerSpec>, AgentError> {
+        // Every directory and file below is created in the handle of its
+        // parent, private to the job's user (see crate::files).
         let run_dir = match &self.run_dir {
             Some(d) => d.clone(),
             None => {
@@ -272,13 +274,13 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                 d
             }
         };
-        let attempt = crate::files::attempt_dir(&run_dir, info.restart_count)?;
+        let attempt = Arc::new(run_dir.attempt_dir(info.restart_count)?);
         // One filtered file per stream and attempt, for all of the node's
         // workers, created even when nothing is tee'd (as torchrun).
         let filtered = |filter: &Option<LineFilter>, name: &str| {
             filter.as_ref().map(|f| Filtered {
                 filter: Arc::new(f.clone()),
-                file: FilteredFile::create(&attempt.join(name)),
+                file: FilteredFile::create(&crate::files::FileAt::new(attempt.clone(), name)),
             })
         };
         let stdout_filtered = filtered(&self.cfg.logs.stdout_filter, "filtered_stdout.log");
@@ -286,8 +288,8 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         let env = |k: &str| std::env::var(k).ok();
         (0..self.cfg.nproc_per_node)
             .map(|local_rank| {
-                let dir = crate::files::rank_dir(&attempt, local_rank)?;
-                let error_file = dir.join("error.json");
+                let dir = Arc::new(attempt.rank_dir(local_rank)?);
+                let error_file = crate::files::FileAt::new(dir.clone(), "error.json");
                 let vars = crate::logs::PrefixVars {
                     role_name: &self.cfg.role,
                     rank: info.base_rank + local_rank,
@@ -304,7 +306,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                         self.cfg,
                         info,
                         local_rank,
-                        &error_file.to_string_lossy(),
+                        &error_file.path().to_string_lossy(),
                         &env,
                     ),
                     stdout,

@@ -39,7 +39,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         let file = self
             .error_files
             .get(exit.local_rank as usize)
-            .cloned()
+            .map(crate::files::FileAt::path)
             .unwrap_or_default();
         failure::describe(
             &self.hostname,
@@ -77,7 +77,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         );
         if let Some(path) = &self.cfg.parent_error_file {
             let json = failure::parent_error_file(root, &others).to_string();
-            if let Err(e) = std::fs::write(path, json) {
+            if let Err(e) = crate::files::write_given_file(path, json.as_bytes()) {
                 warn!(file = %path.display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
             }
         }

@@ -20,7 +20,7 @@
 //! bytes to the file, so the tee path gains no allocation and no task.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -90,11 +90,13 @@ pub struct FilteredFile {
 }
 
 impl FilteredFile {
-    /// Creates (truncates) the file. A file that cannot be created is
-    /// reported once and then skipped, like a worker's log file: it costs
-    /// the copy, never the job.
-    pub fn create(path: &Path) -> Arc<Self> {
-        let file = match std::fs::File::create(path) {
+    /// Creates the file (new, 0600, never through a link: see
+    /// [`crate::files`]). A file that cannot be created is reported once and
+    /// then skipped, like a worker's log file: it costs the copy, never the
+    /// job.
+    pub fn create(at: &crate::files::FileAt) -> Arc<Self> {
+        let path = at.path();
+        let file = match at.create() {
             Ok(f) => Some(f),
             Err(e) => {
                 warn!(file = %path.display(), error = %e, "cannot create the filtered log file (--duplicate-std*-filters); its lines are not copied");
@@ -104,7 +106,7 @@ impl FilteredFile {
         Arc::new(Self {
             warned: AtomicBool::new(file.is_none()),
             file,
-            path: path.to_path_buf(),
+            path,
         })
     }
 
@@ -189,8 +191,15 @@ mod tests {
 
     #[test]
     fn a_file_that_cannot_be_created_is_skipped() {
-        let f = FilteredFile::create(Path::new("/nonexistent-dir/filtered_stdout.log"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("filtered_stdout.log"), b"there").expect("write");
+        let at = crate::files::FileAt::new(
+            Arc::new(crate::files::Dir::open_base(dir.path(), "--log-dir").expect("open")),
+            "filtered_stdout.log",
+        );
+        let f = FilteredFile::create(&at);
         f.write(b"line\n");
         assert!(f.warned.load(Ordering::Relaxed));
+        assert_eq!(std::fs::read(at.path()).expect("read"), b"there");
     }
 }

@@ -38,6 +38,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::warn;
 
 use super::filter::{Filtered, FilteredFile};
+use crate::files::FileAt;
 
 /// Console lines queued before new ones are dropped.
 pub const CONSOLE_QUEUE: usize = 16 * 1024;
@@ -225,9 +226,12 @@ struct LogFile<'a> {
 }
 
 impl<'a> LogFile<'a> {
-    async fn create(path: &'a Path, rank: &'a RankFiles) -> Self {
-        let owned = path.to_path_buf();
-        let file = match tokio::task::spawn_blocking(move || std::fs::File::create(owned)).await {
+    async fn create(
+        path: &'a Path,
+        open: impl FnOnce() -> io::Result<std::fs::File> + Send + 'static,
+        rank: &'a RankFiles,
+    ) -> Self {
+        let file = match tokio::task::spawn_blocking(open).await {
             Ok(Ok(f)) => Some(f),
             Ok(Err(e)) => {
                 rank.report(path, &e);
@@ -273,14 +277,27 @@ impl<'a> LogFile<'a> {
 /// (first, so a slow file never delays them). Returns when the worker (and
 /// anything that inherited its stream) closes it; a log file that cannot be
 /// written does not stop it (see the module policy). Errors are the pipe's
-/// own.
+/// own. The file is created new, 0600, in its directory's handle, never
+/// through a link ([`crate::files`]).
 pub async fn pump(
-    mut pipe: impl AsyncRead + Unpin,
-    file: &Path,
+    pipe: impl AsyncRead + Unpin,
+    file: &FileAt,
     rank: &RankFiles,
     console: Option<ToConsole>,
 ) -> io::Result<()> {
-    let mut log = LogFile::create(file, rank).await;
+    let at = file.clone();
+    pump_into(pipe, &file.path(), move || at.create(), rank, console).await
+}
+
+/// [`pump`], with the log file at `path` opened by `open`.
+async fn pump_into(
+    mut pipe: impl AsyncRead + Unpin,
+    file: &Path,
+    open: impl FnOnce() -> io::Result<std::fs::File> + Send + 'static,
+    rank: &RankFiles,
+    console: Option<ToConsole>,
+) -> io::Result<()> {
+    let mut log = LogFile::create(file, open, rank).await;
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
     let emit = |pending: &mut Vec<u8>, to: &ToConsole| {

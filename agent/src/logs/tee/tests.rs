@@ -23,6 +23,43 @@ fn to(console: Console, prefix: &[u8], err: bool) -> Option<ToConsole> {
     })
 }
 
+/// [`pump`] into the file at `path`, opened as `open` does.
+async fn pump(
+    pipe: impl AsyncRead + Unpin,
+    path: &Path,
+    rank: &RankFiles,
+    console: Option<ToConsole>,
+) -> io::Result<()> {
+    let owned = path.to_path_buf();
+    pump_into(pipe, path, move || open(&owned), rank, console).await
+}
+
+fn open(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path)
+}
+
+#[tokio::test]
+async fn the_log_file_is_created_private_and_new() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let at = FileAt::new(
+        Arc::new(crate::files::Dir::open_base(dir.path(), "--log-dir").expect("open")),
+        "stdout.log",
+    );
+    let rank = RankFiles::new(0);
+    super::pump(&b"secret\n"[..], &at, &rank, None).await.expect("pump");
+    assert!(!rank.failed());
+    let meta = std::fs::metadata(at.path()).expect("stat");
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(std::fs::read(at.path()).expect("log"), b"secret\n");
+    // A second pump into the same name does not truncate nor follow: it
+    // reports the file once and drains the pipe.
+    let rank = RankFiles::new(0);
+    super::pump(&b"more\n"[..], &at, &rank, None).await.expect("drained");
+    assert!(rank.failed());
+    assert_eq!(std::fs::read(at.path()).expect("log"), b"secret\n");
+}
+
 /// A path for one test's log file, in a fresh directory (kept: a failing
 /// test's file can be read).
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -162,10 +199,15 @@ async fn a_writable_file_is_not_reported() {
 async fn matching_lines_are_marked_for_the_filtered_file() {
     use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
     let (console, rx) = test_console();
-    let path = tmp("filtered_stdout.log");
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let at = FileAt::new(
+        Arc::new(crate::files::Dir::open_base(scratch.path(), "--log-dir").expect("open")),
+        "filtered_stdout.log",
+    );
+    let path = at.path();
     let filtered = Filtered {
         filter: Arc::new(LineFilter::parse("loss,,x,NaN")),
-        file: FilteredFile::create(&path),
+        file: FilteredFile::create(&at),
     };
     let input: &[u8] = b"step 1 loss,x=3\nplain\nNaN at the end";
     let mut to = to(console, b"[default1]:", false).expect("console");
