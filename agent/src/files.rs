@@ -130,7 +130,9 @@ impl Dir {
         }
         let fd = match nix::fcntl::open(&path, dir_flags(), Mode::empty()) {
             Ok(fd) => fd,
-            Err(Errno::ELOOP) => {
+            Err(Errno::ELOOP | Errno::ENOTDIR)
+                if path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
                 return Err(AgentError::Config(format!(
                     "{what} {} is a symbolic link; the agent does not write through links (someone could point it elsewhere): pass the directory it names (`realpath {}`)",
                     path.display(),
