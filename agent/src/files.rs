@@ -124,7 +124,14 @@ impl Dir {
         // Without a trailing slash, which would make open() follow a link.
         let path: PathBuf = path.components().collect();
         if path.symlink_metadata().is_err() {
-            std::fs::create_dir_all(&path).map_err(|e| {
+            // Missing directories are made private (0700 less the umask),
+            // not 0777 less the umask as torchrun's `os.makedirs`.
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(&path)
+                .map_err(|e| {
                 AgentError::io(format!("cannot create {what} {}", path.display()), e)
             })?;
         }

@@ -16,6 +16,7 @@ mod metrics;
 mod numa;
 mod restart;
 mod security;
+mod shared_node_files;
 mod shutdown;
 mod slurm;
 mod store_admission;
