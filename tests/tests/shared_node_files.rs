@@ -7,7 +7,7 @@
 //! plays the other user of the node. The scratch directories are made 0755
 //! so that only the modes the agent sets keep that user out.
 
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
