@@ -418,7 +418,8 @@ fn write_error_file(at: &crate::files::FileAt, message: &str, stacks: &str) -> i
         }
     });
     // Whole or not at all: the report may be read while this is written.
-    at.dir().replace_file(at.name(), body.to_string().as_bytes())
+    at.dir()
+        .replace_file(at.name(), body.to_string().as_bytes())
 }
 
 #[cfg(test)]

@@ -132,8 +132,8 @@ impl Dir {
                 .mode(DIR_MODE)
                 .create(&path)
                 .map_err(|e| {
-                AgentError::io(format!("cannot create {what} {}", path.display()), e)
-            })?;
+                    AgentError::io(format!("cannot create {what} {}", path.display()), e)
+                })?;
         }
         let fd = match nix::fcntl::open(&path, dir_flags(), Mode::empty()) {
             Ok(fd) => fd,
@@ -232,14 +232,20 @@ impl Dir {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
                     return Err(AgentError::io(
-                        format!("cannot create a directory {prefix}* in {}", self.path.display()),
+                        format!(
+                            "cannot create a directory {prefix}* in {}",
+                            self.path.display()
+                        ),
                         e,
                     ))
                 }
             }
         }
         Err(AgentError::io(
-            format!("cannot create a fresh directory {prefix}* in {}", self.path.display()),
+            format!(
+                "cannot create a fresh directory {prefix}* in {}",
+                self.path.display()
+            ),
             io::Error::from(io::ErrorKind::AlreadyExists),
         ))
     }
@@ -267,7 +273,10 @@ impl Dir {
             }
         }
         Err(AgentError::io(
-            format!("cannot create a fresh attempt directory in {}", self.path.display()),
+            format!(
+                "cannot create a fresh attempt directory in {}",
+                self.path.display()
+            ),
             io::Error::from(io::ErrorKind::AlreadyExists),
         ))
     }
@@ -276,7 +285,10 @@ impl Dir {
     pub fn rank_dir(&self, local_rank: u32) -> Result<Self, AgentError> {
         let name = local_rank.to_string();
         self.create_dir(&name).map_err(|e| {
-            AgentError::io(format!("cannot create {}", self.path.join(&name).display()), e)
+            AgentError::io(
+                format!("cannot create {}", self.path.join(&name).display()),
+                e,
+            )
         })
     }
 }
@@ -405,25 +417,38 @@ mod tests {
         for given in [link.clone(), PathBuf::from(format!("{}/", link.display()))] {
             let err = Dir::open_base(&given, "--log-dir").expect_err("a link is refused");
             let msg = err.to_string();
-            assert!(msg.contains("--log-dir") && msg.contains("symbolic link") && msg.contains("realpath"), "{msg}");
+            assert!(
+                msg.contains("--log-dir")
+                    && msg.contains("symbolic link")
+                    && msg.contains("realpath"),
+                "{msg}"
+            );
             assert_eq!(err.exit_code(), 2);
         }
         assert!(Dir::open_base(&real, "--log-dir").is_ok());
-        assert_eq!(std::fs::read_dir(&real).expect("ls").count(), 0, "nothing written");
+        assert_eq!(
+            std::fs::read_dir(&real).expect("ls").count(),
+            0,
+            "nothing written"
+        );
     }
 
     #[test]
     fn bases_others_control_are_refused() {
         // Another non-root user's: refused, also for root.
         for euid in [0, 1000] {
-            assert!(unsafe_base(4242, 0o40700, euid).expect("refused").contains("user 4242"));
+            assert!(unsafe_base(4242, 0o40700, euid)
+                .expect("refused")
+                .contains("user 4242"));
         }
         // Own or root's, private: fine.
         assert_eq!(unsafe_base(1000, 0o40755, 1000), None);
         assert_eq!(unsafe_base(0, 0o40755, 1000), None);
         // Group or world writable: refused, unless sticky (as /tmp).
         for mode in [0o40775, 0o40757, 0o40777] {
-            assert!(unsafe_base(1000, mode, 1000).expect("refused").contains("chmod"));
+            assert!(unsafe_base(1000, mode, 1000)
+                .expect("refused")
+                .contains("chmod"));
         }
         assert_eq!(unsafe_base(0, 0o41777, 1000), None);
     }
@@ -439,16 +464,24 @@ mod tests {
         symlink(&target, base.join("linked")).expect("symlink");
         symlink(target.join("f"), base.join("f")).expect("symlink");
         std::fs::write(base.join("existing"), b"keep").expect("write");
-        let e = dir.create_dir("linked").expect_err("a link is not a directory to use");
+        let e = dir
+            .create_dir("linked")
+            .expect_err("a link is not a directory to use");
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        let e = dir.create_file("f").expect_err("O_EXCL: a link is not followed");
+        let e = dir
+            .create_file("f")
+            .expect_err("O_EXCL: a link is not followed");
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         let e = dir.create_file("existing").expect_err("O_EXCL");
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read(base.join("existing")).expect("read"), b"keep");
         // A replaced file replaces the link, the target stays untouched.
         dir.replace_file("f", b"new").expect("replace");
-        assert!(!base.join("f").symlink_metadata().expect("stat").is_symlink());
+        assert!(!base
+            .join("f")
+            .symlink_metadata()
+            .expect("stat")
+            .is_symlink());
         assert_eq!(std::fs::read_dir(&target).expect("ls").count(), 0);
     }
 
@@ -466,7 +499,11 @@ mod tests {
         std::fs::rename(run.path(), s.path().join("moved")).expect("rename");
         symlink(&target, run.path()).expect("symlink");
         let attempt = run.attempt_dir(1).expect("attempt");
-        attempt.rank_dir(0).expect("rank").create_file("stdout.log").expect("log");
+        attempt
+            .rank_dir(0)
+            .expect("rank")
+            .create_file("stdout.log")
+            .expect("log");
         assert_eq!(std::fs::read_dir(&target).expect("ls").count(), 0);
         assert!(s.path().join("moved/attempt_1/0/stdout.log").is_file());
     }
@@ -478,7 +515,11 @@ mod tests {
         let names: Vec<String> = (0..3)
             .map(|_| {
                 let d = base.attempt_dir(2).expect("attempt");
-                d.path().file_name().expect("name").to_string_lossy().into_owned()
+                d.path()
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned()
             })
             .collect();
         assert_eq!(names, ["attempt_2", "attempt_2.1", "attempt_2.2"]);
@@ -494,9 +535,18 @@ mod tests {
         std::fs::create_dir(p.join("dir")).expect("mkdir");
         assert!(matches!(open_worker_file(&p.join("regular")), Ok(Some(_))));
         assert!(matches!(open_worker_file(&p.join("missing")), Ok(None)));
-        assert_eq!(open_worker_file(&p.join("fifo")).err(), Some("a named pipe (FIFO)"));
-        assert_eq!(open_worker_file(&p.join("link")).err(), Some("a symbolic link"));
+        assert_eq!(
+            open_worker_file(&p.join("fifo")).err(),
+            Some("a named pipe (FIFO)")
+        );
+        assert_eq!(
+            open_worker_file(&p.join("link")).err(),
+            Some("a symbolic link")
+        );
         assert_eq!(open_worker_file(&p.join("dir")).err(), Some("a directory"));
-        assert_eq!(open_worker_file(Path::new("/dev/null")).err(), Some("a device"));
+        assert_eq!(
+            open_worker_file(Path::new("/dev/null")).err(),
+            Some("a device")
+        );
     }
 }

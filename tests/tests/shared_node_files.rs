@@ -72,9 +72,15 @@ fn assert_private(root: &Path, worker_files: &[&str]) {
     let paths = tree(root);
     let logs: Vec<&PathBuf> = paths
         .iter()
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".log")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with(".log"))
+        })
         .collect();
-    assert!(logs.len() >= 3, "stdout.log, stderr.log, filtered_stdout.log: {paths:?}");
+    assert!(
+        logs.len() >= 3,
+        "stdout.log, stderr.log, filtered_stdout.log: {paths:?}"
+    );
     for p in &paths {
         let meta = p.symlink_metadata().expect("lstat");
         let mode = meta.permissions().mode() & 0o7777;
@@ -163,7 +169,9 @@ fn under_umask_000_a_default_temp_dir_job_is_private_to_its_user() {
 
 /// A job that would write a log and an error file if it ran.
 fn harmless_job() -> AgentCmd {
-    AgentCmd::new().redirects(3).no_python("sh", &["-c", "echo hello"])
+    AgentCmd::new()
+        .redirects(3)
+        .no_python("sh", &["-c", "echo hello"])
 }
 
 fn assert_empty(dir: &Path) {
@@ -250,7 +258,12 @@ fn a_run_dir_swapped_for_a_link_between_rounds_receives_nothing_at_the_target() 
         .map(|e| e.expect("entry").path())
         .filter(|p| p.to_string_lossy().ends_with(".moved"))
         .collect();
-    assert_eq!(moved.len(), 1, "the worker moved the run dir: {}", out.stderr);
+    assert_eq!(
+        moved.len(),
+        1,
+        "the worker moved the run dir: {}",
+        out.stderr
+    );
     assert_eq!(
         std::fs::read_to_string(moved[0].join("attempt_1/0/stdout.log")).expect("round 2's log"),
         "round-two\n"
@@ -324,5 +337,9 @@ fn an_agent_stays_responsive_after_a_worker_error_file_was_a_fifo() {
     let out = agent.wait(LIMIT);
     assert_eq!(out.code(), 128 + 15, "{}", out.stderr);
     assert!(out.stderr.contains("named pipe"), "{}", out.stderr);
-    assert!(sent.elapsed() < Duration::from_secs(60), "{:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        sent.elapsed()
+    );
 }

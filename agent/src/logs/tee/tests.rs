@@ -35,7 +35,11 @@ async fn pump(
 }
 
 fn open(path: &Path) -> io::Result<std::fs::File> {
-    std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
 }
 
 #[tokio::test]
@@ -47,7 +51,9 @@ async fn the_log_file_is_created_private_and_new() {
         "stdout.log",
     );
     let rank = RankFiles::new(0);
-    super::pump(&b"secret\n"[..], &at, &rank, None).await.expect("pump");
+    super::pump(&b"secret\n"[..], &at, &rank, None)
+        .await
+        .expect("pump");
     assert!(!rank.failed());
     let meta = std::fs::metadata(at.path()).expect("stat");
     assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
@@ -55,7 +61,9 @@ async fn the_log_file_is_created_private_and_new() {
     // A second pump into the same name does not truncate nor follow: it
     // reports the file once and drains the pipe.
     let rank = RankFiles::new(0);
-    super::pump(&b"more\n"[..], &at, &rank, None).await.expect("drained");
+    super::pump(&b"more\n"[..], &at, &rank, None)
+        .await
+        .expect("drained");
     assert!(rank.failed());
     assert_eq!(std::fs::read(at.path()).expect("log"), b"secret\n");
 }
