@@ -401,7 +401,7 @@ pub fn write_given_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{symlink, PermissionsExt as _};
 
     fn scratch() -> tempfile::TempDir {
         tempfile::tempdir().expect("tempdir")
@@ -523,6 +523,25 @@ mod tests {
             })
             .collect();
         assert_eq!(names, ["attempt_2", "attempt_2.1", "attempt_2.2"]);
+    }
+
+    #[test]
+    fn a_given_file_is_written_private_never_through_a_link_nor_a_fifo() {
+        let s = scratch();
+        let p = s.path();
+        let file = p.join("parent_error.json");
+        std::fs::write(&file, b"a longer old content").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_given_file(&file, b"{}").expect("write");
+        assert_eq!(std::fs::read(&file).expect("read"), b"{}");
+        let mode = std::fs::metadata(&file).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600);
+        symlink(&file, p.join("link")).expect("symlink");
+        assert!(write_given_file(&p.join("link"), b"x").is_err());
+        nix::unistd::mkfifo(&p.join("fifo"), Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        // No reader: O_NONBLOCK fails at once instead of waiting for one.
+        assert!(write_given_file(&p.join("fifo"), b"x").is_err());
+        assert_eq!(std::fs::read(&file).expect("read"), b"{}");
     }
 
     #[test]
