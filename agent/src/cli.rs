@@ -125,7 +125,8 @@ pub struct AgentArgs {
     #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
     pub run_path: bool,
     /// Base directory for per-attempt worker files (error files); default: a new temporary directory.
-    /// Refused if it is a symbolic link, another user's, or writable by others without the sticky bit.
+    /// Refused if it is a symbolic link, another user's, or world-writable (group-writable for a
+    /// root agent) without the sticky bit.
     #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
     /// Send worker output to `<log-dir>/.../attempt_N/<local_rank>/std{out,err}.log`:

@@ -25,9 +25,12 @@
 //!   could swap the job's directories for links, and the paths given to
 //!   workers (`TORCHELASTIC_ERROR_FILE`) are followed by the workers. A root
 //!   agent refuses it too: root must never write where another user decides;
-//! - others may write into it (group or world writable) without the sticky
-//!   bit, for the same reason (with the sticky bit, as on `/tmp`, only the
-//!   owner of an entry may rename it).
+//! - others may write into it without the sticky bit, for the same reason
+//!   (with the sticky bit, as on `/tmp`, only the owner of an entry may
+//!   rename it): world-writable always; group-writable when the agent is
+//!   root (its workers run as root and follow paths). A group-writable
+//!   project directory of an unprivileged agent is accepted: its group's
+//!   members are trusted with the user's files there anyway.
 //!
 //! The parents of the base directory are not checked: whoever can rename
 //! one of them can move the log directory after the agent opened it. The
@@ -301,12 +304,16 @@ fn unsafe_base(uid: u32, mode: u32, euid: u32) -> Option<String> {
             "belongs to user {uid}, not to this agent's user ({euid}) or root: that user could swap the job's directories for links to files the agent or its workers would then write; pass a directory of your own"
         ));
     }
-    let others_write = mode & 0o022 != 0;
     let sticky = mode & 0o1000 != 0;
+    // World-writable: anyone. Group-writable: the group's members, whom a
+    // root agent (whose workers run as root) must not trust either; a shared
+    // project directory (`drwxrwsr-x`) is fine for an unprivileged agent.
+    let others_write = mode & 0o002 != 0 || (euid == 0 && mode & 0o020 != 0);
     if others_write && !sticky {
         return Some(format!(
-            "is writable by others (mode {:o}) without the sticky bit: they could swap the job's directories for links; use a directory only you can write (`chmod go-w`), or set the sticky bit (`chmod +t`)",
-            mode & 0o7777
+            "is writable by others (mode {:o}) without the sticky bit: they could swap the job's directories for links{}; use a directory only you can write (`chmod go-w`), or set the sticky bit (`chmod +t`)",
+            mode & 0o7777,
+            if mode & 0o002 == 0 { " that this root agent's workers would follow" } else { "" }
         ));
     }
     None
@@ -444,12 +451,19 @@ mod tests {
         // Own or root's, private: fine.
         assert_eq!(unsafe_base(1000, 0o40755, 1000), None);
         assert_eq!(unsafe_base(0, 0o40755, 1000), None);
-        // Group or world writable: refused, unless sticky (as /tmp).
-        for mode in [0o40775, 0o40757, 0o40777] {
+        // World writable: refused, unless sticky (as /tmp).
+        for mode in [0o40757, 0o40777] {
             assert!(unsafe_base(1000, mode, 1000)
                 .expect("refused")
                 .contains("chmod"));
         }
+        // Group writable: a shared project directory, fine for a user's
+        // agent; refused for root's, unless sticky.
+        assert_eq!(unsafe_base(1000, 0o42775, 1000), None);
+        assert!(unsafe_base(0, 0o42775, 0)
+            .expect("refused")
+            .contains("root agent"));
+        assert_eq!(unsafe_base(0, 0o43775, 0), None);
         assert_eq!(unsafe_base(0, 0o41777, 1000), None);
     }
 
