@@ -14,6 +14,7 @@ mod launch;
 mod logs;
 mod metrics;
 mod numa;
+mod process_secrets;
 mod restart;
 mod security;
 mod shutdown;
