@@ -82,7 +82,9 @@ pub fn protect_secrets() {
     }
     match crate::sys::scrub_environment(&crate::supervisor::SECRET_VARIABLES) {
         Ok(n) => tracing::debug!(entries = n, "secret variables removed from the environment"),
-        Err(e) => tracing::warn!(error = %e, "cannot remove the rendezvous token from the agent's environment"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot remove the rendezvous token from the agent's environment")
+        }
     }
 }
 

@@ -314,9 +314,55 @@ pub(crate) fn not_dumpable() -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
+/// The inode of the pipe `fd` is an end of (as `/proc/PID/fd` names it:
+/// `pipe:[INODE]`).
+pub(crate) fn pipe_inode(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    nix::sys::stat::fstat(fd).ok().map(|st| st.st_ino)
+}
+
+/// SIGKILLs every other process that holds an end of one of the pipes
+/// `inodes` (found in `/proc/*/fd`; only the processes this one may
+/// inspect, those of its user), and the process group each leads, unless it
+/// is this process's own. Returns the pids killed.
+pub(crate) fn kill_pipe_holders(inodes: &[u64]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let names: Vec<String> = inodes.iter().map(|i| format!("pipe:[{i}]")).collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let holds = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|link| names.iter().any(|n| link.as_os_str() == n.as_str()))
+            })
+        })
+    };
+    let own_group = nix::unistd::getpgrp();
+    let mut killed = Vec::new();
+    for pid in procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && pid > 1)
+    {
+        if !holds(pid) {
+            continue;
+        }
+        let target = Pid::from_raw(pid);
+        if nix::unistd::getpgid(Some(target)).is_ok_and(|g| g == target && g != own_group) {
+            let _ = nix_killpg(target, Signal::SIGKILL);
+        }
+        let _ = nix::sys::signal::kill(target, Signal::SIGKILL);
+        killed.push(pid);
+    }
+    killed
+}
+
 /// The number of threads of this process, from `/proc/self/task`.
 pub(crate) fn threads() -> Option<usize> {
-    std::fs::read_dir("/proc/self/task").ok().map(Iterator::count)
+    std::fs::read_dir("/proc/self/task")
+        .ok()
+        .map(Iterator::count)
 }
 
 /// The range of this process's memory that holds the environment it was
@@ -402,7 +448,10 @@ mod tests {
         let n = scrub_block(&mut block, &["ACCEL_RDZV_TOKEN", "RDZV_TOKEN"]);
         assert_eq!(n, 3, "both copies of RDZV_TOKEN, one ACCEL_RDZV_TOKEN");
         let text = String::from_utf8_lossy(&block).replace('\0', "|");
-        assert!(!text.contains("s3cret") && !text.contains("again") && !text.contains("x=y"), "{text}");
+        assert!(
+            !text.contains("s3cret") && !text.contains("again") && !text.contains("x=y"),
+            "{text}"
+        );
         let entries: Vec<&str> = text.split('|').filter(|e| !e.is_empty()).collect();
         assert_eq!(
             entries,
@@ -415,7 +464,8 @@ mod tests {
     #[test]
     fn the_environment_is_left_alone_when_other_threads_run() {
         // The test harness runs tests on threads of their own.
-        let other = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
+        let other =
+            std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
         std::env::set_var("ACCEL_TEST_SCRUB_ME", "1");
         assert!(scrub_environment(&["ACCEL_TEST_SCRUB_ME"]).is_err());
         assert_eq!(std::env::var("ACCEL_TEST_SCRUB_ME").as_deref(), Ok("1"));

@@ -453,8 +453,14 @@ mod tests {
         }
         t.requested(0); // connection 0 has sent its request: not idle
         let id = t.admit(ip(1), tokens[4].clone()).expect("admitted");
-        assert!(!tokens[0].is_cancelled(), "busy connections are never closed");
-        assert!(tokens[1].is_cancelled(), "the oldest idle one of the address");
+        assert!(
+            !tokens[0].is_cancelled(),
+            "busy connections are never closed"
+        );
+        assert!(
+            tokens[1].is_cancelled(),
+            "the oldest idle one of the address"
+        );
         assert_eq!(t.held.len(), MAX_PER_IP);
         // Another address fills the rest of the endpoint...
         let others: Vec<u64> = (0..(MAX_CONNECTIONS - MAX_PER_IP))
@@ -559,7 +565,10 @@ mod tests {
         // and the oldest idle connection of all makes room.
         let mut probe = connect_from(17, addr).await;
         let out = ask(&mut probe, READYZ).await;
-        assert!(out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"), "{out}");
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"),
+            "{out}"
+        );
         assert!(closed_within(&mut idle[0], Duration::from_secs(2)).await);
         // Full again; a probe from an address that holds its share is
         // answered too: that address's oldest idle connection makes room.
@@ -567,7 +576,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut probe = connect_from(2, addr).await;
         let out = ask(&mut probe, READYZ).await;
-        assert!(out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"), "{out}");
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"),
+            "{out}"
+        );
         assert!(closed_within(&mut idle[MAX_PER_IP], Duration::from_secs(2)).await);
         // Nobody else was closed.
         for s in &mut idle[1..MAX_PER_IP] {
@@ -582,7 +594,11 @@ mod tests {
         let (e, _) = endpoint(Ok(()));
         let (addr, stop, server) = serving(e).await;
         let mut s = connect_from(1, addr).await;
-        let out = ask(&mut s, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").await;
+        let out = ask(
+            &mut s,
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
         assert!(out.starts_with("HTTP/1.1 405"), "{out}");
         let mut s = connect_from(1, addr).await;
         let out = ask(&mut s, b"GET /secrets HTTP/1.1\r\nHost: x\r\n\r\n").await;
@@ -604,17 +620,25 @@ mod tests {
         let (addr, stop, server) = serving(e).await;
         let mut s = connect_from(1, addr).await;
         let t0 = tokio::time::Instant::now();
-        s.write_all(b"GET /readyz HTTP/1.1\r\n").await.expect("write");
+        s.write_all(b"GET /readyz HTTP/1.1\r\n")
+            .await
+            .expect("write");
         // A byte a second: never a complete head.
         let mut closed = false;
         while t0.elapsed() < HEAD_TIMEOUT + Duration::from_secs(3) {
-            if s.write_all(b"X").await.is_err() || closed_within(&mut s, Duration::from_secs(1)).await {
+            if s.write_all(b"X").await.is_err()
+                || closed_within(&mut s, Duration::from_secs(1)).await
+            {
                 closed = true;
                 break;
             }
         }
         assert!(closed, "still open after {:?}", t0.elapsed());
-        assert!(t0.elapsed() >= HEAD_TIMEOUT - Duration::from_millis(100), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= HEAD_TIMEOUT - Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
         stop.cancel();
         server.await.expect("stopped");
     }
@@ -631,7 +655,11 @@ mod tests {
         idle.clear();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut s = connect_from(1, addr).await;
-        let out = ask(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let out = ask(
+            &mut s,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         assert!(out.contains("accel_test_events_total 1"), "{out}");
         stop.cancel();

@@ -215,7 +215,10 @@ pub fn other_user() -> (u32, u32) {
 pub fn as_other_user(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt as _;
     let (uid, gid) = other_user();
-    cmd.uid(uid).gid(gid).env("HOME", "/").env_remove("ACCEL_RDZV_TOKEN")
+    cmd.uid(uid)
+        .gid(gid)
+        .env("HOME", "/")
+        .env_remove("ACCEL_RDZV_TOKEN")
 }
 
 /// A fresh scratch directory for one test, kept afterwards (a failed test's

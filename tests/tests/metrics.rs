@@ -396,7 +396,10 @@ fn connect_from(from: u8, addr: &str) -> std::net::TcpStream {
         let s = tokio::net::TcpSocket::new_v4().expect("socket");
         s.bind(std::net::SocketAddr::from(([127, 0, 0, from], 0)))
             .expect("bind");
-        let s = s.connect(addr.parse().expect("addr")).await.expect("connect");
+        let s = s
+            .connect(addr.parse().expect("addr"))
+            .await
+            .expect("connect");
         let s = s.into_std().expect("std");
         // tokio's streams are non-blocking; the test reads and writes plainly.
         s.set_nonblocking(false).expect("blocking");
