@@ -8,6 +8,7 @@ mod elastic;
 mod errors;
 mod ha;
 mod hangs;
+mod health_check;
 mod hot_restart;
 mod install;
 mod launch;
