@@ -1,6 +1,8 @@
 //! The agent's only `unsafe` code and raw process calls: the worker's
-//! pre-exec hook, forking the guard, signalling process groups, and the
-//! host-name lookup torchrun's events report.
+//! pre-exec hook, forking the guard, signalling process groups, making the
+//! agent non-dumpable and blanking its token in its environment block,
+//! finding the processes that hold a pipe, and the host-name lookup
+//! torchrun's events report.
 //!
 //! Everything here is a thin wrapper; the policy lives in
 //! [`crate::supervisor`] and [`crate::guard`].
