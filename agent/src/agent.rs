@@ -116,12 +116,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     let _file_timer = match &cfg.file_timer {
         None => None,
         Some(path) => Some(
-            crate::file_timer::FileTimerServer::start(path, watched.clone()).map_err(|e| {
-                AgentError::io(
-                    "cannot start the FileTimer server (TORCHELASTIC_ENABLE_FILE_TIMER=1)",
-                    e,
-                )
-            })?,
+            crate::file_timer::FileTimerServer::start(path, watched.clone(), metrics.clone())
+                .map_err(|e| {
+                    AgentError::io(
+                        "cannot start the FileTimer server (TORCHELASTIC_ENABLE_FILE_TIMER=1)",
+                        e,
+                    )
+                })?,
         ),
     };
     // Preparing the zygote overlaps the rendezvous.

@@ -18,6 +18,29 @@
 //! Everything on the pipe is untrusted: lines are bounded, malformed ones
 //! are dropped, the number of timers is bounded, and only a process in one
 //! of this node's workers' process groups can be signalled.
+//!
+//! # Whose requests are accepted
+//! A named pipe does not say who wrote to it, and any process of the
+//! agent's user may open it (mode 0600). So a request is accepted only for
+//! a process of one of the running round's workers: the worker itself, or
+//! a process in its process group (a DataLoader worker, a subprocess that
+//! arms its own timer, as torchrun's server would serve it). Others are
+//! dropped and counted (`accel_agent_file_timer_requests_dropped_total`,
+//! and one aggregated warning, at most one per [`REPORT_EVERY`]): thousands of
+//! far-future timers for some live process that is no worker's, which
+//! would fill the table and make a real worker's timer be dropped, now
+//! change nothing. (torchrun accepts any pid.)
+//!
+//! A worker may arm a timer before the agent has recorded the round's
+//! workers (the agent learns the pids as the processes start). So a
+//! request of a process that is not a worker yet waits, at most
+//! [`PENDING_GRACE`] and [`MAX_PENDING`] of them, oldest displaced first,
+//! and is accepted if its process turns out to be one. A release
+//! (negative expiry) is always applied.
+//!
+//! What the pipe cannot tell apart: a process of the agent's user that
+//! writes a request naming a worker's pid (to re-arm or release its timer)
+//! looks like that worker. That user can also signal the workers directly.
 
 use std::collections::HashMap;
 use std::io;
@@ -47,6 +70,19 @@ pub const UNOWNED_GRACE: f64 = 60.0;
 
 /// How long collecting a hung worker's stacks may take.
 const STACKS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a request of a process that is not (yet) a worker waits for
+/// the agent to record the round's workers.
+pub const PENDING_GRACE: f64 = 5.0;
+
+/// Most requests waiting so at once (the oldest is dropped for a new one).
+pub const MAX_PENDING: usize = 256;
+
+/// How often dropped requests are reported, at most.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Why requests are dropped: the label of the dropped-requests metric.
+pub const DROP_REASONS: [&str; 3] = ["not_a_worker", "malformed", "table_full"];
 
 /// One request from a worker.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,6 +226,113 @@ impl Timers {
     }
 }
 
+/// Requests of processes that were no worker's when they arrived, waiting
+/// (at most [`PENDING_GRACE`], [`MAX_PENDING`] of them) for the agent to
+/// record the round they may belong to. Pure, clock passed in.
+#[derive(Debug, Default)]
+pub struct Pending {
+    queue: std::collections::VecDeque<(f64, Request)>,
+}
+
+impl Pending {
+    /// Holds `req`, received at `now`; returns a request displaced to make
+    /// room, if any (dropped: no worker's).
+    pub fn hold(&mut self, now: f64, req: Request) -> Option<Request> {
+        let displaced = if self.queue.len() >= MAX_PENDING {
+            self.queue.pop_front().map(|(_, r)| r)
+        } else {
+            None
+        };
+        self.queue.push_back((now, req));
+        displaced
+    }
+
+    /// Drops the waiting requests of `pid`'s timer `scope` (a release).
+    pub fn release(&mut self, pid: i32, scope: &str) {
+        self.queue
+            .retain(|(_, r)| !(r.pid == pid && r.scope == scope));
+    }
+
+    /// The requests whose process `owned` now says is a worker's, and
+    /// those that waited [`PENDING_GRACE`] in vain (dropped), each in the
+    /// order they came.
+    pub fn settle(
+        &mut self,
+        now: f64,
+        owned: impl Fn(i32) -> bool,
+    ) -> (Vec<Request>, Vec<Request>) {
+        let mut accepted = Vec::new();
+        let mut expired = Vec::new();
+        self.queue.retain(|(at, r)| {
+            if owned(r.pid) {
+                accepted.push(r.clone());
+                false
+            } else if now - at >= PENDING_GRACE {
+                expired.push(r.clone());
+                false
+            } else {
+                true
+            }
+        });
+        (accepted, expired)
+    }
+
+    /// How many wait.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// Dropped requests since the last report, for one aggregated line.
+#[derive(Debug, Default, PartialEq)]
+pub struct Dropped {
+    /// For processes that are no worker's.
+    pub not_a_worker: u64,
+    /// Lines that are no request.
+    pub malformed: u64,
+    /// Workers' requests beyond [`MAX_TIMERS`].
+    pub table_full: u64,
+    /// The last process named by a request that was no worker's.
+    pub last_stranger: Option<i32>,
+}
+
+impl Dropped {
+    /// The report of what was dropped, if anything was; starts counting again.
+    pub fn report(&mut self) -> Option<String> {
+        let d = std::mem::take(self);
+        if d == Dropped::default() {
+            return None;
+        }
+        let mut parts = Vec::new();
+        if d.not_a_worker > 0 {
+            parts.push(format!(
+                "{} for processes in no worker's process group of this node (the last for pid {}): \
+                 only the round's workers may arm timers",
+                d.not_a_worker,
+                d.last_stranger.unwrap_or(0)
+            ));
+        }
+        if d.malformed > 0 {
+            parts.push(format!(
+                "{} malformed or over {MAX_LINE} bytes",
+                d.malformed
+            ));
+        }
+        if d.table_full > 0 {
+            parts.push(format!(
+                "{} beyond the {MAX_TIMERS} timers the agent holds",
+                d.table_full
+            ));
+        }
+        Some(format!("dropped FileTimer requests: {}", parts.join("; ")))
+    }
+}
+
 /// A worker of the running round, as the timer server knows it.
 #[derive(Debug, Clone)]
 pub struct Watched {
@@ -220,8 +363,13 @@ impl Drop for FileTimerServer {
 
 impl FileTimerServer {
     /// Makes the named pipe at `path` (replacing an old pipe there, as
-    /// torchrun does; refusing any other file) and serves it.
-    pub fn start(path: &Path, workers: Workers) -> io::Result<Self> {
+    /// torchrun does; refusing any other file) and serves it; dropped
+    /// requests are counted in `metrics`.
+    pub fn start(
+        path: &Path,
+        workers: Workers,
+        metrics: crate::metrics::AgentMetrics,
+    ) -> io::Result<Self> {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if !meta.file_type().is_fifo() {
@@ -242,7 +390,7 @@ impl FileTimerServer {
         let pipe = tokio::net::unix::pipe::OpenOptions::new()
             .read_write(true)
             .open_receiver(path)?;
-        let task = tokio::spawn(serve(pipe, workers));
+        let task = tokio::spawn(serve(pipe, workers, metrics));
         Ok(Self {
             path: path.to_path_buf(),
             task,
@@ -262,15 +410,33 @@ fn now_unix() -> f64 {
 }
 
 /// Reads requests and acts on expiries until aborted.
-async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
+async fn serve(
+    mut pipe: tokio::net::unix::pipe::Receiver,
+    workers: Workers,
+    metrics: crate::metrics::AgentMetrics,
+) {
     let mut timers = Timers::default();
+    let mut pending = Pending::default();
+    let mut dropped = Dropped::default();
     let mut line: Vec<u8> = Vec::new();
     let mut overlong = false;
     let mut buf = [0u8; 8192];
     let mut tick = tokio::time::interval(TICK);
-    let mut said_full = false;
+    // The first drops are reported at once, later ones every REPORT_EVERY.
+    let mut reported: Option<tokio::time::Instant> = None;
     // The workers (by process group) whose hang is being handled.
     let acting: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
+    let stranger = |dropped: &mut Dropped, pid: i32| {
+        dropped.not_a_worker += 1;
+        dropped.last_stranger = Some(pid);
+        metrics.file_timer_dropped("not_a_worker", 1);
+    };
+    let arm = |timers: &mut Timers, dropped: &mut Dropped, req: Request| {
+        if !timers.apply(req) {
+            dropped.table_full += 1;
+            metrics.file_timer_dropped("table_full", 1);
+        }
+    };
     loop {
         tokio::select! {
             n = pipe.read(&mut buf) => {
@@ -281,6 +447,8 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                         return;
                     }
                 };
+                // One look at the round's workers per read, not per line.
+                let watched = lock(&workers).clone();
                 for &b in &buf[..n] {
                     if b != b'\n' {
                         if line.len() < MAX_LINE {
@@ -290,28 +458,49 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                         }
                         continue;
                     }
-                    if overlong {
-                        debug!("dropped a FileTimer request over {MAX_LINE} bytes");
+                    let parsed = if overlong {
+                        Err(format!("over {MAX_LINE} bytes"))
                     } else {
-                        match parse(&line) {
-                            Ok(req) => {
-                                if !timers.apply(req) && !said_full {
-                                    said_full = true;
-                                    warn!("{MAX_TIMERS} FileTimer timers are armed; further ones are dropped");
-                                }
-                            }
-                            Err(e) => debug!(error = %e, "dropped a malformed FileTimer request"),
-                        }
-                    }
+                        parse(&line)
+                    };
                     line.clear();
                     overlong = false;
+                    match parsed {
+                        Ok(req) if req.expires < 0.0 => {
+                            pending.release(req.pid, &req.scope);
+                            timers.apply(req);
+                        }
+                        Ok(req) if owner(req.pid, &watched).is_some() => {
+                            arm(&mut timers, &mut dropped, req);
+                        }
+                        Ok(req) => {
+                            if let Some(old) = pending.hold(now_unix(), req) {
+                                stranger(&mut dropped, old.pid);
+                            }
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "dropped a malformed FileTimer request");
+                            dropped.malformed += 1;
+                            metrics.file_timer_dropped("malformed", 1);
+                        }
+                    }
                 }
             }
             _ = tick.tick() => {
+                let watched = lock(&workers).clone();
+                let now = now_unix();
+                if !pending.is_empty() {
+                    let (accepted, expired) = pending.settle(now, |pid| owner(pid, &watched).is_some());
+                    for req in accepted {
+                        arm(&mut timers, &mut dropped, req);
+                    }
+                    for req in expired {
+                        stranger(&mut dropped, req.pid);
+                    }
+                }
                 // Each expiry on its own task: collecting one hung rank's
                 // stacks must not delay another's, nor reading the pipe.
-                let watched = lock(&workers).clone();
-                for (e, worker) in timers.expired(now_unix(), |pid| owner(pid, &watched).cloned()) {
+                for (e, worker) in timers.expired(now, |pid| owner(pid, &watched).cloned()) {
                     // One hang handled at a time per worker: a second
                     // py-spy would find it paused by the first.
                     let group = worker.pid;
@@ -326,6 +515,12 @@ async fn serve(mut pipe: tokio::net::unix::pipe::Receiver, workers: Workers) {
                     });
                 }
                 timers.forget(|pid| nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok());
+                if reported.is_none_or(|t| t.elapsed() >= REPORT_EVERY) {
+                    if let Some(line) = dropped.report() {
+                        warn!("{line}");
+                        reported = Some(tokio::time::Instant::now());
+                    }
+                }
             }
         }
     }
@@ -531,5 +726,56 @@ mod tests {
         assert!(!t.apply(req(8, "one more", 1.0, 9)));
         assert!(t.apply(req(7, "0", 2.0, 9)), "re-arming an armed timer");
         assert!(t.apply(req(7, "0", -1.0, 9)), "and releasing are kept");
+    }
+    #[test]
+    fn a_request_of_a_process_that_becomes_a_worker_is_accepted_late() {
+        let mut p = Pending::default();
+        assert!(p.hold(100.0, req(7, "step", 200.0, 9)).is_none());
+        assert!(p.hold(100.0, req(8, "step", 200.0, 9)).is_none());
+        // Not yet: both wait.
+        let (accepted, expired) = p.settle(101.0, |_| false);
+        assert!(accepted.is_empty() && expired.is_empty());
+        // The agent recorded pid 7 as a worker: accepted; 8 waits on.
+        let (accepted, expired) = p.settle(102.0, |pid| pid == 7);
+        assert_eq!(accepted, [req(7, "step", 200.0, 9)]);
+        assert!(expired.is_empty());
+        assert_eq!(p.len(), 1);
+        // 8 never becomes one: dropped after the grace.
+        let (accepted, expired) = p.settle(100.0 + PENDING_GRACE, |pid| pid == 7);
+        assert!(accepted.is_empty());
+        assert_eq!(expired, [req(8, "step", 200.0, 9)]);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn waiting_requests_are_bounded_and_releases_withdraw_them() {
+        let mut p = Pending::default();
+        for i in 0..MAX_PENDING {
+            assert!(p.hold(1.0, req(1000 + i as i32, "s", 9.0, 9)).is_none());
+        }
+        let displaced = p.hold(1.0, req(42, "s", 9.0, 9)).expect("full");
+        assert_eq!(displaced.pid, 1000, "the oldest goes first");
+        assert_eq!(p.len(), MAX_PENDING);
+        p.release(42, "s");
+        p.release(1001, "other scope");
+        assert_eq!(p.len(), MAX_PENDING - 1);
+        let (accepted, _) = p.settle(2.0, |pid| pid == 42 || pid == 1001);
+        assert_eq!(accepted, [req(1001, "s", 9.0, 9)]);
+    }
+
+    #[test]
+    fn dropped_requests_are_one_line_per_report() {
+        let mut d = Dropped::default();
+        assert_eq!(d.report(), None);
+        d.not_a_worker = 5000;
+        d.last_stranger = Some(4242);
+        d.malformed = 2;
+        let line = d.report().expect("a line");
+        assert_eq!(
+            line,
+            "dropped FileTimer requests: 5000 for processes in no worker's process group of this node \
+             (the last for pid 4242): only the round's workers may arm timers; 2 malformed or over 4096 bytes"
+        );
+        assert_eq!(d.report(), None, "counted afresh");
     }
 }

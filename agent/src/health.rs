@@ -5,8 +5,18 @@
 //! The command runs with `sh -c`, the agent's environment (without the
 //! rendezvous token) and no stdin; it
 //! passes by exiting 0 within `--health-check-timeout`. It runs in its own
-//! process group, which is killed when the check is over (or cancelled by
-//! a signal), so nothing it started outlives it. A node that fails
+//! process group, which is killed as a whole when the check is over (it
+//! exited, timed out, or a signal cancelled it), so nothing it started
+//! outlives it. A process that left the group (`setsid`) and still holds
+//! the check's output is found by its pipe and killed too; the output is
+//! read for at most [`OUTPUT_AFTER_EXIT`] after the check exits, so such a
+//! process never holds the agent up. (One that left the group and closed
+//! its output is beyond reach, as for workers.)
+//!
+//! A failure quotes the end of the output (the last [`OUTPUT_TAIL`]
+//! characters of the last 64 KiB of each stream: the reason is usually
+//! last), with control characters escaped, so a check cannot drive the
+//! terminal or forge log lines. A node that fails
 //! it before joining waits as a spare, re-checking with a doubling wait
 //! ([`RECHECK_FIRST`] to [`RECHECK_MAX`]); a node that fails it between
 //! rounds leaves the job first, so an elastic (`MIN:MAX`) job re-forms
@@ -14,6 +24,8 @@
 
 use std::process::Stdio;
 use std::time::Duration;
+
+use std::os::fd::AsFd;
 
 use tokio::io::AsyncReadExt;
 
@@ -29,8 +41,11 @@ pub const RECHECK_MAX: Duration = Duration::from_secs(30);
 /// How long the output is still read after the check exited.
 const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(1);
 
-/// How much of the command's output a failure quotes.
+/// How much of the command's output a failure quotes, in characters.
 const OUTPUT_TAIL: usize = 2000;
+
+/// How much of each of the command's streams is kept: the last bytes.
+const OUTPUT_KEPT: usize = 64 * 1024;
 
 /// The check a node passes before each round.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,31 +76,49 @@ impl HealthCheck {
             .map_err(|e| format!("cannot run the health check: {e}"))?;
         // The check and whatever it started go when the check is over, or
         // when a signal drops it half-way.
-        let _group = child.id().map(|p| KillGroup(p as i32));
+        let group = child.id().map(|p| KillGroup(p as i32));
         // Both streams at once (a check that fills one pipe while the other
-        // is read would block); past the cap the output is read and dropped.
+        // is read would block); past the cap the oldest output is dropped.
         let (out, err) = (child.stdout.take(), child.stderr.take());
+        let pipes: Vec<u64> = [
+            out.as_ref().and_then(|p| crate::sys::pipe_inode(p.as_fd())),
+            err.as_ref().and_then(|p| crate::sys::pipe_inode(p.as_fd())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         // Read into buffers that outlive the reads: a read given up on
         // keeps what it had.
         let (mut text, mut more) = (Vec::new(), Vec::new());
+        let mut ended = false;
         let collect = async {
             let drains = async { tokio::join!(drain(out, &mut text), drain(err, &mut more)) };
             tokio::pin!(drains);
-            let mut drained = false;
             let status = tokio::select! {
                 status = child.wait() => status,
                 _ = &mut drains => {
-                    drained = true;
+                    ended = true;
                     child.wait().await
                 }
             };
             // A background process of a finished check may hold the pipes.
-            if !drained {
-                let _ = tokio::time::timeout(OUTPUT_AFTER_EXIT, drains).await;
+            if !ended {
+                ended = tokio::time::timeout(OUTPUT_AFTER_EXIT, drains)
+                    .await
+                    .is_ok();
             }
             status
         };
         let status = tokio::time::timeout(self.timeout, collect).await;
+        drop(group);
+        if !ended {
+            // Whatever still holds the output is the check's, out of its
+            // group (`setsid`): it goes too.
+            let killed = crate::sys::kill_pipe_holders(&pipes);
+            if !killed.is_empty() {
+                tracing::debug!(pids = ?killed, "killed processes the health check left outside its process group");
+            }
+        }
         text.extend_from_slice(&more);
         match status {
             Ok(Ok(status)) if status.success() => Ok(()),
@@ -112,7 +145,8 @@ impl Drop for KillGroup {
     }
 }
 
-/// Reads a pipe to its end into `kept`, keeping the first 64 KiB.
+/// Reads a pipe to its end into `kept`, keeping the last [`OUTPUT_KEPT`]
+/// bytes.
 async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>, kept: &mut Vec<u8>) {
     let Some(mut pipe) = pipe else { return };
     let mut buf = [0u8; 8192];
@@ -120,12 +154,21 @@ async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>, kept: &mut Vec<u
         if n == 0 {
             break;
         }
-        let room = (64 * 1024usize).saturating_sub(kept.len());
-        kept.extend_from_slice(&buf[..n.min(room)]);
+        keep_last(kept, &buf[..n], OUTPUT_KEPT);
     }
 }
 
-/// `: <last output>` of a failed check, if it printed anything.
+/// Appends `more` to `kept`, then drops the oldest bytes beyond `cap`.
+fn keep_last(kept: &mut Vec<u8>, more: &[u8], cap: usize) {
+    kept.extend_from_slice(more);
+    if kept.len() > cap {
+        kept.drain(..kept.len() - cap);
+    }
+}
+
+/// `: <last output>` of a failed check, if it printed anything: its last
+/// [`OUTPUT_TAIL`] characters on one line (`|` between lines), control
+/// characters escaped.
 fn tail(text: &[u8]) -> String {
     let text = String::from_utf8_lossy(text);
     let text = text.trim();
@@ -137,7 +180,9 @@ fn tail(text: &[u8]) -> String {
         .rev()
         .nth(OUTPUT_TAIL)
         .map_or(0, |(i, _)| i);
-    format!(": {}", text[start..].replace('\n', " | "))
+    let more = if start > 0 { "…" } else { "" };
+    let text = text[start..].replace('\n', " | ");
+    format!(": {more}{}", rendezvous_server::limits::printable(&text))
 }
 
 /// The wait before check number `failed + 1` after `failed` failures.
@@ -220,6 +265,148 @@ mod tests {
             e.contains("exited with code 3") && e.contains("the NIC is down"),
             "{e}"
         );
+    }
+
+    /// Whether `pid` runs (a zombie, waiting for its reaper, does not).
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    async fn gone_within(pid: i32, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while running(pid) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        !running(pid)
+    }
+
+    fn read_pid(path: &std::path::Path) -> i32 {
+        std::fs::read_to_string(path)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    #[tokio::test]
+    async fn a_setsid_child_holding_the_output_neither_holds_up_the_agent_nor_outlives_the_check() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pid_file = dir.path().join("pid");
+        for (cmd, passes) in [
+            (
+                format!(
+                    "setsid sleep 300 & echo $! > {}; echo ok",
+                    pid_file.display()
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "setsid sleep 300 & echo $! > {}; echo the disk is full; exit 3",
+                    pid_file.display()
+                ),
+                false,
+            ),
+        ] {
+            let t = std::time::Instant::now();
+            let r = check(&cmd, Duration::from_secs(20)).run().await;
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+            if passes {
+                assert_eq!(r, Ok(()));
+            } else {
+                let e = r.expect_err("unhealthy");
+                assert!(
+                    e.contains("exited with code 3") && e.contains("the disk is full"),
+                    "{e}"
+                );
+            }
+            let pid = read_pid(&pid_file);
+            assert!(
+                gone_within(pid, Duration::from_secs(5)).await,
+                "the setsid child {pid} was killed"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_that_times_out_is_killed_with_its_whole_group_and_its_setsid_child() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let cmd = format!(
+            "sleep 300 & echo $! > {}; setsid sleep 300 & echo $! > {}; sleep 300",
+            a.display(),
+            b.display()
+        );
+        let t = std::time::Instant::now();
+        let e = check(&cmd, Duration::from_millis(500))
+            .run()
+            .await
+            .expect_err("too slow");
+        assert!(e.contains("did not finish within"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        for f in [&a, &b] {
+            let pid = read_pid(f);
+            assert!(
+                gone_within(pid, Duration::from_secs(5)).await,
+                "{pid} of {}",
+                f.display()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_output_is_quoted_by_its_end() {
+        // 100 KiB of noise on each stream, then the reason.
+        let cmd = "head -c 102400 /dev/zero | tr '\\0' x; echo; \
+                   head -c 102400 /dev/zero | tr '\\0' y >&2; echo >&2; \
+                   echo the real reason >&2; exit 1";
+        let e = check(cmd, Duration::from_secs(20))
+            .run()
+            .await
+            .expect_err("unhealthy");
+        assert!(
+            e.ends_with("the real reason"),
+            "{}",
+            &e[e.len().saturating_sub(200)..]
+        );
+        assert!(e.contains(": …"), "marked as cut");
+        assert!(
+            e.chars().count() < OUTPUT_TAIL + 100,
+            "{} characters",
+            e.chars().count()
+        );
+    }
+
+    #[tokio::test]
+    async fn control_characters_in_the_output_are_escaped() {
+        let cmd =
+            "printf '\\033[2J\\033]0;owned\\007GPU 3\\r\\n2026-01-01 INFO fake line\\n'; exit 2";
+        let e = check(cmd, Duration::from_secs(20))
+            .run()
+            .await
+            .expect_err("unhealthy");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(
+            e.contains("\\u{1b}[2J") && e.contains("\\u{7}GPU 3\\r | 2026-01-01 INFO fake line"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_last_bytes_are_kept() {
+        let mut kept = Vec::new();
+        keep_last(&mut kept, b"abcdef", 4);
+        assert_eq!(kept, b"cdef");
+        keep_last(&mut kept, b"gh", 4);
+        assert_eq!(kept, b"efgh");
+        keep_last(&mut kept, b"", 4);
+        assert_eq!(kept, b"efgh");
     }
 
     #[test]

@@ -31,6 +31,11 @@ struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ExitLabel {
     kind: &'static str,
     code: String,
@@ -55,6 +60,7 @@ struct Inner {
     formation: Histogram,
     recovery: Histogram,
     tee_dropped: Counter,
+    file_timer_dropped: Family<Reason, Counter>,
     store: StoreMetrics,
     /// What `/readyz` answers.
     ready: Mutex<Result<(), String>>,
@@ -75,6 +81,7 @@ impl Default for AgentMetrics {
             formation: buckets(),
             recovery: buckets(),
             tee_dropped: Counter::default(),
+            file_timer_dropped: Family::default(),
             store: StoreMetrics::default(),
             ready: Mutex::new(Err("starting".into())),
         }))
@@ -130,6 +137,14 @@ impl AgentMetrics {
             "Tee'd worker lines dropped from the console because it was slower than the workers (the log files keep them)",
             m.tee_dropped.clone(),
         );
+        for reason in crate::file_timer::DROP_REASONS {
+            let _ = m.file_timer_dropped.get_or_create(&Reason { reason });
+        }
+        registry.register(
+            "accel_agent_file_timer_requests_dropped",
+            "FileTimer requests dropped, by reason: not_a_worker (for a process in no worker's process group of this node), malformed, table_full",
+            m.file_timer_dropped.clone(),
+        );
         m.store.register(registry);
     }
 
@@ -182,6 +197,15 @@ impl AgentMetrics {
     /// The console's dropped-line counter.
     pub fn tee_dropped(&self) -> Counter {
         self.0.tee_dropped.clone()
+    }
+
+    /// `n` FileTimer requests were dropped for `reason` (one of
+    /// [`crate::file_timer::DROP_REASONS`]).
+    pub fn file_timer_dropped(&self, reason: &'static str, n: u64) {
+        self.0
+            .file_timer_dropped
+            .get_or_create(&Reason { reason })
+            .inc_by(n);
     }
 
     /// The worker store's counters.

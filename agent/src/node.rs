@@ -45,14 +45,45 @@ pub const DEFAULT_LOG_FILTER: &str =
     "warn,accel_agent=info,rendezvous_server=error,rendezvous_server::ha=info";
 
 /// Runs the agent for `cfg` and returns the process's exit code. Call it
-/// while the process has one thread: it forks the guard first. `prog`
-/// prefixes error messages.
+/// while the process has one thread: it hides the process's secrets
+/// ([`protect_secrets`]) and forks the guard first. `prog` prefixes error
+/// messages.
 pub fn run(cfg: Config, prog: &str) -> ExitCode {
+    protect_secrets();
     match execute(cfg) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             say(&format!("{prog}: error: {e}"));
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Keeps the rendezvous token, read into `cfg` by now, from the processes
+/// of the agent's user, workers included (SECURITY.md, "The token in the
+/// agent's process"):
+/// - the process is made non-dumpable (`PR_SET_DUMPABLE` 0), so another
+///   process of its user can neither read its `/proc/PID/environ` or
+///   memory nor trace it;
+/// - the token's variables ([`SECRET_VARIABLES`]) are removed from its
+///   environment, and their entries blanked in the raw environment block
+///   the kernel shows as `/proc/PID/environ` (root can still read it).
+///
+/// For the binaries (`accel-agent`, `accel launch`) before anything else:
+/// call it while the process has one thread (nothing is changed otherwise,
+/// with a warning). [`execute`] does not call it: a program that runs the
+/// agent as a library (worker-runtime's launcher) is the user's own, and
+/// its standalone job needs no token.
+///
+/// [`SECRET_VARIABLES`]: crate::supervisor::SECRET_VARIABLES
+pub fn protect_secrets() {
+    if let Err(e) = crate::sys::not_dumpable() {
+        tracing::warn!(error = %e, "cannot make the agent non-dumpable (PR_SET_DUMPABLE); processes of its user may read its environment and memory");
+    }
+    match crate::sys::scrub_environment(&crate::supervisor::SECRET_VARIABLES) {
+        Ok(n) => tracing::debug!(entries = n, "secret variables removed from the environment"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot remove the rendezvous token from the agent's environment")
         }
     }
 }

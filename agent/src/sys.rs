@@ -1,6 +1,8 @@
 //! The agent's only `unsafe` code and raw process calls: the worker's
-//! pre-exec hook, forking the guard, signalling process groups, and the
-//! host-name lookup torchrun's events report.
+//! pre-exec hook, forking the guard, signalling process groups, making the
+//! agent non-dumpable and blanking its token in its environment block,
+//! finding the processes that hold a pipe, and the host-name lookup
+//! torchrun's events report.
 //!
 //! Everything here is a thin wrapper; the policy lives in
 //! [`crate::supervisor`] and [`crate::guard`].
@@ -303,4 +305,178 @@ pub(crate) fn fqdn(name: &str) -> String {
     // SAFETY: on success getnameinfo wrote a NUL-terminated string into `host`.
     let resolved = unsafe { CStr::from_ptr(host.as_ptr()) };
     resolved.to_string_lossy().into_owned()
+}
+
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): its
+/// `/proc/PID/environ`, `mem`, `fd` and `maps` become root's, and no process
+/// of its user may `ptrace` it or read its memory, so a worker (same user)
+/// cannot take the rendezvous token from it. Core dumps are off too. Kept
+/// by the forked guard; an `exec` (workers, the zygote, `py-spy`) clears it.
+pub(crate) fn not_dumpable() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
+}
+
+/// The inode of the pipe `fd` is an end of (as `/proc/PID/fd` names it:
+/// `pipe:[INODE]`).
+pub(crate) fn pipe_inode(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    nix::sys::stat::fstat(fd).ok().map(|st| st.st_ino)
+}
+
+/// SIGKILLs every other process that holds an end of one of the pipes
+/// `inodes` (found in `/proc/*/fd`; only the processes this one may
+/// inspect, those of its user), and the process group each leads, unless it
+/// is this process's own. Returns the pids killed.
+pub(crate) fn kill_pipe_holders(inodes: &[u64]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let names: Vec<String> = inodes.iter().map(|i| format!("pipe:[{i}]")).collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let holds = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|link| names.iter().any(|n| link.as_os_str() == n.as_str()))
+            })
+        })
+    };
+    let own_group = nix::unistd::getpgrp();
+    let mut killed = Vec::new();
+    for pid in procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && pid > 1)
+    {
+        if !holds(pid) {
+            continue;
+        }
+        let target = Pid::from_raw(pid);
+        if nix::unistd::getpgid(Some(target)).is_ok_and(|g| g == target && g != own_group) {
+            let _ = nix_killpg(target, Signal::SIGKILL);
+        }
+        let _ = nix::sys::signal::kill(target, Signal::SIGKILL);
+        killed.push(pid);
+    }
+    killed
+}
+
+/// The number of threads of this process, from `/proc/self/task`.
+pub(crate) fn threads() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()
+        .map(Iterator::count)
+}
+
+/// The range of this process's memory that holds the environment it was
+/// started with (what `/proc/self/environ` shows): fields 50 and 51 of
+/// `/proc/self/stat`, `env_start` and `env_end`.
+fn environment_block() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Field 2, the command name in parentheses, may hold spaces and `)`:
+    // the fields after it start at 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let start: usize = fields.get(50 - 3)?.parse().ok()?;
+    let end: usize = fields.get(51 - 3)?.parse().ok()?;
+    // The kernel shows 0 when it will not say; ARG_MAX bounds a real block.
+    (start != 0 && end > start && end - start <= 64 << 20).then_some((start, end))
+}
+
+/// Removes the variables `names` from this process's environment, and
+/// overwrites their entries (name and value) with NUL bytes in the raw
+/// block the process was started with, which `/proc/PID/environ` shows and
+/// which `remove_var` leaves in place. Returns how many entries of the
+/// block were overwritten.
+///
+/// Must be called while the process has a single thread: changing the
+/// environment races with any other thread reading it. With more than
+/// one thread it changes nothing and returns an error.
+pub(crate) fn scrub_environment(names: &[&str]) -> io::Result<usize> {
+    if threads() != Some(1) {
+        return Err(io::Error::other(
+            "the process has more than one thread; its environment is left as it is",
+        ));
+    }
+    for name in names {
+        // Single-threaded (checked above): nothing else reads it now.
+        std::env::remove_var(name);
+    }
+    let Some((start, end)) = environment_block() else {
+        return Ok(0);
+    };
+    // SAFETY: the kernel says the process's initial environment occupies
+    // [start, end) of its address space (on its initial stack, mapped
+    // read-write for the process's life). Nothing refers to these bytes as
+    // Rust data; the C library's `environ` array points into them, but the
+    // entries overwritten here were just removed from it (`unsetenv`
+    // removes every copy), and the process has one thread, so nothing
+    // reads them meanwhile.
+    let block = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+    Ok(scrub_block(block, names))
+}
+
+/// Overwrites with NUL bytes every `NAME=value` entry of the NUL-separated
+/// `block` whose name is in `names`; returns how many.
+fn scrub_block(block: &mut [u8], names: &[&str]) -> usize {
+    let mut scrubbed = 0;
+    let mut at = 0;
+    while at < block.len() {
+        let len = block[at..]
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(block.len() - at);
+        let entry = &block[at..at + len];
+        let named = names.iter().any(|n| {
+            entry.len() > n.len() && entry.starts_with(n.as_bytes()) && entry[n.len()] == b'='
+        });
+        if named {
+            block[at..at + len].fill(0);
+            scrubbed += 1;
+        }
+        at += len + 1;
+    }
+    scrubbed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_named_entries_of_an_environment_block_are_blanked() {
+        let mut block =
+            b"PATH=/bin\0ACCEL_RDZV_TOKEN=s3cret\0ACCEL_RDZV_TOKEN_FILE=/t\0RDZV_TOKEN=x=y\0HOME=/root\0RDZV_TOKEN=again"
+                .to_vec();
+        let n = scrub_block(&mut block, &["ACCEL_RDZV_TOKEN", "RDZV_TOKEN"]);
+        assert_eq!(n, 3, "both copies of RDZV_TOKEN, one ACCEL_RDZV_TOKEN");
+        let text = String::from_utf8_lossy(&block).replace('\0', "|");
+        assert!(
+            !text.contains("s3cret") && !text.contains("again") && !text.contains("x=y"),
+            "{text}"
+        );
+        let entries: Vec<&str> = text.split('|').filter(|e| !e.is_empty()).collect();
+        assert_eq!(
+            entries,
+            ["PATH=/bin", "ACCEL_RDZV_TOKEN_FILE=/t", "HOME=/root"],
+            "a longer name with the same start is another variable"
+        );
+        assert_eq!(block.len(), 101, "the block keeps its length");
+    }
+
+    #[test]
+    fn the_environment_is_left_alone_when_other_threads_run() {
+        // The test harness runs tests on threads of their own.
+        let other =
+            std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
+        std::env::set_var("ACCEL_TEST_SCRUB_ME", "1");
+        assert!(scrub_environment(&["ACCEL_TEST_SCRUB_ME"]).is_err());
+        assert_eq!(std::env::var("ACCEL_TEST_SCRUB_ME").as_deref(), Ok("1"));
+        other.join().expect("join");
+    }
+
+    #[test]
+    fn this_processs_environment_block_is_found() {
+        let (start, end) = environment_block().expect("env_start and env_end");
+        assert!(end > start);
+    }
 }

@@ -32,7 +32,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Callable, Dict, List, NoReturn, Optional
+from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
 # The name tracebacks give this file's frames: a worker's traceback shows the
 # script's frames only, as under `python script.py`.
@@ -42,6 +42,10 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
 _MAX_LINE = 4 << 20
 _prctl = None
+
+# The agent's secrets (the agent crate's `supervisor::SECRET_VARIABLES`):
+# never in a worker's environment.
+_SECRETS = (b"ACCEL_RDZV_TOKEN", b"RDZV_TOKEN")
 
 
 def prepare() -> None:
@@ -84,6 +88,46 @@ def _bind_cpus(cpus: object) -> None:
             raise
 
 
+def _environ_block() -> Optional[Tuple[int, int]]:
+    """Where this process's initial environment is in its memory: what
+    ``/proc/PID/environ`` shows (``env_start`` and ``env_end``, fields 50
+    and 51 of ``/proc/self/stat``); ``None`` if the kernel does not say."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # The command name (field 2) may hold spaces and parentheses.
+        fields = stat[stat.rindex(b")") + 1 :].split()
+        start, end = int(fields[50 - 3]), int(fields[51 - 3])
+    except (OSError, ValueError, IndexError):
+        return None
+    if start == 0 or end <= start or end - start > 64 << 20:
+        return None
+    return start, end
+
+
+def _scrub_environ_block(drop: Callable[[bytes], bool]) -> int:
+    """Overwrites with NUL bytes each ``NAME=value`` entry of this process's
+    raw environment block whose name ``drop`` says. A fork keeps its
+    parent's block, and ``os.environ`` does not change it: without this a
+    worker's ``/proc/PID/environ``, readable by the processes of its user
+    (a sibling worker included), shows the caller's variables, its
+    rendezvous token too. Call it in a process with one thread (a fork's
+    child). Returns how many entries were overwritten."""
+    block = _environ_block()
+    if block is None:
+        return 0
+    start, end = block
+    data = ctypes.string_at(start, end - start)
+    scrubbed, at = 0, 0
+    for entry in data.split(b"\0"):
+        name, eq, _ = entry.partition(b"=")
+        if eq and drop(name):
+            ctypes.memset(start + at, 0, len(entry))
+            scrubbed += 1
+        at += len(entry) + 1
+    return scrubbed
+
+
 def _plain_signals() -> None:
     """Default dispositions: a kernel's handlers (or an ignored SIGCHLD,
     which would break waitpid) make no sense in these processes."""
@@ -109,6 +153,11 @@ def serve(sock: socket.socket, target: Optional[Callable[[], None]], parent: int
         os.setpgid(0, 0)
         _die_with_parent(parent)
         _plain_signals()
+        # Forked from the caller: its token is in this process's block,
+        # which the workers (its children, of its user) could read.
+        for name in _SECRETS:
+            os.environ.pop(name.decode(), None)
+        _scrub_environ_block(lambda name: name in _SECRETS)
         _Server(sock, target).run()
     except BaseException:  # noqa: BLE001 - nothing may escape a fork
         try:
@@ -256,6 +305,10 @@ def _worker(
                 os.close(fd)
         os.environ.clear()
         os.environ.update(dict(req["env"]))
+        # What the agent withheld from the worker (its token) does not show
+        # in its /proc/PID/environ either.
+        given = {os.fsencode(k) for k in os.environ}
+        _scrub_environ_block(lambda name: name not in given or name in _SECRETS)
         _bind_cpus(req.get("cpus"))
         _allow_tracer(req.get("tracer"))
         # The caller's streams (a kernel's, which forward to its cells) are

@@ -6,15 +6,25 @@
 //! probes need no token or client certificate, and a flood of them cannot
 //! take connections from agents. In exchange it reveals only aggregates and
 //! states, and it is bounded like every other input: at most
-//! [`MAX_CONNECTIONS`] at once and [`MAX_PER_IP`] from one address (more are
-//! closed at once), one request per connection, its head (at most 16 KiB)
-//! read within [`HEAD_TIMEOUT`], and each connection closed after
+//! [`MAX_CONNECTIONS`] at once and [`MAX_PER_IP`] from one address, one
+//! request per connection, its head (at most 16 KiB) read within
+//! [`HEAD_TIMEOUT`], and each connection closed after
 //! [`CONNECTION_LIFETIME`] whatever it does. Only `GET` and `HEAD` are
-//! answered. So one client cannot hold the endpoint; and since it could
-//! still crowd it with many addresses, liveness probes belong on the main
-//! service (the manifests probe gRPC health for liveness).
+//! answered.
+//!
+//! A probe must get its answer even while others hold every slot: the
+//! Kubernetes manifests probe `/readyz` for readiness, and a node whose
+//! probe times out is taken out of service. So when a new connection finds
+//! its address's share or the whole endpoint full, the oldest connection
+//! that has not sent a complete request head (of that address, or of any)
+//! is closed to make room ([`Slots`]); only when every held connection has
+//! sent its request (each then gets its answer at once and ends) is the new
+//! one refused. A real client sends its request as soon as it has
+//! connected, so idle connections, however many addresses hold them, only
+//! ever displace each other; closing the oldest first means a flood would
+//! have to open every slot's worth of connections between a probe's
+//! connect and its request to displace it.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -32,7 +42,6 @@ use prometheus_client::encoding::prometheus_text;
 use prometheus_client::registry::Registry;
 use std::sync::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Scrapers and probes served at once; more connections are closed.
@@ -188,8 +197,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 /// Serves `endpoint` on `listener` until `stop` is cancelled; connections
 /// in progress are then dropped (a scrape is cheap to repeat).
 pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let per_ip = PerIp::default();
+    let slots = Slots::default();
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -205,17 +213,16 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
                 }
             }
         };
-        let Some(held) = per_ip.take(peer.ip()) else {
+        let Some(slot) = slots.admit(peer.ip()) else {
             continue; // dropped: closed at once
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue;
         };
         let endpoint = endpoint.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            let _slot = (slot, held);
+            let evicted = slot.evicted.clone();
+            let requested = Slot::clone(&slot);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                requested.requested();
                 let r = endpoint.respond(req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
             });
@@ -228,41 +235,135 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
             tokio::select! {
                 _ = conn => {}
                 _ = tokio::time::sleep(CONNECTION_LIFETIME) => {}
+                _ = evicted.cancelled() => {}
                 _ = stop.cancelled() => {}
             }
+            drop(slot);
         });
     }
 }
 
-/// Connections held per client address.
+/// The connections held, oldest first, and which have sent a complete
+/// request head: a new connection takes the place of the oldest idle one
+/// when its address's share or the endpoint is full (see the module docs).
 #[derive(Debug, Clone, Default)]
-struct PerIp(Arc<Mutex<HashMap<IpAddr, usize>>>);
+struct Slots(Arc<Mutex<Table>>);
 
-/// One connection's place in [`PerIp`], given back on drop.
+/// The bookkeeping behind [`Slots`]: pure, so its choices are unit-tested.
+#[derive(Debug, Default)]
+struct Table {
+    next: u64,
+    /// By admission order: the smallest id is the oldest.
+    held: std::collections::BTreeMap<u64, Held>,
+}
+
 #[derive(Debug)]
-struct Held(PerIp, IpAddr);
+struct Held {
+    ip: IpAddr,
+    requested: bool,
+    evict: CancellationToken,
+}
 
-impl PerIp {
-    fn take(&self, ip: IpAddr) -> Option<Held> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(ip.to_canonical()).or_default();
-        if *n >= MAX_PER_IP {
-            return None;
+impl Table {
+    /// Admits a connection from `ip`, closing idle ones to make room:
+    /// its id, or `None` (refused: every candidate has sent its request).
+    fn admit(&mut self, ip: IpAddr, evict: CancellationToken) -> Option<u64> {
+        let ip = ip.to_canonical();
+        let idle_of = |t: &Self, only: Option<IpAddr>| {
+            t.held
+                .iter()
+                .find(|(_, h)| !h.requested && only.is_none_or(|ip| h.ip == ip))
+                .map(|(id, _)| *id)
+        };
+        // Decide before closing anything: a refused connection displaces
+        // nobody.
+        let mut out = Vec::new();
+        if self.held.values().filter(|h| h.ip == ip).count() >= MAX_PER_IP {
+            out.push(idle_of(self, Some(ip))?);
         }
-        *n += 1;
-        Some(Held(self.clone(), ip.to_canonical()))
+        if self.held.len() - out.len() >= MAX_CONNECTIONS {
+            let oldest = self
+                .held
+                .iter()
+                .find(|(id, h)| !h.requested && !out.contains(id))
+                .map(|(id, _)| *id)?;
+            out.push(oldest);
+        }
+        for id in out {
+            if let Some(h) = self.held.remove(&id) {
+                h.evict.cancel();
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        self.held.insert(
+            id,
+            Held {
+                ip,
+                requested: false,
+                evict,
+            },
+        );
+        Some(id)
+    }
+
+    fn requested(&mut self, id: u64) {
+        if let Some(h) = self.held.get_mut(&id) {
+            h.requested = true;
+        }
+    }
+
+    fn release(&mut self, id: u64) {
+        self.held.remove(&id);
     }
 }
 
-impl Drop for Held {
+/// One connection's place in [`Slots`], given back on drop.
+#[derive(Debug, Clone)]
+struct Slot {
+    slots: Slots,
+    id: u64,
+    /// Cancelled when a newer connection takes this one's place.
+    evicted: CancellationToken,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn admit(&self, ip: IpAddr) -> Option<SlotGuard> {
+        let evicted = CancellationToken::new();
+        let id = self.lock().admit(ip, evicted.clone())?;
+        Some(SlotGuard(Slot {
+            slots: self.clone(),
+            id,
+            evicted,
+        }))
+    }
+}
+
+impl Slot {
+    /// The connection's request head is complete: it is no longer idle.
+    fn requested(&self) {
+        self.slots.lock().requested(self.id);
+    }
+}
+
+/// The [`Slot`] a connection's task owns; the place is freed when it drops.
+#[derive(Debug)]
+struct SlotGuard(Slot);
+
+impl std::ops::Deref for SlotGuard {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        &self.0
+    }
+}
+
+impl Drop for SlotGuard {
     fn drop(&mut self) {
-        let mut map = (self.0).0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.1);
-            }
-        }
+        self.0.slots.lock().release(self.0.id);
     }
 }
 
@@ -336,59 +437,229 @@ mod tests {
         assert!(e.to_string().contains("write IP:PORT"), "{e}");
     }
 
-    #[tokio::test]
-    async fn serves_over_tcp_and_sheds_one_address_s_extra_connections() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (e, c) = endpoint(Ok(()));
-        c.inc();
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    #[test]
+    fn a_full_address_or_endpoint_makes_room_by_closing_the_oldest_idle_connection() {
+        let mut t = Table::default();
+        let tokens: Vec<CancellationToken> = (0..MAX_CONNECTIONS + 8)
+            .map(|_| CancellationToken::new())
+            .collect();
+        // One address: its share, then each newer one displaces its oldest idle.
+        for id in 0..MAX_PER_IP as u64 {
+            assert_eq!(t.admit(ip(1), tokens[id as usize].clone()), Some(id));
+        }
+        t.requested(0); // connection 0 has sent its request: not idle
+        let id = t.admit(ip(1), tokens[4].clone()).expect("admitted");
+        assert!(
+            !tokens[0].is_cancelled(),
+            "busy connections are never closed"
+        );
+        assert!(
+            tokens[1].is_cancelled(),
+            "the oldest idle one of the address"
+        );
+        assert_eq!(t.held.len(), MAX_PER_IP);
+        // Another address fills the rest of the endpoint...
+        let others: Vec<u64> = (0..(MAX_CONNECTIONS - MAX_PER_IP))
+            .map(|i| {
+                let addr = ip(2 + (i / MAX_PER_IP) as u8);
+                t.admit(addr, CancellationToken::new()).expect("room")
+            })
+            .collect();
+        assert_eq!(t.held.len(), MAX_CONNECTIONS);
+        // ...and a new address displaces the oldest idle connection of all
+        // (address 1's second-oldest, as 0 is busy and 1 is gone).
+        t.admit(ip(99), tokens[5].clone()).expect("room made");
+        assert!(tokens[2].is_cancelled());
+        assert_eq!(t.held.len(), MAX_CONNECTIONS);
+        // When every connection has sent its request, a new one is refused
+        // and nobody is displaced.
+        let ids: Vec<u64> = t.held.keys().copied().collect();
+        for id in ids {
+            t.requested(id);
+        }
+        assert_eq!(t.admit(ip(100), tokens[6].clone()), None);
+        assert_eq!(t.held.len(), MAX_CONNECTIONS);
+        // Released places are free again.
+        t.release(id);
+        t.release(others[0]);
+        assert!(t.admit(ip(100), tokens[7].clone()).is_some());
+        assert_eq!(t.held.len(), MAX_CONNECTIONS - 1);
+    }
+
+    #[test]
+    fn a_refused_connection_displaces_nobody() {
+        let mut t = Table::default();
+        let tokens: Vec<CancellationToken> =
+            (0..MAX_PER_IP).map(|_| CancellationToken::new()).collect();
+        for (i, tok) in tokens.iter().enumerate() {
+            let id = t.admit(ip(1), tok.clone()).expect("room");
+            if i > 0 {
+                t.requested(id);
+            }
+        }
+        // The address's only idle connection is 0; the endpoint is not full.
+        assert!(t.admit(ip(1), CancellationToken::new()).is_some());
+        assert!(tokens[0].is_cancelled());
+        t.requested(MAX_PER_IP as u64);
+        // Now all of the address's connections are busy: refused.
+        assert_eq!(t.admit(ip(1), CancellationToken::new()), None);
+        assert!(tokens[1..].iter().all(|t| !t.is_cancelled()));
+    }
+
+    async fn serving(e: Endpoint) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
         let listener = bind("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve(listener, e, stop.clone()));
-        // Idle connections from one address hold its share...
+        (addr, stop, server)
+    }
+
+    async fn connect_from(from: u8, addr: SocketAddr) -> tokio::net::TcpStream {
+        let s = tokio::net::TcpSocket::new_v4().expect("socket");
+        s.bind(SocketAddr::new(ip(from), 0)).expect("bind");
+        s.connect(addr).await.expect("connect")
+    }
+
+    /// The whole answer to `request` on `s` (the server closes after one).
+    async fn ask(s: &mut tokio::net::TcpStream, request: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(request).await.expect("write");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("answered and closed promptly")
+            .expect("read");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Whether the server closed `s` (end of file or reset) within `limit`.
+    async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(limit, s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    const READYZ: &[u8] = b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_probe_is_answered_while_sixteen_addresses_hold_every_slot_idle() {
+        let (e, _) = endpoint(Ok(()));
+        let (addr, stop, server) = serving(e).await;
         let mut idle = Vec::new();
-        for _ in 0..MAX_PER_IP {
-            idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        for from in 1..=16u8 {
+            for _ in 0..MAX_PER_IP {
+                idle.push(connect_from(from, addr).await);
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // ...so one more is closed without an answer.
-        let mut extra = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let _ = extra
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await;
-        let mut buf = Vec::new();
-        let n = tokio::time::timeout(Duration::from_secs(5), extra.read_to_end(&mut buf))
-            .await
-            .expect("closed promptly")
-            .unwrap_or(0);
-        assert_eq!(n, 0, "{}", String::from_utf8_lossy(&buf));
-        // ...while another address is served (127.0.0.2 is loopback too).
-        let other = tokio::net::TcpSocket::new_v4().expect("socket");
-        other
-            .bind("127.0.0.2:0".parse().expect("addr"))
-            .expect("bind");
-        let mut s = other.connect(addr).await.expect("connect");
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        // A probe from a new address is answered: the endpoint is full,
+        // and the oldest idle connection of all makes room.
+        let mut probe = connect_from(17, addr).await;
+        let out = ask(&mut probe, READYZ).await;
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"),
+            "{out}"
+        );
+        assert!(closed_within(&mut idle[0], Duration::from_secs(2)).await);
+        // Full again; a probe from an address that holds its share is
+        // answered too: that address's oldest idle connection makes room.
+        idle.push(connect_from(18, addr).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut probe = connect_from(2, addr).await;
+        let out = ask(&mut probe, READYZ).await;
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("ready\n"),
+            "{out}"
+        );
+        assert!(closed_within(&mut idle[MAX_PER_IP], Duration::from_secs(2)).await);
+        // Nobody else was closed.
+        for s in &mut idle[1..MAX_PER_IP] {
+            assert!(!closed_within(s, Duration::from_millis(50)).await);
+        }
+        stop.cancel();
+        server.await.expect("stopped");
+    }
+
+    #[tokio::test]
+    async fn methods_paths_and_header_limits_hold_over_tcp() {
+        let (e, _) = endpoint(Ok(()));
+        let (addr, stop, server) = serving(e).await;
+        let mut s = connect_from(1, addr).await;
+        let out = ask(
+            &mut s,
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+        let mut s = connect_from(1, addr).await;
+        let out = ask(&mut s, b"GET /secrets HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 404"), "{out}");
+        // A head over 16 KiB is refused, not buffered.
+        let mut s = connect_from(1, addr).await;
+        let mut big = b"GET /readyz HTTP/1.1\r\nHost: x\r\n".to_vec();
+        big.extend(format!("X-Pad: {}\r\n\r\n", "a".repeat(MAX_HEAD_BYTES * 2)).as_bytes());
+        let out = ask(&mut s, &big).await;
+        assert!(out.is_empty() || out.starts_with("HTTP/1.1 431"), "{out}");
+        stop.cancel();
+        server.await.expect("stopped");
+    }
+
+    #[tokio::test]
+    async fn a_head_sent_slowly_is_cut_off_after_the_head_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let (e, _) = endpoint(Ok(()));
+        let (addr, stop, server) = serving(e).await;
+        let mut s = connect_from(1, addr).await;
+        let t0 = tokio::time::Instant::now();
+        s.write_all(b"GET /readyz HTTP/1.1\r\n")
             .await
             .expect("write");
-        let mut out = String::new();
-        // One request per connection: the server closes it after answering.
-        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
-            .await
-            .expect("closed after one answer")
-            .expect("read");
-        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        // Freed slots serve again.
+        // A byte a second: never a complete head.
+        let mut closed = false;
+        while t0.elapsed() < HEAD_TIMEOUT + Duration::from_secs(3) {
+            if s.write_all(b"X").await.is_err()
+                || closed_within(&mut s, Duration::from_secs(1)).await
+            {
+                closed = true;
+                break;
+            }
+        }
+        assert!(closed, "still open after {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= HEAD_TIMEOUT - Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+        stop.cancel();
+        server.await.expect("stopped");
+    }
+
+    #[tokio::test]
+    async fn freed_places_serve_again_and_metrics_are_served_over_tcp() {
+        let (e, c) = endpoint(Ok(()));
+        c.inc();
+        let (addr, stop, server) = serving(e).await;
+        let mut idle = Vec::new();
+        for _ in 0..MAX_PER_IP {
+            idle.push(connect_from(1, addr).await);
+        }
         idle.clear();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("write");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("read");
+        let mut s = connect_from(1, addr).await;
+        let out = ask(
+            &mut s,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         assert!(out.contains("accel_test_events_total 1"), "{out}");
         stop.cancel();

@@ -11,6 +11,16 @@ use crate::heavy;
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn run(tag: &str, max_restarts: u32, path: &str, flags: &[&str]) -> Finished {
+    run_with(tag, max_restarts, path, flags, &[])
+}
+
+fn run_with(
+    tag: &str,
+    max_restarts: u32,
+    path: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Finished {
     let dir = scratch(tag);
     let python = venv().join("bin/python");
     let job = AgentCmd::standalone()
@@ -18,6 +28,7 @@ fn run(tag: &str, max_restarts: u32, path: &str, flags: &[&str]) -> Finished {
         .max_restarts(max_restarts)
         .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
         .env("PYTHON_EXEC", python.to_str().expect("path"))
+        .envs(env)
         .flags(flags)
         .script(worker("hang_timer.py"));
     let mut c = job.command();
@@ -75,4 +86,52 @@ fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
         "the hung frame of a forked worker is in the summary:\n{}",
         out.stderr
     );
+}
+
+#[test]
+fn a_flood_of_foreign_timers_does_not_stop_a_workers_timer_from_firing() {
+    let _heavy = heavy();
+    // 5,000 far-future timers (more than the 4,096 the agent holds) for a
+    // live process that is no worker's: this test's own.
+    let me = std::process::id().to_string();
+    let out = run_with(
+        "timer-flood",
+        0,
+        &venv_path(),
+        &[],
+        &[("FLOOD_PID", &me), ("FLOOD_COUNT", "5000")],
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("flooded the pipe with 5000 timers for pid {me}")),
+        "{}",
+        out.stdout
+    );
+    // The hung rank's own timer still fired, with its stacks.
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("FileTimer 'train_step' expired: rank 1"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("stuck_in_a_collective (hang_timer.py:"),
+        "{}",
+        out.stderr
+    );
+    // The flood was dropped and said so, in aggregate.
+    assert!(
+        out.stderr.contains(&format!(
+            "for processes in no worker's process group of this node (the last for pid {me})"
+        )),
+        "{}",
+        out.stderr
+    );
+    let lines = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("dropped FileTimer requests"))
+        .count();
+    assert!(lines <= 2, "{lines} lines:\n{}", out.stderr);
 }

@@ -385,3 +385,82 @@ fn json_logs_and_json_status_for_pipelines() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Connection refused"), "{err}");
 }
+
+/// A connection to `addr` from the loopback address `127.0.0.<from>`.
+fn connect_from(from: u8, addr: &str) -> std::net::TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().expect("socket");
+        s.bind(std::net::SocketAddr::from(([127, 0, 0, from], 0)))
+            .expect("bind");
+        let s = s
+            .connect(addr.parse().expect("addr"))
+            .await
+            .expect("connect");
+        let s = s.into_std().expect("std");
+        // tokio's streams are non-blocking; the test reads and writes plainly.
+        s.set_nonblocking(false).expect("blocking");
+        s
+    })
+}
+
+/// `GET /readyz` from `127.0.0.<from>`: the status line, or why none.
+fn readyz_from(from: u8, addr: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut s = connect_from(from, addr);
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out);
+    text.lines()
+        .next()
+        .map(str::to_owned)
+        .ok_or_else(|| "closed without an answer".to_owned())
+}
+
+#[test]
+fn readyz_answers_while_sixteen_addresses_hold_every_metrics_connection_idle() {
+    let dir = scratch("readyz-crowded");
+    let server_metrics = format!("127.0.0.1:{}", free_port());
+    let server = Server::start_with("127.0.0.1:0", &["--metrics-bind", &server_metrics], &[]);
+    let agent_metrics = format!("127.0.0.1:{}", free_port());
+    let agent = AgentCmd::standalone()
+        .nproc(1)
+        .flag("--metrics-bind", &agent_metrics)
+        .no_python("sleep", &["120"])
+        .start(&dir, "agent");
+    for addr in [&server_metrics, &agent_metrics] {
+        poll_until(&format!("{addr} ready"), LIMIT, || {
+            match http_get(addr, "/readyz") {
+                Some((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        });
+        // 16 addresses × 4 connections that never send a request: every
+        // place the endpoint has.
+        let idle: Vec<std::net::TcpStream> = (1..=16u8)
+            .flat_map(|from| (0..4).map(move |_| from))
+            .map(|from| connect_from(from, addr))
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        // Probes from a crowding address and from a new one are answered,
+        // again and again (each takes an idle connection's place).
+        for round in 0..5u8 {
+            for from in [1, 17 + round] {
+                let status = readyz_from(from, addr)
+                    .unwrap_or_else(|e| panic!("/readyz at {addr} from 127.0.0.{from}: {e}"));
+                assert_eq!(status, "HTTP/1.1 200 OK", "{addr} from 127.0.0.{from}");
+            }
+        }
+        drop(idle);
+    }
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+    drop(server);
+}
