@@ -158,7 +158,12 @@ async fn bad_input_closes_only_that_connection() {
 
 #[tokio::test]
 async fn thousands_of_connections_on_one_loop() {
-    let s = store().await;
+    // 2,000 connections from this host: within the limits of a 512-worker job.
+    let s = store_with(StoreOptions {
+        connections: super::ConnLimits::for_world(512),
+        ..StoreOptions::default()
+    })
+    .await;
     let mut clients = Vec::new();
     for _ in 0..2000 {
         clients.push(client(&s).await);
