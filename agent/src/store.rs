@@ -312,6 +312,7 @@ impl WorkerStore {
             shared: shared.clone(),
             stop: stop.clone(),
             admission,
+            owners: Arc::new(owner::Owners::open()),
             limits: options.limits,
             metrics,
         };
@@ -349,6 +350,7 @@ struct Acceptor {
     shared: Handle,
     stop: CancellationToken,
     admission: SharedAdmission,
+    owners: Arc<owner::Owners>,
     limits: Limits,
     metrics: crate::metrics::StoreMetrics,
 }
@@ -430,6 +432,7 @@ impl Acceptor {
             shared: self.shared.clone(),
             stop: self.stop.clone(),
             admission: self.admission.clone(),
+            owners: self.owners.clone(),
             limits: self.limits,
             metrics: self.metrics.clone(),
         }
@@ -449,7 +452,7 @@ impl Acceptor {
             return; // the connection is gone already
         };
         let source = Source::of(peer.ip(), Some(local.ip()));
-        let owner = owner::peer_uid(peer, local);
+        let owner = self.owners.peer_uid(peer, local);
         let me = nix::unistd::geteuid().as_raw();
         if let Err(why) = admission::owner_admits(source == Source::ThisHost, owner, me) {
             drop(sock);

@@ -275,9 +275,35 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
     for _ in 0..3 {
         assert_eq!(probe_as_other_user("127.0.0.1", store.port()), "closed");
     }
+    // Nor can it write by sending a SET and closing at once (its closed
+    // socket lingers in the kernel's tables as uid 0).
+    let set_and_close = format!(
+        "import socket, struct\n\
+         s = socket.create_connection(('127.0.0.1', {port}))\n\
+         k, v = b'/planted', b'by-another-user'\n\
+         s.sendall(struct.pack('<BI', 0, 0x3C85F7CE) + bytes([1]) + struct.pack('<Q', len(k)) + k + struct.pack('<Q', len(v)) + v)\n\
+         s.close()\n",
+        port = store.port()
+    );
+    for _ in 0..20 {
+        let mut cmd = Command::new("/usr/bin/python3");
+        cmd.args(["-c", &set_and_close]);
+        let out = as_other_user(&mut cmd).output().expect("set and close");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
     // The agent's user (root here, as the workers) is served.
     let mut mine = client(store);
     assert!(set_get_works(&mut mine, "/mine"), "the agent's user is served");
+    {
+        use std::io::{Read, Write};
+        let check = accel_agent::store::wire::encode(&accel_agent::store::wire::Command::Check(
+            vec![b"/planted".to_vec()],
+        ));
+        mine.write_all(&check).expect("check");
+        let mut b = [0u8; 1];
+        mine.read_exact(&mut b).expect("check answered");
+        assert_eq!(b[0], 1, "the other user's SET was never applied (NOT_READY)");
+    }
     let python = venv().join("bin/python");
     let out = Command::new(&python)
         .args([

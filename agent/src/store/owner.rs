@@ -10,18 +10,28 @@
 //! is the peer's and remote address ours) where netlink is unavailable.
 //!
 //! The peer's socket exists before `accept` returns (the client's side is
-//! established first), but a client may already have closed it: then there
-//! is no owner and the connection is refused. An IPv4 peer on a dual-stack
+//! established first), but a client may already have closed it. A closed
+//! socket lingers in the kernel's tables (FIN_WAIT2, TIME_WAIT) with uid 0
+//! and no inode, so only a socket that still has an inode (a descriptor
+//! holds it) names an owner: otherwise there is none, and the connection
+//! is refused (else another user could connect, send a request and close at
+//! once, and pass as root). An IPv4 peer on a dual-stack
 //! listener is seen as `::ffff:a.b.c.d`; the kernel files both IPv4
 //! sockets and IPv6 sockets talking IPv4 in its IPv4 table, which the IPv4
 //! lookup (by the unmapped addresses) and the kernel's own handling of
 //! mapped addresses in an IPv6 lookup both reach.
+//!
+//! The netlink socket is opened once per store, when it starts: a lookup
+//! then needs no new descriptor, so it still works when the agent is at its
+//! descriptor limit (a connection just accepted took the last one).
 //!
 //! Parsing the replies is pure ([`parse_diag_reply`], [`parse_proc_net_tcp`])
 //! and unit-tested; the kernel's answers are untrusted in the sense that a
 //! malformed one yields no owner, never a panic.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
 
 use super::admission::canonical;
 
@@ -31,17 +41,48 @@ const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
 /// Size of `struct nlmsghdr`.
 const NLMSG_HDR: usize = 16;
-/// Offset of `idiag_uid` in `struct inet_diag_msg`.
+/// Offset of `idiag_uid` in `struct inet_diag_msg` (`idiag_inode` follows).
 const DIAG_UID_AT: usize = 4 + 48 + 12;
 
-/// The owner of the socket at `peer` connected to `local`, or `None` if the
-/// kernel knows no such socket (closed, or not on this host).
-pub fn peer_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let peer = SocketAddr::new(canonical(peer.ip()), peer.port());
-    let local = SocketAddr::new(canonical(local.ip()), local.port());
-    match diag_uid(peer, local) {
-        Ok(found) => found,
-        Err(_) => proc_uid(peer, local),
+/// Asks the kernel who owns the other end of a connection.
+#[derive(Debug)]
+pub struct Owners {
+    /// The netlink socket and the last request's sequence number (`None`:
+    /// netlink is unavailable, `/proc/net/tcp` is read instead).
+    diag: Option<Mutex<(OwnedFd, u32)>>,
+}
+
+impl Owners {
+    /// Opens the netlink socket lookups use.
+    pub fn open() -> Self {
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockProtocol, SockType};
+        let diag = socket(
+            AddressFamily::Netlink,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkSockDiag,
+        )
+        .ok()
+        .map(|fd| Mutex::new((fd, 0)));
+        Self { diag }
+    }
+
+    /// The owner of the socket at `peer` connected to `local`, or `None` if
+    /// the kernel knows no such socket (closed, or not on this host), or
+    /// cannot be asked.
+    pub fn peer_uid(&self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+        let peer = SocketAddr::new(canonical(peer.ip()), peer.port());
+        let local = SocketAddr::new(canonical(local.ip()), local.port());
+        let asked = self.diag.as_ref().map(|d| {
+            let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+            d.1 = d.1.wrapping_add(1);
+            let seq = d.1;
+            diag_uid(&d.0, peer, local, seq)
+        });
+        match asked {
+            Some(Ok(found)) => found,
+            _ => proc_uid(peer, local),
+        }
     }
 }
 
@@ -102,29 +143,28 @@ pub fn parse_diag_reply(reply: &[u8], seq: u32) -> Result<Option<u32>, ()> {
                 _ => Err(()),
             }
         }
-        SOCK_DIAG_BY_FAMILY => u32_at(NLMSG_HDR + DIAG_UID_AT)
-            .filter(|_| len >= NLMSG_HDR + DIAG_UID_AT + 4)
-            .map(Some)
-            .ok_or(()),
+        SOCK_DIAG_BY_FAMILY => {
+            if len < NLMSG_HDR + DIAG_UID_AT + 8 {
+                return Err(());
+            }
+            let uid = u32_at(NLMSG_HDR + DIAG_UID_AT).ok_or(())?;
+            let inode = u32_at(NLMSG_HDR + DIAG_UID_AT + 4).ok_or(())?;
+            // No inode: closed by its process (its uid reads 0, not its owner's).
+            Ok((inode != 0).then_some(uid))
+        }
         _ => Err(()),
     }
 }
 
-/// Asks the kernel over `NETLINK_SOCK_DIAG`.
-fn diag_uid(peer: SocketAddr, local: SocketAddr) -> Result<Option<u32>, ()> {
-    use nix::sys::socket::{
-        recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
-        SockType,
-    };
+/// Asks the kernel over `NETLINK_SOCK_DIAG`, on `fd`.
+fn diag_uid(
+    fd: &OwnedFd,
+    peer: SocketAddr,
+    local: SocketAddr,
+    seq: u32,
+) -> Result<Option<u32>, ()> {
+    use nix::sys::socket::{recv, sendto, MsgFlags, NetlinkAddr};
     use std::os::fd::AsRawFd;
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkSockDiag,
-    )
-    .map_err(|_| ())?;
-    let seq = 1;
     let req = diag_request(peer, local, seq);
     let sent = sendto(
         fd.as_raw_fd(),
@@ -137,10 +177,18 @@ fn diag_uid(peer: SocketAddr, local: SocketAddr) -> Result<Option<u32>, ()> {
         return Err(());
     }
     // The kernel answers within sendto, so the reply is already queued:
-    // never block for it.
+    // never block for it. A reply to an earlier request (none is expected)
+    // is skipped.
     let mut reply = [0u8; 1024];
-    let n = recv(fd.as_raw_fd(), &mut reply, MsgFlags::MSG_DONTWAIT).map_err(|_| ())?;
-    parse_diag_reply(&reply[..n], seq)
+    for _ in 0..8 {
+        let n = recv(fd.as_raw_fd(), &mut reply, MsgFlags::MSG_DONTWAIT).map_err(|_| ())?;
+        let got = &reply[..n];
+        let seq_of = got.get(8..12).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
+        if seq_of == Some(seq) {
+            return parse_diag_reply(got, seq);
+        }
+    }
+    Err(())
 }
 
 /// Looks the connection up in `/proc/net/tcp{,6}`.
@@ -153,14 +201,16 @@ fn proc_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 
 /// The uid of the row of a `/proc/net/tcp` or `/proc/net/tcp6` table whose
 /// local address is `src` and remote address `dst` (IPv4 rows match IPv4
-/// addresses; IPv6 rows match IPv6 addresses and the mapped forms of IPv4 ones).
+/// addresses; IPv6 rows match IPv6 addresses and the mapped forms of IPv4
+/// ones), if its socket still has an inode (is not closed).
 pub fn parse_proc_net_tcp(table: &str, src: SocketAddr, dst: SocketAddr) -> Option<u32> {
     table.lines().skip(1).find_map(|row| {
         let f: Vec<&str> = row.split_whitespace().collect();
-        let (l, r, uid) = (f.get(1)?, f.get(2)?, f.get(7)?);
-        (proc_addr(l)? == src && proc_addr(r)? == dst)
-            .then(|| uid.parse().ok())
-            .flatten()
+        let (l, r, uid, inode) = (f.get(1)?, f.get(2)?, f.get(7)?, f.get(9)?);
+        if proc_addr(l)? != src || proc_addr(r)? != dst || *inode == "0" {
+            return None;
+        }
+        uid.parse().ok()
     })
 }
 
@@ -216,7 +266,11 @@ mod tests {
         found[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         found[8..12].copy_from_slice(&7u32.to_ne_bytes());
         found[NLMSG_HDR + DIAG_UID_AT..][..4].copy_from_slice(&1001u32.to_ne_bytes());
+        found[NLMSG_HDR + DIAG_UID_AT + 4..][..4].copy_from_slice(&4242u32.to_ne_bytes());
         assert_eq!(parse_diag_reply(&found, 7), Ok(Some(1001)));
+        let mut closed = found.clone();
+        closed[NLMSG_HDR + DIAG_UID_AT..][..8].fill(0);
+        assert_eq!(parse_diag_reply(&closed, 7), Ok(None), "closed: uid 0, no inode");
         assert_eq!(parse_diag_reply(&found, 8), Err(()), "another request's reply");
         assert_eq!(parse_diag_reply(&found[..60], 7), Err(()), "truncated");
         let mut missing = vec![0u8; NLMSG_HDR + 20];
@@ -236,11 +290,17 @@ mod tests {
         let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
    0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1134 1\n\
    1: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1001        0 2222 1\n\
-   2: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 3333 1\n";
+   2: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 3333 1\n\
+   3: 0100007F:9C41 0100007F:1F90 06 00000000:00000000 03:00001770 00000000     0        0 0 3\n";
         let (peer, ours) = (sa("127.0.0.1:40000"), sa("127.0.0.1:8080"));
         assert_eq!(parse_proc_net_tcp(v4, peer, ours), Some(1001));
         assert_eq!(parse_proc_net_tcp(v4, ours, peer), Some(0), "our own end");
         assert_eq!(parse_proc_net_tcp(v4, sa("127.0.0.1:1"), ours), None);
+        assert_eq!(
+            parse_proc_net_tcp(v4, sa("127.0.0.1:40001"), ours),
+            None,
+            "TIME_WAIT: no owner"
+        );
         // An IPv6 socket talking IPv4: ::ffff:127.0.0.1, words in host order.
         let v6 = "  sl  local_address                         remote_address                        st\n\
    0: 0000000000000000FFFF00000100007F:9C40 0000000000000000FFFF00000100007F:1F90 01 00000000:00000000 00:00000000 00000000  1002        0 4444 1\n\
@@ -260,10 +320,23 @@ mod tests {
         let (_s, peer) = l.accept().expect("accept");
         let local = l.local_addr().expect("addr");
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(peer_uid(peer, local), Some(me));
-        assert_eq!(diag_uid(peer, local), Ok(Some(me)), "over netlink");
+        let owners = Owners::open();
+        assert_eq!(owners.peer_uid(peer, local), Some(me));
+        {
+            let d = owners.diag.as_ref().expect("netlink").lock().expect("lock");
+            assert_eq!(diag_uid(&d.0, peer, local, 77), Ok(Some(me)), "over netlink");
+            assert_eq!(diag_uid(&d.0, peer, local, 78), Ok(Some(me)), "again");
+        }
         assert_eq!(proc_uid(peer, local), Some(me), "from /proc/net/tcp");
-        assert_eq!(peer_uid(local, peer), Some(me), "our own end, too");
+        assert_eq!(owners.peer_uid(local, peer), Some(me), "our own end, too");
+        // The client closes first: its socket lingers without an owner.
         drop(c);
+        drop(_s);
+        assert_eq!(
+            owners.peer_uid(peer, local),
+            None,
+            "no owner once the client closed"
+        );
+        assert_eq!(proc_uid(peer, local), None, "in /proc/net/tcp either");
     }
 }
