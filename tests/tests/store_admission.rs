@@ -275,8 +275,9 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
     for _ in 0..3 {
         assert_eq!(probe_as_other_user("127.0.0.1", store.port()), "closed");
     }
-    // Nor can it write by sending a SET and closing at once (its closed
-    // socket lingers in the kernel's tables as uid 0).
+    // Nor can it write by sending a SET and closing before the agent
+    // accepts (its closed socket lingers in the kernel's tables as uid 0):
+    // the agent is stopped meanwhile, so it accepts only afterwards.
     let set_and_close = format!(
         "import socket, struct\n\
          s = socket.create_connection(('127.0.0.1', {port}))\n\
@@ -285,12 +286,14 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
          s.close()\n",
         port = store.port()
     );
-    for _ in 0..20 {
+    agent.signal("STOP");
+    for _ in 0..3 {
         let mut cmd = Command::new("/usr/bin/python3");
         cmd.args(["-c", &set_and_close]);
         let out = as_other_user(&mut cmd).output().expect("set and close");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
+    agent.signal("CONT");
     // The agent's user (root here, as the workers) is served.
     let mut mine = client(store);
     assert!(set_get_works(&mut mine, "/mine"), "the agent's user is served");
