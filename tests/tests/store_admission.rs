@@ -269,7 +269,10 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
         .trim()
         .parse()
         .expect("MASTER_ADDR:MASTER_PORT");
-    assert!(store.ip().is_loopback(), "a standalone job's store is on loopback");
+    assert!(
+        store.ip().is_loopback(),
+        "a standalone job's store is on loopback"
+    );
     // The other user reaches the port (the TCP handshake completes) and is
     // closed without a byte of answer, every time.
     for _ in 0..3 {
@@ -291,21 +294,32 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
         let mut cmd = Command::new("/usr/bin/python3");
         cmd.args(["-c", &set_and_close]);
         let out = as_other_user(&mut cmd).output().expect("set and close");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     agent.signal("CONT");
     // The agent's user (root here, as the workers) is served.
     let mut mine = client(store);
-    assert!(set_get_works(&mut mine, "/mine"), "the agent's user is served");
+    assert!(
+        set_get_works(&mut mine, "/mine"),
+        "the agent's user is served"
+    );
     {
         use std::io::{Read, Write};
-        let check = accel_agent::store::wire::encode(&accel_agent::store::wire::Command::Check(
-            vec![b"/planted".to_vec()],
-        ));
+        let check =
+            accel_agent::store::wire::encode(&accel_agent::store::wire::Command::Check(vec![
+                b"/planted".to_vec(),
+            ]));
         mine.write_all(&check).expect("check");
         let mut b = [0u8; 1];
         mine.read_exact(&mut b).expect("check answered");
-        assert_eq!(b[0], 1, "the other user's SET was never applied (NOT_READY)");
+        assert_eq!(
+            b[0], 1,
+            "the other user's SET was never applied (NOT_READY)"
+        );
     }
     let python = venv().join("bin/python");
     let out = Command::new(&python)

@@ -72,7 +72,8 @@ impl StoreHost {
         let stat = fs::read_to_string(format!("/proc/{}/stat", self.agent.pid())).expect("stat");
         let after_name = stat.rsplit_once(')').expect("stat format").1;
         let f: Vec<&str> = after_name.split_whitespace().collect();
-        let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
+        let ticks: f64 =
+            f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
         // SAFETY: sysconf only reads a constant.
         ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
     }
@@ -412,7 +413,10 @@ fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
         stderr.contains("budget of 67108864 bytes"),
         "the reason is logged: {stderr}"
     );
-    assert!((1..=3).contains(&lines), "aggregated, not a line each: {stderr}");
+    assert!(
+        (1..=3).contains(&lines),
+        "aggregated, not a line each: {stderr}"
+    );
 }
 
 #[test]

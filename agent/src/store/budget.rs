@@ -236,7 +236,13 @@ mod tests {
     #[test]
     fn this_host_is_one_source_whatever_its_address() {
         let local = Some(ip("10.0.0.1"));
-        for peer in ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1", "10.0.0.1"] {
+        for peer in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "::ffff:127.0.0.1",
+            "10.0.0.1",
+        ] {
             assert_eq!(Source::of(ip(peer), local), Source::ThisHost, "{peer}");
         }
         assert_eq!(
@@ -274,12 +280,20 @@ mod tests {
         assert!(l.pending(1, 40).is_empty());
         assert!(l.pending(2, 30).is_empty());
         assert!(l.pending(3, 30).is_empty(), "exactly the budget fits");
-        assert_eq!(l.pending(3, 31), vec![1], "the largest goes, not the newest");
+        assert_eq!(
+            l.pending(3, 31),
+            vec![1],
+            "the largest goes, not the newest"
+        );
         assert_eq!(l.pending_bytes(), 61);
         // A connection growing past all others is the one closed.
         assert_eq!(l.pending(4, 90), vec![4]);
         assert_eq!(l.pending_bytes(), 61);
-        assert_eq!(l.pending(1, 5), vec![1], "an evicted connection counts nothing more");
+        assert_eq!(
+            l.pending(1, 5),
+            vec![1],
+            "an evicted connection counts nothing more"
+        );
         assert_eq!(l.pending(4, 5), vec![4]);
         assert_eq!(l.pending_bytes(), 61);
         assert!(l.pending(6, 39).is_empty());
@@ -295,7 +309,11 @@ mod tests {
         assert_eq!(l.pending_bytes(), 0);
         l.close(1, Source::ThisHost);
         assert!(l.pending(1, 5).is_empty(), "an id is forgotten once closed");
-        assert_eq!(l.connections(), 0, "closing what was never opened counts nothing");
+        assert_eq!(
+            l.connections(),
+            0,
+            "closing what was never opened counts nothing"
+        );
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub fn diag_request(src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8> {
     // struct inet_diag_req_v2
     m.extend_from_slice(&[family as u8, nix::libc::IPPROTO_TCP as u8, 0, 0]);
     m.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
-    // struct inet_diag_sockid: ports and addresses in network order
+                                                  // struct inet_diag_sockid: ports and addresses in network order
     m.extend_from_slice(&src.port().to_be_bytes());
     m.extend_from_slice(&dst.port().to_be_bytes());
     m.extend_from_slice(&addr(src.ip()));
@@ -183,7 +183,9 @@ fn diag_uid(
     for _ in 0..8 {
         let n = recv(fd.as_raw_fd(), &mut reply, MsgFlags::MSG_DONTWAIT).map_err(|_| ())?;
         let got = &reply[..n];
-        let seq_of = got.get(8..12).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
+        let seq_of = got
+            .get(8..12)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
         if seq_of == Some(seq) {
             return parse_diag_reply(got, seq);
         }
@@ -247,7 +249,7 @@ mod tests {
     fn the_request_names_the_exact_connection() {
         let r = diag_request(sa("127.0.0.1:40000"), sa("127.0.0.1:29500"), 7);
         assert_eq!(r.len(), 72);
-        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 72);
+        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().expect("4 bytes")), 72);
         assert_eq!(r[16], nix::libc::AF_INET as u8);
         assert_eq!(&r[24..26], &40000u16.to_be_bytes(), "source port");
         assert_eq!(&r[26..28], &29500u16.to_be_bytes(), "destination port");
@@ -255,7 +257,10 @@ mod tests {
         assert_eq!(&r[64..72], &[0xff; 8], "no cookie");
         let v6 = diag_request(sa("[::1]:1"), sa("127.0.0.1:2"), 7);
         assert_eq!(v6[16], nix::libc::AF_INET6 as u8);
-        assert_eq!(&v6[44..60], &std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets());
+        assert_eq!(
+            &v6[44..60],
+            &std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets()
+        );
     }
 
     #[test]
@@ -270,8 +275,16 @@ mod tests {
         assert_eq!(parse_diag_reply(&found, 7), Ok(Some(1001)));
         let mut closed = found.clone();
         closed[NLMSG_HDR + DIAG_UID_AT..][..8].fill(0);
-        assert_eq!(parse_diag_reply(&closed, 7), Ok(None), "closed: uid 0, no inode");
-        assert_eq!(parse_diag_reply(&found, 8), Err(()), "another request's reply");
+        assert_eq!(
+            parse_diag_reply(&closed, 7),
+            Ok(None),
+            "closed: uid 0, no inode"
+        );
+        assert_eq!(
+            parse_diag_reply(&found, 8),
+            Err(()),
+            "another request's reply"
+        );
         assert_eq!(parse_diag_reply(&found[..60], 7), Err(()), "truncated");
         let mut missing = vec![0u8; NLMSG_HDR + 20];
         let n = missing.len() as u32;
@@ -310,7 +323,10 @@ mod tests {
             parse_proc_net_tcp(v6, sa("[::1]:40001"), sa("[::1]:8080")),
             Some(1003)
         );
-        assert_eq!(parse_proc_net_tcp("garbage\n: x y z\n1: zz:zz", peer, ours), None);
+        assert_eq!(
+            parse_proc_net_tcp("garbage\n: x y z\n1: zz:zz", peer, ours),
+            None
+        );
     }
 
     #[test]
@@ -324,7 +340,11 @@ mod tests {
         assert_eq!(owners.peer_uid(peer, local), Some(me));
         {
             let d = owners.diag.as_ref().expect("netlink").lock().expect("lock");
-            assert_eq!(diag_uid(&d.0, peer, local, 77), Ok(Some(me)), "over netlink");
+            assert_eq!(
+                diag_uid(&d.0, peer, local, 77),
+                Ok(Some(me)),
+                "over netlink"
+            );
             assert_eq!(diag_uid(&d.0, peer, local, 78), Ok(Some(me)), "again");
         }
         assert_eq!(proc_uid(peer, local), Some(me), "from /proc/net/tcp");

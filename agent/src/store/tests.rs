@@ -484,7 +484,10 @@ fn a_parser_keeps_its_place_and_survives_misuse() {
     assert_eq!(p.parse(&check[..100]), Ok(None));
     let set = encode(&Command::Set(k("a"), k("b")));
     assert_eq!(p.parse(&check[..check.len() / 2]), Ok(None));
-    assert_eq!(p.parse(&set), Ok(Some((Command::Set(k("a"), k("b")), set.len()))));
+    assert_eq!(
+        p.parse(&set),
+        Ok(Some((Command::Set(k("a"), k("b")), set.len())))
+    );
     assert_eq!(p.parse(&[]), Ok(None));
     // An error is final for that request, and the parser starts afresh.
     let mut p = Parser::default();

@@ -161,7 +161,10 @@ impl Cursor<'_> {
         }
         self.within_request(len)?;
         let start = self.pos;
-        Ok(self.take(len as usize).map(|_| Span { start, len: len as usize }))
+        Ok(self.take(len as usize).map(|_| Span {
+            start,
+            len: len as usize,
+        }))
     }
     /// Refuses a request that would grow past [`MAX_REQUEST_LEN`] with `more` bytes.
     fn within_request(&self, more: u64) -> Result<(), WireError> {
