@@ -329,6 +329,10 @@ mod tests {
         );
     }
 
+    fn canon(a: SocketAddr) -> SocketAddr {
+        SocketAddr::new(canonical(a.ip()), a.port())
+    }
+
     #[test]
     fn the_kernel_names_the_owner_of_a_real_connection() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -349,6 +353,23 @@ mod tests {
         }
         assert_eq!(proc_uid(peer, local), Some(me), "from /proc/net/tcp");
         assert_eq!(owners.peer_uid(local, peer), Some(me), "our own end, too");
+        // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d, whether
+        // the client's socket is IPv4 or IPv6 talking IPv4; and IPv6 itself.
+        {
+            let l6 = std::net::TcpListener::bind("[::]:0").expect("a dual-stack listener");
+            let port = l6.local_addr().expect("addr").port();
+            for to in [
+                format!("127.0.0.1:{port}"),
+                format!("[::ffff:127.0.0.1]:{port}"),
+                format!("[::1]:{port}"),
+            ] {
+                let _c = std::net::TcpStream::connect(&to).expect("connect");
+                let (s, peer) = l6.accept().expect("accept");
+                let local = s.local_addr().expect("local");
+                assert_eq!(owners.peer_uid(peer, local), Some(me), "to {to}: {peer}");
+                assert_eq!(proc_uid(canon(peer), canon(local)), Some(me), "to {to}");
+            }
+        }
         // The client closes first: its socket lingers without an owner.
         drop(c);
         drop(_s);
