@@ -16,9 +16,10 @@
 //!   trickled in costs what it costs sent at once. Bytes buffered and not yet
 //!   applied count against the store's budget for all connections
 //!   ([`super::budget`]): past it, the connection buffering the most is
-//!   closed. One read takes at most [`READ_MAX`] bytes, so the budget is
-//!   checked at least that often; a buffer grown past [`KEEP_BUFFER`] is
-//!   released once it is empty.
+//!   closed. One read takes at most [`READ_MAX`] bytes and a buffer of
+//!   16 KiB or more is counted as soon as it is read, so what the budget
+//!   does not see is small; a buffer grown past [`KEEP_BUFFER`] is released
+//!   once it is empty.
 //! * **Parked.** A connection in WAIT or BARRIER applies nothing until it is
 //!   woken, except a CANCEL_WAIT at the front of its buffer (PyTorch's client
 //!   sends one when its wait times out). It keeps reading to see that one,
@@ -245,6 +246,12 @@ impl<'a> Connection<'a> {
                     progress = true;
                     if self.parked.is_some() && buf.len() as u64 > MAX_REQUEST_LEN {
                         return Err(ConnError::ParkedOverflow(buf.len()));
+                    }
+                    // Counted before applying, too: applying may stop at a full
+                    // reply buffer and wait for the socket (small requests, the
+                    // common case, are counted only after applying, without a lock).
+                    if buf.len() >= READ_CHUNK {
+                        self.account(buf.len())?;
                     }
                 }
                 Some(signal) = self.wake.recv() => match signal {
