@@ -298,7 +298,7 @@ impl WorkerStore {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         // Large buffers freed (an evicted incomplete request's) go back to the system.
-        crate::sys::unmap_large_frees(conn::READ_MAX);
+        crate::sys::unmap_large_frees(256 << 10);
         let shared = Handle::new(&options);
         let admission = Arc::new(Admission::new(&options.admit));
         {

@@ -366,15 +366,28 @@ fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
             })
         })
         .collect();
-    let mut peak = before;
+    // The peak, sampled every 5 ms while they send.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, pid) = (stop.clone(), host.agent.pid());
+        std::thread::spawn(move || {
+            let mut peak = 0f64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = rss_mib(pid);
+                peak = peak.max(r);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
     let mut held = Vec::new();
     for s in senders {
         held.push(s.join().expect("sender"));
-        peak = peak.max(host.rss());
     }
     std::thread::sleep(Duration::from_millis(500));
     let during = host.rss();
-    peak = peak.max(during);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().expect("sampler").max(during);
     assert!(
         set_get_works(&mut legit, "/during"),
         "a legitimate client is answered meanwhile"

@@ -28,7 +28,9 @@
 //! connection holding the most is closed first (it is the one costing the
 //! most, and an attacker's), then the next, until the sum fits: a client
 //! sending a legitimate 8 MiB value finishes unless others already hold
-//! most of the budget.
+//! most of the budget. A connection told to close still counts until its
+//! task has run and freed its buffer, so the budget bounds memory actually
+//! held, not only what the ledger has not yet given up on.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -161,26 +163,32 @@ impl Ledger {
 
     /// Records that connection `id` now buffers `bytes` not yet applied, and
     /// returns the connections to close so that the sum fits the budget,
-    /// largest first (`id` itself among them if it is the largest). The
-    /// returned connections are no longer counted.
+    /// largest first (`id` itself among them if it is the largest). A
+    /// connection told to close still counts until it has closed
+    /// ([`Self::close`]): its buffer is held until its task runs, and the
+    /// budget is about memory held.
     pub fn pending(&mut self, id: ConnId, bytes: u64) -> Vec<ConnId> {
         if self.evicted.contains(&id) {
-            return vec![id]; // told to close already; it counts nothing more
+            return vec![id]; // told to close already
         }
         self.set_pending(id, bytes);
         let mut evict = Vec::new();
-        while self.pending_total > self.budget {
+        // What connections told to close before still hold counts; what
+        // those chosen now hold is as good as freed.
+        let mut freed = 0;
+        while self.pending_total - freed > self.budget {
             // Ties go to the lowest id, so the choice does not depend on hashing.
-            let Some((&largest, _)) = self
+            let Some((&largest, &held)) = self
                 .pending
                 .iter()
+                .filter(|(c, _)| !self.evicted.contains(c))
                 .max_by_key(|&(&c, &b)| (b, std::cmp::Reverse(c)))
             else {
-                break;
+                break; // the rest is held by connections closing already
             };
-            self.set_pending(largest, 0);
             self.evicted.insert(largest);
             evict.push(largest);
+            freed += held;
         }
         evict
     }
@@ -285,35 +293,53 @@ mod tests {
             vec![1],
             "the largest goes, not the newest"
         );
-        assert_eq!(l.pending_bytes(), 61);
-        // A connection growing past all others is the one closed.
-        assert_eq!(l.pending(4, 90), vec![4]);
-        assert_eq!(l.pending_bytes(), 61);
         assert_eq!(
             l.pending(1, 5),
             vec![1],
-            "an evicted connection counts nothing more"
+            "told to close: it counts nothing new"
         );
-        assert_eq!(l.pending(4, 5), vec![4]);
-        assert_eq!(l.pending_bytes(), 61);
-        assert!(l.pending(6, 39).is_empty());
-        assert_eq!(l.pending(2, 35), vec![6], "growing, but not the largest");
+        assert_eq!(
+            l.pending_bytes(),
+            101,
+            "but what it holds counts until it closes"
+        );
+        // While it has not closed, growth elsewhere closes the next largest.
+        assert_eq!(l.pending(2, 35), vec![2]);
+        l.close(1, Source::ThisHost);
+        l.close(2, Source::ThisHost);
+        assert_eq!(l.pending_bytes(), 31);
+        // A connection growing past all others is the one closed.
+        assert_eq!(l.pending(4, 90), vec![4]);
+        l.close(4, Source::ThisHost);
+        assert!(l.pending(5, 39).is_empty());
+        assert_eq!(l.pending(6, 35), vec![5], "growing, but not the largest");
+        l.close(5, Source::ThisHost);
         assert_eq!(l.pending_bytes(), 66);
+        // Applying a request releases its bytes; closing releases the rest.
         assert!(l.pending(3, 0).is_empty());
         assert_eq!(l.pending_bytes(), 35);
-        // Applying a request releases its bytes; closing releases the rest.
-        assert!(l.pending(2, 0).is_empty());
+        l.close(6, Source::ThisHost);
         assert_eq!(l.pending_bytes(), 0);
-        assert!(l.pending(8, 100).is_empty());
-        l.close(8, Source::ThisHost);
-        assert_eq!(l.pending_bytes(), 0);
-        l.close(1, Source::ThisHost);
         assert!(l.pending(1, 5).is_empty(), "an id is forgotten once closed");
         assert_eq!(
             l.connections(),
             0,
             "closing what was never opened counts nothing"
         );
+    }
+
+    #[test]
+    fn connections_closing_already_are_not_chosen_again() {
+        let mut l = Ledger::new(ConnLimits::default(), 10);
+        assert!(l.pending(1, 10).is_empty());
+        assert_eq!(l.pending(2, 4), vec![1]);
+        // 1 still holds 10: 2 is the only one that can go.
+        assert_eq!(l.pending(2, 5), vec![2]);
+        assert_eq!(l.pending(3, 1), vec![3]);
+        l.close(1, Source::ThisHost);
+        l.close(2, Source::ThisHost);
+        l.close(3, Source::ThisHost);
+        assert!(l.pending(4, 10).is_empty(), "all closed: room again");
     }
 
     #[test]

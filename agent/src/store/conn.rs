@@ -48,8 +48,10 @@ use super::wire::{
 use super::Handle;
 
 const READ_CHUNK: usize = 16 * 1024;
-/// Most bytes taken by one read (between two checks of the budget).
-pub(super) const READ_MAX: usize = 256 * 1024;
+/// Most bytes taken by one read (between two checks of the budget): small,
+/// so that while an evicted connection has not yet run to free its buffer,
+/// the others add little.
+const READ_MAX: usize = 64 * 1024;
 /// A read buffer grown past this by a large request is released once empty
 /// (so that thousands of idle connections do not each keep one).
 const KEEP_BUFFER: usize = 64 * 1024;
@@ -161,26 +163,28 @@ impl<'a> Connection<'a> {
     }
 
     /// Reports the bytes buffered and not yet applied to the store's budget;
-    /// closes the others it evicts, or fails if this one is evicted.
-    fn account(&mut self, buffered: usize) -> Result<(), ConnError> {
+    /// closes the others it evicts (and says whether there were any), or
+    /// fails if this one is evicted.
+    fn account(&mut self, buffered: usize) -> Result<bool, ConnError> {
         let bytes = buffered as u64;
         if bytes == self.reported {
-            return Ok(()); // the common case (nothing buffered): no lock
+            return Ok(false); // the common case (nothing buffered): no lock
         }
         self.reported = bytes;
         let mut shared = self.shared.lock();
         let evicted = shared.ledger.pending(self.id, bytes);
-        let mut me = false;
+        let (mut me, mut others) = (false, false);
         for conn in evicted {
             if conn == self.id {
                 me = true;
             } else if let Some(tx) = shared.wakers.get(&conn) {
                 let _ = tx.send(Signal::Evict);
+                others = true;
             }
         }
         match me {
             true => Err(ConnError::Budget(buffered, shared.ledger.budget())),
-            false => Ok(()),
+            false => Ok(others),
         }
     }
 
@@ -215,7 +219,9 @@ impl<'a> Connection<'a> {
                     break;
                 }
             }
-            self.account(buf.len())?;
+            if self.account(buf.len())? {
+                tokio::task::yield_now().await;
+            }
             if buf.is_empty() && buf.capacity() > KEEP_BUFFER {
                 buf = BytesMut::with_capacity(READ_CHUNK);
             }
@@ -238,6 +244,7 @@ impl<'a> Connection<'a> {
             }
             buf.reserve(READ_CHUNK);
             let mut room = (&mut buf).limit(READ_MAX);
+            let mut evicted = false;
             tokio::select! {
                 n = rd.read_buf(&mut room) => {
                     if n? == 0 {
@@ -251,7 +258,7 @@ impl<'a> Connection<'a> {
                     // reply buffer and wait for the socket (small requests, the
                     // common case, are counted only after applying, without a lock).
                     if buf.len() >= READ_CHUNK {
-                        self.account(buf.len())?;
+                        evicted = self.account(buf.len())?;
                     }
                 }
                 Some(signal) = self.wake.recv() => match signal {
@@ -273,6 +280,12 @@ impl<'a> Connection<'a> {
                     });
                 }
                 _ = &mut stopped => return Ok(()),
+            }
+            if evicted {
+                // Let the evicted connections run and free their buffers
+                // before this one reads more (a task with data ready runs
+                // on without yielding for a while).
+                tokio::task::yield_now().await;
             }
         }
     }
