@@ -20,8 +20,10 @@
 //! # Who may connect
 //! TCPStore's protocol has no credentials, so the store admits connections
 //! by address ([`admission`]): this host, and the addresses of the round's
-//! members as the rendezvous reports them. Others are accepted and closed
-//! before a byte is read. The agent binds the store to the node's own
+//! members as the rendezvous reports them; and a connection whose other end
+//! is a socket on this host only if the kernel says it belongs to the
+//! agent's user or root ([`owner`]), so other local users are refused.
+//! Others are accepted and closed before a byte is read. The agent binds the store to the node's own
 //! address (loopback for a job on loopback), not every interface, and can
 //! take its port from a range (`--rdzv-conf store_ports=A-B`) that a
 //! firewall or NetworkPolicy names.
@@ -36,6 +38,9 @@
 //! |---|---|---|
 //! | key, value, keys per request | 8 KiB, 8 MiB, 128 Ki (as PyTorch's libuv server) | [`wire`] |
 //! | one request | one maximal COMPARE_SET, ≈ 16 MiB | [`wire::MAX_REQUEST_LEN`] |
+//! | incomplete requests, all connections | 64 MiB; past it the connection buffering the most is closed | [`budget`] |
+//! | parsing an incomplete request | once: the parser keeps its place between reads | [`wire::Parser`] |
+//! | connections | `max(2048, 8 × world_size + 64)`, three quarters of that from one address (this host is one) | [`budget`] |
 //! | a value grown by APPEND | 8 MiB, as SET | [`state`] |
 //! | all keys and values | `store_max_bytes`, default 1 GiB; a write past it closes the writer | [`state`] |
 //! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | [`conn`] |
@@ -48,7 +53,9 @@
 //! a non-number) closes that connection only.
 
 pub mod admission;
+pub mod budget;
 pub mod conn;
+pub mod owner;
 pub mod reply;
 pub mod state;
 pub mod wire;
@@ -65,9 +72,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use admission::Admit;
-use admission::{Admission, Decision, SharedAdmission};
+use admission::{Admission, Decision, SharedAdmission, Stranger};
+pub use budget::ConnLimits;
+use budget::{Full, Ledger, Source, DEFAULT_PENDING_BUDGET};
 pub use conn::Limits;
-use conn::{ConnError, Connection};
+use conn::{ConnError, Connection, Signal};
 use rendezvous_server::quiet::{Quiet, Say};
 use state::{ConnId, State, DEFAULT_MAX_BYTES};
 
@@ -89,6 +98,10 @@ pub struct StoreOptions {
     pub admit: Admit,
     /// Per-connection bounds.
     pub limits: Limits,
+    /// How many connections, in all and from one address.
+    pub connections: ConnLimits,
+    /// Bytes of incomplete requests held across all connections.
+    pub pending_budget: u64,
 }
 
 impl Default for StoreOptions {
@@ -97,6 +110,8 @@ impl Default for StoreOptions {
             max_bytes: DEFAULT_MAX_BYTES,
             admit: Admit::default(),
             limits: Limits::default(),
+            connections: ConnLimits::default(),
+            pending_budget: DEFAULT_PENDING_BUDGET,
         }
     }
 }
@@ -110,18 +125,28 @@ pub struct StoreStats {
     pub bytes: u64,
     /// Entries in the waiter index.
     pub waiter_entries: usize,
-    /// Connections refused for their address.
+    /// Connections refused for their address or their owner.
     pub refused: u64,
+    /// Connections closed at once for the connection limits.
+    pub over_limit: u64,
+    /// Bytes of incomplete requests buffered.
+    pub pending_bytes: u64,
 }
 
 #[derive(Debug)]
 struct Shared {
     state: State,
-    wakers: HashMap<ConnId, mpsc::UnboundedSender<u64>>,
+    wakers: HashMap<ConnId, mpsc::UnboundedSender<Signal>>,
+    ledger: Ledger,
     next_conn: ConnId,
     refused: u64,
+    over_limit: u64,
     /// Refused connections, for logging.
     refusals: Quiet,
+    /// Connections from this host refused for their owner, for logging.
+    strangers: Quiet,
+    /// Connections over the limits, for logging.
+    full: Quiet,
     /// Connections closed for misbehaving, for logging.
     closures: Quiet,
 }
@@ -130,13 +155,17 @@ struct Shared {
 struct Handle(Arc<Mutex<Shared>>);
 
 impl Handle {
-    fn new(max_bytes: u64) -> Self {
+    fn new(options: &StoreOptions) -> Self {
         Self(Arc::new(Mutex::new(Shared {
-            state: State::with_budget(max_bytes),
+            state: State::with_budget(options.max_bytes),
             wakers: HashMap::new(),
+            ledger: Ledger::new(options.connections, options.pending_budget),
             next_conn: 0,
             refused: 0,
+            over_limit: 0,
             refusals: Quiet::default(),
+            strangers: Quiet::default(),
+            full: Quiet::default(),
             closures: Quiet::default(),
         })))
     }
@@ -155,6 +184,34 @@ impl Handle {
             }
             Say::Summary(n, over) => {
                 warn!(refused = n, over_s = over.as_secs(), latest = %peer, "the worker store refused connections from non-member addresses")
+            }
+            Say::Nothing => {}
+        }
+    }
+
+    fn stranger(&self, peer: SocketAddr, why: Stranger) {
+        let mut s = self.lock();
+        s.refused += 1;
+        match s.strangers.hit(Instant::now()) {
+            Say::First => {
+                warn!(%peer, reason = %why, "the worker store refused a connection from this host: only the agent's user (and root) may use it; further refusals are counted")
+            }
+            Say::Summary(n, over) => {
+                warn!(refused = n, over_s = over.as_secs(), latest = %peer, reason = %why, "the worker store refused connections from other users of this host")
+            }
+            Say::Nothing => {}
+        }
+    }
+
+    fn full(&self, peer: SocketAddr, why: Full) {
+        let mut s = self.lock();
+        s.over_limit += 1;
+        match s.full.hit(Instant::now()) {
+            Say::First => {
+                warn!(%peer, reason = %why, "the worker store closed a connection over its limit; further ones are counted")
+            }
+            Say::Summary(n, over) => {
+                warn!(closed = n, over_s = over.as_secs(), latest = %peer, reason = %why, "the worker store closed connections over its limits")
             }
             Say::Nothing => {}
         }
@@ -185,6 +242,20 @@ impl Handle {
                 refused = n,
                 over_s = over.as_secs(),
                 "the worker store refused connections from non-member addresses"
+            );
+        }
+        if let Some((n, over)) = s.strangers.take(now) {
+            warn!(
+                refused = n,
+                over_s = over.as_secs(),
+                "the worker store refused connections from other users of this host"
+            );
+        }
+        if let Some((n, over)) = s.full.take(now) {
+            warn!(
+                closed = n,
+                over_s = over.as_secs(),
+                "the worker store closed connections over its limits"
             );
         }
         if let Some((n, over)) = s.closures.take(now) {
@@ -226,7 +297,9 @@ impl WorkerStore {
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        let shared = Handle::new(options.max_bytes);
+        // Large buffers freed (an evicted incomplete request's) go back to the system.
+        crate::sys::unmap_large_frees(256 << 10);
+        let shared = Handle::new(&options);
         let admission = Arc::new(Admission::new(&options.admit));
         {
             // Host names are looked up now, not at the first connection from them.
@@ -239,6 +312,7 @@ impl WorkerStore {
             shared: shared.clone(),
             stop: stop.clone(),
             admission,
+            owners: Arc::new(owner::Owners::open()),
             limits: options.limits,
             metrics,
         };
@@ -259,6 +333,8 @@ impl WorkerStore {
             bytes: s.state.bytes(),
             waiter_entries: s.state.waiter_entries(),
             refused: s.refused,
+            over_limit: s.over_limit,
+            pending_bytes: s.ledger.pending_bytes(),
         }
     }
 }
@@ -274,6 +350,7 @@ struct Acceptor {
     shared: Handle,
     stop: CancellationToken,
     admission: SharedAdmission,
+    owners: Arc<owner::Owners>,
     limits: Limits,
     metrics: crate::metrics::StoreMetrics,
 }
@@ -326,13 +403,13 @@ impl Acceptor {
                 }
             }
             match self.admission.decide(peer.ip(), || local_ip(&sock)) {
-                Decision::Admit => self.serve(sock, peer),
+                Decision::Admit => self.admit(sock, peer),
                 Decision::Refuse => self.refuse(sock, peer),
                 Decision::AfterResolution => {
                     let (admission, next) = (self.admission.clone(), self.clone_parts());
                     tokio::spawn(async move {
                         if admission.admits_resolved(peer.ip()).await {
-                            next.serve(sock, peer);
+                            next.admit(sock, peer);
                         } else {
                             next.refuse(sock, peer);
                         }
@@ -355,6 +432,7 @@ impl Acceptor {
             shared: self.shared.clone(),
             stop: self.stop.clone(),
             admission: self.admission.clone(),
+            owners: self.owners.clone(),
             limits: self.limits,
             metrics: self.metrics.clone(),
         }
@@ -367,16 +445,44 @@ impl Acceptor {
         self.shared.refuse(peer);
     }
 
-    /// Serves an admitted connection on its own task.
-    fn serve(&self, sock: TcpStream, peer: SocketAddr) {
+    /// Serves a connection its address admits if its owner (when it is on
+    /// this host) is the agent's user or root, and the limits have room.
+    fn admit(&self, sock: TcpStream, peer: SocketAddr) {
+        let Ok(local) = sock.local_addr() else {
+            return; // the connection is gone already
+        };
+        let source = Source::of(peer.ip(), Some(local.ip()));
+        let owner = self.owners.peer_uid(peer, local);
+        let me = nix::unistd::geteuid().as_raw();
+        if let Err(why) = admission::owner_admits(source == Source::ThisHost, owner, me) {
+            drop(sock);
+            self.metrics.refused();
+            self.shared.stranger(peer, why);
+            return;
+        }
+        self.serve(sock, peer, source);
+    }
+
+    /// Serves an admitted connection on its own task, if the limits have room.
+    fn serve(&self, sock: TcpStream, peer: SocketAddr, source: Source) {
         let _ = sock.set_nodelay(true);
         let (tx, rx) = mpsc::unbounded_channel();
-        let id = {
+        let opened = {
             let mut s = self.shared.lock();
-            s.next_conn += 1;
-            let id = s.next_conn;
-            s.wakers.insert(id, tx);
-            id
+            s.ledger.open(source).map(|()| {
+                s.next_conn += 1;
+                let id = s.next_conn;
+                s.wakers.insert(id, tx);
+                id
+            })
+        };
+        let id = match opened {
+            Ok(id) => id,
+            Err(why) => {
+                drop(sock);
+                self.shared.full(peer, why);
+                return;
+            }
         };
         let (shared, stop, limits) = (self.shared.clone(), self.stop.clone(), self.limits);
         let metrics = self.metrics.clone();
@@ -389,6 +495,7 @@ impl Acceptor {
                 let mut s = shared.lock();
                 s.state.disconnect(id);
                 s.wakers.remove(&id);
+                s.ledger.close(id, source);
             }
             if let Err(e) = served {
                 shared.closed(peer, &e);

@@ -1,14 +1,17 @@
 //! The worker store as an attacker on the network sees it: arbitrary bytes,
-//! cut anywhere, from a few connections at once, into the real parser
-//! ([`wire::parse`]) and the real command semantics ([`State`]).
+//! cut anywhere, from a few connections at once, into the real parser (a
+//! [`wire::Parser`] per connection, keeping its place in an incomplete
+//! request between pieces as the server's does) and the real command
+//! semantics ([`State`]).
 //!
 //! The harness plays the part of the store's connection tasks (handshake
 //! first, a parked connection reads nothing but CANCEL_WAIT, wake-ups arrive
 //! whenever the fuzzer says so) and keeps a small reference model of the
 //! keys and queues, so besides "no panic" it checks:
 //! - parsing is independent of how the bytes were cut: the commands parsed
-//!   piece by piece are those of parsing all bytes at once, up to the same
-//!   error, and each command re-encodes to exactly the bytes it came from;
+//!   piece by piece (by the connection's resumable parser) are those of
+//!   parsing all bytes at once ([`wire::parse`]), up to the same error, and
+//!   each command re-encodes to exactly the bytes it came from;
 //! - every reply is the one the model predicts (so nothing is lost, doubled
 //!   or miscounted in the store's data);
 //! - wake-ups go only to a connection parked with that generation, once;
@@ -157,6 +160,10 @@ struct Conn {
     id: ConnId,
     /// Bytes received and not yet consumed.
     buf: Vec<u8>,
+    /// Where parsing stopped in an incomplete request.
+    parser: wire::Parser,
+    /// A command parsed while parked, applied once the wait ends.
+    held: Option<(Command, usize)>,
     /// Every byte received (for the one-shot parse).
     received: Vec<u8>,
     /// Commands parsed piece by piece, in order.
@@ -197,6 +204,8 @@ impl Store {
         Conn {
             id: self.next_id,
             buf: Vec::new(),
+            parser: wire::Parser::default(),
+            held: None,
             received: Vec::new(),
             parsed: Vec::new(),
             closed: None,
@@ -247,7 +256,11 @@ impl Store {
     fn process(&mut self, conns: &mut [Conn], slot: usize) {
         loop {
             let conn = &mut conns[slot];
-            let (cmd, n) = match wire::parse(&conn.buf) {
+            let parsed = match conn.held.take() {
+                Some(held) => Ok(Some(held)),
+                None => conn.parser.parse(&conn.buf),
+            };
+            let (cmd, n) = match parsed {
                 Ok(Some(parsed)) => parsed,
                 Ok(None) => return,
                 Err(e) => {
@@ -259,6 +272,7 @@ impl Store {
             };
             check_framing(&conn.buf, &cmd, n);
             if conn.parked.is_some() && cmd != Command::CancelWait {
+                conn.held = Some((cmd, n));
                 return; // answered once the wait ends
             }
             conn.buf.drain(..n);

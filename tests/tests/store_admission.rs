@@ -2,7 +2,9 @@
 //! address in another network namespace is refused while the job's own
 //! worker is served; a PyTorch job on two hosts is served across them while
 //! a third host is refused; the store admits exactly the members it is
-//! given; a port range gives every round a fresh port.
+//! given; another local user is refused over loopback while the agent's
+//! user is served; one address at its share of connections leaves room for
+//! the others; a port range gives every round a fresh port.
 
 use std::fs;
 use std::net::{SocketAddr, TcpStream};
@@ -10,14 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use accel_agent::store::{Admit, StoreOptions, WorkerStore};
+use accel_agent::store::{Admit, ConnLimits, StoreOptions, WorkerStore};
 use accel_tests::{
-    eventually, read_json, records, scratch, venv, venv_path, worker, Agent, AgentCmd, Lan, Netns,
-    Server,
+    as_other_user, eventually, read_json, records, scratch, venv, venv_path, worker, Agent,
+    AgentCmd, Lan, Netns, Server,
 };
 
 use crate::heavy;
-use crate::store_bounds::{answers, client, LIMIT};
+use crate::store_bounds::{answers, client, set_get_works, LIMIT};
 
 /// Where the worker store of a one-node c10d job on `local_addr` is, once its
 /// worker (a PyTorch client, `store_member.py`) has used it.
@@ -226,6 +228,167 @@ fn the_store_admits_exactly_the_members_it_is_given() {
     let mut local = client(SocketAddr::from(([127, 0, 0, 1], store.addr().port())));
     assert!(answers(&mut local), "this host is always admitted");
     drop(store);
+}
+
+/// What `store_probe.py HOST PORT` saw, run by the system Python as the
+/// other local user.
+fn probe_as_other_user(host: &str, port: u16) -> String {
+    let script = fs::read_to_string(worker("store_probe.py")).expect("probe script");
+    let mut cmd = Command::new("/usr/bin/python3");
+    cmd.args(["-c", &script, host, &port.to_string()]);
+    let out = as_other_user(&mut cmd).output().expect("probe");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served() {
+    let dir = scratch("store-other-user");
+    let master = dir.join("master");
+    let agent = AgentCmd::new()
+        .no_python(
+            "sh",
+            &[
+                "-c",
+                "echo \"$MASTER_ADDR:$MASTER_PORT\" > \"$MASTER_FILE\"; exec sleep 300",
+            ],
+        )
+        .env("MASTER_FILE", master.to_str().expect("path"))
+        .start(&dir, "agent");
+    assert!(
+        eventually(Duration::from_secs(20), || fs::read_to_string(&master)
+            .is_ok_and(|s| s.ends_with('\n'))),
+        "the worker started"
+    );
+    let store: SocketAddr = fs::read_to_string(&master)
+        .expect("master")
+        .trim()
+        .parse()
+        .expect("MASTER_ADDR:MASTER_PORT");
+    assert!(
+        store.ip().is_loopback(),
+        "a standalone job's store is on loopback"
+    );
+    // The other user reaches the port (the TCP handshake completes) and is
+    // closed without a byte of answer, every time.
+    for _ in 0..3 {
+        assert_eq!(probe_as_other_user("127.0.0.1", store.port()), "closed");
+    }
+    // Nor can it write by sending a SET and closing before the agent
+    // accepts (its closed socket lingers in the kernel's tables as uid 0):
+    // the agent is stopped meanwhile, so it accepts only afterwards.
+    let set_and_close = format!(
+        "import socket, struct\n\
+         s = socket.create_connection(('127.0.0.1', {port}))\n\
+         k, v = b'/planted', b'by-another-user'\n\
+         s.sendall(struct.pack('<BI', 0, 0x3C85F7CE) + bytes([1]) + struct.pack('<Q', len(k)) + k + struct.pack('<Q', len(v)) + v)\n\
+         s.close()\n",
+        port = store.port()
+    );
+    agent.signal("STOP");
+    for _ in 0..3 {
+        let mut cmd = Command::new("/usr/bin/python3");
+        cmd.args(["-c", &set_and_close]);
+        let out = as_other_user(&mut cmd).output().expect("set and close");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    agent.signal("CONT");
+    // The agent's user (root here, as the workers) is served.
+    let mut mine = client(store);
+    assert!(
+        set_get_works(&mut mine, "/mine"),
+        "the agent's user is served"
+    );
+    {
+        use std::io::{Read, Write};
+        let check =
+            accel_agent::store::wire::encode(&accel_agent::store::wire::Command::Check(vec![
+                b"/planted".to_vec(),
+            ]));
+        mine.write_all(&check).expect("check");
+        let mut b = [0u8; 1];
+        mine.read_exact(&mut b).expect("check answered");
+        assert_eq!(
+            b[0], 1,
+            "the other user's SET was never applied (NOT_READY)"
+        );
+    }
+    let python = venv().join("bin/python");
+    let out = Command::new(&python)
+        .args([
+            worker("store_probe.py").to_str().expect("path"),
+            "127.0.0.1",
+            &store.port().to_string(),
+        ])
+        .output()
+        .expect("probe");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered");
+    drop(mine);
+    agent.signal("TERM");
+    let stderr = agent.wait(LIMIT).stderr;
+    let (uid, _) = accel_tests::other_user();
+    assert!(
+        stderr.contains(&format!("belongs to uid {uid}")),
+        "the refusal names the user: {stderr}"
+    );
+    assert!(
+        stderr.matches("other users of this host").count()
+            + stderr.matches("only the agent's user").count()
+            <= 2,
+        "refusals are aggregated: {stderr}"
+    );
+}
+
+#[test]
+fn one_address_at_its_share_leaves_room_for_the_other_members() {
+    let _heavy = heavy();
+    let member = Netns::create(79, 14);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // 40 connections in all, 30 from one address.
+    let store = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("0.0.0.0:0")
+            .await
+            .expect("bind");
+        WorkerStore::start_with(
+            l,
+            StoreOptions {
+                admit: Admit::Members(vec![member.addr.clone()]),
+                connections: ConnLimits {
+                    total: 40,
+                    per_source: 30,
+                },
+                ..StoreOptions::default()
+            },
+        )
+        .expect("store")
+    });
+    let local = SocketAddr::from(([127, 0, 0, 1], store.addr().port()));
+    let mut flood: Vec<_> = (0..30).map(|_| client(local)).collect();
+    assert!(answers(&mut flood[29]));
+    for _ in 0..5 {
+        assert!(!answers(&mut client(local)), "past its share: closed");
+    }
+    let port = store.addr().port().to_string();
+    assert_eq!(
+        probe_from(&member, &member.gateway, &port),
+        "answered",
+        "another address still gets in"
+    );
+    assert!(answers(&mut flood[0]));
+    assert_eq!(store.stats().over_limit, 5);
+    drop((flood, store));
 }
 
 /// A base port with `n` free loopback ports from it.

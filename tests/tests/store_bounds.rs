@@ -1,8 +1,10 @@
 //! The worker store under abuse, as an attacker on the network would try it:
-//! replies that are never read, WAIT floods, half frames, too many
-//! connections. Each test runs the real agent and measures what matters: its
-//! resident memory from /proc, whether connections are closed, what it logs.
-//! (Who may connect, and on which port: `store_admission`.)
+//! replies that are never read, WAIT floods, half frames, many connections
+//! each holding most of a maximal request, a large request trickled in, too
+//! many connections. Each test runs the real agent and measures what
+//! matters: its resident memory and CPU time from /proc, whether connections
+//! are closed, what it logs. (Who may connect, and on which port:
+//! `store_admission`.)
 
 use std::fs;
 use std::io::{Read, Write};
@@ -10,7 +12,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use accel_agent::store::wire::{encode, Command as Cmd, MAX_VALUE_LEN, VALIDATION_MAGIC};
+use accel_agent::store::wire::{
+    encode, Command as Cmd, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN, VALIDATION_MAGIC,
+};
 use accel_tests::{eventually, scratch, Agent, AgentCmd};
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(90);
@@ -61,6 +65,17 @@ impl StoreHost {
 
     fn rss(&self) -> f64 {
         rss_mib(self.agent.pid())
+    }
+
+    /// The agent's CPU time (user + system) in seconds.
+    fn cpu(&self) -> f64 {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.agent.pid())).expect("stat");
+        let after_name = stat.rsplit_once(')').expect("stat format").1;
+        let f: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: f64 =
+            f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
+        // SAFETY: sysconf only reads a constant.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
     }
 
     fn stop(self) -> String {
@@ -303,5 +318,205 @@ fn failing_accepts_back_off_and_are_logged_once() {
         stderr.matches("accepts connections again").count(),
         1,
         "{stderr}"
+    );
+}
+
+/// Whether a SET and a GET of a small value are answered on `c`.
+pub(crate) fn set_get_works(c: &mut TcpStream, k: &str) -> bool {
+    let v = b"answered".to_vec();
+    if c.write_all(&encode(&Cmd::Set(key(k), v.clone()))).is_err() {
+        return false;
+    }
+    if c.write_all(&encode(&Cmd::Get(key(k)))).is_err() {
+        return false;
+    }
+    let mut len = [0u8; 8];
+    if c.read_exact(&mut len).is_err() || u64::from_le_bytes(len) != v.len() as u64 {
+        return false;
+    }
+    let mut got = vec![0; v.len()];
+    c.read_exact(&mut got).is_ok() && got == v
+}
+
+#[test]
+fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
+    let dir = scratch("store-budget");
+    let host = StoreHost::start(&dir, "");
+    let mut legit = client(host.store);
+    assert!(set_get_works(&mut legit, "/before"));
+    let before = host.rss();
+    // 64 connections, each sending a maximal COMPARE_SET but its last byte
+    // (1 GiB in all, 32 MiB used to stay resident per connection).
+    let mut cas = encode(&Cmd::CompareSet {
+        key: vec![b'k'; MAX_KEY_LEN as usize],
+        expected: vec![b'e'; MAX_VALUE_LEN as usize],
+        desired: vec![b'd'; MAX_VALUE_LEN as usize],
+    });
+    assert_eq!(cas.len() as u64, MAX_REQUEST_LEN);
+    cas.pop();
+    let cas = std::sync::Arc::new(cas);
+    let senders: Vec<_> = (0..64)
+        .map(|_| {
+            let cas = cas.clone();
+            let addr = host.store;
+            std::thread::spawn(move || {
+                let mut c = client(addr);
+                let sent = c.write_all(&cas).is_ok();
+                (c, sent)
+            })
+        })
+        .collect();
+    // The peak, sampled every 5 ms while they send.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, pid) = (stop.clone(), host.agent.pid());
+        std::thread::spawn(move || {
+            let mut peak = 0f64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = rss_mib(pid);
+                peak = peak.max(r);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    let mut held = Vec::new();
+    for s in senders {
+        held.push(s.join().expect("sender"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = host.rss();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().expect("sampler").max(during);
+    assert!(
+        set_get_works(&mut legit, "/during"),
+        "a legitimate client is answered meanwhile"
+    );
+    let mut fresh = client(host.store);
+    assert!(set_get_works(&mut fresh, "/fresh"), "and a new one too");
+    // The budget (64 MiB) holds four whole ones; the others were closed.
+    let mut closed = 0;
+    for (c, _) in held.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        match c.read(&mut b) {
+            Ok(0) => closed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => closed += 1,
+            _ => {} // still held: no answer to an incomplete request
+        }
+    }
+    drop(held);
+    std::thread::sleep(Duration::from_secs(1));
+    let after = host.rss();
+    eprintln!("agent RSS: {before:.1} MiB before, {during:.1} MiB with 64 incomplete 16 MiB requests (peak seen {peak:.1} MiB), {after:.1} MiB after they closed; {closed} of 64 closed by the store");
+    assert!(
+        peak - before <= 128.0,
+        "the agent grew by at most 128 MiB: {before:.1} → {peak:.1} MiB"
+    );
+    assert!(closed >= 56, "at most 8 held, {closed} of 64 closed");
+    assert!(
+        after - before <= 48.0,
+        "the memory of closed requests is returned: {before:.1} → {after:.1} MiB"
+    );
+    assert!(set_get_works(&mut legit, "/after"));
+    let stderr = host.stop();
+    let lines = stderr.matches("worker store closed").count();
+    assert!(
+        stderr.contains("budget of 67108864 bytes"),
+        "the reason is logged: {stderr}"
+    );
+    assert!(
+        (1..=3).contains(&lines),
+        "aggregated, not a line each: {stderr}"
+    );
+}
+
+#[test]
+fn a_trickled_check_costs_what_it_costs_sent_at_once() {
+    let dir = scratch("store-trickle");
+    let host = StoreHost::start(&dir, "");
+    // A 1.2 MB CHECK: 66,000 keys (that no one has set: the answer is NOT_READY).
+    let keys: Vec<Vec<u8>> = (0..66_000).map(|i| key(&format!("/k/{i:07}"))).collect();
+    let check = encode(&Cmd::Check(keys));
+    assert!(check.len() > 1_150_000, "{}", check.len());
+    let answered = |c: &mut TcpStream| {
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).expect("CHECK answered");
+        assert_eq!(b[0], 1, "NOT_READY");
+    };
+    let mut once = Vec::new();
+    for _ in 0..2 {
+        let mut c = client(host.store);
+        assert!(answers(&mut c));
+        let t0 = host.cpu();
+        c.write_all(&check).expect("check");
+        answered(&mut c);
+        once.push(host.cpu() - t0);
+    }
+    // The same bytes in writes of 1 to 4 KiB, each sent on its own.
+    let mut c = client(host.store);
+    c.set_nodelay(true).expect("nodelay");
+    assert!(answers(&mut c));
+    let (t0, wall) = (host.cpu(), Instant::now());
+    let (mut at, mut writes) = (0, 0);
+    while at < check.len() {
+        let n = (1024 + (writes * 1531) % 3072).min(check.len() - at);
+        c.write_all(&check[at..at + n]).expect("trickle");
+        at += n;
+        writes += 1;
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    answered(&mut c);
+    let trickled = host.cpu() - t0;
+    let once = once.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "agent CPU for a {} byte CHECK: {once:.3} s sent at once, {trickled:.3} s in {writes} writes over {:?}",
+        check.len(),
+        wall.elapsed()
+    );
+    // A floor of 50 ms keeps clock-tick noise on small numbers from deciding.
+    assert!(
+        trickled <= 2.0 * once.max(0.05),
+        "trickled: {trickled:.3} s of agent CPU, at once: {once:.3} s"
+    );
+    host.stop();
+}
+
+#[test]
+fn one_address_is_cut_at_its_share_of_connections() {
+    let dir = scratch("store-conn-limit");
+    let host = StoreHost::start(&dir, "");
+    // A one-worker job: 2,048 connections in all, 1,536 from one address
+    // (this host is one address); the test's own connections are from here.
+    let share = 1536;
+    let mut held: Vec<TcpStream> = (0..share).map(|_| client(host.store)).collect();
+    assert!(answers(&mut held[0]) && answers(&mut held[share - 1]));
+    for _ in 0..3 {
+        let mut over = client(host.store);
+        assert!(!answers(&mut over), "a connection past the share is closed");
+    }
+    assert!(answers(&mut held[7]), "the ones held are still served");
+    // A place freed is a place taken.
+    held.truncate(share - 1);
+    let mut again = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let mut c = client(host.store);
+            let ok = answers(&mut c);
+            again = Some(c);
+            ok
+        }),
+        "a closed connection frees its place"
+    );
+    drop((held, again));
+    let stderr = host.stop();
+    assert!(
+        stderr.contains("holds its limit of 1536 worker store connections"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.matches("over its limit").count() <= 2,
+        "aggregated: {stderr}"
     );
 }

@@ -24,6 +24,10 @@
 //! job of several nodes predates that field: the store then admits anyone
 //! for the round and the agent warns.
 //!
+//! The store's connection limit follows the round's size
+//! ([`ConnLimits::for_world`]: `max(2048, 8 × world_size + 64)`, three
+//! quarters of it from one address).
+//!
 //! # Port
 //! With `--rdzv-conf store_ports=A-B` the port comes from that range: each
 //! offer takes the next free port after the last one taken (wrapping), so
@@ -41,7 +45,7 @@ use tracing::warn;
 use crate::config::{Config, PortRange, Rendezvous};
 use crate::error::AgentError;
 use crate::store::admission::literal;
-use crate::store::{Admit, StoreOptions};
+use crate::store::{Admit, ConnLimits, StoreOptions};
 use crate::worker_env::RoundInfo;
 
 /// How long resolving the offered host name may take.
@@ -232,6 +236,7 @@ pub(super) fn store_options(cfg: &Config, info: &RoundInfo, members: Vec<String>
     StoreOptions {
         max_bytes: cfg.rdzv.store_max_bytes,
         admit,
+        connections: ConnLimits::for_world(info.world_size),
         ..StoreOptions::default()
     }
 }

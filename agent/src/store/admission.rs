@@ -1,18 +1,31 @@
 //! Who may connect to the worker store.
 //!
 //! PyTorch's TCPStore protocol carries no credential, so the store decides
-//! by the peer's address alone, before reading a byte: a connection is
-//! served if it comes from
-//! * a loopback address (this host's workers, or anything else on this host:
-//!   a local process can read the agent's memory anyway);
-//! * the address it was made to (a connection from this host to one of its
-//!   own addresses; a remote host cannot complete a handshake with a forged
-//!   local source address);
+//! by where the connection comes from, before reading a byte. By address, a
+//! connection is served if it comes from
+//! * a loopback address, or the address it was made to (a connection from
+//!   this host to one of its own addresses; a remote host cannot complete a
+//!   handshake with a forged local source address): this host;
 //! * an address of one of the round's members, as the rendezvous reports
 //!   them in node rank 0's `RoundComplete.member_addrs` (the address each
 //!   offered, and the one its calls came from).
 //!
-//! Anything else is accepted and closed at once; refusals are logged once
+//! # Local users
+//! An address does not tell the users of one host apart: on a shared node,
+//! every local user's processes connect from loopback too. Another user's
+//! process cannot read the agent's memory or its workers' (they are not
+//! its processes), so without a further check the store would hand it every
+//! key of the job (and let it overwrite them). So a connection whose other
+//! end is a socket on this host (in the agent's network namespace) is
+//! served only if the kernel says that socket belongs to the agent's user
+//! or to root ([`owner_admits`]; the lookup is [`super::owner`]). The
+//! workers run as the agent's user, so they are always admitted; a process
+//! of another user gets the connection closed unread. A connection from
+//! this host whose other end the kernel no longer knows (already closed) is
+//! refused; one from another host (no socket here) is decided by address
+//! alone.
+//!
+//! Anything refused is accepted and closed at once; refusals are logged once
 //! per minute at most, with a count. Entries that are host names are resolved
 //! when the store starts, concurrently and within [`RESOLVE_LIMIT`]; a
 //! connection from an address that is not yet known waits for that (never
@@ -198,6 +211,31 @@ async fn resolve_all(names: Vec<String>, limit: Duration) -> HashSet<IpAddr> {
     ips
 }
 
+/// Whether a connection the addresses admit may be served, given the owner
+/// the kernel reports for its other end (`None`: no such socket here) and
+/// the agent's own uid: the agent's user and root are; another user is not;
+/// an unknown owner is refused from this host (`this_host`) and left to the
+/// address rule otherwise (a remote peer has no socket here).
+pub fn owner_admits(this_host: bool, owner: Option<u32>, me: u32) -> Result<(), Stranger> {
+    match owner {
+        Some(uid) if uid == me || uid == 0 => Ok(()),
+        Some(uid) => Err(Stranger::OtherUser(uid)),
+        None if this_host => Err(Stranger::Unknown),
+        None => Ok(()),
+    }
+}
+
+/// Why a connection from this host was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Stranger {
+    /// Its socket belongs to another user.
+    #[error("its socket belongs to uid {0}, not the agent's user (or root)")]
+    OtherUser(u32),
+    /// The kernel knows no owner (the client closed already).
+    #[error("the kernel knows no owner of its socket")]
+    Unknown,
+}
+
 /// Shared so connection tasks can wait for the resolution.
 pub type SharedAdmission = Arc<Admission>;
 
@@ -262,6 +300,31 @@ mod tests {
         );
         assert_eq!(literal("[::1]"), Some(ip("::1")));
         assert_eq!(literal("node-3.cluster"), None);
+    }
+
+    #[test]
+    fn local_sockets_of_other_users_are_refused() {
+        let me = 1000;
+        assert_eq!(owner_admits(true, Some(me), me), Ok(()));
+        assert_eq!(owner_admits(true, Some(0), me), Ok(()), "root");
+        assert_eq!(owner_admits(false, Some(0), me), Ok(()));
+        assert_eq!(owner_admits(true, Some(0), 0), Ok(()));
+        assert_eq!(
+            owner_admits(true, Some(1001), me),
+            Err(Stranger::OtherUser(1001))
+        );
+        assert_eq!(
+            owner_admits(true, Some(1001), 0),
+            Err(Stranger::OtherUser(1001)),
+            "a root agent refuses other users too"
+        );
+        assert_eq!(
+            owner_admits(false, Some(1001), me),
+            Err(Stranger::OtherUser(1001)),
+            "a local socket on a member's address"
+        );
+        assert_eq!(owner_admits(true, None, me), Err(Stranger::Unknown));
+        assert_eq!(owner_admits(false, None, me), Ok(()), "another host");
     }
 
     #[tokio::test]

@@ -11,7 +11,15 @@
 //!   with the store, see [`super::reply`]), however many requests it sent.
 //! * **Requests.** Complete commands are applied as they arrive; an
 //!   incomplete one is at most [`MAX_REQUEST_LEN`] (the parser refuses a
-//!   longer one from its length prefix).
+//!   longer one from its length prefix), and is parsed once: the
+//!   connection's [`Parser`] keeps its place between reads, so a request
+//!   trickled in costs what it costs sent at once. Bytes buffered and not yet
+//!   applied count against the store's budget for all connections
+//!   ([`super::budget`]): past it, the connection buffering the most is
+//!   closed. One read takes at most [`READ_MAX`] bytes and a buffer of
+//!   16 KiB or more is counted as soon as it is read, so what the budget
+//!   does not see is small; a buffer grown past [`KEEP_BUFFER`] is released
+//!   once it is empty.
 //! * **Parked.** A connection in WAIT or BARRIER applies nothing until it is
 //!   woken, except a CANCEL_WAIT at the front of its buffer (PyTorch's client
 //!   sends one when its wait times out). It keeps reading to see that one,
@@ -24,7 +32,7 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -35,13 +43,28 @@ use tracing::debug;
 use super::reply::Replies;
 use super::state::{self, ConnId};
 use super::wire::{
-    self, Command, WireError, MAX_REQUEST_LEN, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+    Command, Parser, WireError, MAX_REQUEST_LEN, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use super::Handle;
 
 const READ_CHUNK: usize = 16 * 1024;
-/// A read buffer grown past this by a large request is released once empty.
-const KEEP_BUFFER: usize = 256 * 1024;
+/// Most bytes taken by one read (between two checks of the budget): small,
+/// so that while an evicted connection has not yet run to free its buffer,
+/// the others add little.
+const READ_MAX: usize = 64 * 1024;
+/// A read buffer grown past this by a large request is released once empty
+/// (so that thousands of idle connections do not each keep one).
+const KEEP_BUFFER: usize = 64 * 1024;
+
+/// What the rest of the store tells a connection task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Signal {
+    /// The wait of this generation is over.
+    Wake(u64),
+    /// The store's budget for incomplete requests is spent and this
+    /// connection buffers the most: close it.
+    Evict,
+}
 
 /// A store's per-connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +100,8 @@ pub(super) enum ConnError {
     PartialIdle(usize, Duration),
     #[error("sent {0} bytes while parked in WAIT or BARRIER, more than one maximal request ({MAX_REQUEST_LEN} bytes)")]
     ParkedOverflow(usize),
+    #[error("closed while buffering {0} bytes of incomplete requests: the store's budget of {1} bytes for all connections' incomplete requests was spent, and this connection held the most")]
+    Budget(usize, u64),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -91,12 +116,19 @@ impl ConnError {
 pub(super) struct Connection<'a> {
     id: ConnId,
     shared: &'a Handle,
-    wake: mpsc::UnboundedReceiver<u64>,
+    wake: mpsc::UnboundedReceiver<Signal>,
     limits: Limits,
     metrics: &'a crate::metrics::StoreMetrics,
     validated: bool,
     /// Generation of the wait this connection is parked in.
     parked: Option<u64>,
+    /// Where parsing stopped in an incomplete request.
+    parser: Parser,
+    /// A command parsed while parked, applied once the wait ends (so it is
+    /// not parsed again on every read).
+    held: Option<(Command, usize)>,
+    /// Unapplied bytes last reported to the store's budget.
+    reported: u64,
 }
 
 /// Why applying stopped.
@@ -112,7 +144,7 @@ impl<'a> Connection<'a> {
     pub(super) fn new(
         id: ConnId,
         shared: &'a Handle,
-        wake: mpsc::UnboundedReceiver<u64>,
+        wake: mpsc::UnboundedReceiver<Signal>,
         limits: Limits,
         metrics: &'a crate::metrics::StoreMetrics,
     ) -> Self {
@@ -124,6 +156,35 @@ impl<'a> Connection<'a> {
             metrics,
             validated: false,
             parked: None,
+            parser: Parser::default(),
+            held: None,
+            reported: 0,
+        }
+    }
+
+    /// Reports the bytes buffered and not yet applied to the store's budget;
+    /// closes the others it evicts (and says whether there were any), or
+    /// fails if this one is evicted.
+    fn account(&mut self, buffered: usize) -> Result<bool, ConnError> {
+        let bytes = buffered as u64;
+        if bytes == self.reported {
+            return Ok(false); // the common case (nothing buffered): no lock
+        }
+        self.reported = bytes;
+        let mut shared = self.shared.lock();
+        let evicted = shared.ledger.pending(self.id, bytes);
+        let (mut me, mut others) = (false, false);
+        for conn in evicted {
+            if conn == self.id {
+                me = true;
+            } else if let Some(tx) = shared.wakers.get(&conn) {
+                let _ = tx.send(Signal::Evict);
+                others = true;
+            }
+        }
+        match me {
+            true => Err(ConnError::Budget(buffered, shared.ledger.budget())),
+            false => Ok(others),
         }
     }
 
@@ -158,6 +219,9 @@ impl<'a> Connection<'a> {
                     break;
                 }
             }
+            if self.account(buf.len())? {
+                tokio::task::yield_now().await;
+            }
             if buf.is_empty() && buf.capacity() > KEEP_BUFFER {
                 buf = BytesMut::with_capacity(READ_CHUNK);
             }
@@ -179,8 +243,10 @@ impl<'a> Connection<'a> {
                 armed = want;
             }
             buf.reserve(READ_CHUNK);
+            let mut room = (&mut buf).limit(READ_MAX);
+            let mut evicted = false;
             tokio::select! {
-                n = rd.read_buf(&mut buf) => {
+                n = rd.read_buf(&mut room) => {
                     if n? == 0 {
                         return Ok(());
                     }
@@ -188,13 +254,25 @@ impl<'a> Connection<'a> {
                     if self.parked.is_some() && buf.len() as u64 > MAX_REQUEST_LEN {
                         return Err(ConnError::ParkedOverflow(buf.len()));
                     }
-                }
-                Some(generation) = self.wake.recv() => {
-                    if self.parked == Some(generation) {
-                        self.parked = None;
-                        out.byte(STOP_WAITING);
+                    // Counted before applying, too: applying may stop at a full
+                    // reply buffer and wait for the socket (small requests, the
+                    // common case, are counted only after applying, without a lock).
+                    if buf.len() >= READ_CHUNK {
+                        evicted = self.account(buf.len())?;
                     }
                 }
+                Some(signal) = self.wake.recv() => match signal {
+                    Signal::Wake(generation) => {
+                        if self.parked == Some(generation) {
+                            self.parked = None;
+                            out.byte(STOP_WAITING);
+                        }
+                    }
+                    Signal::Evict => {
+                        let budget = self.shared.lock().ledger.budget();
+                        return Err(ConnError::Budget(buf.len(), budget));
+                    }
+                },
                 _ = &mut timer, if armed.is_some() => {
                     return Err(match self.validated {
                         false => ConnError::Handshake(self.limits.handshake),
@@ -202,6 +280,12 @@ impl<'a> Connection<'a> {
                     });
                 }
                 _ = &mut stopped => return Ok(()),
+            }
+            if evicted {
+                // Let the evicted connections run and free their buffers
+                // before this one reads more (a task with data ready runs
+                // on without yielding for a while).
+                tokio::task::yield_now().await;
             }
         }
     }
@@ -214,10 +298,15 @@ impl<'a> Connection<'a> {
             if out.len() >= self.limits.reply_buffer {
                 return Ok((used, Stopped::RepliesFull));
             }
-            let Some((cmd, n)) = wire::parse(&buf[used..])? else {
+            let parsed = match self.held.take() {
+                Some(held) => Some(held),
+                None => self.parser.parse(&buf[used..])?,
+            };
+            let Some((cmd, n)) = parsed else {
                 return Ok((used, Stopped::Drained));
             };
             if self.parked.is_some() && cmd != Command::CancelWait {
+                self.held = Some((cmd, n));
                 return Ok((used, Stopped::Drained)); // answered once the wait ends
             }
             used += n;
@@ -246,7 +335,7 @@ impl<'a> Connection<'a> {
             let fx = shared.state.apply(self.id, cmd, out)?;
             for (conn, generation) in fx.woken {
                 if let Some(tx) = shared.wakers.get(&conn) {
-                    let _ = tx.send(generation);
+                    let _ = tx.send(Signal::Wake(generation));
                 }
             }
             if fx.parked.is_some() {

@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::wire::{
-    encode, parse, Command, WireError, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
+    encode, parse, Command, Parser, WireError, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
     VALIDATION_MAGIC,
 };
 use super::{Limits, StoreOptions, WorkerStore};
@@ -158,7 +158,12 @@ async fn bad_input_closes_only_that_connection() {
 
 #[tokio::test]
 async fn thousands_of_connections_on_one_loop() {
-    let s = store().await;
+    // 2,000 connections from this host: within the limits of a 512-worker job.
+    let s = store_with(StoreOptions {
+        connections: super::ConnLimits::for_world(512),
+        ..StoreOptions::default()
+    })
+    .await;
     let mut clients = Vec::new();
     for _ in 0..2000 {
         clients.push(client(&s).await);
@@ -448,6 +453,47 @@ fn every_command_round_trips() {
     ];
     for c in cmds {
         let bytes = encode(&c);
-        assert_eq!(parse(&bytes), Ok(Some((c, bytes.len()))));
+        assert_eq!(parse(&bytes), Ok(Some((c.clone(), bytes.len()))));
+        // Fed a byte at a time to one parser: the same command, at the last byte only.
+        let mut p = Parser::default();
+        for end in 1..bytes.len() {
+            assert_eq!(p.parse(&bytes[..end]), Ok(None), "{c:?} cut at {end}");
+        }
+        assert_eq!(p.parse(&bytes), Ok(Some((c, bytes.len()))));
+        assert!(!p.in_progress(), "it starts afresh after a command");
     }
+}
+
+#[test]
+fn a_parser_keeps_its_place_and_survives_misuse() {
+    let keys: Vec<Vec<u8>> = (0..5000).map(|i| k(&format!("/check/{i:06}"))).collect();
+    let check = encode(&Command::Check(keys.clone()));
+    let mut p = Parser::default();
+    let mut end = 0;
+    while end < check.len() {
+        end = (end + 1000).min(check.len());
+        let got = p.parse(&check[..end]).expect("valid");
+        assert_eq!(got.is_some(), end == check.len());
+        if end < check.len() {
+            assert!(p.in_progress());
+        }
+    }
+    // Misuse (fewer bytes than already parsed, another request) starts afresh.
+    let mut p = Parser::default();
+    assert_eq!(p.parse(&check[..check.len() / 2]), Ok(None));
+    assert_eq!(p.parse(&check[..100]), Ok(None));
+    let set = encode(&Command::Set(k("a"), k("b")));
+    assert_eq!(p.parse(&check[..check.len() / 2]), Ok(None));
+    assert_eq!(
+        p.parse(&set),
+        Ok(Some((Command::Set(k("a"), k("b")), set.len())))
+    );
+    assert_eq!(p.parse(&[]), Ok(None));
+    // An error is final for that request, and the parser starts afresh.
+    let mut p = Parser::default();
+    assert_eq!(p.parse(&[200]), Err(WireError::UnknownCommand(200)));
+    assert_eq!(
+        p.parse(&check),
+        Ok(Some((Command::Check(keys), check.len())))
+    );
 }

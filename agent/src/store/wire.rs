@@ -140,9 +140,6 @@ impl Cursor<'_> {
         self.pos = end;
         Some(s)
     }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
     fn u32(&mut self) -> Option<u32> {
         self.take(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
@@ -154,7 +151,8 @@ impl Cursor<'_> {
     fn i64(&mut self) -> Option<i64> {
         self.u64().map(|v| v as i64)
     }
-    fn bytes(&mut self, what: &'static str, limit: u64) -> Step<Vec<u8>> {
+    /// A length-prefixed field: where its bytes are, once all have arrived.
+    fn span(&mut self, what: &'static str, limit: u64) -> Step<Span> {
         let Some(len) = self.u64() else {
             return Ok(None);
         };
@@ -162,7 +160,11 @@ impl Cursor<'_> {
             return Err(WireError::TooLarge { what, len, limit });
         }
         self.within_request(len)?;
-        Ok(self.take(len as usize).map(<[u8]>::to_vec))
+        let start = self.pos;
+        Ok(self.take(len as usize).map(|_| Span {
+            start,
+            len: len as usize,
+        }))
     }
     /// Refuses a request that would grow past [`MAX_REQUEST_LEN`] with `more` bytes.
     fn within_request(&self, more: u64) -> Result<(), WireError> {
@@ -176,34 +178,17 @@ impl Cursor<'_> {
         }
         Ok(())
     }
-    fn key(&mut self) -> Step<Vec<u8>> {
-        self.bytes("key length", MAX_KEY_LEN)
+}
+
+fn count(n: u64) -> Result<usize, WireError> {
+    if n > MAX_KEY_COUNT {
+        return Err(WireError::TooLarge {
+            what: "key count",
+            len: n,
+            limit: MAX_KEY_COUNT,
+        });
     }
-    fn value(&mut self) -> Step<Vec<u8>> {
-        self.bytes("value length", MAX_VALUE_LEN)
-    }
-    fn count(&mut self, n: u64) -> Result<usize, WireError> {
-        if n > MAX_KEY_COUNT {
-            return Err(WireError::TooLarge {
-                what: "key count",
-                len: n,
-                limit: MAX_KEY_COUNT,
-            });
-        }
-        Ok(n as usize)
-    }
-    fn keys(&mut self) -> Step<Vec<Vec<u8>>> {
-        let Some(n) = self.u64() else { return Ok(None) };
-        let n = self.count(n)?;
-        let mut keys = Vec::with_capacity(n.min(1024));
-        for _ in 0..n {
-            let Some(k) = self.key()? else {
-                return Ok(None);
-            };
-            keys.push(k);
-        }
-        Ok(Some(keys))
-    }
+    Ok(n as usize)
 }
 
 macro_rules! need {
@@ -215,53 +200,207 @@ macro_rules! need {
     };
 }
 
-/// Parses one command from the front of `buf`: `Ok(Some((cmd, consumed)))`,
-/// `Ok(None)` if the command is not complete yet, or an error.
-pub fn parse(buf: &[u8]) -> Result<Option<(Command, usize)>, WireError> {
-    let mut c = Cursor { buf, pos: 0 };
-    let code = need!(c.u8());
-    let cmd = match code {
-        0 => Command::Validate(need!(c.u32())),
-        1 => Command::Set(need!(c.key()?), need!(c.value()?)),
-        2 => Command::CompareSet {
-            key: need!(c.key()?),
-            expected: need!(c.value()?),
-            desired: need!(c.value()?),
-        },
-        3 => Command::Get(need!(c.key()?)),
-        4 => Command::Add(need!(c.key()?), need!(c.i64())),
-        5 => Command::Check(need!(c.keys()?)),
-        6 => Command::Wait(need!(c.keys()?)),
-        7 => Command::NumKeys,
-        8 => Command::DeleteKey(need!(c.key()?)),
-        9 => Command::Append(need!(c.key()?), need!(c.value()?)),
-        10 => Command::MultiGet(need!(c.keys()?)),
-        11 => {
-            let n = need!(c.i64());
-            if n < 0 {
-                return Err(WireError::NegativeCount(n));
-            }
-            let n = c.count(n as u64)?;
-            let mut pairs = Vec::with_capacity(n.min(1024));
-            for _ in 0..n {
-                let k = need!(c.key()?);
-                let v = need!(c.value()?);
-                pairs.push((k, v));
-            }
-            Command::MultiSet(pairs)
-        }
-        12 => Command::CancelWait,
-        13 => Command::Ping(need!(c.u32())),
-        14 => Command::QueuePush(need!(c.key()?), need!(c.value()?)),
-        15 => Command::QueuePop(need!(c.key()?)),
-        16 => Command::QueueLen(need!(c.key()?)),
-        17 => Command::ListKeys,
-        18 => Command::Barrier(need!(c.key()?), need!(c.i64())),
+/// Where a field's bytes are, from the start of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: usize,
+    len: usize,
+}
+
+/// The fields a request is made of, after its command byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Length-prefixed fields (`true`: a value, else a key), then for some
+    /// commands a fixed-size integer.
+    Fields(&'static [bool]),
+    /// A `u64` count and that many keys.
+    Keys,
+    /// An `i64` count and that many key/value pairs.
+    Pairs,
+}
+
+fn shape(code: u8) -> Result<Shape, WireError> {
+    use Shape::Fields as F;
+    Ok(match code {
+        0 | 7 | 12 | 13 | 17 => F(&[]),
+        1 | 9 | 14 => F(&[false, true]),
+        2 => F(&[false, true, true]),
+        3 | 4 | 8 | 15 | 16 | 18 => F(&[false]),
+        5 | 6 | 10 => Shape::Keys,
+        11 => Shape::Pairs,
         other => return Err(WireError::UnknownCommand(other)),
-    };
-    // Fixed-size fields after the last length prefix may end a few bytes past it.
-    c.within_request(0)?;
-    Ok(Some((cmd, c.pos)))
+    })
+}
+
+/// An incremental parser that keeps its place in an incomplete request.
+///
+/// TCP delivers a large request over many reads. Parsing it from its first
+/// byte on every read costs the square of its size (a 1.2 MB CHECK trickled
+/// in a few KiB at a time used to cost seconds of CPU), so the parser
+/// remembers the fields it has already found, and each call only looks at
+/// what is new: the work is linear in the bytes received. Fields are kept as
+/// positions and copied once, when the request is complete.
+///
+/// Contract: each call passes the buffered bytes starting at the first byte
+/// of the request being parsed; after `Ok(None)` the next call passes the
+/// same bytes, possibly followed by more. After a command is returned (or an
+/// error), the parser starts afresh with the next request. A call that
+/// breaks the contract (fewer bytes than already parsed, another command
+/// byte) makes it start afresh too, so it never reads out of bounds. Results
+/// never depend on how the bytes were cut ([`parse`] is this parser on all
+/// the bytes at once).
+#[derive(Debug, Default)]
+pub struct Parser {
+    /// Command byte of the request in progress.
+    code: Option<u8>,
+    /// Bytes of it already parsed into `spans` (and `count`).
+    pos: usize,
+    /// Length-prefixed fields found so far.
+    spans: Vec<Span>,
+    /// A multi-key request's announced count, once read.
+    count: Option<usize>,
+}
+
+/// Spans kept between requests; a parser that held more releases them.
+const KEEP_SPANS: usize = 1024;
+
+impl Parser {
+    /// Parses one command from the front of `buf`: `Ok(Some((cmd, consumed)))`,
+    /// `Ok(None)` if the command is not complete yet, or an error.
+    pub fn parse(&mut self, buf: &[u8]) -> Result<Option<(Command, usize)>, WireError> {
+        let Some(&code) = buf.first() else {
+            self.reset();
+            return Ok(None);
+        };
+        if self.code != Some(code) || self.pos > buf.len() {
+            self.reset();
+            self.code = Some(code);
+            self.pos = 1;
+        }
+        let r = self.resume(code, buf);
+        if !matches!(r, Ok(None)) {
+            self.reset();
+        }
+        r
+    }
+
+    /// Whether a request is partly parsed (bytes of it are buffered).
+    pub fn in_progress(&self) -> bool {
+        self.code.is_some()
+    }
+
+    fn reset(&mut self) {
+        self.code = None;
+        self.pos = 0;
+        self.count = None;
+        if self.spans.capacity() > KEEP_SPANS {
+            self.spans = Vec::new();
+        } else {
+            self.spans.clear();
+        }
+    }
+
+    /// Parses length-prefixed fields from `self.pos` until `n` are found,
+    /// remembering each one found.
+    fn fields(&mut self, buf: &[u8], n: usize, value: impl Fn(usize) -> bool) -> Step<()> {
+        while self.spans.len() < n {
+            let mut c = Cursor { buf, pos: self.pos };
+            let span = match value(self.spans.len()) {
+                true => c.span("value length", MAX_VALUE_LEN)?,
+                false => c.span("key length", MAX_KEY_LEN)?,
+            };
+            self.spans.push(need!(span));
+            self.pos = c.pos;
+        }
+        Ok(Some(()))
+    }
+
+    fn resume(&mut self, code: u8, buf: &[u8]) -> Step<(Command, usize)> {
+        let shape = shape(code)?;
+        let owned = |s: &Span| buf[s.start..s.start + s.len].to_vec();
+        let (cmd, end) = match shape {
+            Shape::Fields(fields) => {
+                need!(self.fields(buf, fields.len(), |i| fields[i])?);
+                let mut c = Cursor { buf, pos: self.pos };
+                // The fixed-size tail first: fields are copied once, when all is there.
+                let (word, int) = match code {
+                    0 | 13 => (need!(c.u32()), 0),
+                    4 | 18 => (0, need!(c.i64())),
+                    _ => (0, 0),
+                };
+                let mut f = self.spans.iter().map(owned);
+                let mut next = || f.next().unwrap_or_default();
+                let cmd = match code {
+                    0 => Command::Validate(word),
+                    1 => Command::Set(next(), next()),
+                    2 => Command::CompareSet {
+                        key: next(),
+                        expected: next(),
+                        desired: next(),
+                    },
+                    3 => Command::Get(next()),
+                    4 => Command::Add(next(), int),
+                    7 => Command::NumKeys,
+                    8 => Command::DeleteKey(next()),
+                    9 => Command::Append(next(), next()),
+                    12 => Command::CancelWait,
+                    13 => Command::Ping(word),
+                    14 => Command::QueuePush(next(), next()),
+                    15 => Command::QueuePop(next()),
+                    16 => Command::QueueLen(next()),
+                    17 => Command::ListKeys,
+                    _ => Command::Barrier(next(), int),
+                };
+                (cmd, c.pos)
+            }
+            Shape::Keys => {
+                if self.count.is_none() {
+                    let mut c = Cursor { buf, pos: self.pos };
+                    self.count = Some(count(need!(c.u64()))?);
+                    self.pos = c.pos;
+                }
+                let n = self.count.unwrap_or(0);
+                need!(self.fields(buf, n, |_| false)?);
+                let keys: Vec<Vec<u8>> = self.spans.iter().map(owned).collect();
+                let cmd = match code {
+                    5 => Command::Check(keys),
+                    6 => Command::Wait(keys),
+                    _ => Command::MultiGet(keys),
+                };
+                (cmd, self.pos)
+            }
+            Shape::Pairs => {
+                if self.count.is_none() {
+                    let mut c = Cursor { buf, pos: self.pos };
+                    let n = need!(c.i64());
+                    if n < 0 {
+                        return Err(WireError::NegativeCount(n));
+                    }
+                    self.count = Some(count(n as u64)?);
+                    self.pos = c.pos;
+                }
+                let n = self.count.unwrap_or(0);
+                need!(self.fields(buf, 2 * n, |i| i % 2 == 1)?);
+                let pairs = self
+                    .spans
+                    .chunks_exact(2)
+                    .map(|p| (owned(&p[0]), owned(&p[1])))
+                    .collect();
+                (Command::MultiSet(pairs), self.pos)
+            }
+        };
+        // Fixed-size fields after the last length prefix may end a few bytes past it.
+        Cursor { buf, pos: end }.within_request(0)?;
+        Ok(Some((cmd, end)))
+    }
+}
+
+/// Parses one command from the front of `buf`: `Ok(Some((cmd, consumed)))`,
+/// `Ok(None)` if the command is not complete yet, or an error. (A
+/// [`Parser`] on all the bytes at once; a connection keeps a [`Parser`] so
+/// as not to parse an incomplete request again from its start.)
+pub fn parse(buf: &[u8]) -> Result<Option<(Command, usize)>, WireError> {
+    Parser::default().parse(buf)
 }
 
 /// Appends a `u64` length and the bytes (a value reply; also how a model of
