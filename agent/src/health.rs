@@ -9,11 +9,11 @@
 //! exited, timed out, or a signal cancelled it), so nothing it started
 //! outlives it. A process that left the group (`setsid`) and still holds
 //! the check's output is found by its pipe and killed too; the output is
-//! read for at most [`OUTPUT_AFTER_EXIT`] after the check exits, so such a
+//! read for at most `OUTPUT_AFTER_EXIT` after the check exits, so such a
 //! process never holds the agent up. (One that left the group and closed
 //! its output is beyond reach, as for workers.)
 //!
-//! A failure quotes the end of the output (the last [`OUTPUT_TAIL`]
+//! A failure quotes the end of the output (the last `OUTPUT_TAIL`
 //! characters of the last 64 KiB of each stream: the reason is usually
 //! last), with control characters escaped, so a check cannot drive the
 //! terminal or forge log lines. A node that fails
@@ -167,7 +167,7 @@ fn keep_last(kept: &mut Vec<u8>, more: &[u8], cap: usize) {
 }
 
 /// `: <last output>` of a failed check, if it printed anything: its last
-/// [`OUTPUT_TAIL`] characters on one line (`|` between lines), control
+/// `OUTPUT_TAIL` characters on one line (`|` between lines), control
 /// characters escaped.
 fn tail(text: &[u8]) -> String {
     let text = String::from_utf8_lossy(text);

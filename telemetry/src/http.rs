@@ -17,7 +17,7 @@
 //! probe times out is taken out of service. So when a new connection finds
 //! its address's share or the whole endpoint full, the oldest connection
 //! that has not sent a complete request head (of that address, or of any)
-//! is closed to make room ([`Slots`]); only when every held connection has
+//! is closed to make room (`Slots`); only when every held connection has
 //! sent its request (each then gets its answer at once and ends) is the new
 //! one refused. A real client sends its request as soon as it has
 //! connected, so idle connections, however many addresses hold them, only

@@ -16,9 +16,9 @@
 //!   trickled in costs what it costs sent at once. Bytes buffered and not yet
 //!   applied count against the store's budget for all connections
 //!   ([`super::budget`]): past it, the connection buffering the most is
-//!   closed. One read takes at most [`READ_MAX`] bytes and a buffer of
+//!   closed. One read takes at most `READ_MAX` bytes and a buffer of
 //!   16 KiB or more is counted as soon as it is read, so what the budget
-//!   does not see is small; a buffer grown past [`KEEP_BUFFER`] is released
+//!   does not see is small; a buffer grown past `KEEP_BUFFER` is released
 //!   once it is empty.
 //! * **Parked.** A connection in WAIT or BARRIER applies nothing until it is
 //!   woken, except a CANCEL_WAIT at the front of its buffer (PyTorch's client

@@ -3,7 +3,7 @@
 //!
 //! A connection from this host (loopback, or from one of this host's own
 //! addresses) has its other end in this network namespace, and the kernel
-//! knows that socket's owner. [`peer_uid`] asks by the connection's exact
+//! knows that socket's owner. [`Owners::peer_uid`] asks by the connection's exact
 //! four-tuple over `NETLINK_SOCK_DIAG` (an `inet_diag` lookup, the
 //! interface `ss` uses; no privilege needed), and falls back to the
 //! `/proc/net/tcp` and `/proc/net/tcp6` tables (the row whose local address
