@@ -390,6 +390,19 @@ impl FileTimerServer {
         let pipe = tokio::net::unix::pipe::OpenOptions::new()
             .read_write(true)
             .open_receiver(path)?;
+        // The pipe opened must be the one made above: in a directory others
+        // may write, one of theirs could have taken its name in between, and
+        // they could then write requests into it.
+        let st = nix::sys::stat::fstat(&pipe).map_err(io::Error::from)?;
+        if st.st_uid != nix::unistd::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "TORCHELASTIC_TIMER_FILE {} was replaced by another user's pipe while the agent created it; choose a path in a directory only you can write",
+                    path.display()
+                ),
+            ));
+        }
         let task = tokio::spawn(serve(pipe, workers, metrics));
         Ok(Self {
             path: path.to_path_buf(),
