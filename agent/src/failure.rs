@@ -230,13 +230,27 @@ pub fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> Strin
 
 /// What the agent writes to its own `TORCHELASTIC_ERROR_FILE` (set by a
 /// parent launcher): the root cause's error file as the worker wrote it, if
-/// it is on this host, else one built from the report; with `errorCode`.
+/// it is one of this agent's (under `run_dir`: a path in another node's
+/// report names nothing of this host's, and is never read here), else one
+/// built from the report; with `errorCode`.
 /// Under `accel`, the failures themselves (`root`, and this node's `others`:
 /// host, ranks, pid, torch's exit code, error file, message, traceback), so
 /// a parent can rebuild torch's `ChildFailedError`; torch's readers look
 /// only at `message`.
-pub fn parent_error_file(root: &pb::Failure, others: &[pb::Failure]) -> Value {
-    let mut v = read_error_file(Path::new(&root.error_file)).map(|e| e.raw).unwrap_or_else(|| {
+pub fn parent_error_file(
+    root: &pb::Failure,
+    others: &[pb::Failure],
+    run_dir: Option<&Path>,
+) -> Value {
+    let path = Path::new(&root.error_file);
+    let ours = run_dir.is_some_and(|dir| {
+        path.starts_with(dir)
+            && path
+                .components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir))
+    });
+    let file = if ours { read_error_file(path) } else { None };
+    let mut v = file.map(|e| e.raw).unwrap_or_else(|| {
         serde_json::json!({"message": {
             "message": root.message,
             "extraInfo": {"py_callstack": root.traceback, "timestamp": format!("{}", root.timestamp as i64)},
@@ -364,8 +378,11 @@ mod tests {
         assert_eq!((f.exitcode, f.error_file.as_str()), (-9, "<N/A>"));
         assert_eq!(f.message, "Signal 9 (SIGKILL) received by PID 99");
         let mut root = describe("h", 3, 1, 99, Ended::Exited(2), &nested);
-        assert_eq!(parent_error_file(&root, &[])["message"]["errorCode"], 2);
-        let with = parent_error_file(&root, std::slice::from_ref(&f));
+        assert_eq!(
+            parent_error_file(&root, &[], Some(&dir))["message"]["errorCode"],
+            2
+        );
+        let with = parent_error_file(&root, std::slice::from_ref(&f), Some(&dir));
         assert_eq!(
             (
                 &with["accel"]["root"]["rank"],
@@ -375,13 +392,40 @@ mod tests {
         );
         assert_eq!(with["accel"]["others"][0]["exitcode"], -9);
         assert_eq!(
-            parent_error_file(&root, &[])["message"]["extraInfo"]["py_callstack"],
+            parent_error_file(&root, &[], Some(&dir))["message"]["extraInfo"]["py_callstack"],
             "tb"
         );
         root.error_file = "<N/A>".into();
         assert_eq!(
-            parent_error_file(&root, &[])["message"]["message"],
+            parent_error_file(&root, &[], Some(&dir))["message"]["message"],
             "ValueError: boom"
+        );
+        // Only this agent's own files are read: a path in a report names a
+        // file on the reporting node, and may name anything here.
+        root.error_file = nested.to_string_lossy().into_owned();
+        std::fs::write(&nested, r#"{"message": {"message": "rewritten", "extraInfo": {"py_callstack": "", "timestamp": "1"}}}"#).expect("write");
+        let read_as = |root: &pb::Failure, run_dir: Option<&Path>| {
+            parent_error_file(root, &[], run_dir)["message"]["message"]
+                .as_str()
+                .map(str::to_owned)
+        };
+        assert_eq!(read_as(&root, Some(&dir)).as_deref(), Some("rewritten"));
+        assert_eq!(
+            read_as(&root, None).as_deref(),
+            Some("ValueError: boom"),
+            "the report's"
+        );
+        let elsewhere = tempfile::tempdir().expect("another dir");
+        assert_eq!(
+            read_as(&root, Some(elsewhere.path())).as_deref(),
+            Some("ValueError: boom")
+        );
+        root.error_file = format!("{}/sub/../nested.json", dir.display());
+        std::fs::create_dir(dir.join("sub")).expect("mkdir");
+        assert_eq!(
+            read_as(&root, Some(&dir)).as_deref(),
+            Some("ValueError: boom"),
+            "no `..`"
         );
         let _ = std::fs::remove_dir_all(dir);
     }

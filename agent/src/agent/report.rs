@@ -76,7 +76,12 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             failure::summary(title, root, &others).as_bytes(),
         );
         if let Some(path) = &self.cfg.parent_error_file {
-            let json = failure::parent_error_file(root, &others).to_string();
+            let json = failure::parent_error_file(
+                root,
+                &others,
+                self.run_dir.as_deref().map(crate::files::Dir::path),
+            )
+            .to_string();
             if let Err(e) = crate::files::write_given_file(path, json.as_bytes()) {
                 warn!(file = %path.display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
             }
