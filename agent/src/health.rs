@@ -236,15 +236,7 @@ mod tests {
             .parse()
             .expect("a pid");
         // Gone (or a zombie of this test process's reaper, never running).
-        let alive = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-        };
+        let alive = || running(pid);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while alive() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -32,20 +32,12 @@ fn a_failing_checks_reason_is_its_escaped_tail_and_its_setsid_child_is_killed() 
             Err(text)
         }
     });
-    let pid: i32 = std::fs::read_to_string(&pid_file)
+    let pid: u32 = std::fs::read_to_string(&pid_file)
         .expect("the check's child's pid")
         .trim()
         .parse()
         .expect("a pid");
-    let running = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-    };
+    let running = || accel_tests::alive(pid);
     let deadline = Instant::now() + Duration::from_secs(10);
     while running() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

@@ -196,29 +196,32 @@ fn a_two_host_torch_job_is_served_across_hosts_while_a_third_host_is_refused() {
     }
 }
 
-#[test]
-fn the_store_admits_exactly_the_members_it_is_given() {
-    let _heavy = heavy();
-    let member = Netns::create(79, 12);
-    let other = Netns::create(79, 13);
+/// A worker store in this process, listening on every address (loopback and
+/// the namespaces' links), on a runtime of its own (kept with it).
+fn store_on_every_link(options: StoreOptions) -> (tokio::runtime::Runtime, WorkerStore) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");
-    // One store listening on both links, admitting the member's address.
     let store = rt.block_on(async {
         let l = tokio::net::TcpListener::bind("0.0.0.0:0")
             .await
             .expect("bind");
-        WorkerStore::start_with(
-            l,
-            StoreOptions {
-                admit: Admit::Members(vec![member.addr.clone()]),
-                ..StoreOptions::default()
-            },
-        )
-        .expect("store")
+        WorkerStore::start_with(l, options).expect("store")
+    });
+    (rt, store)
+}
+
+#[test]
+fn the_store_admits_exactly_the_members_it_is_given() {
+    let _heavy = heavy();
+    let member = Netns::create(79, 12);
+    let other = Netns::create(79, 13);
+    // One store listening on both links, admitting the member's address.
+    let (_rt, store) = store_on_every_link(StoreOptions {
+        admit: Admit::Members(vec![member.addr.clone()]),
+        ..StoreOptions::default()
     });
     let port = store.addr().port().to_string();
     assert_eq!(probe_from(&member, &member.gateway, &port), "answered");
@@ -351,28 +354,14 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
 fn one_address_at_its_share_leaves_room_for_the_other_members() {
     let _heavy = heavy();
     let member = Netns::create(79, 14);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
     // 40 connections in all, 30 from one address.
-    let store = rt.block_on(async {
-        let l = tokio::net::TcpListener::bind("0.0.0.0:0")
-            .await
-            .expect("bind");
-        WorkerStore::start_with(
-            l,
-            StoreOptions {
-                admit: Admit::Members(vec![member.addr.clone()]),
-                connections: ConnLimits {
-                    total: 40,
-                    per_source: 30,
-                },
-                ..StoreOptions::default()
-            },
-        )
-        .expect("store")
+    let (_rt, store) = store_on_every_link(StoreOptions {
+        admit: Admit::Members(vec![member.addr.clone()]),
+        connections: ConnLimits {
+            total: 40,
+            per_source: 30,
+        },
+        ..StoreOptions::default()
     });
     let local = SocketAddr::from(([127, 0, 0, 1], store.addr().port()));
     let mut flood: Vec<_> = (0..30).map(|_| client(local)).collect();
