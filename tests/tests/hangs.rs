@@ -57,17 +57,7 @@ fn an_expired_file_timer_restarts_the_job_and_the_summary_shows_the_stack() {
     // the worker hung (py-spy's dump).
     let out = run("timer-summary", 0, &venv_path(), &[]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(
-        out.stderr
-            .contains("FileTimer 'train_step' expired: rank 1"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("stuck_in_a_collective (hang_timer.py:"),
-        "the hung frame is in the summary:\n{}",
-        out.stderr
-    );
+    assert_rank_1_timer_fired_with_its_stack(&out.stderr);
     // Without py-spy the summary says how to get the stacks.
     let out = run("timer-no-py-spy", 0, "/usr/bin:/bin", &[]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
@@ -109,17 +99,7 @@ fn a_flood_of_foreign_timers_does_not_stop_a_workers_timer_from_firing() {
     );
     // The hung rank's own timer still fired, with its stacks.
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(
-        out.stderr
-            .contains("FileTimer 'train_step' expired: rank 1"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("stuck_in_a_collective (hang_timer.py:"),
-        "{}",
-        out.stderr
-    );
+    assert_rank_1_timer_fired_with_its_stack(&out.stderr);
     // The flood was dropped and said so, in aggregate.
     assert!(
         out.stderr.contains(&format!(
@@ -134,4 +114,17 @@ fn a_flood_of_foreign_timers_does_not_stop_a_workers_timer_from_firing() {
         .filter(|l| l.contains("dropped FileTimer requests"))
         .count();
     assert!(lines <= 2, "{lines} lines:\n{}", out.stderr);
+}
+
+/// The summary names rank 1's expired `train_step` timer and shows the frame
+/// it hung in (py-spy's dump).
+fn assert_rank_1_timer_fired_with_its_stack(stderr: &str) {
+    assert!(
+        stderr.contains("FileTimer 'train_step' expired: rank 1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("stuck_in_a_collective (hang_timer.py:"),
+        "the hung frame is in the summary:\n{stderr}"
+    );
 }

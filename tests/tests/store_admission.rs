@@ -48,10 +48,12 @@ fn probe_from(ns: &Netns, host: &str, port: &str) -> String {
     let mut argv = ns.exec();
     let (py, script) = (python.to_str().expect("path"), worker("store_probe.py"));
     argv.extend([py, script.to_str().expect("path"), host, port]);
-    let out = Command::new(argv[0])
-        .args(&argv[1..])
-        .output()
-        .expect("probe");
+    probe_output(Command::new(argv[0]).args(&argv[1..]))
+}
+
+/// What a probe printed; it must have run to the end.
+fn probe_output(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("probe");
     assert!(
         out.status.success(),
         "{}",
@@ -239,13 +241,7 @@ fn probe_as_other_user(host: &str, port: u16) -> String {
     let script = fs::read_to_string(worker("store_probe.py")).expect("probe script");
     let mut cmd = Command::new("/usr/bin/python3");
     cmd.args(["-c", &script, host, &port.to_string()]);
-    let out = as_other_user(&mut cmd).output().expect("probe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    probe_output(as_other_user(&mut cmd))
 }
 
 #[test]
