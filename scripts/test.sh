@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
 # The test command: sets up everything the tests need, then runs the checks
 # and every test of the workspace. Usage: scripts/test.sh
+#
+# The checks run in two lanes side by side, because the machine it runs on
+# (2 cores) is idle for much of the test suite, which mostly waits on
+# processes, and busy for much of the release builds, which wait on nothing:
+#   checks     the debug build and everything that uses it: lint, docs, the
+#              deployment checks that run the debug binaries, the unit tests
+#              (unprivileged, no venv), the integration tests, the chaos run;
+#   artifacts  the release artifacts, each built once: the README's run
+#              command without protoc, the container image, the wheels; then
+#              the fuzzing smoke. It runs at a lower CPU priority (nice), so the
+#              timing-sensitive tests of the other lane get the CPU first.
+# The checks lane's output streams; each artifacts step's output is printed
+# whole when it ends. The end is a table of every step's time, also written to
+# $CARGO_TARGET_DIR/test-times.tsv. Any failed step fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 
 # Build outputs are cached outside the clone so a fresh clone rebuilds incrementally.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
@@ -12,36 +27,138 @@ export ACCEL_VENV
 # worker-runtime builds tch against the venv's torch (libtorch 2.13): tch's
 # build finds it through the venv's python3.
 export LIBTORCH_USE_PYTORCH=1 PATH="$ACCEL_VENV/bin:$PATH"
+setup_took=$((SECONDS - started))
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
-# The integration tests start the real binaries: build them first.
-cargo build --workspace --locked
-# The user guide (docs/): built with mdBook; links, anchors and code blocks
-# checked, and the torchrun page's flags against accel-agent and torchrun.
-scripts/check-docs.sh
-# The README's run command builds from an empty target dir with protoc hidden
-# (Rust toolchain alone) and runs hello.py on four ranks.
-scripts/check-no-protoc.sh
-# Deployment files: systemd units verified and scored, Kubernetes manifests
-# rendered and validated, the Dockerfile linted (and the image built where
-# the tools run).
-scripts/check-systemd.sh
-scripts/check-kubernetes.sh
-scripts/check-image.sh
-# A real one-host Slurm cluster (two slurmd): srun starts the agents with no flags.
-scripts/check-slurm.sh
-# The Python wheel: built, installed into a fresh venv, hello.py from there,
-# and the notebook launchers in real Jupyter kernels (with accelerate's own
-# notebook tests).
-scripts/check-wheel.sh
-cargo test --workspace --locked
-# The chaos run, short (about 2 minutes, fixed seeds, both modes): faults
-# injected into a three-node job, invariants checked on what its workers
-# recorded; any violation fails the run (docs/src/fault-testing.md).
-scripts/chaos.sh 40 1 --mode server
-scripts/chaos.sh 30 2 --mode agents --no-ddp
-# Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
-# SECONDS runs them longer); a crash fails the run.
-scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"
+LOGS="$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")"
+printf 'lane\tstep\tseconds\texit\n' >"$LOGS/times.tsv"
+
+# step NAME CMD...: runs CMD (stdin closed, output kept in its own log) and
+# records its time; returns CMD's status. The checks lane prints its steps'
+# output as it comes (a hang shows where it hangs); the artifacts lane prints
+# each step's output whole when it ends, under a lock, so the two lanes never
+# mix within a step's block.
+step() {
+  local name="$1"
+  shift
+  local log="$LOGS/$name.log" begin=$SECONDS status=0
+  if [ "$LANE" = checks ]; then
+    echo "==== [$LANE] $name: start +$((begin - started)) s"
+    { "$@" </dev/null 2>&1 || echo "$?" >"$log.status"; } | tee "$log"
+    [ ! -e "$log.status" ] || status="$(cat "$log.status")"
+  else
+    echo "$name" >"$LOGS/running-$LANE"
+    "$@" </dev/null >"$log" 2>&1 || status=$?
+  fi
+  local took=$((SECONDS - begin)) verdict=ok
+  [ "$status" = 0 ] || verdict="FAILED (exit $status)"
+  {
+    flock 9
+    if [ "$LANE" != checks ]; then
+      echo "==== [$LANE] $name: start +$((begin - started)) s"
+      cat "$log"
+    fi
+    echo "==== [$LANE] $name: $verdict in $took s"
+    printf '%s\t%s\t%s\t%s\n' "$LANE" "$name" "$took" "$status" >>"$LOGS/times.tsv"
+  } 9>>"$LOGS/.lock"
+  return "$status"
+}
+
+# Stopped from outside (a CI time limit): show what the artifacts lane was doing.
+on_stop() {
+  local f
+  for f in "$LOGS"/running-*; do
+    [ -e "$f" ] || continue
+    echo "==== stopped during ${f##*/running-} step $(cat "$f"); its output so far:"
+    tail -n 100 "$LOGS/$(cat "$f").log"
+  done
+  # The lanes, and the steps they run, stop with it.
+  local lane
+  for lane in ${checks:-} ${artifacts:-}; do
+    pkill -TERM -P "$lane" 2>/dev/null || true
+    kill -TERM "$lane" 2>/dev/null || true
+  done
+  exit 143
+}
+trap on_stop TERM INT HUP
+
+# The crates `cargo test` runs by default (no root, no venv: the `unit` step)
+# and the others (the `integration` step), from the workspace's own lists.
+others="$(cargo metadata --no-deps --locked --format-version 1 | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+default = set(m["workspace_default_members"])
+print(" ".join("-p " + p["name"] for p in m["packages"] if p["id"] not in default))')"
+
+lane_checks() {
+  LANE=checks
+  step fmt cargo fmt --all -- --check
+  step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+  step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
+  # The integration tests and the checks below start the real (debug) binaries.
+  step build cargo build --workspace --all-targets --locked
+  # The user guide (docs/): built with mdBook; links, anchors and code
+  # blocks checked, and the torchrun page's flags against accel-agent and torchrun.
+  step docs scripts/check-docs.sh
+  # systemd units verified and scored, with the debug binaries installed.
+  step systemd scripts/check-systemd.sh
+  # A real one-host Slurm cluster (two slurmd): srun starts the agents with no flags.
+  step slurm scripts/check-slurm.sh
+  # What `cargo test` runs in a clean clone (the unit tests and the
+  # simulator), as a user has it: no capabilities (uid 0 without any
+  # capability cannot bypass permissions, create namespaces or switch users)
+  # and no venv.
+  step unit env -u ACCEL_VENV -u LIBTORCH_USE_PYTORCH \
+    setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- \
+    cargo test --locked
+  # Everything else: the end-to-end tests with the real binaries, PyTorch,
+  # accelerate and etcd; worker-runtime's process groups.
+  # shellcheck disable=SC2086 # one word per flag
+  step integration cargo test --locked $others
+  # The chaos run, short (about 2 minutes, fixed seeds, both modes): faults
+  # injected into a three-node job, invariants checked on what its workers
+  # recorded; any violation fails the run (docs/src/fault-testing.md).
+  step chaos-server scripts/chaos.sh 40 1 --mode server
+  step chaos-agents scripts/chaos.sh 30 2 --mode agents --no-ddp
+}
+
+lane_artifacts() {
+  LANE=artifacts
+  # Kubernetes manifests rendered and validated (no binaries needed).
+  step kubernetes scripts/check-kubernetes.sh
+  # The README's run command builds with protoc hidden (Rust toolchain
+  # alone) and runs hello.py on four ranks.
+  step no-protoc scripts/check-no-protoc.sh
+  # The Dockerfile linted, the image built (static binaries) and run.
+  step image scripts/check-image.sh
+  # The Python wheels (x86_64 and aarch64): built, installed into a fresh
+  # venv, hello.py from there, aarch64 under qemu, and the notebook
+  # launchers in real Jupyter kernels (with accelerate's own notebook tests).
+  step wheel scripts/check-wheel.sh
+  # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
+  # SECONDS runs them longer); a crash fails the run.
+  step fuzz scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"
+}
+
+lane_checks &
+checks=$!
+(
+  renice -n 10 -p "$BASHPID" >/dev/null
+  lane_artifacts
+) &
+artifacts=$!
+failed=()
+wait "$checks" || failed+=(checks)
+wait "$artifacts" || failed+=(artifacts)
+
+mkdir -p "$CARGO_TARGET_DIR"
+{
+  echo
+  echo "test.sh: setup $setup_took s; total $((SECONDS - started)) s (lanes side by side)"
+  column -t -s $'\t' "$LOGS/times.tsv"
+} | tee "$CARGO_TARGET_DIR/test-times.txt"
+cp "$LOGS/times.tsv" "$CARGO_TARGET_DIR/test-times.tsv"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: FAILED in lane(s) ${failed[*]}; each step's log is in $LOGS" >&2
+  exit 1
+fi
+rm -rf "$LOGS"
