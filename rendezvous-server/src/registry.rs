@@ -1,38 +1,29 @@
 //! Every job the server knows, keyed by `rdzv_id`, with each member's live
-//! event stream, the deadline queue that drives periodic work, and the
-//! aggregated log of arrivals and departures.
+//! event stream.
 //!
 //! One mutex guards it all; it is never held across an await. Handlers lock
 //! it, call one method of the job's state machine and deliver the returned
-//! events into the members' bounded [`Outbox`]es.
-//!
-//! # Periodic work
-//! Each job says when it next has work ([`Job::next_deadline`]); the
-//! registry keeps those instants in a min-heap, so a tick touches only the
-//! jobs that are due, however many jobs are idle. A heap entry is acted on
-//! only if it is still the job's scheduled instant (stale entries are
-//! skipped and the heap is rebuilt when they pile up).
-//!
-//! # Persistence
-//! With a [`JobStore`], every call that changes a job marks it and wakes the
-//! server's flusher ([`Registry::changes`]); [`Registry::flush`] writes the
-//! marked jobs' records as one batch without holding the lock, and only then
-//! delivers the events those changes caused. Changes made while a batch is
-//! being written go in the next one (group commit: one write per store round
-//! trip, however many nodes call meanwhile). So no node acts on a decision
-//! the store does not hold: a server that dies before a write took no
-//! decision its successor lacks. [`Registry::load`] brings a store's jobs
-//! into a new registry, which continues them. Keep-alives change nothing a
-//! store needs (a record's instants are relative to when it was taken), so
-//! they mark nothing. Without a store nothing is marked.
-//!
-//! # Logs
-//! A round formed, a restart and a job's end are logged once each. Joins and
-//! departures are counted per job and logged at most once a second per job,
-//! so a 10,000-node job's arrival is one line, not 10,000.
+//! events into the members' bounded [`Outbox`]es. What the lock guards is
+//! split by concept, each part a plain type with unit tests of its own:
+//! - the job map, with each job's streams (here);
+//! - `deadlines`: when each job next has periodic work, a min-heap, so a
+//!   tick touches only the jobs that are due, however many are idle;
+//! - `commit`: the durable commit path. With a [`JobStore`], every call
+//!   that changes a job marks it and wakes the server's flusher
+//!   ([`Registry::changes`]); [`Registry::flush`] writes the marked jobs'
+//!   records as one batch without holding the lock, and the events those
+//!   changes caused come back for delivery only once the store took them.
+//!   So no node acts on a decision the store does not hold: a server that
+//!   dies before a write took no decision its successor lacks.
+//!   [`Registry::load`] brings a store's jobs into a new registry, which
+//!   continues them. Keep-alives change nothing a store needs (a record's
+//!   instants are relative to when it was taken), so they mark nothing;
+//! - `graves`: finished jobs' tombstones, bounded in count and time;
+//! - `tally`: arrivals and departures, counted per job and logged at most
+//!   once a second per job, so a 10,000-node job's arrival is one line, not
+//!   10,000. A round formed, a restart and a job's end are logged once each.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::pin::Pin;
@@ -47,20 +38,22 @@ use tokio_stream::Stream;
 use tonic::Status;
 use tracing::{info, warn};
 
+use self::commit::Commit;
+use self::deadlines::Deadlines;
+use self::graves::Graves;
+use self::tally::Tallies;
 use crate::error::Error;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::lease::LeaseClock;
 use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
-use crate::store::{Batch, JobStore, StoreError};
+use crate::store::{JobStore, StoreError};
 use crate::tombstone::{unix_ms, Tombstone};
 use accel_input::excerpt;
 
 /// Most bytes of the last failure in a status answer (per job).
 const STATUS_FAILURE: usize = 4096;
-/// How often at most the arrivals and departures of one job are logged.
-const TALLY_EVERY: Duration = Duration::from_secs(1);
 /// Most nodes listed per job in a status answer.
 pub const STATUS_NODES: usize = 1000;
 /// Jobs per status answer when the caller does not say, and at most.
@@ -94,44 +87,30 @@ struct Entry {
     joined: BTreeMap<String, String>,
 }
 
-/// Arrivals and departures of one job since they were last logged.
-type Tally = Movements;
-
-#[derive(Debug, Default)]
+/// What the registry's one lock guards.
+#[derive(Debug)]
 struct Jobs {
     map: BTreeMap<String, Entry>,
-    deadlines: BinaryHeap<Reverse<(Instant, String)>>,
-    tallies: HashMap<String, Tally>,
-    tally_logged: Option<Instant>,
-    /// Jobs changed since the last flush (only with a store).
-    dirty: BTreeSet<String>,
-    /// Events of changes not yet durable, in order (only with a store),
-    /// each with the first stream number opened after it was decided.
-    held: Vec<Held>,
-    /// The server is shutting down: nothing more is written.
-    closing: bool,
-    /// Why the last flush failed, until one succeeds: new jobs and new
-    /// members are refused meanwhile, so what waits to be written stays
-    /// bounded by the members' own calls while the store takes nothing.
-    unwritable: Option<String>,
-    /// Finished jobs' tombstones by job id ([`crate::tombstone`]), and
-    /// their ids in the order they were laid (the oldest expire first).
-    tombstones: HashMap<String, Tombstone>,
-    tomb_order: VecDeque<String>,
-    /// Tombstones to write, and to delete, with the next flush (only with a store).
-    tomb_put: Vec<Tombstone>,
-    tomb_removed: Vec<String>,
+    /// When each job next has periodic work.
+    deadlines: Deadlines,
+    /// Arrivals and departures not yet logged.
+    tallies: Tallies,
+    /// What is decided and not yet durable (only with a store).
+    commit: Commit,
+    /// Finished jobs' tombstones.
+    graves: Graves,
 }
 
-/// A change's events, waiting for the change to be durable.
-#[derive(Debug)]
-struct Held {
-    job_id: String,
-    out: Vec<Outbound>,
-    /// Streams numbered from here were opened after the decision: they do
-    /// not get its events (their `Joined` already reflects it, and must be
-    /// their first message).
-    horizon: u64,
+impl Jobs {
+    fn new(durable: bool) -> Self {
+        Self {
+            map: BTreeMap::new(),
+            deadlines: Deadlines::default(),
+            tallies: Tallies::default(),
+            commit: Commit::new(durable),
+            graves: Graves::default(),
+        }
+    }
 }
 
 /// One node's membership of a job, as [`Registry::memberships`] saw it: a
@@ -170,11 +149,15 @@ impl Registry {
     /// An empty registry that forgets a job `ttl` after it finished or lost
     /// its last member, and holds at most what `limits` allow.
     pub fn new(ttl: Duration, limits: Limits) -> Self {
+        Self::build(ttl, limits, None)
+    }
+
+    fn build(ttl: Duration, limits: Limits, store: Option<Arc<dyn JobStore>>) -> Self {
         Self {
-            inner: Arc::default(),
+            inner: Arc::new(Mutex::new(Jobs::new(store.is_some()))),
             ttl,
             limits,
-            store: None,
+            store,
             relearn: true,
             wake: Arc::default(),
             lease: None,
@@ -185,10 +168,7 @@ impl Registry {
 
     /// The same, writing every change to `store` ([`Registry::flush`]).
     pub fn with_store(ttl: Duration, limits: Limits, store: Arc<dyn JobStore>) -> Self {
-        Self {
-            store: Some(store),
-            ..Self::new(ttl, limits)
-        }
+        Self::build(ttl, limits, Some(store))
     }
 
     /// The same, refusing a node that resumes a job it does not hold
@@ -213,7 +193,7 @@ impl Registry {
     fn acting(&self) -> Result<(), Error> {
         match &self.lease {
             Some(lease) if !lease.may_act(Instant::now()) => {
-                if !self.lock().closing {
+                if !self.lock().commit.closing() {
                     warn!(
                         "this replica's etcd lease may have lapsed (the process was paused, or cut off from etcd): it no longer leads; ending every node's stream"
                     );
@@ -289,7 +269,7 @@ impl Registry {
             };
             jobs.map.insert(id.clone(), entry);
             if torn {
-                self.changed(jobs, &id);
+                jobs.commit.mark(&id);
             }
             self.schedule(jobs, &id, now);
             loaded += 1;
@@ -297,7 +277,9 @@ impl Registry {
         if jobs.map.len() > self.limits.max_jobs {
             warn!(jobs = jobs.map.len(), max_jobs = self.limits.max_jobs, "the job store holds more jobs than --max-jobs; no new job is admitted until some end");
         }
-        self.lay_loaded(jobs, stones);
+        let now_ms = unix_ms(SystemTime::now());
+        jobs.graves
+            .lay_loaded(stones, now_ms, &self.limits, &mut jobs.commit);
         Ok(loaded)
     }
 
@@ -311,53 +293,40 @@ impl Registry {
             return Ok(0);
         };
         let _one = self.flushing.lock().await;
-        let (batch, ids, held) = {
-            let mut jobs = self.lock();
-            if jobs.closing {
+        let (pending, put, removed) = {
+            let mut guard = self.lock();
+            let jobs = &mut *guard;
+            let Some(pending) = jobs.commit.take() else {
                 return Ok(0);
-            }
-            let ids = std::mem::take(&mut jobs.dirty);
-            let held = std::mem::take(&mut jobs.held);
-            let now = Instant::now();
-            let mut batch = Batch {
-                tombstones: std::mem::take(&mut jobs.tomb_put),
-                tombstones_removed: std::mem::take(&mut jobs.tomb_removed),
-                tombstone_ttl: self.limits.tombstone_ttl,
-                ..Batch::default()
             };
-            for id in &ids {
+            let now = Instant::now();
+            let (mut put, mut removed) = (Vec::new(), Vec::new());
+            for id in &pending.ids {
                 match jobs.map.get(id) {
-                    Some(e) => batch.put.push(e.job.record(now)),
-                    None => batch.removed.push(id.clone()),
+                    Some(e) => put.push(e.job.record(now)),
+                    None => removed.push(id.clone()),
                 }
             }
-            (batch, ids, held)
+            (pending, put, removed)
         };
-        if !batch.is_empty() {
-            let stones = (batch.tombstones.clone(), batch.tombstones_removed.clone());
-            if let Err(e) = store.save(batch).await {
-                let mut jobs = self.lock();
-                jobs.unwritable = Some(e.to_string());
-                jobs.dirty.extend(ids);
-                // Written again with the next batch (earlier ones first).
-                let later = std::mem::replace(&mut jobs.tomb_put, stones.0);
-                jobs.tomb_put.extend(later);
-                let later = std::mem::replace(&mut jobs.tomb_removed, stones.1);
-                jobs.tomb_removed.extend(later);
-                let later = std::mem::replace(&mut jobs.held, held);
-                jobs.held.extend(later);
+        let written = pending.ids.len();
+        let done = match pending
+            .write(store.as_ref(), put, removed, self.limits.tombstone_ttl)
+            .await
+        {
+            Ok(done) => done,
+            Err((pending, e)) => {
+                self.lock().commit.failed(pending, &e);
                 return Err(e);
             }
-        }
+        };
         let mut guard = self.lock();
         let jobs = &mut *guard;
-        jobs.unwritable = None;
-        if !jobs.closing {
-            for h in held {
-                release(jobs, &h.job_id, h.out, h.horizon);
-            }
+        for held in jobs.commit.written(done) {
+            let (job_id, out, horizon) = held.into_parts();
+            release(jobs, &job_id, out, horizon);
         }
-        Ok(ids.len())
+        Ok(written)
     }
 
     /// Forgets every job that is over now rather than `ttl` after it ended
@@ -376,7 +345,7 @@ impl Registry {
             .collect();
         for id in &over {
             jobs.map.remove(id);
-            self.changed(jobs, id);
+            jobs.commit.mark(id);
         }
         over.len()
     }
@@ -384,12 +353,6 @@ impl Registry {
     /// Resolves when a change waits to be written ([`Registry::flush`]).
     pub async fn changes(&self) {
         self.wake.notified().await;
-    }
-
-    fn changed(&self, jobs: &mut Jobs, job_id: &str) {
-        if self.store.is_some() && !jobs.closing && !jobs.dirty.contains(job_id) {
-            jobs.dirty.insert(job_id.to_owned());
-        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Jobs> {
@@ -421,7 +384,7 @@ impl Registry {
         self.acting()?;
         let mut guard = self.lock();
         let jobs = &mut *guard;
-        if jobs.closing {
+        if jobs.commit.closing() {
             // Its jobs were closed for the server that continues them.
             return Err(Error::ShuttingDown);
         }
@@ -433,10 +396,10 @@ impl Registry {
             .map
             .get(&req.job_id)
             .is_none_or(|e| !e.job.members().contains_key(&req.node_id));
-        if let (Some(why), true) = (&jobs.unwritable, newcomer) {
+        if let (Some(why), true) = (jobs.commit.unwritable(), newcomer) {
             // What members do is bounded (a few calls a round); what
             // newcomers could add is not.
-            return Err(Error::Unwritable(why.clone()));
+            return Err(Error::Unwritable(why.to_owned()));
         }
         if created {
             if jobs.map.len() >= self.limits.max_jobs {
@@ -506,7 +469,7 @@ impl Registry {
                 // with all its placeholders), so a refusal leaves nothing.
                 if created || (entry.job.members().is_empty() && entry.streams.is_empty()) {
                     jobs.map.remove(&req.job_id);
-                    self.changed(jobs, &req.job_id);
+                    jobs.commit.mark(&req.job_id);
                 }
                 return Err(e);
             }
@@ -521,7 +484,7 @@ impl Registry {
         let (tx, rx) = outbox();
         // A replaced stream (the node reconnected) ends when its outbox drops.
         entry.streams.insert(req.node_id.clone(), (stream, tx));
-        let tally = jobs.tallies.entry(req.job_id.clone()).or_default();
+        let tally = jobs.tallies.of(&req.job_id);
         if req.resume.is_some() {
             tally.resumed += 1;
         } else {
@@ -564,7 +527,7 @@ impl Registry {
     /// What follows every change to a job: logs, delivering its events,
     /// ending streams of nodes it no longer has, rescheduling its deadline.
     fn after(&self, jobs: &mut Jobs, job_id: &str, now: Instant, out: Vec<Outbound>) {
-        self.changed(jobs, job_id);
+        jobs.commit.mark(job_id);
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
@@ -574,25 +537,22 @@ impl Registry {
             entry.buried = true;
             let now_ms = unix_ms(SystemTime::now());
             if let Some(t) = Tombstone::of(&entry.job, now_ms, &entry.joined) {
-                self.lay(jobs, t);
+                jobs.graves.lay(t, &self.limits, &mut jobs.commit);
             }
         }
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
-        if self.store.is_some() {
-            // Nobody acts on a change before it is durable: a leader that
-            // dies before the write took no decision its successor lacks.
-            if !out.is_empty() || entry.job.phase().is_terminal() {
-                jobs.held.push(Held {
-                    job_id: job_id.to_owned(),
-                    out,
-                    horizon: NEXT_STREAM.load(Ordering::Relaxed),
-                });
+        // Nobody acts on a change before it is durable: a leader that dies
+        // before the write took no decision its successor lacks.
+        let over = entry.job.phase().is_terminal();
+        let horizon = NEXT_STREAM.load(Ordering::Relaxed);
+        match jobs.commit.decided(job_id, out, over, horizon) {
+            Some(now) => {
+                let (_, out, horizon) = now.into_parts();
+                release(jobs, job_id, out, horizon);
             }
-            self.wake.notify_one();
-        } else {
-            release(jobs, job_id, out, u64::MAX);
+            None => self.wake.notify_one(),
         }
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
@@ -607,83 +567,11 @@ impl Registry {
         self.schedule(jobs, job_id, now);
     }
 
-    /// Keeps `t` (and writes it with the next flush), dropping the oldest
-    /// tombstone beyond [`Limits::max_tombstones`].
-    fn lay(&self, jobs: &mut Jobs, t: Tombstone) {
-        if self.limits.tombstone_ttl.is_zero() || self.limits.max_tombstones == 0 {
-            return;
-        }
-        let id = t.job_id.clone();
-        if self.store.is_some() {
-            jobs.tomb_put.push(t.clone());
-        }
-        if jobs.tombstones.insert(id.clone(), t).is_none() {
-            jobs.tomb_order.push_back(id);
-        }
-        while jobs.tombstones.len() > self.limits.max_tombstones {
-            let Some(old) = jobs.tomb_order.pop_front() else {
-                break;
-            };
-            self.unlay(jobs, &old);
-        }
-    }
-
-    fn unlay(&self, jobs: &mut Jobs, id: &str) {
-        if jobs.tombstones.remove(id).is_some() && self.store.is_some() {
-            jobs.tomb_put.retain(|t| t.job_id != id);
-            jobs.tomb_removed.push(id.to_owned());
-        }
-    }
-
-    /// The store's tombstones, oldest first; expired ones are deleted.
-    fn lay_loaded(&self, jobs: &mut Jobs, mut stones: Vec<Tombstone>) {
-        let now_ms = unix_ms(SystemTime::now());
-        stones.sort_by_key(|t| t.finished_ms);
-        for t in stones {
-            if t.expired(now_ms, self.limits.tombstone_ttl) {
-                jobs.tomb_removed.push(t.job_id);
-            } else if !jobs.tombstones.contains_key(&t.job_id) {
-                let id = t.job_id.clone();
-                jobs.tombstones.insert(id.clone(), t);
-                jobs.tomb_order.push_back(id);
-            }
-        }
-        if self.store.is_none() {
-            jobs.tomb_removed.clear();
-        }
-        while jobs.tombstones.len() > self.limits.max_tombstones {
-            let Some(old) = jobs.tomb_order.pop_front() else {
-                break;
-            };
-            self.unlay(jobs, &old);
-        }
-    }
-
-    /// Drops the tombstones that outlived their TTL (the oldest first).
-    fn expire_tombstones(&self, jobs: &mut Jobs) {
-        let now_ms = unix_ms(SystemTime::now());
-        while let Some(id) = jobs.tomb_order.front() {
-            let live = jobs
-                .tombstones
-                .get(id)
-                .is_some_and(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
-            if live {
-                break;
-            }
-            if let Some(id) = jobs.tomb_order.pop_front() {
-                self.unlay(jobs, &id);
-            }
-        }
-    }
-
     /// The tombstone that answers a join of `job_id`: the job's own if it
     /// is over (or one made from it), none while it is not.
     fn tombstone_for(&self, jobs: &Jobs, job_id: &str) -> Option<Tombstone> {
         let now_ms = unix_ms(SystemTime::now());
-        let laid = jobs
-            .tombstones
-            .get(job_id)
-            .filter(|t| !t.expired(now_ms, self.limits.tombstone_ttl));
+        let laid = jobs.graves.live(job_id, now_ms, &self.limits);
         match jobs.map.get(job_id) {
             Some(e) if e.job.phase().is_terminal() => laid
                 .cloned()
@@ -730,7 +618,7 @@ impl Registry {
 
     /// Tombstones held (for tests).
     pub fn tombstone_count(&self) -> usize {
-        self.lock().tombstones.len()
+        self.lock().graves.len()
     }
 
     /// Counts what a change did: a round formed (and how long it took), a
@@ -795,12 +683,8 @@ impl Registry {
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
-        if let Some(t) = entry.job.next_deadline(now, self.ttl) {
-            if entry.scheduled.is_none_or(|s| t < s) {
-                entry.scheduled = Some(t);
-                jobs.deadlines.push(Reverse((t, job_id.to_owned())));
-            }
-        }
+        let next = entry.job.next_deadline(now, self.ttl);
+        jobs.deadlines.schedule(&mut entry.scheduled, job_id, next);
     }
 
     /// A node's keep-alive, once `session` proves the caller is that node;
@@ -831,13 +715,7 @@ impl Registry {
         }
         let mut guard = self.lock();
         let jobs = &mut *guard;
-        while let Some(Reverse((t, _))) = jobs.deadlines.peek() {
-            if *t > now {
-                break;
-            }
-            let Some(Reverse((t, id))) = jobs.deadlines.pop() else {
-                break;
-            };
+        while let Some((t, id)) = jobs.deadlines.pop_due(now) {
             let Some(entry) = jobs.map.get_mut(&id) else {
                 continue;
             };
@@ -847,36 +725,27 @@ impl Registry {
             entry.scheduled = None;
             if entry.job.expired(now, self.ttl) {
                 jobs.map.remove(&id);
-                self.changed(jobs, &id);
+                jobs.commit.mark(&id);
                 continue;
             }
             let members = entry.job.members().len();
             let out = entry.job.tick(now);
             let dropped = members.saturating_sub(entry.job.members().len());
             if dropped > 0 {
-                jobs.tallies.entry(id.clone()).or_default().silent += dropped as u64;
+                jobs.tallies.of(&id).silent += dropped as u64;
             }
             self.after(jobs, &id, now, out);
         }
-        self.expire_tombstones(jobs);
-        // Stale entries pile up only when deadlines keep moving earlier.
-        if jobs.deadlines.len() > 2 * jobs.map.len() + 1024 {
-            let live = jobs
-                .map
-                .iter()
-                .filter_map(|(id, e)| e.scheduled.map(|t| Reverse((t, id.clone()))));
-            jobs.deadlines = live.collect();
-        }
-        if jobs
-            .tally_logged
-            .is_none_or(|t| now.saturating_duration_since(t) >= TALLY_EVERY)
-            && !jobs.tallies.is_empty()
-        {
-            jobs.tally_logged = Some(now);
-            for (job, t) in jobs.tallies.drain() {
-                self.metrics.movements(&t);
-                log_tally(&job, &t);
-            }
+        let now_ms = unix_ms(SystemTime::now());
+        jobs.graves.expire(now_ms, &self.limits, &mut jobs.commit);
+        let live = jobs
+            .map
+            .iter()
+            .filter_map(|(id, e)| e.scheduled.map(|t| (t, id.clone())));
+        jobs.deadlines.compact(jobs.map.len(), live);
+        for (job, t) in jobs.tallies.due(now) {
+            self.metrics.movements(&t);
+            log_tally(&job, &t);
         }
     }
 
@@ -944,7 +813,7 @@ impl Registry {
             let out = entry.job.drop_nodes(now, &ids, reason);
             let n = before.saturating_sub(entry.job.members().len());
             dropped += n;
-            jobs.tallies.entry(job_id.to_owned()).or_default().expired += n as u64;
+            jobs.tallies.of(job_id).expired += n as u64;
             self.after(jobs, job_id, now, out);
         }
         dropped
@@ -956,11 +825,9 @@ impl Registry {
     pub fn close_all(&self, reason: &str, may_rejoin: bool) {
         let now = Instant::now();
         let mut jobs = self.lock();
-        jobs.closing = true;
-        jobs.dirty.clear();
         // Not durable, so never decided: the server that continues the jobs
         // decides again.
-        jobs.held.clear();
+        jobs.commit.close();
         for entry in jobs.map.values_mut() {
             let out = entry.job.close(now, reason, may_rejoin);
             deliver(entry, out, u64::MAX);
@@ -1029,7 +896,7 @@ impl Registry {
         entry.streams.remove(node_id);
         let member = entry.job.members().contains_key(node_id);
         if member && !entry.job.phase().is_terminal() {
-            let tally = jobs.tallies.entry(job_id.to_owned()).or_default();
+            let tally = jobs.tallies.of(job_id);
             if stream.is_some() {
                 tally.disconnected += 1;
             } else {
@@ -1109,7 +976,7 @@ fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>, horizon: u64) {
         entry.streams.clear();
     }
     if slow > 0 {
-        jobs.tallies.entry(job_id.to_owned()).or_default().too_slow += slow;
+        jobs.tallies.of(job_id).too_slow += slow;
     }
 }
 
@@ -1178,29 +1045,11 @@ fn log_transitions(job: &Job, out: &[Outbound]) {
     }
 }
 
-fn log_tally(job: &str, t: &Tally) {
-    let mut parts = Vec::new();
-    for (n, what) in [
-        (t.joined, "joined"),
-        (t.resumed, "resumed after reconnecting"),
-        (t.left, "left"),
-        (t.disconnected, "lost their connection"),
-        (t.silent, "dropped for sending no keep-alive in time"),
-        (t.expired, "dropped when their etcd lease expired"),
-        (t.too_slow, "disconnected for not reading their events"),
-    ] {
-        if n > 0 {
-            parts.push(format!("{n} {what}"));
-        }
-    }
-    if parts.is_empty() {
-        return;
-    }
-    let summary = parts.join(", ");
-    if t.disconnected + t.silent + t.too_slow + t.expired > 0 {
-        warn!(job, nodes = %summary, "membership changed");
-    } else {
-        info!(job, nodes = %summary, "membership changed");
+fn log_tally(job: &str, t: &Movements) {
+    match tally::describe(t) {
+        Some((summary, true)) => warn!(job, nodes = %summary, "membership changed"),
+        Some((summary, false)) => info!(job, nodes = %summary, "membership changed"),
+        None => {}
     }
 }
 
@@ -1277,6 +1126,11 @@ fn job_info(job: &Job) -> pb::JobInfo {
         node_count: members.len() as u32,
     }
 }
+
+mod commit;
+mod deadlines;
+mod graves;
+mod tally;
 
 #[cfg(test)]
 mod tests;
