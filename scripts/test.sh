@@ -81,14 +81,6 @@ on_stop() {
 }
 trap on_stop TERM INT HUP
 
-# The crates `cargo test` runs by default (no root, no venv: the `unit` step)
-# and the others (the `integration` step), from the workspace's own lists.
-others="$(cargo metadata --no-deps --locked --format-version 1 | python3 -c '
-import json, sys
-m = json.load(sys.stdin)
-default = set(m["workspace_default_members"])
-print(" ".join("-p " + p["name"] for p in m["packages"] if p["id"] not in default))')"
-
 lane_checks() {
   LANE=checks
   step fmt cargo fmt --all -- --check
@@ -110,10 +102,12 @@ lane_checks() {
   step unit env -u ACCEL_VENV -u LIBTORCH_USE_PYTORCH \
     setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- \
     cargo test --locked
-  # Everything else: the end-to-end tests with the real binaries, PyTorch,
-  # accelerate and etcd; worker-runtime's process groups.
-  # shellcheck disable=SC2086 # one word per flag
-  step integration cargo test --locked $others
+  # Every test of the workspace: the end-to-end tests with the real
+  # binaries, PyTorch, accelerate and etcd, worker-runtime's process groups,
+  # and the unit tests again (the whole workspace's features, as built above:
+  # selecting only the other packages would build their dependencies again
+  # with other features).
+  step integration cargo test --workspace --locked
   # The chaos run, short (about 2 minutes, fixed seeds, both modes): faults
   # injected into a three-node job, invariants checked on what its workers
   # recorded; any violation fails the run (docs/src/fault-testing.md).
