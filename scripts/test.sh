@@ -19,8 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 
-# Build outputs are cached outside the clone so a fresh clone rebuilds incrementally.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
+# Build outputs are cached outside the clone so a fresh clone rebuilds
+# incrementally. ACCEL_CACHE moves every cache (venvs, tools, build outputs):
+# an empty one measures a fresh machine's run.
+export ACCEL_CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ACCEL_CACHE/target}"
 # The pinned Python environment (torch, accelerate) for tests and benchmarks.
 ACCEL_VENV="$(scripts/setup.sh)"
 export ACCEL_VENV
