@@ -71,12 +71,18 @@ pub struct Checker {
     pub excused: BTreeSet<usize>,
     /// Live workers: pid → (global rank, node, round).
     live: BTreeMap<u32, (u32, usize, u64)>,
-    /// Ranks started per round: round → rank → pid.
-    rounds: BTreeMap<u64, BTreeMap<u32, u32>>,
+    /// Which job: a server restarted without a store starts a new one
+    /// (rounds from 0) when a node joins afresh.
+    pub generation: u64,
+    /// Ranks started per round: (generation, round) → rank → pid.
+    rounds: BTreeMap<(u64, u64), BTreeMap<u32, u32>>,
     /// World size per round.
-    worlds: BTreeMap<u64, u32>,
+    worlds: BTreeMap<(u64, u64), u32>,
     /// Rounds a counted restart left.
     counted: BTreeSet<u64>,
+    /// The job's outcome, as first announced (a server restarted without
+    /// a store forgets it).
+    pub outcome: Option<Result<(), String>>,
     /// What broke.
     pub violations: Vec<Violation>,
     /// Workers started in all.
@@ -137,7 +143,7 @@ impl Checker {
         }
         if let Some(pid) = self
             .rounds
-            .entry(info.round)
+            .entry((self.generation, info.round))
             .or_default()
             .insert(w.rank, w.pid)
         {
@@ -147,7 +153,8 @@ impl Checker {
             );
             self.note('a', &what, at);
         }
-        self.worlds.insert(info.round, info.world_size);
+        self.worlds
+            .insert((self.generation, info.round), info.world_size);
         if info.restart_count > self.max_restarts || info.restart_count > self.failures {
             let what = format!(
                 "budget: round {} runs with restart count {} after {} worker failure(s) (--max-restarts {})",
@@ -158,6 +165,23 @@ impl Checker {
         self.live.insert(w.pid, (w.rank, node, info.round));
     }
 
+    /// A new job instance: a server without a store starts one when a node
+    /// joins afresh, or relearns one from a resuming node, whose round
+    /// `resumed` goes on (round numbers may repeat: a node cut off since
+    /// an earlier round teaches that round).
+    pub fn new_job(&mut self, resumed: Option<u64>) {
+        let old = self.generation;
+        self.generation += 1;
+        if let Some(r) = resumed {
+            if let Some(ranks) = self.rounds.get(&(old, r)).cloned() {
+                self.rounds.insert((self.generation, r), ranks);
+            }
+            if let Some(world) = self.worlds.get(&(old, r)).copied() {
+                self.worlds.insert((self.generation, r), world);
+            }
+        }
+    }
+
     /// A worker died.
     pub fn died(&mut self, pid: u32) {
         self.live.remove(&pid);
@@ -165,10 +189,17 @@ impl Checker {
 
     /// An event the server sends.
     pub fn outbound(&mut self, kind: &Kind) {
-        if let Kind::RestartRequested(r) = kind {
-            if r.counted {
+        match kind {
+            Kind::RestartRequested(r) if r.counted => {
                 self.counted.insert(r.round);
             }
+            Kind::JobSucceeded(_) => {
+                self.outcome.get_or_insert(Ok(()));
+            }
+            Kind::JobFailed(f) => {
+                self.outcome.get_or_insert(Err(f.reason.clone()));
+            }
+            _ => {}
         }
     }
 
@@ -200,7 +231,7 @@ impl Checker {
     /// exit codes.
     pub fn finish(&mut self, w: &World) {
         let at = w.now();
-        let outcome = w.outcome();
+        let outcome = self.outcome.clone().or_else(|| w.outcome());
         if !w.all_done() {
             let stuck: Vec<String> = w
                 .nodes
@@ -221,18 +252,28 @@ impl Checker {
             return;
         }
         let Some(outcome) = outcome else {
-            if w.nodes.iter().any(|n| n.end != Some(End::Crashed)) {
-                self.note('c', "liveness: every agent ended but the job did not", at);
+            // The job never ended (its agents gave up): none may say it succeeded.
+            for n in &w.nodes {
+                if n.end.as_ref().and_then(End::code) == Some(0) {
+                    let what = format!("exit codes: {} exited 0 but the job never ended", n.name);
+                    self.note('d', &what, at);
+                }
             }
             return;
         };
+        if let Err(reason) = &outcome {
+            if reason.is_empty() {
+                self.note('c', "liveness: the job failed without a reason", at);
+            }
+        }
         if let (Ok(()), Some(job)) = (&outcome, w.job()) {
             if *job.phase() == Phase::Succeeded {
                 let round = job.round();
-                let world = self.worlds.get(&round).copied().unwrap_or(0);
+                let key = (self.generation, round);
+                let world = self.worlds.get(&key).copied().unwrap_or(0);
                 let ranks: BTreeSet<u32> = self
                     .rounds
-                    .get(&round)
+                    .get(&key)
                     .map(|r| r.keys().copied().collect())
                     .unwrap_or_default();
                 if ranks != (0..world).collect::<BTreeSet<u32>>() {

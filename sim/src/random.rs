@@ -100,7 +100,7 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
             }
             5 => {
                 let back = lasting(&mut rng, 500, 5000);
-                faults.push((at, Fault::Delay(node, ms(&mut rng, 20, 600))));
+                faults.push((at, Fault::Delay(node, ms(&mut rng, 10, 80))));
                 faults.push((back, Fault::Delay(node, Duration::ZERO)));
                 healed = healed.max(back);
             }

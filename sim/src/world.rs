@@ -384,6 +384,7 @@ pub struct World {
     /// arrives, so a link keeps order.
     fifo: Vec<(Duration, Duration)>,
     seq: u64,
+    stalled: u32,
     next_pid: u32,
     /// Whether trace lines are kept.
     pub tracing: bool,
@@ -420,6 +421,7 @@ impl World {
             msgs: BTreeMap::new(),
             fifo: Vec::new(),
             seq: 0,
+            stalled: 0,
             next_pid: 1000,
             tracing: true,
             trace: VecDeque::new(),
@@ -810,9 +812,13 @@ impl World {
             let job = match &req.resume {
                 Some(resume) => {
                     self.say(|| format!("server: relearns the job from {node_id}"));
+                    self.checker.new_job(Some(resume.round));
                     Job::relearn(now, JOB, &req, resume)
                 }
-                None => Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req)),
+                None => {
+                    self.checker.new_job(None);
+                    Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req))
+                }
             };
             self.server.job = Some(job);
         }
@@ -1322,7 +1328,13 @@ impl World {
                                         since: self.tk(since),
                                     }
                                 }
-                                false => Event::Lost(why),
+                                false => {
+                                    // The stream is over; its connection closes with the link.
+                                    if let Some(stream) = n.stream.take() {
+                                        n.hold = Some((now, stream));
+                                    }
+                                    Event::Lost(why)
+                                }
                             }
                         } else {
                             continue;
@@ -1352,7 +1364,7 @@ impl World {
         let drop_limit = self.spec.drop_limit();
         let n = &mut self.nodes[i];
         n.keep_alive_at = None;
-        if let Some(stream) = n.stream {
+        if let Some(stream) = n.stream.take() {
             n.hold = Some((since + drop_limit, stream));
         }
     }
@@ -1400,6 +1412,24 @@ impl World {
         t
     }
 
+    /// Moves the clock to `t`; false (and a violation) when the
+    /// simulation stalls: many steps without time passing.
+    fn advance(&mut self, t: Duration) -> bool {
+        if t <= self.now {
+            self.stalled += 1;
+            if self.stalled > 100_000 {
+                let at = self.now;
+                self.checker
+                    .note('c', "the simulation stalled: steps without time passing", at);
+                return false;
+            }
+        } else {
+            self.stalled = 0;
+            self.now = t;
+        }
+        true
+    }
+
     /// Runs until `until` (virtual time), or until every agent is done.
     pub fn run_until(&mut self, until: Duration) {
         self.settle();
@@ -1408,16 +1438,14 @@ impl World {
                 break;
             }
             let Some(t) = self.next_event() else { break };
-            if t > until {
+            if t > until || !self.advance(t) {
                 break;
             }
-            self.now = self.now.max(t);
             self.process();
         }
-        if self.now < until && !self.all_done() {
+        if self.now < until {
             self.now = until;
         }
-        self.now = self.now.max(until.min(self.now));
     }
 
     /// Runs until `done` holds, checking after every step; at most until
@@ -1435,7 +1463,9 @@ impl World {
                 self.now = limit;
                 return done(self);
             }
-            self.now = self.now.max(t);
+            if !self.advance(t) {
+                return false;
+            }
             self.process();
         }
     }
@@ -1493,7 +1523,7 @@ impl World {
             if let Some((at, stream)) = n.hold {
                 if at <= now {
                     n.hold = None;
-                    if n.stream != Some(stream) || n.joining.is_some() {
+                    if n.stream != Some(stream) {
                         let msg = Msg::Call {
                             from: i,
                             node_id: n.node_id.clone(),
@@ -1548,7 +1578,8 @@ impl World {
 
     fn join_step(&mut self, i: usize) {
         let now = self.now;
-        let silence = self.spec.silence().max(Duration::from_millis(200));
+        // The probe gives a join up after the silence bound.
+        let silence = self.spec.silence();
         let Some(j) = &mut self.nodes[i].joining else {
             return;
         };
@@ -1730,8 +1761,14 @@ impl World {
                     self.server.joined.clear();
                 }
             }
-            Fault::Delay(i, d) => self.nodes[i].delay = d,
-            Fault::Drop(i, p) => self.nodes[i].drop = p,
+            Fault::Delay(i, d) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].delay = d;
+            }
+            Fault::Drop(i, p) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].drop = p;
+            }
         }
         self.settle();
         self.check();
