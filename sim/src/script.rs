@@ -20,9 +20,10 @@
 //!   `term` (how long a worker takes to stop on SIGTERM), `latency`,
 //!   `static` (node `nK` asks for node rank K-1), `failover`
 //!   (`restart-server` restores the job from its record), `seed`.
-//! - `add-nodes N [broken-fence]`, `add-node [broken-fence]`: agents join
-//!   now; `broken-fence` builds their machine without fencing (the planted
-//!   bug).
+//! - `add-nodes N [broken-fence]`, `add-node [broken-fence] [nproc=K]
+//!   [rank=R]`: agents join now; `broken-fence` builds their machine
+//!   without fencing (the planted bug); `nproc` and `rank` (static) give one
+//!   node its own `--nproc-per-node` and `--node-rank`.
 //! - `fail-worker NODE rK [code=C]`: local rank K exits with C (default 1).
 //! - `finish [NODE]`: the live workers of NODE (or of every node) exit 0.
 //! - `crash-node NODE`, `restart-node NODE` (a new node id, same host),
@@ -293,7 +294,17 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
             }
         }
         "add-node" => {
-            w.add_node(args.iter().any(|a| a == "broken-fence"));
+            let mut nproc = w.spec.nproc;
+            let mut rank = w.spec.static_ranks.then_some(w.nodes.len() as u32);
+            for a in args {
+                match a.split_once('=') {
+                    Some(("nproc", v)) => nproc = number(v)?,
+                    Some(("rank", v)) => rank = Some(number(v)?),
+                    _ if a == "broken-fence" => {}
+                    _ => return Err(format!("add-node: unknown option `{a}`")),
+                }
+            }
+            w.add_node_with(args.iter().any(|a| a == "broken-fence"), nproc, rank);
         }
         "fail-worker" => {
             let i = node(w, arg(0)?)?;

@@ -219,6 +219,9 @@ struct Server {
     record: Option<JobRecord>,
     /// The last round's world size.
     world: u32,
+    /// When the job's periodic work is due, as the registry schedules it:
+    /// recomputed after every change, kept if earlier.
+    scheduled: Option<Duration>,
 }
 
 /// A fake worker.
@@ -284,6 +287,10 @@ pub struct Node {
     pub end: Option<End>,
     /// Fencing is off for this node (the planted bug).
     pub broken_fence: bool,
+    /// Its workers per round (the job's unless a script says otherwise).
+    pub nproc: u32,
+    /// The node rank it asks for (static rendezvous).
+    pub rank: Option<u32>,
     session: Vec<u8>,
     stream: Option<u64>,
     inbox: VecDeque<Kind>,
@@ -514,6 +521,13 @@ impl World {
 
     /// Adds a node that joins now; `broken_fence`: the planted bug.
     pub fn add_node(&mut self, broken_fence: bool) -> usize {
+        let rank = self.spec.static_ranks.then_some(self.nodes.len() as u32);
+        self.add_node_with(broken_fence, self.spec.nproc, rank)
+    }
+
+    /// Adds a node that joins now with its own `--nproc-per-node` and
+    /// (static rendezvous) node rank.
+    pub fn add_node_with(&mut self, broken_fence: bool, nproc: u32, rank: Option<u32>) -> usize {
         let i = self.nodes.len();
         let name = format!("n{}", i + 1);
         self.nodes.push(Node {
@@ -523,6 +537,8 @@ impl World {
             machine: None,
             end: None,
             broken_fence,
+            nproc,
+            rank,
             session: Vec::new(),
             stream: None,
             inbox: VecDeque::new(),
@@ -552,11 +568,11 @@ impl World {
         i
     }
 
-    fn settings(&self, broken: bool) -> Settings {
+    fn settings(&self, i: usize) -> Settings {
         let s = &self.spec;
         let settings = Settings {
             run_id: JOB.into(),
-            nproc_per_node: s.nproc,
+            nproc_per_node: self.nodes[i].nproc,
             join_timeout: s.join_timeout,
             exit_barrier_timeout: s.barrier,
             shutdown_timeout: s.shutdown,
@@ -565,7 +581,7 @@ impl World {
             fence: true,
             restart_backoff: s.backoff,
         };
-        match broken {
+        match self.nodes[i].broken_fence {
             true => settings.without_fencing(),
             false => settings,
         }
@@ -581,9 +597,9 @@ impl World {
             min_nodes: s.min_nodes,
             max_nodes: s.max_nodes,
             last_call_ms: s.last_call.as_millis() as u64,
-            nproc_per_node: s.nproc,
+            nproc_per_node: n.nproc,
             max_restarts: s.max_restarts,
-            node_rank: s.static_ranks.then_some(i as u32),
+            node_rank: n.rank,
             dead_after_ms: s.drop_limit().as_millis() as u64,
             resume,
             session: n.session.clone(),
@@ -876,8 +892,14 @@ impl World {
         }
     }
 
-    /// What follows every change: delivery, tombstone, ended streams.
+    /// What follows every change: delivery, tombstone, ended streams, the
+    /// next deadline.
     fn after(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
+        self.deliver(out);
+        self.schedule();
+    }
+
+    fn deliver(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
         for o in out {
             self.checker.outbound(&o.event);
             if let Kind::RoundComplete(r) = &o.event {
@@ -934,16 +956,27 @@ impl World {
     }
 
     fn server_deadline(&self) -> Option<Duration> {
-        if !self.server.up {
-            return None;
+        match self.server.up {
+            true => self.server.scheduled,
+            false => None,
         }
-        let job = self.server.job.as_ref()?;
+    }
+
+    /// The registry's `schedule`: the job's next deadline, if earlier than
+    /// the one scheduled.
+    fn schedule(&mut self) {
         let now = self.std(self.now);
-        job.next_deadline(now, Duration::from_secs(86_400 * 365))
-            .map(|t| t.saturating_duration_since(self.base))
+        let Some(job) = &self.server.job else { return };
+        if let Some(t) = job.next_deadline(now, Duration::from_secs(86_400 * 365)) {
+            let t = t.saturating_duration_since(self.base);
+            if self.server.scheduled.is_none_or(|s| t < s) {
+                self.server.scheduled = Some(t);
+            }
+        }
     }
 
     fn server_tick(&mut self) {
+        self.server.scheduled = None;
         let now = self.std(self.now);
         let Some(job) = &mut self.server.job else {
             return;
@@ -1003,7 +1036,11 @@ impl World {
                     message: why,
                 };
                 match first {
-                    true => self.end_node(to, End::Error(e.exit_code(), e.to_string())),
+                    true => {
+                        // Refused before it took part: not one of the job's agents.
+                        self.checker.excused.insert(to);
+                        self.end_node(to, End::Error(e.exit_code(), e.to_string()));
+                    }
                     false => n.rejoined = Some(Err(e)),
                 }
             }
@@ -1033,7 +1070,7 @@ impl World {
                 n.keep_alive_at = Some(self.now + self.spec.keep_alive);
                 match first {
                     true => {
-                        let settings = self.settings(self.nodes[to].broken_fence);
+                        let settings = self.settings(to);
                         let (machine, actions) =
                             NodeMachine::new(settings, self.tk(self.now), joined.round);
                         self.nodes[to].machine = Some(machine);
@@ -1104,7 +1141,7 @@ impl World {
                     let n = &mut self.nodes[i];
                     n.node_rank = Some(info.node_rank);
                     let mut started = Vec::new();
-                    for local in 0..self.spec.nproc {
+                    for local in 0..self.nodes[i].nproc {
                         self.next_pid += 1;
                         let w = Worker {
                             local_rank: local,
@@ -1722,6 +1759,7 @@ impl World {
                 let now = self.std(self.now);
                 self.server.record = self.server.job.as_ref().map(|j| j.record(now));
                 self.server.up = false;
+                self.server.scheduled = None;
                 self.server.epoch += 1;
                 self.server.job = None;
                 let streams = std::mem::take(&mut self.server.streams);
@@ -1760,6 +1798,7 @@ impl World {
                     self.server.tomb = None;
                     self.server.joined.clear();
                 }
+                self.schedule();
             }
             Fault::Delay(i, d) => {
                 self.checker.excused.insert(i);
