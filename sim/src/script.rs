@@ -38,8 +38,8 @@
 //! Conditions are `KEY VALUE` pairs (or `KEY=VALUE`; `KEY~TEXT`: contains):
 //! `phase` (forming, running, succeeded, failed), `round`, `world`,
 //! `restarts`, `members`, `started` (workers started in all), `reason~TEXT`
-//! (the job's failure), `ranks contiguous` (the live workers hold exactly
-//! `0..world`), `done` (every agent's life is over), and per node
+//! (the job's failure), `ranks contiguous` (the live workers are of the
+//! current round and hold exactly `0..world`), `done` (every agent's life is over), and per node
 //! `NODE.state` (joining, forming, running, recovering, reconnecting,
 //! backing-off, stopping, exited, crashed), `NODE.exit` (its exit code),
 //! `NODE.rank` (its node rank while workers run), `NODE.workers` (live
@@ -217,10 +217,16 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
                 .to_owned(),
         },
         "ranks" => {
+            // The live workers, all of the job's current round.
+            let round = job.map(|j| j.round());
             let ranks: Vec<u32> = w
                 .nodes
                 .iter()
-                .flat_map(|n| n.live_workers().map(|w| w.rank))
+                .flat_map(|n| n.live_workers())
+                .map(|x| match Some(x.round) == round {
+                    true => x.rank,
+                    false => u32::MAX,
+                })
                 .collect();
             let set: BTreeSet<u32> = ranks.iter().copied().collect();
             let whole = w.world_size() > 0
