@@ -47,8 +47,17 @@ fn main() -> ExitCode {
             };
             let started = std::time::Instant::now();
             let mut bad = 0u64;
+            let (mut ok, mut failed, mut never, mut faulted) = (0u64, 0u64, 0u64, 0u64);
+            let mut virtual_s = 0.0;
             for seed in a..b {
                 let r = accel_sim::random::run(seed, broken, false);
+                match r.outcome {
+                    Some(true) => ok += 1,
+                    Some(false) => failed += 1,
+                    None => never += 1,
+                }
+                faulted += u64::from(r.faults > 0);
+                virtual_s += r.took.as_secs_f64();
                 if !r.violations.is_empty() {
                     bad += 1;
                     eprint!("{}", r.summary);
@@ -59,6 +68,9 @@ fn main() -> ExitCode {
                 }
             }
             let took = started.elapsed();
+            println!(
+                "jobs: {ok} succeeded, {failed} failed, {never} never ended; {faulted} runs with faults; {virtual_s:.0} s of virtual time"
+            );
             println!(
                 "{} seeds, {bad} failed, in {:.1} s ({:.0} seeds/s)",
                 b.saturating_sub(a),

@@ -26,6 +26,12 @@ pub struct Report {
     pub summary: String,
     /// Every trace line, when asked for.
     pub trace: Option<Vec<String>>,
+    /// How the job ended: succeeded, failed, or never (its agents gave up).
+    pub outcome: Option<bool>,
+    /// Faults the schedule injected.
+    pub faults: usize,
+    /// Virtual time the run took.
+    pub took: Duration,
 }
 
 fn ms(rng: &mut fastrand::Rng, lo: u64, hi: u64) -> Duration {
@@ -139,6 +145,7 @@ pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
     if trace {
         w.full_trace = Some(Vec::new());
     }
+    let fault_count = faults.len();
     w.schedule = faults;
     for _ in 0..nodes {
         w.add_node(broken_fence);
@@ -163,5 +170,8 @@ pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
         violations: w.checker.violations.clone(),
         summary,
         trace: w.full_trace.take(),
+        outcome: w.checker.outcome.as_ref().map(Result::is_ok),
+        faults: fault_count,
+        took: w.now(),
     }
 }

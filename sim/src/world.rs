@@ -1384,7 +1384,8 @@ impl World {
                 }
             };
             let name = self.nodes[i].name.clone();
-            self.say(|| format!("{name} <- {}", event_name(&event)));
+            let base = self.base;
+            self.say(|| format!("{name} <- {}", event_name(&event, base)));
             let now = self.tk(self.now);
             let Some(machine) = &mut self.nodes[i].machine else {
                 return;
@@ -1856,8 +1857,12 @@ pub fn kind_name(k: &Kind) -> String {
     }
 }
 
-fn event_name(e: &Event) -> String {
+fn event_name(e: &Event, base: std::time::Instant) -> String {
     match e {
+        Event::Silent { why, since } => format!(
+            "silent since {:.3}s: {why}",
+            since.into_std().saturating_duration_since(base).as_secs_f64()
+        ),
         Event::Message(k) => kind_name(k),
         Event::Exited(x) => format!("worker {} {}", x.global_rank, x.ended),
         Event::Stopped(x) => format!("stopped {} worker(s)", x.len()),
