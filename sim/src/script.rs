@@ -29,7 +29,9 @@
 //! - `crash-node NODE`, `restart-node NODE` (a new node id, same host),
 //!   `signal NODE [TERM|INT|HUP|KILL]`.
 //! - `partition NODE`, `heal [NODE]`, `delay NODE|all DURATION`,
-//!   `drop NODE|all PROBABILITY`.
+//!   `drop NODE|all PROBABILITY [answers]` (the node's calls are lost, so
+//!   never answered; with `answers`, the server's answers are lost: the
+//!   calls took effect).
 //! - `crash-server`, `restart-server [relearn|failover]`.
 //! - `tick DURATION`, `run-until CONDITIONS [within DURATION]` (default
 //!   within 600 s; fails if they never hold).
@@ -359,8 +361,12 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
         }
         "drop" => {
             let p: f64 = number(arg(1)?)?;
+            let answers = args.get(2).is_some_and(|a| a == "answers");
             for i in nodes(w, arg(0)?)? {
-                w.inject(Fault::Drop(i, p));
+                w.inject(match answers {
+                    true => Fault::DropAnswers(i, p),
+                    false => Fault::Drop(i, p),
+                });
             }
         }
         "crash-server" => w.inject(Fault::CrashServer),

@@ -138,7 +138,7 @@ pub const JOB: &str = "sim";
 /// How often a join that got no answer is tried again.
 const JOIN_RETRY: Duration = Duration::from_millis(500);
 /// Lines of trace kept for a failure's report.
-const TRACE_KEEP: usize = 80;
+const TRACE_KEEP: usize = 150;
 
 /// A message in flight.
 #[derive(Debug)]
@@ -186,6 +186,9 @@ enum Call {
     Leave(String),
     /// The connection carrying stream `.0` ended.
     Closed(u64),
+    /// The node gave join attempt `.0` up (its probe timed out): the
+    /// attempt's stream is cancelled, which the server takes for its end.
+    Abandon(u64),
 }
 
 impl Call {
@@ -199,6 +202,7 @@ impl Call {
             Call::Success(_) => "the success report",
             Call::Leave(_) => "leave",
             Call::Closed(_) => "close",
+            Call::Abandon(_) => "a cancelled join",
         }
     }
 }
@@ -213,6 +217,8 @@ struct Server {
     job: Option<Job>,
     /// Each node's current stream.
     streams: BTreeMap<String, u64>,
+    /// The stream each join attempt opened: attempt → (node id, stream).
+    attempts: BTreeMap<u64, (String, u64)>,
     tomb: Option<Tombstone>,
     joined: BTreeMap<String, String>,
     /// The job's state as a store would hold it at the crash.
@@ -315,6 +321,8 @@ pub struct Node {
     pub cut: Option<Duration>,
     delay: Duration,
     drop: f64,
+    /// Only the server's answers are lost (its calls arrive).
+    drop_answers: bool,
     held: Vec<Msg>,
     /// The root cause this node's summary named, if it failed.
     pub summary: Option<String>,
@@ -370,8 +378,11 @@ pub enum Fault {
     RestartServer(bool),
     /// Extra one-way delay on a node's link.
     Delay(usize, Duration),
-    /// Probability of losing a call or its answer on a node's link.
+    /// Probability of losing a call of the node (it is never answered).
     Drop(usize, f64),
+    /// Probability of losing the server's answers only on a node's link
+    /// (its calls, joins included, arrive and take effect).
+    DropAnswers(usize, f64),
 }
 
 /// The simulated cluster.
@@ -559,6 +570,7 @@ impl World {
             cut: None,
             delay: Duration::ZERO,
             drop: 0.0,
+            drop_answers: false,
             held: Vec::new(),
             summary: None,
             node_rank: None,
@@ -627,7 +639,15 @@ impl World {
 
     fn send(&mut self, link: usize, to_server: bool, msg: Msg) {
         let n = &self.nodes[link];
-        let lossy = matches!(msg, Msg::Call { .. } | Msg::Reply { .. } | Msg::Joined { .. });
+        // A connection's end is not a call that can go unanswered.
+        let lossy = match &msg {
+            Msg::Call { body, .. } => !matches!(body, Call::Closed(_) | Call::Abandon(_)),
+            Msg::Reply { .. } | Msg::Joined { .. } => true,
+            _ => false,
+        };
+        // Either the node's calls are lost (and never answered), or the
+        // server's answers (its calls took effect).
+        let lossy = lossy && n.drop_answers != to_server;
         if lossy && n.drop > 0.0 && self.rng.f64() < n.drop {
             self.say(|| format!("dropped {}", describe(&msg)));
             return;
@@ -659,7 +679,10 @@ impl World {
             body: body.clone(),
         };
         let stream = n.stream;
-        if !matches!(body, Call::Leave(_) | Call::Closed(_) | Call::Join(..)) {
+        if !matches!(
+            body,
+            Call::Leave(_) | Call::Closed(_) | Call::Abandon(_) | Call::Join(..)
+        ) {
             let at = self.now;
             self.nodes[i].outstanding.push((id, at, body, stream));
         }
@@ -730,7 +753,18 @@ impl World {
         if let Call::Join(req, attempt) = body {
             return self.serve_join(from, *req, attempt);
         }
-        if let Call::Closed(stream) = body {
+        let closed = match body {
+            Call::Closed(stream) => Some(stream),
+            Call::Abandon(attempt) => self
+                .server
+                .attempts
+                .remove(&attempt)
+                .filter(|(id, _)| id == node_id)
+                .map(|(_, stream)| stream),
+            _ => None,
+        };
+        if matches!(body, Call::Closed(_) | Call::Abandon(_)) {
+            let Some(stream) = closed else { return };
             if self.server.streams.get(node_id) == Some(&stream) {
                 self.server.streams.remove(node_id);
                 let out = match &mut self.server.job {
@@ -786,7 +820,7 @@ impl World {
                 self.server.streams.remove(node_id);
                 job.leave(now, node_id, reason)
             }
-            (Ok(()), Call::Join(..) | Call::Closed(_)) => Vec::new(),
+            (Ok(()), Call::Join(..) | Call::Closed(_) | Call::Abandon(_)) => Vec::new(),
         };
         let what = body.name();
         self.say(|| format!("server: {what} from {node_id}"));
@@ -863,6 +897,9 @@ impl World {
                 self.seq += 1;
                 let stream = self.seq;
                 self.server.streams.insert(node_id.clone(), stream);
+                self.server
+                    .attempts
+                    .insert(attempt, (node_id.clone(), stream));
                 self.server
                     .joined
                     .insert(node_id.clone(), req.hostname.clone());
@@ -1621,13 +1658,17 @@ impl World {
         let Some(j) = &mut self.nodes[i].joining else {
             return;
         };
-        if let Some((_, until)) = j.attempt {
+        if let Some((attempt, until)) = j.attempt {
             if until > now {
                 return;
             }
             j.attempt = None;
             j.retry_at = now + JOIN_RETRY;
+            self.call(i, Call::Abandon(attempt));
         }
+        let Some(j) = &mut self.nodes[i].joining else {
+            return;
+        };
         if j.retry_at > now {
             return;
         }
@@ -1808,6 +1849,12 @@ impl World {
             Fault::Drop(i, p) => {
                 self.checker.excused.insert(i);
                 self.nodes[i].drop = p;
+                self.nodes[i].drop_answers = false;
+            }
+            Fault::DropAnswers(i, p) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].drop = p;
+                self.nodes[i].drop_answers = true;
             }
         }
         self.settle();
