@@ -83,6 +83,12 @@ pub struct Checker {
     /// The job's outcome, as first announced (a server restarted without
     /// a store forgets it).
     pub outcome: Option<Result<(), String>>,
+    /// Each job instance's outcome, as announced: a server restarted
+    /// without a store may relearn a job that had ended from a node cut
+    /// off before the end, and that instance ends on its own.
+    outcomes: BTreeMap<u64, Result<(), String>>,
+    /// The job instance each agent ended in.
+    pub ended_in: BTreeMap<usize, u64>,
     /// What broke.
     pub violations: Vec<Violation>,
     /// Workers started in all.
@@ -195,9 +201,13 @@ impl Checker {
             }
             Kind::JobSucceeded(_) => {
                 self.outcome.get_or_insert(Ok(()));
+                self.outcomes.entry(self.generation).or_insert(Ok(()));
             }
             Kind::JobFailed(f) => {
                 self.outcome.get_or_insert(Err(f.reason.clone()));
+                self.outcomes
+                    .entry(self.generation)
+                    .or_insert(Err(f.reason.clone()));
             }
             _ => {}
         }
@@ -284,12 +294,17 @@ impl Checker {
                 }
             }
         }
-        let code = match &outcome {
-            Ok(()) => 0,
-            Err(_) => 1,
-        };
         for (i, n) in w.nodes.iter().enumerate() {
             let Some(end) = &n.end else { continue };
+            let outcome = self
+                .ended_in
+                .get(&i)
+                .and_then(|g| self.outcomes.get(g))
+                .unwrap_or(&outcome);
+            let code = match outcome {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
             let wrong = match end {
                 End::Crashed => false,
                 End::Outcome(accel_agent::Outcome::Succeeded) => outcome.is_err(),
@@ -302,7 +317,7 @@ impl Checker {
                     "exit codes: {} ended {end:?} (code {:?}) but the job {}",
                     n.name,
                     end.code(),
-                    match &outcome {
+                    match outcome {
                         Ok(()) => "succeeded".to_owned(),
                         Err(r) => format!("failed: {r}"),
                     }

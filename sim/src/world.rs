@@ -1143,6 +1143,7 @@ impl World {
                 self.checker.died(pid);
             }
         }
+        self.checker.ended_in.insert(i, self.checker.generation);
         let n = &mut self.nodes[i];
         n.machine = None;
         n.joining = None;
