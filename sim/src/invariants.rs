@@ -123,7 +123,14 @@ impl Checker {
 
     /// A worker starts on node `node` (`nodes[node]`'s workers are the last
     /// round's until this start completes).
-    pub fn started(&mut self, nodes: &[Node], node: usize, w: &Worker, info: &RoundInfo, at: Duration) {
+    pub fn started(
+        &mut self,
+        nodes: &[Node],
+        node: usize,
+        w: &Worker,
+        info: &RoundInfo,
+        at: Duration,
+    ) {
         self.started += 1;
         if let Some((_, other, round)) = self
             .live

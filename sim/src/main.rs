@@ -64,7 +64,10 @@ fn main() -> ExitCode {
                     for v in &r.violations {
                         eprintln!("  {v}");
                     }
-                    eprintln!("  replay: accel-sim seed {seed} --trace{}", if broken { " --broken-fence" } else { "" });
+                    eprintln!(
+                        "  replay: accel-sim seed {seed} --trace{}",
+                        if broken { " --broken-fence" } else { "" }
+                    );
                 }
             }
             let took = started.elapsed();

@@ -292,7 +292,10 @@ fn signal(name: Option<&String>) -> Result<Signal, String> {
 
 /// One command on `w`.
 fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
-    let arg = |k: usize| args.get(k).ok_or_else(|| format!("`{cmd}` needs more arguments"));
+    let arg = |k: usize| {
+        args.get(k)
+            .ok_or_else(|| format!("`{cmd}` needs more arguments"))
+    };
     match cmd {
         "add-nodes" => {
             let n: usize = number(arg(0)?)?;
@@ -322,7 +325,10 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
                 None => 1,
             };
             if !w.nodes[i].live_workers().any(|x| x.local_rank == local) {
-                return Err(format!("{} has no live worker of local rank {local}", arg(0)?));
+                return Err(format!(
+                    "{} has no live worker of local rank {local}",
+                    arg(0)?
+                ));
             }
             w.inject(Fault::FailWorker {
                 node: i,

@@ -152,7 +152,11 @@ enum Msg {
         body: Call,
     },
     /// The server's answer to call `id`.
-    Reply { to: usize, id: u64, ok: Result<(), Refusal> },
+    Reply {
+        to: usize,
+        id: u64,
+        ok: Result<(), Refusal>,
+    },
     /// The answer to a join attempt.
     Joined {
         to: usize,
@@ -162,7 +166,11 @@ enum Msg {
     /// An event on stream `stream` of node `to`.
     Stream { to: usize, stream: u64, kind: Kind },
     /// The server ended stream `stream` (`silent`: the connection broke).
-    StreamEnd { to: usize, stream: u64, silent: bool },
+    StreamEnd {
+        to: usize,
+        stream: u64,
+        silent: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -699,10 +707,10 @@ impl World {
             | Msg::StreamEnd { to, .. } => *to,
         };
         // What the last server incarnation sent or was sent is gone.
-        if epoch != self.server.epoch || !self.server.up {
-            if !matches!(msg, Msg::StreamEnd { silent: true, .. }) {
-                return;
-            }
+        if (epoch != self.server.epoch || !self.server.up)
+            && !matches!(msg, Msg::StreamEnd { silent: true, .. })
+        {
+            return;
         }
         if self.nodes[link].cut.is_some() {
             if matches!(msg, Msg::Stream { .. } | Msg::StreamEnd { .. }) {
@@ -792,9 +800,13 @@ impl World {
                 job.keep_alive(now, node_id);
                 Vec::new()
             }
-            (Ok(()), Call::Ready(round)) => {
-                job.ready(now, node_id, *round, (format!("{node_id}.host"), 29500), None)
-            }
+            (Ok(()), Call::Ready(round)) => job.ready(
+                now,
+                node_id,
+                *round,
+                (format!("{node_id}.host"), 29500),
+                None,
+            ),
             (
                 Ok(()),
                 Call::Failure {
@@ -1344,7 +1356,8 @@ impl World {
                 // [0]: a stop's end comes through the queue (`finish_stop`).
                 ready[1] = src.rejoin && n.rejoined.is_some();
                 ready[2] = src.workers && !n.exits.is_empty();
-                ready[3] = src.stream && (!n.inbox.is_empty() || n.tripped.is_some() || n.lost.is_some());
+                ready[3] =
+                    src.stream && (!n.inbox.is_empty() || n.tripped.is_some() || n.lost.is_some());
                 let due = deadline.filter(|d| {
                     d.into_std().saturating_duration_since(self.base) <= now
                         && n.timer_for != Some(*d)
@@ -1431,7 +1444,11 @@ impl World {
             let actions = machine.step(now, event);
             self.perform(i, actions);
         }
-        self.checker.note('c', "a node's driver did not settle (a busy loop)", self.now);
+        self.checker.note(
+            'c',
+            "a node's driver did not settle (a busy loop)",
+            self.now,
+        );
     }
 
     /// The node took its server for silent: the old connection stays open
@@ -1463,8 +1480,7 @@ impl World {
                 continue;
             }
             if let Some(m) = &n.machine {
-                at(m
-                    .deadline()
+                at(m.deadline()
                     .filter(|d| n.timer_for != Some(*d))
                     .map(|d| self.since(d).max(self.now)));
             }
@@ -1495,8 +1511,11 @@ impl World {
             self.stalled += 1;
             if self.stalled > 100_000 {
                 let at = self.now;
-                self.checker
-                    .note('c', "the simulation stalled: steps without time passing", at);
+                self.checker.note(
+                    'c',
+                    "the simulation stalled: steps without time passing",
+                    at,
+                );
                 return false;
             }
         } else {
@@ -1687,7 +1706,7 @@ impl World {
         let attempt = self.seq;
         j.attempt = Some((attempt, now + silence));
         j.retry_at = now;
-        let resume = j.resume.clone();
+        let resume = j.resume;
         let req = self.join_request(i, resume);
         self.call(i, Call::Join(Box::new(req), attempt));
     }
@@ -1909,7 +1928,10 @@ fn event_name(e: &Event, base: std::time::Instant) -> String {
     match e {
         Event::Silent { why, since } => format!(
             "silent since {:.3}s: {why}",
-            since.into_std().saturating_duration_since(base).as_secs_f64()
+            since
+                .into_std()
+                .saturating_duration_since(base)
+                .as_secs_f64()
         ),
         Event::Message(k) => kind_name(k),
         Event::Exited(x) => format!("worker {} {}", x.global_rank, x.ended),

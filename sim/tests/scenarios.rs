@@ -19,7 +19,9 @@ fn run(path: &Path) -> Result<accel_sim::World, Box<accel_sim::script::ScriptErr
     let text = std::fs::read_to_string(path).expect("a script");
     let name = format!(
         "sim/scenarios/{}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
     );
     accel_sim::script::run(&name, &text)
 }
