@@ -40,6 +40,10 @@
 //!   (10,000 seeds) and `accel-sim seeds 0..10000`; a failing seed prints
 //!   its plan and replays with `accel-sim seed N --trace`.
 //! - [`invariants`]: what every run must keep.
+//!
+//! Issues the simulator found in the real machines are reproduced by
+//! `sim/scenarios/known_*.sim` and described in `sim/scenarios/README.md`;
+//! a test checks that each still fails, so a fix shows up as a rename.
 
 pub mod invariants;
 pub mod random;

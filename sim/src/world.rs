@@ -1077,6 +1077,7 @@ impl World {
         }
         let first = j.first;
         let Some(j) = n.joining.take() else { return };
+        // `join_step` sets `retry_at` to the attempt's send time.
         let sent = j.retry_at;
         match result {
             Err(why) => {
