@@ -116,11 +116,20 @@ impl Settings {
     }
 
     /// A debug build's test-only switch turns fencing off (see `testing`).
-    fn with_test_switches(mut self) -> Self {
-        if crate::testing::fence_broken() {
-            self.fence_after = accel_input::MAX_DURATION;
-            self.fence = false;
+    fn with_test_switches(self) -> Self {
+        match crate::testing::fence_broken() {
+            true => self.without_fencing(),
+            false => self,
         }
+    }
+
+    /// The same settings with fencing off: the planted bug of the tests
+    /// that show a safety check catching a node that keeps its ranks while
+    /// the job re-forms without it (`ACCEL_TEST_BREAK_FENCE`, and the
+    /// simulator's per-node switch). Never used by a real agent otherwise.
+    pub fn without_fencing(mut self) -> Self {
+        self.fence_after = accel_input::MAX_DURATION;
+        self.fence = false;
         self
     }
 }
@@ -469,6 +478,21 @@ impl NodeMachine {
             },
             Phase::Stopping { .. } => Sources { stop: true, ..none },
             Phase::Done => none,
+        }
+    }
+
+    /// The phase's name, for tests and the simulator (`forming`,
+    /// `reconnecting`, `running`, `backing-off`, `recovering`, `stopping`,
+    /// `done`).
+    pub fn phase_name(&self) -> &'static str {
+        match &self.phase {
+            Phase::Forming { .. } => "forming",
+            Phase::Reconnecting { .. } => "reconnecting",
+            Phase::Running(_) => "running",
+            Phase::BackingOff { .. } => "backing-off",
+            Phase::Recovering { .. } => "recovering",
+            Phase::Stopping { .. } => "stopping",
+            Phase::Done => "done",
         }
     }
 

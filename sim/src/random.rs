@@ -1,0 +1,179 @@
+//! Randomized mode: a seed gives a small job and a schedule of faults
+//! (worker failures, agent crashes and restarts, partitions, server crashes
+//! with relearning or failover, link delays and losses), all healed by a
+//! known instant. The run goes on until every agent's life is over, or
+//! until a bound past the healing (a liveness violation), with the
+//! invariants checked after every step and at the end
+//! ([`crate::invariants`]). The same seed always gives the same run, so a
+//! failing seed found anywhere replays anywhere: `accel-sim seed N --trace`.
+
+use std::time::Duration;
+
+use crate::invariants::Violation;
+use crate::world::{Fault, Spec, World};
+
+/// How long after the faults heal the job must be over.
+pub const BOUND: Duration = Duration::from_secs(240);
+
+/// What one seed's run found.
+#[derive(Debug)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The broken invariants.
+    pub violations: Vec<Violation>,
+    /// The job, the faults and how it ended, in a few lines.
+    pub summary: String,
+    /// Every trace line, when asked for.
+    pub trace: Option<Vec<String>>,
+    /// How the job ended: succeeded, failed, or never (its agents gave up).
+    pub outcome: Option<bool>,
+    /// Faults the schedule injected.
+    pub faults: usize,
+    /// Virtual time the run took.
+    pub took: Duration,
+}
+
+fn ms(rng: &mut fastrand::Rng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.u64(lo..=hi))
+}
+
+/// The job, node count, fault schedule and healing instant of `seed`.
+pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let n = rng.u32(2..=4);
+    let elastic = rng.bool();
+    let spare = rng.u8(..4) == 0;
+    let spec = Spec {
+        min_nodes: if elastic { n - 1 } else { n },
+        max_nodes: n,
+        nproc: rng.u32(1..=2),
+        max_restarts: rng.u32(0..=2),
+        keep_alive: ms(&mut rng, 300, 1000),
+        attempts: rng.u32(2..=3),
+        last_call: ms(&mut rng, 0, 1500),
+        join_timeout: Duration::from_secs(120),
+        grace: Duration::from_secs(40),
+        barrier: Duration::from_secs(120),
+        shutdown: Duration::from_secs(5),
+        run: Some(ms(&mut rng, 3000, 15_000)),
+        term: ms(&mut rng, 0, 300),
+        latency: ms(&mut rng, 0, 5),
+        backoff: accel_agent::config::RestartBackoff {
+            base: match rng.bool() {
+                true => Duration::ZERO,
+                false => Duration::from_millis(500),
+            },
+            max: Duration::from_secs(4),
+            window: Duration::from_secs(10),
+        },
+        static_ranks: false,
+        failover: rng.bool(),
+    };
+    let nodes = n as usize + usize::from(spare);
+    let mut faults = Vec::new();
+    let mut healed = Duration::ZERO;
+    for _ in 0..rng.usize(0..=4) {
+        let at = ms(&mut rng, 500, 14_000);
+        let node = rng.usize(..nodes);
+        let lasting = |rng: &mut fastrand::Rng, lo, hi| at + ms(rng, lo, hi);
+        match rng.u8(..7) {
+            0 | 1 => faults.push((
+                at,
+                Fault::FailWorker {
+                    node,
+                    local: rng.u32(..spec.nproc),
+                    code: 1,
+                },
+            )),
+            2 => {
+                let back = lasting(&mut rng, 200, 6000);
+                faults.push((at, Fault::CrashNode(node)));
+                faults.push((back, Fault::RestartNode(node)));
+                healed = healed.max(back);
+            }
+            3 => {
+                let back = lasting(&mut rng, 100, 12_000);
+                faults.push((at, Fault::Partition(node)));
+                faults.push((back, Fault::Heal(node)));
+                healed = healed.max(back);
+            }
+            4 => {
+                let back = lasting(&mut rng, 100, 8000);
+                faults.push((at, Fault::CrashServer));
+                faults.push((back, Fault::RestartServer(spec.failover)));
+                healed = healed.max(back);
+            }
+            5 => {
+                let back = lasting(&mut rng, 500, 5000);
+                faults.push((at, Fault::Delay(node, ms(&mut rng, 10, 80))));
+                faults.push((back, Fault::Delay(node, Duration::ZERO)));
+                healed = healed.max(back);
+            }
+            _ => {
+                let back = lasting(&mut rng, 500, 4000);
+                let p = rng.f64() * 0.5;
+                // Calls are lost, not answers: see KNOWN_ISSUES in the
+                // scenarios' README (an abandoned rejoin).
+                faults.push((at, Fault::Drop(node, p)));
+                faults.push((back, Fault::Drop(node, 0.0)));
+                healed = healed.max(back);
+            }
+        }
+    }
+    faults.sort_by_key(|f| f.0);
+    (spec, nodes, faults, healed)
+}
+
+/// Runs `seed`; `broken_fence`: every node runs with fencing off (the
+/// planted bug); `trace`: keep every trace line.
+pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
+    let (spec, nodes, faults, healed) = plan(seed);
+    let mut summary = format!(
+        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, run {:?}\n",
+        spec.min_nodes,
+        spec.max_nodes,
+        nodes,
+        spec.nproc,
+        spec.max_restarts,
+        spec.drop_limit(),
+        spec.run.unwrap_or_default()
+    );
+    for (at, f) in &faults {
+        summary.push_str(&format!("  at {:.3}s: {f:?}\n", at.as_secs_f64()));
+    }
+    let mut w = World::new(spec, seed);
+    w.tracing = trace;
+    if trace {
+        w.full_trace = Some(Vec::new());
+    }
+    let fault_count = faults.len();
+    w.schedule = faults;
+    for _ in 0..nodes {
+        w.add_node(broken_fence);
+    }
+    let limit = healed + BOUND;
+    w.run_while(limit, |w| w.all_done() && w.schedule.is_empty());
+    let mut checker = std::mem::take(&mut w.checker);
+    checker.finish(&w);
+    w.checker = checker;
+    summary.push_str(&format!(
+        "  ended at {:.3}s: job {:?}; agents: {}\n",
+        w.now().as_secs_f64(),
+        w.outcome(),
+        w.nodes
+            .iter()
+            .map(|n| format!("{} {:?}", n.name, n.end.as_ref().map(|e| e.code())))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Report {
+        seed,
+        violations: w.checker.violations.clone(),
+        summary,
+        trace: w.full_trace.take(),
+        outcome: w.checker.outcome.as_ref().map(Result::is_ok),
+        faults: fault_count,
+        took: w.now(),
+    }
+}

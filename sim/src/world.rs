@@ -1,0 +1,1963 @@
+//! The simulated cluster: one rendezvous server running the real [`Job`],
+//! N agents running the real [`NodeMachine`], their fake workers, and the
+//! network between them, all on one virtual clock.
+//!
+//! # What each side does, and where it comes from
+//! - The **server** mirrors what `Registry` and the gRPC service do around a
+//!   [`Job`]: it creates the job on the first join (or *relearns* it from a
+//!   resuming node after a restart without a store, or *restores* it from
+//!   the last [`JobRecord`] on a failover), checks session secrets, turns
+//!   each call into one `Job` method, delivers the returned `Outbound`s on
+//!   the nodes' streams, ends the streams of nodes the job dropped, lays a
+//!   tombstone when the job ends, runs [`Job::tick`] at
+//!   [`Job::next_deadline`], and takes a stream's end for a departure
+//!   (unless the node has a newer stream).
+//! - Each **agent** mirrors the driver (`agent.rs`, `actions.rs`,
+//!   `link.rs`): it feeds the machine only from the sources the machine's
+//!   phase listens to ([`NodeMachine::sources`]), performs the returned
+//!   actions in order, sends keep-alives, takes its server for silent when
+//!   a call or the probe goes unanswered for the silence bound
+//!   (`Heard::Silent`, with the send time of the last answered call), and
+//!   rejoins (retrying) until the reconnect grace ends.
+//! - **Workers** are records: started by `Action::Start`, they run until
+//!   told (`finish`, `fail-worker`) or for the job's `run` time, and die on a
+//!   stop after `term` (SIGTERM) or at once (SIGKILL). An agent that dies
+//!   takes its workers with it (its guard kills them).
+//!
+//! # Simplifications
+//! A driver call is not awaited (the real driver blocks on a call for at
+//! most the silence bound); an unanswered call trips the link exactly as
+//! there. A partition drops calls and their answers both ways, and holds a
+//! stream's events until it heals (TCP retransmits; a node that rejoined
+//! meanwhile ignores its old stream). The fork server, zygote, store,
+//! health checks, etcd presence and the guard's beats of a paused agent are
+//! not modelled.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use accel_agent::agent::machine::{Action, Event, NodeMachine, Settings};
+use accel_agent::config::RestartBackoff;
+use accel_agent::supervisor::Exit;
+use accel_agent::{AgentError, Ended, Outcome};
+use accel_proto::v1 as pb;
+use nix::sys::signal::Signal;
+use pb::event::Kind;
+use rendezvous_server::job::{AuthError, Job, JobRecord, Phase, Session, SESSION_BYTES};
+use rendezvous_server::tombstone::Tombstone;
+
+use crate::invariants::{Checker, Violation};
+
+/// The job every node runs, and the timings of the simulated agents.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Fewest nodes a round may run with.
+    pub min_nodes: u32,
+    /// Most nodes a round holds.
+    pub max_nodes: u32,
+    /// Workers per node.
+    pub nproc: u32,
+    /// The job-wide restart budget.
+    pub max_restarts: u32,
+    /// `keep_alive_interval`.
+    pub keep_alive: Duration,
+    /// `keep_alive_max_attempt`: the drop limit is `keep_alive × attempts`.
+    pub attempts: u32,
+    /// `last_call_timeout`.
+    pub last_call: Duration,
+    /// `join_timeout`.
+    pub join_timeout: Duration,
+    /// `reconnect_grace`.
+    pub grace: Duration,
+    /// `--exit-barrier-timeout`.
+    pub barrier: Duration,
+    /// `--shutdown-timeout`.
+    pub shutdown: Duration,
+    /// `--restart-backoff`.
+    pub backoff: RestartBackoff,
+    /// How long a worker runs before it exits 0 (`None`: until told).
+    pub run: Option<Duration>,
+    /// How long a worker takes to end on SIGTERM.
+    pub term: Duration,
+    /// One-way latency of every link.
+    pub latency: Duration,
+    /// Static rendezvous: node `nK` asks for node rank `K-1`.
+    pub static_ranks: bool,
+    /// What `restart-server` does without saying: relearn (no store) or
+    /// restore the job from its record (a failover to a replica).
+    pub failover: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Self {
+            min_nodes: 1,
+            max_nodes: 1,
+            nproc: 1,
+            max_restarts: 0,
+            keep_alive: Duration::from_secs(1),
+            attempts: 3,
+            last_call: Duration::from_secs(1),
+            join_timeout: Duration::from_secs(600),
+            grace: Duration::from_secs(60),
+            barrier: Duration::from_secs(300),
+            shutdown: Duration::from_secs(30),
+            backoff: RestartBackoff {
+                base: Duration::ZERO,
+                max: Duration::from_secs(30),
+                window: Duration::from_secs(60),
+            },
+            run: None,
+            term: Duration::from_millis(100),
+            latency: Duration::from_millis(1),
+            static_ranks: false,
+            failover: false,
+        }
+    }
+}
+
+impl Spec {
+    /// The job's drop limit: how long the server keeps a silent node.
+    pub fn drop_limit(&self) -> Duration {
+        self.keep_alive.saturating_mul(self.attempts)
+    }
+
+    /// The link's silence bound (`link::silence_bound`): a third of the
+    /// drop limit, at most a second, at least 20 ms.
+    pub fn silence(&self) -> Duration {
+        (self.drop_limit() / 3)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(20))
+    }
+}
+
+/// The job id every node joins.
+pub const JOB: &str = "sim";
+/// How often a join that got no answer is tried again.
+const JOIN_RETRY: Duration = Duration::from_millis(500);
+/// Lines of trace kept for a failure's report.
+const TRACE_KEEP: usize = 150;
+
+/// A message in flight.
+#[derive(Debug)]
+enum Msg {
+    /// A call from node `from` (its index) to the server.
+    Call {
+        from: usize,
+        node_id: String,
+        session: Vec<u8>,
+        id: u64,
+        body: Call,
+    },
+    /// The server's answer to call `id`.
+    Reply {
+        to: usize,
+        id: u64,
+        ok: Result<(), Refusal>,
+    },
+    /// The answer to a join attempt.
+    Joined {
+        to: usize,
+        attempt: u64,
+        result: Result<(u64, pb::Joined), String>,
+    },
+    /// An event on stream `stream` of node `to`.
+    Stream { to: usize, stream: u64, kind: Kind },
+    /// The server ended stream `stream` (`silent`: the connection broke).
+    StreamEnd {
+        to: usize,
+        stream: u64,
+        silent: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    NotFound,
+    Denied,
+}
+
+#[derive(Debug, Clone)]
+enum Call {
+    Join(Box<pb::JoinRequest>, u64),
+    Ready(u64),
+    KeepAlive,
+    Failure {
+        round: u64,
+        reason: String,
+        detail: pb::Failure,
+    },
+    Fenced(u64, String),
+    Success(u64),
+    Leave(String),
+    /// The connection carrying stream `.0` ended.
+    Closed(u64),
+    /// The node gave join attempt `.0` up (its probe timed out): the
+    /// attempt's stream is cancelled, which the server takes for its end.
+    Abandon(u64),
+}
+
+impl Call {
+    fn name(&self) -> &'static str {
+        match self {
+            Call::Join(..) => "join",
+            Call::Ready(_) => "ready",
+            Call::KeepAlive => "keep-alive",
+            Call::Failure { .. } => "the failure report",
+            Call::Fenced(..) => "the fenced report",
+            Call::Success(_) => "the success report",
+            Call::Leave(_) => "leave",
+            Call::Closed(_) => "close",
+            Call::Abandon(_) => "a cancelled join",
+        }
+    }
+}
+
+/// The rendezvous server.
+#[derive(Debug, Default)]
+struct Server {
+    up: bool,
+    /// Bumped by every crash: what was in flight to or from the last
+    /// incarnation is lost.
+    epoch: u64,
+    job: Option<Job>,
+    /// Each node's current stream.
+    streams: BTreeMap<String, u64>,
+    /// The stream each join attempt opened: attempt → (node id, stream).
+    attempts: BTreeMap<u64, (String, u64)>,
+    tomb: Option<Tombstone>,
+    joined: BTreeMap<String, String>,
+    /// The job's state as a store would hold it at the crash.
+    record: Option<JobRecord>,
+    /// The last round's world size.
+    world: u32,
+    /// When the job's periodic work is due, as the registry schedules it:
+    /// recomputed after every change, kept if earlier.
+    scheduled: Option<Duration>,
+}
+
+/// A fake worker.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    /// Its local rank.
+    pub local_rank: u32,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its round.
+    pub round: u64,
+    /// Its pid (unique in the run).
+    pub pid: u32,
+    /// Whether it runs.
+    pub alive: bool,
+    /// When it exits by itself, and how.
+    ends: Option<(Duration, Ended)>,
+}
+
+/// A join in progress.
+#[derive(Debug)]
+struct Joining {
+    resume: Option<pb::Resume>,
+    first: bool,
+    deadline: Duration,
+    /// The attempt in flight and when it is given up, or when to try again.
+    attempt: Option<(u64, Duration)>,
+    retry_at: Duration,
+}
+
+/// How a node ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The machine's outcome.
+    Outcome(Outcome),
+    /// An error, with its exit code.
+    Error(u8, String),
+    /// The agent was killed.
+    Crashed,
+}
+
+impl End {
+    /// The agent's exit code (`None`: killed).
+    pub fn code(&self) -> Option<u8> {
+        match self {
+            End::Outcome(o) => Some(o.exit_code()),
+            End::Error(c, _) => Some(*c),
+            End::Crashed => None,
+        }
+    }
+}
+
+/// One agent and its workers.
+#[derive(Debug)]
+pub struct Node {
+    /// Its name in scripts (`n1`).
+    pub name: String,
+    incarnation: u32,
+    /// Its node id (the name and incarnation).
+    pub node_id: String,
+    machine: Option<NodeMachine>,
+    /// Its end, once over.
+    pub end: Option<End>,
+    /// Fencing is off for this node (the planted bug).
+    pub broken_fence: bool,
+    /// Its workers per round (the job's unless a script says otherwise).
+    pub nproc: u32,
+    /// The node rank it asks for (static rendezvous).
+    pub rank: Option<u32>,
+    session: Vec<u8>,
+    stream: Option<u64>,
+    inbox: VecDeque<Kind>,
+    /// A lost or broken stream, said after its events.
+    lost: Option<(String, bool)>,
+    tripped: Option<String>,
+    answered: Option<Duration>,
+    outstanding: Vec<(u64, Duration, Call, Option<u64>)>,
+    keep_alive_at: Option<Duration>,
+    joining: Option<Joining>,
+    rejoined: Option<Result<pb::Joined, AgentError>>,
+    /// The held connection of a silent server, closed at its fence deadline.
+    hold: Option<(Duration, u64)>,
+    workers: Vec<Worker>,
+    group: bool,
+    exits: VecDeque<Exit>,
+    stopping: Option<(Duration, Vec<Exit>)>,
+    queue: VecDeque<Event>,
+    /// The last deadline a timer event was given for.
+    timer_for: Option<tokio::time::Instant>,
+    /// Cut off from the server since.
+    pub cut: Option<Duration>,
+    delay: Duration,
+    drop: f64,
+    /// Only the server's answers are lost (its calls arrive).
+    drop_answers: bool,
+    held: Vec<Msg>,
+    /// The root cause this node's summary named, if it failed.
+    pub summary: Option<String>,
+    /// Its round info while workers run.
+    pub node_rank: Option<u32>,
+}
+
+impl Node {
+    /// The machine's phase, or `joining`, `crashed`, `exited`.
+    pub fn state(&self) -> &'static str {
+        match (&self.end, &self.machine) {
+            (Some(End::Crashed), _) => "crashed",
+            (Some(_), _) => "exited",
+            (None, Some(m)) => m.phase_name(),
+            (None, None) => "joining",
+        }
+    }
+
+    /// Workers that run now.
+    pub fn live_workers(&self) -> impl Iterator<Item = &Worker> {
+        self.workers.iter().filter(|w| w.alive)
+    }
+}
+
+/// Faults and commands that act on the world.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// Worker `local` of node `node` exits with `code`.
+    FailWorker {
+        /// The node's index.
+        node: usize,
+        /// Its local rank.
+        local: u32,
+        /// The exit code.
+        code: i32,
+    },
+    /// Every live worker of the node (or all) exits 0.
+    Finish(Option<usize>),
+    /// The agent is killed (its guard kills its workers).
+    CrashNode(usize),
+    /// A killed agent starts again (a new node id, the same host).
+    RestartNode(usize),
+    /// A stop signal to the agent.
+    Signal(usize, Signal),
+    /// The node cannot reach the server, nor the server it.
+    Partition(usize),
+    /// The node's link works again.
+    Heal(usize),
+    /// The server is killed.
+    CrashServer,
+    /// The server starts again: `true`, restoring the job from its record
+    /// (a failover); `false`, relearning it from the nodes.
+    RestartServer(bool),
+    /// Extra one-way delay on a node's link.
+    Delay(usize, Duration),
+    /// Probability of losing a call of the node (it is never answered).
+    Drop(usize, f64),
+    /// Probability of losing the server's answers only on a node's link
+    /// (its calls, joins included, arrive and take effect).
+    DropAnswers(usize, f64),
+}
+
+/// The simulated cluster.
+#[derive(Debug)]
+pub struct World {
+    /// The job.
+    pub spec: Spec,
+    base: std::time::Instant,
+    now: Duration,
+    rng: fastrand::Rng,
+    server: Server,
+    /// The agents.
+    pub nodes: Vec<Node>,
+    flight: BinaryHeap<Reverse<(Duration, u64)>>,
+    msgs: BTreeMap<u64, (u64, Msg)>,
+    /// Per node and direction (to server, to node): when the last message
+    /// arrives, so a link keeps order.
+    fifo: Vec<(Duration, Duration)>,
+    seq: u64,
+    stalled: u32,
+    next_pid: u32,
+    /// Whether trace lines are kept.
+    pub tracing: bool,
+    trace: VecDeque<String>,
+    /// Every trace line, when asked for.
+    pub full_trace: Option<Vec<String>>,
+    /// The invariants' bookkeeping.
+    pub checker: Checker,
+    /// Scheduled faults, by time.
+    pub schedule: Vec<(Duration, Fault)>,
+}
+
+fn session_bytes(rng: &mut fastrand::Rng) -> [u8; SESSION_BYTES] {
+    let mut b = [0u8; SESSION_BYTES];
+    rng.fill(&mut b);
+    b
+}
+
+impl World {
+    /// An empty cluster for `spec`; `seed` drives every random choice.
+    pub fn new(spec: Spec, seed: u64) -> Self {
+        let checker = Checker::new(&spec);
+        Self {
+            spec,
+            base: std::time::Instant::now(),
+            now: Duration::ZERO,
+            rng: fastrand::Rng::with_seed(seed),
+            server: Server {
+                up: true,
+                ..Server::default()
+            },
+            nodes: Vec::new(),
+            flight: BinaryHeap::new(),
+            msgs: BTreeMap::new(),
+            fifo: Vec::new(),
+            seq: 0,
+            stalled: 0,
+            next_pid: 1000,
+            tracing: true,
+            trace: VecDeque::new(),
+            full_trace: None,
+            checker,
+            schedule: Vec::new(),
+        }
+    }
+
+    /// Virtual time since the start.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    fn std(&self, at: Duration) -> std::time::Instant {
+        self.base + at
+    }
+
+    fn tk(&self, at: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.base + at)
+    }
+
+    fn since(&self, t: tokio::time::Instant) -> Duration {
+        t.into_std().saturating_duration_since(self.base)
+    }
+
+    /// Adds a trace line (when tracing).
+    pub fn say(&mut self, line: impl FnOnce() -> String) {
+        if !self.tracing {
+            return;
+        }
+        let line = format!("{:>9.3}s {}", self.now.as_secs_f64(), line());
+        if let Some(all) = &mut self.full_trace {
+            all.push(line.clone());
+        }
+        if self.trace.len() == TRACE_KEEP {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(line);
+    }
+
+    /// The recent trace, oldest first.
+    pub fn recent(&self) -> String {
+        let mut s = String::new();
+        for l in &self.trace {
+            let _ = writeln!(s, "  {l}");
+        }
+        s
+    }
+
+    /// The job as the server holds it.
+    pub fn job(&self) -> Option<&Job> {
+        self.server.job.as_ref()
+    }
+
+    /// The job's outcome as the server knows it: its phase, or its tombstone.
+    pub fn outcome(&self) -> Option<Result<(), String>> {
+        if let Some(job) = &self.server.job {
+            match job.phase() {
+                Phase::Succeeded => return Some(Ok(())),
+                Phase::Failed(r) => return Some(Err(r.clone())),
+                _ => {}
+            }
+        }
+        self.server.tomb.as_ref().map(|t| match t.succeeded {
+            true => Ok(()),
+            false => Err(t.reason.clone()),
+        })
+    }
+
+    /// The last round's world size.
+    pub fn world_size(&self) -> u32 {
+        self.server.world
+    }
+
+    /// Whether the server runs.
+    pub fn server_up(&self) -> bool {
+        self.server.up
+    }
+
+    /// The index of node `name`.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Whether every agent's life is over.
+    pub fn all_done(&self) -> bool {
+        !self.nodes.is_empty() && self.nodes.iter().all(|n| n.end.is_some())
+    }
+
+    /// Adds a node that joins now; `broken_fence`: the planted bug.
+    pub fn add_node(&mut self, broken_fence: bool) -> usize {
+        let rank = self.spec.static_ranks.then_some(self.nodes.len() as u32);
+        self.add_node_with(broken_fence, self.spec.nproc, rank)
+    }
+
+    /// Adds a node that joins now with its own `--nproc-per-node` and
+    /// (static rendezvous) node rank.
+    pub fn add_node_with(&mut self, broken_fence: bool, nproc: u32, rank: Option<u32>) -> usize {
+        let i = self.nodes.len();
+        let name = format!("n{}", i + 1);
+        self.nodes.push(Node {
+            node_id: format!("{name}-1"),
+            name,
+            incarnation: 1,
+            machine: None,
+            end: None,
+            broken_fence,
+            nproc,
+            rank,
+            session: Vec::new(),
+            stream: None,
+            inbox: VecDeque::new(),
+            lost: None,
+            tripped: None,
+            answered: None,
+            outstanding: Vec::new(),
+            keep_alive_at: None,
+            joining: None,
+            rejoined: None,
+            hold: None,
+            workers: Vec::new(),
+            group: false,
+            exits: VecDeque::new(),
+            stopping: None,
+            queue: VecDeque::new(),
+            timer_for: None,
+            cut: None,
+            delay: Duration::ZERO,
+            drop: 0.0,
+            drop_answers: false,
+            held: Vec::new(),
+            summary: None,
+            node_rank: None,
+        });
+        self.fifo.push((Duration::ZERO, Duration::ZERO));
+        self.start_join(i, None, true);
+        i
+    }
+
+    fn settings(&self, i: usize) -> Settings {
+        let s = &self.spec;
+        let settings = Settings {
+            run_id: JOB.into(),
+            nproc_per_node: self.nodes[i].nproc,
+            join_timeout: s.join_timeout,
+            exit_barrier_timeout: s.barrier,
+            shutdown_timeout: s.shutdown,
+            reconnect_grace: s.grace,
+            fence_after: s.drop_limit(),
+            fence: true,
+            restart_backoff: s.backoff,
+        };
+        match self.nodes[i].broken_fence {
+            true => settings.without_fencing(),
+            false => settings,
+        }
+    }
+
+    fn join_request(&self, i: usize, resume: Option<pb::Resume>) -> pb::JoinRequest {
+        let s = &self.spec;
+        let n = &self.nodes[i];
+        pb::JoinRequest {
+            job_id: JOB.into(),
+            node_id: n.node_id.clone(),
+            hostname: n.name.clone(),
+            min_nodes: s.min_nodes,
+            max_nodes: s.max_nodes,
+            last_call_ms: s.last_call.as_millis() as u64,
+            nproc_per_node: n.nproc,
+            max_restarts: s.max_restarts,
+            node_rank: n.rank,
+            dead_after_ms: s.drop_limit().as_millis() as u64,
+            resume,
+            session: n.session.clone(),
+            silent_replica: String::new(),
+        }
+    }
+
+    fn start_join(&mut self, i: usize, resume: Option<pb::Resume>, first: bool) {
+        let limit = match first {
+            true => self.spec.join_timeout,
+            false => self.spec.grace,
+        };
+        let n = &mut self.nodes[i];
+        n.keep_alive_at = None;
+        n.joining = Some(Joining {
+            resume,
+            first,
+            deadline: self.now + limit,
+            attempt: None,
+            retry_at: self.now,
+        });
+    }
+
+    // ---- the network -------------------------------------------------
+
+    fn send(&mut self, link: usize, to_server: bool, msg: Msg) {
+        let n = &self.nodes[link];
+        // A connection's end is not a call that can go unanswered.
+        let lossy = match &msg {
+            Msg::Call { body, .. } => !matches!(body, Call::Closed(_) | Call::Abandon(_)),
+            Msg::Reply { .. } | Msg::Joined { .. } => true,
+            _ => false,
+        };
+        // Either the node's calls are lost (and never answered), or the
+        // server's answers (its calls took effect).
+        let lossy = lossy && n.drop_answers != to_server;
+        if lossy && n.drop > 0.0 && self.rng.f64() < n.drop {
+            self.say(|| format!("dropped {}", describe(&msg)));
+            return;
+        }
+        let delay = self.spec.latency + n.delay;
+        let last = match to_server {
+            true => &mut self.fifo[link].0,
+            false => &mut self.fifo[link].1,
+        };
+        let at = (self.now + delay).max(*last);
+        *last = at;
+        self.seq += 1;
+        self.flight.push(Reverse((at, self.seq)));
+        self.msgs.insert(self.seq, (self.server.epoch, msg));
+    }
+
+    fn call(&mut self, i: usize, body: Call) {
+        let n = &self.nodes[i];
+        if n.end.is_some() {
+            return;
+        }
+        self.seq += 1;
+        let id = self.seq;
+        let msg = Msg::Call {
+            from: i,
+            node_id: n.node_id.clone(),
+            session: n.session.clone(),
+            id,
+            body: body.clone(),
+        };
+        let stream = n.stream;
+        if !matches!(
+            body,
+            Call::Leave(_) | Call::Closed(_) | Call::Abandon(_) | Call::Join(..)
+        ) {
+            let at = self.now;
+            self.nodes[i].outstanding.push((id, at, body, stream));
+        }
+        self.send(i, true, msg);
+    }
+
+    /// Delivers one message that arrived now.
+    fn arrive(&mut self, epoch: u64, msg: Msg) {
+        let link = match &msg {
+            Msg::Call { from, .. } => *from,
+            Msg::Reply { to, .. }
+            | Msg::Joined { to, .. }
+            | Msg::Stream { to, .. }
+            | Msg::StreamEnd { to, .. } => *to,
+        };
+        // What the last server incarnation sent or was sent is gone.
+        if (epoch != self.server.epoch || !self.server.up)
+            && !matches!(msg, Msg::StreamEnd { silent: true, .. })
+        {
+            return;
+        }
+        if self.nodes[link].cut.is_some() {
+            if matches!(msg, Msg::Stream { .. } | Msg::StreamEnd { .. }) {
+                self.nodes[link].held.push(msg);
+            }
+            return;
+        }
+        match msg {
+            Msg::Call {
+                from,
+                node_id,
+                session,
+                id,
+                body,
+            } => self.serve(from, &node_id, &session, id, body),
+            Msg::Reply { to, id, ok } => self.replied(to, id, ok),
+            Msg::Joined {
+                to,
+                attempt,
+                result,
+            } => self.joined(to, attempt, result),
+            Msg::Stream { to, stream, kind } => {
+                let n = &mut self.nodes[to];
+                if n.stream == Some(stream) && n.end.is_none() {
+                    n.inbox.push_back(kind);
+                }
+            }
+            Msg::StreamEnd { to, stream, silent } => {
+                let n = &mut self.nodes[to];
+                if n.stream == Some(stream) && n.end.is_none() && n.lost.is_none() {
+                    n.lost = Some(match silent {
+                        true => ("lost the rendezvous: the connection was reset".into(), true),
+                        false => ("the rendezvous ended this node's session".into(), false),
+                    });
+                }
+            }
+        }
+    }
+
+    // ---- the server -------------------------------------------------
+
+    fn reply(&mut self, to: usize, id: u64, ok: Result<(), Refusal>) {
+        self.send(to, false, Msg::Reply { to, id, ok });
+    }
+
+    fn serve(&mut self, from: usize, node_id: &str, session: &[u8], id: u64, body: Call) {
+        let now = self.std(self.now);
+        if let Call::Join(req, attempt) = body {
+            return self.serve_join(from, *req, attempt);
+        }
+        let closed = match body {
+            Call::Closed(stream) => Some(stream),
+            Call::Abandon(attempt) => self
+                .server
+                .attempts
+                .remove(&attempt)
+                .filter(|(id, _)| id == node_id)
+                .map(|(_, stream)| stream),
+            _ => None,
+        };
+        if matches!(body, Call::Closed(_) | Call::Abandon(_)) {
+            let Some(stream) = closed else { return };
+            if self.server.streams.get(node_id) == Some(&stream) {
+                self.server.streams.remove(node_id);
+                let out = match &mut self.server.job {
+                    Some(job) => job.leave(now, node_id, "its connection to the rendezvous ended"),
+                    None => Vec::new(),
+                };
+                self.say(|| format!("server: {node_id}'s connection ended"));
+                self.after(out);
+            }
+            return;
+        }
+        let Some(job) = &mut self.server.job else {
+            let ok = match body {
+                Call::Leave(_) => Ok(()),
+                _ => Err(Refusal::NotFound),
+            };
+            return self.reply(from, id, ok);
+        };
+        let auth = job.authorize(node_id, session);
+        let out = match (auth, &body) {
+            (Err(AuthError::WrongSession), _) => return self.reply(from, id, Err(Refusal::Denied)),
+            (Err(_), Call::KeepAlive) => return self.reply(from, id, Err(Refusal::NotFound)),
+            (Err(_), _) => return self.reply(from, id, Ok(())),
+            (Ok(()), Call::KeepAlive) => {
+                job.keep_alive(now, node_id);
+                Vec::new()
+            }
+            (Ok(()), Call::Ready(round)) => job.ready(
+                now,
+                node_id,
+                *round,
+                (format!("{node_id}.host"), 29500),
+                None,
+            ),
+            (
+                Ok(()),
+                Call::Failure {
+                    round,
+                    reason,
+                    detail,
+                },
+            ) => {
+                let host = job
+                    .members()
+                    .get(node_id)
+                    .map(|m| m.hostname.clone())
+                    .unwrap_or_default();
+                let reason = format!(
+                    "worker rank {} (local rank {}) on host '{host}' {reason}",
+                    detail.rank, detail.local_rank
+                );
+                job.failure(now, node_id, *round, reason, Some(detail.clone()))
+            }
+            (Ok(()), Call::Fenced(round, reason)) => job.fenced(now, node_id, *round, reason),
+            (Ok(()), Call::Success(round)) => job.success(now, node_id, *round),
+            (Ok(()), Call::Leave(reason)) => {
+                self.server.streams.remove(node_id);
+                job.leave(now, node_id, reason)
+            }
+            (Ok(()), Call::Join(..) | Call::Closed(_) | Call::Abandon(_)) => Vec::new(),
+        };
+        let what = body.name();
+        self.say(|| format!("server: {what} from {node_id}"));
+        self.reply(from, id, Ok(()));
+        self.after(out);
+    }
+
+    fn serve_join(&mut self, from: usize, req: pb::JoinRequest, attempt: u64) {
+        let now = self.std(self.now);
+        let node_id = req.node_id.clone();
+        if let Some(t) = &self.server.tomb {
+            let result = match t.belongs(&req.node_id, &req.hostname) {
+                true => Ok((
+                    0,
+                    pb::Joined {
+                        round: t.round,
+                        resumed: false,
+                        session: Vec::new(),
+                        over: Some(t.over()),
+                    },
+                )),
+                false => Err(format!(
+                    "job '{JOB}' already {} and this node took no part in it",
+                    t.outcome()
+                )),
+            };
+            return self.send(
+                from,
+                false,
+                Msg::Joined {
+                    to: from,
+                    attempt,
+                    result,
+                },
+            );
+        }
+        let created = self.server.job.is_none();
+        if created {
+            let job = match &req.resume {
+                Some(resume) => {
+                    self.say(|| format!("server: relearns the job from {node_id}"));
+                    self.checker.new_job(Some(resume.round));
+                    Job::relearn(now, JOB, &req, resume)
+                }
+                None => {
+                    self.checker.new_job(None);
+                    Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req))
+                }
+            };
+            self.server.job = Some(job);
+        }
+        let fresh = Session::from_bytes(session_bytes(&mut self.rng));
+        let Some(job) = &mut self.server.job else {
+            return;
+        };
+        match job.join(now, &node_id, &req, fresh) {
+            Err(e) => {
+                if created {
+                    self.server.job = None;
+                }
+                let why = e.to_string();
+                self.say(|| format!("server: refused {node_id}: {why}"));
+                self.send(
+                    from,
+                    false,
+                    Msg::Joined {
+                        to: from,
+                        attempt,
+                        result: Err(why),
+                    },
+                );
+            }
+            Ok(mut out) => {
+                self.seq += 1;
+                let stream = self.seq;
+                self.server.streams.insert(node_id.clone(), stream);
+                self.server
+                    .attempts
+                    .insert(attempt, (node_id.clone(), stream));
+                self.server
+                    .joined
+                    .insert(node_id.clone(), req.hostname.clone());
+                let at = out
+                    .iter()
+                    .position(|o| o.to == node_id && matches!(o.event, Kind::Joined(_)));
+                let joined = at.map(|at| out.remove(at).event);
+                if let Some(Kind::Joined(j)) = joined {
+                    self.say(|| {
+                        format!(
+                            "server: {node_id} joined (round {}, resumed {})",
+                            j.round, j.resumed
+                        )
+                    });
+                    self.send(
+                        from,
+                        false,
+                        Msg::Joined {
+                            to: from,
+                            attempt,
+                            result: Ok((stream, j)),
+                        },
+                    );
+                }
+                self.after(out);
+            }
+        }
+    }
+
+    /// What follows every change: delivery, tombstone, ended streams, the
+    /// next deadline.
+    fn after(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
+        self.deliver(out);
+        self.schedule();
+    }
+
+    fn deliver(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
+        for o in out {
+            self.checker.outbound(&o.event);
+            if let Kind::RoundComplete(r) = &o.event {
+                self.server.world = r.world_size;
+            }
+            let Some(&stream) = self.server.streams.get(&o.to) else {
+                continue;
+            };
+            let Some(to) = self.index_of(&o.to) else {
+                continue;
+            };
+            let kind = o.event;
+            self.say(|| format!("server -> {}: {}", o.to, kind_name(&kind)));
+            self.send(to, false, Msg::Stream { to, stream, kind });
+        }
+        let Some(job) = &self.server.job else { return };
+        if job.phase().is_terminal() {
+            if self.server.tomb.is_none() {
+                let t = Tombstone::of(job, 1, &self.server.joined);
+                let phase = format!("{:?}", job.phase());
+                self.say(|| format!("server: the job is over: {phase}"));
+                self.server.tomb = t;
+            }
+            return;
+        }
+        if self.server.streams.len() > job.members().len() {
+            let gone: Vec<(String, u64)> = self
+                .server
+                .streams
+                .iter()
+                .filter(|(id, _)| !job.members().contains_key(*id))
+                .map(|(id, s)| (id.clone(), *s))
+                .collect();
+            for (id, stream) in gone {
+                self.server.streams.remove(&id);
+                if let Some(to) = self.index_of(&id) {
+                    self.say(|| format!("server: ends {id}'s stream"));
+                    self.send(
+                        to,
+                        false,
+                        Msg::StreamEnd {
+                            to,
+                            stream,
+                            silent: false,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn index_of(&self, node_id: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.node_id == node_id)
+    }
+
+    fn server_deadline(&self) -> Option<Duration> {
+        match self.server.up {
+            true => self.server.scheduled,
+            false => None,
+        }
+    }
+
+    /// The registry's `schedule`: the job's next deadline, if earlier than
+    /// the one scheduled.
+    fn schedule(&mut self) {
+        let now = self.std(self.now);
+        let Some(job) = &self.server.job else { return };
+        if let Some(t) = job.next_deadline(now, Duration::from_secs(86_400 * 365)) {
+            let t = t.saturating_duration_since(self.base);
+            if self.server.scheduled.is_none_or(|s| t < s) {
+                self.server.scheduled = Some(t);
+            }
+        }
+    }
+
+    fn server_tick(&mut self) {
+        self.server.scheduled = None;
+        let now = self.std(self.now);
+        let Some(job) = &mut self.server.job else {
+            return;
+        };
+        let before = job.members().len();
+        let out = job.tick(now);
+        let lost = before.saturating_sub(job.members().len());
+        if lost > 0 {
+            self.say(|| format!("server: dropped {lost} silent node(s)"));
+        }
+        self.after(out);
+    }
+
+    // ---- the agents ---------------------------------------------------
+
+    fn replied(&mut self, to: usize, id: u64, ok: Result<(), Refusal>) {
+        let n = &mut self.nodes[to];
+        let Some(at) = n.outstanding.iter().position(|c| c.0 == id) else {
+            return; // answered after it timed out
+        };
+        let (_, sent, call, stream) = n.outstanding.remove(at);
+        match ok {
+            Ok(()) => n.answered = Some(n.answered.map_or(sent, |a| a.max(sent))),
+            Err(Refusal::NotFound) if matches!(call, Call::KeepAlive) => {
+                if n.stream == stream && n.lost.is_none() {
+                    n.lost = Some((
+                        "the rendezvous no longer knows this node: keep-alive refused".into(),
+                        false,
+                    ));
+                }
+                n.keep_alive_at = None;
+            }
+            Err(Refusal::NotFound) if matches!(call, Call::Ready(_)) => {
+                // Not the server's silence: the driver fails the agent.
+                self.end_node(
+                    to,
+                    End::Error(1, "the rendezvous did not accept this node as ready".into()),
+                );
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn joined(&mut self, to: usize, attempt: u64, result: Result<(u64, pb::Joined), String>) {
+        let n = &mut self.nodes[to];
+        let Some(j) = &n.joining else { return };
+        if j.attempt.map(|a| a.0) != Some(attempt) || n.end.is_some() {
+            return;
+        }
+        let first = j.first;
+        let Some(j) = n.joining.take() else { return };
+        // `join_step` sets `retry_at` to the attempt's send time.
+        let sent = j.retry_at;
+        match result {
+            Err(why) => {
+                let e = AgentError::Rejected {
+                    code: tonic::Code::FailedPrecondition,
+                    message: why,
+                };
+                match first {
+                    true => {
+                        // Refused before it took part: not one of the job's agents.
+                        self.checker.excused.insert(to);
+                        self.end_node(to, End::Error(e.exit_code(), e.to_string()));
+                    }
+                    false => n.rejoined = Some(Err(e)),
+                }
+            }
+            Ok((stream, joined)) => {
+                if let Some(over) = joined.over.clone() {
+                    n.stream = None;
+                    match first {
+                        true => {
+                            let outcome = match over.succeeded {
+                                true => Outcome::Succeeded,
+                                false => Outcome::Failed(over.reason),
+                            };
+                            self.say(|| format!("{to}: the job was over when it joined"));
+                            self.end_node(to, End::Outcome(outcome));
+                        }
+                        false => n.rejoined = Some(Ok(joined)),
+                    }
+                    return;
+                }
+                n.stream = Some(stream);
+                n.session.clone_from(&joined.session);
+                n.inbox.clear();
+                n.lost = None;
+                n.tripped = None;
+                n.outstanding.clear();
+                n.answered = Some(n.answered.map_or(sent, |a| a.max(sent)));
+                n.keep_alive_at = Some(self.now + self.spec.keep_alive);
+                match first {
+                    true => {
+                        let settings = self.settings(to);
+                        let (machine, actions) =
+                            NodeMachine::new(settings, self.tk(self.now), joined.round);
+                        self.nodes[to].machine = Some(machine);
+                        self.perform(to, actions);
+                    }
+                    false => n.rejoined = Some(Ok(joined)),
+                }
+            }
+        }
+    }
+
+    fn end_node(&mut self, i: usize, end: End) {
+        let n = &mut self.nodes[i];
+        if n.end.is_some() {
+            return;
+        }
+        let stream = n.stream.take();
+        let name = n.name.clone();
+        let e = end.clone();
+        self.say(|| format!("{name} ends: {e:?}"));
+        if end == End::Crashed {
+            // Its guard kills its workers.
+            let pids: Vec<u32> = self.nodes[i]
+                .workers
+                .iter()
+                .filter(|w| w.alive)
+                .map(|w| w.pid)
+                .collect();
+            for w in &mut self.nodes[i].workers {
+                w.alive = false;
+            }
+            for pid in pids {
+                self.checker.died(pid);
+            }
+        }
+        self.checker.ended_in.insert(i, self.checker.generation);
+        let n = &mut self.nodes[i];
+        n.machine = None;
+        n.joining = None;
+        n.keep_alive_at = None;
+        n.outstanding.clear();
+        n.stopping = None;
+        n.queue.clear();
+        n.end = Some(end);
+        let node_id = n.node_id.clone();
+        if let Some(stream) = stream {
+            // Its connection ends with the process.
+            let msg = Msg::Call {
+                from: i,
+                node_id,
+                session: Vec::new(),
+                id: 0,
+                body: Call::Closed(stream),
+            };
+            self.send(i, true, msg);
+        }
+    }
+
+    fn perform(&mut self, i: usize, actions: Vec<Action>) {
+        for action in actions {
+            if self.nodes[i].end.is_some() {
+                return;
+            }
+            let name = self.nodes[i].name.clone();
+            self.say(|| format!("{name}: {}", action_name(&action)));
+            match action {
+                Action::Offer { round } => self.call(i, Call::Ready(round)),
+                Action::Start { info, .. } => {
+                    let n = &mut self.nodes[i];
+                    n.node_rank = Some(info.node_rank);
+                    let mut started = Vec::new();
+                    for local in 0..self.nodes[i].nproc {
+                        self.next_pid += 1;
+                        let w = Worker {
+                            local_rank: local,
+                            rank: info.base_rank + local,
+                            round: info.round,
+                            pid: self.next_pid,
+                            alive: true,
+                            ends: self.spec.run.map(|d| (self.now + d, Ended::Exited(0))),
+                        };
+                        started.push(w);
+                    }
+                    for w in &started {
+                        self.checker.started(&self.nodes, i, w, &info, self.now);
+                    }
+                    let n = &mut self.nodes[i];
+                    n.workers = started;
+                    n.group = true;
+                    n.exits.clear();
+                }
+                Action::Stop { signal, grace } => {
+                    let n = &mut self.nodes[i];
+                    if !n.group {
+                        n.queue.push_back(Event::Stopped(Vec::new()));
+                        continue;
+                    }
+                    n.group = false;
+                    let mut exits: Vec<Exit> = n.exits.drain(..).collect();
+                    let after = match signal {
+                        Signal::SIGKILL => Duration::ZERO,
+                        _ => self.spec.term.min(grace),
+                    };
+                    // A worker honours the stop signal within `term`; past
+                    // the grace it is SIGKILLed.
+                    let ended = match signal == Signal::SIGKILL || self.spec.term > grace {
+                        true => Ended::Signaled(Signal::SIGKILL as i32),
+                        false => Ended::Signaled(signal as i32),
+                    };
+                    for w in n.workers.iter().filter(|w| w.alive) {
+                        exits.push(Exit {
+                            local_rank: w.local_rank,
+                            global_rank: w.rank,
+                            pid: w.pid,
+                            ended,
+                        });
+                    }
+                    n.stopping = Some((self.now + after, exits));
+                    if after.is_zero() {
+                        self.finish_stop(i);
+                    }
+                }
+                Action::Kill => {
+                    if let Some((at, _)) = &mut self.nodes[i].stopping {
+                        *at = self.now;
+                        self.finish_stop(i);
+                    }
+                }
+                Action::ReportFailure { round, exit } => {
+                    let detail = pb::Failure {
+                        host: name.clone(),
+                        rank: exit.global_rank,
+                        local_rank: exit.local_rank,
+                        exitcode: exit.ended.code(),
+                        pid: exit.pid,
+                        error_file: "<N/A>".into(),
+                        ..pb::Failure::default()
+                    };
+                    let reason = exit.ended.to_string();
+                    self.call(
+                        i,
+                        Call::Failure {
+                            round,
+                            reason,
+                            detail,
+                        },
+                    );
+                }
+                Action::ReportStartFailure {
+                    round,
+                    local_rank,
+                    global_rank,
+                    message,
+                } => {
+                    let detail = pb::Failure {
+                        host: name.clone(),
+                        rank: global_rank,
+                        local_rank,
+                        exitcode: 127,
+                        ..pb::Failure::default()
+                    };
+                    self.call(
+                        i,
+                        Call::Failure {
+                            round,
+                            reason: message,
+                            detail,
+                        },
+                    );
+                }
+                Action::ReportFenced { round, reason } => self.call(i, Call::Fenced(round, reason)),
+                Action::Note(_) => {}
+                Action::ReportSuccess { round } => self.call(i, Call::Success(round)),
+                Action::Rejoin { resume } => {
+                    let n = &mut self.nodes[i];
+                    n.inbox.clear();
+                    n.lost = None;
+                    n.tripped = None;
+                    self.start_join(i, resume, false);
+                }
+                Action::Leave { reason } => self.call(i, Call::Leave(reason)),
+                Action::Summarize { root } => {
+                    self.nodes[i].summary = Some(
+                        root.map(|f| format!("rank {} on {}", f.rank, f.host))
+                            .unwrap_or_default(),
+                    );
+                }
+                Action::Exit(result) => {
+                    let end = match result {
+                        Ok(o) => End::Outcome(o),
+                        Err(e) => End::Error(e.exit_code(), e.to_string()),
+                    };
+                    self.end_node(i, end);
+                }
+            }
+        }
+    }
+
+    fn finish_stop(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let Some((_, exits)) = n.stopping.take() else {
+            return;
+        };
+        let mut dead = Vec::new();
+        for w in &mut n.workers {
+            if w.alive {
+                w.alive = false;
+                dead.push(w.pid);
+            }
+        }
+        n.node_rank = None;
+        n.queue.push_back(Event::Stopped(exits));
+        for pid in dead {
+            self.checker.died(pid);
+        }
+    }
+
+    /// Feeds node `i`'s machine what its phase listens to, until nothing is
+    /// ready.
+    fn drive(&mut self, i: usize) {
+        for _ in 0..10_000 {
+            let n = &mut self.nodes[i];
+            if n.end.is_some() {
+                return;
+            }
+            let Some(machine) = &n.machine else { return };
+            let src = machine.sources();
+            let deadline = machine.deadline();
+            let now = self.now;
+            let event = if let Some(e) = n.queue.pop_front() {
+                e
+            } else {
+                let mut ready: [bool; 5] = [false; 5];
+                // [0]: a stop's end comes through the queue (`finish_stop`).
+                ready[1] = src.rejoin && n.rejoined.is_some();
+                ready[2] = src.workers && !n.exits.is_empty();
+                ready[3] =
+                    src.stream && (!n.inbox.is_empty() || n.tripped.is_some() || n.lost.is_some());
+                let due = deadline.filter(|d| {
+                    d.into_std().saturating_duration_since(self.base) <= now
+                        && n.timer_for != Some(*d)
+                });
+                ready[4] = due.is_some();
+                let count = ready.iter().filter(|r| **r).count();
+                if count == 0 {
+                    return;
+                }
+                let mut pick = self.rng.usize(..count);
+                let which = ready
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| **r)
+                    .find(|_| {
+                        let hit = pick == 0;
+                        pick = pick.saturating_sub(1);
+                        hit
+                    })
+                    .map(|(k, _)| k)
+                    .unwrap_or(4);
+                let n = &mut self.nodes[i];
+                match which {
+                    1 => match n.rejoined.take() {
+                        Some(Ok(j)) => match j.over {
+                            Some(over) => Event::Over(over),
+                            None => Event::Rejoined {
+                                round: j.round,
+                                resumed: j.resumed,
+                            },
+                        },
+                        Some(Err(e)) => Event::RejoinFailed(e),
+                        None => continue,
+                    },
+                    2 => match n.exits.pop_front() {
+                        Some(e) => Event::Exited(e),
+                        None => continue,
+                    },
+                    3 => {
+                        if let Some(why) = n.tripped.take() {
+                            let since = n.answered.unwrap_or(now);
+                            self.silent(i, since);
+                            Event::Silent {
+                                why,
+                                since: self.tk(since),
+                            }
+                        } else if let Some(kind) = n.inbox.pop_front() {
+                            Event::Message(kind)
+                        } else if let Some((why, silent)) = n.lost.take() {
+                            match silent {
+                                true => {
+                                    let since = n.answered.unwrap_or(now);
+                                    self.silent(i, since);
+                                    Event::Silent {
+                                        why,
+                                        since: self.tk(since),
+                                    }
+                                }
+                                false => {
+                                    // The stream is over; its connection closes with the link.
+                                    if let Some(stream) = n.stream.take() {
+                                        n.hold = Some((now, stream));
+                                    }
+                                    Event::Lost(why)
+                                }
+                            }
+                        } else {
+                            continue;
+                        }
+                    }
+                    _ => {
+                        n.timer_for = due;
+                        Event::Timer
+                    }
+                }
+            };
+            let name = self.nodes[i].name.clone();
+            let base = self.base;
+            self.say(|| format!("{name} <- {}", event_name(&event, base)));
+            let now = self.tk(self.now);
+            let Some(machine) = &mut self.nodes[i].machine else {
+                return;
+            };
+            let actions = machine.step(now, event);
+            self.perform(i, actions);
+        }
+        self.checker.note(
+            'c',
+            "a node's driver did not settle (a busy loop)",
+            self.now,
+        );
+    }
+
+    /// The node took its server for silent: the old connection stays open
+    /// until the fence deadline, and keep-alives stop.
+    fn silent(&mut self, i: usize, since: Duration) {
+        let drop_limit = self.spec.drop_limit();
+        let n = &mut self.nodes[i];
+        n.keep_alive_at = None;
+        if let Some(stream) = n.stream.take() {
+            n.hold = Some((since + drop_limit, stream));
+        }
+    }
+
+    // ---- time ---------------------------------------------------------
+
+    fn next_event(&self) -> Option<Duration> {
+        let mut t: Option<Duration> = None;
+        let mut at = |x: Option<Duration>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        at(self.flight.peek().map(|Reverse((t, _))| *t));
+        at(self.server_deadline());
+        at(self.schedule.first().map(|(t, _)| *t));
+        let silence = self.spec.silence();
+        for n in &self.nodes {
+            if n.end.is_some() {
+                continue;
+            }
+            if let Some(m) = &n.machine {
+                at(m.deadline()
+                    .filter(|d| n.timer_for != Some(*d))
+                    .map(|d| self.since(d).max(self.now)));
+            }
+            at(n.keep_alive_at);
+            at(n.outstanding.iter().map(|c| c.1 + silence).min());
+            if let Some(j) = &n.joining {
+                at(Some(match j.attempt {
+                    Some((_, until)) => until,
+                    None => j.retry_at,
+                }));
+            }
+            at(n.stopping.as_ref().map(|s| s.0));
+            at(n.hold.map(|h| h.0));
+            if let (Some(cut), Some(_), None) = (n.cut, n.stream, &n.tripped) {
+                at(Some(cut + silence));
+            }
+            for w in n.workers.iter().filter(|w| w.alive) {
+                at(w.ends.map(|e| e.0));
+            }
+        }
+        t
+    }
+
+    /// Moves the clock to `t`; false (and a violation) when the
+    /// simulation stalls: many steps without time passing.
+    fn advance(&mut self, t: Duration) -> bool {
+        if t <= self.now {
+            self.stalled += 1;
+            if self.stalled > 100_000 {
+                let at = self.now;
+                self.checker.note(
+                    'c',
+                    "the simulation stalled: steps without time passing",
+                    at,
+                );
+                return false;
+            }
+        } else {
+            self.stalled = 0;
+            self.now = t;
+        }
+        true
+    }
+
+    /// Runs until `until` (virtual time), or until every agent is done.
+    pub fn run_until(&mut self, until: Duration) {
+        self.settle();
+        loop {
+            if self.all_done() && self.flight.is_empty() && self.schedule.is_empty() {
+                break;
+            }
+            let Some(t) = self.next_event() else { break };
+            if t > until || !self.advance(t) {
+                break;
+            }
+            self.process();
+        }
+        if self.now < until {
+            self.now = until;
+        }
+    }
+
+    /// Runs until `done` holds, checking after every step; at most until
+    /// `limit`. Whether it held.
+    pub fn run_while(&mut self, limit: Duration, done: impl Fn(&World) -> bool) -> bool {
+        self.settle();
+        loop {
+            if done(self) {
+                return true;
+            }
+            let Some(t) = self.next_event() else {
+                return false;
+            };
+            if t > limit {
+                self.now = limit;
+                return done(self);
+            }
+            if !self.advance(t) {
+                return false;
+            }
+            self.process();
+        }
+    }
+
+    fn settle(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.drive(i);
+        }
+    }
+
+    /// Everything due now.
+    fn process(&mut self) {
+        let now = self.now;
+        while let Some((t, f)) = self.schedule.first().cloned() {
+            if t > now {
+                break;
+            }
+            self.schedule.remove(0);
+            self.inject(f);
+        }
+        while let Some(Reverse((t, seq))) = self.flight.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.flight.pop();
+            if let Some((epoch, msg)) = self.msgs.remove(&seq) {
+                self.arrive(epoch, msg);
+            }
+        }
+        if self.server_deadline().is_some_and(|t| t <= now) {
+            self.server_tick();
+        }
+        let silence = self.spec.silence();
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].end.is_some() {
+                continue;
+            }
+            // Workers that end by themselves.
+            let mut ended = Vec::new();
+            for w in &mut self.nodes[i].workers {
+                if let Some((at, how)) = w.ends {
+                    if w.alive && at <= now {
+                        w.alive = false;
+                        ended.push((w.pid, how));
+                    }
+                }
+            }
+            for (pid, how) in ended {
+                self.worker_exit(i, pid, how);
+            }
+            if self.nodes[i].stopping.as_ref().is_some_and(|s| s.0 <= now) {
+                self.finish_stop(i);
+            }
+            let n = &mut self.nodes[i];
+            if let Some((at, stream)) = n.hold {
+                if at <= now {
+                    n.hold = None;
+                    if n.stream != Some(stream) {
+                        let msg = Msg::Call {
+                            from: i,
+                            node_id: n.node_id.clone(),
+                            session: Vec::new(),
+                            id: 0,
+                            body: Call::Closed(stream),
+                        };
+                        self.send(i, true, msg);
+                    }
+                }
+            }
+            let n = &mut self.nodes[i];
+            // Calls unanswered within the silence bound trip the link.
+            let mut expired = Vec::new();
+            n.outstanding.retain(|c| {
+                let late = c.1 + silence <= now;
+                if late {
+                    expired.push((c.2.name(), c.3, matches!(c.2, Call::KeepAlive)));
+                }
+                !late
+            });
+            for (what, stream, keep_alive) in expired {
+                if stream == n.stream && stream.is_some() && n.joining.is_none() {
+                    n.tripped.get_or_insert_with(|| {
+                        format!(
+                            "the rendezvous did not answer {what} within {:.1} s",
+                            silence.as_secs_f64()
+                        )
+                    });
+                    if keep_alive {
+                        n.keep_alive_at = None;
+                    }
+                }
+            }
+            // The probe: a cut link's PINGs go unanswered.
+            if let (Some(cut), Some(_)) = (n.cut, n.stream) {
+                if cut + silence <= now && n.tripped.is_none() && n.joining.is_none() {
+                    n.tripped = Some("the rendezvous did not answer the probe's PINGs".into());
+                }
+            }
+            if n.keep_alive_at.is_some_and(|t| t <= now) {
+                n.keep_alive_at = Some(now + self.spec.keep_alive);
+                self.call(i, Call::KeepAlive);
+            }
+            self.join_step(i);
+        }
+        for i in 0..self.nodes.len() {
+            self.drive(i);
+        }
+        self.check();
+    }
+
+    fn join_step(&mut self, i: usize) {
+        let now = self.now;
+        // The probe gives a join up after the silence bound.
+        let silence = self.spec.silence();
+        let Some(j) = &mut self.nodes[i].joining else {
+            return;
+        };
+        if let Some((attempt, until)) = j.attempt {
+            if until > now {
+                return;
+            }
+            j.attempt = None;
+            j.retry_at = now + JOIN_RETRY;
+            self.call(i, Call::Abandon(attempt));
+        }
+        let Some(j) = &mut self.nodes[i].joining else {
+            return;
+        };
+        if j.retry_at > now {
+            return;
+        }
+        if now >= j.deadline {
+            let first = j.first;
+            self.nodes[i].joining = None;
+            let e = AgentError::JoinTimeout("no rendezvous answered in time".into());
+            match first {
+                true => self.end_node(i, End::Error(e.exit_code(), e.to_string())),
+                false => self.nodes[i].rejoined = Some(Err(e)),
+            }
+            return;
+        }
+        self.seq += 1;
+        let attempt = self.seq;
+        j.attempt = Some((attempt, now + silence));
+        j.retry_at = now;
+        let resume = j.resume;
+        let req = self.join_request(i, resume);
+        self.call(i, Call::Join(Box::new(req), attempt));
+    }
+
+    fn worker_exit(&mut self, i: usize, pid: u32, how: Ended) {
+        self.checker.died(pid);
+        let n = &mut self.nodes[i];
+        let Some(w) = n.workers.iter().find(|w| w.pid == pid) else {
+            return;
+        };
+        let exit = Exit {
+            local_rank: w.local_rank,
+            global_rank: w.rank,
+            pid,
+            ended: how,
+        };
+        match &mut n.stopping {
+            Some((_, exits)) => exits.push(exit),
+            None if n.group => n.exits.push_back(exit),
+            None => {}
+        }
+    }
+
+    /// Applies a fault or command now.
+    pub fn inject(&mut self, f: Fault) {
+        let desc = format!("{f:?}");
+        self.say(|| format!("== {desc}"));
+        match f {
+            Fault::FailWorker { node, local, code } => {
+                let Some(w) = self.nodes[node]
+                    .workers
+                    .iter_mut()
+                    .find(|w| w.alive && w.local_rank == local)
+                else {
+                    return;
+                };
+                w.alive = false;
+                let pid = w.pid;
+                self.checker.failures += 1;
+                self.worker_exit(node, pid, Ended::Exited(code));
+            }
+            Fault::Finish(which) => {
+                for i in 0..self.nodes.len() {
+                    if which.is_some_and(|w| w != i) {
+                        continue;
+                    }
+                    let pids: Vec<u32> = self.nodes[i]
+                        .workers
+                        .iter_mut()
+                        .filter(|w| w.alive)
+                        .map(|w| {
+                            w.alive = false;
+                            w.pid
+                        })
+                        .collect();
+                    for pid in pids {
+                        self.worker_exit(i, pid, Ended::Exited(0));
+                    }
+                }
+            }
+            Fault::CrashNode(i) => {
+                if self.nodes[i].end.is_none() {
+                    self.checker.excused.insert(i);
+                    self.end_node(i, End::Crashed);
+                }
+            }
+            Fault::RestartNode(i) => {
+                let n = &mut self.nodes[i];
+                if n.end != Some(End::Crashed) {
+                    return;
+                }
+                n.incarnation += 1;
+                n.node_id = format!("{}-{}", n.name, n.incarnation);
+                n.end = None;
+                n.session.clear();
+                n.answered = None;
+                n.tripped = None;
+                n.lost = None;
+                n.inbox.clear();
+                n.rejoined = None;
+                n.hold = None;
+                n.workers.clear();
+                n.exits.clear();
+                n.group = false;
+                n.timer_for = None;
+                n.summary = None;
+                self.start_join(i, None, true);
+            }
+            Fault::Signal(i, sig) => {
+                if self.nodes[i].machine.is_some() {
+                    self.nodes[i].queue.push_back(Event::Signal(sig));
+                }
+            }
+            Fault::Partition(i) => {
+                self.checker.excused.insert(i);
+                if self.nodes[i].cut.is_none() {
+                    self.nodes[i].cut = Some(self.now);
+                }
+            }
+            Fault::Heal(i) => {
+                let n = &mut self.nodes[i];
+                n.cut = None;
+                let held = std::mem::take(&mut n.held);
+                for msg in held {
+                    self.send(i, false, msg);
+                }
+            }
+            Fault::CrashServer => {
+                if !self.server.up {
+                    return;
+                }
+                let now = self.std(self.now);
+                self.server.record = self.server.job.as_ref().map(|j| j.record(now));
+                self.server.up = false;
+                self.server.scheduled = None;
+                self.server.epoch += 1;
+                self.server.job = None;
+                let streams = std::mem::take(&mut self.server.streams);
+                for (id, stream) in streams {
+                    if let Some(to) = self.index_of(&id) {
+                        self.send(
+                            to,
+                            false,
+                            Msg::StreamEnd {
+                                to,
+                                stream,
+                                silent: true,
+                            },
+                        );
+                    }
+                }
+                for i in 0..self.nodes.len() {
+                    self.checker.excused.insert(i);
+                }
+            }
+            Fault::RestartServer(failover) => {
+                if self.server.up {
+                    return;
+                }
+                let now = self.std(self.now);
+                self.server.up = true;
+                if failover {
+                    self.server.job = self.server.record.take().map(|r| {
+                        let mut job = Job::restore(r, now);
+                        job.handed_over(now);
+                        job
+                    });
+                } else {
+                    // No store: the job and its tombstone are gone.
+                    self.server.job = None;
+                    self.server.tomb = None;
+                    self.server.joined.clear();
+                }
+                self.schedule();
+            }
+            Fault::Delay(i, d) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].delay = d;
+            }
+            Fault::Drop(i, p) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].drop = p;
+                self.nodes[i].drop_answers = false;
+            }
+            Fault::DropAnswers(i, p) => {
+                self.checker.excused.insert(i);
+                self.nodes[i].drop = p;
+                self.nodes[i].drop_answers = true;
+            }
+        }
+        self.settle();
+        self.check();
+    }
+
+    fn check(&mut self) {
+        let mut checker = std::mem::take(&mut self.checker);
+        checker.step(self);
+        self.checker = checker;
+    }
+
+    /// The invariant violations found so far.
+    pub fn violations(&self) -> &[Violation] {
+        &self.checker.violations
+    }
+}
+
+fn describe(msg: &Msg) -> String {
+    match msg {
+        Msg::Call { body, node_id, .. } => format!("{} from {node_id}", body.name()),
+        Msg::Reply { to, .. } => format!("an answer to node {to}"),
+        Msg::Joined { to, .. } => format!("a join answer to node {to}"),
+        Msg::Stream { kind, .. } => kind_name(kind),
+        Msg::StreamEnd { .. } => "a stream's end".into(),
+    }
+}
+
+/// A short name of a stream event.
+pub fn kind_name(k: &Kind) -> String {
+    match k {
+        Kind::Joined(j) => format!("joined round {}", j.round),
+        Kind::Waiting(w) => format!("waiting {}/{} (round {})", w.ready, w.needed, w.round),
+        Kind::RoundComplete(r) => format!(
+            "round {} complete: node rank {} of {}, world {}, restarts {}",
+            r.round, r.node_rank, r.nnodes, r.world_size, r.restart_count
+        ),
+        Kind::RestartRequested(r) => format!(
+            "restart {} -> {} (counted {}): {}",
+            r.round, r.next_round, r.counted, r.reason
+        ),
+        Kind::JobSucceeded(_) => "job succeeded".into(),
+        Kind::JobFailed(f) => format!("job failed: {}", f.reason),
+        Kind::JobClosed(c) => format!("job closed: {}", c.reason),
+        #[allow(unreachable_patterns)]
+        _ => "another event".into(),
+    }
+}
+
+fn event_name(e: &Event, base: std::time::Instant) -> String {
+    match e {
+        Event::Silent { why, since } => format!(
+            "silent since {:.3}s: {why}",
+            since
+                .into_std()
+                .saturating_duration_since(base)
+                .as_secs_f64()
+        ),
+        Event::Message(k) => kind_name(k),
+        Event::Exited(x) => format!("worker {} {}", x.global_rank, x.ended),
+        Event::Stopped(x) => format!("stopped {} worker(s)", x.len()),
+        other => {
+            let s = format!("{other:?}");
+            s.chars().take(120).collect()
+        }
+    }
+}
+
+fn action_name(a: &Action) -> String {
+    match a {
+        Action::Start { info, .. } => format!(
+            "start round {} node rank {} ranks {}..{} world {} restarts {}",
+            info.round,
+            info.node_rank,
+            info.base_rank,
+            info.base_rank + info.world_size / info.nnodes.max(1),
+            info.world_size,
+            info.restart_count
+        ),
+        other => {
+            let s = format!("{other:?}");
+            s.chars().take(120).collect()
+        }
+    }
+}

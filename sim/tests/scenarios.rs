@@ -1,0 +1,98 @@
+//! Runs every scenario script in `sim/scenarios/` (each a port of an
+//! end-to-end test's logic; see `sim/scenarios/README.md`), and shows that
+//! the planted bug's script fails on the fencing invariant.
+
+use std::path::{Path, PathBuf};
+
+fn scenarios() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("sim/scenarios")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "sim"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn run(path: &Path) -> Result<accel_sim::World, Box<accel_sim::script::ScriptError>> {
+    let text = std::fs::read_to_string(path).expect("a script");
+    let name = format!(
+        "sim/scenarios/{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
+    accel_sim::script::run(&name, &text)
+}
+
+#[test]
+fn every_scenario_script_passes() {
+    let files = scenarios();
+    assert!(files.len() >= 15, "the scripts are there: {files:?}");
+    let mut failed = Vec::new();
+    let known = |p: &PathBuf| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("known_"))
+    };
+    for path in files
+        .iter()
+        .filter(|p| !p.ends_with("planted_fence.sim") && !known(p))
+    {
+        if let Err(e) = run(path) {
+            failed.push(e.to_string());
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+#[test]
+fn the_planted_fence_bug_is_caught_by_a_script() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let err = match run(&dir.join("planted_fence.sim")) {
+        Ok(_) => panic!("a node that keeps its ranks while the job re-forms went unnoticed"),
+        Err(e) => e,
+    };
+    assert!(err.why.starts_with("invariant (a)"), "{err}");
+    assert!(err.why.contains("fencing"), "{err}");
+    // The same script with fencing on passes.
+    let text = std::fs::read_to_string(dir.join("planted_fence.sim"))
+        .expect("the script")
+        .replace("add-node broken-fence", "add-node");
+    if let Err(e) = accel_sim::script::run("planted_fence.sim (fenced)", &text) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn a_failing_expect_names_the_file_the_line_and_recent_events() {
+    let text = "job nnodes=2 nproc=1\nadd-nodes 2\ntick 1s\nexpect round 7\n";
+    let err = match accel_sim::script::run("x.sim", text) {
+        Ok(_) => panic!("round 7 is wrong"),
+        Err(e) => e,
+    };
+    let shown = err.to_string();
+    assert!(shown.starts_with("x.sim:4: `expect round 7`"), "{shown}");
+    assert!(shown.contains("want =\"7\", got \"0\""), "{shown}");
+    assert!(shown.contains("round 0 complete"), "{shown}");
+}
+
+/// Scripts named `known_*.sim` reproduce issues the simulator found and
+/// that are not fixed yet (sim/scenarios/README.md): each must still fail
+/// (an invariant, or an `expect` a fix would meet). When one passes, its
+/// issue is fixed: rename it.
+#[test]
+fn known_issues_still_reproduce() {
+    for path in scenarios().iter().filter(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("known_"))
+    }) {
+        match run(path) {
+            Ok(_) => panic!(
+                "{} passes: its issue is fixed; drop the `known_` prefix",
+                path.display()
+            ),
+            Err(e) => eprintln!("{}: still fails: {}", path.display(), e.why),
+        }
+    }
+}
