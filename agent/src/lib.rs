@@ -12,7 +12,8 @@
 //! 3. the agent joins and keeps one event stream open; for each round it
 //!    stops its workers, says it is ready (offering a listener it has bound
 //!    for the workers' store), waits for the round to form, serves a fresh
-//!    [`store`] on that listener if it is node rank 0, and starts the workers
+//!    worker store (the `accel-worker-store` crate) on that listener if it
+//!    is node rank 0, and starts the workers
 //!    with torchrun's environment ([`worker_env`]);
 //! 4. [`supervisor`] reports each worker exit as it happens: a failure is
 //!    reported to the server at once, which restarts every node (while the
@@ -32,11 +33,13 @@
 //! [`config`] validation · [`agent`] joining, the node's state machine
 //! ([`agent::machine`]) and the driver that does its I/O · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
-//! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
+//! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events
 //! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
 //! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
-//! signals · `sys` the only `unsafe` code. Accelerate's command set (`accel`)
+//! signals · `sys` the only `unsafe` code. The workers' TCPStore-compatible
+//! store is its own crate, `accel-worker-store`, which knows nothing of the
+//! agent. Accelerate's command set (`accel`)
 //! is its own crate, `accel-cli`, on this library.
 #![deny(unsafe_code)]
 
@@ -61,7 +64,6 @@ pub mod numa;
 pub mod probe;
 mod rendezvous;
 pub mod signal;
-pub mod store;
 pub mod supervisor;
 mod sys;
 pub mod testing;

@@ -66,10 +66,10 @@ use tracing::{info, warn};
 use crate::depose::{Action, Event, Members, Tally, Term};
 use crate::lease::LeaseClock;
 use crate::limits::Limits;
-use crate::quiet::{Quiet, Say};
 use crate::registry::Registry;
 use crate::store::etcd::{EtcdStore, Fence};
 use crate::store::StoreError;
+use accel_telemetry::quiet::{Quiet, Say};
 
 /// The response metadata in which a follower names the leader's address.
 pub const LEADER_METADATA: &str = "accel-leader";

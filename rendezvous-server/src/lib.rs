@@ -18,7 +18,7 @@
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
-//! - [`quiet`]: logging a recurring problem once per episode, then counts;
+//! - `accel_telemetry::quiet`: logging a recurring problem once per episode, then counts (shared with the worker store);
 //! - [`tls`]: certificates and keys for TLS on every link;
 //! - [`config`]: `rdzv-server`'s flags
 //!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
@@ -40,7 +40,6 @@ pub mod limits;
 pub mod metrics;
 pub mod outbox;
 pub mod presence;
-pub mod quiet;
 pub mod registry;
 pub mod service;
 pub mod signal;
@@ -290,7 +289,7 @@ pub(crate) async fn tick_and_flush(
 ) {
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = quiet::Quiet::every(Duration::from_secs(10));
+    let mut failing = accel_telemetry::quiet::Quiet::every(Duration::from_secs(10));
     loop {
         tokio::select! {
             _ = interval.tick() => registry.tick(Instant::now()),
@@ -311,13 +310,13 @@ pub(crate) async fn tick_and_flush(
             Err(e) => {
                 registry.metrics().store_write(false);
                 match failing.hit(tokio::time::Instant::now()) {
-                    quiet::Say::First => {
+                    accel_telemetry::quiet::Say::First => {
                         warn!(error = %e, "cannot write job state to the job store; retrying")
                     }
-                    quiet::Say::Summary(n, over) => {
+                    accel_telemetry::quiet::Say::Summary(n, over) => {
                         warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
                     }
-                    quiet::Say::Nothing => {}
+                    accel_telemetry::quiet::Say::Nothing => {}
                 }
             }
         }

@@ -178,7 +178,7 @@ impl Default for RdzvConf {
             token_file: None,
             tls: Default::default(),
             store_ports: None,
-            store_max_bytes: crate::store::state::DEFAULT_MAX_BYTES,
+            store_max_bytes: accel_worker_store::state::DEFAULT_MAX_BYTES,
             etcd: EtcdConf::default(),
         }
     }

@@ -8,6 +8,16 @@
 //! new round gets a new store, so no worker can read a key of an earlier
 //! attempt (PyTorch #135712).
 //!
+//! # Why its own crate
+//! The store is a server for untrusted bytes with its own bounds, and it
+//! needs nothing of the agent: not its rounds, configuration or logs. As a
+//! crate of its own, that is checked by the compiler, and the parser can be
+//! fuzzed and the server tested without building the agent. The dependency
+//! goes one way: `accel-agent` depends on this crate (it starts a store each
+//! round, chooses its [`StoreOptions`] and registers its [`metrics`]); this
+//! crate depends on no other accel crate but `accel-telemetry` (for
+//! `quiet`, the aggregated logging of recurring refusals).
+//!
 //! # How it serves
 //! One task per connection on the agent's event loop; all connections share
 //! one [`State`] behind a mutex that is never held across an await. A
@@ -52,12 +62,16 @@
 //! A malformed request (bad magic, unknown command, oversized field, ADD to
 //! a non-number) closes that connection only.
 
+#![deny(unsafe_code)]
+
 pub mod admission;
 pub mod budget;
 pub mod conn;
+pub mod metrics;
 pub mod owner;
 pub mod reply;
 pub mod state;
+mod sys;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -71,13 +85,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use accel_telemetry::quiet::{Quiet, Say};
 pub use admission::Admit;
 use admission::{Admission, Decision, SharedAdmission, Stranger};
 pub use budget::ConnLimits;
 use budget::{Full, Ledger, Source, DEFAULT_PENDING_BUDGET};
 pub use conn::Limits;
 use conn::{ConnError, Connection, Signal};
-use rendezvous_server::quiet::{Quiet, Say};
 use state::{ConnId, State, DEFAULT_MAX_BYTES};
 
 /// First pause after a failed `accept`; it doubles up to [`ACCEPT_BACKOFF_MAX`].
@@ -293,7 +307,7 @@ impl WorkerStore {
     pub fn start_counted(
         listener: TcpListener,
         options: StoreOptions,
-        metrics: crate::metrics::StoreMetrics,
+        metrics: metrics::StoreMetrics,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
@@ -352,7 +366,7 @@ struct Acceptor {
     admission: SharedAdmission,
     owners: Arc<owner::Owners>,
     limits: Limits,
-    metrics: crate::metrics::StoreMetrics,
+    metrics: metrics::StoreMetrics,
 }
 
 impl Acceptor {
