@@ -23,7 +23,7 @@
 //! one [`State`] behind a mutex that is never held across an await. A
 //! connection task parses whatever bytes have arrived ([`wire::parse`]),
 //! applies complete commands in order and writes their replies
-//! ([`conn`]). A connection parked in WAIT or BARRIER processes nothing else
+//! (`conn`). A connection parked in WAIT or BARRIER processes nothing else
 //! until it is woken (by another connection's write, through its wake
 //! channel) or sends CANCEL_WAIT, so replies are never reordered.
 //!
@@ -32,7 +32,7 @@
 //! by address ([`admission`]): this host, and the addresses of the round's
 //! members as the rendezvous reports them; and a connection whose other end
 //! is a socket on this host only if the kernel says it belongs to the
-//! agent's user or root ([`owner`]), so other local users are refused.
+//! agent's user or root (`owner`), so other local users are refused.
 //! Others are accepted and closed before a byte is read. The agent binds the store to the node's own
 //! address (loopback for a job on loopback), not every interface, and can
 //! take its port from a range (`--rdzv-conf store_ports=A-B`) that a
@@ -48,14 +48,14 @@
 //! |---|---|---|
 //! | key, value, keys per request | 8 KiB, 8 MiB, 128 Ki (as PyTorch's libuv server) | [`wire`] |
 //! | one request | one maximal COMPARE_SET, ≈ 16 MiB | [`wire::MAX_REQUEST_LEN`] |
-//! | incomplete requests, all connections | 64 MiB; past it the connection buffering the most is closed | [`budget`] |
+//! | incomplete requests, all connections | 64 MiB; past it the connection buffering the most is closed | `budget` |
 //! | parsing an incomplete request | once: the parser keeps its place between reads | [`wire::Parser`] |
-//! | connections | `max(2048, 8 × world_size + 64)`, three quarters of that from one address (this host is one) | [`budget`] |
+//! | connections | `max(2048, 8 × world_size + 64)`, three quarters of that from one address (this host is one) | `budget` |
 //! | a value grown by APPEND | 8 MiB, as SET | [`state`] |
 //! | all keys and values | `store_max_bytes`, default 1 GiB; a write past it closes the writer | [`state`] |
-//! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | [`conn`] |
-//! | a parked connection's input | one maximal request | [`conn`] |
-//! | handshake; an incomplete request | 30 s; 30 s without progress | [`conn::Limits`] |
+//! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | `conn` |
+//! | a parked connection's input | one maximal request | `conn` |
+//! | handshake; an incomplete request | 30 s; 30 s without progress | `conn::Limits` |
 //! | waiters of a closed connection | removed with it | [`state`] |
 //! | failing `accept` (EMFILE…) | backs off 10 ms doubling to 1 s, one line per episode | here |
 //!
@@ -65,10 +65,10 @@
 #![deny(unsafe_code)]
 
 pub mod admission;
-pub mod budget;
-pub mod conn;
+mod budget;
+mod conn;
 pub mod metrics;
-pub mod owner;
+mod owner;
 pub mod reply;
 pub mod state;
 mod sys;
