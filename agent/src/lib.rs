@@ -31,7 +31,7 @@
 //! # Layout
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
 //! [`config`] validation · [`agent`] joining, the node's state machine
-//! ([`agent::machine`]) and the driver that does its I/O · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
+//! ([`agent::machine`]) and the driver that does its I/O · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
 //! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events
@@ -39,13 +39,13 @@
 //! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
 //! signals · `sys` the only `unsafe` code. The workers' TCPStore-compatible
 //! store is its own crate, `accel-worker-store`, which knows nothing of the
-//! agent. Accelerate's command set (`accel`)
+//! agent; so is the rendezvous client (the calls, leader following, TLS files,
+//! the token), `accel-rdzv-client`, shared with `rdzv-server status`. Accelerate's command set (`accel`)
 //! is its own crate, `accel-cli`, on this library.
 #![deny(unsafe_code)]
 
 pub mod agent;
 pub mod cli;
-pub mod client;
 pub mod config;
 mod deadline;
 pub mod error;
@@ -76,7 +76,8 @@ pub use sys::Ended;
 /// Raises the open-file limit to the hard limit: the node-rank-0 agent's
 /// worker store holds one connection per worker client, and a soft limit of
 /// 1,024 would refuse the rest of a large job. Call once at start-up;
-/// returns the limit now in force. (The rendezvous server's, shared.)
+/// returns the limit now in force. (The rendezvous client's, shared with
+/// the server.)
 pub fn raise_open_file_limit() -> Option<u64> {
-    rendezvous_server::accept::raise_open_file_limit()
+    accel_rdzv_client::raise_open_file_limit()
 }

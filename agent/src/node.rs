@@ -40,9 +40,10 @@ pub fn init_logs(format: accel_telemetry::logging::LogFormat, default_filter: &s
     accel_telemetry::logging::init(format, "ACCEL_LOG", default_filter, false);
 }
 
-/// The default log filter: the agent's own progress, others' warnings.
-pub const DEFAULT_LOG_FILTER: &str =
-    "warn,accel_agent=info,rendezvous_server=error,rendezvous_server::ha=info";
+/// The default log filter: the agent's own progress (its worker store's and
+/// its rendezvous client's included), others' warnings. The client crate's
+/// `auth` is quiet as the server's was when it lived there.
+pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,accel_worker_store=info,accel_rdzv_client=info,accel_rdzv_client::auth=error,rendezvous_server=error,rendezvous_server::ha=info";
 
 /// Runs the agent for `cfg` and returns the process's exit code. Call it
 /// while the process has one thread: it hides the process's secrets

@@ -14,17 +14,25 @@
 //! - [`presence`]: agent-only rendezvous: nodes' presence keys, and the
 //!   leader dropping a node whose etcd lease expired;
 //! - [`service`]: the gRPC handlers;
-//! - [`auth`]: the token every call carries, and nodes' session secrets;
+//! - [`auth`]: checking the token every call carries, and nodes' session secrets;
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
-//! - `accel_telemetry::quiet`: logging a recurring problem once per episode, then counts (shared with the worker store);
-//! - [`tls`]: certificates and keys for TLS on every link;
+//! - [`tls`]: certificates and keys for TLS on every link (re-exported);
 //! - [`config`]: `rdzv-server`'s flags
 //!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
-//! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
+//! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call on the
+//!   client crate's channel builder;
 //! - [`tombstone`]: what a finished job leaves for its late nodes;
 //! - [`error`]: typed errors and their gRPC status codes.
+//!
+//! What both ends of a link share lives below this crate, in
+//! `accel-rdzv-client`: the token and its client-side interceptor, TLS
+//! files, the bounds on a failure report's text and its escaping, the
+//! leader's metadata key, the open-file limit; the modules here re-export
+//! them where the server used to define them. The server depends on the
+//! client crate, never the reverse; a recurring problem is logged once per
+//! episode through `accel_telemetry::quiet`, shared with the worker store.
 #![forbid(unsafe_code)]
 
 pub mod accept;
@@ -45,7 +53,7 @@ pub mod service;
 pub mod signal;
 pub mod status;
 pub mod store;
-pub mod tls;
+pub use accel_rdzv_client::tls;
 pub mod tombstone;
 
 use std::future::Future;

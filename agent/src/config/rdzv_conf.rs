@@ -40,7 +40,7 @@ pub struct RdzvConf {
     pub token_file: Option<std::path::PathBuf>,
     /// TLS files (accel's keys `tls_ca`, `tls_cert`, `tls_key`; else the
     /// variables `ACCEL_RDZV_TLS_CA`, `_CERT`, `_KEY`).
-    pub tls: rendezvous_server::tls::ClientTlsFiles,
+    pub tls: accel_rdzv_client::tls::ClientTlsFiles,
     /// Ports the worker store may take, rotated through round by round
     /// (accel's own key; `None`: any free port).
     pub store_ports: Option<PortRange>,
