@@ -2,7 +2,7 @@
 //!
 //! # Theory of operation
 //! [`node::execute`] (from `accel-agent`'s `main`, `accel launch`, or
-//! worker-runtime's function launcher) forks the [`guard`] while the process
+//! worker-runtime's function launcher) forks the [`guard`](accel_process::guard) while the process
 //! has one thread, then starts the async runtime and calls [`agent::run`]:
 //! 1. signal handlers are installed first, so a stop signal is honoured at any
 //!    point, even while waiting for other nodes;
@@ -26,7 +26,7 @@
 //! Shutdown has one path: whatever ends a round (restart, failure, signal,
 //! lost rendezvous) calls [`supervisor::WorkerGroup::stop`], which signals
 //! the workers' process groups, waits `--shutdown-timeout`, SIGKILLs the
-//! rest and sweeps the groups. The [`guard`] covers the agent's own death.
+//! rest and sweeps the groups. The [`guard`](accel_process::guard) covers the agent's own death.
 //!
 //! # Layout
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
@@ -36,8 +36,11 @@
 //! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events
 //! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
-//! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
-//! signals · `sys` the only `unsafe` code. The workers' TCPStore-compatible
+//! per-attempt directories · [`signal`] stop
+//! signals · `sys` CPU affinity and the host-name lookup (`unsafe`). Process
+//! control (spawn hooks, process groups, the guard against orphans, the fork
+//! server and the zygote, the agent's hardening) is its own crate,
+//! `accel-process`, which knows nothing of rounds or logs. The workers' TCPStore-compatible
 //! store is its own crate, `accel-worker-store`, which knows nothing of the
 //! agent; so is the rendezvous client (the calls, leader following, TLS files,
 //! the token), `accel-rdzv-client`, shared with `rdzv-server status`. Accelerate's command set (`accel`)
@@ -53,9 +56,7 @@ pub mod events;
 pub mod failure;
 pub mod file_timer;
 pub mod files;
-pub mod fork_server;
 pub mod gpu;
-pub mod guard;
 pub mod health;
 pub mod logs;
 pub mod metrics;
@@ -68,10 +69,9 @@ pub mod supervisor;
 mod sys;
 pub mod testing;
 pub mod worker_env;
-pub mod zygote;
 
+pub use accel_process::Ended;
 pub use error::{AgentError, Outcome};
-pub use sys::Ended;
 
 /// Raises the open-file limit to the hard limit: the node-rank-0 agent's
 /// worker store holds one connection per worker client, and a soft limit of
