@@ -36,7 +36,7 @@
 //! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events
 //! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
-//! per-attempt directories · [`signal`] stop
+//! per-attempt directories · `signal` stop
 //! signals · `sys` CPU affinity and the host-name lookup (`unsafe`). Process
 //! control (spawn hooks, process groups, the guard against orphans, the fork
 //! server and the zygote, the agent's hardening) is its own crate,
@@ -59,12 +59,12 @@ pub mod files;
 pub mod gpu;
 pub mod health;
 pub mod logs;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod node;
 pub mod numa;
 pub mod probe;
 mod rendezvous;
-pub mod signal;
+pub(crate) mod signal;
 pub mod supervisor;
 mod sys;
 pub mod testing;

@@ -5,7 +5,7 @@
 //! the worker store both refuse connections in floods).
 //!
 //! Each program owns its metrics (the rendezvous server's in
-//! `rendezvous_server::metrics`, the agent's in `accel_agent::metrics`) and
+//! `rendezvous_server::metrics`, the agent's in its `metrics` module, the worker store's in `accel_worker_store::metrics`) and
 //! registers them in a [`prometheus_client`] registry; this crate only
 //! serves a registry, so both endpoints behave alike: the same paths, the
 //! same bounds on what a scraper may hold, the same shutdown.
