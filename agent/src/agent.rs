@@ -35,11 +35,11 @@ use tracing::{error, info, warn};
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
 use crate::events::{Ending, EventLog, Identity};
-use crate::guard::Guard;
 use crate::rendezvous::{hostname, locate_rendezvous};
 use crate::signal::Signals;
-use crate::store::WorkerStore;
 use crate::supervisor::Exit;
+use accel_process::guard::Guard;
+use accel_worker_store::WorkerStore;
 use link::{Heard, Link};
 use machine::{Action, Event, NodeMachine, Settings};
 use workers::{Spawner, Workers};
@@ -127,7 +127,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     };
     // Preparing the zygote overlaps the rendezvous.
     let zygote = (!cfg.preload.is_empty())
-        .then(|| Arc::new(crate::zygote::Zygote::start(zygote_spec(&cfg))));
+        .then(|| Arc::new(accel_process::zygote::Zygote::start(zygote_spec(&cfg))));
     let run_started = Instant::now();
     let events = Arc::new(std::sync::Mutex::new(EventLog::new(
         cfg.event_log_handler,
@@ -331,10 +331,10 @@ fn emit(lines: Vec<String>) {
 /// Connects to the fork server on inherited `fd`. If the server goes away
 /// (its parent, a notebook kernel, is gone), this agent stops as on SIGTERM:
 /// there is nobody left to run the job for.
-fn start_fork_server(fd: i32) -> Result<crate::fork_server::ForkServer, AgentError> {
-    let socket = crate::sys::take_inherited_socket(fd)
+fn start_fork_server(fd: i32) -> Result<accel_process::fork_server::ForkServer, AgentError> {
+    let socket = accel_process::sys::take_inherited_socket(fd)
         .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
-    crate::fork_server::ForkServer::start(socket, |why| {
+    accel_process::fork_server::ForkServer::start(socket, |why| {
         // The stop first: the log line may go nowhere (the kernel that read
         // this agent's stderr is usually what went away).
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
@@ -346,7 +346,7 @@ fn start_fork_server(fd: i32) -> Result<crate::fork_server::ForkServer, AgentErr
 /// What `--preload`'s zygote is started with: the workers' interpreter,
 /// their `sys.path[0]` (the script's directory; the working directory for
 /// `-m`) and the environment they share.
-fn zygote_spec(cfg: &Config) -> crate::zygote::ZygoteSpec {
+fn zygote_spec(cfg: &Config) -> accel_process::zygote::ZygoteSpec {
     let entry = &cfg.entrypoint;
     let path = if entry.leading_args.iter().any(|a| a == "-m") {
         std::env::current_dir().ok()
@@ -359,7 +359,7 @@ fn zygote_spec(cfg: &Config) -> crate::zygote::ZygoteSpec {
     };
     let agent_env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-    crate::zygote::ZygoteSpec {
+    accel_process::zygote::ZygoteSpec {
         python: entry.program.clone(),
         modules: cfg.preload.clone(),
         path,

@@ -109,7 +109,7 @@ pub struct Config {
     pub rdzv: RdzvConf,
     /// The rendezvous token (`token_file`, else `ACCEL_RDZV_TOKEN`): every
     /// call carries it, and an embedded rendezvous requires it.
-    pub token: Option<rendezvous_server::Token>,
+    pub token: Option<accel_rdzv_client::Token>,
     /// `ROLE_NAME`.
     pub role: String,
     /// What the workers run.
@@ -167,7 +167,7 @@ pub struct Config {
 impl Config {
     /// The TLS files of the link to the rendezvous: none for a standalone
     /// job (its rendezvous is on loopback inside this agent).
-    pub fn link_tls(&self) -> rendezvous_server::tls::ClientTlsFiles {
+    pub fn link_tls(&self) -> accel_rdzv_client::tls::ClientTlsFiles {
         match self.rendezvous {
             Rendezvous::Standalone => Default::default(),
             _ => self.rdzv.tls.clone(),

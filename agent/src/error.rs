@@ -2,6 +2,20 @@
 
 use nix::sys::signal::Signal;
 
+impl From<accel_rdzv_client::JoinError> for AgentError {
+    fn from(e: accel_rdzv_client::JoinError) -> Self {
+        use accel_rdzv_client::JoinError;
+        match e {
+            JoinError::Config(m) => AgentError::Config(m),
+            JoinError::Rejected { code, message } => AgentError::Rejected { code, message },
+            JoinError::Tls(m) => AgentError::Tls(m),
+            JoinError::Timeout(m) => AgentError::JoinTimeout(m),
+            // `JoinError` is non-exhaustive: a new kind is a setting's until mapped.
+            other => AgentError::Config(other.to_string()),
+        }
+    }
+}
+
 /// Why the agent could not run the job to an outcome.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -110,5 +124,36 @@ impl Outcome {
             Outcome::Failed(_) => 1,
             Outcome::Signaled(s) => 128u8.saturating_add(*s as u8),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use accel_rdzv_client::JoinError;
+
+    #[test]
+    fn a_join_error_keeps_its_kind_and_exit_code() {
+        let refused = AgentError::from(JoinError::Rejected {
+            code: tonic::Code::FailedPrecondition,
+            message: "nnodes differ".into(),
+        });
+        assert!(matches!(
+            refused,
+            AgentError::Rejected {
+                code: tonic::Code::FailedPrecondition,
+                ..
+            }
+        ));
+        assert_eq!(refused.exit_code(), 2);
+        assert_eq!(
+            AgentError::from(JoinError::Config("x".into())).exit_code(),
+            2
+        );
+        assert_eq!(AgentError::from(JoinError::Tls("x".into())).exit_code(), 2);
+        let late = AgentError::from(JoinError::Timeout("no replica".into()));
+        assert!(matches!(late, AgentError::JoinTimeout(_)));
+        assert_eq!(late.exit_code(), 1);
+        assert_eq!(late.to_string(), "rendezvous timed out: no replica");
     }
 }

@@ -81,8 +81,10 @@ impl HealthCheck {
         // is read would block); past the cap the oldest output is dropped.
         let (out, err) = (child.stdout.take(), child.stderr.take());
         let pipes: Vec<u64> = [
-            out.as_ref().and_then(|p| crate::sys::pipe_inode(p.as_fd())),
-            err.as_ref().and_then(|p| crate::sys::pipe_inode(p.as_fd())),
+            out.as_ref()
+                .and_then(|p| accel_process::sys::pipe_inode(p.as_fd())),
+            err.as_ref()
+                .and_then(|p| accel_process::sys::pipe_inode(p.as_fd())),
         ]
         .into_iter()
         .flatten()
@@ -114,7 +116,7 @@ impl HealthCheck {
         if !ended {
             // Whatever still holds the output is the check's, out of its
             // group (`setsid`): it goes too.
-            let killed = crate::sys::kill_pipe_holders(&pipes);
+            let killed = accel_process::sys::kill_pipe_holders(&pipes);
             if !killed.is_empty() {
                 tracing::debug!(pids = ?killed, "killed processes the health check left outside its process group");
             }
@@ -141,7 +143,7 @@ struct KillGroup(i32);
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
-        crate::sys::killpg(self.0, nix::sys::signal::Signal::SIGKILL);
+        accel_process::sys::killpg(self.0, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -182,7 +184,7 @@ fn tail(text: &[u8]) -> String {
         .map_or(0, |(i, _)| i);
     let more = if start > 0 { "…" } else { "" };
     let text = text[start..].replace('\n', " | ");
-    format!(": {more}{}", rendezvous_server::limits::printable(&text))
+    format!(": {more}{}", accel_rdzv_client::limits::printable(&text))
 }
 
 /// The wait before check number `failed + 1` after `failed` failures.

@@ -2,7 +2,7 @@
 //!
 //! # Theory of operation
 //! [`node::execute`] (from `accel-agent`'s `main`, `accel launch`, or
-//! worker-runtime's function launcher) forks the [`guard`] while the process
+//! worker-runtime's function launcher) forks the [`guard`](accel_process::guard) while the process
 //! has one thread, then starts the async runtime and calls [`agent::run`]:
 //! 1. signal handlers are installed first, so a stop signal is honoured at any
 //!    point, even while waiting for other nodes;
@@ -12,7 +12,8 @@
 //! 3. the agent joins and keeps one event stream open; for each round it
 //!    stops its workers, says it is ready (offering a listener it has bound
 //!    for the workers' store), waits for the round to form, serves a fresh
-//!    [`store`] on that listener if it is node rank 0, and starts the workers
+//!    worker store (the `accel-worker-store` crate) on that listener if it
+//!    is node rank 0, and starts the workers
 //!    with torchrun's environment ([`worker_env`]);
 //! 4. [`supervisor`] reports each worker exit as it happens: a failure is
 //!    reported to the server at once, which restarts every node (while the
@@ -25,24 +26,29 @@
 //! Shutdown has one path: whatever ends a round (restart, failure, signal,
 //! lost rendezvous) calls [`supervisor::WorkerGroup::stop`], which signals
 //! the workers' process groups, waits `--shutdown-timeout`, SIGKILLs the
-//! rest and sweeps the groups. The [`guard`] covers the agent's own death.
+//! rest and sweeps the groups. The [`guard`](accel_process::guard) covers the agent's own death.
 //!
 //! # Layout
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
 //! [`config`] validation · [`agent`] joining, the node's state machine
-//! ([`agent::machine`]) and the driver that does its I/O · [`client`] rendezvous calls · `rendezvous` locating or hosting it ·
+//! ([`agent::machine`]) and the driver that does its I/O · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
-//! [`store`] the workers' TCPStore-compatible store · [`logs`] tee, redirects,
+//! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events
 //! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
-//! per-attempt directories · [`guard`] orphan prevention · [`signal`] stop
-//! signals · `sys` the only `unsafe` code. Accelerate's command set (`accel`)
+//! per-attempt directories · `signal` stop
+//! signals · `sys` CPU affinity and the host-name lookup (`unsafe`). Process
+//! control (spawn hooks, process groups, the guard against orphans, the fork
+//! server and the zygote, the agent's hardening) is its own crate,
+//! `accel-process`, which knows nothing of rounds or logs. The workers' TCPStore-compatible
+//! store is its own crate, `accel-worker-store`, which knows nothing of the
+//! agent; so is the rendezvous client (the calls, leader following, TLS files,
+//! the token), `accel-rdzv-client`, shared with `rdzv-server status`. Accelerate's command set (`accel`)
 //! is its own crate, `accel-cli`, on this library.
 #![deny(unsafe_code)]
 
 pub mod agent;
 pub mod cli;
-pub mod client;
 pub mod config;
 mod deadline;
 pub mod error;
@@ -50,31 +56,28 @@ pub mod events;
 pub mod failure;
 pub mod file_timer;
 pub mod files;
-pub mod fork_server;
 pub mod gpu;
-pub mod guard;
 pub mod health;
 pub mod logs;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod node;
 pub mod numa;
 pub mod probe;
 mod rendezvous;
-pub mod signal;
-pub mod store;
+pub(crate) mod signal;
 pub mod supervisor;
 mod sys;
 pub mod testing;
 pub mod worker_env;
-pub mod zygote;
 
+pub use accel_process::Ended;
 pub use error::{AgentError, Outcome};
-pub use sys::Ended;
 
 /// Raises the open-file limit to the hard limit: the node-rank-0 agent's
 /// worker store holds one connection per worker client, and a soft limit of
 /// 1,024 would refuse the rest of a large job. Call once at start-up;
-/// returns the limit now in force. (The rendezvous server's, shared.)
+/// returns the limit now in force. (The rendezvous client's, shared with
+/// the server.)
 pub fn raise_open_file_limit() -> Option<u64> {
-    rendezvous_server::accept::raise_open_file_limit()
+    accel_rdzv_client::raise_open_file_limit()
 }

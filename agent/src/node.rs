@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::guard::Guard;
 use crate::{AgentError, Outcome};
+use accel_process::guard::Guard;
 
 /// Makes any panic end the process at once, in every build profile (the
 /// release profile already aborts). A supervisor that lost a task to a panic
@@ -40,9 +40,11 @@ pub fn init_logs(format: accel_telemetry::logging::LogFormat, default_filter: &s
     accel_telemetry::logging::init(format, "ACCEL_LOG", default_filter, false);
 }
 
-/// The default log filter: the agent's own progress, others' warnings.
-pub const DEFAULT_LOG_FILTER: &str =
-    "warn,accel_agent=info,rendezvous_server=error,rendezvous_server::ha=info";
+/// The default log filter: the agent's own progress, others' warnings. The
+/// agent's own crates (process control, the worker store, the rendezvous
+/// client) log at `info` as the agent does; the client's `auth` is quiet, as
+/// the server's was when it lived there.
+pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,accel_process=info,accel_worker_store=info,accel_rdzv_client=info,accel_rdzv_client::auth=error,rendezvous_server=error,rendezvous_server::ha=info";
 
 /// Runs the agent for `cfg` and returns the process's exit code. Call it
 /// while the process has one thread: it hides the process's secrets
@@ -77,10 +79,10 @@ pub fn run(cfg: Config, prog: &str) -> ExitCode {
 ///
 /// [`SECRET_VARIABLES`]: crate::supervisor::SECRET_VARIABLES
 pub fn protect_secrets() {
-    if let Err(e) = crate::sys::not_dumpable() {
+    if let Err(e) = accel_process::sys::not_dumpable() {
         tracing::warn!(error = %e, "cannot make the agent non-dumpable (PR_SET_DUMPABLE); processes of its user may read its environment and memory");
     }
-    match crate::sys::scrub_environment(&crate::supervisor::SECRET_VARIABLES) {
+    match accel_process::sys::scrub_environment(&crate::supervisor::SECRET_VARIABLES) {
         Ok(n) => tracing::debug!(entries = n, "secret variables removed from the environment"),
         Err(e) => {
             tracing::warn!(error = %e, "cannot remove the rendezvous token from the agent's environment")
@@ -108,7 +110,7 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
     // Checked before this process opens anything, so the number still
     // names the socket the parent passed (see `sys::take_inherited_socket`).
     if let Some(fd) = cfg.fork_server_fd {
-        crate::sys::check_inherited_socket(fd)
+        accel_process::sys::check_inherited_socket(fd)
             .map_err(|e| AgentError::Config(format!("--fork-server-fd {fd}: {e}")))?;
     }
     // Forked before any thread exists; see the guard module.

@@ -28,9 +28,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::client::Leaders;
 use crate::config::{Config, Rendezvous};
 use crate::error::AgentError;
+use accel_rdzv_client::client::Leaders;
 
 /// Where this agent joins the rendezvous, and the one it serves, if any.
 pub(crate) struct Located {
@@ -95,7 +95,7 @@ fn is_local_loopback(host: &str) -> bool {
 /// other agents' certificates to chain to `tls_ca`.
 fn embedded(
     max_nodes_per_job: u32,
-    token: Option<rendezvous_server::Token>,
+    token: Option<accel_rdzv_client::Token>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> rendezvous_server::ServeOptions {
     rendezvous_server::ServeOptions {

@@ -13,13 +13,13 @@ use crate::error::AgentError;
 
 /// A merged stream of the handled signals.
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     rx: mpsc::UnboundedReceiver<Signal>,
 }
 
 impl Signals {
     /// Installs handlers for `which`. Must run inside the runtime.
-    pub fn install(which: &[Signal]) -> Result<Self, AgentError> {
+    pub(crate) fn install(which: &[Signal]) -> Result<Self, AgentError> {
         let (tx, rx) = mpsc::unbounded_channel();
         for &sig in which {
             let mut stream = signal(SignalKind::from_raw(sig as i32))
@@ -39,13 +39,13 @@ impl Signals {
     /// Signals sent on the returned channel instead of received: the
     /// driver's unit tests deliver them this way.
     #[cfg(test)]
-    pub fn channel() -> (mpsc::UnboundedSender<Signal>, Self) {
+    pub(crate) fn channel() -> (mpsc::UnboundedSender<Signal>, Self) {
         let (tx, rx) = mpsc::unbounded_channel();
         (tx, Self { rx })
     }
 
     /// The next signal received.
-    pub async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         match self.rx.recv().await {
             Some(s) => s,
             None => std::future::pending().await,

@@ -32,12 +32,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::process::Stdio;
 
-use crate::fork_server::{ForkRequest, ForkServer};
-use crate::guard::Guard;
 use crate::logs::filter::Filtered;
 use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
 use crate::sys::{self, Ended};
+use accel_process::fork_server::{ForkRequest, ForkServer};
+use accel_process::guard::Guard;
 
 /// What to start for one local rank.
 #[derive(Debug, Clone)]
@@ -243,7 +243,7 @@ impl WorkerGroup {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.ended.is_none())
-            .filter_map(|(i, s)| sys::peek_exit(s.pid).map(|e| (i, e)))
+            .filter_map(|(i, s)| accel_process::sys::peek_exit(s.pid).map(|e| (i, e)))
             .collect();
         found
             .into_iter()
@@ -288,7 +288,7 @@ impl WorkerGroup {
     /// Sends `sig` to the group of every worker that has not ended.
     pub fn signal_live(&self, sig: Signal) {
         for s in self.slots.iter().filter(|s| s.ended.is_none()) {
-            sys::killpg(s.pid, sig);
+            accel_process::sys::killpg(s.pid, sig);
         }
     }
 
@@ -306,7 +306,7 @@ impl WorkerGroup {
     /// SIGKILLs what is left of every worker's process group.
     fn sweep(&mut self) {
         for s in &self.slots {
-            sys::killpg(s.pid, Signal::SIGKILL);
+            accel_process::sys::killpg(s.pid, Signal::SIGKILL);
             if let Some(g) = &self.guard {
                 g.forget(s.pid);
             }
@@ -334,9 +334,9 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
     for secret in SECRET_VARIABLES {
         cmd.env_remove(secret);
     }
-    sys::kill_with_parent(&mut cmd);
+    accel_process::sys::kill_with_parent(&mut cmd);
     if spec.hang_detection() {
-        sys::let_agent_trace(&mut cmd);
+        accel_process::sys::let_agent_trace(&mut cmd);
     }
     if let Some(cpus) = &spec.cpus {
         sys::bind_to_cpus(&mut cmd, cpus)?;

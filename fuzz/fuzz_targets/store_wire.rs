@@ -36,9 +36,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use accel_agent::store::reply::Replies;
-use accel_agent::store::state::{ApplyError, ConnId, State};
-use accel_agent::store::wire::{
+use accel_worker_store::reply::Replies;
+use accel_worker_store::state::{ApplyError, ConnId, State};
+use accel_worker_store::wire::{
     self, Command, WireError, NOT_READY, READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use libfuzzer_sys::fuzz_target;

@@ -68,15 +68,4 @@ pub(crate) fn incoming(
     ReceiverStream::new(rx)
 }
 
-/// Raises this process's soft limit on open files to its hard limit (each
-/// agent holds a connection to the server, each worker one to the agent's
-/// store), returning the new limit. systemd and most shells start services
-/// at 1,024.
-pub fn raise_open_file_limit() -> Option<u64> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
-    }
-    Some(hard.max(soft))
-}
+pub use accel_rdzv_client::raise_open_file_limit;

@@ -15,7 +15,7 @@
 //!   as soon as they connect, so this never touches them.
 //!
 //! Refusals and closures are counted and logged at most once per
-//! [`REPORT_EVERY`] ([`crate::quiet`]), so a flood cannot flood the log as
+//! [`REPORT_EVERY`] ([`accel_telemetry::quiet`]), so a flood cannot flood the log as
 //! well.
 
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tracing::warn;
 
-use crate::quiet::{Quiet, Say};
+use accel_telemetry::quiet::{Quiet, Say};
 
 /// Refused and closed connections are reported at most this often.
 pub const REPORT_EVERY: Duration = Duration::from_secs(10);

@@ -8,151 +8,17 @@
 //! handler runs. The token is compared in constant time and never logged
 //! (`Token`'s `Debug` hides it). The gRPC health service stays open: it tells
 //! a probe only whether the server serves.
+//!
+//! The token itself and the client's side (`AttachToken`) live in
+//! `accel-rdzv-client`, which both the agent and this server use; this module
+//! re-exports them next to the server's check.
 
-use std::fmt;
-use std::path::{Path, PathBuf};
-
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::job::{constant_time_eq, Session, SESSION_BYTES};
+use crate::job::{Session, SESSION_BYTES};
 
-/// A token file larger than this is not a token.
-const MAX_TOKEN_FILE: u64 = 4096;
-/// The metadata key the token travels in.
-pub const AUTHORIZATION: &str = "authorization";
-
-/// Why a token could not be loaded.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TokenError {
-    /// The file could not be read.
-    #[error("cannot read the token file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is too large to hold a token.
-    #[error("the token file {path} has {len} bytes; a token is at most {MAX_TOKEN_FILE} bytes (is it the right file?)")]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Its size.
-        len: u64,
-    },
-    /// The token is empty or cannot travel in a gRPC header.
-    #[error("the token from {origin} {problem}; use a random string of printable ASCII without spaces, e.g. `openssl rand -hex 32`")]
-    Invalid {
-        /// Where it came from (a file, or a variable).
-        origin: String,
-        /// What is wrong with it.
-        problem: &'static str,
-    },
-}
-
-/// The shared secret of a rendezvous.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(..)")
-    }
-}
-
-impl Token {
-    /// A token from a string (an environment variable's value); surrounding
-    /// whitespace is ignored. `origin` names where it came from, for errors.
-    pub fn new(value: &str, origin: &str) -> Result<Self, TokenError> {
-        let value = value.trim();
-        let invalid = |problem| TokenError::Invalid {
-            origin: origin.to_owned(),
-            problem,
-        };
-        if value.is_empty() {
-            return Err(invalid("is empty"));
-        }
-        if !value.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid(
-                "contains spaces, control characters or non-ASCII bytes",
-            ));
-        }
-        if value.len() < 16 {
-            return Err(invalid("is shorter than 16 characters"));
-        }
-        Ok(Self(value.to_owned()))
-    }
-
-    /// The token in file `path` (surrounding whitespace, such as the final
-    /// newline, is ignored). Warns when other users may read the file.
-    pub fn from_file(path: &Path) -> Result<Self, TokenError> {
-        let read = |source| TokenError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(read)?;
-        if meta.len() > MAX_TOKEN_FILE {
-            return Err(TokenError::TooLarge {
-                path: path.to_owned(),
-                len: meta.len(),
-            });
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            // Readable by its group is how a service group shares it
-            // (Kubernetes' fsGroup, a unit's Group=): fine when that group
-            // is one of this process's (primary or supplementary); anyone
-            // else's access is worth a word.
-            let mode = meta.permissions().mode();
-            let gid = nix::unistd::Gid::from_raw(meta.gid());
-            let own_group = gid == nix::unistd::getegid()
-                || nix::unistd::getgroups().is_ok_and(|g| g.contains(&gid));
-            if mode & 0o007 != 0 || (mode & 0o070 != 0 && !own_group) {
-                tracing::warn!(file = %path.display(), "the token file may be read by other users; restrict it with chmod 600 (or 640 with this service's own group)");
-            }
-        }
-        let text = std::fs::read_to_string(path).map_err(read)?;
-        Self::new(&text, &format!("file {}", path.display()))
-    }
-
-    /// The token from `file` if given, else from the environment variable
-    /// `var` (looked up through `env`); `None` when neither is set.
-    pub fn resolve(
-        file: Option<&Path>,
-        var: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Option<Self>, TokenError> {
-        if let Some(file) = file {
-            return Self::from_file(file).map(Some);
-        }
-        match env(var) {
-            Some(v) => Self::new(&v, &format!("${var}")).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// The `authorization` metadata value that carries it.
-    pub fn bearer(&self) -> MetadataValue<Ascii> {
-        // Checked printable ASCII at construction, so always a valid value.
-        MetadataValue::try_from(format!("Bearer {}", self.0))
-            .unwrap_or_else(|_| MetadataValue::from_static(""))
-    }
-
-    /// Whether a request's `authorization` value carries this token.
-    fn admits(&self, header: Option<&MetadataValue<Ascii>>) -> bool {
-        let Some(value) = header else {
-            return false;
-        };
-        let presented = value.as_bytes();
-        let presented = presented.strip_prefix(b"Bearer ").unwrap_or(presented);
-        constant_time_eq(presented, self.0.as_bytes())
-    }
-}
+pub use accel_rdzv_client::auth::{AttachToken, Token, TokenError, AUTHORIZATION};
 
 /// The server's check of every call: with a token, calls without it are
 /// `UNAUTHENTICATED`; without one, every call passes.
@@ -186,42 +52,6 @@ impl Interceptor for RequireToken {
     }
 }
 
-/// The client's side: adds the token to every call (nothing without one).
-/// Its `Debug` output never shows the token.
-#[derive(Clone, Default)]
-pub struct AttachToken(Option<MetadataValue<Ascii>>);
-
-impl fmt::Debug for AttachToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "AttachToken(..)"
-        } else {
-            "AttachToken(None)"
-        })
-    }
-}
-
-impl AttachToken {
-    /// Sends `token` with every call (marked sensitive, so HTTP/2 never
-    /// indexes it in its header tables).
-    pub fn new(token: Option<&Token>) -> Self {
-        Self(token.map(|t| {
-            let mut v = t.bearer();
-            v.set_sensitive(true);
-            v
-        }))
-    }
-}
-
-impl Interceptor for AttachToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            request.metadata_mut().insert(AUTHORIZATION, v.clone());
-        }
-        Ok(request)
-    }
-}
-
 /// A new random session secret, from the operating system's random source.
 pub fn new_session() -> Result<Session, Status> {
     let mut bytes = [0u8; SESSION_BYTES];
@@ -235,18 +65,6 @@ mod tests {
     use super::*;
 
     const T: &str = "0123456789abcdef0123";
-
-    #[test]
-    fn tokens_are_checked_and_hidden() {
-        let t = Token::new(&format!(" {T}\n"), "test").expect("valid");
-        assert_eq!(format!("{t:?}"), "Token(..)");
-        assert!(Token::new("", "x").is_err());
-        assert!(Token::new("short", "x").is_err());
-        let err = Token::new("has a space in the middle!", "$X")
-            .expect_err("space")
-            .to_string();
-        assert!(err.contains("$X") && err.contains("spaces"), "{err}");
-    }
 
     #[test]
     fn the_interceptor_admits_only_the_token() {
@@ -263,27 +81,5 @@ mod tests {
             .expect("attach");
         assert!(check.call(wrong).is_err());
         assert!(RequireToken::new(None).call(Request::new(())).is_ok());
-    }
-
-    #[test]
-    fn token_files_are_bounded() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path().to_path_buf();
-        std::fs::create_dir_all(&dir).expect("dir");
-        let f = dir.join("token");
-        std::fs::write(&f, format!("{T}\n")).expect("write");
-        let env = |_: &str| None;
-        let t = Token::resolve(Some(&f), "X", &env)
-            .expect("ok")
-            .expect("some");
-        assert!(t.admits(Some(&t.bearer())));
-        std::fs::write(&f, vec![b'a'; 5000]).expect("write");
-        assert!(matches!(
-            Token::from_file(&f),
-            Err(TokenError::TooLarge { .. })
-        ));
-        let env = |k: &str| (k == "X").then(|| T.to_owned());
-        assert!(Token::resolve(None, "X", &env).expect("ok").is_some());
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -349,17 +349,7 @@ impl ServerArgs {
     }
 }
 
-/// The token a client (`status`, an agent) presents: `file` if given, else
-/// `ACCEL_RDZV_TOKEN`, else `RDZV_TOKEN`, looked up through `env`.
-pub fn client_token(
-    file: Option<&std::path::Path>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<Token>, TokenError> {
-    match Token::resolve(file, "ACCEL_RDZV_TOKEN", env)? {
-        Some(t) => Ok(Some(t)),
-        None => Token::resolve(None, "RDZV_TOKEN", env),
-    }
-}
+pub use accel_rdzv_client::auth::client_token;
 
 #[cfg(test)]
 mod tests {

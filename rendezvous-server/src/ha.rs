@@ -66,13 +66,12 @@ use tracing::{info, warn};
 use crate::depose::{Action, Event, Members, Tally, Term};
 use crate::lease::LeaseClock;
 use crate::limits::Limits;
-use crate::quiet::{Quiet, Say};
 use crate::registry::Registry;
 use crate::store::etcd::{EtcdStore, Fence};
 use crate::store::StoreError;
+use accel_telemetry::quiet::{Quiet, Say};
 
-/// The response metadata in which a follower names the leader's address.
-pub const LEADER_METADATA: &str = "accel-leader";
+pub use accel_rdzv_client::LEADER_METADATA;
 /// How often a follower asks who leads while etcd streams it no changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 /// How often a follower checks the streamed leader by asking.

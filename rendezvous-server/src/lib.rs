@@ -14,17 +14,25 @@
 //! - [`presence`]: agent-only rendezvous: nodes' presence keys, and the
 //!   leader dropping a node whose etcd lease expired;
 //! - [`service`]: the gRPC handlers;
-//! - [`auth`]: the token every call carries, and nodes' session secrets;
+//! - [`auth`]: checking the token every call carries, and nodes' session secrets;
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
-//! - [`quiet`]: logging a recurring problem once per episode, then counts;
-//! - [`tls`]: certificates and keys for TLS on every link;
+//! - [`tls`]: certificates and keys for TLS on every link (re-exported);
 //! - [`config`]: `rdzv-server`'s flags
 //!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
-//! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call;
+//! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call on the
+//!   client crate's channel builder;
 //! - [`tombstone`]: what a finished job leaves for its late nodes;
 //! - [`error`]: typed errors and their gRPC status codes.
+//!
+//! What both ends of a link share lives below this crate, in
+//! `accel-rdzv-client`: the token and its client-side interceptor, TLS
+//! files, the bounds on a failure report's text and its escaping, the
+//! leader's metadata key, the open-file limit; the modules here re-export
+//! them where the server used to define them. The server depends on the
+//! client crate, never the reverse; a recurring problem is logged once per
+//! episode through `accel_telemetry::quiet`, shared with the worker store.
 #![forbid(unsafe_code)]
 
 pub mod accept;
@@ -40,13 +48,12 @@ pub mod limits;
 pub mod metrics;
 pub mod outbox;
 pub mod presence;
-pub mod quiet;
 pub mod registry;
 pub mod service;
 pub mod signal;
 pub mod status;
 pub mod store;
-pub mod tls;
+pub use accel_rdzv_client::tls;
 pub mod tombstone;
 
 use std::future::Future;
@@ -290,7 +297,7 @@ pub(crate) async fn tick_and_flush(
 ) {
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = quiet::Quiet::every(Duration::from_secs(10));
+    let mut failing = accel_telemetry::quiet::Quiet::every(Duration::from_secs(10));
     loop {
         tokio::select! {
             _ = interval.tick() => registry.tick(Instant::now()),
@@ -311,13 +318,13 @@ pub(crate) async fn tick_and_flush(
             Err(e) => {
                 registry.metrics().store_write(false);
                 match failing.hit(tokio::time::Instant::now()) {
-                    quiet::Say::First => {
+                    accel_telemetry::quiet::Say::First => {
                         warn!(error = %e, "cannot write job state to the job store; retrying")
                     }
-                    quiet::Say::Summary(n, over) => {
+                    accel_telemetry::quiet::Say::Summary(n, over) => {
                         warn!(error = %e, failures = n, over_s = over.as_secs(), "still cannot write job state to the job store")
                     }
-                    quiet::Say::Nothing => {}
+                    accel_telemetry::quiet::Say::Nothing => {}
                 }
             }
         }

@@ -15,13 +15,12 @@ use crate::error::Error;
 
 /// Longest job id, node id, host name or store address, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
-/// Most text a failure report may carry (reason, message, traceback, file).
-pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
-/// Longest leave reason, in bytes.
-pub const MAX_REASON_BYTES: usize = 4096;
 /// Longest duration a request may ask for (keep-alive limit, last call):
 /// the same ten years as any duration a person types.
 pub use accel_input::MAX_DURATION;
+pub use accel_rdzv_client::limits::{
+    printable, printable_keeping, truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES,
+};
 /// Highest round a resuming node may report: far beyond any job's life (a
 /// round takes at least the workers' start), far below where the round
 /// counter could overflow.
@@ -219,44 +218,6 @@ pub fn check_reason(reason: &str) -> Result<(), Error> {
         )));
     }
     Ok(())
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a character
-/// boundary.
-pub fn truncated(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// `s` with control characters escaped (`\n`, `\u{1b}`), so stored text
-/// prints as one line and cannot drive a terminal. Tabs and newlines in a
-/// traceback are kept where `keep_newlines` says so. Escaping can make a text
-/// six times longer, so the result is cut at [`MAX_FAILURE_BYTES`].
-pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
-    if !s.chars().any(char::is_control) && s.len() <= MAX_FAILURE_BYTES {
-        return s.to_owned();
-    }
-    let mut out = String::with_capacity(s.len().min(MAX_FAILURE_BYTES) + 8);
-    for c in s.chars() {
-        if out.len() >= MAX_FAILURE_BYTES {
-            out.push('…');
-            break;
-        }
-        match c {
-            '\n' | '\t' if keep_newlines => out.push(c),
-            c if c.is_control() => out.extend(c.escape_default()),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `s` with every control character escaped.
-pub fn printable(s: &str) -> String {
-    printable_keeping(s, false)
 }
 
 /// A failure with its text made printable (the traceback keeps its lines).

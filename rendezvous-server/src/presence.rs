@@ -41,9 +41,9 @@ use tracing::{info, warn};
 
 use crate::ha::{connect, keep_lease, EtcdOptions};
 use crate::lease::LeaseClock;
-use crate::quiet::{Quiet, Say};
 use crate::registry::Registry;
 use crate::store::records::{escape, unescape};
+use accel_telemetry::quiet::{Quiet, Say};
 
 /// What the others are told about a node dropped for its expired lease.
 pub const EXPIRED: &str =

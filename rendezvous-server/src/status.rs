@@ -7,7 +7,8 @@ use accel_proto::v1 as pb;
 use pb::rendezvous_client::RendezvousClient;
 
 use crate::auth::{AttachToken, Token};
-use crate::tls::{endpoint_uri, ClientTlsFiles};
+use crate::tls::ClientTlsFiles;
+use accel_rdzv_client::EndpointError;
 
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -37,22 +38,7 @@ pub enum StatusError {
     },
 }
 
-/// `e` and its sources, joined: a transport error's own text is often only
-/// "transport error".
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let text = c.to_string();
-        // Wrappers often repeat their source's text; say it once.
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cur = c.source();
-    }
-    s
-}
+pub use accel_rdzv_client::error_chain;
 
 /// The status of every job (or of `job`) at `endpoint`; every page of a
 /// server with many jobs is fetched.
@@ -65,14 +51,18 @@ pub async fn fetch(
     let bad = || StatusError::BadEndpoint(endpoint.to_owned());
     let (host, port) = endpoint.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
-    let uri = endpoint_uri(host, port, tls.enabled());
-    let mut ep = tonic::transport::Endpoint::from_shared(uri).map_err(|_| bad())?;
-    if let Some(config) = tls.config(host)? {
-        ep = ep.tls_config(config).map_err(|e| StatusError::Connect {
+    let ep = accel_rdzv_client::endpoint(host, port, tls).map_err(|e| match e {
+        EndpointError::Invalid(_) => bad(),
+        EndpointError::Tls(e) => StatusError::Tls(e),
+        EndpointError::TlsConfig(e) => StatusError::Connect {
             endpoint: endpoint.to_owned(),
             cause: error_chain(&e),
-        })?;
-    }
+        },
+        e => StatusError::Connect {
+            endpoint: endpoint.to_owned(),
+            cause: error_chain(&e),
+        },
+    })?;
     let channel = ep
         .connect_timeout(Duration::from_secs(5))
         .connect()

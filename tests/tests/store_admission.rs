@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use accel_agent::store::{Admit, ConnLimits, StoreOptions, WorkerStore};
 use accel_tests::{
     as_other_user, eventually, read_json, records, scratch, venv, venv_path, worker, Agent,
     AgentCmd, Lan, Netns, Server,
 };
+use accel_worker_store::{Admit, ConnLimits, StoreOptions, WorkerStore};
 
 use crate::heavy;
 use crate::store_bounds::{answers, client, set_get_works, LIMIT};
@@ -309,7 +309,7 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
     {
         use std::io::{Read, Write};
         let check =
-            accel_agent::store::wire::encode(&accel_agent::store::wire::Command::Check(vec![
+            accel_worker_store::wire::encode(&accel_worker_store::wire::Command::Check(vec![
                 b"/planted".to_vec(),
             ]));
         mine.write_all(&check).expect("check");

@@ -12,10 +12,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use accel_agent::store::wire::{
+use accel_tests::{eventually, scratch, Agent, AgentCmd};
+use accel_worker_store::wire::{
     encode, Command as Cmd, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN, VALIDATION_MAGIC,
 };
-use accel_tests::{eventually, scratch, Agent, AgentCmd};
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(90);
 

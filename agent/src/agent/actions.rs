@@ -19,9 +19,9 @@ use super::workers::{Spawner, Workers};
 use super::{Session, SessionEnd};
 use crate::error::AgentError;
 use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
-use crate::store::WorkerStore;
 use crate::supervisor::WorkerSpec;
 use crate::worker_env::{full_env, worker_argv, RoundInfo};
+use accel_worker_store::WorkerStore;
 
 impl<L: Link, S: Spawner> Session<'_, L, S> {
     /// Performs one action; events it causes at once go to `queue`.

@@ -15,7 +15,7 @@
 //! (a GC pause, a frozen VM, swap) or goes deaf, since its TCP connections
 //! stay open and nobody asks who leads now. So the link declares its
 //! server silent after [`silence_bound`] (1 s by default, a third of a
-//! shorter drop limit): HTTP/2 PINGs on the connection ([`pings`](crate::client::pings)) that go
+//! shorter drop limit): HTTP/2 PINGs on the connection ([`pings`](accel_rdzv_client::client::pings)) that go
 //! unanswered for that long end it, and so does a keep-alive, ready or
 //! report that gets no answer within it, or any error from one. The node
 //! then rejoins (its workers keep running) and the join leaves the silent
@@ -50,17 +50,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use rendezvous_server::tls::ClientTlsFiles;
-use rendezvous_server::Token;
+use accel_rdzv_client::tls::ClientTlsFiles;
+use accel_rdzv_client::Token;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 use tonic_health::pb::HealthCheckResponse;
 use tracing::warn;
 
-use crate::client::{Leaders, RdzvClient};
 use crate::config::Config;
 use crate::error::AgentError;
+use accel_rdzv_client::client::{Leaders, RdzvClient};
 
 /// What the link heard.
 #[derive(Debug)]
@@ -536,7 +536,7 @@ impl Link for RdzvLink {
     }
 }
 
-/// Waits until the probe's health watch ends ([`crate::client::probe_ended`])
+/// Waits until the probe's health watch ends ([`accel_rdzv_client::client::probe_ended`])
 /// and drops it: why. Never returns without a probe.
 async fn probe_ends(
     probe: &mut Option<Streaming<HealthCheckResponse>>,
@@ -545,7 +545,7 @@ async fn probe_ends(
     let Some(watch) = probe.as_mut() else {
         return std::future::pending().await;
     };
-    let why = crate::client::probe_ended(watch, silence).await;
+    let why = accel_rdzv_client::client::probe_ended(watch, silence).await;
     *probe = None;
     why
 }
@@ -606,7 +606,7 @@ mod tests {
         assert_eq!(silence_bound(s(3)), s(1));
         assert_eq!(silence_bound(s(1)), s(1) / 3);
         assert_eq!(silence_bound(Duration::ZERO), Duration::from_millis(20));
-        let (interval, timeout) = crate::client::pings(s(1));
+        let (interval, timeout) = accel_rdzv_client::client::pings(s(1));
         assert_eq!(
             interval + timeout,
             s(1),

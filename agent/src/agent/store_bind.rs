@@ -44,9 +44,9 @@ use tracing::warn;
 
 use crate::config::{Config, PortRange, Rendezvous};
 use crate::error::AgentError;
-use crate::store::admission::literal;
-use crate::store::{Admit, ConnLimits, StoreOptions};
 use crate::worker_env::RoundInfo;
+use accel_worker_store::admission::literal;
+use accel_worker_store::{Admit, ConnLimits, StoreOptions};
 
 /// How long resolving the offered host name may take.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(5);

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::fork_server::ForkServer;
-use crate::guard::Guard;
 use crate::logs::tee::Console;
 use crate::supervisor::{Exit, SpawnError, WorkerGroup, WorkerSpec};
-use crate::zygote::Zygote;
+use accel_process::fork_server::ForkServer;
+use accel_process::guard::Guard;
+use accel_process::zygote::Zygote;
 
 /// One round's running workers on this node.
 pub(crate) trait Workers: Send + 'static {

@@ -40,7 +40,7 @@ pub struct RdzvConf {
     pub token_file: Option<std::path::PathBuf>,
     /// TLS files (accel's keys `tls_ca`, `tls_cert`, `tls_key`; else the
     /// variables `ACCEL_RDZV_TLS_CA`, `_CERT`, `_KEY`).
-    pub tls: rendezvous_server::tls::ClientTlsFiles,
+    pub tls: accel_rdzv_client::tls::ClientTlsFiles,
     /// Ports the worker store may take, rotated through round by round
     /// (accel's own key; `None`: any free port).
     pub store_ports: Option<PortRange>,
@@ -178,7 +178,7 @@ impl Default for RdzvConf {
             token_file: None,
             tls: Default::default(),
             store_ports: None,
-            store_max_bytes: crate::store::state::DEFAULT_MAX_BYTES,
+            store_max_bytes: accel_worker_store::state::DEFAULT_MAX_BYTES,
             etcd: EtcdConf::default(),
         }
     }

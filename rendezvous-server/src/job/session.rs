@@ -48,16 +48,7 @@ impl fmt::Debug for Session {
     }
 }
 
-/// Compares two byte strings without stopping at the first difference, so
-/// the time taken reveals at most whether the lengths are equal.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // Keep the optimiser from turning the fold into an early exit.
-    std::hint::black_box(diff) == 0
-}
+pub use accel_rdzv_client::auth::constant_time_eq;
 
 #[cfg(test)]
 mod tests {

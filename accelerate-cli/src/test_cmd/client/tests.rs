@@ -3,8 +3,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::*;
-use accel_agent::store::wire::{parse, Command, VALIDATION_MAGIC};
-use accel_agent::store::WorkerStore;
+use accel_worker_store::wire::{parse, Command, VALIDATION_MAGIC};
+use accel_worker_store::WorkerStore;
 
 /// accel's store on a loopback port, served by its own runtime.
 pub(crate) fn store() -> (tokio::runtime::Runtime, WorkerStore) {

@@ -18,7 +18,7 @@
 //! key of the job (and let it overwrite them). So a connection whose other
 //! end is a socket on this host (in the agent's network namespace) is
 //! served only if the kernel says that socket belongs to the agent's user
-//! or to root ([`owner_admits`]; the lookup is [`super::owner`]). The
+//! or to root ([`owner_admits`]; the lookup is `owner`). The
 //! workers run as the agent's user, so they are always admitted; a process
 //! of another user gets the connection closed unread. A connection from
 //! this host whose other end the kernel no longer knows (already closed) is

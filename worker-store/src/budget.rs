@@ -39,10 +39,10 @@ use super::admission::canonical;
 use super::state::ConnId;
 
 /// Bytes of incomplete requests held across all connections of a store.
-pub const DEFAULT_PENDING_BUDGET: u64 = 64 << 20;
+pub(crate) const DEFAULT_PENDING_BUDGET: u64 = 64 << 20;
 
 /// The least connection limit, whatever the job's size.
-pub const MIN_CONNECTIONS: usize = 2048;
+pub(crate) const MIN_CONNECTIONS: usize = 2048;
 
 /// A store's connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl Default for ConnLimits {
 
 /// Where a connection comes from, for the per-source bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
+pub(crate) enum Source {
     /// This host: a loopback address, or the address the connection was made to.
     ThisHost,
     /// Another host's address.
@@ -85,7 +85,7 @@ pub enum Source {
 
 impl Source {
     /// The source of a connection from `peer` made to `local`.
-    pub fn of(peer: IpAddr, local: Option<IpAddr>) -> Self {
+    pub(crate) fn of(peer: IpAddr, local: Option<IpAddr>) -> Self {
         let peer = canonical(peer);
         if peer.is_loopback() || local.map(canonical) == Some(peer) {
             Self::ThisHost
@@ -97,7 +97,7 @@ impl Source {
 
 /// Why a connection was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Full {
+pub(crate) enum Full {
     /// The store holds its limit of connections.
     #[error("the worker store holds its limit of {0} connections")]
     Total(usize),
@@ -108,7 +108,7 @@ pub enum Full {
 
 /// Connections and incomplete-request bytes of one store.
 #[derive(Debug)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     limits: ConnLimits,
     budget: u64,
     open: usize,
@@ -122,7 +122,7 @@ pub struct Ledger {
 
 impl Ledger {
     /// A ledger with these bounds.
-    pub fn new(limits: ConnLimits, budget: u64) -> Self {
+    pub(crate) fn new(limits: ConnLimits, budget: u64) -> Self {
         Self {
             limits,
             budget,
@@ -135,7 +135,7 @@ impl Ledger {
     }
 
     /// Takes a connection from `source`, unless a bound is reached.
-    pub fn open(&mut self, source: Source) -> Result<(), Full> {
+    pub(crate) fn open(&mut self, source: Source) -> Result<(), Full> {
         if self.open >= self.limits.total {
             return Err(Full::Total(self.limits.total));
         }
@@ -149,7 +149,7 @@ impl Ledger {
     }
 
     /// Releases a connection taken by [`Self::open`], and what it buffered.
-    pub fn close(&mut self, id: ConnId, source: Source) {
+    pub(crate) fn close(&mut self, id: ConnId, source: Source) {
         if let Some(n) = self.by_source.get_mut(&source) {
             *n -= 1;
             if *n == 0 {
@@ -167,7 +167,7 @@ impl Ledger {
     /// connection told to close still counts until it has closed
     /// ([`Self::close`]): its buffer is held until its task runs, and the
     /// budget is about memory held.
-    pub fn pending(&mut self, id: ConnId, bytes: u64) -> Vec<ConnId> {
+    pub(crate) fn pending(&mut self, id: ConnId, bytes: u64) -> Vec<ConnId> {
         if self.evicted.contains(&id) {
             return vec![id]; // told to close already
         }
@@ -202,17 +202,18 @@ impl Ledger {
     }
 
     /// The budget for incomplete requests, in bytes.
-    pub fn budget(&self) -> u64 {
+    pub(crate) fn budget(&self) -> u64 {
         self.budget
     }
 
-    /// Open connections.
-    pub fn connections(&self) -> usize {
+    /// Open connections (the tests' view).
+    #[cfg(test)]
+    pub(crate) fn connections(&self) -> usize {
         self.open
     }
 
     /// Bytes of incomplete requests held in all.
-    pub fn pending_bytes(&self) -> u64 {
+    pub(crate) fn pending_bytes(&self) -> u64 {
         self.pending_total
     }
 }

@@ -5,6 +5,10 @@
 //! Files are read and parsed here, before anything is served or dialled, so
 //! a wrong path, a key in the certificate's place or an empty file is one
 //! line naming the file and the cause, not a handshake failure later.
+//!
+//! Both ends' files are here, in the client crate, because both ends read
+//! PEM files the same way; the server (`server_config`) and `rdzv-server
+//! status` use this module through the server's `tls` re-export.
 
 use std::path::{Path, PathBuf};
 

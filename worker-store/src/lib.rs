@@ -8,12 +8,22 @@
 //! new round gets a new store, so no worker can read a key of an earlier
 //! attempt (PyTorch #135712).
 //!
+//! # Why its own crate
+//! The store is a server for untrusted bytes with its own bounds, and it
+//! needs nothing of the agent: not its rounds, configuration or logs. As a
+//! crate of its own, that is checked by the compiler, and the parser can be
+//! fuzzed and the server tested without building the agent. The dependency
+//! goes one way: `accel-agent` depends on this crate (it starts a store each
+//! round, chooses its [`StoreOptions`] and registers its [`metrics`]); this
+//! crate depends on no other accel crate but `accel-telemetry` (for
+//! `quiet`, the aggregated logging of recurring refusals).
+//!
 //! # How it serves
 //! One task per connection on the agent's event loop; all connections share
 //! one [`State`] behind a mutex that is never held across an await. A
 //! connection task parses whatever bytes have arrived ([`wire::parse`]),
 //! applies complete commands in order and writes their replies
-//! ([`conn`]). A connection parked in WAIT or BARRIER processes nothing else
+//! (`conn`). A connection parked in WAIT or BARRIER processes nothing else
 //! until it is woken (by another connection's write, through its wake
 //! channel) or sends CANCEL_WAIT, so replies are never reordered.
 //!
@@ -22,7 +32,7 @@
 //! by address ([`admission`]): this host, and the addresses of the round's
 //! members as the rendezvous reports them; and a connection whose other end
 //! is a socket on this host only if the kernel says it belongs to the
-//! agent's user or root ([`owner`]), so other local users are refused.
+//! agent's user or root (`owner`), so other local users are refused.
 //! Others are accepted and closed before a byte is read. The agent binds the store to the node's own
 //! address (loopback for a job on loopback), not every interface, and can
 //! take its port from a range (`--rdzv-conf store_ports=A-B`) that a
@@ -38,26 +48,30 @@
 //! |---|---|---|
 //! | key, value, keys per request | 8 KiB, 8 MiB, 128 Ki (as PyTorch's libuv server) | [`wire`] |
 //! | one request | one maximal COMPARE_SET, ≈ 16 MiB | [`wire::MAX_REQUEST_LEN`] |
-//! | incomplete requests, all connections | 64 MiB; past it the connection buffering the most is closed | [`budget`] |
+//! | incomplete requests, all connections | 64 MiB; past it the connection buffering the most is closed | `budget` |
 //! | parsing an incomplete request | once: the parser keeps its place between reads | [`wire::Parser`] |
-//! | connections | `max(2048, 8 × world_size + 64)`, three quarters of that from one address (this host is one) | [`budget`] |
+//! | connections | `max(2048, 8 × world_size + 64)`, three quarters of that from one address (this host is one) | `budget` |
 //! | a value grown by APPEND | 8 MiB, as SET | [`state`] |
 //! | all keys and values | `store_max_bytes`, default 1 GiB; a write past it closes the writer | [`state`] |
-//! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | [`conn`] |
-//! | a parked connection's input | one maximal request | [`conn`] |
-//! | handshake; an incomplete request | 30 s; 30 s without progress | [`conn::Limits`] |
+//! | unwritten replies | ≈ 1 MiB per connection, then it stops reading | `conn` |
+//! | a parked connection's input | one maximal request | `conn` |
+//! | handshake; an incomplete request | 30 s; 30 s without progress | `conn::Limits` |
 //! | waiters of a closed connection | removed with it | [`state`] |
 //! | failing `accept` (EMFILE…) | backs off 10 ms doubling to 1 s, one line per episode | here |
 //!
 //! A malformed request (bad magic, unknown command, oversized field, ADD to
 //! a non-number) closes that connection only.
 
+#![deny(unsafe_code)]
+
 pub mod admission;
-pub mod budget;
-pub mod conn;
-pub mod owner;
+mod budget;
+mod conn;
+pub mod metrics;
+mod owner;
 pub mod reply;
 pub mod state;
+mod sys;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -71,13 +85,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use accel_telemetry::quiet::{Quiet, Say};
 pub use admission::Admit;
 use admission::{Admission, Decision, SharedAdmission, Stranger};
 pub use budget::ConnLimits;
 use budget::{Full, Ledger, Source, DEFAULT_PENDING_BUDGET};
 pub use conn::Limits;
 use conn::{ConnError, Connection, Signal};
-use rendezvous_server::quiet::{Quiet, Say};
 use state::{ConnId, State, DEFAULT_MAX_BYTES};
 
 /// First pause after a failed `accept`; it doubles up to [`ACCEPT_BACKOFF_MAX`].
@@ -293,7 +307,7 @@ impl WorkerStore {
     pub fn start_counted(
         listener: TcpListener,
         options: StoreOptions,
-        metrics: crate::metrics::StoreMetrics,
+        metrics: metrics::StoreMetrics,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
@@ -352,7 +366,7 @@ struct Acceptor {
     admission: SharedAdmission,
     owners: Arc<owner::Owners>,
     limits: Limits,
-    metrics: crate::metrics::StoreMetrics,
+    metrics: metrics::StoreMetrics,
 }
 
 impl Acceptor {

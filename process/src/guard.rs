@@ -232,7 +232,7 @@ fn guard_main(read: OwnedFd, back: OwnedFd, limit: Option<Duration>) -> ! {
                     // The agent, when it runs again, reads this before the
                     // workers' exits: they were fenced, not failed.
                     let _ = back.write_all(&[1]);
-                    crate::node::say(&format!(
+                    say(&format!(
                         "accel-guard: the agent has not run for {:.1} s (frozen or starved) and the rendezvous may drop this node: killed its workers so no second copy of its ranks runs beside a re-formed job",
                         heard.elapsed().as_secs_f64()
                     ));
@@ -271,6 +271,13 @@ fn guard_main(read: OwnedFd, back: OwnedFd, limit: Option<Duration>) -> ! {
         sys::killpg(pgid, Signal::SIGKILL);
     }
     sys::exit_now(0)
+}
+
+/// One line on stderr, unformatted (the forked guard has no logger; the
+/// agent's `node::say` writes the same way).
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 #[cfg(test)]

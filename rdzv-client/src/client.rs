@@ -11,10 +11,6 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
-use rendezvous_server::auth::AttachToken;
-use rendezvous_server::limits::{truncated, MAX_FAILURE_BYTES};
-use rendezvous_server::tls::{endpoint_uri, is_certificate_error, ClientTlsFiles};
-use rendezvous_server::Token;
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -23,7 +19,37 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tracing::info;
 
-use crate::error::AgentError;
+use crate::auth::{AttachToken, Token};
+use crate::limits::{truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES};
+use crate::tls::{is_certificate_error, ClientTlsFiles};
+use crate::{EndpointError, LEADER_METADATA};
+
+/// Why a join was not taken. The agent maps each to its own error (and exit
+/// code): a refusal or a bad setting is final, a timeout is the rendezvous'.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JoinError {
+    /// A bad endpoint or TLS file (the caller's configuration).
+    #[error("{0}")]
+    Config(String),
+    /// The rendezvous refused this node. `code` is the server's gRPC status
+    /// code, so callers can tell a refusal of the job's settings from one of
+    /// credentials.
+    #[error("the rendezvous refused this node: {message}")]
+    Rejected {
+        /// The server's status code.
+        code: Code,
+        /// The server's explanation.
+        message: String,
+    },
+    /// TLS with the rendezvous failed: a certificate this side or the other
+    /// refuses.
+    #[error("the rendezvous refused this node: {0}")]
+    Tls(String),
+    /// No replica took the join in time.
+    #[error("rendezvous timed out: {0}")]
+    Timeout(String),
+}
 
 type Inner = RendezvousClient<InterceptedService<Channel, AttachToken>>;
 
@@ -145,7 +171,7 @@ impl RdzvClient {
         silence: Duration,
         avoid: Option<&(String, u16)>,
         deadline: Instant,
-    ) -> Result<Taken, AgentError> {
+    ) -> Result<Taken, JoinError> {
         let avoid = avoidable(leaders, endpoints, avoid);
         // Say why: a follower that still names the silent replica as the
         // leader counts this, and deposes a leader most of a job's nodes
@@ -184,7 +210,7 @@ impl RdzvClient {
         at: usize,
         how: How<'_>,
         deadline: Instant,
-    ) -> Result<Taken, AgentError> {
+    ) -> Result<Taken, JoinError> {
         let mut delays = retry_delays(LEADER_RETRY);
         let connect = how.read_timeout.min(PUBLISHED_CONNECT);
         // A paused server accepts the connection (its kernel does) and then
@@ -201,14 +227,14 @@ impl RdzvClient {
             match tried {
                 Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, silent, at)),
                 Ok(Attempt::Refused(code, message)) => {
-                    return Err(AgentError::Rejected { code, message })
+                    return Err(JoinError::Rejected { code, message })
                 }
-                Ok(Attempt::Config(e)) => return Err(AgentError::Config(e)),
+                Ok(Attempt::Config(e)) => return Err(JoinError::Config(e)),
                 Ok(Attempt::Retry(_)) | Err(_) => {}
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(AgentError::JoinTimeout(format!(
+                return Err(JoinError::Timeout(format!(
                     "the rendezvous at {host}:{port} stopped answering and no other replica named another leader before the deadline"
                 )));
             }
@@ -224,12 +250,12 @@ impl RdzvClient {
         how: How<'_>,
         avoid: Option<&(String, u16)>,
         deadline: Instant,
-    ) -> Result<Taken, AgentError> {
+    ) -> Result<Taken, JoinError> {
         let How {
             tls, read_timeout, ..
         } = how;
         let Some(first) = endpoints.first() else {
-            return Err(AgentError::Config("no rendezvous endpoint".into()));
+            return Err(JoinError::Config("no rendezvous endpoint".into()));
         };
         let named = || {
             endpoints
@@ -291,13 +317,13 @@ impl RdzvClient {
             let (error, leader) = match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, &server, at)),
                 Ok(Attempt::Refused(code, message)) => {
-                    return Err(AgentError::Rejected { code, message })
+                    return Err(JoinError::Rejected { code, message })
                 }
-                Ok(Attempt::Config(e)) => return Err(AgentError::Config(e)),
+                Ok(Attempt::Config(e)) => return Err(JoinError::Config(e)),
                 Ok(Attempt::Retry(Retry { error, .. }))
                     if tls.enabled() && is_certificate_error(&error) =>
                 {
-                    return Err(AgentError::Tls(format!(
+                    return Err(JoinError::Tls(format!(
                         "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
                          (the CA that signed the server's certificate, whose names must include '{host}') \
                          and tls_cert/tls_key"
@@ -308,7 +334,7 @@ impl RdzvClient {
             };
             let now = Instant::now();
             if now >= deadline && leaders == Leaders::Published {
-                return Err(AgentError::JoinTimeout(format!(
+                return Err(JoinError::Timeout(format!(
                     "no agent of the job was elected to host the rendezvous through etcd within {:.0} s ({error}); \
                      check that etcd answers at --rdzv-endpoint (and --rdzv-conf protocol, cacert, cert, key), \
                      and the other agents' logs",
@@ -316,7 +342,7 @@ impl RdzvClient {
                 )));
             }
             if now >= deadline {
-                return Err(AgentError::JoinTimeout(format!(
+                return Err(JoinError::Timeout(format!(
                     "could not reach the rendezvous at {} within {:.0} s ({error}); \
                      start rdzv-server there (or the node-rank-0 agent for static rendezvous), \
                      or fix --rdzv-endpoint / --master-addr",
@@ -458,7 +484,7 @@ impl RdzvClient {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
-            reason: truncated(&reason, rendezvous_server::limits::MAX_REASON_BYTES).to_owned(),
+            reason: truncated(&reason, MAX_REASON_BYTES).to_owned(),
             session: self.session.clone(),
             fenced: true,
             ..Default::default()
@@ -503,7 +529,7 @@ impl Retry {
             error: s.message().to_owned(),
             leader: s
                 .metadata()
-                .get(rendezvous_server::ha::LEADER_METADATA)
+                .get(LEADER_METADATA)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
         }
@@ -576,10 +602,7 @@ async fn open_probe(
 
 /// Waits until a probe's watch ends (its PINGs went unanswered for
 /// `silence`, or the server closed it): why, in words.
-pub(crate) async fn probe_ended(
-    watch: &mut Streaming<HealthCheckResponse>,
-    silence: Duration,
-) -> String {
+pub async fn probe_ended(watch: &mut Streaming<HealthCheckResponse>, silence: Duration) -> String {
     let why = loop {
         match watch.message().await {
             // A change of the server's health: its own streams say what it
@@ -611,21 +634,16 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
     let How {
         req, token, tls, ..
     } = how;
-    let uri = endpoint_uri(host, port, tls.enabled());
-    let mut endpoint = match Endpoint::from_shared(uri) {
+    let endpoint = match crate::endpoint(host, port, tls) {
         Ok(e) => e,
-        Err(e) => {
+        Err(EndpointError::Invalid(e)) => {
             return Attempt::Config(format!("rendezvous endpoint {host}:{port} is invalid: {e}"))
         }
-    };
-    match tls.config(host) {
-        Ok(Some(config)) => match endpoint.tls_config(config) {
-            Ok(e) => endpoint = e,
-            Err(e) => return Attempt::Config(format!("TLS: {}", source_chain(&e))),
-        },
-        Ok(None) => {}
+        Err(EndpointError::TlsConfig(e)) => {
+            return Attempt::Config(format!("TLS: {}", source_chain(&e)))
+        }
         Err(e) => return Attempt::Config(e.to_string()),
-    }
+    };
     let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
     // The node's connection has no PINGs; the probe's has (see `join`).
     let (interval, timeout) = pings(how.silence);
@@ -823,7 +841,7 @@ fn is_refusal(code: Code) -> bool {
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
-    rendezvous_server::status::error_chain(e)
+    crate::error_chain(e)
 }
 
 #[cfg(test)]
@@ -878,148 +896,6 @@ mod tests {
             "the end of a traceback is kept"
         );
         assert!(f.message.starts_with('m'));
-    }
-
-    /// A real rendezvous on loopback with `token`, serving until the test ends.
-    async fn serve(token: &str) -> u16 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let options = rendezvous_server::ServeOptions {
-            finished_job_ttl: Duration::from_secs(5),
-            may_rejoin_after_shutdown: false,
-            token: Some(Token::new(token, "test").expect("token")),
-            limits: rendezvous_server::Limits::default(),
-            tls: None,
-            store: None,
-            replication: None,
-            ends_with_job: false,
-            metrics: Default::default(),
-        };
-        tokio::spawn(rendezvous_server::serve(
-            listener,
-            options,
-            std::future::pending(),
-        ));
-        port
-    }
-
-    fn request(nnodes: u32) -> pb::JoinRequest {
-        pb::JoinRequest {
-            job_id: "j".into(),
-            node_id: "n".into(),
-            hostname: "h".into(),
-            min_nodes: nnodes,
-            max_nodes: nnodes,
-            nproc_per_node: 1,
-            dead_after_ms: 60_000,
-            ..Default::default()
-        }
-    }
-
-    /// A port whose kernel accepts connections that nobody serves: a
-    /// paused server, as its nodes see it.
-    async fn paused() -> (tokio::net::TcpListener, (String, u16)) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        (listener, ("127.0.0.1".to_owned(), port))
-    }
-
-    #[tokio::test]
-    async fn a_join_gives_a_paused_replica_up_after_the_silence_bound_or_at_once_when_it_went_silent(
-    ) {
-        let token = Token::new("right-token-0123456789", "test").expect("token");
-        let (_held, silent) = paused().await;
-        let live = (
-            "127.0.0.1".to_owned(),
-            serve("right-token-0123456789").await,
-        );
-        let endpoints = [silent.clone(), live];
-        let join = |node: &str, silence: Duration, avoid: Option<&(String, u16)>| {
-            let mut req = request(2);
-            req.node_id = node.into();
-            let (endpoints, token) = (endpoints.clone(), token.clone());
-            let avoid = avoid.cloned();
-            async move {
-                let started = Instant::now();
-                let (_client, _events, _probe, _joined, at) = RdzvClient::join(
-                    &endpoints,
-                    Leaders::Listed,
-                    req,
-                    Some(&token),
-                    &ClientTlsFiles::default(),
-                    Duration::from_secs(60),
-                    silence,
-                    avoid.as_ref(),
-                    Instant::now() + Duration::from_secs(30),
-                )
-                .await
-                .expect("joins the live replica");
-                (at, started.elapsed())
-            }
-        };
-        // Tried first, the paused one holds the join only until its PINGs
-        // go unanswered for the bound.
-        let (at, took) = join("a", Duration::from_secs(1), None).await;
-        assert_eq!(at, 1);
-        assert!(
-            took >= Duration::from_millis(900) && took < Duration::from_secs(5),
-            "{took:?}"
-        );
-        // Known to be silent, it is left for the other at once.
-        let (at, took) = join("b", Duration::from_secs(10), Some(&silent)).await;
-        assert_eq!(at, 1);
-        assert!(took < Duration::from_secs(3), "{took:?}");
-    }
-
-    #[tokio::test]
-    async fn a_refusal_keeps_the_servers_status_code() {
-        let port = serve("right-token-0123456789").await;
-        let join = |req, token: Option<Token>| async move {
-            RdzvClient::join(
-                &[("127.0.0.1".to_owned(), port)],
-                Leaders::Listed,
-                req,
-                token.as_ref(),
-                &ClientTlsFiles::default(),
-                Duration::from_secs(5),
-                Duration::from_secs(1),
-                None,
-                Instant::now() + Duration::from_secs(5),
-            )
-            .await
-        };
-        let wrong = Token::new("wrong-token-0123456789", "test").expect("token");
-        match join(request(1), Some(wrong)).await {
-            Err(AgentError::Rejected { code, message }) => {
-                assert_eq!(code, Code::Unauthenticated, "{message}");
-                assert!(message.contains("token"), "{message}");
-            }
-            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
-        }
-        let right = Token::new("right-token-0123456789", "test").expect("token");
-        let (_client, _events, _probe, _joined, _at) = join(request(2), Some(right.clone()))
-            .await
-            .expect("joins with the token");
-        // The job now wants 2 nodes: another node asking for 3 disagrees.
-        let mut other = request(3);
-        other.node_id = "m".into();
-        match join(other, Some(right)).await {
-            Err(e @ AgentError::Rejected { .. }) => {
-                let AgentError::Rejected { code, .. } = &e else {
-                    unreachable!()
-                };
-                assert!(
-                    matches!(code, Code::FailedPrecondition | Code::InvalidArgument),
-                    "{code:?}: {e}"
-                );
-                assert_eq!(e.exit_code(), 2);
-            }
-            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
-        }
     }
 
     /// F6 of the chaos run: a join whose stream begins with the server

@@ -7,7 +7,8 @@
 //! counts, handing back a summary at most once per period
 //! ([`SUMMARY_EVERY`] unless chosen with [`Quiet::every`]) and when asked at
 //! the end ([`Quiet::take`]). The rendezvous server's connection admission
-//! and the agent's worker store both use it.
+//! and the worker store (`accel-worker-store`) both use it, so it lives here,
+//! below both.
 
 use std::time::Duration;
 

@@ -1,0 +1,50 @@
+//! The bounds on text a client sends that both ends must agree on, and
+//! the escaping of text that is stored and printed.
+//!
+//! The server refuses a failure report or a leave reason past these bounds
+//! (its `limits` module re-exports them); the client cuts what it sends to
+//! them first, so a long traceback is shortened, not refused. Both ends make
+//! text printable the same way.
+
+/// Most text a failure report may carry (reason, message, traceback, file).
+pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
+/// Longest leave reason, in bytes.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character
+/// boundary.
+pub fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `s` with control characters escaped (`\n`, `\u{1b}`), so stored text
+/// prints as one line and cannot drive a terminal. Tabs and newlines in a
+/// traceback are kept where `keep_newlines` says so. Escaping can make a text
+/// six times longer, so the result is cut at [`MAX_FAILURE_BYTES`].
+pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
+    if !s.chars().any(char::is_control) && s.len() <= MAX_FAILURE_BYTES {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len().min(MAX_FAILURE_BYTES) + 8);
+    for c in s.chars() {
+        if out.len() >= MAX_FAILURE_BYTES {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\n' | '\t' if keep_newlines => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` with every control character escaped.
+pub fn printable(s: &str) -> String {
+    printable_keeping(s, false)
+}

@@ -1,0 +1,149 @@
+//! The client against a real rendezvous server on loopback (an
+//! integration test, so the server, which depends on this crate, can serve).
+
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+use accel_rdzv_client::{ClientTlsFiles, JoinError, Leaders, RdzvClient, Token};
+use tokio::time::Instant;
+use tonic::Code;
+
+/// A real rendezvous on loopback with `token`, serving until the test ends.
+async fn serve(token: &str) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let options = rendezvous_server::ServeOptions {
+        finished_job_ttl: Duration::from_secs(5),
+        may_rejoin_after_shutdown: false,
+        token: Some(Token::new(token, "test").expect("token")),
+        limits: rendezvous_server::Limits::default(),
+        tls: None,
+        store: None,
+        replication: None,
+        ends_with_job: false,
+        metrics: Default::default(),
+    };
+    tokio::spawn(rendezvous_server::serve(
+        listener,
+        options,
+        std::future::pending(),
+    ));
+    port
+}
+
+fn request(nnodes: u32) -> pb::JoinRequest {
+    pb::JoinRequest {
+        job_id: "j".into(),
+        node_id: "n".into(),
+        hostname: "h".into(),
+        min_nodes: nnodes,
+        max_nodes: nnodes,
+        nproc_per_node: 1,
+        dead_after_ms: 60_000,
+        ..Default::default()
+    }
+}
+
+/// A port whose kernel accepts connections that nobody serves: a
+/// paused server, as its nodes see it.
+async fn paused() -> (tokio::net::TcpListener, (String, u16)) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    (listener, ("127.0.0.1".to_owned(), port))
+}
+
+#[tokio::test]
+async fn a_join_gives_a_paused_replica_up_after_the_silence_bound_or_at_once_when_it_went_silent() {
+    let token = Token::new("right-token-0123456789", "test").expect("token");
+    let (_held, silent) = paused().await;
+    let live = (
+        "127.0.0.1".to_owned(),
+        serve("right-token-0123456789").await,
+    );
+    let endpoints = [silent.clone(), live];
+    let join = |node: &str, silence: Duration, avoid: Option<&(String, u16)>| {
+        let mut req = request(2);
+        req.node_id = node.into();
+        let (endpoints, token) = (endpoints.clone(), token.clone());
+        let avoid = avoid.cloned();
+        async move {
+            let started = Instant::now();
+            let (_client, _events, _probe, _joined, at) = RdzvClient::join(
+                &endpoints,
+                Leaders::Listed,
+                req,
+                Some(&token),
+                &ClientTlsFiles::default(),
+                Duration::from_secs(60),
+                silence,
+                avoid.as_ref(),
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+            .expect("joins the live replica");
+            (at, started.elapsed())
+        }
+    };
+    // Tried first, the paused one holds the join only until its PINGs
+    // go unanswered for the bound.
+    let (at, took) = join("a", Duration::from_secs(1), None).await;
+    assert_eq!(at, 1);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // Known to be silent, it is left for the other at once.
+    let (at, took) = join("b", Duration::from_secs(10), Some(&silent)).await;
+    assert_eq!(at, 1);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_refusal_keeps_the_servers_status_code() {
+    let port = serve("right-token-0123456789").await;
+    let join = |req, token: Option<Token>| async move {
+        RdzvClient::join(
+            &[("127.0.0.1".to_owned(), port)],
+            Leaders::Listed,
+            req,
+            token.as_ref(),
+            &ClientTlsFiles::default(),
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            None,
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+    };
+    let wrong = Token::new("wrong-token-0123456789", "test").expect("token");
+    match join(request(1), Some(wrong)).await {
+        Err(JoinError::Rejected { code, message }) => {
+            assert_eq!(code, Code::Unauthenticated, "{message}");
+            assert!(message.contains("token"), "{message}");
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    let right = Token::new("right-token-0123456789", "test").expect("token");
+    let (_client, _events, _probe, _joined, _at) = join(request(2), Some(right.clone()))
+        .await
+        .expect("joins with the token");
+    // The job now wants 2 nodes: another node asking for 3 disagrees.
+    let mut other = request(3);
+    other.node_id = "m".into();
+    match join(other, Some(right)).await {
+        Err(e @ JoinError::Rejected { .. }) => {
+            let JoinError::Rejected { code, .. } = &e else {
+                unreachable!()
+            };
+            assert!(
+                matches!(code, Code::FailedPrecondition | Code::InvalidArgument),
+                "{code:?}: {e}"
+            );
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+}
