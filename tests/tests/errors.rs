@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, run_agent, scratch, AgentCmd, Server};
+use accel_tests::{run_agent, scratch, AgentCmd, Port, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -70,7 +70,7 @@ fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
 #[test]
 fn a_duplicate_static_node_rank_is_rejected_by_name() {
     let dir = scratch("duprank");
-    let port = free_port().to_string();
+    let port = Port::lease();
     let node = |rank: u32| {
         AgentCmd::static_node(&port, rank)
             .nnodes(3)
@@ -96,7 +96,9 @@ fn a_duplicate_static_node_rank_is_rejected_by_name() {
 #[test]
 fn an_unreachable_endpoint_is_retried_until_join_timeout() {
     let dir = scratch("unreachable");
-    let endpoint = format!("127.0.0.1:{}", free_port());
+    // Leased, so nothing listens there for the whole test.
+    let nobody = Port::lease();
+    let endpoint = nobody.loopback();
     let started = std::time::Instant::now();
     let out = AgentCmd::c10d_no_local_addr(&endpoint, "x")
         .nnodes(2)

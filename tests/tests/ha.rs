@@ -425,7 +425,9 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token(
         etcd.ctl(args);
     }
     etcd.ctl(&["auth", "enable"]);
-    let dead = format!("http://127.0.0.1:{}", accel_tests::free_port());
+    // Leased, so nothing listens there for the whole test.
+    let nobody = accel_tests::Port::lease();
+    let dead = format!("http://{}", nobody.loopback());
     let endpoints = [dead, etcd.endpoint(0)];
 
     let wrong = accel_etcd::ConnectOptions::new().with_user("accel", "wrong");
@@ -482,13 +484,15 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token(
 struct TlsEtcd {
     child: std::process::Child,
     endpoint: String,
+    /// Its client and peer ports, leased while it runs.
+    _ports: (accel_tests::Port, accel_tests::Port),
 }
 
 impl TlsEtcd {
     /// Starts a one-member etcd in `dir` whose clients must present a
     /// certificate signed by `dir/ca.pem`; its own is `dir/server.pem`.
     fn start(dir: &std::path::Path) -> Self {
-        let (client, peer) = (accel_tests::free_port(), accel_tests::free_port());
+        let (client, peer) = (accel_tests::Port::lease(), accel_tests::Port::lease());
         let endpoint = format!("https://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd-tls.log")).expect("etcd log");
@@ -512,7 +516,11 @@ impl TlsEtcd {
             .stderr(log)
             .spawn()
             .expect("start etcd (the test command installs etcd-server)");
-        Self { child, endpoint }
+        Self {
+            child,
+            endpoint,
+            _ports: (client, peer),
+        }
     }
 }
 
@@ -1135,7 +1143,7 @@ mod replicas {
     fn a_deaf_leader_loses_nothing_and_a_failure_meanwhile_restarts_the_job_once() {
         // The old leader on a host of its own; the other replica, etcd and
         // the agents here, on the segment's gateway.
-        let lan = accel_tests::Lan::create(85);
+        let lan = accel_tests::Lan::create();
         let host = lan.host(2);
         let dir = scratch("ha-deaf-leader");
         let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
@@ -1157,14 +1165,14 @@ mod replicas {
         let first_args = args(etcd.endpoints_at(&lan.gateway));
         let first = Server::start_in(
             &host.exec(),
-            &format!("{}:{}", host.addr, accel_tests::free_port()),
+            &format!("{}:0", host.addr),
             &args_of(&first_args),
             &[],
         );
         leads(&first);
         let second_args = args(etcd.endpoints());
         let second = Server::start_with(
-            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
+            &format!("{}:0", lan.gateway),
             &args_of(&second_args),
             &[],
         );
@@ -1209,7 +1217,7 @@ mod replicas {
     fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once() {
         // The old leader on a host of its own; the other replica, etcd and
         // the agents here, on the segment's gateway.
-        let lan = accel_tests::Lan::create(86);
+        let lan = accel_tests::Lan::create();
         let host = lan.host(2);
         let dir = scratch("ha-cut-leader");
         let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
@@ -1227,18 +1235,23 @@ mod replicas {
         fn args_of(a: &[String; 7]) -> Vec<&str> {
             a.iter().map(String::as_str).collect()
         }
-        let port = accel_tests::free_port();
         let first_args = args(etcd.endpoints_at(&lan.gateway));
         let first = Server::start_in(
             &host.exec(),
-            &format!("{}:{port}", host.addr),
+            &format!("{}:0", host.addr),
             &args_of(&first_args),
             &[],
         );
+        let port: u16 = first
+            .addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the first replica's port");
         leads(&first);
         let second_args = args(etcd.endpoints());
         let second = Server::start_with(
-            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
+            &format!("{}:0", lan.gateway),
             &args_of(&second_args),
             &[],
         );
@@ -1508,12 +1521,12 @@ mod replicas {
                     .program(&script, &[&ck, &out, "--step-sleep", sleep])
                     .env("PATH", accel_tests::venv_path())
             };
-            let port = accel_tests::free_port();
+            let port = accel_tests::Port::lease();
             let agents: Vec<_> = (0..2)
                 .map(|node| {
                     let cmd = match endpoints {
                         Some(e) => job(accel_tests::AgentCmd::c10d(e, "ddp")),
-                        None => job(accel_tests::AgentCmd::static_node(port, node)),
+                        None => job(accel_tests::AgentCmd::static_node(&port, node)),
                     };
                     cmd.start(&dir, &format!("{name}-{node}"))
                 })

@@ -432,23 +432,24 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
 fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     let dir = scratch("sec-logs");
     let log = dir.join("server.log");
-    let port = accel_tests::free_port();
-    let addr = format!("127.0.0.1:{port}");
+    let address_file = dir.join("addresses");
     let token_file = dir.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut server = std::process::Command::new(bin("rdzv-server"))
-        .args(["--bind", &addr, "--token-file"])
-        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
+        .args(["--bind", "127.0.0.1:0", "--token-file"])
         .arg(&token_file)
+        .arg("--address-file")
+        .arg(&address_file)
+        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("start");
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(&addr).is_ok()
-    }));
+    let (addr, _) = accel_tests::wait_for_address_file(&address_file, &mut server, &|| {
+        std::fs::read_to_string(&log).unwrap_or_default()
+    });
     let load = std::process::Command::new(bin("rdzv-load"))
         .args([
             "--endpoint",

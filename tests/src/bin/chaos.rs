@@ -139,10 +139,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         dir,
         bins,
         venv: std::env::var_os("ACCEL_VENV").map(PathBuf::from),
-        net: net.unwrap_or(match mode {
-            Mode::Server => 91,
-            Mode::Agents => 92,
-        }),
+        net,
         agent_env,
     })
 }
