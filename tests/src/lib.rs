@@ -325,27 +325,147 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<
     }
 }
 
-/// How many connections to the listener at `addr` (an IPv4 `IP:PORT` in
-/// this network namespace) the kernel has completed and the program has
-/// not accepted yet (`/proc/net/tcp`'s receive queue of a listening
-/// socket); `None` if nothing listens there.
-pub fn accept_queue(addr: &str) -> Option<u32> {
-    let addr: std::net::SocketAddrV4 = addr.parse().ok()?;
-    let local = format!(
-        "{:08X}:{:04X}",
-        u32::from_ne_bytes(addr.ip().octets()),
-        addr.port()
-    );
-    let table = fs::read_to_string("/proc/net/tcp").ok()?;
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // sl local_address rem_address st tx_queue:rx_queue ...; 0A: LISTEN.
-        if f.get(1) != Some(&local.as_str()) || f.get(3) != Some(&"0A") {
-            return None;
+/// The jobs a rendezvous at `endpoint` (an `rdzv-server`, or an agent's
+/// embedded one) reports (`rdzv-server status --json`), with `env` added
+/// (e.g. `ACCEL_RDZV_TOKEN`); or why not. For a test that waits until the
+/// rendezvous has seen something (a join, a job's end) before going on.
+pub fn status_jobs(endpoint: &str, env: &[(&str, &str)]) -> Result<Vec<Value>, String> {
+    let out = Command::new(bin("rdzv-server"))
+        .args(["status", "--json", "--rdzv-endpoint", endpoint])
+        .envs(env.iter().copied())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))?;
+    v["jobs"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("no jobs list in {v}"))
+}
+
+/// One TCP socket of this network namespace (`/proc/net/tcp` and `tcp6`):
+/// what the kernel knows about a connection that a test can wait on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    /// Its own address.
+    pub local: std::net::SocketAddr,
+    /// Its peer's (unspecified for a listener).
+    pub remote: std::net::SocketAddr,
+    /// Its state, as the kernel numbers it (1: established, 8: close-wait, 10: listen).
+    pub state: u8,
+    /// Bytes written and not acknowledged by the peer yet.
+    pub tx_queue: u64,
+    /// Bytes received and not read by the program yet (for a listener:
+    /// connections not accepted yet).
+    pub rx_queue: u64,
+}
+
+/// `/proc/net/tcp`'s `HEX_IP:HEX_PORT` (each 32-bit word in host order).
+fn proc_addr(field: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| {
+        u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
+            .ok()
+            .map(u32::to_ne_bytes)
+    };
+    let ip: std::net::IpAddr = match ip.len() {
+        8 => std::net::Ipv4Addr::from(word(0)?).into(),
+        32 => {
+            let mut octets = [0u8; 16];
+            for i in 0..4 {
+                octets[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            let v6 = std::net::Ipv6Addr::from(octets);
+            v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
         }
-        let rx = f.get(4)?.split(':').nth(1)?;
-        u32::from_str_radix(rx, 16).ok()
-    })
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}
+
+/// Every TCP socket of this network namespace (IPv4-mapped addresses as IPv4).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| fs::read_to_string(t).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    // sl local rem st tx_queue:rx_queue ...
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let (tx, rx) = f.get(4)?.split_once(':')?;
+                    Some(TcpSocket {
+                        local: proc_addr(f.get(1)?)?,
+                        remote: proc_addr(f.get(2)?)?,
+                        state: u8::from_str_radix(f.get(3)?, 16).ok()?,
+                        tx_queue: u64::from_str_radix(tx, 16).ok()?,
+                        rx_queue: u64::from_str_radix(rx, 16).ok()?,
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// How many connections to the listener at `addr` (`IP:PORT` in this
+/// network namespace) the kernel has completed and the program has not
+/// accepted yet; `None` if nothing listens there.
+pub fn accept_queue(addr: &str) -> Option<u64> {
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    tcp_sockets()
+        .into_iter()
+        .find(|s| s.local == addr && s.state == 10)
+        .map(|s| s.rx_queue)
+}
+
+/// Bytes this process sent on `conns` that the program at their far end
+/// has not read yet: in flight, or waiting in its receive queue. 0 once it
+/// has read everything (or closed the connection). For a test that must
+/// not go on before a server has taken what it was sent.
+pub fn unread_by_peer(conns: &[&std::net::TcpStream]) -> u64 {
+    let sockets = tcp_sockets();
+    conns
+        .iter()
+        .filter_map(|c| Some((c.local_addr().ok()?, c.peer_addr().ok()?)))
+        .map(|(me, peer)| {
+            let mine = sockets
+                .iter()
+                .find(|s| s.local == me && s.remote == peer)
+                .map_or(0, |s| s.tx_queue);
+            let theirs = sockets
+                .iter()
+                .find(|s| s.local == peer && s.remote == me)
+                .map_or(0, |s| s.rx_queue);
+            mine + theirs
+        })
+        .sum()
+}
+
+/// Bytes that arrived on `c` and this process has not read yet.
+pub fn received_unread(c: &std::net::TcpStream) -> u64 {
+    let (Ok(me), Ok(peer)) = (c.local_addr(), c.peer_addr()) else {
+        return 0;
+    };
+    tcp_sockets()
+        .iter()
+        .find(|s| s.local == me && s.remote == peer)
+        .map_or(0, |s| s.rx_queue)
+}
+
+/// Whether the far end of `c` has closed it (the kernel's side of `c` is
+/// no longer established: close-wait after a FIN, gone after a reset).
+pub fn closed_by_peer(c: &std::net::TcpStream) -> bool {
+    let (Ok(me), Ok(peer)) = (c.local_addr(), c.peer_addr()) else {
+        return true;
+    };
+    !tcp_sockets()
+        .iter()
+        .any(|s| s.local == me && s.remote == peer && s.state == 1)
 }
 
 /// Asserts `check` holds (`Ok`) at every poll for the whole of `window`:

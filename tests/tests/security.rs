@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
-use accel_tests::{bin, eventually, records, scratch, Agent, AgentCmd, Server};
+use accel_tests::{bin, ensure_quiet_for, eventually, records, scratch, Agent, AgentCmd, Server};
 use pb::rendezvous_client::RendezvousClient;
 use rendezvous_server::auth::AttachToken;
 use rendezvous_server::Token;
@@ -198,8 +198,16 @@ fn without_the_token_every_call_is_refused_and_the_job_is_untouched() {
             "call {i}"
         );
     }
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(snapshot(&mut admin, &rt, &dir, "victim"), before);
+    // A refused call has no effect to wait for: the job is watched
+    // unchanged (rounds, restarts, nodes, workers) for half a second.
+    ensure_quiet_for("the job is untouched", Duration::from_millis(500), || {
+        let now = snapshot(&mut admin, &rt, &dir, "victim");
+        if now == before {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    });
     drop((a, b));
 }
 
@@ -283,8 +291,15 @@ fn the_token_without_a_nodes_session_secret_cannot_act_for_it() {
         assert_eq!(s.code(), Code::PermissionDenied, "call {i}: {s:?}");
         assert!(s.message().contains("session secret"), "{s:?}");
     }
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(snapshot(&mut insider, &rt, &dir, "victim"), before);
+    // As above: watched unchanged for half a second.
+    ensure_quiet_for("the job is untouched", Duration::from_millis(500), || {
+        let now = snapshot(&mut insider, &rt, &dir, "victim");
+        if now == before {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    });
     drop((a, b));
 }
 
@@ -418,7 +433,17 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         "{}",
         early.stderr
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    // Both TTLs count from the job's end: once the server forgot the job
+    // (its metrics count no succeeded job; taken only now, so never from
+    // before the runs above), its tombstone, one second old, is gone too.
+    let metrics = server.metrics.as_deref().expect("metrics");
+    accel_tests::poll_until("the finished job forgotten", Duration::from_secs(30), || {
+        let (_, text) = accel_tests::http_get(metrics, "/metrics").ok_or("no answer")?;
+        match accel_tests::sample(&text, "accel_rdzv_jobs{phase=\"succeeded\"}") {
+            Some(n) if n == 0.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
     let again = run("again");
     assert_eq!(again.code(), 0, "{}", again.stderr);
     assert!(
@@ -560,11 +585,18 @@ fn connections_without_the_token_are_few_per_address_and_do_not_linger() {
         closed_within(&mut raw(), Duration::from_millis(500)),
         "refused callers hold their places until --auth-timeout"
     );
-    std::thread::sleep(Duration::from_millis(1500));
-    let mut again = raw();
-    assert!(
-        !closed_within(&mut again, Duration::from_millis(300)),
-        "the refused callers' places were given back"
+    // Once --auth-timeout closed the refused callers' connections, a new
+    // one is kept (until then each try is closed at once, taking no place).
+    let _again = accel_tests::poll_until(
+        "the refused callers' places were given back",
+        Duration::from_secs(10),
+        || {
+            let mut again = raw();
+            match closed_within(&mut again, Duration::from_millis(300)) {
+                false => Ok(again),
+                true => Err("closed".to_owned()),
+            }
+        },
     );
     // The agent's connection proved itself and is kept.
     rt.block_on(agent.job_status(pb::JobStatusRequest::default()))
