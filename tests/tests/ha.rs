@@ -1286,7 +1286,7 @@ mod replicas {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_minority_of_a_jobs_nodes_complaining_deposes_nobody_a_majority_does() {
         let dir = scratch("ha-complaints");
-        let (_etcd, first, second) = replicas(&dir, "/complaints");
+        let (etcd, first, second) = replicas(&dir, "/complaints");
         let mut c1 = client(&first.addr).await;
         let mut c2 = client(&second.addr).await;
         let three = |id: &str| {
@@ -1328,8 +1328,17 @@ mod replicas {
                 }
             }
         };
-        // The job is in etcd once its members are (the leader writes every tick).
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The job is in etcd once its three members are (the leader writes
+        // every tick): the complaints are checked against them.
+        let stored_members = || {
+            let keys = etcd.ctl(&["get", "--prefix", "/complaints/jobs/", "--keys-only"]);
+            keys.lines().filter(|k| k.contains("/m/")).count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stored_members() < 3 {
+            assert!(Instant::now() < deadline, "the members reach etcd");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         complaints(
             vec![
                 complain("a", &nodes[0].1),
@@ -1477,8 +1486,20 @@ mod replicas {
         });
         eprintln!("quorum lost -> no replica serving in {:?}", lost.elapsed());
         // A while without quorum (within the agents' 60 s grace): the workers
-        // keep running; then quorum returns and a replica leads again.
-        std::thread::sleep(Duration::from_secs(3));
+        // keep running, watched for three seconds (an outage of a length,
+        // not an event); then quorum returns and a replica leads again.
+        let running = accel_tests::records(&dir);
+        accel_tests::ensure_quiet_for(
+            "the workers run through the outage",
+            Duration::from_secs(3),
+            || {
+                let now = accel_tests::records(&dir);
+                match now.len() == 2 && running.iter().all(|r| accel_tests::alive(r.pid)) {
+                    true => Ok(()),
+                    false => Err(format!("{} records; pids {:?}", now.len(), now.iter().map(|r| r.pid).collect::<Vec<_>>())),
+                }
+            },
+        );
         etcd.restart(1);
         etcd.restart(2);
         etcd.wait_healthy(Duration::from_secs(30));
@@ -2136,9 +2157,13 @@ mod agent_only {
             m.sort();
             m
         };
-        // Nobody went: a check drops nothing.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(members(&registry), ["a", "b", "c"]);
+        // Nobody went: checks drop nothing (no sign marks a check, so
+        // the members are watched for 300 ms).
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            assert_eq!(members(&registry), ["a", "b", "c"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // c's process dies: nothing renews its lease, which expires (1 s);
         // the watch drops it, long before its 60 s keep-alive limit.
         let c = keys.pop().expect("c");
@@ -2168,9 +2193,13 @@ mod agent_only {
         tokio::time::timeout(Duration::from_secs(5), gone)
             .await
             .expect("b is dropped once its key is gone");
-        // a stays, its lease renewed well past its length.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(members(&registry), ["a"]);
+        // a stays, its lease renewed well past its length: watched for
+        // twice the lease (only time can show a renewal works).
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            assert_eq!(members(&registry), ["a"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         watch.abort();
         let a = keys.pop().expect("a");
         a.withdraw().await;
