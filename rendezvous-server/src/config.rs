@@ -373,9 +373,9 @@ pub fn address_file_text(grpc: SocketAddr, metrics: Option<SocketAddr>) -> Strin
 pub fn write_address_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name")
-    })?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
@@ -388,7 +388,9 @@ pub fn write_address_file(path: &std::path::Path, text: &str) -> std::io::Result
             .mode(0o644)
             .open(&tmp)?;
         // The umask may have narrowed the mode given at creation.
-        f.set_permissions(<std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644))?;
+        f.set_permissions(
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644),
+        )?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)

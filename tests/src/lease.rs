@@ -162,7 +162,10 @@ fn take(
 fn start_offset(len: u32) -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    (std::process::id().wrapping_mul(7919).wrapping_add(n.wrapping_mul(104_729))) % len.max(1)
+    (std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add(n.wrapping_mul(104_729)))
+        % len.max(1)
 }
 
 /// Ports processes use when told nothing else: accel's rendezvous and

@@ -472,7 +472,11 @@ pub fn closed_by_peer(c: &std::net::TcpStream) -> bool {
 /// for a test that proves something does *not* happen, when nothing
 /// observable marks the moment it would have (say why at the call).
 /// Panics naming `what` and what `check` saw the first time it failed.
-pub fn ensure_quiet_for(what: &str, window: Duration, mut check: impl FnMut() -> Result<(), String>) {
+pub fn ensure_quiet_for(
+    what: &str,
+    window: Duration,
+    mut check: impl FnMut() -> Result<(), String>,
+) {
     let deadline = Instant::now() + window;
     loop {
         if let Err(seen) = check() {

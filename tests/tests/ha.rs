@@ -1171,11 +1171,7 @@ mod replicas {
         );
         leads(&first);
         let second_args = args(etcd.endpoints());
-        let second = Server::start_with(
-            &format!("{}:0", lan.gateway),
-            &args_of(&second_args),
-            &[],
-        );
+        let second = Server::start_with(&format!("{}:0", lan.gateway), &args_of(&second_args), &[]);
         let endpoints = format!("{},{}", first.addr, second.addr);
         let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
@@ -1250,11 +1246,7 @@ mod replicas {
             .expect("the first replica's port");
         leads(&first);
         let second_args = args(etcd.endpoints());
-        let second = Server::start_with(
-            &format!("{}:0", lan.gateway),
-            &args_of(&second_args),
-            &[],
-        );
+        let second = Server::start_with(&format!("{}:0", lan.gateway), &args_of(&second_args), &[]);
         let endpoints = format!("{},{}", first.addr, second.addr);
         let cut = CutOff { host: &host, port };
         let took = a_silent_leader(&dir, &first, &second, &cut, 2.0, |tag| {
@@ -1496,7 +1488,11 @@ mod replicas {
                 let now = accel_tests::records(&dir);
                 match now.len() == 2 && running.iter().all(|r| accel_tests::alive(r.pid)) {
                     true => Ok(()),
-                    false => Err(format!("{} records; pids {:?}", now.len(), now.iter().map(|r| r.pid).collect::<Vec<_>>())),
+                    false => Err(format!(
+                        "{} records; pids {:?}",
+                        now.len(),
+                        now.iter().map(|r| r.pid).collect::<Vec<_>>()
+                    )),
                 }
             },
         );

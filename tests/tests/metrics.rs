@@ -482,12 +482,14 @@ fn readyz_answers_while_sixteen_addresses_hold_every_metrics_connection_idle() {
             .collect();
         // Every idle connection accepted (none left in the listener's
         // queue) before the probes: they find every place taken.
-        poll_until(&format!("{addr} accepted the idle connections"), LIMIT, || {
-            match accept_queue(addr) {
+        poll_until(
+            &format!("{addr} accepted the idle connections"),
+            LIMIT,
+            || match accept_queue(addr) {
                 Some(0) => Ok(()),
                 other => Err(format!("accept queue {other:?}")),
-            }
-        });
+            },
+        );
         // Probes from a crowding address and from a new one are answered,
         // again and again (each takes an idle connection's place).
         for round in 0..5u8 {

@@ -437,13 +437,17 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
     // (its metrics count no succeeded job; taken only now, so never from
     // before the runs above), its tombstone, one second old, is gone too.
     let metrics = server.metrics.as_deref().expect("metrics");
-    accel_tests::poll_until("the finished job forgotten", Duration::from_secs(30), || {
-        let (_, text) = accel_tests::http_get(metrics, "/metrics").ok_or("no answer")?;
-        match accel_tests::sample(&text, "accel_rdzv_jobs{phase=\"succeeded\"}") {
-            Some(n) if n == 0.0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    accel_tests::poll_until(
+        "the finished job forgotten",
+        Duration::from_secs(30),
+        || {
+            let (_, text) = accel_tests::http_get(metrics, "/metrics").ok_or("no answer")?;
+            match accel_tests::sample(&text, "accel_rdzv_jobs{phase=\"succeeded\"}") {
+                Some(0.0) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
     let again = run("again");
     assert_eq!(again.code(), 0, "{}", again.stderr);
     assert!(

@@ -168,7 +168,10 @@ fn replies_that_are_never_read_do_not_grow_the_agent() {
     poll_until("the store's replies stalled", LIMIT, || {
         let now = (
             unread_by_peer(&conns),
-            conns.iter().map(|c| received_unread(c)).collect::<Vec<u64>>(),
+            conns
+                .iter()
+                .map(|c| received_unread(c))
+                .collect::<Vec<u64>>(),
         );
         let stalled = now.1.iter().all(|q| *q > 0) && last.as_ref() == Some(&now);
         let seen = format!("unread by the store, replies queued here: {now:?}");
@@ -284,12 +287,14 @@ fn half_frames_and_silent_connections_are_closed() {
     let mut idle = client(host.store);
     // Measured once the store holds every half frame it was sent.
     let conns: Vec<&TcpStream> = halves.iter().collect();
-    poll_until("the store read the half frames", LIMIT, || {
-        match unread_by_peer(&conns) {
+    poll_until(
+        "the store read the half frames",
+        LIMIT,
+        || match unread_by_peer(&conns) {
             0 => Ok(()),
             n => Err(format!("{n} bytes unread")),
-        }
-    });
+        },
+    );
     let during = host.rss();
     for c in halves.iter_mut().chain(silent.iter_mut()) {
         c.set_read_timeout(Some(Duration::from_secs(45)))
@@ -335,12 +340,14 @@ fn failing_accepts_back_off_and_are_logged_once() {
             false => Err(read()),
         }
     });
-    ensure_quiet_for("one line per episode", Duration::from_secs(3), || {
-        match read().matches("cannot accept connections").count() {
+    ensure_quiet_for(
+        "one line per episode",
+        Duration::from_secs(3),
+        || match read().matches("cannot accept connections").count() {
             1 => Ok(()),
             n => Err(format!("{n} lines:\n{}", read())),
-        }
-    });
+        },
+    );
     let opened = held.len();
     drop(held);
     let mut back = None;
@@ -444,13 +451,17 @@ fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
     }
     // Measured (and the peak sampling ends) once the store has closed the
     // requests beyond its budget: at most 8 are still open.
-    poll_until("the store closed the requests beyond its budget", LIMIT, || {
-        let open = held.iter().filter(|(c, _)| !closed_by_peer(c)).count();
-        match open <= 8 {
-            true => Ok(()),
-            false => Err(format!("{open} of 64 open")),
-        }
-    });
+    poll_until(
+        "the store closed the requests beyond its budget",
+        LIMIT,
+        || {
+            let open = held.iter().filter(|(c, _)| !closed_by_peer(c)).count();
+            match open <= 8 {
+                true => Ok(()),
+                false => Err(format!("{open} of 64 open")),
+            }
+        },
+    );
     let during = host.rss();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.join().expect("sampler").max(during);

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_tests::{
-    read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    AgentCmd, Finished, Port,
+    read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker, AgentCmd,
+    Finished, Port,
 };
 use serde_json::Value;
 
