@@ -433,18 +433,17 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         "{}",
         early.stderr
     );
-    // Both TTLs count from the job's end: once the server forgot the job
-    // (its metrics count no succeeded job; taken only now, so never from
-    // before the runs above), its tombstone, one second old, is gone too.
-    let metrics = server.metrics.as_deref().expect("metrics");
+    // Both TTLs count from the job's end: once the server has forgotten
+    // the job (its status no longer lists it), its tombstone, as old, is
+    // gone too.
     accel_tests::poll_until(
         "the finished job forgotten",
         Duration::from_secs(30),
         || {
-            let (_, text) = accel_tests::http_get(metrics, "/metrics").ok_or("no answer")?;
-            match accel_tests::sample(&text, "accel_rdzv_jobs{phase=\"succeeded\"}") {
-                Some(0.0) => Ok(()),
-                other => Err(format!("{other:?}")),
+            let jobs = accel_tests::status_jobs(&server.addr, &[("ACCEL_RDZV_TOKEN", TOKEN)])?;
+            match jobs.iter().any(|j| j["job_id"] == "again") {
+                false => Ok(()),
+                true => Err(format!("{jobs:?}")),
             }
         },
     );
