@@ -212,9 +212,13 @@ impl Port {
             .copied();
         let free = |p: u32| {
             let p = p as u16;
-            // Both families' wildcards: a holder of any address has the port.
-            std::net::TcpListener::bind(("0.0.0.0", p)).is_ok()
-                && std::net::TcpListener::bind(("::", p)).is_ok()
+            // Both families' wildcards: a holder of any address has the
+            // port. Only "in use" counts (a machine may lack IPv6).
+            let taken = |ip: &str| {
+                std::net::TcpListener::bind((ip, p))
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+            };
+            !taken("0.0.0.0") && !taken("::")
         };
         let (port, lease) = take("port", order, free).expect("every leasable port is taken");
         Port {

@@ -1395,3 +1395,56 @@ pub fn records(dir: &Path) -> Vec<Record> {
     out.sort_by_key(|r| (r.restart, r.rank));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    #[test]
+    fn socket_queues_are_read_from_the_kernel_tables() {
+        for ip in ["127.0.0.1", "::1"] {
+            let Ok(listener) = TcpListener::bind((ip, 0)) else {
+                continue; // no IPv6 here
+            };
+            let addr = listener.local_addr().expect("addr");
+            let mut client = TcpStream::connect(addr).expect("connect");
+            assert_eq!(accept_queue(&addr.to_string()), Some(1), "{ip}");
+            let (mut served, _) = listener.accept().expect("accept");
+            assert_eq!(accept_queue(&addr.to_string()), Some(0), "{ip}");
+            client.write_all(&[7; 1000]).expect("write");
+            poll_until(
+                "the bytes arrive",
+                Duration::from_secs(5),
+                || match unread_by_peer(&[&client]) {
+                    1000 => Ok(()),
+                    n => Err(n.to_string()),
+                },
+            );
+            let mut buf = [0u8; 1000];
+            served.read_exact(&mut buf).expect("read");
+            assert_eq!(unread_by_peer(&[&client]), 0, "{ip}");
+            served.write_all(&[1; 10]).expect("reply");
+            poll_until(
+                "the reply arrives",
+                Duration::from_secs(5),
+                || match received_unread(&client) {
+                    10 => Ok(()),
+                    n => Err(n.to_string()),
+                },
+            );
+            assert!(!closed_by_peer(&client), "{ip}");
+            drop(served);
+            poll_until(
+                "the close is seen",
+                Duration::from_secs(5),
+                || match closed_by_peer(&client) {
+                    true => Ok(()),
+                    false => Err("established".into()),
+                },
+            );
+        }
+    }
+}
