@@ -403,3 +403,36 @@ fn redirects_on_a_full_disk_keep_the_job() {
     );
     warnings_per_rank(&out.stderr, 2);
 }
+
+#[test]
+fn the_address_file_names_what_the_server_bound_and_an_unwritable_one_stops_it() {
+    let dir = scratch("address-file");
+    // Port 0 for both, metrics off: the file names the gRPC port only.
+    let path = dir.join("addresses");
+    let mut server = Command::new(bin("rdzv-server"))
+        .args(["--bind", "127.0.0.1:0", "--metrics-bind", "off"])
+        .arg("--address-file")
+        .arg(&path)
+        .stderr(std::fs::File::create(dir.join("server.stderr")).expect("stderr"))
+        .spawn()
+        .expect("start rdzv-server");
+    let (addr, metrics) = wait_for_address_file(&path, &mut server, &|| String::new());
+    let text = std::fs::read_to_string(&path).expect("read");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(text, format!("grpc={addr}\n"));
+    assert_eq!(metrics, None);
+    assert!(
+        addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+        "{addr}"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+    assert_eq!(mode & 0o777, 0o644);
+    // A path it cannot write: a start-up error naming the flag.
+    let mut cmd = Command::new(bin("rdzv-server"));
+    cmd.args(["--bind", "127.0.0.1:0", "--metrics-bind", "off"])
+        .env("RDZV_ADDRESS_FILE", dir.join("no/such/dir/addresses"));
+    let out = run_logged(cmd, &dir, "unwritable", LIMIT);
+    assert_refused(&out, 2, "cannot write --address-file");
+}
