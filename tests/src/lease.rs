@@ -14,7 +14,7 @@
 //!
 //! So every port and subnet in use is recorded as a file, `KIND-N`, in one
 //! directory for the whole machine (`/run/lock/accel-tests`, else
-//! `$TMPDIR/accel-leases`), holding its owner's pid and start time. A lease
+//! `$TMPDIR/accel-leases-UID`), holding its owner's pid and start time. A lease
 //! is taken under an exclusive `flock` of `lock` in that directory, so two
 //! takers never pick the same entry; it is removed when the lease is
 //! dropped. A crashed run leaves its entries behind: an entry whose owner
@@ -57,15 +57,41 @@ impl Drop for Lease {
 fn registry() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
+        // Usable: the lock can be opened for writing (another user's
+        // directory may not let this one in; then this user's runs share
+        // the fallback among themselves).
+        let usable = |dir: &Path| {
+            if fs::create_dir(dir).is_ok() {
+                // Every user's runs share it; each removes only its own entries.
+                use std::os::unix::fs::PermissionsExt as _;
+                let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o1777));
+            }
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("lock"))
+                .map(|f| {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    // Openable by every user (only its owner can widen it).
+                    let _ = f.set_permissions(fs::Permissions::from_mode(0o666));
+                })
+                .is_ok()
+        };
         let run = Path::new("/run/lock/accel-tests");
-        if fs::create_dir_all(run).is_ok() && fs::metadata(run).is_ok_and(|m| m.is_dir()) {
+        if usable(run) {
             return run.to_owned();
         }
-        let tmp = std::env::temp_dir().join("accel-leases");
-        fs::create_dir_all(&tmp).expect("create the lease directory");
+        let tmp = std::env::temp_dir().join(format!("accel-leases-{}", nix_uid()));
+        assert!(usable(&tmp), "cannot use {} for leases", tmp.display());
         tmp
     })
     .clone()
+}
+
+/// This process's user id.
+fn nix_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
 }
 
 /// The registry's lock, held from [`Locked::take`] until drop.
@@ -143,7 +169,14 @@ fn take(
         if !usable(n) {
             continue;
         }
-        let mut f = fs::File::create(&path).expect("write a lease");
+        // An entry another user left (and this one may not replace) is skipped.
+        let Ok(mut f) = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        else {
+            continue;
+        };
         f.write_all(stamp.as_bytes()).expect("write a lease");
         return Some((
             n,
