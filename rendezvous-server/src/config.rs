@@ -135,6 +135,12 @@ pub struct ServerArgs {
     /// is a wildcard address).
     #[arg(long, env = "RDZV_ADVERTISE", value_name = "HOST:PORT")]
     pub advertise: Option<String>,
+    /// Once listening, write the bound addresses to this file (replaced
+    /// atomically, mode 0644), one `KEY=IP:PORT` line each: `grpc=`, then
+    /// `metrics=` if metrics are served. With `--bind HOST:0` it is how a
+    /// supervisor or script learns the port the system chose.
+    #[arg(long, env = "RDZV_ADDRESS_FILE", value_name = "PATH")]
+    pub address_file: Option<PathBuf>,
     /// Without a subcommand, serve the rendezvous.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -351,11 +357,81 @@ impl ServerArgs {
 
 pub use accel_rdzv_client::auth::client_token;
 
+/// The text of `--address-file`: `grpc=ADDR`, then `metrics=ADDR` when
+/// metrics are served, one per line. Key=value lines (not JSON) so that a
+/// shell reads it with `sed -n 's/^grpc=//p'`; a reader ignores keys it
+/// does not know, so keys may be added.
+pub fn address_file_text(grpc: SocketAddr, metrics: Option<SocketAddr>) -> String {
+    let mut text = format!("grpc={grpc}\n");
+    if let Some(m) = metrics {
+        text.push_str(&format!("metrics={m}\n"));
+    }
+    text
+}
+
+/// Writes `text` to `path` so that a reader never sees a partial file: to a
+/// temporary file beside it (mode 0644: the addresses are no secret), then
+/// renamed over `path`.
+pub fn write_address_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode given at creation.
+        f.set_permissions(
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644),
+        )?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
 
-    use super::ServerArgs;
+    use super::{address_file_text, write_address_file, ServerArgs};
+
+    #[test]
+    fn the_address_file_names_each_bound_address_and_is_replaced_whole() {
+        let grpc = "127.0.0.1:4321".parse().expect("addr");
+        let metrics = "[::1]:9090".parse().expect("addr");
+        assert_eq!(address_file_text(grpc, None), "grpc=127.0.0.1:4321\n");
+        let text = address_file_text(grpc, Some(metrics));
+        assert_eq!(text, "grpc=127.0.0.1:4321\nmetrics=[::1]:9090\n");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("addr");
+        std::fs::write(&path, "old, longer contents than the new ones\n").expect("old");
+        write_address_file(&path, &text).expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), text);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left, ["addr"], "no temporary file is left behind");
+        let missing = dir.path().join("no/such/dir/addr");
+        assert!(write_address_file(&missing, &text).is_err());
+    }
 
     fn etcd(args: &[&str]) -> Result<Option<crate::ha::EtcdOptions>, String> {
         let argv = std::iter::once("rdzv-server").chain(args.iter().copied());

@@ -102,6 +102,16 @@ fn main() -> ExitCode {
         };
         let metrics_at = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
         tracing::info!(addr = %bound, metrics = %metrics_at, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
+        if let Some(path) = &args.address_file {
+            let text = rendezvous_server::config::address_file_text(bound, metrics_addr);
+            if let Err(e) = rendezvous_server::config::write_address_file(path, &text) {
+                eprintln!(
+                    "rdzv-server: cannot write --address-file {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,

@@ -1,5 +1,5 @@
 //! A real etcd cluster for the HA tests: one or three `etcd` members (the
-//! binary the test command installs) on loopback ports, each with its own
+//! binary the test command installs) on leased loopback ports ([`crate::lease`]), each with its own
 //! data directory under the test's scratch directory. Members can be killed
 //! and started again (with their data) to lose and regain quorum; every
 //! member is killed when the cluster is dropped, and its data (tens of MiB
@@ -11,14 +11,15 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::free_port;
+use crate::Port;
 
-/// One member: its ports and, while it runs, its process.
+/// One member: its ports (leased for the cluster's lifetime: a member
+/// restarted later binds them again) and, while it runs, its process.
 #[derive(Debug)]
 struct Member {
     name: String,
-    client: u16,
-    peer: u16,
+    client: Port,
+    peer: Port,
     child: Option<Child>,
 }
 
@@ -46,8 +47,8 @@ impl EtcdCluster {
         let members = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client: free_port(),
-                peer: free_port(),
+                client: Port::lease(),
+                peer: Port::lease(),
                 child: None,
             })
             .collect();

@@ -4,6 +4,28 @@
 //!
 //! The binaries are taken from the same target directory as the test binary;
 //! the README's test command builds them first (`cargo build --workspace`).
+//!
+//! # Deterministic by construction
+//! Tests run side by side (threads of one run, and two clones running the
+//! suite on one machine), so nothing here guesses:
+//! - **Addresses.** A process that can report where it listens binds port 0
+//!   and says so: [`Server`] starts `rdzv-server --bind 127.0.0.1:0
+//!   --address-file F` (metrics on port 0 too) and reads both addresses
+//!   from `F` once the server has renamed it into place; its log is never
+//!   parsed for them. A port a process must be told before it starts (a
+//!   static `--master-port`, a c10d endpoint an `is_host` agent binds on
+//!   the wildcard address, etcd's client and peer URLs, an agent's
+//!   `--metrics-bind`, a server restarted on the same address) is a
+//!   [`Port`]: leased machine-wide under a lock file, outside the kernel's
+//!   ephemeral range, held until the test drops it ([`lease`] says why a
+//!   unique loopback address would not do).
+//! - **Network namespaces.** [`Netns`] and [`Lan`] take a [`Subnet`]
+//!   `10.N.0.0/16` leased the same way; names and addresses derive from
+//!   `N`, so they never collide, and a crashed run's leases are reclaimed.
+//! - **Order.** A test waits for the event it needs ([`poll_until`] on a
+//!   file, a metric, a status call; a log line only as a last resort),
+//!   never a fixed sleep; a test that proves something does *not* happen
+//!   asserts it over the whole window ([`ensure_quiet_for`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -11,7 +33,6 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -19,6 +40,9 @@ use serde_json::Value;
 
 pub mod chaos;
 pub mod etcd;
+pub mod lease;
+
+pub use lease::{Port, Subnet};
 
 /// Path of a workspace binary next to the running test.
 pub fn bin(name: &str) -> PathBuf {
@@ -301,6 +325,170 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<
     }
 }
 
+/// The jobs a rendezvous at `endpoint` (an `rdzv-server`, or an agent's
+/// embedded one) reports (`rdzv-server status --json`), with `env` added
+/// (e.g. `ACCEL_RDZV_TOKEN`); or why not. For a test that waits until the
+/// rendezvous has seen something (a join, a job's end) before going on.
+pub fn status_jobs(endpoint: &str, env: &[(&str, &str)]) -> Result<Vec<Value>, String> {
+    let out = Command::new(bin("rdzv-server"))
+        .args(["status", "--json", "--rdzv-endpoint", endpoint])
+        .envs(env.iter().copied())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))?;
+    v["jobs"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("no jobs list in {v}"))
+}
+
+/// One TCP socket of this network namespace (`/proc/net/tcp` and `tcp6`):
+/// what the kernel knows about a connection that a test can wait on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    /// Its own address.
+    pub local: std::net::SocketAddr,
+    /// Its peer's (unspecified for a listener).
+    pub remote: std::net::SocketAddr,
+    /// Its state, as the kernel numbers it (1: established, 8: close-wait, 10: listen).
+    pub state: u8,
+    /// Bytes written and not acknowledged by the peer yet.
+    pub tx_queue: u64,
+    /// Bytes received and not read by the program yet (for a listener:
+    /// connections not accepted yet).
+    pub rx_queue: u64,
+}
+
+/// `/proc/net/tcp`'s `HEX_IP:HEX_PORT` (each 32-bit word in host order).
+fn proc_addr(field: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| {
+        u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
+            .ok()
+            .map(u32::to_ne_bytes)
+    };
+    let ip: std::net::IpAddr = match ip.len() {
+        8 => std::net::Ipv4Addr::from(word(0)?).into(),
+        32 => {
+            let mut octets = [0u8; 16];
+            for i in 0..4 {
+                octets[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            let v6 = std::net::Ipv6Addr::from(octets);
+            v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
+        }
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}
+
+/// Every TCP socket of this network namespace (IPv4-mapped addresses as IPv4).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| fs::read_to_string(t).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    // sl local rem st tx_queue:rx_queue ...
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let (tx, rx) = f.get(4)?.split_once(':')?;
+                    Some(TcpSocket {
+                        local: proc_addr(f.get(1)?)?,
+                        remote: proc_addr(f.get(2)?)?,
+                        state: u8::from_str_radix(f.get(3)?, 16).ok()?,
+                        tx_queue: u64::from_str_radix(tx, 16).ok()?,
+                        rx_queue: u64::from_str_radix(rx, 16).ok()?,
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// How many connections to the listener at `addr` (`IP:PORT` in this
+/// network namespace) the kernel has completed and the program has not
+/// accepted yet; `None` if nothing listens there.
+pub fn accept_queue(addr: &str) -> Option<u64> {
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    tcp_sockets()
+        .into_iter()
+        .find(|s| s.local == addr && s.state == 10)
+        .map(|s| s.rx_queue)
+}
+
+/// Bytes this process sent on `conns` that the program at their far end
+/// has not read yet: in flight, or waiting in its receive queue. 0 once it
+/// has read everything (or closed the connection). For a test that must
+/// not go on before a server has taken what it was sent.
+pub fn unread_by_peer(conns: &[&std::net::TcpStream]) -> u64 {
+    let sockets = tcp_sockets();
+    conns
+        .iter()
+        .filter_map(|c| Some((c.local_addr().ok()?, c.peer_addr().ok()?)))
+        .map(|(me, peer)| {
+            let mine = sockets
+                .iter()
+                .find(|s| s.local == me && s.remote == peer)
+                .map_or(0, |s| s.tx_queue);
+            let theirs = sockets
+                .iter()
+                .find(|s| s.local == peer && s.remote == me)
+                .map_or(0, |s| s.rx_queue);
+            mine + theirs
+        })
+        .sum()
+}
+
+/// Bytes that arrived on `c` and this process has not read yet.
+pub fn received_unread(c: &std::net::TcpStream) -> u64 {
+    let (Ok(me), Ok(peer)) = (c.local_addr(), c.peer_addr()) else {
+        return 0;
+    };
+    tcp_sockets()
+        .iter()
+        .find(|s| s.local == me && s.remote == peer)
+        .map_or(0, |s| s.rx_queue)
+}
+
+/// Whether the far end of `c` has closed it (the kernel's side of `c` is
+/// no longer established: close-wait after a FIN, gone after a reset).
+pub fn closed_by_peer(c: &std::net::TcpStream) -> bool {
+    let (Ok(me), Ok(peer)) = (c.local_addr(), c.peer_addr()) else {
+        return true;
+    };
+    !tcp_sockets()
+        .iter()
+        .any(|s| s.local == me && s.remote == peer && s.state == 1)
+}
+
+/// Asserts `check` holds (`Ok`) at every poll for the whole of `window`:
+/// for a test that proves something does *not* happen, when nothing
+/// observable marks the moment it would have (say why at the call).
+/// Panics naming `what` and what `check` saw the first time it failed.
+pub fn ensure_quiet_for(
+    what: &str,
+    window: Duration,
+    mut check: impl FnMut() -> Result<(), String>,
+) {
+    let deadline = Instant::now() + window;
+    loop {
+        if let Err(seen) = check() {
+            panic!("{what}: broken within {window:?}: {seen}");
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A prefix that runs a command as another host, `stranger` (a UTS
 /// namespace of its own), for a node that must not be taken for one of
 /// this host's: `cmd.start_with(&STRANGER_HOST, ...)`.
@@ -312,26 +500,55 @@ pub const STRANGER_HOST: [&str; 5] = [
     "hostname stranger && exec \"$0\" \"$@\"",
 ];
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// A running `rdzv-server`.
 #[derive(Debug)]
 pub struct Server {
     child: Child,
-    /// `127.0.0.1:PORT` it listens on.
+    /// `IP:PORT` it listens on (from its `--address-file`).
     pub addr: String,
+    /// `IP:PORT` of its metrics endpoint, unless that is `off`.
+    pub metrics: Option<String>,
     /// What it logged so far (the first [`SERVER_LOG_LINES`] lines).
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Holds its `--address-file`; removed on drop.
+    _files: tempfile::TempDir,
 }
 
 /// Lines of a [`Server`]'s log kept for [`Server::stderr`].
 pub const SERVER_LOG_LINES: usize = 100_000;
+
+/// The addresses `rdzv-server --address-file PATH` wrote (`grpc`, and
+/// `metrics` if served), once it listens; panics naming what it logged if
+/// it exits or writes nothing within 20 s.
+pub fn wait_for_address_file(
+    path: &Path,
+    server: &mut Child,
+    log: &dyn Fn() -> String,
+) -> (String, Option<String>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // Written whole (renamed into place): present means complete.
+        if let Ok(text) = fs::read_to_string(path) {
+            let field = |key: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                    .map(str::to_owned)
+            };
+            let grpc = field("grpc").unwrap_or_else(|| panic!("no grpc= in {text:?}"));
+            return (grpc, field("metrics"));
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("rdzv-server exited ({status}) before listening:\n{}", log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rdzv-server wrote no {} within 20 s:\n{}",
+            path.display(),
+            log()
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
 
 impl Server {
     /// Starts `rdzv-server --bind 127.0.0.1:0` and waits until it listens.
@@ -351,9 +568,15 @@ impl Server {
     }
 
     /// [`Self::start_with`] behind `PREFIX...` (e.g. a [`Netns`]'s `exec`,
-    /// which leaves the server's pid as it is).
+    /// which leaves the server's pid as it is). Its addresses are read from
+    /// its `--address-file`, never from its log.
     pub fn start_in(prefix: &[&str], bind: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let server = bin("rdzv-server");
+        let files = tempfile::Builder::new()
+            .prefix("accel-rdzv-")
+            .tempdir()
+            .expect("address file dir");
+        let address_file = files.path().join("addresses");
         let mut command = match prefix.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -367,6 +590,7 @@ impl Server {
             .args(args)
             // Tests run side by side: metrics on a port of their own.
             .env("RDZV_METRICS_BIND", "127.0.0.1:0")
+            .env("RDZV_ADDRESS_FILE", &address_file)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -374,7 +598,6 @@ impl Server {
             .spawn()
             .expect("start rdzv-server");
         let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let kept = log.clone();
         thread::spawn(move || {
@@ -384,21 +607,18 @@ impl Server {
                         kept.push(line.clone());
                     }
                 }
-                if let Some(i) = line.find("addr=") {
-                    let addr = line[i + 5..]
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or("")
-                        .to_owned();
-                    let _ = tx.send(addr);
-                }
                 eprintln!("[rdzv-server] {line}");
             }
         });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("rdzv-server reports its address");
-        Self { child, addr, log }
+        let logged = || log.lock().map(|l| l.join("\n")).unwrap_or_default();
+        let (addr, metrics) = wait_for_address_file(&address_file, &mut child, &logged);
+        Self {
+            child,
+            addr,
+            metrics,
+            log,
+            _files: files,
+        }
     }
 
     /// What the server logged so far, one line per line.
@@ -538,8 +758,8 @@ impl Drop for Agent {
 }
 
 /// A network namespace joined to this one by a veth pair: a separate host on
-/// `10.<net>.<index>.2`, reaching this namespace at `10.<net>.<index>.1`
-/// (or a host on a [`Lan`]). Needs root; removed on drop.
+/// `10.N.0.2`, reaching this namespace at `10.N.0.1`, `N` from a leased
+/// [`Subnet`] (or a host on a [`Lan`]). Needs root; removed on drop.
 #[derive(Debug)]
 pub struct Netns {
     /// Namespace name.
@@ -554,6 +774,9 @@ pub struct Netns {
     pub addr: String,
     /// The namespace's interface on the link (e.g. for `GLOO_SOCKET_IFNAME`).
     pub iface: String,
+    /// Its subnet, released after the namespace is gone (a [`Lan`] host's
+    /// is the segment's).
+    _subnet: Option<Subnet>,
 }
 
 fn ip(args: &[&str]) {
@@ -569,13 +792,18 @@ fn ip(args: &[&str]) {
 }
 
 impl Netns {
-    /// Creates namespace number `index` of a test using subnet `10.<net>.0.0/16`.
-    pub fn create(net: u8, index: u8) -> Self {
-        let name = format!("accel{}-{index}", std::process::id());
-        let host_if = format!("ah{}x{index}", std::process::id() % 100_000);
-        let peer_if = format!("an{}x{index}", std::process::id() % 100_000);
-        let gateway = format!("10.{net}.{index}.1");
-        let addr = format!("10.{net}.{index}.2");
+    /// Creates a namespace on a subnet of its own, leased for its lifetime
+    /// (see [`lease`]): names and addresses never collide with another
+    /// test's, in this run or a concurrent one.
+    pub fn create() -> Self {
+        let subnet = Subnet::lease();
+        let net = subnet.net();
+        let name = format!("accel{}-n{net}", std::process::id());
+        // Link names are unique machine-wide with the subnet (at most 15 bytes).
+        let host_if = format!("acn{net}h");
+        let peer_if = format!("acn{net}n");
+        let gateway = format!("10.{net}.0.1");
+        let addr = format!("10.{net}.0.2");
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ip(&["netns", "add", &name]);
         ip(&[
@@ -604,6 +832,7 @@ impl Netns {
             gateway,
             addr,
             iface: peer_if,
+            _subnet: Some(subnet),
         }
     }
 
@@ -648,10 +877,11 @@ impl Drop for Netns {
 
 /// One network segment: hosts (network namespaces) whose links meet at a
 /// bridge in a namespace of its own, which this namespace joins at
-/// `10.<net>.0.1`; host `i` is `10.<net>.0.<i>`. The hosts reach each other
-/// directly, as machines on one switch do, so nothing in this namespace has
-/// to forward their traffic (no setting of this machine changes, and its
-/// firewall never sees it). Needs root; removed on drop.
+/// `10.N.0.1` (`N` from a leased [`Subnet`]); host `i` is `10.N.0.<i>`. The
+/// hosts reach each other directly, as machines on one switch do, so
+/// nothing in this namespace has to forward their traffic (no setting of
+/// this machine changes, and its firewall never sees it). Needs root;
+/// removed on drop.
 #[derive(Debug)]
 pub struct Lan {
     net: u8,
@@ -661,17 +891,25 @@ pub struct Lan {
     uplink: String,
     /// This namespace's address on the segment.
     pub gateway: String,
+    /// Its subnet, released after the segment is gone.
+    _subnet: Subnet,
 }
 
 /// The bridge's name inside a [`Lan`]'s switch namespace.
 const BRIDGE: &str = "br0";
 
 impl Lan {
-    /// Creates the segment `10.<net>.0.0/24`, with this namespace on it.
-    pub fn create(net: u8) -> Self {
+    /// Creates a segment on a leased subnet, with this namespace on it.
+    pub fn create() -> Self {
+        Self::create_on(Subnet::lease())
+    }
+
+    /// Creates the segment `10.N.0.0/24` of `subnet`, with this namespace on it.
+    pub fn create_on(subnet: Subnet) -> Self {
         let pid = std::process::id();
+        let net = subnet.net();
         let switch = format!("accel{pid}-lan{net}");
-        let uplink = format!("al{}x{net}", pid % 100_000);
+        let uplink = format!("acn{net}l");
         let gateway = format!("10.{net}.0.1");
         let _ = Command::new("ip").args(["netns", "del", &switch]).output();
         ip(&["netns", "add", &switch]);
@@ -680,6 +918,7 @@ impl Lan {
             switch,
             uplink,
             gateway,
+            _subnet: subnet,
         };
         let sw = lan.switch.as_str();
         ip(&["-n", sw, "link", "add", BRIDGE, "type", "bridge"]);
@@ -709,7 +948,7 @@ impl Lan {
     }
 
     /// Creates host `index` (2–254) on the segment: a namespace at
-    /// `10.<net>.0.<index>` whose interface is `lan0`.
+    /// `10.N.0.<index>` whose interface is `lan0`.
     pub fn host(&self, index: u8) -> Netns {
         assert!(
             (2..=254).contains(&index),
@@ -729,6 +968,7 @@ impl Lan {
             gateway: self.gateway.clone(),
             addr,
             iface,
+            _subnet: None,
         };
         let (ns, port, iface) = (&host.name, &host.host_if, &host.iface);
         ip(&[
@@ -1154,4 +1394,57 @@ pub fn records(dir: &Path) -> Vec<Record> {
     }
     out.sort_by_key(|r| (r.restart, r.rank));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    #[test]
+    fn socket_queues_are_read_from_the_kernel_tables() {
+        for ip in ["127.0.0.1", "::1"] {
+            let Ok(listener) = TcpListener::bind((ip, 0)) else {
+                continue; // no IPv6 here
+            };
+            let addr = listener.local_addr().expect("addr");
+            let mut client = TcpStream::connect(addr).expect("connect");
+            assert_eq!(accept_queue(&addr.to_string()), Some(1), "{ip}");
+            let (mut served, _) = listener.accept().expect("accept");
+            assert_eq!(accept_queue(&addr.to_string()), Some(0), "{ip}");
+            client.write_all(&[7; 1000]).expect("write");
+            poll_until(
+                "the bytes arrive",
+                Duration::from_secs(5),
+                || match unread_by_peer(&[&client]) {
+                    1000 => Ok(()),
+                    n => Err(n.to_string()),
+                },
+            );
+            let mut buf = [0u8; 1000];
+            served.read_exact(&mut buf).expect("read");
+            assert_eq!(unread_by_peer(&[&client]), 0, "{ip}");
+            served.write_all(&[1; 10]).expect("reply");
+            poll_until(
+                "the reply arrives",
+                Duration::from_secs(5),
+                || match received_unread(&client) {
+                    10 => Ok(()),
+                    n => Err(n.to_string()),
+                },
+            );
+            assert!(!closed_by_peer(&client), "{ip}");
+            drop(served);
+            poll_until(
+                "the close is seen",
+                Duration::from_secs(5),
+                || match closed_by_peer(&client) {
+                    true => Ok(()),
+                    false => Err("established".into()),
+                },
+            );
+        }
+    }
 }

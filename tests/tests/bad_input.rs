@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use accel_tests::{bin, run_agent, run_logged, scratch, Finished};
+use accel_tests::{
+    bin, poll_until, run_agent, run_logged, scratch, status_jobs, wait_for_address_file, Finished,
+};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -112,13 +114,18 @@ fn huge_server_ttl_is_a_usage_error_and_the_longest_serves_a_job() {
     assert_refused(&out, 2, "is too long; at most 10 years");
     // Ten years: a job finishes on it and the server outlives the job.
     let stderr = dir.join("ok.stderr");
+    let address_file = dir.join("ok.addresses");
     let mut server = server()
         .args(["--finished-job-ttl", "315576000"])
+        .arg("--address-file")
+        .arg(&address_file)
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&stderr).expect("stderr"))
         .spawn()
         .expect("start rdzv-server");
-    let addr = wait_for_addr(&stderr);
+    let (addr, _) = wait_for_address_file(&address_file, &mut server, &|| {
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    });
     let out = run_agent(
         &dir,
         "agent",
@@ -136,7 +143,18 @@ fn huge_server_ttl_is_a_usage_error_and_the_longest_serves_a_job() {
         LIMIT,
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
-    std::thread::sleep(Duration::from_millis(500));
+    // The server has taken the job's end (and set its ten-year deadline)
+    // when it reports the job succeeded; then it must still be there.
+    poll_until("the server reports the job's end", LIMIT, || {
+        if let Ok(Some(status)) = server.try_wait() {
+            return Ok(format!("exited: {status}"));
+        }
+        let jobs = status_jobs(&addr, &[])?;
+        match jobs.iter().find(|j| j["job_id"] == "ttl") {
+            Some(j) if j["phase"] == "succeeded" => Ok(String::new()),
+            _ => Err(format!("{jobs:?}")),
+        }
+    });
     let alive = server.try_wait().expect("try_wait").is_none();
     let _ = server.kill();
     let _ = server.wait();
@@ -145,25 +163,6 @@ fn huge_server_ttl_is_a_usage_error_and_the_longest_serves_a_job() {
         "the server outlived the finished job: {}",
         std::fs::read_to_string(&stderr).unwrap_or_default()
     );
-}
-
-fn wait_for_addr(stderr: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = std::fs::read_to_string(stderr).unwrap_or_default();
-        if let Some(i) = text.find("addr=") {
-            return text[i + 5..]
-                .split_whitespace()
-                .next()
-                .expect("address")
-                .to_owned();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rdzv-server did not listen: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -403,4 +402,37 @@ fn redirects_on_a_full_disk_keep_the_job() {
         "redirected output stays off the console"
     );
     warnings_per_rank(&out.stderr, 2);
+}
+
+#[test]
+fn the_address_file_names_what_the_server_bound_and_an_unwritable_one_stops_it() {
+    let dir = scratch("address-file");
+    // Port 0 for both, metrics off: the file names the gRPC port only.
+    let path = dir.join("addresses");
+    let mut server = Command::new(bin("rdzv-server"))
+        .args(["--bind", "127.0.0.1:0", "--metrics-bind", "off"])
+        .arg("--address-file")
+        .arg(&path)
+        .stderr(std::fs::File::create(dir.join("server.stderr")).expect("stderr"))
+        .spawn()
+        .expect("start rdzv-server");
+    let (addr, metrics) = wait_for_address_file(&path, &mut server, &|| String::new());
+    let text = std::fs::read_to_string(&path).expect("read");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(text, format!("grpc={addr}\n"));
+    assert_eq!(metrics, None);
+    assert!(
+        addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+        "{addr}"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+    assert_eq!(mode & 0o777, 0o644);
+    // A path it cannot write: a start-up error naming the flag.
+    let mut cmd = Command::new(bin("rdzv-server"));
+    cmd.args(["--bind", "127.0.0.1:0", "--metrics-bind", "off"])
+        .env("RDZV_ADDRESS_FILE", dir.join("no/such/dir/addresses"));
+    let out = run_logged(cmd, &dir, "unwritable", LIMIT);
+    assert_refused(&out, 2, "cannot write --address-file");
 }

@@ -14,25 +14,22 @@ use std::time::Duration;
 use accel_tests::{bin, run_logged, scratch, with_private_hosts};
 
 /// Runs the fence schedule; the run's output.
-fn fence_run(name: &str, net: u8, broken: bool) -> (i32, String) {
-    scenario_run(name, "fence", "24", net, broken)
+fn fence_run(name: &str, broken: bool) -> (i32, String) {
+    scenario_run(name, "fence", "24", broken)
 }
 
 /// Runs fixed scenario `scenario` for `seconds` (without the DDP job); the
 /// run's exit code and output.
-fn scenario_run(name: &str, scenario: &str, seconds: &str, net: u8, broken: bool) -> (i32, String) {
+fn scenario_run(name: &str, scenario: &str, seconds: &str, broken: bool) -> (i32, String) {
     let dir = scratch(name);
     let chaos = bin("chaos");
     let run_dir = dir.join("run");
-    let net = net.to_string();
     let mut argv = vec![
         chaos.to_str().expect("path"),
         seconds,
         "--scenario",
         scenario,
         "--no-ddp",
-        "--net",
-        &net,
         "--dir",
         run_dir.to_str().expect("path"),
     ];
@@ -51,7 +48,7 @@ fn scenario_run(name: &str, scenario: &str, seconds: &str, net: u8, broken: bool
 
 #[test]
 fn a_broken_fence_is_caught_by_invariant_a() {
-    let (code, out) = fence_run("chaos-broken-fence", 93, true);
+    let (code, out) = fence_run("chaos-broken-fence", true);
     assert_eq!(code, 1, "the run reports a violation:\n{out}");
     assert!(
         out.contains("violation (a): two live workers held rank"),
@@ -63,7 +60,7 @@ fn a_broken_fence_is_caught_by_invariant_a() {
 
 #[test]
 fn a_working_fence_holds_when_a_node_is_cut_off_or_its_agent_paused() {
-    let (_, out) = fence_run("chaos-fence", 94, false);
+    let (_, out) = fence_run("chaos-fence", false);
     assert!(out.contains("| isolate host | 1 | 0 |"), "{out}");
     assert!(out.contains("| SIGSTOP agent | 1 | 0 |"), "{out}");
     assert!(
@@ -82,7 +79,6 @@ fn a_failure_on_a_cut_off_node_stops_its_other_workers_before_the_job_re_forms()
         "chaos-cut-off-failure",
         "failure-while-cut-off",
         "12",
-        95,
         false,
     );
     assert!(out.contains("| kill -9 worker | 1 | 0 |"), "{out}");
@@ -103,7 +99,7 @@ fn a_failure_on_a_cut_off_node_stops_its_other_workers_before_the_job_re_forms()
 /// limit after that beat. Both broke invariant (a) in a 600 s run.
 #[test]
 fn faults_shorter_than_the_drop_limit_never_leave_a_rank_running_twice() {
-    let (code, out) = scenario_run("chaos-short-faults", "short-faults", "42", 96, false);
+    let (code, out) = scenario_run("chaos-short-faults", "short-faults", "42", false);
     assert!(out.contains("| isolate host | 1 | 0 |"), "{out}");
     assert!(out.contains("| partition one-way | 2 | 0 |"), "{out}");
     assert!(out.contains("| SIGSTOP agent | 4 | 0 |"), "{out}");

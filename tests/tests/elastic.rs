@@ -196,7 +196,9 @@ fn min_never_reached_names_who_joined_and_what_is_missing() {
 
 #[test]
 fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
-    let addr = format!("127.0.0.1:{}", accel_tests::free_port());
+    // The restarted server binds the same address: a port known before.
+    let port = accel_tests::Port::lease();
+    let addr = port.loopback();
     let server = Server::start_at(&addr);
     let dir = scratch("relearn");
     let conf = "keep_alive_interval=2,reconnect_grace=20";
@@ -236,7 +238,9 @@ fn a_restarted_rdzv_server_relearns_the_job_without_restarting_workers() {
 /// as for a membership change, without spending its restart budget of 0.
 #[test]
 fn workers_fenced_while_the_server_was_away_re_form_without_spending_restarts() {
-    let addr = format!("127.0.0.1:{}", accel_tests::free_port());
+    // The restarted server binds the same address: a port known before.
+    let port = accel_tests::Port::lease();
+    let addr = port.loopback();
     let server = Server::start_at(&addr);
     let dir = scratch("fenced");
     let conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,reconnect_grace=30";
@@ -304,7 +308,7 @@ fn workers_fenced_while_the_server_was_away_re_form_without_spending_restarts() 
 /// when its reconnect grace expires.
 #[test]
 fn a_cut_host_is_dropped_and_stops_its_workers_after_its_grace() {
-    let hosts: Vec<Netns> = (1..=3).map(|i| Netns::create(77, i)).collect();
+    let hosts: Vec<Netns> = (0..3).map(|_| Netns::create()).collect();
     // A server on a routable address needs a token; the agents present it.
     let token = "elastic-test-token-0123456789";
     let server = Server::start_with("0.0.0.0:0", &[], &[("RDZV_TOKEN", token)]);

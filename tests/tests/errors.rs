@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, run_agent, scratch, AgentCmd, Server};
+use accel_tests::{poll_until, run_agent, scratch, status_jobs, AgentCmd, Port, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -44,7 +44,14 @@ fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
     let dir = scratch("mismatch");
     let base = AgentCmd::c10d_no_local_addr(&server.addr, "mm").no_python("true", &[]);
     let first = base.clone().nnodes(2).nproc(2).start(&dir, "first");
-    std::thread::sleep(Duration::from_millis(500));
+    // The job's size is the first node's: the others come once it joined.
+    poll_until("the first node joined", LIMIT, || {
+        let jobs = status_jobs(&server.addr, &[])?;
+        match jobs.iter().find(|j| j["job_id"] == "mm") {
+            Some(j) if j["node_count"] == 1 => Ok(()),
+            _ => Err(format!("{jobs:?}")),
+        }
+    });
     for (name, (nnodes, nproc), want) in [
         ("nnodes", (3, 2), ["--nnodes 2", "--nnodes 3"]),
         (
@@ -70,7 +77,7 @@ fn agents_that_disagree_on_nnodes_or_nproc_are_rejected() {
 #[test]
 fn a_duplicate_static_node_rank_is_rejected_by_name() {
     let dir = scratch("duprank");
-    let port = free_port().to_string();
+    let port = Port::lease();
     let node = |rank: u32| {
         AgentCmd::static_node(&port, rank)
             .nnodes(3)
@@ -79,7 +86,14 @@ fn a_duplicate_static_node_rank_is_rejected_by_name() {
     };
     let host = node(0).start(&dir, "rank0");
     let one = node(1).start(&dir, "rank1");
-    std::thread::sleep(Duration::from_millis(800));
+    // Rank 1 holds its rank in node rank 0's rendezvous before the duplicate comes.
+    poll_until("node ranks 0 and 1 joined", LIMIT, || {
+        let jobs = status_jobs(&port.loopback(), &[])?;
+        match jobs.as_slice() {
+            [j] if j["node_count"] == 2 => Ok(()),
+            _ => Err(format!("{jobs:?}")),
+        }
+    });
     let out = node(1).run(&dir, "dup", LIMIT);
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(
@@ -96,7 +110,9 @@ fn a_duplicate_static_node_rank_is_rejected_by_name() {
 #[test]
 fn an_unreachable_endpoint_is_retried_until_join_timeout() {
     let dir = scratch("unreachable");
-    let endpoint = format!("127.0.0.1:{}", free_port());
+    // Leased, so nothing listens there for the whole test.
+    let nobody = Port::lease();
+    let endpoint = nobody.loopback();
     let started = std::time::Instant::now();
     let out = AgentCmd::c10d_no_local_addr(&endpoint, "x")
         .nnodes(2)

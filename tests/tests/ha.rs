@@ -425,7 +425,9 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token(
         etcd.ctl(args);
     }
     etcd.ctl(&["auth", "enable"]);
-    let dead = format!("http://127.0.0.1:{}", accel_tests::free_port());
+    // Leased, so nothing listens there for the whole test.
+    let nobody = accel_tests::Port::lease();
+    let dead = format!("http://{}", nobody.loopback());
     let endpoints = [dead, etcd.endpoint(0)];
 
     let wrong = accel_etcd::ConnectOptions::new().with_user("accel", "wrong");
@@ -482,13 +484,15 @@ async fn the_etcd_client_connects_past_a_dead_member_and_renews_a_dropped_token(
 struct TlsEtcd {
     child: std::process::Child,
     endpoint: String,
+    /// Its client and peer ports, leased while it runs.
+    _ports: (accel_tests::Port, accel_tests::Port),
 }
 
 impl TlsEtcd {
     /// Starts a one-member etcd in `dir` whose clients must present a
     /// certificate signed by `dir/ca.pem`; its own is `dir/server.pem`.
     fn start(dir: &std::path::Path) -> Self {
-        let (client, peer) = (accel_tests::free_port(), accel_tests::free_port());
+        let (client, peer) = (accel_tests::Port::lease(), accel_tests::Port::lease());
         let endpoint = format!("https://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd-tls.log")).expect("etcd log");
@@ -512,7 +516,11 @@ impl TlsEtcd {
             .stderr(log)
             .spawn()
             .expect("start etcd (the test command installs etcd-server)");
-        Self { child, endpoint }
+        Self {
+            child,
+            endpoint,
+            _ports: (client, peer),
+        }
     }
 }
 
@@ -1135,7 +1143,7 @@ mod replicas {
     fn a_deaf_leader_loses_nothing_and_a_failure_meanwhile_restarts_the_job_once() {
         // The old leader on a host of its own; the other replica, etcd and
         // the agents here, on the segment's gateway.
-        let lan = accel_tests::Lan::create(85);
+        let lan = accel_tests::Lan::create();
         let host = lan.host(2);
         let dir = scratch("ha-deaf-leader");
         let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
@@ -1157,17 +1165,13 @@ mod replicas {
         let first_args = args(etcd.endpoints_at(&lan.gateway));
         let first = Server::start_in(
             &host.exec(),
-            &format!("{}:{}", host.addr, accel_tests::free_port()),
+            &format!("{}:0", host.addr),
             &args_of(&first_args),
             &[],
         );
         leads(&first);
         let second_args = args(etcd.endpoints());
-        let second = Server::start_with(
-            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
-            &args_of(&second_args),
-            &[],
-        );
+        let second = Server::start_with(&format!("{}:0", lan.gateway), &args_of(&second_args), &[]);
         let endpoints = format!("{},{}", first.addr, second.addr);
         let took = a_silent_leader(&dir, &first, &second, &Deaf(&host), 2.0, |tag| {
             accel_tests::AgentCmd::c10d(&endpoints, "team/job")
@@ -1209,7 +1213,7 @@ mod replicas {
     fn a_leader_its_agents_cannot_reach_is_deposed_and_a_failure_meanwhile_restarts_the_job_once() {
         // The old leader on a host of its own; the other replica, etcd and
         // the agents here, on the segment's gateway.
-        let lan = accel_tests::Lan::create(86);
+        let lan = accel_tests::Lan::create();
         let host = lan.host(2);
         let dir = scratch("ha-cut-leader");
         let etcd = EtcdCluster::start_also_at(&dir, 3, Some(&lan.gateway));
@@ -1227,21 +1231,22 @@ mod replicas {
         fn args_of(a: &[String; 7]) -> Vec<&str> {
             a.iter().map(String::as_str).collect()
         }
-        let port = accel_tests::free_port();
         let first_args = args(etcd.endpoints_at(&lan.gateway));
         let first = Server::start_in(
             &host.exec(),
-            &format!("{}:{port}", host.addr),
+            &format!("{}:0", host.addr),
             &args_of(&first_args),
             &[],
         );
+        let port: u16 = first
+            .addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the first replica's port");
         leads(&first);
         let second_args = args(etcd.endpoints());
-        let second = Server::start_with(
-            &format!("{}:{}", lan.gateway, accel_tests::free_port()),
-            &args_of(&second_args),
-            &[],
-        );
+        let second = Server::start_with(&format!("{}:0", lan.gateway), &args_of(&second_args), &[]);
         let endpoints = format!("{},{}", first.addr, second.addr);
         let cut = CutOff { host: &host, port };
         let took = a_silent_leader(&dir, &first, &second, &cut, 2.0, |tag| {
@@ -1273,7 +1278,7 @@ mod replicas {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_minority_of_a_jobs_nodes_complaining_deposes_nobody_a_majority_does() {
         let dir = scratch("ha-complaints");
-        let (_etcd, first, second) = replicas(&dir, "/complaints");
+        let (etcd, first, second) = replicas(&dir, "/complaints");
         let mut c1 = client(&first.addr).await;
         let mut c2 = client(&second.addr).await;
         let three = |id: &str| {
@@ -1315,8 +1320,17 @@ mod replicas {
                 }
             }
         };
-        // The job is in etcd once its members are (the leader writes every tick).
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The job is in etcd once its three members are (the leader writes
+        // every tick): the complaints are checked against them.
+        let stored_members = || {
+            let keys = etcd.ctl(&["get", "--prefix", "/complaints/jobs/", "--keys-only"]);
+            keys.lines().filter(|k| k.contains("/m/")).count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stored_members() < 3 {
+            assert!(Instant::now() < deadline, "the members reach etcd");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         complaints(
             vec![
                 complain("a", &nodes[0].1),
@@ -1464,8 +1478,24 @@ mod replicas {
         });
         eprintln!("quorum lost -> no replica serving in {:?}", lost.elapsed());
         // A while without quorum (within the agents' 60 s grace): the workers
-        // keep running; then quorum returns and a replica leads again.
-        std::thread::sleep(Duration::from_secs(3));
+        // keep running, watched for three seconds (an outage of a length,
+        // not an event); then quorum returns and a replica leads again.
+        let running = accel_tests::records(&dir);
+        accel_tests::ensure_quiet_for(
+            "the workers run through the outage",
+            Duration::from_secs(3),
+            || {
+                let now = accel_tests::records(&dir);
+                match now.len() == 2 && running.iter().all(|r| accel_tests::alive(r.pid)) {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "{} records; pids {:?}",
+                        now.len(),
+                        now.iter().map(|r| r.pid).collect::<Vec<_>>()
+                    )),
+                }
+            },
+        );
         etcd.restart(1);
         etcd.restart(2);
         etcd.wait_healthy(Duration::from_secs(30));
@@ -1508,12 +1538,12 @@ mod replicas {
                     .program(&script, &[&ck, &out, "--step-sleep", sleep])
                     .env("PATH", accel_tests::venv_path())
             };
-            let port = accel_tests::free_port();
+            let port = accel_tests::Port::lease();
             let agents: Vec<_> = (0..2)
                 .map(|node| {
                     let cmd = match endpoints {
                         Some(e) => job(accel_tests::AgentCmd::c10d(e, "ddp")),
-                        None => job(accel_tests::AgentCmd::static_node(port, node)),
+                        None => job(accel_tests::AgentCmd::static_node(&port, node)),
                     };
                     cmd.start(&dir, &format!("{name}-{node}"))
                 })
@@ -2123,9 +2153,13 @@ mod agent_only {
             m.sort();
             m
         };
-        // Nobody went: a check drops nothing.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(members(&registry), ["a", "b", "c"]);
+        // Nobody went: checks drop nothing (no sign marks a check, so
+        // the members are watched for 300 ms).
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            assert_eq!(members(&registry), ["a", "b", "c"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // c's process dies: nothing renews its lease, which expires (1 s);
         // the watch drops it, long before its 60 s keep-alive limit.
         let c = keys.pop().expect("c");
@@ -2155,9 +2189,13 @@ mod agent_only {
         tokio::time::timeout(Duration::from_secs(5), gone)
             .await
             .expect("b is dropped once its key is gone");
-        // a stays, its lease renewed well past its length.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(members(&registry), ["a"]);
+        // a stays, its lease renewed well past its length: watched for
+        // twice the lease (only time can show a renewal works).
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            assert_eq!(members(&registry), ["a"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         watch.abort();
         let a = keys.pop().expect("a");
         a.withdraw().await;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, record_script, records, scratch, Agent, AgentCmd, Server};
+use accel_tests::{record_script, records, scratch, Agent, AgentCmd, Port, Server};
 
 use crate::check_layout;
 
@@ -29,7 +29,7 @@ fn standalone_one_node_two_workers() {
 #[test]
 fn static_three_nodes_ranks_follow_node_rank() {
     let dir = scratch("static");
-    let port = free_port().to_string();
+    let port = Port::lease();
     // Start the non-zero ranks first: they wait for node rank 0 to serve.
     let agents: Vec<Agent> = [2, 1, 0]
         .iter()

@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use accel_tests::{free_port, http_get, poll_until, sample, scratch, Agent, AgentCmd, Server};
+use accel_tests::{
+    accept_queue, http_get, poll_until, sample, scratch, Agent, AgentCmd, Port, Server,
+};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -31,19 +33,27 @@ fn until_sample(addr: &str, series: &str, value: f64) -> String {
     })
 }
 
-/// A server with its metrics on `metrics`, and two agents of a 2 × 2 job
-/// whose global rank 3 fails in the first round; each agent serves its
-/// metrics on the returned addresses.
-fn failing_job(
-    dir: &Path,
-    job: &str,
-    metrics: &str,
-    run_for: &str,
-) -> (Server, Vec<Agent>, Vec<String>) {
-    let server = Server::start_with("127.0.0.1:0", &["--metrics-bind", metrics], &[]);
-    let agent_metrics: Vec<String> = (0..2)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
+/// The job of [`failing_job`].
+struct FailingJob {
+    server: Server,
+    /// The server's metrics address.
+    metrics: String,
+    agents: Vec<Agent>,
+    /// Each agent's metrics address.
+    agent_metrics: Vec<String>,
+    /// The agents' metrics ports, leased while they run (an agent is told
+    /// its port; it does not report one it chose).
+    _ports: Vec<Port>,
+}
+
+/// A server (metrics on a port it picks, read from its address file), and
+/// two agents of a 2 × 2 job whose global rank 3 fails in the first round;
+/// each agent serves its metrics on a leased port.
+fn failing_job(dir: &Path, job: &str, run_for: &str) -> FailingJob {
+    let server = Server::start();
+    let metrics = server.metrics.clone().expect("the server serves metrics");
+    let ports: Vec<Port> = (0..2).map(|_| Port::lease()).collect();
+    let agent_metrics: Vec<String> = ports.iter().map(Port::loopback).collect();
     let agents = agent_metrics
         .iter()
         .enumerate()
@@ -63,14 +73,25 @@ fn failing_job(
                 .start(dir, &tag)
         })
         .collect();
-    (server, agents, agent_metrics)
+    FailingJob {
+        server,
+        metrics,
+        agents,
+        agent_metrics,
+        _ports: ports,
+    }
 }
 
 #[test]
 fn both_endpoints_count_a_failure_and_a_restart_while_the_job_runs() {
     let dir = scratch("metrics");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let (server, agents, agent_metrics) = failing_job(&dir, "metrics-job", &metrics, "6");
+    let FailingJob {
+        server,
+        metrics,
+        agents,
+        agent_metrics,
+        _ports,
+    } = failing_job(&dir, "metrics-job", "6");
 
     // The server: one counted restart, two rounds, a failure by exit code,
     // the job running with both nodes, its restart budget.
@@ -160,7 +181,8 @@ fn both_endpoints_count_a_failure_and_a_restart_while_the_job_runs() {
 fn a_forming_node_is_alive_but_not_ready_and_says_why() {
     let dir = scratch("readyz");
     let server = Server::start();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let port = Port::lease();
+    let addr = port.loopback();
     let agent = AgentCmd::c10d(&server.addr, "readyz-job")
         .nnodes(2)
         .flag("--metrics-bind", &addr)
@@ -212,6 +234,8 @@ fn a_taken_metrics_port_is_a_start_up_error_naming_the_flag() {
 struct Prometheus {
     child: Child,
     addr: String,
+    /// Its web port, leased while it runs.
+    _port: Port,
 }
 
 impl Prometheus {
@@ -233,7 +257,8 @@ impl Prometheus {
         );
         let file = dir.join("prometheus.yml");
         std::fs::write(&file, config).expect("write prometheus.yml");
-        let addr = format!("127.0.0.1:{}", free_port());
+        let port = Port::lease();
+        let addr = port.loopback();
         let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", file.display()))
@@ -246,7 +271,11 @@ impl Prometheus {
             .stderr(log)
             .spawn()
             .expect("start prometheus (scripts/setup.sh installs Debian's package)");
-        Self { child, addr }
+        Self {
+            child,
+            addr,
+            _port: port,
+        }
     }
 
     /// The value of an instant PromQL query that yields one sample.
@@ -286,8 +315,13 @@ impl Drop for Prometheus {
 #[test]
 fn prometheus_scrapes_both_and_answers_promql() {
     let dir = scratch("prometheus");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let (server, agents, agent_metrics) = failing_job(&dir, "prom-job", &metrics, "10");
+    let FailingJob {
+        server,
+        metrics,
+        agents,
+        agent_metrics,
+        _ports,
+    } = failing_job(&dir, "prom-job", "10");
     let prometheus = Prometheus::start(&dir, &metrics, &agent_metrics);
     let query = |promql: &str, want: f64| {
         poll_until(
@@ -372,13 +406,10 @@ fn json_logs_and_json_status_for_pipelines() {
     agent.signal("TERM");
     let _ = agent.wait(LIMIT);
     // A server that is not there: the cause, not just "transport error".
+    // The port is leased, so nothing listens on it meanwhile.
+    let nobody = Port::lease();
     let out = Command::new(accel_tests::bin("rdzv-server"))
-        .args([
-            "status",
-            "--json",
-            "--rdzv-endpoint",
-            &format!("127.0.0.1:{}", free_port()),
-        ])
+        .args(["status", "--json", "--rdzv-endpoint", &nobody.loopback()])
         .output()
         .expect("run status");
     assert_eq!(out.status.code(), Some(1));
@@ -427,9 +458,10 @@ fn readyz_from(from: u8, addr: &str) -> Result<String, String> {
 #[test]
 fn readyz_answers_while_sixteen_addresses_hold_every_metrics_connection_idle() {
     let dir = scratch("readyz-crowded");
-    let server_metrics = format!("127.0.0.1:{}", free_port());
-    let server = Server::start_with("127.0.0.1:0", &["--metrics-bind", &server_metrics], &[]);
-    let agent_metrics = format!("127.0.0.1:{}", free_port());
+    let server = Server::start();
+    let server_metrics = server.metrics.clone().expect("the server serves metrics");
+    let port = Port::lease();
+    let agent_metrics = port.loopback();
     let agent = AgentCmd::standalone()
         .nproc(1)
         .flag("--metrics-bind", &agent_metrics)
@@ -448,7 +480,16 @@ fn readyz_answers_while_sixteen_addresses_hold_every_metrics_connection_idle() {
             .flat_map(|from| (0..4).map(move |_| from))
             .map(|from| connect_from(from, addr))
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        // Every idle connection accepted (none left in the listener's
+        // queue) before the probes: they find every place taken.
+        poll_until(
+            &format!("{addr} accepted the idle connections"),
+            LIMIT,
+            || match accept_queue(addr) {
+                Some(0) => Ok(()),
+                other => Err(format!("accept queue {other:?}")),
+            },
+        );
         // Probes from a crowding address and from a new one are answered,
         // again and again (each takes an idle connection's place).
         for round in 0..5u8 {

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
-use accel_tests::{bin, eventually, records, scratch, Agent, AgentCmd, Server};
+use accel_tests::{bin, ensure_quiet_for, eventually, records, scratch, Agent, AgentCmd, Server};
 use pb::rendezvous_client::RendezvousClient;
 use rendezvous_server::auth::AttachToken;
 use rendezvous_server::Token;
@@ -198,8 +198,16 @@ fn without_the_token_every_call_is_refused_and_the_job_is_untouched() {
             "call {i}"
         );
     }
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(snapshot(&mut admin, &rt, &dir, "victim"), before);
+    // A refused call has no effect to wait for: the job is watched
+    // unchanged (rounds, restarts, nodes, workers) for half a second.
+    ensure_quiet_for("the job is untouched", Duration::from_millis(500), || {
+        let now = snapshot(&mut admin, &rt, &dir, "victim");
+        if now == before {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    });
     drop((a, b));
 }
 
@@ -283,8 +291,15 @@ fn the_token_without_a_nodes_session_secret_cannot_act_for_it() {
         assert_eq!(s.code(), Code::PermissionDenied, "call {i}: {s:?}");
         assert!(s.message().contains("session secret"), "{s:?}");
     }
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(snapshot(&mut insider, &rt, &dir, "victim"), before);
+    // As above: watched unchanged for half a second.
+    ensure_quiet_for("the job is untouched", Duration::from_millis(500), || {
+        let now = snapshot(&mut insider, &rt, &dir, "victim");
+        if now == before {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    });
     drop((a, b));
 }
 
@@ -418,7 +433,20 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         "{}",
         early.stderr
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    // Both TTLs count from the job's end: once the server has forgotten
+    // the job (its status no longer lists it), its tombstone, as old, is
+    // gone too.
+    accel_tests::poll_until(
+        "the finished job forgotten",
+        Duration::from_secs(30),
+        || {
+            let jobs = accel_tests::status_jobs(&server.addr, &[("ACCEL_RDZV_TOKEN", TOKEN)])?;
+            match jobs.iter().any(|j| j["job_id"] == "again") {
+                false => Ok(()),
+                true => Err(format!("{jobs:?}")),
+            }
+        },
+    );
     let again = run("again");
     assert_eq!(again.code(), 0, "{}", again.stderr);
     assert!(
@@ -432,23 +460,24 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
 fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     let dir = scratch("sec-logs");
     let log = dir.join("server.log");
-    let port = accel_tests::free_port();
-    let addr = format!("127.0.0.1:{port}");
+    let address_file = dir.join("addresses");
     let token_file = dir.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut server = std::process::Command::new(bin("rdzv-server"))
-        .args(["--bind", &addr, "--token-file"])
-        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
+        .args(["--bind", "127.0.0.1:0", "--token-file"])
         .arg(&token_file)
+        .arg("--address-file")
+        .arg(&address_file)
+        .env("RDZV_METRICS_BIND", "127.0.0.1:0")
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("start");
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(&addr).is_ok()
-    }));
+    let (addr, _) = accel_tests::wait_for_address_file(&address_file, &mut server, &|| {
+        std::fs::read_to_string(&log).unwrap_or_default()
+    });
     let load = std::process::Command::new(bin("rdzv-load"))
         .args([
             "--endpoint",
@@ -559,11 +588,18 @@ fn connections_without_the_token_are_few_per_address_and_do_not_linger() {
         closed_within(&mut raw(), Duration::from_millis(500)),
         "refused callers hold their places until --auth-timeout"
     );
-    std::thread::sleep(Duration::from_millis(1500));
-    let mut again = raw();
-    assert!(
-        !closed_within(&mut again, Duration::from_millis(300)),
-        "the refused callers' places were given back"
+    // Once --auth-timeout closed the refused callers' connections, a new
+    // one is kept (until then each try is closed at once, taking no place).
+    let _again = accel_tests::poll_until(
+        "the refused callers' places were given back",
+        Duration::from_secs(10),
+        || {
+            let mut again = raw();
+            match closed_within(&mut again, Duration::from_millis(300)) {
+                false => Ok(again),
+                true => Err("closed".to_owned()),
+            }
+        },
     );
     // The agent's connection proved itself and is kept.
     rt.block_on(agent.job_status(pb::JobStatusRequest::default()))

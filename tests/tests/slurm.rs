@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use accel_tests::{free_port, records, scratch, AgentCmd};
+use accel_tests::{records, scratch, AgentCmd, Port};
 
 use crate::check_layout;
 
@@ -28,11 +28,11 @@ fn step(node_id: u32, tasks: u32) -> Vec<(&'static str, String)> {
 #[test]
 fn an_srun_step_needs_no_flags() {
     let dir = scratch("slurm");
-    let port = free_port();
+    let port = Port::lease();
     let agents: Vec<_> = (0..2)
         .map(|i| {
             let mut cmd = AgentCmd::new()
-                .flag("--master-port", port)
+                .flag("--master-port", &port)
                 .nproc(2)
                 .recording(&dir, &format!("n{i}"));
             for (k, v) in step(i, 2) {
@@ -72,8 +72,9 @@ fn flags_and_pet_variables_win_over_slurm() {
     // One node of its own, whatever the allocation says (--nnodes 1), and
     // the job id of PET_RDZV_ID; only the node rank and the host (absent)
     // come from Slurm.
+    let port = Port::lease();
     let mut cmd = AgentCmd::new()
-        .flag("--master-port", free_port())
+        .flag("--master-port", &port)
         .nnodes(1)
         .nproc(1)
         .env("PET_RDZV_ID", "mine")

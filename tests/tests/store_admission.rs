@@ -65,7 +65,7 @@ fn probe_output(cmd: &mut Command) -> String {
 #[test]
 fn a_non_member_address_is_refused_while_the_jobs_worker_is_served() {
     let _heavy = heavy();
-    let outsider = Netns::create(78, 11);
+    let outsider = Netns::create();
     let server = Server::start();
     let dir = scratch("store-admission");
     // The node's address is its side of the link to the outsider's namespace.
@@ -104,7 +104,7 @@ fn a_non_member_address_is_refused_while_the_jobs_worker_is_served() {
 fn a_two_host_torch_job_is_served_across_hosts_while_a_third_host_is_refused() {
     let _heavy = heavy();
     // Three hosts on one segment; this namespace (the rendezvous) is on it too.
-    let lan = Lan::create(81);
+    let lan = Lan::create();
     let hosts = [lan.host(2), lan.host(3)];
     let outsider = lan.host(4);
     // A server on a routable address needs a token; the agents present it.
@@ -218,8 +218,8 @@ fn store_on_every_link(options: StoreOptions) -> (tokio::runtime::Runtime, Worke
 #[test]
 fn the_store_admits_exactly_the_members_it_is_given() {
     let _heavy = heavy();
-    let member = Netns::create(79, 12);
-    let other = Netns::create(79, 13);
+    let member = Netns::create();
+    let other = Netns::create();
     // One store listening on both links, admitting the member's address.
     let (_rt, store) = store_on_every_link(StoreOptions {
         admit: Admit::Members(vec![member.addr.clone()]),
@@ -349,7 +349,7 @@ fn another_local_user_is_refused_over_loopback_while_the_agents_user_is_served()
 #[test]
 fn one_address_at_its_share_leaves_room_for_the_other_members() {
     let _heavy = heavy();
-    let member = Netns::create(79, 14);
+    let member = Netns::create();
     // 40 connections in all, 30 from one address.
     let (_rt, store) = store_on_every_link(StoreOptions {
         admit: Admit::Members(vec![member.addr.clone()]),

@@ -12,7 +12,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use accel_tests::{eventually, scratch, Agent, AgentCmd};
+use accel_tests::{
+    closed_by_peer, ensure_quiet_for, eventually, poll_until, received_unread, scratch,
+    unread_by_peer, Agent, AgentCmd,
+};
 use accel_worker_store::wire::{
     encode, Command as Cmd, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN, VALIDATION_MAGIC,
 };
@@ -157,7 +160,27 @@ fn replies_that_are_never_read_do_not_grow_the_agent() {
     multi
         .write_all(&encode(&Cmd::MultiGet(vec![key("/big"); 16])))
         .expect("multi_get");
-    std::thread::sleep(Duration::from_secs(1));
+    // Measured once the store is stuck: every connection has replies
+    // queued here, and neither they nor the requests it has left unread
+    // move between two looks (the queues are full; it can send no more).
+    let conns: Vec<&TcpStream> = readers.iter().chain([&multi]).collect();
+    let mut last = None;
+    poll_until("the store's replies stalled", LIMIT, || {
+        let now = (
+            unread_by_peer(&conns),
+            conns
+                .iter()
+                .map(|c| received_unread(c))
+                .collect::<Vec<u64>>(),
+        );
+        let stalled = now.1.iter().all(|q| *q > 0) && last.as_ref() == Some(&now);
+        let seen = format!("unread by the store, replies queued here: {now:?}");
+        last = Some(now);
+        match stalled {
+            true => Ok(()),
+            false => Err(seen),
+        }
+    });
     let during = host.rss();
     // APPEND cannot grow a value past the limit a SET has (it used to reach 104 MiB).
     let mut a = client(host.store);
@@ -206,7 +229,13 @@ fn wait_floods_and_parked_senders_are_bounded() {
     for _ in 0..20 {
         let mut c = client(host.store);
         c.write_all(&wait).expect("wait");
-        std::thread::sleep(Duration::from_millis(50));
+        // Abandoned only once the store has read the whole WAIT.
+        poll_until("the store read the WAIT", LIMIT, || {
+            match unread_by_peer(&[&c]) {
+                0 => Ok(()),
+                n => Err(format!("{n} bytes unread")),
+            }
+        });
     }
     // A parked client that keeps sending is closed past one maximal request.
     let mut parked = client(host.store);
@@ -256,7 +285,16 @@ fn half_frames_and_silent_connections_are_closed() {
         .map(|_| TcpStream::connect(host.store).expect("connect"))
         .collect();
     let mut idle = client(host.store);
-    std::thread::sleep(Duration::from_secs(1));
+    // Measured once the store holds every half frame it was sent.
+    let conns: Vec<&TcpStream> = halves.iter().collect();
+    poll_until(
+        "the store read the half frames",
+        LIMIT,
+        || match unread_by_peer(&conns) {
+            0 => Ok(()),
+            n => Err(format!("{n} bytes unread")),
+        },
+    );
     let during = host.rss();
     for c in halves.iter_mut().chain(silent.iter_mut()) {
         c.set_read_timeout(Some(Duration::from_secs(45)))
@@ -291,7 +329,25 @@ fn failing_accepts_back_off_and_are_logged_once() {
     let held: Vec<TcpStream> = (0..100)
         .filter_map(|_| TcpStream::connect_timeout(&host.store, Duration::from_secs(1)).ok())
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    // The episode has begun when the store says so; it then lasts three
+    // seconds of failing accepts, over which it must say nothing more
+    // (nothing marks "it would have logged again by now").
+    let stderr = host.agent.stderr.clone();
+    let read = || fs::read_to_string(&stderr).unwrap_or_default();
+    poll_until("the store reports failing accepts", LIMIT, || {
+        match read().contains("cannot accept connections") {
+            true => Ok(()),
+            false => Err(read()),
+        }
+    });
+    ensure_quiet_for(
+        "one line per episode",
+        Duration::from_secs(3),
+        || match read().matches("cannot accept connections").count() {
+            1 => Ok(()),
+            n => Err(format!("{n} lines:\n{}", read())),
+        },
+    );
     let opened = held.len();
     drop(held);
     let mut back = None;
@@ -304,9 +360,18 @@ fn failing_accepts_back_off_and_are_logged_once() {
         }),
         "the store serves again once descriptors are free"
     );
-    // The episode is over once accepts have not failed for a while.
-    std::thread::sleep(Duration::from_secs(6));
-    assert!(answers(&mut client(host.store)));
+    // The episode is over once accepts have not failed for a while: the
+    // store says so at the first accept after that (no other sign of it),
+    // so new clients are served until it does.
+    poll_until("the store reports the episode over", LIMIT, || {
+        if !answers(&mut client(host.store)) {
+            return Err("a new client is not answered".into());
+        }
+        match read().contains("accepts connections again") {
+            true => Ok(()),
+            false => Err(read()),
+        }
+    });
     drop(back);
     let stderr = host.stop();
     let failing = stderr.matches("cannot accept connections").count();
@@ -384,7 +449,19 @@ fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
     for s in senders {
         held.push(s.join().expect("sender"));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Measured (and the peak sampling ends) once the store has closed the
+    // requests beyond its budget: at most 8 are still open.
+    poll_until(
+        "the store closed the requests beyond its budget",
+        LIMIT,
+        || {
+            let open = held.iter().filter(|(c, _)| !closed_by_peer(c)).count();
+            match open <= 8 {
+                true => Ok(()),
+                false => Err(format!("{open} of 64 open")),
+            }
+        },
+    );
     let during = host.rss();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.join().expect("sampler").max(during);
@@ -406,8 +483,23 @@ fn incomplete_maximal_requests_share_one_budget_and_a_client_is_still_served() {
             _ => {} // still held: no answer to an incomplete request
         }
     }
+    let gone: Vec<(SocketAddr, SocketAddr)> = held
+        .iter()
+        .filter_map(|(c, _)| Some((c.peer_addr().ok()?, c.local_addr().ok()?)))
+        .collect();
     drop(held);
-    std::thread::sleep(Duration::from_secs(1));
+    // Measured once the store has closed its side of every one of them.
+    poll_until("the store closed the dropped connections", LIMIT, || {
+        let open = accel_tests::tcp_sockets()
+            .iter()
+            // Established or close-wait: the store still holds it.
+            .filter(|s| gone.contains(&(s.local, s.remote)) && matches!(s.state, 1 | 8))
+            .count();
+        match open {
+            0 => Ok(()),
+            n => Err(format!("{n} still open at the store")),
+        }
+    });
     let after = host.rss();
     eprintln!("agent RSS: {before:.1} MiB before, {during:.1} MiB with 64 incomplete 16 MiB requests (peak seen {peak:.1} MiB), {after:.1} MiB after they closed; {closed} of 64 closed by the store");
     assert!(

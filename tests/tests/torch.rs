@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_tests::{
-    free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    AgentCmd, Finished,
+    read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker, AgentCmd,
+    Finished, Port,
 };
 use serde_json::Value;
 
@@ -56,9 +56,9 @@ fn assert_all_ok(outs: &[Finished], what: &str) {
 /// Two accel agents (static rendezvous) × 2 workers, each node's command
 /// line completed by `job` (its program, further flags, environment).
 fn accel_2x2(dir: &Path, tag: &str, job: impl Fn(AgentCmd) -> AgentCmd) -> Vec<Finished> {
-    let port = free_port();
+    let port = Port::lease();
     run_nodes(dir, tag, 2, |node| {
-        accel(&job(AgentCmd::static_node(port, node).nnodes(2).nproc(2)))
+        accel(&job(AgentCmd::static_node(&port, node).nnodes(2).nproc(2)))
     })
 }
 
@@ -141,7 +141,7 @@ fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
     for attempt in 0..3 {
         let name = format!("torchrun-fail-{attempt}");
         let (ck, out) = dirs(&root, &name);
-        let port = free_port().to_string();
+        let port = Port::lease();
         let outs = run_nodes(&root, &name, 2, |_| {
             let endpoint = format!("localhost:{port}");
             let mut c = with_private_hosts(

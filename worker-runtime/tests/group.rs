@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use accel_tests::{
-    bin, free_port, read_json, run_logged, scratch, venv_path, with_private_hosts, Finished, Server,
+    bin, read_json, run_logged, scratch, venv_path, with_private_hosts, Finished, Port, Server,
 };
 use serde_json::{json, Value};
 
@@ -149,7 +149,9 @@ fn rust_ranks_on_two_agents_through_rdzv_server() {
 
 /// Two agents, static rendezvous: node 0 runs `first`, node 1 runs `second`.
 fn mixed_job(dir: &Path, first: &str, second: &str) {
-    let port = free_port().to_string();
+    // Leased for the whole test (see accel_tests::lease).
+    let leased = Port::lease();
+    let port = leased.to_string();
     let python = python_worker();
     let cmds = [first, second]
         .iter()
@@ -242,7 +244,9 @@ fn bad_environment_names_the_variable() {
 #[test]
 fn unreachable_store_is_an_error_not_an_abort() {
     let dir = scratch("wr-unreachable");
-    let port = free_port().to_string();
+    // Leased for the whole test (see accel_tests::lease).
+    let leased = Port::lease();
+    let port = leased.to_string();
     let vars = [
         ("RANK", "1"),
         ("WORLD_SIZE", "2"),
@@ -274,7 +278,9 @@ fn unreachable_store_is_an_error_not_an_abort() {
 fn dead_peer_is_an_error_not_an_abort() {
     let _heavy = heavy();
     let dir = scratch("wr-dead-peer");
-    let port = free_port().to_string();
+    // Leased for the whole test (see accel_tests::lease).
+    let leased = Port::lease();
+    let port = leased.to_string();
     // No agent: rank 0 hosts the store itself, as PyTorch's env:// does
     // without TORCHELASTIC_USE_AGENT_STORE. Rank 1 joins and exits at once.
     let vars = |rank: &'static str| {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use accel_tests::{bin, free_port, read_json, run_logged, scratch, with_private_hosts, Finished};
+use accel_tests::{bin, read_json, run_logged, scratch, with_private_hosts, Finished, Port};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -154,7 +154,9 @@ fn example() -> PathBuf {
 /// Two agents × two Rust ranks train the example; returns each rank's final
 /// parameters.
 fn train(dir: &Path, name: &str, fail: bool) -> Vec<String> {
-    let port = free_port().to_string();
+    // Leased for the whole test (see accel_tests::lease).
+    let leased = Port::lease();
+    let port = leased.to_string();
     let ckpt = dir.join(format!("{name}-checkpoints"));
     let out = dir.join(format!("{name}-out"));
     let example = example();

@@ -12,6 +12,9 @@
 //! least its own. `--break-fence` starts the agents with
 //! `ACCEL_TEST_BREAK_FENCE=1`, the debug build's test-only switch that
 //! turns fencing off (`accel_agent::testing`): invariant (a) must catch it.
+//! The hosts' segment is a subnet leased machine-wide (`accel_tests::Subnet`),
+//! so runs side by side never collide; `--net N` asks for `10.N.0.0/24`
+//! itself (refused if another run holds it).
 //!
 //! Run it through `scripts/chaos.sh`, which builds the binaries and runs it
 //! as root in a private mount namespace. Prints the seed, the schedule, the
@@ -139,10 +142,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         dir,
         bins,
         venv: std::env::var_os("ACCEL_VENV").map(PathBuf::from),
-        net: net.unwrap_or(match mode {
-            Mode::Server => 91,
-            Mode::Agents => 92,
-        }),
+        net,
         agent_env,
     })
 }

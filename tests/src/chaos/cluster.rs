@@ -138,7 +138,13 @@ impl Cluster {
         let id = format!("chaos-{}-{}", std::process::id(), o.seed);
         let dir = o.dir.clone();
         fs::create_dir_all(&dir).expect("scratch dir");
-        let lan = Lan::create(o.net);
+        let lan =
+            match o.net {
+                None => Lan::create(),
+                Some(n) => Lan::create_on(crate::Subnet::exactly(n).unwrap_or_else(|| {
+                    panic!("subnet 10.{n}.0.0/16 is in use: pick another --net")
+                })),
+            };
         let mut hosts = Vec::new();
         for i in 0..NODES {
             hosts.push(Host::Node(i));

@@ -53,8 +53,9 @@ pub struct Options {
     pub bins: PathBuf,
     /// A venv whose `bin/` has python with torch (for the DDP job).
     pub venv: Option<PathBuf>,
-    /// The Lan's subnet: `10.<net>.0.0/24`.
-    pub net: u8,
+    /// The Lan's subnet `10.<net>.0.0/24` (`None`: any free one, leased
+    /// as [`crate::Subnet`] says; a given one must not be leased by another run).
+    pub net: Option<u8>,
     /// Variables added to every agent's environment.
     pub agent_env: Vec<(String, String)>,
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use accel_tests::{bin, free_port, run_logged, scratch, venv, Finished};
+use accel_tests::{bin, run_logged, scratch, venv, Finished, Port};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -299,7 +299,7 @@ fn hub_ids_are_read_through_huggingface_hub() {
     }
     let script = dir.join("hub.py");
     std::fs::write(&script, HUB_PY).expect("write hub.py");
-    let port = free_port();
+    let port = Port::lease();
     let mut server = Command::new(python())
         .arg(&script)
         .arg(dir.join("hub"))
@@ -307,7 +307,7 @@ fn hub_ids_are_read_through_huggingface_hub() {
         .stdin(Stdio::null())
         .spawn()
         .expect("start the mock Hub");
-    wait_listening(port, &mut server);
+    wait_listening(port.get(), &mut server);
     let endpoint = format!("http://127.0.0.1:{port}");
     let python = python();
     let env = [

@@ -18,8 +18,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    bin, free_port, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    AccelerateVenv, Finished, ACCELERATE_VERSIONS, PINNED_ACCELERATE,
+    bin, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
+    AccelerateVenv, Finished, Port, ACCELERATE_VERSIONS, PINNED_ACCELERATE,
 };
 use serde_json::Value;
 
@@ -407,7 +407,7 @@ fn two_machines_match_accelerate() {
     for (tool, tries) in [("accelerate", 3), ("accel", 1)] {
         let mut recs = None;
         for attempt in 0..tries {
-            let port = free_port();
+            let port = Port::lease();
             let config = dir.join(format!("{tool}-{attempt}.yaml"));
             fs::write(
                 &config,
