@@ -258,8 +258,8 @@ pub fn scratch(name: &str) -> PathBuf {
         .keep()
 }
 
-/// Deletes the `accel-test-*` directories in the temporary directory last
-/// modified more than `age` ago.
+/// Deletes the `accel-test-*` and `accel-chaos-*` directories in the
+/// temporary directory last modified more than `age` ago.
 fn sweep_scratch(age: std::time::Duration) {
     let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
         return;
@@ -271,10 +271,10 @@ fn sweep_scratch(age: std::time::Duration) {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|e| e > age);
-        let ours = entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with("accel-test-");
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        // And the chaos run's own, which a run with violations keeps.
+        let ours = name.starts_with("accel-test-") || name.starts_with("accel-chaos-");
         if ours && old && entry.path().is_dir() {
             let _ = fs::remove_dir_all(entry.path());
         }

@@ -19,7 +19,9 @@
 //! Run it through `scripts/chaos.sh`, which builds the binaries and runs it
 //! as root in a private mount namespace. Prints the seed, the schedule, the
 //! table and every violation with its history slice; exits 1 on any
-//! violation, 2 on bad arguments.
+//! violation, 2 on bad arguments. A scratch directory it made itself (no
+//! `--dir`) is deleted after a run without violations (each is hundreds of
+//! megabytes of etcd data and logs) and kept, for reading, after one with.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         if opts.ddp { ", with the DDP job" } else { "" },
         opts.dir.display()
     );
+    let chosen_dir = args.iter().any(|a| a == "--dir");
     let out = run::run(&opts);
     println!("\nschedule ({what}; node i is the node holding group rank i when the fault is due):");
     for p in &out.schedule {
@@ -60,6 +63,9 @@ fn main() -> ExitCode {
         println!("{what} mode {}: {v}", opts.mode);
     }
     if out.violations.is_empty() {
+        if !chosen_dir {
+            let _ = std::fs::remove_dir_all(&opts.dir);
+        }
         ExitCode::SUCCESS
     } else {
         println!("repeat with: scripts/chaos.sh {}", args.join(" "));
