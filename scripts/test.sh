@@ -2,17 +2,19 @@
 # The test command: sets up everything the tests need, then runs the checks
 # and every test of the workspace. Usage: scripts/test.sh
 #
-# The checks run in two lanes side by side, because the machine it runs on
+# The checks run in three lanes side by side, because the machine it runs on
 # (2 cores) is idle for much of the test suite, which mostly waits on
 # processes, and busy for much of the release builds, which wait on nothing:
 #   checks     the debug build and everything that uses it: lint, docs, the
 #              deployment checks that run the debug binaries, the unit tests
 #              (unprivileged, no venv), the integration tests, the chaos run;
-#   artifacts  the release artifacts, each built once: the README's run
-#              command without protoc, the container image, the wheels; then
-#              the fuzzing smoke. It runs at a lower CPU priority (nice), so the
-#              timing-sensitive tests of the other lane get the CPU first.
-# The checks lane's output streams; each artifacts step's output is printed
+#   release    the README's run command built without protoc, and the
+#              container image (static binaries);
+#   packages   the Kubernetes manifests, the wheels, the fuzzing smoke.
+# Each release artifact is built once. The release and packages lanes run at a
+# lower CPU priority (nice), so the timing-sensitive tests of the checks lane
+# get the CPU first and the builds take what it leaves idle.
+# The checks lane's output streams; every other step's output is printed
 # whole when it ends. The end is a table of every step's time, also written to
 # $CARGO_TARGET_DIR/test-times.tsv. Any failed step fails the command.
 set -euo pipefail
@@ -37,9 +39,9 @@ printf 'lane\tstep\tseconds\texit\n' >"$LOGS/times.tsv"
 
 # step NAME CMD...: runs CMD (stdin closed, output kept in its own log) and
 # records its time; returns CMD's status. The checks lane prints its steps'
-# output as it comes (a hang shows where it hangs); the artifacts lane prints
-# each step's output whole when it ends, under a lock, so the two lanes never
-# mix within a step's block.
+# output as it comes (a hang shows where it hangs); the other lanes print
+# each step's output whole when it ends, under a lock, so lanes never mix
+# within a step's block.
 step() {
   local name="$1"
   shift
@@ -66,7 +68,7 @@ step() {
   return "$status"
 }
 
-# Stopped from outside (a CI time limit): show what the artifacts lane was doing.
+# Stopped from outside (a CI time limit): show what the other lanes were doing.
 on_stop() {
   local f
   for f in "$LOGS"/running-*; do
@@ -76,7 +78,7 @@ on_stop() {
   done
   # The lanes, and the steps they run, stop with it.
   local lane
-  for lane in ${checks:-} ${artifacts:-}; do
+  for lane in "${lanes[@]}"; do
     pkill -TERM -P "$lane" 2>/dev/null || true
     kill -TERM "$lane" 2>/dev/null || true
   done
@@ -118,15 +120,19 @@ lane_checks() {
   step chaos-agents scripts/chaos.sh 30 2 --mode agents --no-ddp
 }
 
-lane_artifacts() {
-  LANE=artifacts
-  # Kubernetes manifests rendered and validated (no binaries needed).
-  step kubernetes scripts/check-kubernetes.sh
+lane_release() {
+  LANE=release
   # The README's run command builds with protoc hidden (Rust toolchain
   # alone) and runs hello.py on four ranks.
   step no-protoc scripts/check-no-protoc.sh
   # The Dockerfile linted, the image built (static binaries) and run.
   step image scripts/check-image.sh
+}
+
+lane_packages() {
+  LANE=packages
+  # Kubernetes manifests rendered and validated (no binaries needed).
+  step kubernetes scripts/check-kubernetes.sh
   # The Python wheels (x86_64 and aarch64): built, installed into a fresh
   # venv, hello.py from there, aarch64 under qemu, and the notebook
   # launchers in real Jupyter kernels (with accelerate's own notebook tests).
@@ -136,16 +142,21 @@ lane_artifacts() {
   step fuzz scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"
 }
 
+lanes=()
+names=(checks release packages)
 lane_checks &
-checks=$!
-(
-  renice -n 10 -p "$BASHPID" >/dev/null
-  lane_artifacts
-) &
-artifacts=$!
+lanes+=($!)
+for name in release packages; do
+  (
+    renice -n 10 -p "$BASHPID" >/dev/null
+    "lane_$name"
+  ) &
+  lanes+=($!)
+done
 failed=()
-wait "$checks" || failed+=(checks)
-wait "$artifacts" || failed+=(artifacts)
+for i in "${!lanes[@]}"; do
+  wait "${lanes[$i]}" || failed+=("${names[$i]}")
+done
 
 mkdir -p "$CARGO_TARGET_DIR"
 {
