@@ -14,6 +14,7 @@ mod actions;
 mod link;
 pub mod machine;
 mod report;
+pub mod round;
 mod store_bind;
 #[cfg(test)]
 mod tests;
@@ -32,12 +33,12 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use self::round::Exit;
 use crate::config::{Config, Rendezvous};
 use crate::error::{AgentError, Outcome};
 use crate::events::{Ending, EventLog, Identity};
 use crate::rendezvous::{hostname, locate_rendezvous};
 use crate::signal::Signals;
-use crate::supervisor::Exit;
 use accel_process::guard::Guard;
 use accel_worker_store::WorkerStore;
 use link::{Heard, Link};

@@ -226,7 +226,7 @@ impl EventLog {
         &mut self,
         rendezvous: Duration,
         assign: Duration,
-        round: &crate::worker_env::RoundInfo,
+        round: &crate::agent::round::RoundInfo,
     ) -> Vec<String> {
         self.restarts = round.restart_count;
         let lines = if self.on {

@@ -31,7 +31,7 @@
 //! # Layout
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
 //! [`config`] validation · [`agent`] joining, the node's state machine
-//! ([`agent::machine`]) and the driver that does its I/O · `rendezvous` locating or hosting it ·
+//! ([`agent::machine`], its vocabulary in [`agent::round`]) and the driver that does its I/O · `rendezvous` locating or hosting it ·
 //! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
 //! [`logs`] tee, redirects,
 //! prefixes, filtered copies · [`events`] torchelastic's status events

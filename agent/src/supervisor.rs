@@ -32,6 +32,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::process::Stdio;
 
+use crate::agent::round::Exit;
 use crate::logs::filter::Filtered;
 use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
@@ -70,19 +71,6 @@ impl WorkerSpec {
     pub fn hang_detection(&self) -> bool {
         self.env.iter().any(|(k, _)| k == "TORCHELASTIC_TIMER_FILE")
     }
-}
-
-/// A worker's end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exit {
-    /// Local rank of the worker.
-    pub local_rank: u32,
-    /// Global rank of the worker.
-    pub global_rank: u32,
-    /// Its process id.
-    pub pid: u32,
-    /// How it ended.
-    pub ended: Ended,
 }
 
 #[derive(Debug)]

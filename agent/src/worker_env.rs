@@ -4,30 +4,8 @@
 //! Workers inherit the agent's whole environment; the variables below are set
 //! on top of it.
 
+use crate::agent::round::RoundInfo;
 use crate::config::{Config, Entrypoint};
-
-/// One node's place in a completed round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoundInfo {
-    /// Round number (job-wide).
-    pub round: u64,
-    /// This node's rank (`GROUP_RANK`).
-    pub node_rank: u32,
-    /// Nodes in the round (`GROUP_WORLD_SIZE`).
-    pub nnodes: u32,
-    /// Workers in the round (`WORLD_SIZE`).
-    pub world_size: u32,
-    /// Global rank of this node's local rank 0.
-    pub base_rank: u32,
-    /// Job-wide restarts so far (`TORCHELASTIC_RESTART_COUNT`).
-    pub restart_count: u32,
-    /// Job-wide budget (`TORCHELASTIC_MAX_RESTARTS`).
-    pub max_restarts: u32,
-    /// `MASTER_ADDR`.
-    pub master_addr: String,
-    /// `MASTER_PORT`.
-    pub master_port: u32,
-}
 
 /// The variables set for local rank `local_rank`; `agent_env` reads the
 /// agent's own environment.

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
-use accel_agent::worker_env::RoundInfo;
+use accel_agent::agent::round::RoundInfo;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 use rendezvous_server::job::Phase;

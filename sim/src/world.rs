@@ -39,8 +39,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use accel_agent::agent::machine::{Action, Event, NodeMachine, Settings};
+use accel_agent::agent::round::Exit;
 use accel_agent::config::RestartBackoff;
-use accel_agent::supervisor::Exit;
 use accel_agent::{AgentError, Ended, Outcome};
 use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;

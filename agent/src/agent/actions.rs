@@ -14,13 +14,14 @@ use tokio::sync::Notify;
 
 use super::link::{Failed, Link};
 use super::machine::{Action, Event};
+use super::round::RoundInfo;
 use super::store_bind::store_options;
 use super::workers::{Spawner, Workers};
 use super::{Session, SessionEnd};
 use crate::error::AgentError;
 use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
 use crate::supervisor::WorkerSpec;
-use crate::worker_env::{full_env, worker_argv, RoundInfo};
+use crate::worker_env::{full_env, worker_argv};
 use accel_worker_store::WorkerStore;
 
 impl<L: Link, S: Spawner> Session<'_, L, S> {

@@ -58,10 +58,9 @@ use pb::event::Kind;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use super::round::{Exit, RoundInfo};
 use crate::deadline::after_from;
 use crate::error::{AgentError, Outcome};
-use crate::supervisor::Exit;
-use crate::worker_env::RoundInfo;
 
 /// What the machine needs of the agent's configuration.
 #[derive(Debug, Clone)]

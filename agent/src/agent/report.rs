@@ -6,10 +6,10 @@ use accel_proto::v1 as pb;
 use tracing::warn;
 
 use super::link::{Failed, Link};
+use super::round::Exit;
 use super::workers::Spawner;
 use super::Session;
 use crate::failure;
-use crate::supervisor::Exit;
 
 impl<L: Link, S: Spawner> Session<'_, L, S> {
     /// Reports a worker failure to the rendezvous, with what its error file says.

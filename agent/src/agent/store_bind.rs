@@ -42,9 +42,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::warn;
 
+use super::round::RoundInfo;
 use crate::config::{Config, PortRange, Rendezvous};
 use crate::error::AgentError;
-use crate::worker_env::RoundInfo;
 use accel_worker_store::admission::literal;
 use accel_worker_store::{Admit, ConnLimits, StoreOptions};
 

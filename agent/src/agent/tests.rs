@@ -20,12 +20,13 @@ use tokio::time::Instant;
 
 use super::link::{Failed, Heard, Link};
 use super::machine::{NodeMachine, Settings};
+use super::round::Exit;
 use super::workers::{Spawner, Workers};
 use super::{Session, SessionEnd};
 use crate::config::{Config, LaunchOptions, Nproc};
 use crate::error::{AgentError, Outcome};
 use crate::signal::Signals;
-use crate::supervisor::{Exit, SpawnError, WorkerSpec};
+use crate::supervisor::{SpawnError, WorkerSpec};
 use crate::sys::Ended;
 
 /// What the driver did, in order, through the fakes.

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use super::round::Exit;
 use crate::logs::tee::Console;
-use crate::supervisor::{Exit, SpawnError, WorkerGroup, WorkerSpec};
+use crate::supervisor::{SpawnError, WorkerGroup, WorkerSpec};
 use accel_process::fork_server::ForkServer;
 use accel_process::guard::Guard;
 use accel_process::zygote::Zygote;

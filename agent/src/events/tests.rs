@@ -3,7 +3,7 @@
 //! strings below are its output).
 
 use super::*;
-use crate::worker_env::RoundInfo;
+use crate::agent::round::RoundInfo;
 
 fn id() -> Identity {
     Identity {
