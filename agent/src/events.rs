@@ -54,7 +54,7 @@ pub enum EventHandler {
 }
 
 /// The names [`EventHandler`] accepts, as torchrun registers them.
-pub const HANDLERS: [&str; 3] = ["console", "dynamic_rendezvous", "null"];
+pub(crate) const HANDLERS: [&str; 3] = ["console", "dynamic_rendezvous", "null"];
 
 impl FromStr for EventHandler {
     type Err = ConfigError;
@@ -73,7 +73,7 @@ impl FromStr for EventHandler {
 }
 
 /// Whether `LOGLEVEL` (torchrun's events logger level) lets INFO through.
-pub fn info_enabled(loglevel: Option<&str>) -> bool {
+pub(crate) fn info_enabled(loglevel: Option<&str>) -> bool {
     let Some(level) = loglevel.map(str::trim).filter(|l| !l.is_empty()) else {
         return true;
     };
@@ -85,7 +85,7 @@ pub fn info_enabled(loglevel: Option<&str>) -> bool {
 
 /// Who records an event (torchrun's `EventSource`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// The agent.
     Agent,
     /// One worker.
@@ -94,7 +94,7 @@ pub enum Source {
 
 /// One worker of the running round, as its events describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerInfo {
+pub(crate) struct WorkerInfo {
     /// `LOCAL_RANK`.
     pub local_rank: u32,
     /// `RANK`.
@@ -105,7 +105,7 @@ pub struct WorkerInfo {
 
 /// What the node's job came to, for the final events.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
+pub(crate) enum Ending {
     /// Every worker of the job succeeded.
     Succeeded,
     /// The job failed: this node's failed workers are `FAILED`, the others
@@ -117,7 +117,7 @@ pub enum Ending {
 
 /// A worker's failure as the final events report it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// torchrun's exit code: the code, or minus the signal number.
     pub exit_code: i64,
     /// The worker's error file, parsed, if it wrote one.
@@ -127,7 +127,7 @@ pub struct Failure {
 impl Failure {
     /// From how a worker ended and its error file's text, if any; `None`
     /// for a success.
-    pub fn of(ended: Ended, error_file: Option<&str>) -> Option<Self> {
+    pub(crate) fn of(ended: Ended, error_file: Option<&str>) -> Option<Self> {
         let exit_code = match ended {
             Ended::Exited(0) => return None,
             Ended::Exited(c) => i64::from(c),
@@ -168,7 +168,7 @@ impl Failure {
 
 /// What every event of this agent shares.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// `run_id`: the rendezvous id.
     pub run_id: String,
     /// `role`.
@@ -183,7 +183,7 @@ pub struct Identity {
 
 /// The events of one agent: the round it is in and how its workers ended.
 #[derive(Debug)]
-pub struct EventLog {
+pub(crate) struct EventLog {
     on: bool,
     id: Identity,
     group_rank: Option<u32>,
@@ -200,7 +200,7 @@ pub struct EventLog {
 impl EventLog {
     /// Events for `handler`; `on` is false when nothing is printed (a null
     /// handler, or `LOGLEVEL` above INFO), and then nothing is made.
-    pub fn new(handler: EventHandler, loglevel: Option<&str>, id: Identity) -> Self {
+    pub(crate) fn new(handler: EventHandler, loglevel: Option<&str>, id: Identity) -> Self {
         Self {
             on: handler == EventHandler::Console && info_enabled(loglevel),
             id,
@@ -215,14 +215,14 @@ impl EventLog {
     }
 
     /// Whether events are printed at all.
-    pub fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         self.on
     }
 
     /// A round formed after `rendezvous`, and its ranks took `assign`:
     /// `RENDEZVOUS` and `ASSIGN_WORKER_RANKS` (describing the node as it was
     /// before the round, as torchrun's do), then the round is taken on.
-    pub fn formed(
+    pub(crate) fn formed(
         &mut self,
         rendezvous: Duration,
         assign: Duration,
@@ -246,7 +246,7 @@ impl EventLog {
     }
 
     /// The round's workers run: `START` for each.
-    pub fn started(&mut self, workers: Vec<WorkerInfo>) -> Vec<String> {
+    pub(crate) fn started(&mut self, workers: Vec<WorkerInfo>) -> Vec<String> {
         self.workers = workers;
         if !self.on {
             return Vec::new();
@@ -259,7 +259,7 @@ impl EventLog {
 
     /// A worker of the running round ended with `failure`: by itself, or
     /// of the agent's stop (torchrun records both, in the order seen).
-    pub fn failed(&mut self, local_rank: u32, failure: Failure) {
+    pub(crate) fn failed(&mut self, local_rank: u32, failure: Failure) {
         if self.on && !self.failures.iter().any(|(r, ..)| *r == local_rank) {
             let raw = failure.raw_error(&mut self.traits);
             self.failures.push((local_rank, failure.exit_code, raw));
@@ -268,7 +268,7 @@ impl EventLog {
 
     /// The agent's run is over after `run_time`: each worker's final state
     /// (unless the agent itself failed), then the agent's.
-    pub fn ended(&self, ending: &Ending, run_time: Duration) -> Vec<String> {
+    pub(crate) fn ended(&self, ending: &Ending, run_time: Duration) -> Vec<String> {
         if !self.on {
             return Vec::new();
         }
@@ -425,7 +425,7 @@ fn opt(v: Option<u32>) -> Value {
 }
 
 mod json;
-pub use json::{python_float, python_json};
+pub(crate) use json::python_json;
 
 #[cfg(test)]
 mod tests;

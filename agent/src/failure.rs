@@ -16,7 +16,7 @@ use crate::sys::Ended;
 
 /// What a worker's error file says, if it wrote one.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ErrorFile {
+pub(crate) struct ErrorFile {
     /// `message.message` (or a top-level string message).
     pub message: String,
     /// `message.extraInfo.py_callstack`.
@@ -29,11 +29,11 @@ pub struct ErrorFile {
 
 /// The largest error file read: a worker writes a message and a traceback,
 /// not megabytes; a larger file is not read (and not forwarded).
-pub const MAX_ERROR_FILE_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_ERROR_FILE_BYTES: u64 = 4 << 20;
 
 /// Reads a worker's error file; `None` if it wrote none (or nothing readable,
 /// or more than [`MAX_ERROR_FILE_BYTES`]).
-pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
+pub(crate) fn read_error_file(path: &Path) -> Option<ErrorFile> {
     let text = read_error_text(path)?;
     let raw: Value = serde_json::from_str(&text).ok()?;
     let num = |v: &Value| {
@@ -65,7 +65,7 @@ pub fn read_error_file(path: &Path) -> Option<ErrorFile> {
 /// pipe, a link or a device there ([`crate::files::open_worker_file`]);
 /// such a file is not read, with one warning per agent (later ones are
 /// debug lines: a worker doing it every round does not flood the log).
-pub fn read_error_text(path: &Path) -> Option<String> {
+pub(crate) fn read_error_text(path: &Path) -> Option<String> {
     use std::io::Read as _;
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let file = match crate::files::open_worker_file(path) {
@@ -105,7 +105,7 @@ fn torch_exitcode(ended: Ended) -> i32 {
 }
 
 /// Describes one failed worker from its exit and its error file.
-pub fn describe(
+pub(crate) fn describe(
     host: &str,
     rank: u32,
     local_rank: u32,
@@ -156,7 +156,7 @@ fn signal_name(sig: i32) -> String {
 }
 
 /// `YYYY-MM-DD_HH:MM:SS` in UTC (torchrun's summary format).
-pub fn format_time(ts: f64) -> String {
+pub(crate) fn format_time(ts: f64) -> String {
     const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] =
         time::macros::format_description!("[year]-[month]-[day]_[hour]:[minute]:[second]");
     let secs = ts.max(0.0) as i64;
@@ -200,7 +200,7 @@ fn block(out: &mut Vec<String>, idx: usize, f: &pb::Failure) {
 
 /// torchrun's failure summary: `title FAILED`, the other failures, then the
 /// root cause (the job-wide first failure, from whichever node).
-pub fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> String {
+pub(crate) fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> String {
     let mut failures = vec!["Failures:".to_owned()];
     if others.is_empty() {
         failures.push("  <NO_OTHER_FAILURES>".to_owned());
@@ -237,7 +237,7 @@ pub fn summary(title: &str, root: &pb::Failure, others: &[pb::Failure]) -> Strin
 /// host, ranks, pid, torch's exit code, error file, message, traceback), so
 /// a parent can rebuild torch's `ChildFailedError`; torch's readers look
 /// only at `message`.
-pub fn parent_error_file(
+pub(crate) fn parent_error_file(
     root: &pb::Failure,
     others: &[pb::Failure],
     run_dir: Option<&Path>,

@@ -51,9 +51,9 @@ use nix::sys::stat::{fchmod, fstat, mkdirat, Mode, SFlag};
 use crate::error::AgentError;
 
 /// Mode of every directory the agent makes for a job.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 /// Mode of every file the agent makes for a job.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// An open directory: a handle to create beneath without following links,
 /// and its path, for messages and for the paths workers are given.
@@ -321,7 +321,7 @@ fn unsafe_base(uid: u32, mode: u32, euid: u32) -> Option<String> {
 
 /// Checks `--log-dir` at start-up (before the job forms), so that a refused
 /// directory fails the agent at once with a clear message.
-pub fn check_log_dir(log_dir: Option<&Path>) -> Result<(), AgentError> {
+pub(crate) fn check_log_dir(log_dir: Option<&Path>) -> Result<(), AgentError> {
     match log_dir {
         Some(d) => Dir::open_base(d, "--log-dir").map(drop),
         None => Dir::open_base(&std::env::temp_dir(), "the temporary directory (TMPDIR)").map(drop),
@@ -330,7 +330,7 @@ pub fn check_log_dir(log_dir: Option<&Path>) -> Result<(), AgentError> {
 
 /// Creates this agent's run directory under `log_dir` (or a new
 /// `torchelastic_*` directory in the temporary directory).
-pub fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<Arc<Dir>, AgentError> {
+pub(crate) fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<Arc<Dir>, AgentError> {
     let base = match log_dir {
         Some(d) => Dir::open_base(d, "--log-dir")?,
         None => Dir::open_base(&std::env::temp_dir(), "the temporary directory (TMPDIR)")?
@@ -351,7 +351,7 @@ pub fn run_dir(log_dir: Option<&Path>, run_id: &str) -> Result<Arc<Dir>, AgentEr
 /// Opened with `O_NONBLOCK` (a FIFO does not wait for a writer),
 /// `O_NOFOLLOW` (a link is not followed) and `O_NOCTTY`, then checked with
 /// `fstat`.
-pub fn open_worker_file(path: &Path) -> Result<Option<File>, &'static str> {
+pub(crate) fn open_worker_file(path: &Path) -> Result<Option<File>, &'static str> {
     let flags = OFlag::O_RDONLY
         | OFlag::O_NONBLOCK
         | OFlag::O_NOFOLLOW
@@ -378,7 +378,7 @@ pub fn open_worker_file(path: &Path) -> Result<Option<File>, &'static str> {
 /// launcher's `TORCHELASTIC_ERROR_FILE`): created 0600 if new, never through
 /// a link (`O_NOFOLLOW`), never waiting on a named pipe (`O_NONBLOCK`), and
 /// only if it is a regular file.
-pub fn write_given_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_given_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write as _;
     let fd = nix::fcntl::open(
         path,

@@ -29,7 +29,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// the previous round: one of `prev` (its workers, which led their process
 /// groups) or in one of their groups. `pgid_of` is `None` for a pid that
 /// no longer exists.
-pub fn held_by_previous(
+pub(crate) fn held_by_previous(
     listed: &str,
     prev: &[i32],
     pgid_of: impl Fn(i32) -> Option<i32>,
@@ -43,7 +43,7 @@ pub fn held_by_previous(
 }
 
 /// `nvidia-smi` on `PATH`, if this is a GPU node.
-pub fn nvidia_smi() -> Option<PathBuf> {
+pub(crate) fn nvidia_smi() -> Option<PathBuf> {
     crate::probe::program("nvidia-smi")
 }
 
@@ -72,7 +72,7 @@ async fn query(smi: &PathBuf) -> Result<String, String> {
 
 /// Waits until the previous round's processes (`prev`, its workers) hold
 /// no GPU, for at most `timeout`.
-pub async fn wait_released(prev: &[i32], timeout: Duration) {
+pub(crate) async fn wait_released(prev: &[i32], timeout: Duration) {
     if prev.is_empty() {
         return;
     }

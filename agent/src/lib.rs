@@ -14,8 +14,8 @@
 //!    for the workers' store), waits for the round to form, serves a fresh
 //!    worker store (the `accel-worker-store` crate) on that listener if it
 //!    is node rank 0, and starts the workers
-//!    with torchrun's environment ([`worker_env`]);
-//! 4. [`supervisor`] reports each worker exit as it happens: a failure is
+//!    with torchrun's environment (`worker_env`);
+//! 4. `supervisor` reports each worker exit as it happens: a failure is
 //!    reported to the server at once, which restarts every node (while the
 //!    job-wide budget lasts) or fails the job; when all workers of all nodes
 //!    succeed, the server ends the job and every agent exits 0;
@@ -24,7 +24,7 @@
 //!    it resumes if its round is still current, otherwise it stops them.
 //!
 //! Shutdown has one path: whatever ends a round (restart, failure, signal,
-//! lost rendezvous) calls [`supervisor::WorkerGroup::stop`], which signals
+//! lost rendezvous) calls `supervisor::WorkerGroup::stop`, which signals
 //! the workers' process groups, waits `--shutdown-timeout`, SIGKILLs the
 //! rest and sweeps the groups. The [`guard`](accel_process::guard) covers the agent's own death.
 //!
@@ -32,10 +32,10 @@
 //! [`node`] running a node from a binary's `main` · [`cli`] flags ·
 //! [`config`] validation · [`agent`] joining, the node's state machine
 //! ([`agent::machine`], its vocabulary in [`agent::round`]) and the driver that does its I/O · `rendezvous` locating or hosting it ·
-//! [`supervisor`] worker processes · [`numa`] `--numa-binding`'s CPUs · [`worker_env`] the environment contract ·
+//! `supervisor` worker processes · [`numa`] `--numa-binding`'s CPUs · `worker_env` the environment contract ·
 //! [`logs`] tee, redirects,
-//! prefixes, filtered copies · [`events`] torchelastic's status events
-//! (`--event-log-handler`) · [`failure`] error files and failure summaries · [`files`]
+//! prefixes, filtered copies · `events` torchelastic's status events
+//! (`--event-log-handler`) · `failure` error files and failure summaries · `files`
 //! per-attempt directories · `signal` stop
 //! signals · `sys` CPU affinity and the host-name lookup (`unsafe`). Process
 //! control (spawn hooks, process groups, the guard against orphans, the fork
@@ -51,12 +51,12 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 mod deadline;
-pub mod error;
-pub mod events;
-pub mod failure;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod failure;
 pub mod file_timer;
-pub mod files;
-pub mod gpu;
+pub(crate) mod files;
+pub(crate) mod gpu;
 pub mod health;
 pub mod logs;
 pub(crate) mod metrics;
@@ -65,10 +65,10 @@ pub mod numa;
 pub mod probe;
 mod rendezvous;
 pub(crate) mod signal;
-pub mod supervisor;
+pub(crate) mod supervisor;
 mod sys;
 pub mod testing;
-pub mod worker_env;
+pub(crate) mod worker_env;
 
 pub use accel_process::Ended;
 pub use error::{AgentError, Outcome};

@@ -67,7 +67,7 @@ pub fn run(cfg: Config, prog: &str) -> ExitCode {
 /// - the process is made non-dumpable (`PR_SET_DUMPABLE` 0), so another
 ///   process of its user can neither read its `/proc/PID/environ` or
 ///   memory nor trace it;
-/// - the token's variables ([`SECRET_VARIABLES`]) are removed from its
+/// - the token's variables (`SECRET_VARIABLES`) are removed from its
 ///   environment, and their entries blanked in the raw environment block
 ///   the kernel shows as `/proc/PID/environ` (root can still read it).
 ///
@@ -76,8 +76,6 @@ pub fn run(cfg: Config, prog: &str) -> ExitCode {
 /// with a warning). [`execute`] does not call it: a program that runs the
 /// agent as a library (worker-runtime's launcher) is the user's own, and
 /// its standalone job needs no token.
-///
-/// [`SECRET_VARIABLES`]: crate::supervisor::SECRET_VARIABLES
 pub fn protect_secrets() {
     if let Err(e) = accel_process::sys::not_dumpable() {
         tracing::warn!(error = %e, "cannot make the agent non-dumpable (PR_SET_DUMPABLE); processes of its user may read its environment and memory");

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Variables of the agent that workers do not inherit.
-pub const SECRET_VARIABLES: [&str; 2] = ["ACCEL_RDZV_TOKEN", "RDZV_TOKEN"];
+pub(crate) const SECRET_VARIABLES: [&str; 2] = ["ACCEL_RDZV_TOKEN", "RDZV_TOKEN"];
 
 use nix::sys::signal::Signal;
 use tokio::process::Command;
@@ -42,7 +42,7 @@ use accel_process::guard::Guard;
 
 /// What to start for one local rank.
 #[derive(Debug, Clone)]
-pub struct WorkerSpec {
+pub(crate) struct WorkerSpec {
     /// Local rank on this node.
     pub local_rank: u32,
     /// Global rank in the round.
@@ -68,7 +68,7 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// Whether its hangs are watched (torchrun's `FileTimer` is on): then
     /// the agent's `py-spy` must be able to read its stacks.
-    pub fn hang_detection(&self) -> bool {
+    pub(crate) fn hang_detection(&self) -> bool {
         self.env.iter().any(|(k, _)| k == "TORCHELASTIC_TIMER_FILE")
     }
 }
@@ -86,7 +86,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 
 /// The running workers of one round on this node.
 #[derive(Debug)]
-pub struct WorkerGroup {
+pub(crate) struct WorkerGroup {
     slots: Vec<Slot>,
     exits: mpsc::UnboundedReceiver<(usize, Ended)>,
     guard: Option<Arc<Guard>>,
@@ -97,7 +97,7 @@ pub struct WorkerGroup {
 impl WorkerGroup {
     /// Whether the guard killed this group's workers since this was last
     /// asked (see [`Guard::take_fenced`]).
-    pub fn fenced_by_guard(&self) -> bool {
+    pub(crate) fn fenced_by_guard(&self) -> bool {
         self.guard.as_ref().is_some_and(|g| g.take_fenced())
     }
 }
@@ -105,7 +105,7 @@ impl WorkerGroup {
 /// A worker could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start worker local rank {local_rank} ({program}): {source}")]
-pub struct SpawnError {
+pub(crate) struct SpawnError {
     /// The local rank that failed.
     pub local_rank: u32,
     /// Its global rank.
@@ -120,7 +120,7 @@ pub struct SpawnError {
 impl WorkerGroup {
     /// Starts every worker: executed, or forked by `forks`. If one cannot start, the ones already started are
     /// stopped (SIGKILL) before the error is returned.
-    pub async fn spawn(
+    pub(crate) async fn spawn(
         specs: Vec<WorkerSpec>,
         guard: Option<Arc<Guard>>,
         console: Option<Console>,
@@ -187,12 +187,12 @@ impl WorkerGroup {
     }
 
     /// The process ids of the workers, by local rank.
-    pub fn pids(&self) -> Vec<i32> {
+    pub(crate) fn pids(&self) -> Vec<i32> {
         self.slots.iter().map(|s| s.pid).collect()
     }
 
     /// Whether every worker has ended.
-    pub fn all_ended(&self) -> bool {
+    pub(crate) fn all_ended(&self) -> bool {
         self.slots.iter().all(|s| s.ended.is_some())
     }
 
@@ -211,7 +211,7 @@ impl WorkerGroup {
     }
 
     /// The next worker exit; pending forever once every worker has ended.
-    pub async fn next_exit(&mut self) -> Exit {
+    pub(crate) async fn next_exit(&mut self) -> Exit {
         loop {
             match self.exits.recv().await {
                 Some((i, ended)) => {
@@ -225,7 +225,7 @@ impl WorkerGroup {
     }
 
     /// Backstop check: exits that happened but were not reported yet.
-    pub fn check(&mut self) -> Vec<Exit> {
+    pub(crate) fn check(&mut self) -> Vec<Exit> {
         let found: Vec<(usize, Ended)> = self
             .slots
             .iter()
@@ -242,7 +242,7 @@ impl WorkerGroup {
     /// Stops the group: `sig` to every live worker's process group, SIGKILL
     /// to those still alive after `grace`, then a SIGKILL sweep of every group
     /// so no process a worker started survives. Returns the exits it saw.
-    pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
+    pub(crate) async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
         let mut seen = Vec::new();
         self.signal_live(sig);
         let deadline = crate::deadline::after(grace);
@@ -274,7 +274,7 @@ impl WorkerGroup {
     }
 
     /// Sends `sig` to the group of every worker that has not ended.
-    pub fn signal_live(&self, sig: Signal) {
+    pub(crate) fn signal_live(&self, sig: Signal) {
         for s in self.slots.iter().filter(|s| s.ended.is_none()) {
             accel_process::sys::killpg(s.pid, sig);
         }

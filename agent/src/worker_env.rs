@@ -9,7 +9,7 @@ use crate::config::{Config, Entrypoint};
 
 /// The variables set for local rank `local_rank`; `agent_env` reads the
 /// agent's own environment.
-pub fn worker_env(
+pub(crate) fn worker_env(
     cfg: &Config,
     round: &RoundInfo,
     local_rank: u32,
@@ -71,7 +71,7 @@ pub fn worker_env(
 /// Everything set for local rank `local_rank`: the configuration's base
 /// variables, then torchrun's (when on), which see the base ones as part of
 /// the agent's environment.
-pub fn full_env(
+pub(crate) fn full_env(
     cfg: &Config,
     round: &RoundInfo,
     local_rank: u32,
@@ -103,7 +103,7 @@ pub fn full_env(
 /// every variable; the rendezvous token removed), the launcher's variables,
 /// and `OMP_NUM_THREADS`; the round's and the rank's variables come with
 /// each fork.
-pub fn zygote_env(
+pub(crate) fn zygote_env(
     cfg: &Config,
     agent_env: impl IntoIterator<Item = (String, String)>,
 ) -> Vec<(String, String)> {
@@ -134,7 +134,7 @@ pub fn zygote_env(
 
 /// torchrun's rule: one OpenMP thread per worker when several share a node,
 /// unless the user chose a value.
-pub fn omp_num_threads(
+pub(crate) fn omp_num_threads(
     nproc_per_node: u32,
     agent_env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<String> {
@@ -146,7 +146,7 @@ pub fn omp_num_threads(
 }
 
 /// The worker's argv (program first) with `${local_rank}` substituted.
-pub fn worker_argv(entry: &Entrypoint, local_rank: u32) -> Vec<String> {
+pub(crate) fn worker_argv(entry: &Entrypoint, local_rank: u32) -> Vec<String> {
     let lr = local_rank.to_string();
     std::iter::once(entry.program.clone())
         .chain(entry.leading_args.iter().cloned())

@@ -9,7 +9,7 @@ use serde_json::Value;
 /// `value` as Python's `json.dumps` writes it by default: `", "` and
 /// `": "` separators, keys in their order, non-ASCII characters and
 /// control characters escaped as `\uXXXX`, floats as Python's `repr`.
-pub fn python_json(value: &Value) -> String {
+pub(crate) fn python_json(value: &Value) -> String {
     let mut out = String::new();
     write_value(&mut out, value);
     out
@@ -81,7 +81,7 @@ fn write_str(out: &mut String, s: &str) {
 /// A float as Python's `repr` (and so `json.dumps`) writes it: the
 /// shortest digits that read back, positional for exponents from -4 to 15,
 /// else `d.ddde+XX`; integral values keep `.0`.
-pub fn python_float(f: f64) -> String {
+pub(crate) fn python_float(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();
     }

@@ -2,6 +2,7 @@
 //! printed for the same values (run once in the pinned venv; the expected
 //! strings below are its output).
 
+use super::json::python_float;
 use super::*;
 use crate::agent::round::RoundInfo;
 

@@ -91,7 +91,7 @@ pub struct FilteredFile {
 
 impl FilteredFile {
     /// Creates the file (new, 0600, never through a link: see
-    /// [`crate::files`]). A file that cannot be created is reported once and
+    /// `crate::files`). A file that cannot be created is reported once and
     /// then skipped, like a worker's log file: it costs the copy, never the
     /// job.
     pub fn create(at: &crate::files::FileAt) -> Arc<Self> {

@@ -278,7 +278,7 @@ impl<'a> LogFile<'a> {
 /// anything that inherited its stream) closes it; a log file that cannot be
 /// written does not stop it (see the module policy). Errors are the pipe's
 /// own. The file is created new, 0600, in its directory's handle, never
-/// through a link ([`crate::files`]).
+/// through a link (`crate::files`).
 pub async fn pump(
     pipe: impl AsyncRead + Unpin,
     file: &FileAt,
