@@ -8,9 +8,9 @@
 #   checks     the debug build and everything that uses it: lint, docs, the
 #              deployment checks that run the debug binaries, the unit tests
 #              (unprivileged, no venv), the integration tests, the chaos run;
-#   release    the README's run command built without protoc, and the
-#              container image (static binaries);
-#   packages   the Kubernetes manifests, the wheels, the fuzzing smoke.
+#   release    the README's run command built without protoc, the container
+#              image (static binaries), the fuzzing smoke;
+#   packages   the Kubernetes manifests, the wheels (two targets).
 # Each release artifact is built once. The release and packages lanes run at a
 # lower CPU priority (nice), so the timing-sensitive tests of the checks lane
 # get the CPU first and the builds take what it leaves idle.
@@ -127,6 +127,9 @@ lane_release() {
   step no-protoc scripts/check-no-protoc.sh
   # The Dockerfile linted, the image built (static binaries) and run.
   step image scripts/check-image.sh
+  # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
+  # SECONDS runs them longer); a crash fails the run.
+  step fuzz scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"
 }
 
 lane_packages() {
@@ -137,9 +140,6 @@ lane_packages() {
   # venv, hello.py from there, aarch64 under qemu, and the notebook
   # launchers in real Jupyter kernels (with accelerate's own notebook tests).
   step wheel scripts/check-wheel.sh
-  # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
-  # SECONDS runs them longer); a crash fails the run.
-  step fuzz scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"
 }
 
 lanes=()
