@@ -199,7 +199,10 @@ done
 say "aarch64 accel-agent ran 2 true workers under qemu"
 # Two nodes of two workers through the aarch64 rdzv-server.
 port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RUST_LOG=warn arm "$ARM/bin/rdzv-server" --bind "127.0.0.1:$port" --metrics-bind off 2>"$TMP/arm-server.err" &
+# Not through `arm`: a function would run in a subshell, and `kill $srv`
+# would stop the subshell and leave the server running.
+RUST_LOG=warn qemu-aarch64-static -L "$SYSROOT" "$ARM/bin/rdzv-server" --bind "127.0.0.1:$port" \
+  --metrics-bind off 2>"$TMP/arm-server.err" &
 srv=$!
 trap 'kill $srv 2>/dev/null || true; rm -rf "$TMP"' EXIT
 for _ in $(seq 100); do
