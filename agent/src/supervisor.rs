@@ -37,7 +37,7 @@ use crate::logs::filter::Filtered;
 use crate::logs::tee::{self, Console, RankFiles, ToConsole};
 use crate::logs::Sink;
 use crate::sys::{self, Ended};
-use accel_process::fork_server::{ForkRequest, ForkServer};
+use accel_process::fork_server::{ForkGroup, ForkRequest, ForkServer};
 use accel_process::guard::Guard;
 
 /// What to start for one local rank.
@@ -133,10 +133,12 @@ impl WorkerGroup {
             guard,
             pumps: Vec::new(),
         };
+        // The workers of a function wait for each other at their end.
+        let fork_group = forks.map(|s| s.group(specs.len() as u32));
         for (i, spec) in specs.into_iter().enumerate() {
-            let started = match forks {
-                None => exec(&spec),
-                Some(server) => fork(server, &spec).await,
+            let started = match (forks, fork_group) {
+                (Some(server), Some(group)) => fork(server, &spec, group).await,
+                _ => exec(&spec),
             };
             let started = match started {
                 Ok(s) => s,
@@ -359,7 +361,11 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
 
 /// Has the fork server fork the worker, with the environment an executed
 /// worker would have (the agent's, the spec's on top, no secrets).
-async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started> {
+async fn fork(
+    server: &ForkServer,
+    spec: &WorkerSpec,
+    group: ForkGroup,
+) -> std::io::Result<Started> {
     let (out, stdout) = child_end(&spec.stdout, 1)?;
     let (err, stderr) = child_end(&spec.stderr, 2)?;
     let mut env: Vec<(String, String)> = std::env::vars_os()
@@ -380,6 +386,7 @@ async fn fork(server: &ForkServer, spec: &WorkerSpec) -> std::io::Result<Started
                 .then(|| spec.argv.get(1..).unwrap_or_default().to_vec()),
             tracer: spec.hang_detection().then(std::process::id),
             cpus: spec.cpus.as_ref().map(|c| c.iter().collect()),
+            group: Some(group),
         })
         .await
         .map_err(std::io::Error::other)?;

@@ -21,7 +21,12 @@
 //!   detection on, `"tracer": PID`, the agent, which the worker lets trace
 //!   it (`PR_SET_PTRACER`, for `py-spy`); with `--numa-binding`,
 //!   `"cpus": [0, 1, ...]`, the CPUs the worker binds itself to before
-//!   anything else, as an executed worker is bound before its `exec`.
+//!   anything else, as an executed worker is bound before its `exec`;
+//!   `"group": {"id": 3, "size": 2}` names the workers started together
+//!   (one round on this node): a function's worker whose function returns
+//!   stays alive until all `size` workers of its group have returned, as
+//!   under torch's `elastic_launch` (a zygote's workers, scripts, do not
+//!   wait, as executed ones do not).
 //! - Server to agent: `{"spawned": {"id": 7, "local_rank": 0, "pid": 4242}}`
 //!   or `{"refused": {"id": 7, "local_rank": 0, "error": "why"}}` for each
 //!   request; then, at any time, `{"exited": {"pid": 4242, "code": 0}}` or
@@ -105,6 +110,20 @@ pub struct ForkRequest {
     pub tracer: Option<u32>,
     /// The CPUs the worker binds itself to first (`--numa-binding`).
     pub cpus: Option<Vec<u32>>,
+    /// The workers started with it ([`ForkServer::group`]).
+    pub group: Option<ForkGroup>,
+}
+
+/// Workers the agent starts together (one round on this node): a
+/// function's worker that returns waits for the others of its group before
+/// it ends, so that none closes its connections while a peer still sets up
+/// the process group (see the protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkGroup {
+    /// Unique per server.
+    pub id: u64,
+    /// How many workers it has.
+    pub size: u32,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +132,8 @@ struct Shared {
     pending: Option<(u64, oneshot::Sender<Result<Forked, ForkError>>)>,
     /// The next request's id.
     next_id: u64,
+    /// The last group's id.
+    last_group: u64,
     /// Exit waiters, by pid.
     waiters: HashMap<i32, oneshot::Sender<Ended>>,
     closed: bool,
@@ -176,6 +197,16 @@ impl ForkServer {
         lock(&self.shared).closed
     }
 
+    /// A new group of `size` workers, for the requests that start them.
+    pub fn group(&self, size: u32) -> ForkGroup {
+        let mut shared = lock(&self.shared);
+        shared.last_group += 1;
+        ForkGroup {
+            id: shared.last_group,
+            size,
+        }
+    }
+
     /// Asks the server to fork one worker.
     pub async fn spawn(&self, req: ForkRequest) -> Result<Forked, ForkError> {
         let mut writer = self.writer.lock().await;
@@ -205,6 +236,9 @@ impl ForkServer {
         }
         if let Some(cpus) = &req.cpus {
             spawn["cpus"] = json!(cpus);
+        }
+        if let Some(group) = req.group {
+            spawn["group"] = json!({ "id": group.id, "size": group.size });
         }
         let mut line = json!({ "spawn": spawn }).to_string();
         line.push('\n');
@@ -386,6 +420,7 @@ mod tests {
             argv: None,
             tracer: Some(4242),
             cpus: Some(vec![0, 3]),
+            group: Some(ForkGroup { id: 5, size: 2 }),
         }
     }
 
@@ -432,6 +467,7 @@ mod tests {
             assert_eq!(req["spawn"]["id"], 1);
             assert_eq!(req["spawn"]["tracer"], 4242);
             assert_eq!(req["spawn"]["cpus"], json!([0, 3]));
+            assert_eq!(req["spawn"]["group"], json!({"id": 5, "size": 2}));
             peer.write_all(b"{\"spawned\": {\"id\": 1, \"local_rank\": 1, \"pid\": 77}}\n{\"exited\": {\"pid\": 77, \"code\": 3}}\n")
                 .await
                 .expect("write");
@@ -441,6 +477,14 @@ mod tests {
         assert_eq!(forked.pid, 77);
         assert_eq!(forked.exit.await.expect("exit"), Ended::Exited(3));
         drop(served.await.expect("peer"));
+    }
+
+    #[tokio::test]
+    async fn each_group_has_its_own_id() {
+        let (server, _peer, _closed) = pair();
+        let (a, b) = (server.group(2), server.group(2));
+        assert_eq!((a.size, b.size), (2, 2));
+        assert_ne!(a.id, b.id);
     }
 
     #[tokio::test]

@@ -30,6 +30,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import traceback
 from typing import Callable, Dict, List, NoReturn, Optional, Tuple
@@ -41,6 +42,8 @@ _SELF = globals().get("__file__") or "<accel zygote>"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
 _MAX_LINE = 4 << 20
+# The most workers a group may have: one byte each fits a pipe's buffer.
+_MAX_GROUP = 1 << 15
 _prctl = None
 
 # The agent's secrets (the agent crate's `supervisor::SECRET_VARIABLES`):
@@ -177,6 +180,9 @@ class _Server:
         self.buf = b""
         self.fds: List[int] = []
         self.pid = os.getpid()
+        # A function's workers, by the agent's group id: see _Group.
+        self.groups: Dict[int, _Group] = {}
+        self.member_of: Dict[int, _Group] = {}
         # pidfds need Linux 5.3 (and a seccomp profile that allows them);
         # without, exits are polled every 50 ms.
         self.pidfds = hasattr(os, "pidfd_open")
@@ -195,6 +201,8 @@ class _Server:
                     if not self._read():
                         self._end()
                         return
+                elif isinstance(key.data, _Group):
+                    self._returned(key.data)
                 else:
                     self._reap(key.data)
             if not self.pidfds:
@@ -226,6 +234,7 @@ class _Server:
         out, err = self.fds[0], self.fds[1]
         del self.fds[:2]
         rank, rid = req["local_rank"], req.get("id")
+        group = self._group(req.get("group")) if self.target is not None else None
         try:
             pid = os.fork()
         except OSError as e:
@@ -234,7 +243,17 @@ class _Server:
             self._send({"refused": {"id": rid, "local_rank": rank, "error": f"fork failed: {e}"}})
             return
         if pid == 0:
-            _worker(self.target, req, out, err, self.sock, self.pid)
+            peers = None
+            if group is not None:
+                peers = (group.done_w, group.go_r)
+                for g in self.groups.values():
+                    for fd in g.fds():
+                        if fd not in peers:
+                            os.close(fd)
+            _worker(self.target, req, out, err, self.sock, self.pid, peers)
+        if group is not None:
+            group.members.add(pid)
+            self.member_of[pid] = group
         # Its own group before anyone can signal it (the child does the same).
         try:
             os.setpgid(pid, pid)
@@ -253,11 +272,64 @@ class _Server:
         _, status = os.waitpid(pid, 0)
         self._ended(pid, status)
 
+    def _group(self, spec: object) -> Optional["_Group"]:
+        """The group a request's worker belongs to (made at its first
+        worker); ``None`` if the agent named none."""
+        if not isinstance(spec, dict):
+            return None
+        gid, size = spec.get("id"), spec.get("size")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (gid, size)):
+            return None
+        # Releasing writes a byte per worker into a pipe (64 KiB).
+        size = min(size, _MAX_GROUP)
+        group = self.groups.get(gid)
+        if group is None:
+            group = self.groups[gid] = _Group(gid, size)
+            self.sel.register(group.done_r, selectors.EVENT_READ, group)
+        return group
+
+    def _returned(self, group: "_Group") -> None:
+        """Workers of ``group`` said their function returned (each its pid)."""
+        group.buf += os.read(group.done_r, 4096)
+        whole = len(group.buf) - len(group.buf) % 4
+        for (pid,) in struct.iter_unpack("=i", group.buf[:whole]):
+            if pid in group.members:
+                group.returned.add(pid)
+        group.buf = group.buf[whole:]
+        self._release_if_all_returned(group)
+
+    def _release_if_all_returned(self, group: "_Group") -> None:
+        if len(group.returned) >= group.size:
+            # One byte per waiting worker; each reads one.
+            os.write(group.go_w, b"\0" * len(group.members))
+            self._drop(group)
+
+    def _drop(self, group: "_Group") -> None:
+        """Forgets ``group``. Its workers that still wait see the end of
+        their pipe without a byte: a peer failed, and the agent stops them."""
+        if self.groups.pop(group.gid, None) is None:
+            return
+        self.sel.unregister(group.done_r)
+        for fd in group.fds():
+            os.close(fd)
+        for pid in group.members:
+            self.member_of.pop(pid, None)
+
     def _ended(self, pid: int, status: int) -> None:
         pidfd = self.children.pop(pid)
         if pidfd >= 0:
             self.sel.unregister(pidfd)
             os.close(pidfd)
+        group = self.member_of.pop(pid, None)
+        if group is not None:
+            group.members.discard(pid)
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                # It ended without saying it returned (SystemExit(0)): it
+                # is done all the same.
+                group.returned.add(pid)
+                self._release_if_all_returned(group)
+            else:
+                self._drop(group)
         if os.WIFSIGNALED(status):
             self._send({"exited": {"pid": pid, "signal": os.WTERMSIG(status)}})
         else:
@@ -280,6 +352,36 @@ class _Server:
                 pass
 
 
+class _Group:
+    """The workers the agent starts together (one round on this node) for
+    a function, as torch's ``elastic_launch`` (accelerate's
+    ``notebook_launcher``) runs one: a worker whose function returns stays
+    alive until every worker of its group has returned. A rank that ended
+    at once would close its sockets while a peer may still be completing
+    the process group's set-up (gloo's ``connectFullMesh`` then fails with
+    "Connection closed by peer"); training code that returns after its last
+    collective would race the same way.
+
+    Each worker, once its function has returned, writes its pid (4 bytes,
+    one atomic pipe write) to ``done`` and reads one byte from ``go``; the
+    server writes ``size`` bytes to ``go`` when ``size`` workers have
+    returned (or ended with code 0). When a worker fails the group is
+    dropped: the waiting ones see the end of ``go`` and wait to be stopped
+    by the agent, as torch's are."""
+
+    def __init__(self, gid: int, size: int) -> None:
+        self.gid = gid
+        self.size = size
+        self.members: set = set()
+        self.returned: set = set()
+        self.buf = b""
+        self.done_r, self.done_w = os.pipe()
+        self.go_r, self.go_w = os.pipe()
+
+    def fds(self) -> Tuple[int, int, int, int]:
+        return (self.done_r, self.done_w, self.go_r, self.go_w)
+
+
 def _worker(
     target: Optional[Callable[[], None]],
     req: dict,
@@ -287,6 +389,7 @@ def _worker(
     err: int,
     sock: socket.socket,
     server: int,
+    peers: Optional[Tuple[int, int]] = None,
 ) -> NoReturn:
     """Becomes one worker: what ``python -u`` would set up, then ``target``
     (or, in the zygote, the script of ``req["argv"]``)."""
@@ -338,7 +441,7 @@ def _worker(
         os._exit(127)
     if target is None:
         _run_script(list(req.get("argv") or []))
-    _call(target)
+    _call(target, peers)
 
 
 def _stream(fd: int, mode: str, like: object) -> io.TextIOWrapper:
@@ -353,13 +456,16 @@ def _stream(fd: int, mode: str, like: object) -> io.TextIOWrapper:
     )
 
 
-def _call(target: Callable[[], None]) -> NoReturn:
+def _call(target: Callable[[], None], peers: Optional[Tuple[int, int]] = None) -> NoReturn:
     """Calls a launcher's function with ``elastic_launch``'s semantics: an
     exception is printed and recorded in the error file, as torch's
-    ``@record`` does."""
+    ``@record`` does; after a return, the worker waits for its group's
+    (``peers``: see :class:`_Group`)."""
     code = 1
     try:
         target()
+        if peers is not None:
+            _wait_for_peers(*peers)
         code = 0
     except KeyboardInterrupt:
         _die_by_sigint(_finish)
@@ -466,6 +572,18 @@ def _exit_code(e: SystemExit) -> int:
         return e.code & 0xFF
     print(e.code, file=sys.stderr)
     return 1
+
+
+def _wait_for_peers(done: int, go: int) -> None:
+    """Says this worker's function returned, then waits until every worker
+    of its group has (see :class:`_Group`)."""
+    os.write(done, struct.pack("=i", os.getpid()))
+    os.close(done)
+    while not os.read(go, 1):
+        # The group was dropped: a peer failed and the agent stops this
+        # process. Nothing more is read; a signal ends the wait.
+        signal.pause()
+    os.close(go)
 
 
 def _die_by_sigint(finish: Callable[[], None]) -> NoReturn:

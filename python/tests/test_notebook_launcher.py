@@ -46,11 +46,6 @@ STATE_CELL = textwrap.dedent(
         with open(f"{outdir}/{rank}.json", "w") as f:
             json.dump({"state": state, "env": env}, f)
         print(f"train ran in rank {rank} of {os.environ['WORLD_SIZE']}")
-        # As training would: a rank that returned at once could end its
-        # process while the other still completes gloo's connections.
-        # (Without CUDA the state is NO, yet a gloo group exists.)
-        if dist.is_initialized():
-            dist.barrier()
     """
 )
 
@@ -103,6 +98,39 @@ def test_a_cell_s_function_runs_in_two_processes_with_accelerate_s_state(tmp_pat
     for rank in a:
         assert a[rank]["state"] == b[rank]["state"], (rank, a[rank]["state"], b[rank]["state"])
         assert a[rank]["env"] == b[rank]["env"], (rank, a[rank]["env"], b[rank]["env"])
+
+
+@pytest.mark.parametrize("launch", ["notebook_launcher(first_returns, args=(outdir,), num_processes=2)",
+                                    "debug_launcher(first_returns, args=(outdir,), num_processes=2)"])
+def test_a_process_whose_function_returned_lives_until_every_process_has_returned(tmp_path: Path, launch: str) -> None:
+    # Rank 0 returns at once; rank 1 looks at it a second later. Had rank 0
+    # ended, its sockets would be closed (a peer still setting up gloo's
+    # connections to it fails with "Connection closed by peer").
+    nb = run(
+        notebook(
+            f"""
+            import os, time
+            outdir = {str(tmp_path)!r}
+            def first_returns(outdir):
+                if os.environ["RANK"] == "0":
+                    with open(f"{{outdir}}/0.tmp", "w") as f:
+                        f.write(str(os.getpid()))
+                    os.rename(f"{{outdir}}/0.tmp", f"{{outdir}}/0.pid")
+                    return
+                while not os.path.exists(f"{{outdir}}/0.pid"):
+                    time.sleep(0.01)
+                time.sleep(1)
+                pid = open(f"{{outdir}}/0.pid").read()
+                with open(f"/proc/{{pid}}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                print("rank 0 is in state", state, "after it returned")
+            """,
+            f"from accel import notebook_launcher, debug_launcher\n{launch}",
+        ),
+        tmp_path,
+    )
+    out = text(nb.cells[1])
+    assert "rank 0 is in state S after it returned" in out, out
 
 
 def test_a_function_that_fails_once_succeeds_on_its_restart(tmp_path: Path) -> None:
