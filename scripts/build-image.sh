@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds accel's container image (accel/rdzv-server:VERSION) without a Docker
-# engine and without pulling a base image: the three binaries are compiled here
-# as static musl executables and put into an image FROM scratch with buildah.
+# engine and without pulling a base image: the three binaries are the x86_64
+# wheel's (scripts/build-wheel.sh: static musl executables, built here or found
+# fresh in cargo's target dir) and go into an image FROM scratch with buildah.
 # The result has the same contents and configuration as the Dockerfile's final
 # stage (/usr/local/bin/{rdzv-server,accel-agent,accel}, /etc/passwd and
 # /etc/group with user 65532, /tmp; USER 65532:65532, EXPOSE 29400 29401,
@@ -16,10 +17,12 @@
 #   --no-archive   only commit the image to local container storage
 # Environment:
 #   CARGO_TARGET_DIR        cargo's target dir (default: ~/.cache/accel/target)
+#   ACCEL_VENV              a venv with maturin and ziglang, for
+#                           scripts/build-wheel.sh (default: ~/.cache/accel/venv)
 #   ACCEL_IMAGE_STORAGE     buildah's storage driver (default: vfs, which needs
 #                           no overlay mounts and works inside a sandbox)
-# Runs as root (buildah's rootful storage); installs buildah and musl-tools
-# from Debian and the musl target through rustup if they are missing.
+# Runs as root (buildah's rootful storage); installs buildah from Debian if
+# it is missing.
 # Prints the image name and the archive path on stdout as its last two lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,23 +65,17 @@ REVISION="$(git rev-parse HEAD 2>/dev/null || true)"
 # Image and file timestamps from the commit, so the same commit gives the same image.
 EPOCH="$(git log -1 --format=%ct 2>/dev/null || date +%s)"
 
-need_apt=()
-command -v buildah >/dev/null || need_apt+=(buildah)
-command -v musl-gcc >/dev/null || need_apt+=(musl-tools)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "build-image: installing ${need_apt[*]}" >&2
+if ! command -v buildah >/dev/null; then
+  echo "build-image: installing buildah" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah >/dev/null
 fi
-if ! rustup target list --installed | grep -qx "$TARGET"; then
-  echo "build-image: adding the $TARGET target" >&2
-  rustup target add "$TARGET" >&2
-fi
-
-echo "build-image: cargo build --release --target $TARGET (target dir $CARGO_TARGET_DIR)" >&2
-cargo build --release --locked --target "$TARGET" \
-  -p rendezvous-server -p accel-agent -p accel-cli >&2
-bindir="$CARGO_TARGET_DIR/$TARGET/release"
+# The x86_64 wheel's binaries: one release build serves the wheel and the image.
+wheeldir="$CARGO_TARGET_DIR/image/wheel"
+bindir="$wheeldir/bin"
+rm -rf "$bindir"
+echo "build-image: scripts/build-wheel.sh x86_64 (target dir $CARGO_TARGET_DIR)" >&2
+scripts/build-wheel.sh x86_64 "$wheeldir" --binaries "$bindir" >/dev/null
 for b in "${BINS[@]}"; do
   # Static: no program interpreter and no shared libraries needed.
   if readelf -l "$bindir/$b" | grep -q 'INTERP' || readelf -d "$bindir/$b" | grep -q '(NEEDED)'; then
@@ -109,7 +106,7 @@ ctr="$("${B[@]}" from --name "accel-image-$$" scratch)"
   --port 29400/tcp --port 29401/tcp \
   --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --entrypoint '["/usr/local/bin/rdzv-server"]' --cmd '' \
-  --created-by "scripts/build-image.sh (static $TARGET binaries, FROM scratch)" \
+  --created-by "scripts/build-image.sh (the x86_64 wheel's static $TARGET binaries, FROM scratch)" \
   --label org.opencontainers.image.title="accel rdzv-server" \
   --label org.opencontainers.image.description="accel's rendezvous server, with accel-agent and accel (static binaries)" \
   --label org.opencontainers.image.version="$VERSION" \

