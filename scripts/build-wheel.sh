@@ -15,7 +15,9 @@
 # Usage: scripts/build-wheel.sh ARCH OUTDIR [--binaries DIR]
 #   ARCH            x86_64 or aarch64
 #   OUTDIR          where the wheel goes (emptied of older accel wheels first)
-#   --binaries DIR  also extract the three executables into DIR
+#   --binaries DIR  also extract the three executables into DIR, and check
+#                   that each is static (no program interpreter, no shared
+#                   library)
 # Prints the wheel's path on stdout.
 # Environment: ACCEL_VENV, a venv with maturin and ziglang (default
 # ~/.cache/accel/venv, made by scripts/setup.sh; elsewhere
@@ -72,5 +74,12 @@ for n in z.namelist():
             f.write(z.read(n))
         os.chmod(path, 0o755)
 EOF
+  command -v readelf >/dev/null || fail "readelf is missing (binutils)"
+  for b in accel-agent rdzv-server accel; do
+    f="$bins/$b"
+    if readelf -l "$f" | grep -q INTERP || readelf -d "$f" | grep -q '(NEEDED)'; then
+      fail "$f is not static: $(readelf -l "$f" | grep -A1 INTERP) $(readelf -d "$f" | grep NEEDED)"
+    fi
+  done
 fi
 echo "${wheels[0]}"

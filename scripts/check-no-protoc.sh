@@ -14,6 +14,7 @@
 # Usage: scripts/check-no-protoc.sh [--release]   (as root: it mounts over protoc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# without-protoc.sh fails if protoc still runs there.
 if [ "${ACCEL_PROTOC_NS:-}" != "$(readlink /proc/self/ns/mnt)" ]; then
   exec scripts/without-protoc.sh "$0" "$@"
 fi
@@ -23,10 +24,6 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/check-no-protoc.sh [--release]" >&2; exit 64 ;;
 esac
-if protoc --version >/dev/null 2>&1; then
-  echo "check-no-protoc: protoc still runs; cannot check the build without it" >&2
-  exit 1
-fi
 log="$(mktemp "${TMPDIR:-/tmp}/accel-no-protoc.XXXXXX")"
 trap 'rm -f "$log"' EXIT
 status=0

@@ -87,7 +87,8 @@ for path, digest, size in rows:
     if digest != want_digest or int(size) != len(data):
         sys.exit(f"RECORD's hash or size of {path} is wrong")
 EOF
-  # The binaries: the right machine, and static.
+  # The binaries (build-wheel.sh checked that they are static): the right
+  # machine.
   case "$arch" in
     x86_64) machine="Advanced Micro Devices X86-64" ;;
     aarch64) machine="AArch64" ;;
@@ -95,11 +96,8 @@ EOF
   for b in accel-agent rdzv-server accel; do
     f="$OUT/$arch/bin/$b"
     readelf -h "$f" | grep -q "Machine: *$machine\$" || fail "$arch wheel's $b is not a $machine binary: $(readelf -h "$f" | grep Machine)"
-    if readelf -l "$f" | grep -q INTERP || readelf -d "$f" | grep -q '(NEEDED)'; then
-      fail "$arch wheel's $b is not static: $(readelf -l "$f" | grep -A1 INTERP) $(readelf -d "$f" | grep NEEDED)"
-    fi
   done
-  say "$arch binaries are static"
+  say "$arch binaries are static and for $arch"
   WHEELS[$arch]="$WHEEL"
 done
 WHEEL="${WHEELS[x86_64]}"

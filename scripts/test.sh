@@ -27,7 +27,9 @@ cd "$(dirname "$0")/.."
 # an empty one measures a fresh machine's run.
 export ACCEL_CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ACCEL_CACHE/target}"
-if [ -z "${ACCEL_TEST_STARTED:-}" ]; then
+# Not yet in the namespace scripts/without-protoc.sh makes (it names it in
+# ACCEL_PROTOC_NS): set up, then go on in it.
+if [ "${ACCEL_PROTOC_NS:-}" != "$(readlink /proc/self/ns/mnt)" ]; then
   ACCEL_TEST_STARTED=$(date +%s)
   # The pinned Python environment (torch, accelerate) for tests and benchmarks.
   ACCEL_VENV="$(scripts/setup.sh)"

@@ -133,12 +133,13 @@ impl WorkerGroup {
             guard,
             pumps: Vec::new(),
         };
-        // The workers of a function wait for each other at their end.
-        let fork_group = forks.map(|s| s.group(specs.len() as u32));
+        // Forked workers are one group: a function's wait for each other
+        // at their end.
+        let forks = forks.map(|s| (s, s.group(specs.len() as u32)));
         for (i, spec) in specs.into_iter().enumerate() {
-            let started = match (forks, fork_group) {
-                (Some(server), Some(group)) => fork(server, &spec, group).await,
-                _ => exec(&spec),
+            let started = match forks {
+                None => exec(&spec),
+                Some((server, group)) => fork(server, &spec, group).await,
             };
             let started = match started {
                 Ok(s) => s,
