@@ -14,7 +14,6 @@ Usage: python bench/ddp_recovery.py --accel PATH --torchrun PATH [--runs 3]
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,16 +21,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from ports import lease  # noqa: E402  (ports leased as the tests lease theirs)
 SCRIPT = os.path.join(HERE, "..", "tests", "workers", "ddp_train.py")
 JOB = ["--steps", "40", "--ckpt-every", "10", "--fail-at", "25", "--fail-rank", "3", "--step-sleep", "0.05"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def commands(kind, paths, port, ck, out, st):
@@ -58,7 +51,7 @@ def run(kind, paths):
                    TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PATH=path)
         t0 = time.time()
         procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for c in commands(kind, paths, free_port(), ck, out, st)]
+                 for c in commands(kind, paths, lease()[0], ck, out, st)]
         codes = [p.wait(timeout=300) for p in procs]
         wall = time.time() - t0
         if any(codes) or len(os.listdir(out)) != 4:

@@ -30,21 +30,18 @@ import datetime
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from ports import lease  # noqa: E402  (ports leased as the tests lease theirs)
+
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/accel/target"))
 BIN = os.path.join(TARGET, "release")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stamp(line):
@@ -86,8 +83,8 @@ def wait_for(what, f, limit=60.0):
 
 class Etcd:
     def __init__(self, d):
-        self.clients = [free_port() for _ in range(3)]
-        peers = [free_port() for _ in range(3)]
+        self.clients = lease(3)
+        peers = lease(3)
         cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
         self.procs = []
         for i in range(3):
@@ -137,7 +134,7 @@ def worker_pids(agent_pid):
 
 def server_run(d, lease):
     etcd = Etcd(d)
-    ports = [free_port(), free_port()]
+    ports = lease(2)
     servers = []
     for i, port in enumerate(ports):
         log = open(os.path.join(d, f"s{i}.log"), "w")
@@ -206,7 +203,7 @@ def pause_run(d, lease, cut=False):
     running the next round, and from the new leader's election to that (None: not within
     40 s)."""
     etcd = Etcd(d)
-    ports = [free_port(), free_port()]
+    ports = lease(2)
     servers = []
     logs = [os.path.join(d, f"s{i}.log") for i in range(2)]
     for i, port in enumerate(ports):

@@ -13,11 +13,15 @@ Usage: python bench/restart.py --accel PATH --server PATH --torchrun PATH [--run
 import argparse
 import glob
 import os
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from ports import lease  # noqa: E402  (ports leased as the tests lease theirs)
 
 WORKER = r"""#!/bin/sh
 echo "start $(date +%s.%N) $TORCHELASTIC_RESTART_COUNT $RANK" >> "$STAMPS/$$"
@@ -31,16 +35,8 @@ sleep 3
 """
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def run_case(launcher, paths, agents, stamps):
-    port = free_port()
+    port = lease()[0]
     env = dict(os.environ, STAMPS=stamps, ACCEL_LOG="error", LOGLEVEL="ERROR")
     worker = os.path.join(stamps, "w.sh")
     server = None

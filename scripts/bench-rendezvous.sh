@@ -18,7 +18,6 @@ modes="${2:-both}"
 [ "$modes" = all ] && modes="plain metrics secure etcd"
 pki="$(mktemp -d)"
 trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true; [ -n "${scraper:-}" ] && kill "$scraper" 2>/dev/null || true' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 etcd_revision() { ETCDCTL_API=3 etcdctl --endpoints "$1" get / -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])'; }
 writes=""
 if [[ " $modes " == *" secure "* ]]; then
@@ -37,28 +36,34 @@ fi
 header=""
 for mode in $modes; do
   for n in ${sizes//,/ }; do
-    port="$(free_port)"
-    srv=(--bind "127.0.0.1:$port" --metrics-bind off)
-    if [ "$mode" = metrics ]; then
-      mport="$(free_port)"
-      srv=(--bind "127.0.0.1:$port" --metrics-bind "127.0.0.1:$mport")
-    fi
-    load=(--endpoint "127.0.0.1:$port" --agents "$n" --label "$mode")
+    # The server binds port 0 and names its addresses in --address-file.
+    addr="$pki/addr-$mode-$n"
+    srv=(--bind 127.0.0.1:0 --metrics-bind off --address-file "$addr")
+    [ "$mode" = metrics ] && srv=(--bind 127.0.0.1:0 --metrics-bind 127.0.0.1:0 --address-file "$addr")
+    load=(--agents "$n" --label "$mode")
     if [ "$mode" = secure ]; then
       srv+=(--token-file "$pki/token" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" --tls-client-ca "$pki/ca.pem")
       load+=(--token-file "$pki/token" --tls-ca "$pki/ca.pem" --tls-cert "$pki/client.pem" --tls-key "$pki/client.key")
     fi
     if [ "$mode" = etcd ]; then
-      ec="http://127.0.0.1:$(free_port)"
+      # etcd must be told its ports: leased to this script (scripts/ports.py).
+      { read -r cport; read -r pport; } < <(python3 scripts/ports.py --owner $$ 2)
+      ec="http://127.0.0.1:$cport"
       etcd --data-dir "$pki/etcd-$n" --listen-client-urls "$ec" --advertise-client-urls "$ec" \
-        --listen-peer-urls "http://127.0.0.1:$(free_port)" >"$pki/etcd-$n.log" 2>&1 &
+        --listen-peer-urls "http://127.0.0.1:$pport" >"$pki/etcd-$n.log" 2>&1 &
       etcd=$!
       until ETCDCTL_API=3 etcdctl --endpoints "$ec" endpoint health >/dev/null 2>&1; do sleep 0.1; done
       srv+=(--etcd-endpoints "$ec" --etcd-prefix /bench)
     fi
     RUST_LOG=warn "$R/rdzv-server" "${srv[@]}" &
     server=$!
-    sleep 0.3
+    until [ -s "$addr" ]; do
+      kill -0 "$server" 2>/dev/null || { echo "bench-rendezvous: rdzv-server exited before it listened" >&2; exit 1; }
+      sleep 0.05
+    done
+    port="$(sed -n 's/^grpc=127.0.0.1://p' "$addr")"
+    mport="$(sed -n 's/^metrics=127.0.0.1://p' "$addr")"
+    load+=(--endpoint "127.0.0.1:$port")
     if [ "$mode" = etcd ]; then
       # A replica serves once it leads.
       until "$R/rdzv-server" status --rdzv-endpoint "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done

@@ -129,15 +129,16 @@ nproc="$(ulimit -Hu)"
 RUN=(run --network host --read-only --cap-drop all --security-opt no-new-privileges
      --ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc")
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-port="$(free_port)"
+# Ports leased to this script (scripts/ports.py) for the server, which runs
+# with the host's network: a fixed port may be taken, a released one reused.
+{ read -r port; read -r mport_leased; } < <(python3 scripts/ports.py --owner $$ 2)
 # The binaries the image holds (build-image.sh extracted them from the wheel).
 HOST_BIN="$CARGO_TARGET_DIR/image/wheel/bin"
 # With the host's network the server's metrics port must not be a fixed one.
 mport=""
 server_args=(--bind "127.0.0.1:$port")
 if "$HOST_BIN/rdzv-server" --help | grep -q -- '--metrics-bind'; then
-  mport="$(free_port)"
+  mport="$mport_leased"
   server_args+=(--metrics-bind "127.0.0.1:$mport")
 fi
 

@@ -127,21 +127,11 @@ mkdir -p "$tmp/munge" "$tmp/log" "$tmp/state" "$tmp/spool" "$tmp/run"
 # socket) and writable only by itself.
 chmod 0711 "$tmp/munge"
 
-# PORT= a free TCP port, not one handed out already (not in a subshell, so
-# that the ports handed out are remembered).
-taken=" "
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 40000))
-    case "$taken" in *" $p "*) continue ;; esac
-    if [ -z "$(ss -Hltn "sport = :$p")" ]; then
-      taken+="$p "
-      PORT=$p
-      return
-    fi
-  done
-  fail "no free port found"
+# PORT= a TCP port leased to this script until it exits (scripts/ports.py:
+# the registry the integration tests lease from, so no concurrent run is
+# given it).
+lease_port() {
+  PORT="$(python3 scripts/ports.py --owner $$)" || fail "no port to lease"
 }
 
 # munged, with its own key, socket, pid, seed and log files.
@@ -157,7 +147,7 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; kill -0 "${pids[0]}" 2>/dev/nul
 echo probe | munge --socket="$SOCK" | unmunge --socket="$SOCK" >/dev/null ||
   fail "munge cannot encode and decode a credential with its own key"
 
-free_port
+lease_port
 CTLD_PORT=$PORT
 # Job ids start at a random number, so that a 1 taken from elsewhere cannot pass.
 FIRST_JOB=$((1000 + RANDOM % 90000))
@@ -166,7 +156,7 @@ FIRST_JOB=$((1000 + RANDOM % 90000))
 # `localhost`; both are reached on 127.0.0.1, each slurmd on its own port.
 write_conf() { # NODES
   local conf="$tmp/slurm.conf"
-  free_port
+  lease_port
   cat >"$conf" <<EOF
 ClusterName=accelcheck
 SlurmctldHost=$HOST(127.0.0.1)
@@ -205,7 +195,7 @@ EOF
   local names=("$HOST" localhost)
   local i
   for ((i = 0; i < $1; i++)); do
-    free_port
+    lease_port
     echo "NodeName=${names[i]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$PORT CPUs=$CPUS State=UNKNOWN" >>"$conf"
   done
   echo "PartitionName=check Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$conf"
@@ -276,7 +266,7 @@ fi
 say "cluster up: $NODES node(s), $(sinfo -h -N -o '%N' | sort -u | tr '\n' ' ')(slurm $(sinfo -V | awk '{print $2}'))"
 
 # 3. The job: one agent per node, no job flags.
-free_port
+lease_port
 MASTER_PORT=$PORT
 out="$tmp/run/out" err="$tmp/run/err"
 # shellcheck disable=SC2016 # the workers' shell expands them
@@ -323,7 +313,7 @@ masters="$(sed -n 's/.* MASTER_ADDR=\([^ ]*\) .*/\1/p' "$out" | sort -u | tr '\n
 # Several tasks per node: refused, with the flag to use.
 say "running: srun -N $NODES --ntasks-per-node=2 $AGENT ... (must be refused)"
 rc=0
-free_port
+lease_port
 timeout 120 srun -N "$NODES" --ntasks-per-node=2 "$AGENT" --nproc-per-node "$NPROC" \
   --master-port "$PORT" --no-python true >"$out" 2>"$err" || rc=$?
 grep -m1 -- '--ntasks-per-node=1' "$err" | sed 's/^/  ! /' >&2 || true

@@ -17,7 +17,7 @@
 # lower CPU priority (nice), so the timing-sensitive tests of the checks lane
 # get the CPU first and the builds take what it leaves idle.
 # The checks lane's output streams; every other step's output is printed
-# whole when it ends. The end is a table of every step's time, also written to
+# whole when it ends. The end is a table of every step's time and CPU time, also written to
 # $CARGO_TARGET_DIR/test-times.tsv. Any failed step fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,14 @@ setup_took=$ACCEL_TEST_SETUP
 export LIBTORCH_USE_PYTORCH=1 PATH="$ACCEL_VENV/bin:$PATH"
 
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")"
-printf 'lane\tstep\tseconds\texit\n' >"$LOGS/times.tsv"
+printf 'lane\tstep\tseconds\tcpu_seconds\texit\n' >"$LOGS/times.tsv"
+
+# The CPU seconds (user + system) used so far by the lane's finished
+# children, from bash's `times` (run in this shell: a subshell's count starts at zero).
+child_cpu() {
+  times >"$LOGS/cpu-$LANE"
+  awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] } printf "%d\n", t }' "$LOGS/cpu-$LANE"
+}
 
 # step NAME CMD...: runs CMD (stdin closed, output kept in its own log) and
 # records its time; returns CMD's status. The checks lane prints its steps'
@@ -57,7 +64,8 @@ printf 'lane\tstep\tseconds\texit\n' >"$LOGS/times.tsv"
 step() {
   local name="$1"
   shift
-  local log="$LOGS/$name.log" begin=$SECONDS status=0
+  local log="$LOGS/$name.log" begin=$SECONDS status=0 cpu
+  cpu=$(child_cpu)
   if [ "$LANE" = checks ]; then
     echo "==== [$LANE] $name: start +$((begin - started)) s"
     { "$@" </dev/null 2>&1 || echo "$?" >"$log.status"; } | tee "$log"
@@ -67,6 +75,7 @@ step() {
     "$@" </dev/null >"$log" 2>&1 || status=$?
   fi
   local took=$((SECONDS - begin)) verdict=ok
+  cpu=$(($(child_cpu) - cpu))
   [ "$status" = 0 ] || verdict="FAILED (exit $status)"
   {
     flock 9
@@ -74,8 +83,8 @@ step() {
       echo "==== [$LANE] $name: start +$((begin - started)) s"
       cat "$log"
     fi
-    echo "==== [$LANE] $name: $verdict in $took s"
-    printf '%s\t%s\t%s\t%s\n' "$LANE" "$name" "$took" "$status" >>"$LOGS/times.tsv"
+    echo "==== [$LANE] $name: $verdict in $took s ($cpu CPU-s)"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$LANE" "$name" "$took" "$cpu" "$status" >>"$LOGS/times.tsv"
   } 9>>"$LOGS/.lock"
   return "$status"
 }
@@ -172,9 +181,10 @@ for i in "${!lanes[@]}"; do
 done
 
 mkdir -p "$CARGO_TARGET_DIR"
+LANE=all
 {
   echo
-  echo "test.sh: setup $setup_took s; total $((SECONDS - started)) s (lanes side by side)"
+  echo "test.sh: setup $setup_took s; total $((SECONDS - started)) s (lanes side by side), $(child_cpu) CPU-s after setup"
   column -t -s $'\t' "$LOGS/times.tsv"
 } | tee "$CARGO_TARGET_DIR/test-times.txt"
 cp "$LOGS/times.tsv" "$CARGO_TARGET_DIR/test-times.tsv"

@@ -181,9 +181,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 open.push(t.await??);
             }
             let wall = t0.elapsed();
-            // Let the server finish its accounting of the round before reading its CPU.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let cpu = cpu_seconds(&server_pid) - cpu0;
+            // The server finishes its accounting of the round after the last
+            // reply: its CPU is read once it has stopped growing (two reads
+            // 20 ms, two clock ticks, apart agree), within a second.
+            let mut cpu = cpu_seconds(&server_pid);
+            let settle = std::time::Instant::now() + Duration::from_secs(1);
+            while std::time::Instant::now() < settle {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let again = cpu_seconds(&server_pid);
+                if again == cpu {
+                    break;
+                }
+                cpu = again;
+            }
+            let cpu = cpu - cpu0;
             let peak = status_kib(&server_pid, "VmHWM:") - rss0;
             // Every node still connected, the round running: what a job costs
             // while it runs (the peak adds every node joining at once).
