@@ -5,8 +5,10 @@
 # `etcd`, the server keeps every change in a one-member etcd (started here, in
 # a temporary directory) before acting on it, and the etcd writes are counted;
 # `metrics` is `plain` with the server's Prometheus endpoint on and scraped
-# every 0.5 s while the agents join (every other mode runs with it off).
-# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|metrics|both|all]
+# every 0.5 s while the agents join (every other mode runs with it off);
+# `topology` is `plain` with every agent joining with a topology path (zones,
+# racks, NVLink domains), which the server orders node ranks by.
+# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|metrics|topology|both|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
@@ -15,7 +17,7 @@ R="$CARGO_TARGET_DIR/release"
 sizes="${1:-100,1000,10000}"
 modes="${2:-both}"
 [ "$modes" = both ] && modes="plain secure"
-[ "$modes" = all ] && modes="plain metrics secure etcd"
+[ "$modes" = all ] && modes="plain metrics topology secure etcd"
 pki="$(mktemp -d)"
 trap 'rm -rf "$pki"; [ -n "${server:-}" ] && kill "$server" 2>/dev/null || true; [ -n "${etcd:-}" ] && kill "$etcd" 2>/dev/null || true; [ -n "${scraper:-}" ] && kill "$scraper" 2>/dev/null || true' EXIT
 etcd_revision() { ETCDCTL_API=3 etcdctl --endpoints "$1" get / -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])'; }
@@ -41,6 +43,7 @@ for mode in $modes; do
     srv=(--bind 127.0.0.1:0 --metrics-bind off --address-file "$addr")
     [ "$mode" = metrics ] && srv=(--bind 127.0.0.1:0 --metrics-bind 127.0.0.1:0 --address-file "$addr")
     load=(--agents "$n" --label "$mode")
+    [ "$mode" = topology ] && load+=(--topology)
     if [ "$mode" = secure ]; then
       srv+=(--token-file "$pki/token" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" --tls-client-ca "$pki/ca.pem")
       load+=(--token-file "$pki/token" --tls-ca "$pki/ca.pem" --tls-cert "$pki/client.pem" --tls-key "$pki/client.key")

@@ -49,11 +49,12 @@ export LIBTORCH_USE_PYTORCH=1 PATH="$ACCEL_VENV/bin:$PATH"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")"
 printf 'lane\tstep\tseconds\tcpu_seconds\texit\n' >"$LOGS/times.tsv"
 
-# The CPU seconds (user + system) used so far by the lane's finished
-# children, from bash's `times` (run in this shell: a subshell's count starts at zero).
+# CPU=the CPU seconds (user + system) used so far by this shell's finished
+# children, from bash's `times`. Not for $(...): a subshell's count starts at
+# zero.
 child_cpu() {
   times >"$LOGS/cpu-$LANE"
-  awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] } printf "%d\n", t }' "$LOGS/cpu-$LANE"
+  CPU=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] } printf "%d\n", t }' "$LOGS/cpu-$LANE")
 }
 
 # step NAME CMD...: runs CMD (stdin closed, output kept in its own log) and
@@ -65,7 +66,8 @@ step() {
   local name="$1"
   shift
   local log="$LOGS/$name.log" begin=$SECONDS status=0 cpu
-  cpu=$(child_cpu)
+  child_cpu
+  cpu=$CPU
   if [ "$LANE" = checks ]; then
     echo "==== [$LANE] $name: start +$((begin - started)) s"
     { "$@" </dev/null 2>&1 || echo "$?" >"$log.status"; } | tee "$log"
@@ -75,7 +77,8 @@ step() {
     "$@" </dev/null >"$log" 2>&1 || status=$?
   fi
   local took=$((SECONDS - begin)) verdict=ok
-  cpu=$(($(child_cpu) - cpu))
+  child_cpu
+  cpu=$((CPU - cpu))
   [ "$status" = 0 ] || verdict="FAILED (exit $status)"
   {
     flock 9
@@ -182,9 +185,10 @@ done
 
 mkdir -p "$CARGO_TARGET_DIR"
 LANE=all
+child_cpu
 {
   echo
-  echo "test.sh: setup $setup_took s; total $((SECONDS - started)) s (lanes side by side), $(child_cpu) CPU-s after setup"
+  echo "test.sh: setup $setup_took s; total $((SECONDS - started)) s (lanes side by side), $CPU CPU-s after setup"
   column -t -s $'\t' "$LOGS/times.tsv"
 } | tee "$CARGO_TARGET_DIR/test-times.txt"
 cp "$LOGS/times.tsv" "$CARGO_TARGET_DIR/test-times.tsv"

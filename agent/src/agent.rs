@@ -205,6 +205,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 session: Vec::new(),
                 // Set by a join that leaves a silent replica.
                 silent_replica: String::new(),
+                topology: cfg.topology.clone(),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).

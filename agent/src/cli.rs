@@ -224,6 +224,12 @@ pub struct AgentArgs {
     /// This node's address as other nodes reach it (default: the host name).
     #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
     pub local_addr: Option<String>,
+    /// Where this node sits in the machine, outermost first (e.g. zone-a/rack-3/nvl-0): nodes with the same path get contiguous node ranks (default: from --topology-file, else Slurm's SLURM_TOPOLOGY_ADDR, else none).
+    #[arg(long = "topology", env = "PET_TOPOLOGY", value_name = "PATH")]
+    pub topology: Option<String>,
+    /// A file holding this node's topology path (see --topology).
+    #[arg(long = "topology-file", env = "PET_TOPOLOGY_FILE", value_name = "FILE")]
+    pub topology_file: Option<PathBuf>,
     /// Signals forwarded to the workers before the agent exits.
     #[arg(
         long = "signals-to-handle",
@@ -373,6 +379,8 @@ impl From<AgentArgs> for LaunchOptions {
             master_addr: a.master_addr,
             master_port: a.master_port,
             local_addr: a.local_addr,
+            topology: a.topology,
+            topology_file: a.topology_file,
             signals_to_handle: a.signals_to_handle,
             shutdown_timeout: a.shutdown_timeout,
             exit_barrier_timeout: a.exit_barrier_timeout,

@@ -16,6 +16,7 @@ pub mod conflicts;
 mod options;
 mod rdzv_conf;
 pub mod slurm;
+mod topology;
 pub use options::{
     rank_filter, std_spec, Backend, LaunchOptions, NodeCount, Nproc, RankFilter, Signals,
 };
@@ -118,6 +119,9 @@ pub struct Config {
     pub log_dir: Option<PathBuf>,
     /// This node's address for other nodes.
     pub local_addr: Option<String>,
+    /// Where this node sits in the machine (`--topology`, `--topology-file`,
+    /// Slurm's topology address; empty: unknown), sent when it joins.
+    pub topology: String,
     /// Signals forwarded to workers on shutdown.
     pub signals: Vec<Signal>,
     /// The `--signals-to-handle` text, exported to workers.

@@ -52,6 +52,20 @@ pub(crate) fn worker_env(
         ("TORCHELASTIC_ERROR_FILE", error_file.to_owned()),
         ("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signals_text.clone()),
     ];
+    // Where this node sits (docs/src/topology.md): its path, and the run of
+    // node ranks that share it, for building groups by segment. Only for a
+    // node given a path: without one, workers see exactly torchrun's set.
+    if !cfg.topology.is_empty() {
+        env.extend([
+            ("ACCEL_TOPOLOGY", cfg.topology.clone()),
+            ("ACCEL_SEGMENT", round.segment.index.to_string()),
+            (
+                "ACCEL_SEGMENT_FIRST_NODE",
+                round.segment.first_node.to_string(),
+            ),
+            ("ACCEL_SEGMENT_NODES", round.segment.nodes.to_string()),
+        ]);
+    }
     if let Some(omp) = omp_num_threads(cfg.nproc_per_node, agent_env) {
         env.push(("OMP_NUM_THREADS", omp));
     }
@@ -183,6 +197,7 @@ mod tests {
             max_restarts: 5,
             master_addr: "head".into(),
             master_port: 4242,
+            segment: Default::default(),
         }
     }
 
@@ -239,6 +254,42 @@ mod tests {
             assert_eq!(get(&env, k), Some(v), "{k}");
         }
         assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), None);
+        assert_eq!(
+            get(&env, "ACCEL_TOPOLOGY"),
+            None,
+            "no path: torchrun's set only"
+        );
+    }
+
+    #[test]
+    fn a_node_with_a_topology_path_tells_its_workers_their_segment() {
+        let none = |_: &str| None;
+        let c = cfg(
+            &[
+                "accel-agent",
+                "--nproc-per-node",
+                "4",
+                "--topology",
+                "dc/rack-9",
+                "train.py",
+            ],
+            &none,
+        );
+        let mut r = round();
+        r.segment = crate::agent::round::Segment {
+            index: 1,
+            first_node: 1,
+            nodes: 1,
+        };
+        let env = worker_env(&c, &r, 0, "/e.json", &none);
+        for (k, v) in [
+            ("ACCEL_TOPOLOGY", "dc/rack-9"),
+            ("ACCEL_SEGMENT", "1"),
+            ("ACCEL_SEGMENT_FIRST_NODE", "1"),
+            ("ACCEL_SEGMENT_NODES", "1"),
+        ] {
+            assert_eq!(get(&env, k), Some(v), "{k}");
+        }
     }
 
     #[test]

@@ -64,6 +64,8 @@ fn validate_join(req: &pb::JoinRequest) -> Result<(), rendezvous_server::Error> 
 /// through the integration tests.
 const SESSION: Session = Session::from_bytes([7; SESSION_BYTES]);
 
+/// Topology paths joining nodes choose from.
+const TOPOLOGIES: [&str; 4] = ["", "r1", "r2", "z/r10"];
 const JOB_ID: &str = "job";
 /// Node ids: a few honest ones, one that mimics a relearned job's
 /// placeholder, and an invalid empty one.
@@ -113,7 +115,10 @@ fuzz_target!(|data: &[u8]| {
                     node_rank: input.u32(),
                     nnodes: input.u32(),
                 });
-                let req = settings.request(node, host, node_rank, resume);
+                let mut req = settings.request(node, host, node_rank, resume);
+                // Segments: nodes of one path get contiguous ranks, a
+                // departed node's place goes to one of its segment.
+                req.topology = TOPOLOGIES[usize::from(flags >> 3) % TOPOLOGIES.len()].into();
                 (server.join(&req), false)
             }
             1 => {
@@ -274,6 +279,7 @@ impl Settings {
             resume,
             session: SESSION.to_vec(),
             silent_replica: String::new(),
+            topology: String::new(),
         }
     }
 }
@@ -536,6 +542,36 @@ fn check_events(job: &Job, prev: Option<&JobSnapshot>, out: &[Outbound]) {
         assert_eq!(Some(rc.base_rank), rc.node_rank.checked_mul(config.nproc_per_node));
         if let Some(m) = job.members().get(*to) {
             assert_eq!(m.rank, Some(rc.node_rank), "'{to}' holds another rank than it was told");
+        }
+    }
+    // Segments: runs of node ranks with one topology path, numbered in order.
+    let mut by_rank: Vec<&pb::RoundComplete> = completes.iter().map(|(_, rc)| *rc).collect();
+    by_rank.sort_unstable_by_key(|rc| rc.node_rank);
+    for rc in &by_rank {
+        assert!(
+            rc.segment_nodes >= 1
+                && rc.segment_first_node <= rc.node_rank
+                && rc.node_rank - rc.segment_first_node < rc.segment_nodes
+                && rc.segment_first_node + rc.segment_nodes <= n,
+            "node rank {} outside its segment {}+{}",
+            rc.node_rank,
+            rc.segment_first_node,
+            rc.segment_nodes
+        );
+        let head = by_rank[rc.segment_first_node as usize];
+        assert_eq!(head.segment, rc.segment, "one segment, two indexes");
+    }
+    for pair in by_rank.windows(2) {
+        let step = u32::from(pair[1].segment_first_node != pair[0].segment_first_node);
+        assert_eq!(pair[1].segment, pair[0].segment + step, "segments not numbered in order");
+    }
+    for (to, rc) in &completes {
+        let Some(m) = job.members().get(*to) else { continue };
+        for (other, orc) in &completes {
+            let Some(om) = job.members().get(*other) else { continue };
+            if orc.segment == rc.segment {
+                assert_eq!(m.topology, om.topology, "one segment, two topology paths");
+            }
         }
     }
     if let Some(p) = prev {

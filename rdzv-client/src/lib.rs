@@ -8,8 +8,9 @@
 //! client's side of the wire: the calls ([`client`]: connecting with
 //! backoff, joining, following the leader of a replicated rendezvous, the
 //! unary calls with deadlines), the one way a channel to a server is built
-//! ([`endpoint`]), TLS files ([`tls`]), the token ([`auth`]) and the bounds
-//! on what a client sends ([`limits`]).
+//! ([`endpoint`]), TLS files ([`tls`]), the token ([`auth`]) the bounds
+//! on what a client sends ([`limits`]) and the syntax of a node's topology
+//! path ([`topology`]).
 //!
 //! # One direction
 //! `accel-rdzv-client` depends on `accel-proto` only among accel's crates.
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod client;
 pub mod limits;
 pub mod tls;
+pub mod topology;
 
 use tonic::transport::Endpoint;
 

@@ -36,8 +36,10 @@
 //! With static rendezvous a node asks for its rank and gets exactly it. With
 //! dynamic rendezvous the server assigns ranks: members of the previous round
 //! keep their relative order (so ranks do not move while membership does not
-//! change), and members new to the job follow, ordered by host name, then by
-//! node id.
+//! change); a departed member's rank goes to a newcomer of its topology
+//! segment, and other newcomers join their segment's run, ordered by
+//! topology path, then host name (numbers as numbers), then node id
+//! (the `placement` module has the rule).
 //!
 //! # Cost
 //! Joining, getting ready, keep-alives and success reports are O(log n) in
@@ -53,12 +55,14 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod membership;
+mod placement;
 mod record;
 mod rounds;
 mod session;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
@@ -67,6 +71,7 @@ use pb::event::Kind;
 pub use config::JobConfig;
 pub use decide::{decide, liveness, rank_order, Decision};
 pub use error::{AuthError, JoinError};
+pub use placement::{natural_cmp, topology_cmp};
 pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
 
@@ -124,6 +129,9 @@ impl Phase {
 pub struct Member {
     /// The agent's host name.
     pub hostname: String,
+    /// Where the node sits in the machine (`zone-a/rack-3/nvl-0`; empty:
+    /// unknown): the node-rank order keeps each path's nodes together.
+    pub topology: Arc<str>,
     /// Static rendezvous: the rank it asked for.
     pub requested_rank: Option<u32>,
     /// Ready for the forming round, with its offered store endpoint.
@@ -171,6 +179,11 @@ pub struct Job {
     members: BTreeMap<String, Member>,
     /// Node ids of the running (or last) round, in node-rank order.
     participants: Vec<String>,
+    /// The topology path of each node rank of the last round that ran, kept
+    /// when its node departs: its place goes to a node of the same segment
+    /// (the `placement` module). `None`: not known (a place of a restored job whose
+    /// node had departed); such a place is never filled, only closed.
+    slot_topologies: Vec<Option<Arc<str>>>,
     /// Members ready for the forming round.
     ready: u32,
     /// Participants whose workers all exited 0 (members or departed).
@@ -209,6 +222,7 @@ impl Job {
             restart_count: 0,
             members: BTreeMap::new(),
             participants: Vec::new(),
+            slot_topologies: Vec::new(),
             ready: 0,
             succeeded: 0,
             last_failure: None,
@@ -252,6 +266,7 @@ impl Job {
                 now,
                 id.clone(),
                 "(not reconnected yet)".into(),
+                "",
                 req.node_rank.map(|_| rank),
                 // Nobody can present a placeholder's secret: it is claimed by
                 // a resuming join (which gets a new one), never authorized.

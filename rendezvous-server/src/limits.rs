@@ -118,6 +118,8 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
             "hostname must be at most {MAX_NAME_BYTES} bytes without control characters"
         )));
     }
+    accel_rdzv_client::topology::check(&req.topology)
+        .map_err(|e| invalid(format!("{e} (--topology)")))?;
     if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
         return Err(invalid(format!(
             "nnodes {}:{} is invalid; need 0 < MIN <= MAX",

@@ -1111,6 +1111,7 @@ fn job_info(job: &Job) -> pb::JobInfo {
             hostname: m.hostname.clone(),
             node_rank: m.rank,
             state: node_state(job, m).to_owned(),
+            topology: m.topology.to_string(),
         })
         .collect();
     pb::JobInfo {

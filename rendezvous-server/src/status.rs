@@ -101,7 +101,7 @@ pub async fn fetch(
 /// The jobs as one JSON document (`rdzv-server status --json`):
 /// `{"jobs": [{"job_id", "phase", "round", "restart_count", "max_restarts",
 /// "min_nodes", "max_nodes", "node_count", "last_failure", "nodes": [{"node_id",
-/// "hostname", "node_rank", "state"}]}]}`; a node without a rank has
+/// "hostname", "node_rank", "state", "topology"}]}]}`; a node without a rank has
 /// `"node_rank": null`, an empty `last_failure` is `null`.
 pub fn render_json(jobs: &[pb::JobInfo]) -> String {
     let jobs: Vec<serde_json::Value> = jobs
@@ -116,6 +116,7 @@ pub fn render_json(jobs: &[pb::JobInfo]) -> String {
                         "hostname": n.hostname,
                         "node_rank": n.node_rank,
                         "state": n.state,
+                        "topology": n.topology,
                     })
                 })
                 .collect();
@@ -162,11 +163,15 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
             let rank = n
                 .node_rank
                 .map_or_else(|| "-".to_owned(), |r| r.to_string());
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "  node {}  host {}  rank {}  {}",
                 n.node_id, n.hostname, rank, n.state
             );
+            if !n.topology.is_empty() {
+                let _ = write!(out, "  topology {}", n.topology);
+            }
+            out.push('\n');
         }
         let unlisted = (j.node_count as usize).saturating_sub(j.nodes.len());
         if unlisted > 0 {
@@ -198,12 +203,14 @@ mod tests {
                     hostname: "h1".into(),
                     node_rank: Some(0),
                     state: "running".into(),
+                    topology: "rack-1".into(),
                 },
                 pb::NodeStatus {
                     node_id: "b".into(),
                     hostname: "h2".into(),
                     node_rank: None,
                     state: "spare".into(),
+                    topology: String::new(),
                 },
             ],
         }];
@@ -213,6 +220,7 @@ mod tests {
         assert_eq!(j["restart_count"], 1);
         assert!(j["last_failure"].is_null());
         assert_eq!(j["nodes"][0]["node_rank"], 0);
+        assert_eq!(j["nodes"][0]["topology"], "rack-1");
         assert!(j["nodes"][1]["node_rank"].is_null());
         assert_eq!(render_json(&[]), "{\"jobs\":[]}\n");
     }

@@ -18,6 +18,9 @@
 //! * (d) **exit codes**: an agent that exits 0 belongs to a job that
 //!   succeeded, one that exits with a failed outcome to a job that failed;
 //!   an agent no fault touched exits with the job's code.
+//! * (e) **segments**: in a running round of dynamic rendezvous, the nodes
+//!   of each topology path hold one run of node ranks (the server's
+//!   `job::placement`); the chaos run has no paths.
 //!
 //! The chaos run checks the same properties on real processes' records
 //! (pids, timestamps written by the workers), where an overlap shorter than
@@ -36,6 +39,32 @@ use pb::event::Kind;
 use rendezvous_server::job::Phase;
 
 use crate::world::{End, Node, Spec, Worker, World};
+
+/// A topology path whose nodes do not hold one run of node ranks in the
+/// running round of a dynamic job (placeholders of a relearned job, which
+/// have no path, are skipped).
+fn split_segment(job: &rendezvous_server::job::Job) -> Option<String> {
+    let members = job.members();
+    if *job.phase() != Phase::Running || members.values().any(|m| m.requested_rank.is_some()) {
+        return None;
+    }
+    let paths: Vec<&str> = job
+        .participants()
+        .iter()
+        .filter(|id| !id.starts_with('\0'))
+        .filter_map(|id| members.get(id))
+        .map(|m| &*m.topology)
+        .collect();
+    // Each run's path must be new: a path seen in an earlier run is split.
+    let mut seen = BTreeSet::new();
+    for (k, p) in paths.iter().enumerate() {
+        let starts_run = k == 0 || paths[k - 1] != *p;
+        if starts_run && !seen.insert(*p) {
+            return Some(format!("segments: topology path '{p}' is split: {paths:?}"));
+        }
+    }
+    None
+}
 
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +261,9 @@ impl Checker {
             self.note('b', &what, at);
         }
         if let Some(job) = w.job() {
+            if let Some(what) = split_segment(job) {
+                self.note('e', &what, at);
+            }
             if job.restart_count() > self.max_restarts || job.restart_count() > self.failures {
                 let what = format!(
                     "budget: the job counts {} restart(s) after {} worker failure(s) (--max-restarts {})",

@@ -129,6 +129,7 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
 /// planted bug); `trace`: keep every trace line.
 pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
     let (spec, nodes, faults, healed) = plan(seed);
+    let (spec_static, nproc) = (spec.static_ranks, spec.nproc);
     let mut summary = format!(
         "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, run {:?}\n",
         spec.min_nodes,
@@ -149,8 +150,13 @@ pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
     }
     let fault_count = faults.len();
     w.schedule = faults;
-    for _ in 0..nodes {
-        w.add_node(broken_fence);
+    // Topology paths from a generator of their own, so a seed's plan (and
+    // every finding recorded by seed) is what it was before paths existed.
+    let mut paths = fastrand::Rng::with_seed(seed ^ 0x7090_1060);
+    for i in 0..nodes {
+        let rank = spec_static.then_some(i as u32);
+        let path = ["", "r1", "r2", "z/r10"][paths.usize(..4)].to_owned();
+        w.add_node_with(broken_fence, nproc, rank, path);
     }
     let limit = healed + BOUND;
     w.run_while(limit, |w| w.all_done() && w.schedule.is_empty());

@@ -21,9 +21,10 @@
 //!   `static` (node `nK` asks for node rank K-1), `failover`
 //!   (`restart-server` restores the job from its record), `seed`.
 //! - `add-nodes N [broken-fence]`, `add-node [broken-fence] [nproc=K]
-//!   [rank=R]`: agents join now; `broken-fence` builds their machine
-//!   without fencing (the planted bug); `nproc` and `rank` (static) give one
-//!   node its own `--nproc-per-node` and `--node-rank`.
+//!   [rank=R] [topology=PATH]`: agents join now; `broken-fence` builds their
+//!   machine without fencing (the planted bug); `nproc`, `rank` (static) and
+//!   `topology` give one node its own `--nproc-per-node`, `--node-rank` and
+//!   `--topology`.
 //! - `fail-worker NODE rK [code=C]`: local rank K exits with C (default 1).
 //! - `finish [NODE]`: the live workers of NODE (or of every node) exit 0.
 //! - `crash-node NODE`, `restart-node NODE` (a new node id, same host),
@@ -307,15 +308,22 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
         "add-node" => {
             let mut nproc = w.spec.nproc;
             let mut rank = w.spec.static_ranks.then_some(w.nodes.len() as u32);
+            let mut topology = String::new();
             for a in args {
                 match a.split_once('=') {
                     Some(("nproc", v)) => nproc = number(v)?,
                     Some(("rank", v)) => rank = Some(number(v)?),
+                    Some(("topology", v)) => topology = v.to_owned(),
                     _ if a == "broken-fence" => {}
                     _ => return Err(format!("add-node: unknown option `{a}`")),
                 }
             }
-            w.add_node_with(args.iter().any(|a| a == "broken-fence"), nproc, rank);
+            w.add_node_with(
+                args.iter().any(|a| a == "broken-fence"),
+                nproc,
+                rank,
+                topology,
+            );
         }
         "fail-worker" => {
             let i = node(w, arg(0)?)?;

@@ -305,6 +305,8 @@ pub struct Node {
     pub nproc: u32,
     /// The node rank it asks for (static rendezvous).
     pub rank: Option<u32>,
+    /// Its `--topology` path.
+    pub topology: String,
     session: Vec<u8>,
     stream: Option<u64>,
     inbox: VecDeque<Kind>,
@@ -541,12 +543,18 @@ impl World {
     /// Adds a node that joins now; `broken_fence`: the planted bug.
     pub fn add_node(&mut self, broken_fence: bool) -> usize {
         let rank = self.spec.static_ranks.then_some(self.nodes.len() as u32);
-        self.add_node_with(broken_fence, self.spec.nproc, rank)
+        self.add_node_with(broken_fence, self.spec.nproc, rank, String::new())
     }
 
-    /// Adds a node that joins now with its own `--nproc-per-node` and
-    /// (static rendezvous) node rank.
-    pub fn add_node_with(&mut self, broken_fence: bool, nproc: u32, rank: Option<u32>) -> usize {
+    /// Adds a node that joins now with its own `--nproc-per-node`, (static
+    /// rendezvous) node rank and `--topology` path.
+    pub fn add_node_with(
+        &mut self,
+        broken_fence: bool,
+        nproc: u32,
+        rank: Option<u32>,
+        topology: String,
+    ) -> usize {
         let i = self.nodes.len();
         let name = format!("n{}", i + 1);
         self.nodes.push(Node {
@@ -558,6 +566,7 @@ impl World {
             broken_fence,
             nproc,
             rank,
+            topology,
             session: Vec::new(),
             stream: None,
             inbox: VecDeque::new(),
@@ -624,6 +633,7 @@ impl World {
             resume,
             session: n.session.clone(),
             silent_replica: String::new(),
+            topology: n.topology.clone(),
         }
     }
 

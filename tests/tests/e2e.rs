@@ -24,6 +24,7 @@ mod slurm;
 mod store_admission;
 mod store_bounds;
 mod tls;
+mod topology;
 mod torch;
 mod torchrun_flags;
 

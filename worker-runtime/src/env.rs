@@ -86,6 +86,26 @@ pub struct WorkerEnv {
     /// `TORCHELASTIC_ERROR_FILE`, if set and not empty: where to write a
     /// failure report.
     pub error_file: Option<PathBuf>,
+    /// Where this node sits (`ACCEL_TOPOLOGY`, `ACCEL_SEGMENT*`): set by
+    /// accel-agent, `None` under a launcher that does not set them.
+    pub topology: Option<Topology>,
+}
+
+/// This node's topology path and its segment in the round: the run of
+/// consecutive node ranks whose nodes share the path (accel-agent orders
+/// node ranks so that each path is one run). For building process groups by
+/// segment: its global ranks are `first_node * local_world_size` up to
+/// `(first_node + nodes) * local_world_size`, exclusive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// `ACCEL_TOPOLOGY`: the path, outermost part first (empty: none given).
+    pub path: String,
+    /// `ACCEL_SEGMENT`: the segment's index among the round's, in rank order.
+    pub segment: usize,
+    /// `ACCEL_SEGMENT_FIRST_NODE`: its first node rank.
+    pub first_node: usize,
+    /// `ACCEL_SEGMENT_NODES`: its number of nodes.
+    pub nodes: usize,
 }
 
 impl WorkerEnv {
@@ -156,6 +176,30 @@ impl WorkerEnv {
             .optional_u32("TORCHELASTIC_RESTART_COUNT", "restarts so far")?
             .unwrap_or(0);
         let max_restarts = r.optional_u32("TORCHELASTIC_MAX_RESTARTS", "the restart budget")?;
+        let topology = match r.number("ACCEL_SEGMENT", "this node's segment index")? {
+            None => None,
+            Some(segment) => {
+                let hint = "the first node rank and node count of this node's segment";
+                let first_node = r.number("ACCEL_SEGMENT_FIRST_NODE", hint)?.unwrap_or(0);
+                let nodes = r.required_count("ACCEL_SEGMENT_NODES", hint)?;
+                let end = first_node.saturating_add(nodes);
+                if group_world_size.is_some_and(|n| end > n)
+                    || group_rank.is_some_and(|g| g < first_node || g >= end)
+                {
+                    return Err(r.invalid(
+                        "ACCEL_SEGMENT_NODES",
+                        format!("the segment {first_node}+{nodes} does not hold GROUP_RANK within GROUP_WORLD_SIZE"),
+                        hint,
+                    ));
+                }
+                Some(Topology {
+                    path: r.get("ACCEL_TOPOLOGY").unwrap_or_default(),
+                    segment,
+                    first_node,
+                    nodes,
+                })
+            }
+        };
         let use_agent_store = match r.get("TORCHELASTIC_USE_AGENT_STORE").as_deref() {
             None | Some("False") => false,
             Some("True") => true,
@@ -184,6 +228,7 @@ impl WorkerEnv {
             run_id: r.get("TORCHELASTIC_RUN_ID"),
             use_agent_store,
             error_file: r.get("TORCHELASTIC_ERROR_FILE").map(PathBuf::from),
+            topology,
         })
     }
 

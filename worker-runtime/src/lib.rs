@@ -54,7 +54,7 @@ pub mod group;
 pub mod launcher;
 pub mod timer;
 
-pub use env::{EnvError, WorkerEnv};
+pub use env::{EnvError, Topology, WorkerEnv};
 pub use error::{FailureKind, GroupError};
 pub use error_file::record_error;
 pub use group::{GroupOptions, ProcessGroup, ReduceOp, DEFAULT_TIMEOUT};

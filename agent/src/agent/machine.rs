@@ -58,7 +58,7 @@ use pb::event::Kind;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::round::{Exit, RoundInfo};
+use super::round::{Exit, RoundInfo, Segment};
 use crate::deadline::after_from;
 use crate::error::{AgentError, Outcome};
 
@@ -1262,6 +1262,29 @@ pub(super) fn describe_waiting(w: &pb::Waiting) -> String {
     s
 }
 
+/// This node's segment as the server described it; one segment of the whole
+/// round when that description does not hold this node (a server that
+/// predates segments sends zeros).
+fn segment_of(r: &pb::RoundComplete) -> Segment {
+    let (first, nodes) = (r.segment_first_node, r.segment_nodes);
+    let holds = nodes > 0
+        && first <= r.node_rank
+        && r.node_rank - first < nodes
+        && first.checked_add(nodes).is_some_and(|end| end <= r.nnodes);
+    match holds {
+        true => Segment {
+            index: r.segment,
+            first_node: first,
+            nodes,
+        },
+        false => Segment {
+            index: 0,
+            first_node: 0,
+            nodes: r.nnodes,
+        },
+    }
+}
+
 fn round_info(r: &pb::RoundComplete) -> RoundInfo {
     RoundInfo {
         round: r.round,
@@ -1273,6 +1296,7 @@ fn round_info(r: &pb::RoundComplete) -> RoundInfo {
         max_restarts: r.max_restarts,
         master_addr: r.master_addr.clone(),
         master_port: r.master_port,
+        segment: segment_of(r),
     }
 }
 

@@ -30,6 +30,20 @@ pub struct RoundInfo {
     pub master_addr: String,
     /// `MASTER_PORT`.
     pub master_port: u32,
+    /// This node's topology segment in the round (`ACCEL_SEGMENT*`).
+    pub segment: Segment,
+}
+
+/// A node's segment: the run of consecutive node ranks whose nodes share its
+/// topology path (the server orders ranks so that each path is one run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// Its index among the round's segments, in node-rank order.
+    pub index: u32,
+    /// Its first node rank.
+    pub first_node: u32,
+    /// Its number of nodes.
+    pub nodes: u32,
 }
 
 /// A worker's end.

@@ -415,6 +415,7 @@ fn complete(round: u64, node_rank: u32, restart_count: u32) -> Heard {
         master_addr: "127.0.0.1".into(),
         master_port: 29500,
         member_addrs: vec!["127.0.0.1".into()],
+        ..Default::default()
     }))
 }
 

@@ -284,6 +284,10 @@ pub struct LaunchOptions {
     pub master_port: Option<u16>,
     /// `--local-addr`.
     pub local_addr: Option<String>,
+    /// `--topology`: this node's topology path.
+    pub topology: Option<String>,
+    /// `--topology-file`: a file holding it.
+    pub topology_file: Option<PathBuf>,
     /// `--signals-to-handle`.
     pub signals_to_handle: Signals,
     /// `--shutdown-timeout` (else `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, else 30 s).
@@ -350,6 +354,8 @@ impl LaunchOptions {
             master_addr: "127.0.0.1".into(),
             master_port: None,
             local_addr: None,
+            topology: None,
+            topology_file: None,
             signals_to_handle: Signals::default(),
             shutdown_timeout: None,
             exit_barrier_timeout: Duration::from_secs(300),
@@ -414,6 +420,13 @@ impl LaunchOptions {
             None => None,
         };
         let preload = self.preload()?;
+        let topology = super::topology::resolve(
+            self.topology.as_deref(),
+            self.topology_file.as_deref(),
+            env,
+            &mut warnings,
+        )
+        .map_err(bad)?;
         let shutdown_timeout = match self.shutdown_timeout {
             Some(d) => d,
             None => match env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
@@ -494,6 +507,7 @@ impl LaunchOptions {
             entrypoint,
             log_dir: self.log_dir.clone(),
             local_addr: self.local_addr.clone().filter(|a| !a.is_empty()),
+            topology,
             signals: self.signals_to_handle.list.clone(),
             signals_text: self.signals_to_handle.text.clone(),
             virtual_local_rank: self.virtual_local_rank,

@@ -27,6 +27,7 @@ fn round(node_rank: u32, nnodes: u32, world_size: u32, restart_count: u32) -> Ro
         max_restarts: 3,
         master_addr: "h".into(),
         master_port: 1,
+        segment: Default::default(),
     }
 }
 

@@ -42,6 +42,10 @@ pub enum Decision {
 /// that heard it is stopping them (or backing off, its workers gone), and
 /// need not hold the others up longer. So no two live workers hold one
 /// rank, whatever the last call says.
+///
+/// For the same while, it waits for a member not ready yet that would take
+/// a departed node's place (a spare of that place's topology segment), so
+/// that the place is filled rather than closed (see `replacement_pending`).
 pub fn decide(now: Instant, job: &Job) -> Decision {
     if job.phase != Phase::Forming {
         return Decision::Idle;
@@ -90,14 +94,44 @@ fn complete_unless_unheard(
         Some(None) => true,
     };
     let unheard = blocking
-        && job
+        && (job
             .members
             .values()
-            .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
+            .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded)
+            || replacement_pending(job));
     match unheard {
         true => wait(until.flatten()),
         false => Decision::Complete(rank_order(job)),
     }
+}
+
+/// Whether a spare that would take a departed node's place (one of that
+/// place's segment, see the `placement` module) is a member not ready yet.
+/// The round waits for it as for the last round's nodes ([`decide`]): a spare
+/// offers itself as soon as it hears the restart, but a node of the last
+/// round may be quicker, and completing without the spare would close the
+/// place and move every node after it. O(members).
+fn replacement_pending(job: &Job) -> bool {
+    if job.members.values().any(|m| m.requested_rank.is_some()) {
+        return false;
+    }
+    let mut held = vec![false; job.slot_topologies.len()];
+    for m in job.members.values() {
+        if let Some(h) = m.rank.and_then(|r| held.get_mut(r as usize)) {
+            *h = true;
+        }
+    }
+    let holes: std::collections::HashSet<&str> = job
+        .slot_topologies
+        .iter()
+        .zip(&held)
+        .filter_map(|(t, held)| t.as_deref().filter(|_| !held))
+        .collect();
+    !holes.is_empty()
+        && job
+            .members
+            .values()
+            .any(|m| m.rank.is_none() && m.ready.is_none() && holes.contains(&*m.topology))
 }
 
 /// Members silent for longer than the job's keep-alive limit, on the
@@ -136,26 +170,19 @@ pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
 }
 
 /// Ready members in node-rank order, at most MAX (see the module docs of
-/// [`super`]): requested ranks for static rendezvous; otherwise members of the
-/// previous round in their order, then newcomers by host name and node id.
+/// [`super`]): requested ranks for static rendezvous; otherwise the
+/// topology-following order of the `placement` module.
 pub fn rank_order(job: &Job) -> Vec<String> {
-    let ready = job.members.iter().filter(|(_, m)| m.ready.is_some());
     let mut order: Vec<String> = if job.members.values().any(|m| m.requested_rank.is_some()) {
-        let mut v: Vec<_> = ready.collect();
+        let mut v: Vec<_> = job
+            .members
+            .iter()
+            .filter(|(_, m)| m.ready.is_some())
+            .collect();
         v.sort_by_key(|(_, m)| m.requested_rank);
         v.into_iter().map(|(id, _)| id.clone()).collect()
     } else {
-        let mut veterans: Vec<_> = ready.clone().filter(|(_, m)| m.rank.is_some()).collect();
-        veterans.sort_by_key(|(_, m)| m.rank);
-        let mut fresh: Vec<_> = ready.filter(|(_, m)| m.rank.is_none()).collect();
-        fresh.sort_by(|(a, ma), (b, mb)| {
-            (&ma.hostname, a, ma.joined_seq).cmp(&(&mb.hostname, b, mb.joined_seq))
-        });
-        veterans
-            .into_iter()
-            .chain(fresh)
-            .map(|(id, _)| id.clone())
-            .collect()
+        super::placement::dynamic_order(job)
     };
     order.truncate(job.config.max_nodes as usize);
     order

@@ -79,6 +79,7 @@ impl Job {
             now,
             node_id.to_owned(),
             req.hostname.clone(),
+            &req.topology,
             req.node_rank,
             fresh,
         );
@@ -148,6 +149,7 @@ impl Job {
             now,
             node_id.to_owned(),
             req.hostname.clone(),
+            &req.topology,
             req.node_rank,
             fresh,
         );
@@ -162,12 +164,14 @@ impl Job {
         now: Instant,
         node_id: String,
         hostname: String,
+        topology: &str,
         requested_rank: Option<u32>,
         session: Session,
     ) {
         self.next_seq += 1;
         let member = Member {
             hostname,
+            topology: topology.into(),
             requested_rank,
             ready: None,
             rank: None,

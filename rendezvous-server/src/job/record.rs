@@ -16,6 +16,7 @@
 //! records where only the rendezvous servers can read them.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
@@ -30,6 +31,8 @@ pub type Offset = i64;
 pub struct MemberRecord {
     /// The agent's host name.
     pub hostname: String,
+    /// Its topology path (empty: none given).
+    pub topology: String,
     /// Static rendezvous: the rank it asked for.
     pub requested_rank: Option<u32>,
     /// Its offer for the forming round.
@@ -128,6 +131,7 @@ impl Job {
                 .map(|(id, m)| {
                     let record = MemberRecord {
                         hostname: m.hostname.clone(),
+                        topology: m.topology.to_string(),
                         requested_rank: m.requested_rank,
                         ready: m.ready.clone(),
                         rank: m.rank,
@@ -168,6 +172,7 @@ impl Job {
             .map(|(id, m)| {
                 let member = Member {
                     hostname: m.hostname,
+                    topology: m.topology.into(),
                     requested_rank: m.requested_rank,
                     ready: m.ready,
                     rank: m.rank,
@@ -189,6 +194,7 @@ impl Job {
             restart_count: record.restart_count,
             members,
             participants: record.participants,
+            slot_topologies: Vec::new(),
             ready: record.ready,
             succeeded: record.succeeded,
             last_failure: record.last_failure,
@@ -210,6 +216,24 @@ impl Job {
             .filter(|id| id.starts_with(super::ABSENT))
             .count() as u32;
         job.succeeded = job.succeeded.min(job.participants.len());
+        // The segments of the last round's places, by the ranks its nodes
+        // still hold (a place whose node departed before the record was
+        // taken, or a relearned job's placeholder, has none, and closes).
+        let max = job.config.max_nodes as usize;
+        let mut slots: Vec<Option<Arc<str>>> = Vec::new();
+        for (id, m) in &job.members {
+            let Some(rank) = m.rank.map(|r| r as usize).filter(|r| *r < max) else {
+                continue;
+            };
+            if id.starts_with(super::ABSENT) {
+                continue;
+            }
+            if slots.len() <= rank {
+                slots.resize(rank + 1, None);
+            }
+            slots[rank] = Some(m.topology.clone());
+        }
+        job.slot_topologies = slots;
         job
     }
 }

@@ -6,11 +6,13 @@
 //! or present; this module turns that into the round's next state.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
+use super::placement::segments;
 use super::{decide, Decision, Job, Outbound, Phase, ABSENT};
 
 /// Host names listed in a progress report.
@@ -86,7 +88,13 @@ impl Job {
             .and_then(|id| self.members[id].ready.clone())
             .unwrap_or_default();
         let mut out = Vec::with_capacity(self.members.len());
-        for (id, rank) in order.iter().zip(0u32..) {
+        let topologies: Vec<Arc<str>> = order
+            .iter()
+            .map(|id| self.members[id].topology.clone())
+            .collect();
+        let paths: Vec<&str> = topologies.iter().map(|t| &**t).collect();
+        let segments = segments(&paths);
+        for ((id, rank), (segment, first, len)) in order.iter().zip(0u32..).zip(segments) {
             out.push(Outbound {
                 to: id.clone(),
                 event: Kind::RoundComplete(pb::RoundComplete {
@@ -104,6 +112,9 @@ impl Job {
                     } else {
                         Vec::new()
                     },
+                    segment,
+                    segment_first_node: first,
+                    segment_nodes: len,
                 }),
             });
         }
@@ -120,6 +131,7 @@ impl Job {
         }
         self.ready = self.members.values().filter(|m| m.ready.is_some()).count() as u32;
         self.participants = order;
+        self.slot_topologies = topologies.into_iter().map(Some).collect();
         self.succeeded = 0;
         self.phase = Phase::Running;
         self.min_ready_since = None;

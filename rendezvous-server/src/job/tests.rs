@@ -18,6 +18,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         resume: None,
         session: Vec::new(),
         silent_replica: String::new(),
+        topology: String::new(),
     }
 }
 
@@ -865,4 +866,258 @@ fn a_round_never_forms_while_a_node_of_the_last_one_may_not_have_heard_the_resta
     );
     let out = j.ready(t, "b", 1, ("b".into(), 1), None);
     assert_eq!(round_of(&out, "a").nnodes, 2, "b stopped: a full round");
+}
+
+fn at(host: &str, topology: &str, min: u32, max: u32) -> pb::JoinRequest {
+    pb::JoinRequest {
+        topology: topology.into(),
+        max_restarts: 5,
+        ..elastic(host, min, max)
+    }
+}
+
+/// Node ranks of the round `out` completes, by node id.
+fn ranks(out: &[Outbound]) -> BTreeMap<String, (u32, u32, u32, u32)> {
+    out.iter()
+        .filter_map(|o| match &o.event {
+            Kind::RoundComplete(r) => Some((
+                o.to.clone(),
+                (
+                    r.node_rank,
+                    r.segment,
+                    r.segment_first_node,
+                    r.segment_nodes,
+                ),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ready_all(j: &mut Job, t: Instant, round: u64) -> Vec<Outbound> {
+    let ids: Vec<String> = j.members().keys().cloned().collect();
+    let mut out = Vec::new();
+    for id in ids {
+        out.extend(j.ready(t, &id, round, (format!("{id}-addr"), 1), None));
+    }
+    out
+}
+
+#[test]
+fn first_ranks_group_segments_and_compare_numbers_as_numbers() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 6, 6)));
+    for (id, host, topo) in [
+        ("a", "node10", "zone-a/rack-2"),
+        ("b", "node2", "zone-a/rack-10"),
+        ("c", "node1", "zone-a/rack-2"),
+        ("d", "node9", "zone-a/rack-10"),
+        ("e", "node3", "zone-a/rack-2"),
+        ("f", "node11", "zone-a/rack-10"),
+    ] {
+        j.join(t, id, &at(host, topo, 6, 6), S).expect("join");
+    }
+    let r = ranks(&ready_all(&mut j, t, 0));
+    // rack-2 before rack-10; within a rack, node1 < node3 < node10.
+    let order: Vec<&str> = {
+        let mut v: Vec<_> = r.iter().collect();
+        v.sort_by_key(|(_, (rank, ..))| *rank);
+        v.into_iter().map(|(id, _)| id.as_str()).collect()
+    };
+    assert_eq!(order, ["c", "e", "a", "b", "d", "f"]);
+    assert_eq!(r["c"], (0, 0, 0, 3));
+    assert_eq!(r["a"], (2, 0, 0, 3));
+    assert_eq!(r["b"], (3, 1, 3, 3));
+    assert_eq!(r["f"], (5, 1, 3, 3));
+}
+
+#[test]
+fn a_departed_node_s_rank_goes_to_a_spare_of_its_segment() {
+    let t = Instant::now();
+    // 4 places, 2 racks of 2, and a spare in each rack.
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 2, 4)));
+    for (id, host, topo) in [
+        ("a", "n1", "r1"),
+        ("b", "n2", "r1"),
+        ("c", "n3", "r2"),
+        ("d", "n4", "r2"),
+    ] {
+        j.join(t, id, &at(host, topo, 2, 4), S).expect("join");
+    }
+    let first = ranks(&ready_all(&mut j, t, 0));
+    assert_eq!(
+        [first["a"].0, first["b"].0, first["c"].0, first["d"].0],
+        [0, 1, 2, 3]
+    );
+    // Spares arrive while the round is full: one per rack, the r2 one with
+    // the host name that sorts first overall.
+    j.join(t, "s2", &at("n0-spare", "r2", 2, 4), S)
+        .expect("spare r2");
+    j.join(t, "s1", &at("n9-spare", "r1", 2, 4), S)
+        .expect("spare r1");
+    // b (rank 1, rack r1) dies: its place goes to r1's spare; nobody else moves.
+    j.leave(t, "b", "killed");
+    let next = ranks(&ready_all(&mut j, t, 1));
+    assert_eq!(next["a"].0, 0);
+    assert_eq!(next["s1"].0, 1, "{next:?}");
+    assert_eq!(next["c"].0, 2);
+    assert_eq!(next["d"].0, 3);
+    assert!(!next.contains_key("s2"), "s2 stays a spare: {next:?}");
+    assert_eq!(next["s1"].1, 0);
+    assert_eq!((next["d"].1, next["d"].2, next["d"].3), (1, 2, 2));
+}
+
+#[test]
+fn without_a_spare_of_its_segment_the_place_closes_and_newcomers_join_their_run() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 1, 8)));
+    for (id, host, topo) in [("a", "n1", "r1"), ("b", "n2", "r1"), ("c", "n3", "r2")] {
+        j.join(t, id, &at(host, topo, 1, 8), S).expect("join");
+    }
+    let mut out = Vec::new();
+    for id in ["a", "b", "c"] {
+        out.extend(j.ready(t, id, 0, (id.into(), 1), None));
+    }
+    // MIN (1) is ready: the round forms when the last call (30 s) ends; the
+    // nodes keep alive meanwhile (the drop limit is 15 s).
+    let t1 = t + Duration::from_secs(30);
+    for id in ["a", "b", "c"] {
+        j.keep_alive(t1, id);
+    }
+    out.extend(j.tick(t1));
+    let r0 = ranks(&out);
+    assert_eq!([r0["a"].0, r0["b"].0, r0["c"].0], [0, 1, 2]);
+    // a leaves; an r2 node and an r0 node (a segment new to the job) join.
+    j.leave(t1, "a", "gone");
+    j.join(t1, "x", &at("n7", "r2", 1, 8), S).expect("x");
+    j.join(t1, "y", &at("n8", "r0", 1, 8), S).expect("y");
+    let round = j.round();
+    let r1 = ranks(&ready_all(&mut j, t1, round));
+    // a's place (r1) has no r1 newcomer: it closes; x follows c (its
+    // segment), y (a segment new to the job) comes last.
+    assert_eq!(r1["b"].0, 0, "{r1:?}");
+    assert_eq!(r1["c"].0, 1);
+    assert_eq!(r1["x"].0, 2);
+    assert_eq!(r1["y"].0, 3);
+    assert_eq!((r1["x"].1, r1["x"].2, r1["x"].3), (1, 1, 2));
+}
+
+#[test]
+fn ranks_stay_put_across_restarts_while_membership_holds() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
+    for (id, host, topo) in [
+        ("a", "n4", "r2"),
+        ("b", "n3", "r1"),
+        ("c", "n2", "r2"),
+        ("d", "n1", "r1"),
+    ] {
+        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
+    }
+    let first = ranks(&ready_all(&mut j, t, 0));
+    for round in 1..4 {
+        j.failure(t, "a", round - 1, "exited 1".into(), None);
+        let again = ranks(&ready_all(&mut j, t, round));
+        assert_eq!(again, first, "round {round}");
+    }
+}
+
+#[test]
+fn newcomers_never_push_a_node_that_keeps_its_place_out_at_max() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
+    for (id, host, topo) in [
+        ("a", "n1", "r1"),
+        ("b", "n2", "r1"),
+        ("c", "n3", "r2"),
+        ("d", "n4", "r2"),
+    ] {
+        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
+    }
+    let first = ranks(&ready_all(&mut j, t, 0));
+    // A spare of r1 waits; a worker fails: all five offer themselves, the
+    // spare (id "0s") first, so MAX are ready before the last veteran is.
+    j.join(t, "0s", &at("n0", "r1", 4, 4), S).expect("spare");
+    j.failure(t, "a", 0, "exited 1".into(), None);
+    let again = ranks(&ready_all(&mut j, t, 1));
+    assert!(
+        !again.contains_key("0s"),
+        "the spare still waits: {again:?}"
+    );
+    assert_eq!(again, first);
+}
+
+#[test]
+fn a_restored_job_knows_the_segments_of_the_places_its_nodes_hold() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 1, 6)));
+    let nodes = [("a", "r1"), ("b", "r2"), ("c", "r3"), ("d", "r4")];
+    for (id, topo) in nodes {
+        j.join(t, id, &at(id, topo, 1, 6), S).expect("join");
+    }
+    let t1 = t + Duration::from_secs(30);
+    for (id, _) in nodes {
+        j.ready(t, id, 0, (id.into(), 1), None);
+        j.keep_alive(t1, id);
+    }
+    let formed = ranks(&j.tick(t1));
+    assert_eq!(formed["b"].0, 1, "{formed:?}");
+    // b departs (the job re-forms without it), then a replica takes over.
+    j.leave(t1, "b", "gone");
+    let restored = Job::restore(j.record(t1), t1);
+    assert_eq!(
+        restored
+            .slot_topologies
+            .iter()
+            .map(|s| s.as_deref())
+            .collect::<Vec<_>>(),
+        [Some("r1"), None, Some("r3"), Some("r4")],
+        "by rank, b's place unknown"
+    );
+}
+
+#[test]
+fn the_round_waits_for_the_spare_of_a_departed_node_s_segment() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
+    for (id, host, topo) in [
+        ("a", "n1", "r1"),
+        ("b", "n2", "r1"),
+        ("c", "n3", "r2"),
+        ("d", "n4", "r2"),
+    ] {
+        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
+    }
+    ready_all(&mut j, t, 0);
+    j.join(t, "s2", &at("n5", "r2", 4, 4), S).expect("spare r2");
+    j.join(t, "s1", &at("n6", "r1", 4, 4), S).expect("spare r1");
+    j.leave(t, "a", "killed");
+    // MAX (4) ready without r1's spare: the round waits for it...
+    let mut out = Vec::new();
+    for id in ["b", "c", "d", "s2"] {
+        out.extend(j.ready(t, id, 1, (id.into(), 1), None));
+    }
+    assert!(ranks(&out).is_empty(), "formed without the spare: {out:?}");
+    assert!(matches!(decide(t, &j), Decision::Wait { .. }));
+    // ...which takes a's place when it is ready.
+    let r = ranks(&j.ready(t, "s1", 1, ("s1".into(), 1), None));
+    assert_eq!(
+        [r["s1"].0, r["b"].0, r["c"].0, r["d"].0],
+        [0, 1, 2, 3],
+        "{r:?}"
+    );
+    assert!(!r.contains_key("s2"));
+    // With no spare of r1 among the members, b's place closes at once and
+    // r2's spare follows its segment.
+    j.leave(t, "b", "killed");
+    let mut out = Vec::new();
+    for id in ["s1", "c", "d", "s2"] {
+        out.extend(j.ready(t, id, 2, (id.into(), 1), None));
+    }
+    let r = ranks(&out);
+    assert_eq!(
+        [r["s1"].0, r["c"].0, r["d"].0, r["s2"].0],
+        [0, 1, 2, 3],
+        "{r:?}"
+    );
 }

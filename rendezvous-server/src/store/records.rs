@@ -227,6 +227,7 @@ pub fn encode(r: &JobRecord) -> Encoded {
             };
             let member = st::Member {
                 hostname: m.hostname.clone(),
+                topology: m.topology.clone(),
                 requested_rank: m.requested_rank,
                 ready_addr,
                 ready_port,
@@ -299,6 +300,13 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             node.clone(),
             MemberRecord {
                 hostname: m.hostname,
+                // A path this replica cannot read (a newer one's syntax, or
+                // damage) is as good as none: it orders ranks, nothing more.
+                topology: if accel_rdzv_client::topology::check(&m.topology).is_ok() {
+                    m.topology
+                } else {
+                    String::new()
+                },
                 requested_rank: m.requested_rank,
                 ready: m.ready_addr.map(|addr| (addr, m.ready_port)),
                 rank: m.rank,

@@ -38,6 +38,7 @@ fn join_request(
         job_id: "job".into(),
         node_id: node.into(),
         hostname: format!("host-{node}"),
+        topology: String::new(),
         min_nodes: 2,
         max_nodes: 2,
         nproc_per_node: 1,

@@ -14,6 +14,8 @@
 //!        [--per-connection K]   (agents per HTTP/2 connection, default 100)
 //!        [--hold SECONDS]   (keep every node connected this long after measuring,
 //!                            e.g. to profile the server in that state)
+//!        [--topology]   (each agent joins with a topology path: zones of 4,096
+//!                        nodes, racks of 64, NVLink domains of 16)
 //! The peak-RSS column is the server's high-water mark since it started minus
 //! its RSS before this size: exact for a server that serves one size.
 
@@ -73,6 +75,7 @@ async fn agent(
     job: String,
     i: usize,
     n: u32,
+    topology: bool,
 ) -> Result<tonic::Streaming<pb::Event>, String> {
     let node_id = format!("load-{i}");
     let req = pb::JoinRequest {
@@ -89,6 +92,11 @@ async fn agent(
         resume: None,
         session: Vec::new(),
         silent_replica: String::new(),
+        topology: if topology {
+            format!("zone-{}/rack-{}/nvl-{}", i / 4096, i / 64 % 64, i / 16 % 4)
+        } else {
+            String::new()
+        },
     };
     let mut events = client
         .join(req)
@@ -141,6 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_connection: usize = arg("--per-connection")
         .map_or(Ok(PER_CONNECTION), |s| s.parse())?
         .max(1);
+    let topology = std::env::args().any(|a| a == "--topology");
     let hold = Duration::from_secs_f64(arg("--hold").map_or(Ok(0.0), |s| s.parse())?);
     let rt = tokio::runtime::Runtime::new()?;
     if !std::env::args().any(|a| a == "--no-header") {
@@ -173,7 +182,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     // Job j gets every jobs-th agent: n / jobs of them, plus one
                     // for the first n % jobs jobs.
                     let size = n / jobs + u32::from(j < n % jobs);
-                    tokio::spawn(agent(client, format!("{job}-{j}"), i, size))
+                    tokio::spawn(agent(client, format!("{job}-{j}"), i, size, topology))
                 })
                 .collect();
             let mut open = Vec::with_capacity(n as usize);

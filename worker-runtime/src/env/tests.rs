@@ -164,3 +164,30 @@ fn agent_store_false_makes_rank_zero_host() {
     let env = read(&vars).expect("valid");
     assert!(env.hosts_store());
 }
+
+#[test]
+fn accel_s_segment_is_read_and_checked_against_the_node_rank() {
+    let mut vars = full();
+    assert_eq!(
+        read(&vars).expect("env").topology,
+        None,
+        "torchrun sets no segment"
+    );
+    for (k, v) in [
+        ("ACCEL_TOPOLOGY", "dc/rack-9"),
+        ("ACCEL_SEGMENT", "1"),
+        ("ACCEL_SEGMENT_FIRST_NODE", "1"),
+        ("ACCEL_SEGMENT_NODES", "1"),
+    ] {
+        vars.insert(k, v.to_owned());
+    }
+    let t = read(&vars).expect("env").topology.expect("a segment");
+    assert_eq!(
+        (t.path.as_str(), t.segment, t.first_node, t.nodes),
+        ("dc/rack-9", 1, 1, 1)
+    );
+    // GROUP_RANK 1 outside a segment of nodes 0..1.
+    vars.insert("ACCEL_SEGMENT_FIRST_NODE", "0".to_owned());
+    let e = read(&vars).expect_err("refused").to_string();
+    assert!(e.contains("ACCEL_SEGMENT_NODES"), "{e}");
+}

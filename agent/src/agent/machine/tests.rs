@@ -47,6 +47,7 @@ fn complete(round: u64, restart_count: u32) -> Event {
         master_addr: "10.0.0.1".into(),
         master_port: 29500,
         member_addrs: Vec::new(),
+        ..Default::default()
     }))
 }
 

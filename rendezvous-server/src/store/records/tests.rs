@@ -10,6 +10,7 @@ fn request(node: &str, host: &str) -> pb::JoinRequest {
         job_id: "team/a%job".into(),
         node_id: node.into(),
         hostname: host.into(),
+        topology: String::new(),
         min_nodes: 2,
         max_nodes: 3,
         nproc_per_node: 2,

@@ -1,0 +1,175 @@
+//! Topology-aware node ranks (docs/src/topology.md): segments get
+//! contiguous ranks with numbers compared as numbers, and a killed node's
+//! rank goes to a spare of its own segment while every other node keeps its
+//! rank.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use accel_tests::{eventually, records, scratch, Agent, AgentCmd, Record, Server};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn agent(server: &Server, dir: &std::path::Path, name: &str, topology: &str) -> Agent {
+    AgentCmd::c10d(&server.addr, "topo")
+        .nnodes("4:4")
+        .nproc(2)
+        .conf("keep_alive_interval=0.3,keep_alive_max_attempt=2")
+        .flag("--topology", topology)
+        .recording(dir, name)
+        .env("RECORD_EACH_ROUND", "1")
+        // Every round runs until the test stops the job.
+        .env("RUN_FOR", "600")
+        .start(dir, name)
+}
+
+/// The records of workers started after `since`, once there are `n` of them.
+fn started_after(dir: &std::path::Path, since: f64, n: usize) -> Option<Vec<Record>> {
+    let recs: Vec<Record> = records(dir)
+        .into_iter()
+        .filter(|r| r.start > since)
+        .collect();
+    (recs.len() == n).then_some(recs)
+}
+
+/// Each agent's node rank and segment variables in `recs`.
+fn nodes(recs: &[Record]) -> BTreeMap<String, (u32, String, u32, u32, u32)> {
+    let mut out = BTreeMap::new();
+    for r in recs {
+        let n = |k: &str| r.var(k).parse::<u32>().expect(k);
+        let row = (
+            n("GROUP_RANK"),
+            r.var("ACCEL_TOPOLOGY").to_owned(),
+            n("ACCEL_SEGMENT"),
+            n("ACCEL_SEGMENT_FIRST_NODE"),
+            n("ACCEL_SEGMENT_NODES"),
+        );
+        let prev = out.insert(r.var("AGENT_TAG").to_owned(), row.clone());
+        assert!(
+            prev.is_none_or(|p| p == row),
+            "two ranks of one agent disagree: {recs:#?}"
+        );
+    }
+    out
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+#[test]
+fn segments_get_contiguous_ranks_and_a_killed_node_s_rank_goes_to_its_segment_s_spare() {
+    let server = Server::start();
+    let dir = scratch("topology");
+    let t0 = now();
+    // Joining in an order that is neither the racks' nor the text's.
+    let mut agents: BTreeMap<&str, Agent> = [
+        ("a", "dc/rack-10"),
+        ("b", "dc/rack-9"),
+        ("c", "dc/rack-10"),
+        ("d", "dc/rack-9"),
+    ]
+    .into_iter()
+    .map(|(name, topo)| (name, agent(&server, &dir, name, topo)))
+    .collect();
+    let mut first = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            first = started_after(&dir, t0, 8);
+            first.is_some()
+        }),
+        "the first round ran 8 workers: {:#?}",
+        records(&dir)
+    );
+    let first = nodes(&first.expect("first round"));
+    // rack-9 before rack-10 (as numbers), each rack one run of two ranks.
+    let mut by_rack: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for (rank, topo, segment, first_node, count) in first.values() {
+        by_rack.entry(topo).or_default().push(*rank);
+        let expected = if topo == "dc/rack-9" { (0, 0) } else { (1, 2) };
+        assert_eq!(
+            (*segment, *first_node, *count),
+            (expected.0, expected.1, 2),
+            "{first:?}"
+        );
+    }
+    for ranks in by_rack.values_mut() {
+        ranks.sort();
+    }
+    assert_eq!(by_rack["dc/rack-9"], [0, 1], "{first:?}");
+    assert_eq!(by_rack["dc/rack-10"], [2, 3], "{first:?}");
+
+    // Spares of both racks wait beyond MAX.
+    for (name, topo) in [("s10", "dc/rack-10"), ("s9", "dc/rack-9")] {
+        let spare = agent(&server, &dir, name, topo);
+        assert!(
+            eventually(Duration::from_secs(10), || std::fs::read_to_string(
+                &spare.stderr
+            )
+            .unwrap_or_default()
+            .contains("waiting as a spare")),
+            "{name} says it waits as a spare"
+        );
+        agents.insert(name, spare);
+    }
+    let killed_name = first
+        .iter()
+        .find(|(_, row)| row.1 == "dc/rack-9")
+        .map(|(name, _)| name.clone())
+        .expect("a rack-9 node");
+    let killed_rank = first[&killed_name].0;
+    let t1 = now();
+    let killed = agents.remove(killed_name.as_str()).expect("agent");
+    killed.signal("KILL");
+    let _ = killed.wait(LIMIT);
+    let mut second = None;
+    let started = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            second = started_after(&dir, t1, 8);
+            second.is_some()
+        }),
+        "the job re-formed with 4 nodes after {:?}: {:#?}",
+        started.elapsed(),
+        records(&dir)
+    );
+    let second = nodes(&second.expect("second round"));
+    assert_eq!(
+        second.get("s9").map(|row| row.0),
+        Some(killed_rank),
+        "rack-9's spare took the rank of {killed_name}: first {first:?}, then {second:?}"
+    );
+    assert!(
+        !second.contains_key("s10"),
+        "rack-10's spare still waits: {second:?}"
+    );
+    for (name, row) in &first {
+        if *name != killed_name {
+            assert_eq!(second[name], *row, "{name} kept its rank and segment");
+        }
+    }
+    for (_, agent) in agents {
+        agent.signal("TERM");
+        let _ = agent.wait(LIMIT);
+    }
+}
+
+#[test]
+fn a_malformed_topology_is_refused_at_start_with_the_rule() {
+    let dir = scratch("topology-bad");
+    let out = AgentCmd::standalone()
+        .nproc(1)
+        .flag("--topology", "rack 3")
+        .no_python("true", &[])
+        .start(&dir, "bad")
+        .wait(LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--topology") && out.stderr.contains("zone-a/rack-3/nvl-0"),
+        "{}",
+        out.stderr
+    );
+}
