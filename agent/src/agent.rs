@@ -206,6 +206,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 // Set by a join that leaves a silent replica.
                 silent_replica: String::new(),
                 topology: cfg.topology.clone(),
+                no_restart_exit_code: cfg.no_restart_exit_code.unwrap_or(0),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).
@@ -298,7 +299,7 @@ async fn withdraw(presence: Option<rendezvous_server::presence::Presence>) {
 fn ending(result: &Result<Outcome, AgentError>) -> Ending {
     match result {
         Ok(Outcome::Succeeded) => Ending::Succeeded,
-        Ok(Outcome::Failed(_)) => Ending::Failed,
+        Ok(Outcome::Failed(_) | Outcome::NoRestart { .. }) => Ending::Failed,
         // torchrun's raw_error is the Python traceback of the
         // SignalException its agent raises; accel gives its last line, the
         // exception, in the same words (ending in a newline, as there).

@@ -298,6 +298,10 @@ pub struct AgentArgs {
     #[arg(long = "gpu-free-timeout", env = "PET_GPU_FREE_TIMEOUT",
           default_value = "30", value_parser = DurationParser)]
     pub gpu_free_timeout: Duration,
+    /// A worker exit code (1-255) that ends the job at once, failed, with that code on every node, whatever restart budget is left (e.g. 93, NVIDIA's resiliency extension's "do not requeue"; default: none).
+    #[arg(long = "no-restart-exit-code", env = "PET_NO_RESTART_EXIT_CODE", value_name = "CODE",
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub no_restart_exit_code: Option<u8>,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -392,6 +396,7 @@ impl From<AgentArgs> for LaunchOptions {
             fork_server_fd: a.fork_server_fd,
             preload: a.preload,
             gpu_free_timeout: a.gpu_free_timeout,
+            no_restart_exit_code: a.no_restart_exit_code,
             health_check: a
                 .health_check
                 .filter(|c| !c.trim().is_empty())

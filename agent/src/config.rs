@@ -161,6 +161,9 @@ pub struct Config {
     /// How long workers wait for the last round's processes to release the
     /// GPUs (`--gpu-free-timeout`).
     pub gpu_free_timeout: Duration,
+    /// `--no-restart-exit-code`: a worker exiting with it ends the job at
+    /// once (its failure report says so).
+    pub no_restart_exit_code: Option<i32>,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

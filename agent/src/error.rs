@@ -112,17 +112,43 @@ pub enum Outcome {
     Succeeded,
     /// The job failed (restart budget spent).
     Failed(String),
+    /// A worker exited with the code that means "do not restart"
+    /// (`--no-restart-exit-code` on its node): the job failed at once, and
+    /// every agent exits with that code.
+    NoRestart {
+        /// Why, as the rendezvous says.
+        reason: String,
+        /// The worker's exit code, 1..=255.
+        code: u8,
+    },
     /// The agent was stopped by this signal.
     Signaled(Signal),
 }
 
 impl Outcome {
-    /// Exit code: 0, 1, or `128 + signo`.
+    /// Exit code: 0, 1, the "do not restart" code, or `128 + signo`.
     pub fn exit_code(&self) -> u8 {
         match self {
             Outcome::Succeeded => 0,
             Outcome::Failed(_) => 1,
+            Outcome::NoRestart { code, .. } => *code,
             Outcome::Signaled(s) => 128u8.saturating_add(*s as u8),
+        }
+    }
+
+    /// How a job that `JobFailed` ended ends for this agent: with the
+    /// "do not restart" code it carries (when it is an exit status), else 1.
+    pub fn failed(f: &accel_proto::v1::JobFailed) -> Self {
+        match f
+            .exit_code
+            .and_then(|c| u8::try_from(c).ok())
+            .filter(|c| *c > 0)
+        {
+            Some(code) => Outcome::NoRestart {
+                reason: f.reason.clone(),
+                code,
+            },
+            None => Outcome::Failed(f.reason.clone()),
         }
     }
 }

@@ -28,12 +28,14 @@
 //! little-endian. A round is one byte relative to the job's current round
 //! (0 current, 1 next, 2 previous; 3..0xEF that number; 0xF0 and 8 bytes).
 //! - 0 join: node, host, flags (1 same settings as before, 2 node_rank,
-//!   4 resume), then unless flag 1 min, max, nproc, max_restarts (u32),
+//!   4 resume, bits 3-4 the topology path, 32 `--no-restart-exit-code 93`),
+//!   then unless flag 1 min, max, nproc, max_restarts (u32),
 //!   dead_after_ms, last_call_ms (u64); with 2 the node rank (u32); with 4
 //!   round, restart_count, node_rank, nnodes;
 //! - 1 ready: node, round, endpoint byte; 2 keep-alive: node;
 //! - 3 failure: node, round, detail byte (bit 0: a failure detail; bit 1:
-//!   the node's workers were fenced, not failed); 4 success: node, round;
+//!   the node's workers were fenced, not failed; bit 2: exit code 93 with
+//!   the "do not restart" flag); 4 success: node, round;
 //! - 5 leave: node; 6 tick; 7 clock: milliseconds (u32);
 //! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job).
 //!
@@ -119,6 +121,7 @@ fuzz_target!(|data: &[u8]| {
                 // Segments: nodes of one path get contiguous ranks, a
                 // departed node's place goes to one of its segment.
                 req.topology = TOPOLOGIES[usize::from(flags >> 3) % TOPOLOGIES.len()].into();
+                req.no_restart_exit_code = if flags & 32 == 32 { 93 } else { 0 };
                 (server.join(&req), false)
             }
             1 => {
@@ -155,7 +158,20 @@ fuzz_target!(|data: &[u8]| {
                         message: "RuntimeError: boom".into(),
                         ..Default::default()
                     });
-                    (server.failure(node, r, detail), false)
+                    // A "do not restart" code ends the job at once with it.
+                    let fatal = (flags & 4 == 4).then_some(93);
+                    let out = server.failure(node, r, detail, fatal);
+                    let agreed = server.job.as_ref().is_some_and(|j| j.config().no_restart_exit_code == Some(93));
+                    if fatal.is_some() && agreed && out.iter().any(|o| matches!(o.event, Kind::JobFailed(_))) {
+                        let j = server.job.as_ref().expect("a job failed");
+                        assert_eq!(j.exit_code(), 93, "a no-restart failure lost its code");
+                        assert_eq!(
+                            Some(j.restart_count()),
+                            before.job.as_ref().map(|b| b.restart_count),
+                            "a no-restart failure spent the restart budget"
+                        );
+                    }
+                    (out, false)
                 }
             }
             4 => {
@@ -280,6 +296,7 @@ impl Settings {
             session: SESSION.to_vec(),
             silent_replica: String::new(),
             topology: String::new(),
+            no_restart_exit_code: 0,
         }
     }
 }
@@ -349,14 +366,23 @@ impl Server {
         }
     }
 
-    fn failure(&mut self, node: &str, round: u64, detail: Option<pb::Failure>) -> Vec<Outbound> {
+    fn failure(
+        &mut self,
+        node: &str,
+        round: u64,
+        detail: Option<pb::Failure>,
+        fatal: Option<i32>,
+    ) -> Vec<Outbound> {
         let now = self.now();
         let Some(j) = self.job.as_mut() else {
             return Vec::new();
         };
         let host = j.members().get(node).map_or(node.to_owned(), |m| m.hostname.clone());
         let reason = format!("worker rank 0 (local rank 0) on host '{host}' exited with 1");
-        j.failure(now, node, round, reason, detail)
+        match fatal {
+            Some(code) => j.fatal_failure(now, node, round, reason, detail, code),
+            None => j.failure(now, node, round, reason, detail),
+        }
     }
 
     fn fenced(&mut self, node: &str, round: u64) -> Vec<Outbound> {
@@ -619,12 +645,31 @@ fn check_members(job: &Job) {
         Phase::Forming => {
             // A full round waits only for a node of the last round that has
             // not said it is ready: it may still run that round's workers
-            // (`decide`, "Never beside a node that may not have heard").
+            // (`decide`, "Never beside a node that may not have heard"); and,
+            // with a drop limit, for a spare not ready yet of a segment whose
+            // departed nodes' places its ready newcomers cannot all fill.
             let unheard = members
                 .values()
                 .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
+            let spare_awaited = config.dead_after.is_some() && {
+                let held: HashSet<u32> = members.values().filter_map(|m| m.rank).collect();
+                let mut open: BTreeMap<&str, i64> = BTreeMap::new();
+                for (r, t) in internals.slot_topologies.iter().enumerate() {
+                    if let (Some(t), false) = (t, held.contains(&(r as u32))) {
+                        *open.entry(t).or_default() += 1;
+                    }
+                }
+                for m in members.values().filter(|m| m.rank.is_none() && m.ready.is_some()) {
+                    if let Some(n) = open.get_mut(&*m.topology) {
+                        *n -= 1;
+                    }
+                }
+                members.values().any(|m| {
+                    m.rank.is_none() && m.ready.is_none() && open.get(&*m.topology).is_some_and(|n| *n > 0)
+                })
+            };
             assert!(
-                internals.ready < config.max_nodes || unheard,
+                internals.ready < config.max_nodes || unheard || spare_awaited,
                 "{} ready for a round of at most {}",
                 internals.ready,
                 config.max_nodes

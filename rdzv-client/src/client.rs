@@ -451,27 +451,20 @@ impl RdzvClient {
     }
 
     /// Reports a worker failure in `round`.
-    pub async fn report_failure(
-        &mut self,
-        round: u64,
-        local_rank: u32,
-        global_rank: u32,
-        exit_code: i32,
-        reason: String,
-        failure: Option<pb::Failure>,
-    ) -> Result<(), Status> {
-        let (reason, failure) = fit_failure(reason, failure);
+    pub async fn report_failure(&mut self, round: u64, f: WorkerFailure) -> Result<(), Status> {
+        let (reason, failure) = fit_failure(f.reason, f.failure);
         let req = self.request(pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
-            local_rank,
-            global_rank,
-            exit_code,
+            local_rank: f.local_rank,
+            global_rank: f.global_rank,
+            exit_code: f.exit_code,
             reason,
             failure,
             session: self.session.clone(),
             fenced: false,
+            no_restart: f.no_restart,
         });
         self.inner.report_failure(req).await.map(drop)
     }
@@ -842,6 +835,24 @@ fn is_refusal(code: Code) -> bool {
 
 fn source_chain(e: &dyn std::error::Error) -> String {
     crate::error_chain(e)
+}
+
+/// A worker failure as a node reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerFailure {
+    /// Its local rank.
+    pub local_rank: u32,
+    /// Its global rank.
+    pub global_rank: u32,
+    /// Its exit code (127: it could not start; 128 + N for signal N).
+    pub exit_code: i32,
+    /// Why, in words.
+    pub reason: String,
+    /// What its error file says, when it ran.
+    pub failure: Option<pb::Failure>,
+    /// `exit_code` is the one the agent was told means "do not restart"
+    /// (`--no-restart-exit-code`): the job ends at once.
+    pub no_restart: bool,
 }
 
 #[cfg(test)]

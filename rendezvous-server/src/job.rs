@@ -191,6 +191,9 @@ pub struct Job {
     last_failure: Option<String>,
     /// The first failure reported in the running round (the job's root cause if it fails).
     root_cause: Option<pb::Failure>,
+    /// What a failed job's agents exit with when a worker's "do not
+    /// restart" code ended it ([`Job::fatal_failure`]); `None`: 1.
+    exit_code: Option<i32>,
     finished_at: Option<Instant>,
     next_seq: u64,
     /// Since when at least MIN members are ready for the forming round.
@@ -223,6 +226,7 @@ impl Job {
             members: BTreeMap::new(),
             participants: Vec::new(),
             slot_topologies: Vec::new(),
+            exit_code: None,
             ready: 0,
             succeeded: 0,
             last_failure: None,
@@ -443,7 +447,8 @@ impl Job {
             .is_some()
     }
 
-    /// A worker of `node_id` failed in `round`.
+    /// A worker of `node_id` failed in `round`: the job restarts while its
+    /// budget lasts, then fails.
     pub fn failure(
         &mut self,
         now: Instant,
@@ -451,6 +456,54 @@ impl Job {
         round: u64,
         reason: String,
         detail: Option<pb::Failure>,
+    ) -> Vec<Outbound> {
+        self.worker_failed(now, node_id, round, reason, detail, None)
+    }
+
+    /// A worker of `node_id` exited in `round` with `exit_code`, which its
+    /// agent says is the "do not restart" code: if it is the one the job
+    /// agreed on (`--no-restart-exit-code`, [`JobConfig`]), the job fails at
+    /// once, whatever budget is left, and its agents exit with that code
+    /// (`JobFailed.exit_code`, the tombstone's); otherwise it is an ordinary
+    /// [`Job::failure`], so no node can choose what ends the job or with
+    /// which code. Ignored as [`Job::failure`] ignores a report.
+    pub fn fatal_failure(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        round: u64,
+        reason: String,
+        detail: Option<pb::Failure>,
+        exit_code: i32,
+    ) -> Vec<Outbound> {
+        let agreed = self.config.no_restart_exit_code.map(i32::from) == Some(exit_code);
+        self.worker_failed(
+            now,
+            node_id,
+            round,
+            reason,
+            detail,
+            agreed.then_some(exit_code),
+        )
+    }
+
+    /// What agents of this job exit with once it is over: 0, the "do not
+    /// restart" code that ended it, or 1.
+    pub fn exit_code(&self) -> i32 {
+        match self.phase {
+            Phase::Succeeded => 0,
+            _ => self.exit_code.unwrap_or(1),
+        }
+    }
+
+    fn worker_failed(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        round: u64,
+        reason: String,
+        detail: Option<pb::Failure>,
+        no_restart: Option<i32>,
     ) -> Vec<Outbound> {
         self.keep_alive(now, node_id);
         if round != self.round || self.phase != Phase::Running {
@@ -462,6 +515,16 @@ impl Job {
         }
         self.last_failure = Some(reason.clone());
         self.root_cause = detail;
+        if let Some(code) = no_restart {
+            self.exit_code = Some(code);
+            let left = self.config.max_restarts.saturating_sub(self.restart_count);
+            let reason = format!(
+                "{reason}; exit code {code} is --no-restart-exit-code: the job ends without a restart \
+                 ({left} of --max-restarts {} left unused)",
+                self.config.max_restarts
+            );
+            return self.finish(now, Phase::Failed(reason));
+        }
         if self.restart_count < self.config.max_restarts {
             self.restart_count = self.restart_count.saturating_add(1);
             return self.restart(now, reason, true);

@@ -208,6 +208,13 @@ pub fn check_failure(req: &pb::ReportFailureRequest) -> Result<(), Error> {
             "the failure report carries {total} bytes of text; the limit is {MAX_FAILURE_BYTES} (shorten the message or traceback)"
         )));
     }
+    // A "do not restart" code becomes every agent's exit status.
+    if req.no_restart && !(1..=255).contains(&req.exit_code) {
+        return Err(invalid(format!(
+            "a no-restart failure must carry an exit code of 1..=255, not {}",
+            req.exit_code
+        )));
+    }
     Ok(())
 }
 

@@ -201,7 +201,12 @@ impl Rendezvous for RendezvousService {
                     host,
                     printable(&r.reason)
                 );
-                let out = job.failure(now, &r.node_id, r.round, reason, detail);
+                let out = match r.no_restart {
+                    true => {
+                        job.fatal_failure(now, &r.node_id, r.round, reason, detail, r.exit_code)
+                    }
+                    false => job.failure(now, &r.node_id, r.round, reason, detail),
+                };
                 counted = !out.is_empty();
                 ((), out)
             }),

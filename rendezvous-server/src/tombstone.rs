@@ -53,7 +53,8 @@ pub struct Tombstone {
     pub job_id: String,
     /// Whether it succeeded (else it failed).
     pub succeeded: bool,
-    /// What its agents exited with: 0, or 1 for a failed job.
+    /// What its agents exited with: 0; for a failed job 1, or the
+    /// `--no-restart-exit-code` that ended it.
     pub exit_code: i32,
     /// Why it failed (empty when it succeeded).
     pub reason: String,
@@ -115,7 +116,7 @@ impl Tombstone {
         Some(Self {
             job_id: job.id().to_owned(),
             succeeded,
-            exit_code: if succeeded { 0 } else { 1 },
+            exit_code: job.exit_code(),
             reason,
             round: job.round(),
             finished_ms,
@@ -210,10 +211,16 @@ impl Tombstone {
         if job_id.is_empty() || job_id.len() > crate::limits::MAX_NAME_BYTES {
             return None;
         }
+        let succeeded = v.get("succeeded")?.as_bool()?;
+        let exit_code = i32::try_from(v.get("exit_code")?.as_i64()?).ok()?;
+        // An agent's exit status, and 0 exactly when the job succeeded.
+        if succeeded != (exit_code == 0) || !(0..=255).contains(&exit_code) {
+            return None;
+        }
         Some(Self {
             job_id,
-            succeeded: v.get("succeeded")?.as_bool()?,
-            exit_code: i32::try_from(v.get("exit_code")?.as_i64()?).ok()?,
+            succeeded,
+            exit_code,
             reason: cut(v.get("reason")?.as_str()?, MAX_REASON),
             round: v.get("round")?.as_u64()?,
             finished_ms: v.get("finished_ms")?.as_u64()?,

@@ -347,7 +347,9 @@ impl Checker {
             let wrong = match end {
                 End::Crashed => false,
                 End::Outcome(accel_agent::Outcome::Succeeded) => outcome.is_err(),
-                End::Outcome(accel_agent::Outcome::Failed(_)) => outcome.is_ok(),
+                End::Outcome(
+                    accel_agent::Outcome::Failed(_) | accel_agent::Outcome::NoRestart { .. },
+                ) => outcome.is_ok(),
                 End::Outcome(accel_agent::Outcome::Signaled(_)) => false,
                 End::Error(..) => !self.excused.contains(&i),
             };

@@ -259,7 +259,9 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
                 "workers" => n.live_workers().count().to_string(),
                 "error" => match &n.end {
                     Some(End::Error(_, e)) => e.clone(),
-                    Some(End::Outcome(Outcome::Failed(r))) => r.clone(),
+                    Some(End::Outcome(
+                        Outcome::Failed(r) | Outcome::NoRestart { reason: r, .. },
+                    )) => r.clone(),
                     other => format!("{other:?}"),
                 },
                 "summary" => n.summary.clone().unwrap_or_default(),

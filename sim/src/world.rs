@@ -634,6 +634,7 @@ impl World {
             session: n.session.clone(),
             silent_replica: String::new(),
             topology: n.topology.clone(),
+            no_restart_exit_code: 0,
         }
     }
 

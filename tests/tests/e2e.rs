@@ -14,6 +14,7 @@ mod install;
 mod launch;
 mod logs;
 mod metrics;
+mod no_restart;
 mod numa;
 mod process_secrets;
 mod restart;

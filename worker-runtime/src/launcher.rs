@@ -120,6 +120,9 @@ impl Launcher {
         match accel_agent::node::execute(cfg)? {
             Outcome::Succeeded => Ok(()),
             Outcome::Failed(why) => Err(LaunchError::Failed(why)),
+            Outcome::NoRestart { reason, code } => Err(LaunchError::Failed(format!(
+                "{reason} (the agent exits with {code})"
+            ))),
             Outcome::Signaled(s) => Err(LaunchError::Signaled(s.to_string())),
         }
     }

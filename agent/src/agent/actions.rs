@@ -92,6 +92,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                             exit_code: 127,
                             reason: message,
                             failure: None,
+                            no_restart: false,
                         },
                     )
                     .await

@@ -120,19 +120,7 @@ pub(crate) trait Link: Send + Sized + 'static {
 }
 
 /// A worker failure as reported.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Failed {
-    /// Its local rank.
-    pub local_rank: u32,
-    /// Its global rank.
-    pub global_rank: u32,
-    /// Its exit code (127: it could not start).
-    pub exit_code: i32,
-    /// Why, in words.
-    pub reason: String,
-    /// What its error file says, when it ran.
-    pub failure: Option<pb::Failure>,
-}
+pub(crate) use accel_rdzv_client::client::WorkerFailure as Failed;
 
 /// How to reach the rendezvous again: what a rejoin needs, shared by every
 /// link of one session.
@@ -434,14 +422,7 @@ impl Link for RdzvLink {
 
     async fn report_failure(&mut self, round: u64, f: Failed) {
         let mut client = self.client.clone();
-        let call = client.report_failure(
-            round,
-            f.local_rank,
-            f.global_rank,
-            f.exit_code,
-            f.reason,
-            f.failure,
-        );
+        let call = client.report_failure(round, f);
         if let Err(s) = self.call("the failure report", call).await {
             // Made again once the node reaches a rendezvous (`Round::reported`).
             warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");

@@ -655,10 +655,10 @@ impl NodeMachine {
                 r.next_round,
                 String::from("no report from the rendezvous yet"),
             ),
-            Kind::JobFailed(f) => self.finish(
-                vec![Action::Summarize { root: f.root_cause }],
-                Outcome::Failed(f.reason),
-            ),
+            Kind::JobFailed(f) => {
+                let outcome = Outcome::failed(&f);
+                self.finish(vec![Action::Summarize { root: f.root_cause }], outcome)
+            }
             Kind::JobSucceeded(_) => self.finish(Vec::new(), Outcome::Succeeded),
             Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason, waiting),
             Kind::JobClosed(c) => self.exit(Err(closed(&c))),
@@ -810,14 +810,14 @@ impl NodeMachine {
                 let wait = self.backoff(now, &round, r.counted);
                 self.stop(Signal::SIGTERM, Then::Form(r.next_round, wait), false)
             }
-            Event::Message(Kind::JobFailed(f)) => self.stop(
-                Signal::SIGTERM,
-                Then::Finish(
-                    vec![Action::Summarize { root: f.root_cause }],
-                    Outcome::Failed(f.reason),
-                ),
-                false,
-            ),
+            Event::Message(Kind::JobFailed(f)) => {
+                let outcome = Outcome::failed(&f);
+                self.stop(
+                    Signal::SIGTERM,
+                    Then::Finish(vec![Action::Summarize { root: f.root_cause }], outcome),
+                    false,
+                )
+            }
             Event::Message(Kind::JobSucceeded(_)) => self.stop(
                 Signal::SIGTERM,
                 Then::Finish(Vec::new(), Outcome::Succeeded),
@@ -1179,6 +1179,9 @@ impl NodeMachine {
             }),
             Outcome::Succeeded => info!("job succeeded"),
             Outcome::Failed(reason) => error!(%reason, "job failed"),
+            Outcome::NoRestart { reason, code } => {
+                error!(%reason, exit_code = code, "job failed: a worker exited with the no-restart code")
+            }
         }
         pre.extend(self.exit(Ok(outcome)));
         pre
@@ -1200,10 +1203,14 @@ impl NodeMachine {
 
 /// The result a node of a job that is already over ends with.
 pub(crate) fn outcome_of(o: &pb::JobOver) -> Outcome {
-    if o.succeeded {
-        Outcome::Succeeded
-    } else {
-        Outcome::Failed(o.reason.clone())
+    match (o.succeeded, u8::try_from(o.exit_code)) {
+        (true, _) => Outcome::Succeeded,
+        // A "do not restart" code the job ended with, which its agents exited with.
+        (false, Ok(code)) if code > 1 => Outcome::NoRestart {
+            reason: o.reason.clone(),
+            code,
+        },
+        (false, _) => Outcome::Failed(o.reason.clone()),
     }
 }
 

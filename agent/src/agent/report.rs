@@ -6,7 +6,7 @@ use accel_proto::v1 as pb;
 use tracing::warn;
 
 use super::link::{Failed, Link};
-use super::round::Exit;
+use super::round::{Ended, Exit};
 use super::workers::Spawner;
 use super::Session;
 use crate::failure;
@@ -29,6 +29,11 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     exit_code: exit.ended.code(),
                     reason,
                     failure: Some(f),
+                    // An exit, not a signal (whose torchrun code 128 + N could equal it).
+                    no_restart: matches!(
+                        exit.ended,
+                        Ended::Exited(c) if self.cfg.no_restart_exit_code == Some(c)
+                    ),
                 },
             )
             .await;

@@ -776,6 +776,7 @@ async fn a_worker_that_cannot_start_is_reported_with_exit_code_127() {
                 round: 0,
                 reason: "the restart budget is spent".into(),
                 root_cause: None,
+                exit_code: None,
             })),
         );
     })

@@ -320,6 +320,8 @@ pub struct LaunchOptions {
     pub health_check: Option<crate::health::HealthCheck>,
     /// `--gpu-free-timeout`.
     pub gpu_free_timeout: Duration,
+    /// `--no-restart-exit-code`.
+    pub no_restart_exit_code: Option<u8>,
     /// `--numa-binding`: how workers are bound to the CPUs near their GPUs.
     pub numa_binding: Option<crate::numa::AffinityMode>,
 }
@@ -371,6 +373,7 @@ impl LaunchOptions {
             restart_backoff: crate::config::RestartBackoff::default(),
             health_check: None,
             gpu_free_timeout: Duration::from_secs(30),
+            no_restart_exit_code: None,
             numa_binding: None,
         }
     }
@@ -535,6 +538,7 @@ impl LaunchOptions {
             file_timer,
             health_check: self.health_check.clone(),
             gpu_free_timeout: self.gpu_free_timeout,
+            no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             numa_binding,
         })
     }

@@ -1,7 +1,8 @@
 //! The settings every node of a job must agree on, and the check that a
 //! joining node agrees: a node started with another `--nnodes`,
-//! `--nproc-per-node` or `--max-restarts` than the job's is refused with both
-//! values named, rather than silently reshaping a running job.
+//! `--nproc-per-node`, `--max-restarts` or `--no-restart-exit-code` than the
+//! job's is refused with both values named, rather than silently reshaping a
+//! running job (or letting one node choose what ends it, and with which code).
 
 use std::time::Duration;
 
@@ -22,6 +23,8 @@ pub struct JobConfig {
     pub dead_after: Option<Duration>,
     /// Once `min_nodes` are ready, how long a first round waits for more.
     pub last_call: Duration,
+    /// The worker exit code that ends the job at once (`--no-restart-exit-code`).
+    pub no_restart_exit_code: Option<u8>,
 }
 
 impl JobConfig {
@@ -34,6 +37,9 @@ impl JobConfig {
             max_restarts: req.max_restarts,
             dead_after: (req.dead_after_ms > 0).then(|| Duration::from_millis(req.dead_after_ms)),
             last_call: Duration::from_millis(req.last_call_ms),
+            no_restart_exit_code: u8::try_from(req.no_restart_exit_code)
+                .ok()
+                .filter(|c| *c > 0),
         }
     }
 }
@@ -52,6 +58,7 @@ pub struct Mismatch {
 impl JobConfig {
     /// The first setting on which `node` disagrees with this job's config.
     pub fn mismatch(&self, node: &JobConfig) -> Option<Mismatch> {
+        let code = |c: Option<u8>| c.map_or_else(|| "none".to_owned(), |c| c.to_string());
         let nnodes = |c: &JobConfig| {
             if c.min_nodes == c.max_nodes {
                 c.max_nodes.to_string()
@@ -70,6 +77,11 @@ impl JobConfig {
                 "--max-restarts",
                 self.max_restarts.to_string(),
                 node.max_restarts.to_string(),
+            ),
+            (
+                "--no-restart-exit-code",
+                code(self.no_restart_exit_code),
+                code(node.no_restart_exit_code),
             ),
         ];
         checks
@@ -95,6 +107,7 @@ mod tests {
             max_restarts: 3,
             dead_after: None,
             last_call: Duration::ZERO,
+            no_restart_exit_code: None,
         }
     }
 
@@ -116,5 +129,12 @@ mod tests {
         );
         let m = job.mismatch(&config(2, 4, 1)).expect("differs");
         assert_eq!((m.flag, m.node_value.as_str()), ("--nproc-per-node", "1"));
+        let mut fatal = job;
+        fatal.no_restart_exit_code = Some(93);
+        let m = job.mismatch(&fatal).expect("differs");
+        assert_eq!(
+            (m.flag, m.job_value.as_str(), m.node_value.as_str()),
+            ("--no-restart-exit-code", "none", "93")
+        );
     }
 }

@@ -93,25 +93,30 @@ fn complete_unless_unheard(
         // No drop limit: a node never fences, so it is waited for.
         Some(None) => true,
     };
+    // A spare is waited for only within a drop limit: without one, a spare
+    // that never offers itself would hold the job forever.
+    let bounded = matches!(until, Some(Some(_)));
     let unheard = blocking
         && (job
             .members
             .values()
             .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded)
-            || replacement_pending(job));
+            || (bounded && replacement_pending(job)));
     match unheard {
         true => wait(until.flatten()),
         false => Decision::Complete(rank_order(job)),
     }
 }
 
-/// Whether a spare that would take a departed node's place (one of that
-/// place's segment, see the `placement` module) is a member not ready yet.
-/// The round waits for it as for the last round's nodes ([`decide`]): a spare
-/// offers itself as soon as it hears the restart, but a node of the last
-/// round may be quicker, and completing without the spare would close the
-/// place and move every node after it. O(members).
-fn replacement_pending(job: &Job) -> bool {
+/// Whether a departed node's place would close for want of a spare of its
+/// segment (see the `placement` module) that is a member but not ready yet:
+/// the places of a segment whose nodes are gone outnumber that segment's
+/// ready newcomers, and one of its newcomers is not ready. The round waits
+/// for it as for the last round's nodes ([`decide`]), within the drop
+/// limit: a spare offers itself as soon as it hears the restart, but a node
+/// of the last round may be quicker, and completing without the spare would
+/// close the place and move every node after it. O(members).
+pub(super) fn replacement_pending(job: &Job) -> bool {
     if job.members.values().any(|m| m.requested_rank.is_some()) {
         return false;
     }
@@ -121,17 +126,28 @@ fn replacement_pending(job: &Job) -> bool {
             *h = true;
         }
     }
-    let holes: std::collections::HashSet<&str> = job
-        .slot_topologies
-        .iter()
-        .zip(&held)
-        .filter_map(|(t, held)| t.as_deref().filter(|_| !held))
-        .collect();
-    !holes.is_empty()
-        && job
-            .members
-            .values()
-            .any(|m| m.rank.is_none() && m.ready.is_none() && holes.contains(&*m.topology))
+    // Per segment: its places whose node is gone, less its ready newcomers.
+    let mut open: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for (t, held) in job.slot_topologies.iter().zip(&held) {
+        if let (Some(t), false) = (t.as_deref(), *held) {
+            *open.entry(t).or_default() += 1;
+        }
+    }
+    if open.is_empty() {
+        return false;
+    }
+    for m in job
+        .members
+        .values()
+        .filter(|m| m.rank.is_none() && m.ready.is_some())
+    {
+        if let Some(n) = open.get_mut(&*m.topology) {
+            *n -= 1;
+        }
+    }
+    job.members.values().any(|m| {
+        m.rank.is_none() && m.ready.is_none() && open.get(&*m.topology).is_some_and(|n| *n > 0)
+    })
 }
 
 /// Members silent for longer than the job's keep-alive limit, on the

@@ -14,6 +14,9 @@ pub struct Internals<'a> {
     pub succeeded: usize,
     /// Node ids of the running (or last) round, in node-rank order.
     pub participants: &'a [String],
+    /// The topology path of each place of the last round that ran (`None`:
+    /// unknown), by node rank.
+    pub slot_topologies: Vec<Option<&'a str>>,
 }
 
 /// `job`'s bookkeeping.
@@ -22,5 +25,6 @@ pub fn internals(job: &Job) -> Internals<'_> {
         ready: job.ready,
         succeeded: job.succeeded,
         participants: &job.participants,
+        slot_topologies: job.slot_topologies.iter().map(|t| t.as_deref()).collect(),
     }
 }

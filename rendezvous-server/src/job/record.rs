@@ -76,6 +76,8 @@ pub struct JobRecord {
     pub last_failure: Option<String>,
     /// The running round's first failure.
     pub root_cause: Option<pb::Failure>,
+    /// A failed job's agents' exit code, when a "do not restart" code ended it.
+    pub exit_code: Option<i32>,
     /// When the job finished.
     pub finished_at: Option<Offset>,
     /// The next member's arrival number.
@@ -149,6 +151,7 @@ impl Job {
             succeeded: self.succeeded,
             last_failure: self.last_failure.clone(),
             root_cause: self.root_cause.clone(),
+            exit_code: self.exit_code,
             finished_at: at(self.finished_at),
             next_seq: self.next_seq,
             min_ready_since: at(self.min_ready_since),
@@ -199,6 +202,7 @@ impl Job {
             succeeded: record.succeeded,
             last_failure: record.last_failure,
             root_cause: record.root_cause,
+            exit_code: record.exit_code,
             finished_at: at(record.finished_at),
             next_seq: record.next_seq,
             min_ready_since: at(record.min_ready_since),

@@ -200,6 +200,7 @@ impl Job {
                 round: self.round,
                 reason: reason.clone(),
                 root_cause: self.root_cause.clone(),
+                exit_code: self.exit_code,
             }),
             _ => Kind::JobSucceeded(pb::JobSucceeded { round: self.round }),
         };

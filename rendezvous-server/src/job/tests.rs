@@ -19,6 +19,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         session: Vec::new(),
         silent_replica: String::new(),
         topology: String::new(),
+        no_restart_exit_code: 0,
     }
 }
 
@@ -1120,4 +1121,78 @@ fn the_round_waits_for_the_spare_of_a_departed_node_s_segment() {
         [0, 1, 2, 3],
         "{r:?}"
     );
+}
+
+#[test]
+fn a_no_restart_exit_code_ends_the_job_at_once_with_that_code() {
+    let t = Instant::now();
+    let fatal = |host: &str| pb::JoinRequest {
+        no_restart_exit_code: 93,
+        max_restarts: 5,
+        ..req(host, 2, None)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&fatal("h")));
+    for n in ["n0", "n1"] {
+        j.join(t, n, &fatal(n), S).expect("join");
+    }
+    ready_all(&mut j, t, 0);
+    assert_eq!(j.config().max_restarts, 5);
+    // Another code than the job's is an ordinary failure (a restart).
+    let out = j.fatal_failure(t, "n1", 0, "exited with 7".into(), None, 7);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o.event, Kind::RestartRequested(_))),
+        "{out:?}"
+    );
+    assert_eq!(j.restart_count(), 1);
+    ready_all(&mut j, t, 1);
+    let out = j.fatal_failure(t, "n1", 1, "worker rank 2 exited with 93".into(), None, 93);
+    let failed: Vec<&pb::JobFailed> = out
+        .iter()
+        .filter_map(|o| match &o.event {
+            Kind::JobFailed(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 2, "every member is told: {out:?}");
+    assert!(failed.iter().all(|f| f.exit_code == Some(93)));
+    assert!(
+        failed[0].reason.contains("--no-restart-exit-code"),
+        "{}",
+        failed[0].reason
+    );
+    assert!(
+        failed[0]
+            .reason
+            .contains("4 of --max-restarts 5 left unused"),
+        "{}",
+        failed[0].reason
+    );
+    assert!(matches!(j.phase(), Phase::Failed(_)));
+    assert_eq!((j.restart_count(), j.exit_code()), (1, 93));
+    let stone = crate::tombstone::Tombstone::of(&j, 0, &BTreeMap::new()).expect("over");
+    assert_eq!(stone.exit_code, 93, "a late agent is told the code too");
+    // The code survives a failover, and a stale report changes nothing.
+    let restored = Job::restore(j.record(t), t);
+    assert_eq!(restored.exit_code(), 93);
+    assert!(j
+        .fatal_failure(t, "n0", 1, "late".into(), None, 93)
+        .is_empty());
+    assert_eq!(j.exit_code(), 93);
+}
+
+#[test]
+fn a_ready_spare_of_the_segment_is_enough_the_round_does_not_wait_for_another() {
+    // Found by the rdzv_job fuzz target: MAX 1, two spares of the departed
+    // node's (empty) segment; the first ready one takes the place at once.
+    let t = Instant::now();
+    let mut j = job(1);
+    for n in ["n0", "n1", "n2"] {
+        j.join(t, n, &req(n, 1, None), S).expect("join");
+    }
+    let out = j.ready(t, "n0", 0, ("n0".into(), 1), None);
+    assert_eq!(round_of(&out, "n0").node_rank, 0);
+    j.leave(t, "n0", "gone");
+    let r = ranks(&j.ready(t, "n1", 1, ("n1".into(), 1), None));
+    assert_eq!(r.get("n1").map(|row| row.0), Some(0), "{r:?}");
 }

@@ -196,6 +196,7 @@ pub fn encode(r: &JobRecord) -> Encoded {
         max_restarts: r.config.max_restarts,
         dead_after_us: r.config.dead_after.map_or(0, micros),
         last_call_us: micros(r.config.last_call),
+        no_restart_exit_code: r.config.no_restart_exit_code.map_or(0, u32::from),
         phase,
         failed_reason,
         round: r.round,
@@ -204,6 +205,7 @@ pub fn encode(r: &JobRecord) -> Encoded {
         succeeded: r.succeeded as u64,
         last_failure: r.last_failure.clone(),
         root_cause: r.root_cause.clone(),
+        exit_code: r.exit_code,
         finished_at: r.finished_at,
         next_seq: r.next_seq,
         min_ready_since: r.min_ready_since,
@@ -327,6 +329,9 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             max_restarts: meta.max_restarts,
             dead_after: (meta.dead_after_us > 0).then(|| Duration::from_micros(meta.dead_after_us)),
             last_call: Duration::from_micros(meta.last_call_us),
+            no_restart_exit_code: u8::try_from(meta.no_restart_exit_code)
+                .ok()
+                .filter(|c| *c > 0),
         },
         phase,
         round: meta.round,
@@ -337,6 +342,8 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
         succeeded: usize::try_from(meta.succeeded).unwrap_or(usize::MAX),
         last_failure: meta.last_failure,
         root_cause: meta.root_cause,
+        // Only an agent's exit status: 1..=255 (anything else is damage).
+        exit_code: meta.exit_code.filter(|c| (1..=255).contains(c)),
         finished_at: meta.finished_at,
         next_seq: meta.next_seq,
         min_ready_since: meta.min_ready_since,

@@ -97,6 +97,7 @@ async fn agent(
         } else {
             String::new()
         },
+        no_restart_exit_code: 0,
     };
     let mut events = client
         .join(req)

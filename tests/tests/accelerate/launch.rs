@@ -384,9 +384,11 @@ fn both_succeed(mut children: Vec<Child>, limit: Duration) -> bool {
     }
     for child in &mut children {
         if child.try_wait().expect("wait").is_none() {
-            let _ = Command::new("kill")
-                .args(["-KILL", &format!("-{}", child.id())])
-                .status();
+            // The whole group (the launcher and its workers), by the system
+            // call: a `kill` binary that did not take the negative pid left
+            // the wait below blocked for good.
+            // SAFETY: killpg takes plain integers and touches no memory.
+            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
             let _ = child.wait();
         }
     }

@@ -91,6 +91,7 @@ fn job_failed() -> Event {
             host: "h".into(),
             ..Default::default()
         }),
+        exit_code: None,
     }))
 }
 
