@@ -877,6 +877,15 @@ fn at(host: &str, topology: &str, min: u32, max: u32) -> pb::JoinRequest {
     }
 }
 
+/// A job of `min..=max` nodes that `nodes` (id, host, topology path) joined.
+fn topo_job(t: Instant, min: u32, max: u32, nodes: &[(&str, &str, &str)]) -> Job {
+    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", min, max)));
+    for (id, host, topo) in nodes {
+        j.join(t, id, &at(host, topo, min, max), S).expect("join");
+    }
+    j
+}
+
 /// Node ranks of the round `out` completes, by node id.
 fn ranks(out: &[Outbound]) -> BTreeMap<String, (u32, u32, u32, u32)> {
     out.iter()
@@ -907,17 +916,19 @@ fn ready_all(j: &mut Job, t: Instant, round: u64) -> Vec<Outbound> {
 #[test]
 fn first_ranks_group_segments_and_compare_numbers_as_numbers() {
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 6, 6)));
-    for (id, host, topo) in [
-        ("a", "node10", "zone-a/rack-2"),
-        ("b", "node2", "zone-a/rack-10"),
-        ("c", "node1", "zone-a/rack-2"),
-        ("d", "node9", "zone-a/rack-10"),
-        ("e", "node3", "zone-a/rack-2"),
-        ("f", "node11", "zone-a/rack-10"),
-    ] {
-        j.join(t, id, &at(host, topo, 6, 6), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        6,
+        6,
+        &[
+            ("a", "node10", "zone-a/rack-2"),
+            ("b", "node2", "zone-a/rack-10"),
+            ("c", "node1", "zone-a/rack-2"),
+            ("d", "node9", "zone-a/rack-10"),
+            ("e", "node3", "zone-a/rack-2"),
+            ("f", "node11", "zone-a/rack-10"),
+        ],
+    );
     let r = ranks(&ready_all(&mut j, t, 0));
     // rack-2 before rack-10; within a rack, node1 < node3 < node10.
     let order: Vec<&str> = {
@@ -936,15 +947,17 @@ fn first_ranks_group_segments_and_compare_numbers_as_numbers() {
 fn a_departed_node_s_rank_goes_to_a_spare_of_its_segment() {
     let t = Instant::now();
     // 4 places, 2 racks of 2, and a spare in each rack.
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 2, 4)));
-    for (id, host, topo) in [
-        ("a", "n1", "r1"),
-        ("b", "n2", "r1"),
-        ("c", "n3", "r2"),
-        ("d", "n4", "r2"),
-    ] {
-        j.join(t, id, &at(host, topo, 2, 4), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        2,
+        4,
+        &[
+            ("a", "n1", "r1"),
+            ("b", "n2", "r1"),
+            ("c", "n3", "r2"),
+            ("d", "n4", "r2"),
+        ],
+    );
     let first = ranks(&ready_all(&mut j, t, 0));
     assert_eq!(
         [first["a"].0, first["b"].0, first["c"].0, first["d"].0],
@@ -971,10 +984,12 @@ fn a_departed_node_s_rank_goes_to_a_spare_of_its_segment() {
 #[test]
 fn without_a_spare_of_its_segment_the_place_closes_and_newcomers_join_their_run() {
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 1, 8)));
-    for (id, host, topo) in [("a", "n1", "r1"), ("b", "n2", "r1"), ("c", "n3", "r2")] {
-        j.join(t, id, &at(host, topo, 1, 8), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        1,
+        8,
+        &[("a", "n1", "r1"), ("b", "n2", "r1"), ("c", "n3", "r2")],
+    );
     let mut out = Vec::new();
     for id in ["a", "b", "c"] {
         out.extend(j.ready(t, id, 0, (id.into(), 1), None));
@@ -1006,15 +1021,17 @@ fn without_a_spare_of_its_segment_the_place_closes_and_newcomers_join_their_run(
 #[test]
 fn ranks_stay_put_across_restarts_while_membership_holds() {
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
-    for (id, host, topo) in [
-        ("a", "n4", "r2"),
-        ("b", "n3", "r1"),
-        ("c", "n2", "r2"),
-        ("d", "n1", "r1"),
-    ] {
-        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        4,
+        4,
+        &[
+            ("a", "n4", "r2"),
+            ("b", "n3", "r1"),
+            ("c", "n2", "r2"),
+            ("d", "n1", "r1"),
+        ],
+    );
     let first = ranks(&ready_all(&mut j, t, 0));
     for round in 1..4 {
         j.failure(t, "a", round - 1, "exited 1".into(), None);
@@ -1026,15 +1043,17 @@ fn ranks_stay_put_across_restarts_while_membership_holds() {
 #[test]
 fn newcomers_never_push_a_node_that_keeps_its_place_out_at_max() {
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
-    for (id, host, topo) in [
-        ("a", "n1", "r1"),
-        ("b", "n2", "r1"),
-        ("c", "n3", "r2"),
-        ("d", "n4", "r2"),
-    ] {
-        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        4,
+        4,
+        &[
+            ("a", "n1", "r1"),
+            ("b", "n2", "r1"),
+            ("c", "n3", "r2"),
+            ("d", "n4", "r2"),
+        ],
+    );
     let first = ranks(&ready_all(&mut j, t, 0));
     // A spare of r1 waits; a worker fails: all five offer themselves, the
     // spare (id "0s") first, so MAX are ready before the last veteran is.
@@ -1080,15 +1099,17 @@ fn a_restored_job_knows_the_segments_of_the_places_its_nodes_hold() {
 #[test]
 fn the_round_waits_for_the_spare_of_a_departed_node_s_segment() {
     let t = Instant::now();
-    let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 4, 4)));
-    for (id, host, topo) in [
-        ("a", "n1", "r1"),
-        ("b", "n2", "r1"),
-        ("c", "n3", "r2"),
-        ("d", "n4", "r2"),
-    ] {
-        j.join(t, id, &at(host, topo, 4, 4), S).expect("join");
-    }
+    let mut j = topo_job(
+        t,
+        4,
+        4,
+        &[
+            ("a", "n1", "r1"),
+            ("b", "n2", "r1"),
+            ("c", "n3", "r2"),
+            ("d", "n4", "r2"),
+        ],
+    );
     ready_all(&mut j, t, 0);
     j.join(t, "s2", &at("n5", "r2", 4, 4), S).expect("spare r2");
     j.join(t, "s1", &at("n6", "r1", 4, 4), S).expect("spare r1");
