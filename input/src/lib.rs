@@ -96,6 +96,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     Duration::try_from_secs_f64(secs).map_err(|_| DurationError::TooLong(quoted()))
 }
 
+/// `d` as [`parse_duration`] reads it, in the largest unit that holds it
+/// whole: `1h`, `10m`, `30s`, `250ms` (for messages that quote a setting).
+pub fn duration_words(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".to_owned(),
+        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
 /// Length of the leading number of `s`: digits and dots, then an exponent
 /// (`e`, optional sign, digits) when one follows.
 fn number_len(s: &str) -> usize {

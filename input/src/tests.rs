@@ -160,3 +160,18 @@ fn the_clap_parser_names_the_flag() {
     let e = Args::try_parse_from(["x", "--wait", &huge]).expect_err("too long");
     assert!(e.render().to_string().len() < 600);
 }
+
+#[test]
+fn durations_in_words_read_back() {
+    for (d, words) in [
+        (Duration::ZERO, "0s"),
+        (Duration::from_millis(250), "250ms"),
+        (Duration::from_secs(30), "30s"),
+        (Duration::from_secs(600), "10m"),
+        (Duration::from_secs(7200), "2h"),
+        (Duration::from_secs(90), "90s"),
+    ] {
+        assert_eq!(duration_words(d), words);
+        assert_eq!(parse_duration(words), Ok(d));
+    }
+}

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::auth::{Token, TokenError};
+use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
 use crate::limits::Limits;
 use accel_input::DurationParser;
 use accel_telemetry::logging::LogFormat;
@@ -141,6 +142,24 @@ pub struct ServerArgs {
     /// supervisor or script learns the port the system chose.
     #[arg(long, env = "RDZV_ADDRESS_FILE", value_name = "PATH")]
     pub address_file: Option<PathBuf>,
+    /// Quarantine a host whose workers failed this many times within
+    /// --quarantine-window: no round places it for --quarantine-for (it
+    /// waits as a spare, told why). 0: never.
+    #[arg(long, env = "RDZV_QUARANTINE_AFTER", default_value_t = 0, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub quarantine_after: u32,
+    /// How far back worker failures count towards a quarantine.
+    #[arg(long, env = "RDZV_QUARANTINE_WINDOW", default_value = "1h",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+    pub quarantine_window: Duration,
+    /// How long a quarantined host stays out (`rdzv-server quarantine release` ends it sooner).
+    #[arg(long, env = "RDZV_QUARANTINE_FOR", default_value = "1h",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+    pub quarantine_for: Duration,
+    /// Where a quarantine applies: `job`, the job whose rounds the host
+    /// failed; `server`, every job of this server.
+    #[arg(long, env = "RDZV_QUARANTINE_SCOPE", default_value = "job", value_enum)]
+    pub quarantine_scope: QuarantineScope,
     /// Without a subcommand, serve the rendezvous.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -151,33 +170,75 @@ pub struct ServerArgs {
 pub enum Command {
     /// Print the jobs a running rdzv-server knows: phase, round, restarts, nodes, last failure.
     Status {
-        /// The server to ask.
-        #[arg(
-            long = "rdzv-endpoint",
-            alias = "rdzv_endpoint",
-            alias = "endpoint",
-            default_value = "127.0.0.1:29400"
-        )]
-        endpoint: String,
+        /// Which server, and how to reach it.
+        #[command(flatten)]
+        client: ClientArgs,
         /// Only this job.
         #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
         job: Option<String>,
         /// Print one JSON document (`{"jobs": [...]}`) instead of text.
         #[arg(long)]
         json: bool,
-        /// File holding the server's token (else ACCEL_RDZV_TOKEN or RDZV_TOKEN).
-        #[arg(long, value_name = "PATH")]
-        token_file: Option<PathBuf>,
-        /// CA (PEM) of a TLS server's certificate (else ACCEL_RDZV_TLS_CA).
-        #[arg(long, value_name = "PEM")]
-        tls_ca: Option<PathBuf>,
-        /// Client certificate (PEM) for mutual TLS (else ACCEL_RDZV_TLS_CERT).
-        #[arg(long, value_name = "PEM")]
-        tls_cert: Option<PathBuf>,
-        /// Client key (PEM) for mutual TLS (else ACCEL_RDZV_TLS_KEY).
-        #[arg(long, value_name = "PEM")]
-        tls_key: Option<PathBuf>,
     },
+    /// List the quarantined hosts of a running rdzv-server (--quarantine-after), or release one.
+    Quarantine {
+        /// What to do.
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
+}
+
+/// `rdzv-server quarantine` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum QuarantineAction {
+    /// Print each quarantined host: its job (`*`: server-wide), why, and the time left.
+    List {
+        /// Which server, and how to reach it.
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Only this job's.
+        #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
+        job: Option<String>,
+        /// Print one JSON document (`{"hosts": [...]}`) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a host's quarantine now: its nodes may take part in the next round.
+    Release {
+        /// The host name, as `list` shows it.
+        host: String,
+        /// Which server, and how to reach it.
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Only in this job (default: every job, and server-wide).
+        #[arg(long = "rdzv-id", alias = "rdzv_id", alias = "job")]
+        job: Option<String>,
+    },
+}
+
+/// How a subcommand reaches a running server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// The server to ask.
+    #[arg(
+        long = "rdzv-endpoint",
+        alias = "rdzv_endpoint",
+        alias = "endpoint",
+        default_value = "127.0.0.1:29400"
+    )]
+    pub endpoint: String,
+    /// File holding the server's token (else ACCEL_RDZV_TOKEN or RDZV_TOKEN).
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// CA (PEM) of a TLS server's certificate (else ACCEL_RDZV_TLS_CA).
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS (else ACCEL_RDZV_TLS_CERT).
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS (else ACCEL_RDZV_TLS_KEY).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// A time a client is given to do something: zero would close every
@@ -325,6 +386,14 @@ impl ServerArgs {
             max_connections_per_ip: self.max_connections_per_ip,
             auth_timeout: self.auth_timeout,
             tombstone_ttl: self.tombstone_ttl,
+            quarantine: (self.quarantine_after > 0).then_some(QuarantineSettings {
+                policy: QuarantinePolicy {
+                    after: self.quarantine_after,
+                    window: self.quarantine_window,
+                    hold: self.quarantine_for,
+                },
+                scope: self.quarantine_scope,
+            }),
             ..Limits::default()
         }
     }

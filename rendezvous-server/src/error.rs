@@ -17,6 +17,9 @@ pub enum Error {
     /// No job with this id.
     #[error("no job '{0}' on this rendezvous server; join it first")]
     UnknownJob(String),
+    /// A release of a host that is not quarantined.
+    #[error("host '{0}' is not quarantined there; `rdzv-server quarantine list` shows the hosts that are")]
+    NotQuarantined(String),
     /// A node resumes a job the store does not hold, and the registry
     /// relearns nothing ([`crate::Registry::without_relearning`]).
     #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off, longer ago than its outcome is kept (tombstone_ttl; the other nodes' logs have it), or it never got that far")]
@@ -73,7 +76,10 @@ impl From<Error> for Status {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
             Error::Join(_) | Error::Over { .. } => Code::FailedPrecondition,
-            Error::UnknownJob(_) | Error::JobGone(_) | Error::UnknownNode(..) => Code::NotFound,
+            Error::UnknownJob(_)
+            | Error::NotQuarantined(_)
+            | Error::JobGone(_)
+            | Error::UnknownNode(..) => Code::NotFound,
             Error::WrongSession(..) => Code::PermissionDenied,
             Error::LimitReached(_) => Code::ResourceExhausted,
             Error::Transport(_)

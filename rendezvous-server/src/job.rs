@@ -56,6 +56,7 @@ mod error;
 pub mod fuzzing;
 mod membership;
 mod placement;
+mod quarantine;
 mod record;
 mod rounds;
 mod session;
@@ -72,6 +73,10 @@ pub use config::JobConfig;
 pub use decide::{decide, liveness, rank_order, Decision};
 pub use error::{AuthError, JoinError};
 pub use placement::{natural_cmp, topology_cmp};
+pub use quarantine::{
+    Bench, Quarantine, QuarantinePolicy, QuarantineScope, QuarantineSettings,
+    MAX_HOSTS as MAX_QUARANTINED,
+};
 pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
 
@@ -212,6 +217,17 @@ pub struct Job {
     /// drop limit later ([`decide`]). Not stored: a loaded job counts from
     /// its load.
     forming_since: Option<Instant>,
+    /// When a node is benched (the server's `--quarantine-*`); `None`: never.
+    /// Not stored: every replica has its own flags.
+    quarantine_policy: Option<QuarantinePolicy>,
+    /// Failure counts and benched hosts (the `quarantine` module).
+    quarantine: Quarantine,
+    /// Members whose host is benched ([`Job::is_benched`]). `ready` does not
+    /// count them.
+    benched: u32,
+    /// Hosts this job benched since [`Job::take_new_benches`] last ran, for
+    /// a server-wide quarantine.
+    new_benches: Vec<String>,
 }
 
 impl Job {
@@ -239,7 +255,17 @@ impl Job {
             empty_since: None,
             absent: 0,
             forming_since: None,
+            quarantine_policy: None,
+            quarantine: Quarantine::default(),
+            benched: 0,
+            new_benches: Vec::new(),
         }
+    }
+
+    /// The same, benching nodes by `policy` (the `quarantine` module).
+    pub fn with_quarantine(mut self, policy: Option<QuarantinePolicy>) -> Self {
+        self.quarantine_policy = policy.filter(|p| p.after > 0);
+        self
     }
 
     /// Rebuilds a running job from the first node that reconnects to a
@@ -375,6 +401,7 @@ impl Job {
         };
         if !self.phase.is_terminal() {
             consider(self.next_liveness);
+            consider(self.quarantine.next_expiry());
         }
         let forming = decide(now, self);
         if let (false, Decision::Wait { last_call_ends, .. }) = (self.members.is_empty(), forming) {
@@ -415,6 +442,10 @@ impl Job {
         from: Option<IpAddr>,
     ) -> Vec<Outbound> {
         let forming = round == self.round && self.phase == Phase::Forming;
+        let benched = self
+            .members
+            .get(node_id)
+            .is_some_and(|m| self.is_benched(m));
         let Some(m) = self.members.get_mut(node_id) else {
             return Vec::new();
         };
@@ -425,15 +456,18 @@ impl Job {
         if !forming {
             return Vec::new();
         }
-        if m.ready.replace(master).is_none() {
+        // A benched node's offer is kept for when its bench ends; it does
+        // not count meanwhile.
+        if m.ready.replace(master).is_none() && !benched {
             self.ready += 1;
         }
         let mut out = self.step(now);
         if !out.iter().any(|o| o.to == node_id) {
-            // Every node hears at once that it counts; others at the progress rate.
+            // Every node hears at once that it counts (or why it does not);
+            // others at the progress rate.
             out.push(Outbound {
                 to: node_id.to_owned(),
-                event: Kind::Waiting(self.waiting(now, false)),
+                event: Kind::Waiting(self.waiting_of(now, node_id, false)),
             });
         }
         out
@@ -525,6 +559,10 @@ impl Job {
             );
             return self.finish(now, Phase::Failed(reason));
         }
+        let reason = match self.count_failure(now, node_id) {
+            Some(benched) => format!("{reason}; {benched}"),
+            None => reason,
+        };
         if self.restart_count < self.config.max_restarts {
             self.restart_count = self.restart_count.saturating_add(1);
             return self.restart(now, reason, true);
@@ -625,7 +663,9 @@ impl Job {
         if node_id.starts_with(ABSENT) {
             self.absent = self.absent.saturating_sub(1);
         }
-        if m.ready.is_some() {
+        if self.is_benched(&m) {
+            self.benched = self.benched.saturating_sub(1);
+        } else if m.ready.is_some() {
             self.ready = self.ready.saturating_sub(1);
         }
         if self.members.is_empty() {
@@ -658,6 +698,15 @@ impl Job {
                     self.remove(now, &id, "no keep-alive in time")
                         .unwrap_or_default(),
                 );
+            }
+        }
+        if self
+            .quarantine
+            .next_expiry()
+            .is_some_and(|t| now >= t && !self.phase.is_terminal())
+        {
+            for host in self.quarantine.expire(now) {
+                out.extend(self.unbenched(now, &host, "its quarantine ended"));
             }
         }
         // step() completes the round if the last call ended and reports
@@ -693,6 +742,7 @@ impl Job {
         // The counters follow the members: a join racing the shutdown must
         // not find a ready count with nobody ready (fuzz_regressions.rs).
         self.ready = 0;
+        self.benched = 0;
         self.min_ready_since = None;
         // So do the placeholders: a closed relearned job holds none, and
         // must not count against the registry's placeholder budget.

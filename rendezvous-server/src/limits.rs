@@ -12,6 +12,7 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 
 use crate::error::Error;
+use crate::job::QuarantineSettings;
 
 /// Longest job id, node id, host name or store address, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -45,6 +46,9 @@ pub struct Limits {
     pub tombstone_ttl: Duration,
     /// Most tombstones kept at once (the oldest go first).
     pub max_tombstones: usize,
+    /// Which nodes a job keeps out of its rounds for a while
+    /// (`--quarantine-after`; `None`: none).
+    pub quarantine: Option<QuarantineSettings>,
 }
 
 impl Default for Limits {
@@ -56,6 +60,7 @@ impl Default for Limits {
             auth_timeout: Duration::from_secs(30),
             tombstone_ttl: Duration::from_secs(600),
             max_tombstones: 10_000,
+            quarantine: None,
         }
     }
 }

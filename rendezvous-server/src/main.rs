@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use rendezvous_server::config::{client_token, Command, ServerArgs};
+use rendezvous_server::config::{Command, ServerArgs};
 
 fn main() -> ExitCode {
     if let Some(code) = accel_input::generated::<ServerArgs>() {
@@ -19,40 +19,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Status {
-        endpoint,
-        job,
-        json,
-        token_file,
-        tls_ca,
-        tls_cert,
-        tls_key,
-    }) = &args.command
-    {
-        let tls = rendezvous_server::tls::ClientTlsFiles {
-            ca: tls_ca.clone(),
-            cert: tls_cert.clone(),
-            key: tls_key.clone(),
-        }
-        .or_env(&env);
-        let report = async {
-            let token = client_token(token_file.as_deref(), &env).map_err(|e| e.to_string())?;
-            let jobs =
-                rendezvous_server::status::fetch(endpoint, job.as_deref(), token.as_ref(), &tls)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            Ok::<_, String>(match json {
-                true => rendezvous_server::status::render_json(&jobs),
-                false => rendezvous_server::status::render(&jobs),
-            })
-        };
-        return match runtime.block_on(report) {
+    if let Some(command) = &args.command {
+        return match runtime.block_on(rendezvous_server::status::run(command, &env)) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("rdzv-server status: {e}");
+                let name = match command {
+                    Command::Status { .. } => "status",
+                    Command::Quarantine { .. } => "quarantine",
+                };
+                eprintln!("rdzv-server {name}: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -69,6 +69,7 @@ struct Counters {
     reform: Histogram,
     leader: Gauge,
     leaders_deposed: Counter,
+    quarantines: Counter,
 }
 
 impl Default for Counters {
@@ -90,6 +91,7 @@ impl Default for Counters {
             reform: buckets(),
             leader: Gauge::default(),
             leaders_deposed: Counter::default(),
+            quarantines: Counter::default(),
         }
     }
 }
@@ -202,6 +204,16 @@ impl ServerMetrics {
             "Leaders this replica deposed (revoked their etcd lease) because most nodes of a job reported them silent",
             c.leaders_deposed.clone(),
         );
+        registry.register(
+            "accel_rdzv_quarantines",
+            "Hosts quarantined because their workers failed --quarantine-after times within --quarantine-window",
+            c.quarantines.clone(),
+        );
+    }
+
+    /// A job quarantined a host.
+    pub fn quarantined(&self) {
+        self.0.quarantines.inc();
     }
 
     /// A round formed, `took` after its rendezvous or re-form began (if the
@@ -330,8 +342,11 @@ fn code_name(code: i32) -> &'static str {
 pub struct Summary {
     /// Jobs by phase name.
     pub jobs: Vec<(&'static str, u64)>,
-    /// Members by state (`joining`, `ready`, `running`, `spare`, `succeeded`, `done`).
+    /// Members by state (`joining`, `ready`, `running`, `spare`,
+    /// `quarantined`, `succeeded`, `done`).
     pub nodes: Vec<(&'static str, u64)>,
+    /// Hosts quarantined now (server-wide ones once, else per job).
+    pub quarantined_hosts: u64,
     /// Running (not finished) jobs, the first [`JOB_SERIES`] by id: id,
     /// restarts used, restarts allowed.
     pub restarts: Vec<(String, u32, u32)>,
@@ -453,7 +468,14 @@ impl Collector for States {
                 .restarts
                 .iter()
                 .map(|(id, used, max)| (job(id), i64::from(max.saturating_sub(*used)))),
-        )
+        )?;
+        let e = encoder.encode_descriptor(
+            "accel_rdzv_quarantined_hosts",
+            "Hosts quarantined now (--quarantine-after): no round places them until their quarantine ends",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(count(summary.quarantined_hosts)).encode(e)
     }
 }
 

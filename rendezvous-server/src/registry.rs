@@ -43,7 +43,7 @@ use self::deadlines::Deadlines;
 use self::graves::Graves;
 use self::tally::Tallies;
 use crate::error::Error;
-use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
+use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Quarantine, Session};
 use crate::lease::LeaseClock;
 use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
@@ -99,6 +99,8 @@ struct Jobs {
     commit: Commit,
     /// Finished jobs' tombstones.
     graves: Graves,
+    /// Hosts benched in every job (`--quarantine-scope server`).
+    benches: Quarantine,
 }
 
 impl Jobs {
@@ -109,6 +111,7 @@ impl Jobs {
             tallies: Tallies::default(),
             commit: Commit::new(durable),
             graves: Graves::default(),
+            benches: Quarantine::default(),
         }
     }
 }
@@ -240,7 +243,8 @@ impl Registry {
                 warn!(job = %id, nodes = record.members.len(), max_nodes_per_job = self.limits.max_nodes_per_job, "a job in the store has more nodes than this server admits per job (--max-nodes-per-job; in an agent, the MAX of --nnodes); continuing it, but no node joins it until it has fewer");
             }
             let torn = record.torn;
-            let mut job = Job::restore(record, now);
+            let restored = Job::restore(record, now);
+            let mut job = self.equip(jobs, restored, now);
             // Its nodes kept the last leader alive, not this one.
             job.handed_over(now);
             if torn {
@@ -433,6 +437,7 @@ impl Registry {
                 }
                 None => Job::new(req.job_id.clone(), JobConfig::from_join(req)),
             };
+            let job = self.equip(jobs, job, now);
             jobs.map.insert(
                 req.job_id.clone(),
                 Entry {
@@ -565,6 +570,7 @@ impl Registry {
             entry.streams.retain(|id, _| job.members().contains_key(id));
         }
         self.schedule(jobs, job_id, now);
+        self.spread_benches(jobs, job_id, now);
     }
 
     /// The tombstone that answers a join of `job_id`: the job's own if it
@@ -654,11 +660,18 @@ impl Registry {
             .into_iter()
             .map(|p| (p, 0))
             .collect();
-        let mut states: BTreeMap<&'static str, u64> =
-            ["joining", "ready", "running", "spare", "succeeded", "done"]
-                .into_iter()
-                .map(|p| (p, 0))
-                .collect();
+        let mut states: BTreeMap<&'static str, u64> = [
+            "joining",
+            "ready",
+            "running",
+            "spare",
+            "quarantined",
+            "succeeded",
+            "done",
+        ]
+        .into_iter()
+        .map(|p| (p, 0))
+        .collect();
         let mut restarts = Vec::new();
         for (id, e) in &jobs.map {
             let job = &e.job;
@@ -670,9 +683,11 @@ impl Registry {
                 restarts.push((id.clone(), job.restart_count(), job.config().max_restarts));
             }
         }
+        let quarantined_hosts = self.quarantined_in(&jobs);
         Summary {
             jobs: phases.into_iter().collect(),
             nodes: states.into_iter().collect(),
+            quarantined_hosts,
             restarts,
         }
     }
@@ -1087,6 +1102,7 @@ fn node_state(job: &Job, m: &Member) -> &'static str {
     match (job.phase(), m.rank, m.ready.is_some()) {
         (Phase::Running, Some(_), _) if m.succeeded => "succeeded",
         (Phase::Running, Some(_), _) => "running",
+        (Phase::Running | Phase::Forming, _, _) if job.is_benched(m) => "quarantined",
         (Phase::Running, None, _) => "spare",
         (Phase::Forming, _, true) => "ready",
         (Phase::Forming, _, false) => "joining",
@@ -1131,6 +1147,7 @@ fn job_info(job: &Job) -> pb::JobInfo {
 mod commit;
 mod deadlines;
 mod graves;
+mod quarantine;
 mod tally;
 
 #[cfg(test)]

@@ -267,6 +267,25 @@ impl Rendezvous for RendezvousService {
             &r.page_token,
         )?))
     }
+
+    async fn quarantine(
+        &self,
+        request: Request<pb::QuarantineRequest>,
+    ) -> Result<Response<pb::QuarantineResponse>, Status> {
+        let r = request.into_inner();
+        if r.job_id.len() > limits::MAX_NAME_BYTES || r.release.len() > limits::MAX_NAME_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "job_id and release are at most {} bytes",
+                limits::MAX_NAME_BYTES
+            ))
+            .into());
+        }
+        Ok(Response::new(self.registry()?.quarantine(
+            Instant::now(),
+            &r.job_id,
+            &r.release,
+        )?))
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! `rdzv-server status`: asks a running server for its jobs and prints them.
+//! The client subcommands of `rdzv-server`: `status` asks a running server
+//! for its jobs and prints them; `quarantine list|release` shows and ends
+//! quarantines.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -6,7 +8,11 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 use pb::rendezvous_client::RendezvousClient;
 
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
 use crate::auth::{AttachToken, Token};
+use crate::config::{client_token, ClientArgs, Command, QuarantineAction};
 use crate::tls::ClientTlsFiles;
 use accel_rdzv_client::EndpointError;
 
@@ -40,14 +46,12 @@ pub enum StatusError {
 
 pub use accel_rdzv_client::error_chain;
 
-/// The status of every job (or of `job`) at `endpoint`; every page of a
-/// server with many jobs is fetched.
-pub async fn fetch(
+/// A client of the server at `endpoint`.
+async fn connect(
     endpoint: &str,
-    job: Option<&str>,
     token: Option<&Token>,
     tls: &ClientTlsFiles,
-) -> Result<Vec<pb::JobInfo>, StatusError> {
+) -> Result<RendezvousClient<InterceptedService<Channel, AttachToken>>, StatusError> {
     let bad = || StatusError::BadEndpoint(endpoint.to_owned());
     let (host, port) = endpoint.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
@@ -71,7 +75,21 @@ pub async fn fetch(
             endpoint: endpoint.to_owned(),
             cause: error_chain(&e),
         })?;
-    let mut client = RendezvousClient::with_interceptor(channel, AttachToken::new(token));
+    Ok(RendezvousClient::with_interceptor(
+        channel,
+        AttachToken::new(token),
+    ))
+}
+
+/// The status of every job (or of `job`) at `endpoint`; every page of a
+/// server with many jobs is fetched.
+pub async fn fetch(
+    endpoint: &str,
+    job: Option<&str>,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+) -> Result<Vec<pb::JobInfo>, StatusError> {
+    let mut client = connect(endpoint, token, tls).await?;
     let mut jobs = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -179,6 +197,129 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
         }
     }
     out
+}
+
+/// Asks the server at `endpoint` for its quarantined hosts (of `job`, or
+/// all), after releasing `release` if given.
+pub async fn quarantine(
+    endpoint: &str,
+    job: Option<&str>,
+    release: Option<&str>,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+) -> Result<pb::QuarantineResponse, StatusError> {
+    let mut client = connect(endpoint, token, tls).await?;
+    let mut request = tonic::Request::new(pb::QuarantineRequest {
+        job_id: job.unwrap_or_default().to_owned(),
+        release: release.unwrap_or_default().to_owned(),
+    });
+    request.set_timeout(Duration::from_secs(10));
+    Ok(client
+        .quarantine(request)
+        .await
+        .map_err(|s| StatusError::Call {
+            endpoint: endpoint.to_owned(),
+            message: s.message().to_owned(),
+        })?
+        .into_inner())
+}
+
+/// The quarantined hosts, one line each (`rdzv-server quarantine list`).
+pub fn render_quarantine(hosts: &[pb::QuarantinedHost]) -> String {
+    let mut out = String::new();
+    if hosts.is_empty() {
+        out.push_str("no quarantined hosts\n");
+    }
+    for h in hosts {
+        let job = if h.job_id.is_empty() { "*" } else { &h.job_id };
+        let left = accel_input::duration_words(Duration::from_secs(h.left_ms.div_ceil(1000)));
+        let _ = writeln!(
+            out,
+            "host {}  job {}  {} left  {}",
+            h.host, job, left, h.reason
+        );
+    }
+    out
+}
+
+/// The same as one JSON document: `{"hosts": [{"host", "job_id" (null:
+/// every job), "reason", "since_ms", "left_ms"}]}`.
+pub fn render_quarantine_json(hosts: &[pb::QuarantinedHost]) -> String {
+    let hosts: Vec<serde_json::Value> = hosts
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "host": h.host,
+                "job_id": (!h.job_id.is_empty()).then_some(&h.job_id),
+                "reason": h.reason,
+                "since_ms": h.since_ms,
+                "left_ms": h.left_ms,
+            })
+        })
+        .collect();
+    let mut out = serde_json::json!({ "hosts": hosts }).to_string();
+    out.push('\n');
+    out
+}
+
+/// Runs a client subcommand; `Ok`: what to print.
+pub async fn run(
+    command: &Command,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let reach = |c: &ClientArgs| {
+        let tls = ClientTlsFiles {
+            ca: c.tls_ca.clone(),
+            cert: c.tls_cert.clone(),
+            key: c.tls_key.clone(),
+        }
+        .or_env(env);
+        let token = client_token(c.token_file.as_deref(), env).map_err(|e| e.to_string())?;
+        Ok::<_, String>((token, tls))
+    };
+    match command {
+        Command::Status { client, job, json } => {
+            let (token, tls) = reach(client)?;
+            let jobs = fetch(&client.endpoint, job.as_deref(), token.as_ref(), &tls)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(match json {
+                true => render_json(&jobs),
+                false => render(&jobs),
+            })
+        }
+        Command::Quarantine {
+            action: QuarantineAction::List { client, job, json },
+        } => {
+            let (token, tls) = reach(client)?;
+            let r = quarantine(&client.endpoint, job.as_deref(), None, token.as_ref(), &tls)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(match json {
+                true => render_quarantine_json(&r.hosts),
+                false => render_quarantine(&r.hosts),
+            })
+        }
+        Command::Quarantine {
+            action: QuarantineAction::Release { host, client, job },
+        } => {
+            let (token, tls) = reach(client)?;
+            let r = quarantine(
+                &client.endpoint,
+                job.as_deref(),
+                Some(host),
+                token.as_ref(),
+                &tls,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "released host {host} ({} quarantine{}); its nodes may take part in the next round\n",
+                r.released,
+                if r.released == 1 { "" } else { "s" }
+            ))
+        }
+    }
 }
 
 #[cfg(test)]

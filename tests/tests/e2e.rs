@@ -17,6 +17,7 @@ mod metrics;
 mod no_restart;
 mod numa;
 mod process_secrets;
+mod quarantine;
 mod restart;
 mod security;
 mod shared_node_files;

@@ -687,6 +687,7 @@ impl NodeMachine {
             "{round} {}",
             describe_waiting(&pb::Waiting {
                 last_call_ms: None,
+                quarantine_left_ms: 0,
                 ..w.clone()
             })
         );
@@ -1243,6 +1244,15 @@ pub(super) fn describe_waiting(w: &pb::Waiting) -> String {
     };
     if !w.hosts.is_empty() && w.members as usize > w.hosts.len() {
         hosts.push_str(&format!(" and {} more", w.members as usize - w.hosts.len()));
+    }
+    if !w.quarantine.is_empty() {
+        let left = accel_input::duration_words(std::time::Duration::from_secs(
+            w.quarantine_left_ms.div_ceil(1000),
+        ));
+        return format!(
+            "this host is quarantined by the rendezvous: {}; no round takes it for {left} more, and it waits as a spare meanwhile (`rdzv-server quarantine release HOST` ends it sooner)",
+            w.quarantine
+        );
     }
     if w.spare {
         return format!(

@@ -63,7 +63,8 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     if ready < c.min_nodes {
         return wait(None);
     }
-    if !job.participants.is_empty() && ready as usize == job.members.len() {
+    // Benched members (the `quarantine` module) are nobody to wait for.
+    if !job.participants.is_empty() && ready as usize + job.benched as usize == job.members.len() {
         return Decision::Complete(rank_order(job));
     }
     let since = job.min_ready_since.unwrap_or(now);
@@ -121,7 +122,7 @@ pub(super) fn replacement_pending(job: &Job) -> bool {
         return false;
     }
     let mut held = vec![false; job.slot_topologies.len()];
-    for m in job.members.values() {
+    for m in job.members.values().filter(|m| !job.is_benched(m)) {
         if let Some(h) = m.rank.and_then(|r| held.get_mut(r as usize)) {
             *h = true;
         }
@@ -136,17 +137,21 @@ pub(super) fn replacement_pending(job: &Job) -> bool {
     if open.is_empty() {
         return false;
     }
+    // A benched member takes no place, so it is not waited for.
     for m in job
         .members
         .values()
-        .filter(|m| m.rank.is_none() && m.ready.is_some())
+        .filter(|m| m.rank.is_none() && m.ready.is_some() && !job.is_benched(m))
     {
         if let Some(n) = open.get_mut(&*m.topology) {
             *n -= 1;
         }
     }
     job.members.values().any(|m| {
-        m.rank.is_none() && m.ready.is_none() && open.get(&*m.topology).is_some_and(|n| *n > 0)
+        m.rank.is_none()
+            && m.ready.is_none()
+            && !job.is_benched(m)
+            && open.get(&*m.topology).is_some_and(|n| *n > 0)
     })
 }
 

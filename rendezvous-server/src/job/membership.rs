@@ -109,11 +109,16 @@ impl Job {
             return Vec::new();
         };
         m.last_seen = now;
+        let renamed = m.hostname != req.hostname;
         m.hostname.clone_from(&req.hostname);
         let session = m.session;
         let resumed = self.phase == Phase::Running
             && req.resume.as_ref().is_some_and(|r| r.round == self.round)
             && m.rank.is_some();
+        if renamed {
+            // Its host may be benched, or no longer.
+            self.recount_benched();
+        }
         vec![joined(node_id, self.round, resumed, session)]
     }
 
@@ -181,6 +186,9 @@ impl Job {
             session,
             joined_seq: self.next_seq,
         };
+        if self.is_benched(&member) {
+            self.benched += 1;
+        }
         self.members.insert(node_id, member);
         self.empty_since = None;
         if let Some(limit) = self.config.dead_after {

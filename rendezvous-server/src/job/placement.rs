@@ -109,7 +109,11 @@ fn newcomer_cmp((a, ma): &(&String, &Member), (b, mb): &(&String, &Member)) -> O
 /// docs), before the cut at MAX.
 pub(super) fn dynamic_order(job: &Job) -> Vec<String> {
     let max = job.config.max_nodes as usize;
-    let ready = job.members.iter().filter(|(_, m)| m.ready.is_some());
+    // A benched member's offer waits for its bench to end.
+    let ready = job
+        .members
+        .iter()
+        .filter(|(_, m)| m.ready.is_some() && !job.is_benched(m));
     // Places of the last round: its nodes' ranks (below MAX: a rank from a
     // damaged record must not size anything), and what the job remembers of
     // each place's segment (nothing for a relearned job's).

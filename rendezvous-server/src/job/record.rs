@@ -92,6 +92,10 @@ pub struct JobRecord {
     pub empty_since: Option<Offset>,
     /// Placeholders of a relearned job not claimed yet.
     pub absent: u32,
+    /// Benched hosts: host, since, until, why.
+    pub benched: Vec<(String, Offset, Offset, String)>,
+    /// Hosts' failures counted towards a bench, oldest first.
+    pub failure_counts: Vec<(String, Vec<Offset>)>,
     /// A store found the job's last change half-written (its leader stopped
     /// between two transactions of it): some values are from before that
     /// change, some after. Never set by [`Job::record`].
@@ -159,6 +163,19 @@ impl Job {
             next_liveness: at(self.next_liveness),
             empty_since: at(self.empty_since),
             absent: self.absent,
+            benched: self
+                .quarantine
+                .benched()
+                .map(|(h, b)| {
+                    let (since, until) = (offset(b.since, now), offset(b.until, now));
+                    (h.clone(), since, until, b.reason.clone())
+                })
+                .collect(),
+            failure_counts: self
+                .quarantine
+                .counts()
+                .map(|(h, at)| (h.clone(), at.iter().map(|t| offset(*t, now)).collect()))
+                .collect(),
             torn: false,
         }
     }
@@ -212,8 +229,20 @@ impl Job {
             absent: record.absent,
             // A node of the last round gets the drop limit from the load.
             forming_since: forming.then_some(now),
+            quarantine_policy: None,
+            quarantine: super::Quarantine::default(),
+            benched: 0,
+            new_benches: Vec::new(),
         };
-        job.ready = job.members.values().filter(|m| m.ready.is_some()).count() as u32;
+        for (host, since, until, reason) in record.benched {
+            job.quarantine
+                .bench(instant(since, now), &host, instant(until, now), reason);
+        }
+        for (host, at) in record.failure_counts {
+            let at = at.into_iter().map(|t| instant(t, now)).collect();
+            job.quarantine.restore_count(host, at);
+        }
+        job.recount_benched();
         job.absent = job
             .members
             .keys()

@@ -77,6 +77,8 @@ impl Job {
             last_call_ms: if spare { None } else { last_call },
             spare,
             members: self.members.len() as u32,
+            quarantine: String::new(),
+            quarantine_left_ms: 0,
         }
     }
 
@@ -120,6 +122,7 @@ impl Job {
         }
         let ranks: std::collections::HashMap<&String, u32> = order.iter().zip(0u32..).collect();
         let mut spares = Vec::new();
+        let benched: Vec<bool> = self.members.values().map(|m| self.is_benched(m)).collect();
         for (id, m) in self.members.iter_mut() {
             m.rank = ranks.get(id).copied();
             m.succeeded = false;
@@ -129,7 +132,12 @@ impl Job {
                 spares.push(id.clone());
             }
         }
-        self.ready = self.members.values().filter(|m| m.ready.is_some()).count() as u32;
+        self.ready = self
+            .members
+            .values()
+            .zip(&benched)
+            .filter(|(m, b)| m.ready.is_some() && !**b)
+            .count() as u32;
         self.participants = order;
         self.slot_topologies = topologies.into_iter().map(Some).collect();
         self.succeeded = 0;
@@ -137,10 +145,13 @@ impl Job {
         self.min_ready_since = None;
         self.progress_sent = None;
         let waiting = self.waiting(now, true);
-        out.extend(spares.into_iter().map(|to| Outbound {
-            to,
-            event: Kind::Waiting(waiting.clone()),
-        }));
+        for to in spares {
+            let event = match self.benched > 0 {
+                true => Kind::Waiting(self.waiting_of(now, &to, true)),
+                false => Kind::Waiting(waiting.clone()),
+            };
+            out.push(Outbound { to, event });
+        }
         out
     }
 

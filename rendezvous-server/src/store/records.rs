@@ -46,6 +46,9 @@ pub const FORMAT: u32 = 1;
 /// Participants per value: 1,000 ids of at most 256 bytes stay far below
 /// etcd's request limit (1.5 MiB by default), however large the job.
 pub const PARTICIPANTS_PER_KEY: usize = 1000;
+/// Most failure instants read per host of a quarantine count (at most
+/// `--quarantine-after` are kept).
+const MAX_COUNTED: usize = 1000;
 
 /// One job, encoded: the values a store holds for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -213,6 +216,24 @@ pub fn encode(r: &JobRecord) -> Encoded {
         next_liveness: r.next_liveness,
         empty_since: r.empty_since,
         absent: r.absent,
+        benched: r
+            .benched
+            .iter()
+            .map(|(host, since, until, reason)| st::Benched {
+                host: host.clone(),
+                since: *since,
+                until: *until,
+                reason: reason.clone(),
+            })
+            .collect(),
+        failure_counts: r
+            .failure_counts
+            .iter()
+            .map(|(host, at)| st::FailureCount {
+                host: host.clone(),
+                at: at.clone(),
+            })
+            .collect(),
     };
     let participants = r
         .participants
@@ -351,6 +372,22 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
         next_liveness: meta.next_liveness,
         empty_since: meta.empty_since,
         absent: meta.absent,
+        // Bounded as the job bounds them; a reason is words for people.
+        benched: meta
+            .benched
+            .into_iter()
+            .take(crate::job::MAX_QUARANTINED)
+            .map(|b| {
+                let reason = accel_input::clip_message(&b.reason);
+                (b.host, b.since, b.until, reason)
+            })
+            .collect(),
+        failure_counts: meta
+            .failure_counts
+            .into_iter()
+            .take(crate::job::MAX_QUARANTINED)
+            .map(|c| (c.host, c.at.into_iter().take(MAX_COUNTED).collect()))
+            .collect(),
         torn: e.writing,
     })
 }
