@@ -120,7 +120,8 @@ pub struct Config {
     /// This node's address for other nodes.
     pub local_addr: Option<String>,
     /// Where this node sits in the machine (`--topology`, `--topology-file`,
-    /// Slurm's topology address; empty: unknown), sent when it joins.
+    /// Slurm's topology address, the GPUs' NVLink domain; empty: unknown),
+    /// sent when it joins.
     pub topology: String,
     /// Signals forwarded to workers on shutdown.
     pub signals: Vec<Signal>,

@@ -173,3 +173,112 @@ fn a_malformed_topology_is_refused_at_start_with_the_rule() {
         out.stderr
     );
 }
+
+/// Writes, in a directory of its own under `dir`, an `nvidia-smi` that
+/// answers `-q` as a node of two GPUs in NVLink domain `clique` of cluster
+/// `cluster` would (State Completed, Status Success); returns a `PATH` with
+/// that directory first, for the agent `name`.
+fn fake_nvidia_smi(dir: &std::path::Path, name: &str, cluster: &str, clique: u32) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join(format!("smi-{name}"));
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let gpu = |bus: &str| {
+        format!(
+            "GPU 00000008:{bus}:00.0\n    Product Name                          : NVIDIA GB200\n    \
+             Fabric\n        State                             : Completed\n        \
+             Status                            : Success\n        \
+             CliqueId                          : {clique}\n        \
+             ClusterUUID                       : {cluster}\n        \
+             Health\n            Bandwidth                     : Full\n    \
+             Processes                             : None\n"
+        )
+    };
+    let script = format!(
+        "#!/bin/sh\n\
+         [ \"$*\" = -q ] || {{ echo \"fake nvidia-smi: unsupported: $*\" >&2; exit 2; }}\n\
+         cat <<'EOF'\n\n==============NVSMI LOG==============\n\n\
+         Attached GPUs                             : 2\n{}\n{}EOF\n",
+        gpu("01"),
+        gpu("02")
+    );
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(&smi, script).expect("fake nvidia-smi");
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn without_a_given_path_the_gpus_nvlink_domain_from_nvidia_smi_orders_the_ranks() {
+    let server = Server::start();
+    let dir = scratch("topology-nvl");
+    let (one, two) = (
+        "aaaaaaaa-0000-4000-8000-000000000001",
+        "bbbbbbbb-0000-4000-8000-000000000002",
+    );
+    // Joining in an order that is not the domains'. a and d share a domain;
+    // b has the same cluster but another clique; c the same clique id in
+    // another cluster (a clique id is unique only within its cluster).
+    let agents: Vec<(&str, Agent)> = [
+        ("a", one, 32766),
+        ("c", two, 4026),
+        ("d", one, 32766),
+        ("b", one, 4026),
+    ]
+    .into_iter()
+    .map(|(name, cluster, clique)| {
+        let agent = AgentCmd::c10d(&server.addr, "topo-nvl")
+            .nnodes("4:4")
+            .nproc(1)
+            .env("PATH", fake_nvidia_smi(&dir, name, cluster, clique))
+            .recording(&dir, name)
+            .env("RUN_FOR", "0.5")
+            .start(&dir, name);
+        (name, agent)
+    })
+    .collect();
+    for (name, agent) in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{name}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("topology path from the GPUs' NVLink domain"),
+            "{name} says where its path came from: {}",
+            out.stderr
+        );
+        // nvidia-smi ran before the agent hid its secrets, which it can
+        // do only while it has one thread: none was left running.
+        assert!(
+            !out.stderr.contains("more than one thread"),
+            "{name}: {}",
+            out.stderr
+        );
+    }
+    let nodes = nodes(&records(&dir));
+    let row =
+        |rank, topology: String, segment, first, count| (rank, topology, segment, first, count);
+    // The clique ids compare as numbers: 4026 before 32766.
+    assert_eq!(
+        nodes["b"],
+        row(0, format!("nvl-{one}/4026"), 0, 0, 1),
+        "{nodes:?}"
+    );
+    assert_eq!(
+        nodes["c"],
+        row(3, format!("nvl-{two}/4026"), 2, 3, 1),
+        "{nodes:?}"
+    );
+    let mut shared: Vec<_> = [&nodes["a"], &nodes["d"]].into_iter().cloned().collect();
+    shared.sort();
+    assert_eq!(
+        shared,
+        [
+            row(1, format!("nvl-{one}/32766"), 1, 1, 2),
+            row(2, format!("nvl-{one}/32766"), 1, 1, 2)
+        ],
+        "{nodes:?}"
+    );
+}

@@ -423,10 +423,16 @@ impl LaunchOptions {
             None => None,
         };
         let preload = self.preload()?;
+        // A one-node job has no ranks to order: nvidia-smi is not asked.
+        let nvidia_smi = || match max_nodes {
+            1 => Err(super::topology::SmiError::NotRun),
+            _ => super::topology::nvidia_smi_q(),
+        };
         let topology = super::topology::resolve(
             self.topology.as_deref(),
             self.topology_file.as_deref(),
             env,
+            &nvidia_smi,
             &mut warnings,
         )
         .map_err(bad)?;
