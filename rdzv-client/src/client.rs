@@ -496,13 +496,15 @@ impl RdzvClient {
         self.inner.report_success(req).await.map(drop)
     }
 
-    /// Leaves the job.
-    pub async fn leave(&mut self, reason: &str) {
+    /// Leaves the job; `unhealthy`: because the node failed its health
+    /// check (the server may quarantine its host).
+    pub async fn leave(&mut self, reason: &str, unhealthy: bool) {
         let mut req = self.request(pb::LeaveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             reason: truncate_head(reason, 1024),
             session: self.session.clone(),
+            unhealthy,
         });
         req.set_timeout(self.read_timeout.min(Duration::from_secs(2)));
         let _ = self.inner.leave(req).await;

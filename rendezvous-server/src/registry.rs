@@ -868,7 +868,9 @@ impl Registry {
 
     /// A node asks to leave: only with its own secret (checked under the same
     /// lock as the departure); a call for a node that is not a member, or for
-    /// a relearned job's placeholder, changes nothing.
+    /// a relearned job's placeholder, changes nothing. `unhealthy`: it
+    /// failed its health check, which quarantines its host when the server
+    /// quarantines ([`Job::bench_unhealthy`]).
     pub fn leave(
         &self,
         now: Instant,
@@ -876,6 +878,7 @@ impl Registry {
         node_id: &str,
         session: &[u8],
         reason: &str,
+        unhealthy: bool,
     ) -> Result<(), Error> {
         self.acting()?;
         let mut guard = self.lock();
@@ -886,6 +889,11 @@ impl Registry {
             Ok(()) => {}
             Err(AuthError::NotMember) => return Ok(()),
             Err(_) => return Err(Error::WrongSession(job_id.to_owned(), node_id.to_owned())),
+        }
+        if unhealthy {
+            if let Some(entry) = guard.map.get_mut(job_id) {
+                entry.job.bench_unhealthy(now, node_id, reason);
+            }
         }
         self.depart_locked(&mut guard, now, job_id, node_id, reason, None);
         Ok(())

@@ -245,6 +245,7 @@ impl Rendezvous for RendezvousService {
             &r.node_id,
             &r.session,
             &printable(&r.reason),
+            r.unhealthy,
         )?;
         Ok(Response::new(pb::Ack {}))
     }

@@ -193,3 +193,96 @@ fn a_host_failing_three_times_is_quarantined_and_the_job_runs_without_it_until_r
     assert!(ok, "{err}");
     assert_eq!(listed, "no quarantined hosts\n");
 }
+
+#[test]
+fn a_host_failing_its_health_check_is_quarantined_when_it_passes_again() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--quarantine-after", "3", "--quarantine-for", "10m"],
+        &[],
+    );
+    let dir = scratch("quarantine-health");
+    let count = dir.join("checks");
+    // Passes, fails once (the check before the second round), then passes.
+    let check = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; \
+         if [ $n -eq 2 ]; then echo fan failure >&2; exit 1; fi",
+        c = count.display()
+    );
+    let start = |host: &str, flaky: bool| {
+        let mut cmd = AgentCmd::c10d(&server.addr, "health-quarantine")
+            .nnodes("1:2")
+            .nproc(1)
+            .max_restarts(3)
+            .conf("last_call_timeout=1")
+            .recording(&dir, host)
+            .env("RECORD_EACH_ROUND", "1")
+            .env("RUN_FOR_WORLD", "1:600")
+            .env("RUN_FOR", "1");
+        if flaky {
+            // Its worker fails in the first attempt; then its check fails.
+            cmd = cmd
+                .flag("--health-check", &check)
+                .env("FAIL_RANKS", "0,1")
+                .env("FAIL_UNTIL", "1");
+        }
+        let prefix = as_host(host);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        cmd.start_with(&prefix, &dir, host)
+    };
+    let well = start("well", false);
+    // Both join the first round: the flaky one a moment later.
+    poll_until("the first node joined", LIMIT, || {
+        status_jobs(&server.addr, &[]).and_then(|j| match j.len() {
+            1 => Ok(()),
+            n => Err(format!("{n} jobs")),
+        })
+    });
+    let flaky = start("flaky", true);
+    let listed = poll_until("the flaky host quarantined", LIMIT, || {
+        let (ok, out, err) = quarantine(&server, &["list", "--json"]);
+        let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out} {err}"))?;
+        let benched = ok && v["hosts"][0]["host"] == "flaky";
+        // Back from its check and waiting, told why.
+        let jobs = status_jobs(&server.addr, &[])?;
+        let waiting = jobs[0]["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n["hostname"] == "flaky" && n["state"] == "quarantined")
+        });
+        match benched && waiting {
+            true => Ok(v),
+            false => Err(format!("{v} {jobs:?}")),
+        }
+    });
+    let reason = listed["hosts"][0]["reason"].as_str().expect("reason");
+    assert!(reason.contains("fan failure"), "{listed}");
+    // The job runs on the well node alone meanwhile.
+    let alone = of_world(&records(&dir), "1").len();
+    assert!(alone >= 1, "a round of one ran");
+    let (ok, _, err) = quarantine(
+        &server,
+        &["release", "flaky", "--rdzv-id", "health-quarantine"],
+    );
+    assert!(ok, "{err}");
+    for (host, a) in [("well", well), ("flaky", flaky)] {
+        let done = a.wait(LIMIT);
+        assert_eq!(done.code(), 0, "{host}: {}", done.stderr);
+        if host == "flaky" {
+            assert!(
+                done.stderr.contains("failed its health check")
+                    && done
+                        .stderr
+                        .contains("this host is quarantined by the rendezvous"),
+                "{}",
+                done.stderr
+            );
+        }
+    }
+    let recs = records(&dir);
+    let two = of_world(&recs, "2");
+    assert!(
+        two.iter()
+            .any(|r| r.var("AGENT_TAG") == "flaky" && r.var("TORCHELASTIC_RESTART_COUNT") == "1"),
+        "after the release a round of two ran, with no restart counted for it: {recs:#?}"
+    );
+}

@@ -104,7 +104,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             }
             Action::ReportSuccess { round } => self.link.report_success(round).await,
             Action::Rejoin { resume } => self.rejoin = Some(Box::pin(self.link.rejoin(resume))),
-            Action::Leave { reason } => self.link.leave(&reason).await,
+            Action::Leave { reason } => self.link.leave(&reason, false).await,
             Action::Summarize { root } => self.report_job_failure(root.as_ref()),
             Action::Exit(result) => {
                 // The round's store ends with the node's life, before the
@@ -138,7 +138,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             Err(why) => {
                 tracing::warn!(reason = %why, "this node failed its health check (--health-check); leaving the job until it passes");
                 self.link
-                    .leave(&format!("the node failed its health check: {why}"))
+                    .leave(&format!("the node failed its health check: {why}"), true)
                     .await;
                 false
             }

@@ -103,8 +103,9 @@ pub(crate) trait Link: Send + Sized + 'static {
     /// effort).
     fn report_success(&mut self, round: u64) -> impl Future<Output = ()> + Send;
 
-    /// Leaves the job (best effort).
-    fn leave(&mut self, reason: &str) -> impl Future<Output = ()> + Send;
+    /// Leaves the job (best effort); `unhealthy`: because this node failed
+    /// its health check.
+    fn leave(&mut self, reason: &str, unhealthy: bool) -> impl Future<Output = ()> + Send;
 
     /// What the job says next. Cancel-safe: the driver waits for it beside
     /// other things.
@@ -449,8 +450,8 @@ impl Link for RdzvLink {
         }
     }
 
-    async fn leave(&mut self, reason: &str) {
-        self.client.leave(reason).await;
+    async fn leave(&mut self, reason: &str, unhealthy: bool) {
+        self.client.leave(reason, unhealthy).await;
     }
 
     async fn next(&mut self) -> Heard {

@@ -167,7 +167,7 @@ impl Link for FakeLink {
         self.call(Call::Success(self.n, round));
     }
 
-    async fn leave(&mut self, reason: &str) {
+    async fn leave(&mut self, reason: &str, _unhealthy: bool) {
         self.call(Call::Leave(self.n, reason.into()));
     }
 

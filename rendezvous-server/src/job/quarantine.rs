@@ -282,6 +282,36 @@ impl Job {
         Some(words)
     }
 
+    /// `node_id` leaves because its health check failed (`why`): with a
+    /// policy, its host is benched for the policy's hold, as if its
+    /// workers had failed often enough, so that a node whose check passes
+    /// again soon after is not placed at once. Nothing is sent: the node is
+    /// leaving, and it hears why it waits when it joins again.
+    pub fn bench_unhealthy(&mut self, now: Instant, node_id: &str, why: &str) {
+        let Some(policy) = self.quarantine_policy else {
+            return;
+        };
+        let Some(m) = self.members.get(node_id) else {
+            return;
+        };
+        if m.requested_rank.is_some() || self.phase.is_terminal() {
+            return;
+        }
+        let host = m.hostname.clone();
+        let until = now.checked_add(policy.hold).unwrap_or(now);
+        let reason = format!(
+            "{}; benched for {} (--quarantine-for)",
+            accel_input::excerpt(why),
+            accel_input::duration_words(policy.hold)
+        );
+        if self.quarantine.bench(now, &host, until, reason) {
+            if self.new_benches.len() < MAX_HOSTS {
+                self.new_benches.push(host);
+            }
+            self.recount_benched();
+        }
+    }
+
     /// Benches `host` until `until` (a server-wide quarantine, or an
     /// operator): a forming round goes on without its nodes; a running
     /// round keeps them until it ends. Its nodes that wait are told why.
