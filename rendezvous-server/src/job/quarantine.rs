@@ -148,7 +148,7 @@ impl Quarantine {
         self.failures.remove(host);
         let until = now.checked_add(policy.hold).unwrap_or(now);
         let reason = format!(
-            "its workers failed {}; benched for {} (--quarantine-for)",
+            "{}; out for {} (--quarantine-for)",
             policy.describe(),
             accel_input::duration_words(policy.hold)
         );
@@ -300,7 +300,7 @@ impl Job {
         let host = m.hostname.clone();
         let until = now.checked_add(policy.hold).unwrap_or(now);
         let reason = format!(
-            "{}; benched for {} (--quarantine-for)",
+            "{}; out for {} (--quarantine-for)",
             accel_input::excerpt(why),
             accel_input::duration_words(policy.hold)
         );

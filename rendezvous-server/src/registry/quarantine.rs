@@ -114,7 +114,11 @@ impl Registry {
                 false => vec![job_id.to_owned()],
             };
             for id in ids {
-                let Some(e) = jobs.map.get_mut(&id) else {
+                let Some(e) = jobs
+                    .map
+                    .get_mut(&id)
+                    .filter(|e| !e.job.phase().is_terminal())
+                else {
                     continue;
                 };
                 if let Some(out) = e.job.release_host(now, release) {

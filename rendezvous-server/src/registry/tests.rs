@@ -424,3 +424,84 @@ async fn a_spare_dropped_before_the_end_still_belongs_to_the_job() {
     );
     assert!(answer(&registry, "d", "host-d").await.is_err());
 }
+
+/// A server-wide quarantine: a host one job quarantines is kept out of
+/// every job, listed once, released everywhere at once.
+#[tokio::test]
+async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere() {
+    use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
+    let limits = Limits {
+        quarantine: Some(QuarantineSettings {
+            policy: QuarantinePolicy {
+                after: 1,
+                window: Duration::from_secs(600),
+                hold: Duration::from_secs(600),
+            },
+            scope: QuarantineScope::Server,
+        }),
+        ..Limits::default()
+    };
+    let registry = Registry::new(Duration::from_secs(60), limits);
+    let now = Instant::now();
+    let join_as = |job: &str, node: &str, host: &str, n: u8| {
+        registry
+            .join(now, &join_req(job, node, host), None, session(n))
+            .expect("joins")
+    };
+    let ready_in = |job: &str, node: &str, n: u8, round: u64| {
+        registry
+            .for_node(now, job, node, &session(n).to_vec(), |j| {
+                ((), j.ready(now, node, round, ("127.0.0.1".into(), 1), None))
+            })
+            .expect("a member");
+    };
+    // Job one runs on "bad" and "good"; job two's "bad2" node is on host "bad" too.
+    let _s = [
+        join_as("one", "a", "bad", 1),
+        join_as("one", "b", "good", 2),
+        join_as("two", "c", "bad", 3),
+    ];
+    ready_in("one", "a", 1, 0);
+    ready_in("one", "b", 2, 0);
+    registry
+        .for_node(now, "one", "a", &session(1).to_vec(), |j| {
+            ((), j.failure(now, "a", 0, "worker 0 exited 1".into(), None))
+        })
+        .expect("a member");
+    let listed = registry.quarantine(now, "", "").expect("list");
+    assert_eq!(listed.hosts.len(), 1, "{listed:?}");
+    assert_eq!(
+        (
+            listed.hosts[0].host.as_str(),
+            listed.hosts[0].job_id.as_str()
+        ),
+        ("bad", "")
+    );
+    // Job one had no restart to spend: it failed. Job two, where "bad"
+    // never failed, keeps it out too; and so does a job that starts now.
+    assert_eq!(
+        registry.status("one", 0, "").expect("status").jobs[0].phase,
+        "failed"
+    );
+    let _d = join_as("three", "d", "bad", 4);
+    for job in ["two", "three"] {
+        let per_job = registry.quarantine(now, job, "").expect("list");
+        assert_eq!(per_job.hosts.len(), 1, "{job}: {per_job:?}");
+    }
+    ready_in("two", "c", 3, 0);
+    let two = registry.status("two", 0, "").expect("status");
+    assert_eq!(two.jobs[0].phase, "forming", "{two:?}");
+    assert_eq!(two.jobs[0].nodes[0].state, "quarantined", "{two:?}");
+    assert_eq!(registry.summary().quarantined_hosts, 1);
+    // Released everywhere at once: the server's copy and the two jobs
+    // that are not over.
+    let released = registry.quarantine(now, "", "bad").expect("release");
+    assert_eq!(released.released, 3, "{released:?}");
+    assert!(released.hosts.is_empty(), "{released:?}");
+    assert!(matches!(
+        registry.quarantine(now, "", "bad"),
+        Err(Error::NotQuarantined(_))
+    ));
+    let two = registry.status("two", 0, "").expect("status");
+    assert_eq!(two.jobs[0].nodes[0].state, "ready", "{two:?}");
+}
