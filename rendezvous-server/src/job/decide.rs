@@ -63,9 +63,15 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     if ready < c.min_nodes {
         return wait(None);
     }
-    // Benched members (the `quarantine` module) are nobody to wait for.
+    // Benched members (the `quarantine` module) are nobody to wait for as
+    // places to fill; but one of the last round that has not offered itself
+    // may still run that round's workers (its other workers stop after its
+    // failure report), so it is waited for as below.
     if !job.participants.is_empty() && ready as usize + job.benched as usize == job.members.len() {
-        return Decision::Complete(rank_order(job));
+        return match job.benched {
+            0 => Decision::Complete(rank_order(job)),
+            _ => complete_unless_unheard(now, job, wait),
+        };
     }
     let since = job.min_ready_since.unwrap_or(now);
     let ends = since.checked_add(c.last_call).unwrap_or(since);

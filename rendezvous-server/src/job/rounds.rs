@@ -27,7 +27,17 @@ impl Job {
             Decision::Wait { .. } if self.progress_due(now) => {
                 self.progress_sent = Some(now);
                 let waiting = self.waiting(now, false);
-                self.broadcast(Kind::Waiting(waiting))
+                let mut out = self.broadcast(Kind::Waiting(waiting));
+                if self.benched > 0 {
+                    // A benched node is told why it waits with every
+                    // progress report, not only with its own offer's.
+                    for o in &mut out {
+                        if self.members.get(&o.to).is_some_and(|m| self.is_benched(m)) {
+                            o.event = Kind::Waiting(self.waiting_of(now, &o.to, false));
+                        }
+                    }
+                }
+                out
             }
             _ => Vec::new(),
         }

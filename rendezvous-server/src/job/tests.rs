@@ -1217,3 +1217,284 @@ fn a_ready_spare_of_the_segment_is_enough_the_round_does_not_wait_for_another() 
     let r = ranks(&j.ready(t, "n1", 1, ("n1".into(), 1), None));
     assert_eq!(r.get("n1").map(|row| row.0), Some(0), "{r:?}");
 }
+
+// ---- quarantine ----------------------------------------------------------
+
+/// Three worker failures within a minute bench a host for ten minutes.
+fn three_strikes() -> QuarantinePolicy {
+    QuarantinePolicy {
+        after: 3,
+        window: Duration::from_secs(60),
+        hold: Duration::from_secs(600),
+    }
+}
+
+/// A job of `min..=max` with nodes a, b, c on hosts n1, n2, n3 (node ranks
+/// 0, 1, 2), quarantining by [`three_strikes`]: c's workers fail in rounds
+/// 0, 1 and 2, so its host is benched at `t` and round 3 is forming.
+fn c_benched(t: Instant, min: u32, max: u32) -> (Job, Vec<Outbound>) {
+    let nodes = [("a", "n1", ""), ("b", "n2", ""), ("c", "n3", "")];
+    let mut j = topo_job(t, min, max, &nodes).with_quarantine(Some(three_strikes()));
+    let first = ranks(&ready_all(&mut j, t, 0));
+    assert_eq!([first["a"].0, first["b"].0, first["c"].0], [0, 1, 2]);
+    let mut out = Vec::new();
+    for round in 0..3 {
+        if round > 0 {
+            let again = ranks(&ready_all(&mut j, t, round));
+            assert_eq!(again.len(), 3, "round {round}: {again:?}");
+        }
+        out = j.failure(t, "c", round, "worker 0 exited with 1".into(), None);
+    }
+    assert_eq!((j.round(), j.phase()), (3, &Phase::Forming));
+    (j, out)
+}
+
+fn waiting_of(out: &[Outbound], node: &str) -> Option<pb::Waiting> {
+    kinds_for(out, node).into_iter().find_map(|k| match k {
+        Kind::Waiting(w) => Some(w.clone()),
+        _ => None,
+    })
+}
+
+fn restart_of(out: &[Outbound]) -> Option<pb::RestartRequested> {
+    out.iter().find_map(|o| match &o.event {
+        Kind::RestartRequested(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_host_failing_three_times_is_benched_and_the_job_goes_on_without_it() {
+    let t = Instant::now();
+    let (mut j, out) = c_benched(t, 2, 3);
+    let restart = restart_of(&out).expect("the third failure restarts");
+    assert!(restart.counted, "{restart:?}");
+    assert!(
+        restart.reason.contains("host 'n3' is quarantined"),
+        "{}",
+        restart.reason
+    );
+    assert!(j.is_benched(&j.members()["c"]));
+    assert_eq!(j.benched_count(), 1);
+    // a and b are every member that may take part: the round forms at
+    // once with them, at the places they held; c is told why it waits.
+    let out = ready_all(&mut j, t, 3);
+    let r = ranks(&out);
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!((r["a"].0, r["b"].0), (0, 1));
+    assert_eq!(round_of(&out, "a").nnodes, 2);
+    assert_eq!(j.phase(), &Phase::Running);
+    assert_eq!(j.members()["c"].rank, None);
+    let w = waiting_of(&out, "c").expect("c hears why it waits");
+    assert!(w.spare, "{w:?}");
+    assert!(
+        w.quarantine.contains("3 worker failures within 1m"),
+        "{}",
+        w.quarantine
+    );
+    assert_eq!(w.quarantine_left_ms, 600_000);
+    // Unbenched members' progress says nothing of a quarantine.
+    assert!(j.waiting_of(t, "a", false).quarantine.is_empty());
+}
+
+#[test]
+fn a_bench_spends_the_budget_as_usual_and_a_benched_node_cannot_fail_the_round() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 2, 3);
+    assert_eq!(j.restart_count(), 3, "every failure is counted");
+    ready_all(&mut j, t, 3);
+    assert_eq!(j.phase(), &Phase::Running);
+    // c is not in round 3: its reports change nothing.
+    assert!(j.failure(t, "c", 3, "exited 1".into(), None).is_empty());
+    assert!(j
+        .fatal_failure(t, "c", 3, "exited 1".into(), None, 1)
+        .is_empty());
+    assert_eq!((j.restart_count(), j.round()), (3, 3));
+    assert_eq!(j.phase(), &Phase::Running);
+    // A benched host is not counted again while benched.
+    assert!(j.quarantine().counts().all(|(h, _)| h != "n3"));
+}
+
+#[test]
+fn a_bench_ending_on_time_re_forms_a_running_job_with_room_without_spending_the_budget() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 2, 3);
+    ready_all(&mut j, t, 3);
+    let until = t + Duration::from_secs(600);
+    assert_eq!(j.quarantine().next_expiry(), Some(until));
+    let next = j
+        .next_deadline(t + Duration::from_secs(590), Duration::from_secs(3600))
+        .expect("a deadline");
+    assert!(next <= until, "the bench's end is a deadline");
+    // Just before its end nothing happens; at it, the job re-forms.
+    for id in ["a", "b", "c"] {
+        j.keep_alive(until - Duration::from_millis(1), id);
+    }
+    let early = j.tick(until - Duration::from_millis(1));
+    assert!(restart_of(&early).is_none(), "{early:?}");
+    assert!(j.is_benched(&j.members()["c"]));
+    let out = j.tick(until);
+    let restart = restart_of(&out).expect("a membership restart");
+    assert!(!restart.counted, "{restart:?}");
+    assert!(
+        restart.reason.contains("its quarantine ended"),
+        "{}",
+        restart.reason
+    );
+    assert_eq!((j.restart_count(), j.benched_count()), (3, 0));
+    let r = ranks(&ready_all(&mut j, until, 4));
+    assert_eq!([r["a"].0, r["b"].0, r["c"].0], [0, 1, 2], "{r:?}");
+}
+
+#[test]
+fn an_operator_s_release_re_forms_the_job_as_well() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 2, 3);
+    ready_all(&mut j, t, 3);
+    let t1 = t + Duration::from_secs(5);
+    assert!(j.release_host(t1, "n1").is_none(), "n1 is not benched");
+    let out = j.release_host(t1, "n3").expect("n3 was benched");
+    let restart = restart_of(&out).expect("a membership restart");
+    assert!(!restart.counted, "{restart:?}");
+    assert!(
+        restart.reason.contains("an operator released it"),
+        "{}",
+        restart.reason
+    );
+    assert!(j.release_host(t1, "n3").is_none(), "released once");
+    assert_eq!(j.restart_count(), 3);
+    let r = ranks(&ready_all(&mut j, t1, 4));
+    assert_eq!([r["a"].0, r["b"].0, r["c"].0], [0, 1, 2], "{r:?}");
+}
+
+#[test]
+fn without_room_to_go_on_the_job_waits_for_the_benched_host() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 3, 3);
+    let out = ready_all(&mut j, t, 3);
+    assert!(ranks(&out).is_empty(), "formed without n3: {out:?}");
+    // Every progress report c hears says why it waits (the periodic one
+    // to every member once lacked it).
+    let to_c: Vec<&Kind> = kinds_for(&out, "c");
+    assert!(!to_c.is_empty());
+    for k in to_c {
+        assert!(
+            matches!(k, Kind::Waiting(w) if !w.quarantine.is_empty() && w.spare),
+            "{k:?}"
+        );
+    }
+    assert!(matches!(decide(t, &j), Decision::Wait { ready: 2, .. }));
+    // Time passes (the last call, the drop limit): still waiting.
+    let t1 = t + Duration::from_secs(120);
+    for id in ["a", "b", "c"] {
+        j.keep_alive(t1, id);
+    }
+    assert!(ranks(&j.tick(t1)).is_empty());
+    assert_eq!(j.phase(), &Phase::Forming);
+    // Released, c's offer (kept meanwhile) counts: the round forms.
+    let out = j.release_host(t1, "n3").expect("benched");
+    let r = ranks(&out);
+    assert_eq!([r["a"].0, r["b"].0, r["c"].0], [0, 1, 2], "{r:?}");
+    assert_eq!(j.restart_count(), 3);
+}
+
+#[test]
+fn benches_and_failure_counts_survive_a_record_and_a_benched_offer_does_not_count() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 2, 3);
+    ready_all(&mut j, t, 3);
+    // One failure of n1 is counted; round 4 forms with a and c offering.
+    j.failure(t, "a", 3, "exited 1".into(), None);
+    j.ready(t, "a", 4, ("a".into(), 1), None);
+    j.ready(t, "c", 4, ("c".into(), 1), None);
+    assert_eq!(super::fuzzing::internals(&j).ready, 1, "c's offer waits");
+    let t1 = t + Duration::from_secs(10);
+    let record = j.record(t1);
+    assert_eq!(record.benched.len(), 1);
+    assert_eq!(record.benched[0].0, "n3");
+    assert_eq!(
+        record
+            .failure_counts
+            .iter()
+            .map(|(h, at)| (h.as_str(), at.len()))
+            .collect::<Vec<_>>(),
+        [("n1", 1)]
+    );
+    let restored = Job::restore(record.clone(), t1);
+    assert_eq!(restored.record(t1), record, "the same job");
+    assert_eq!(super::fuzzing::internals(&restored).ready, 1);
+    assert_eq!(restored.benched_count(), 1);
+    assert!(restored.is_benched(&restored.members()["c"]));
+    assert_eq!(
+        restored.quarantine().next_expiry(),
+        Some(t + Duration::from_secs(600))
+    );
+}
+
+#[test]
+fn static_ranks_are_never_benched() {
+    let t = Instant::now();
+    let fixed = |host: &str, rank| pb::JoinRequest {
+        max_restarts: 5,
+        ..req(host, 2, Some(rank))
+    };
+    let strict = QuarantinePolicy {
+        after: 1,
+        ..three_strikes()
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&fixed("h", 0))).with_quarantine(Some(strict));
+    j.join(t, "a", &fixed("n1", 0), S).expect("join a");
+    j.join(t, "b", &fixed("n2", 1), S).expect("join b");
+    ready_all(&mut j, t, 0);
+    for round in 0..3 {
+        let out = j.failure(t, "b", round, "exited 1".into(), None);
+        let restart = restart_of(&out).expect("a restart");
+        assert!(!restart.reason.contains("quarantine"), "{}", restart.reason);
+        let r = ranks(&ready_all(&mut j, t, round + 1));
+        assert_eq!((r["a"].0, r["b"].0), (0, 1), "round {}", round + 1);
+    }
+    assert!(j.quarantine().is_empty());
+    assert_eq!(j.benched_count(), 0);
+}
+
+#[test]
+fn a_round_without_a_benched_node_waits_until_it_may_no_longer_run_its_workers() {
+    // Found by the simulator (accel-sim seed 6886): the benched node held
+    // node rank 0 and was still stopping its other workers when the round
+    // formed without it ("every remaining member ready"), giving its ranks
+    // to another node.
+    let t = Instant::now();
+    let strict = QuarantinePolicy {
+        after: 1,
+        ..three_strikes()
+    };
+    let mut j =
+        topo_job(t, 1, 2, &[("a", "n1", ""), ("b", "n2", "")]).with_quarantine(Some(strict));
+    let first = ranks(&ready_all(&mut j, t, 0));
+    assert_eq!((first["a"].0, first["b"].0), (0, 1));
+    j.failure(t, "a", 0, "worker 0 exited with 1".into(), None);
+    assert!(j.is_benched(&j.members()["a"]));
+    // b is every member that may take part, but a (rank 0) has not offered.
+    let out = j.ready(t, "b", 1, ("b".into(), 1), None);
+    assert!(ranks(&out).is_empty(), "formed beside a's workers: {out:?}");
+    assert!(matches!(
+        decide(t, &j),
+        Decision::Wait { last_call_ends: Some(e), .. } if e == t + Duration::from_secs(15)
+    ));
+    // a's offer (kept, not counted) says its workers are gone.
+    let out = j.ready(t, "a", 1, ("a".into(), 1), None);
+    let r = ranks(&out);
+    assert_eq!((r.len(), r["b"].0), (1, 0), "{r:?}");
+    // Without a's offer, the round forms at the drop limit.
+    let mut j =
+        topo_job(t, 1, 2, &[("a", "n1", ""), ("b", "n2", "")]).with_quarantine(Some(strict));
+    ready_all(&mut j, t, 0);
+    j.failure(t, "a", 0, "worker 0 exited with 1".into(), None);
+    assert!(ranks(&j.ready(t, "b", 1, ("b".into(), 1), None)).is_empty());
+    let limit = t + Duration::from_secs(15);
+    for id in ["a", "b"] {
+        j.keep_alive(limit, id);
+    }
+    let r = ranks(&j.tick(limit));
+    assert_eq!((r.len(), r["b"].0), (1, 0), "{r:?}");
+}
