@@ -21,6 +21,12 @@
 //! * (e) **segments**: in a running round of dynamic rendezvous, the nodes
 //!   of each topology path hold one run of node ranks (the server's
 //!   `job::placement`); the chaos run has no paths.
+//! * (f) **quarantine**: no node of a benched host gets a rank in a round
+//!   that forms while its host is benched (`job::quarantine`): benched in
+//!   the job when the round completes, or by a bench the job announced
+//!   earlier that has neither run out nor been released since (a server
+//!   that forgets a bench does not excuse it; a job relearned without a
+//!   store starts without benches).
 //!
 //! The chaos run checks the same properties on real processes' records
 //! (pids, timestamps written by the workers), where an overlap shorter than
@@ -69,7 +75,7 @@ fn split_segment(job: &rendezvous_server::job::Job) -> Option<String> {
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// Which: `a` to `d`.
+    /// Which: `a` to `f`.
     pub invariant: char,
     /// What broke, in a sentence.
     pub what: String,
@@ -122,6 +128,8 @@ pub struct Checker {
     pub violations: Vec<Violation>,
     /// Workers started in all.
     pub started: u32,
+    /// Hosts the job benched, until when (virtual time), as last seen.
+    benches: BTreeMap<String, Duration>,
 }
 
 impl Checker {
@@ -214,6 +222,9 @@ impl Checker {
     pub fn new_job(&mut self, resumed: Option<u64>) {
         let old = self.generation;
         self.generation += 1;
+        // Benches are stored with the job: a job a server relearns or
+        // starts afresh without a store has none.
+        self.benches.clear();
         if let Some(r) = resumed {
             if let Some(ranks) = self.rounds.get(&(old, r)).cloned() {
                 self.rounds.insert((self.generation, r), ranks);
@@ -221,6 +232,42 @@ impl Checker {
             if let Some(world) = self.worlds.get(&(old, r)).copied() {
                 self.worlds.insert((self.generation, r), world);
             }
+        }
+    }
+
+    /// The job benches `host` until `until`.
+    pub fn benched(&mut self, host: String, until: Duration) {
+        let at = self.benches.entry(host).or_default();
+        *at = (*at).max(until);
+    }
+
+    /// An operator ended `host`'s bench.
+    pub fn released(&mut self, host: &str) {
+        self.benches.remove(host);
+    }
+
+    /// The server placed `node` (of `host`) in a round it completed:
+    /// `benched`, whether its host is benched in the job at that moment.
+    pub fn placed(
+        &mut self,
+        host: &str,
+        node: &str,
+        rc: &pb::RoundComplete,
+        benched: bool,
+        at: Duration,
+    ) {
+        let until = self.benches.get(host).copied().filter(|u| *u > at);
+        if benched || until.is_some() {
+            let what = format!(
+                "quarantine: {node} of benched host '{host}' got node rank {} in round {}{}",
+                rc.node_rank,
+                rc.round,
+                match until {
+                    Some(u) => format!(" (benched until {:.3}s)", u.as_secs_f64()),
+                    None => String::new(),
+                }
+            );
+            self.note('f', &what, at);
         }
     }
 

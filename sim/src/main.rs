@@ -3,18 +3,21 @@
 //!
 //! ```text
 //! accel-sim run sim/scenarios/restart_budget.sim [more.sim ...]
-//! accel-sim seeds 0..10000 [--broken-fence]
-//! accel-sim seed 1234 [--trace] [--broken-fence]
+//! accel-sim seeds 0..10000 [--broken-fence] [--broken-quarantine]
+//! accel-sim seed 1234 [--trace] [--broken-fence] [--broken-quarantine]
 //! ```
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: accel-sim run FILE.sim... | seeds A..B [--broken-fence] | seed N [--trace] [--broken-fence]";
+const USAGE: &str = "usage: accel-sim run FILE.sim... | seeds A..B [--broken-fence] [--broken-quarantine] | seed N [--trace] [--broken-fence] [--broken-quarantine]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| args.iter().any(|a| a == f);
-    let broken = flag("--broken-fence");
+    let planted = accel_sim::random::Planted {
+        fence: flag("--broken-fence"),
+        quarantine: flag("--broken-quarantine"),
+    };
     match args.first().map(String::as_str) {
         Some("run") if args.len() > 1 => {
             let mut failed = false;
@@ -50,7 +53,7 @@ fn main() -> ExitCode {
             let (mut ok, mut failed, mut never, mut faulted) = (0u64, 0u64, 0u64, 0u64);
             let mut virtual_s = 0.0;
             for seed in a..b {
-                let r = accel_sim::random::run(seed, broken, false);
+                let r = accel_sim::random::run_with(seed, planted, false);
                 match r.outcome {
                     Some(true) => ok += 1,
                     Some(false) => failed += 1,
@@ -65,8 +68,13 @@ fn main() -> ExitCode {
                         eprintln!("  {v}");
                     }
                     eprintln!(
-                        "  replay: accel-sim seed {seed} --trace{}",
-                        if broken { " --broken-fence" } else { "" }
+                        "  replay: accel-sim seed {seed} --trace{}{}",
+                        if planted.fence { " --broken-fence" } else { "" },
+                        if planted.quarantine {
+                            " --broken-quarantine"
+                        } else {
+                            ""
+                        }
                     );
                 }
             }
@@ -87,7 +95,7 @@ fn main() -> ExitCode {
                 eprintln!("{USAGE}");
                 return ExitCode::from(2);
             };
-            let r = accel_sim::random::run(seed, broken, flag("--trace"));
+            let r = accel_sim::random::run_with(seed, planted, flag("--trace"));
             print!("{}", r.summary);
             for line in r.trace.unwrap_or_default() {
                 println!("{line}");

@@ -1,7 +1,9 @@
 //! Randomized mode: a seed gives a small job and a schedule of faults
 //! (worker failures, agent crashes and restarts, partitions, server crashes
 //! with relearning or failover, link delays and losses), all healed by a
-//! known instant. The run goes on until every agent's life is over, or
+//! known instant. About a third of the seeds run a server with a quarantine
+//! (`--quarantine-after` 1 or 2) and one flaky node, whose workers fail in
+//! several rounds in a row. The run goes on until every agent's life is over, or
 //! until a bound past the healing (a liveness violation), with the
 //! invariants checked after every step and at the end
 //! ([`crate::invariants`]). The same seed always gives the same run, so a
@@ -69,6 +71,8 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
         },
         static_ranks: false,
         failover: rng.bool(),
+        quarantine: None,
+        broken_quarantine: false,
     };
     let nodes = n as usize + usize::from(spare);
     let mut faults = Vec::new();
@@ -121,24 +125,62 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
             }
         }
     }
+    // The quarantine from a generator of its own, so a seed's plan
+    // otherwise (and every finding recorded by seed) is what it was before.
+    let mut q = fastrand::Rng::with_seed(seed ^ 0x0a7a_9e17);
+    let mut spec = spec;
+    if q.u8(..3) == 0 {
+        spec.quarantine = Some(rendezvous_server::job::QuarantinePolicy {
+            after: q.u32(1..=2),
+            window: Duration::from_secs(60),
+            hold: ms(&mut q, 500, 8000),
+        });
+        let at = ms(&mut q, 500, 8000);
+        faults.push((at, Fault::Flaky(q.usize(..nodes), q.u32(1..=3))));
+    }
     faults.sort_by_key(|f| f.0);
     (spec, nodes, faults, healed)
+}
+
+/// Bugs planted in a run, to show the invariants catch them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Planted {
+    /// Every node runs with fencing off.
+    pub fence: bool,
+    /// The server ends every bench as soon as it begins (seeds without a
+    /// quarantine are unaffected).
+    pub quarantine: bool,
 }
 
 /// Runs `seed`; `broken_fence`: every node runs with fencing off (the
 /// planted bug); `trace`: keep every trace line.
 pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
-    let (spec, nodes, faults, healed) = plan(seed);
+    let planted = Planted {
+        fence: broken_fence,
+        quarantine: false,
+    };
+    run_with(seed, planted, trace)
+}
+
+/// Runs `seed` with the `planted` bugs; `trace`: keep every trace line.
+pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
+    let broken_fence = planted.fence;
+    let (mut spec, nodes, faults, healed) = plan(seed);
+    spec.broken_quarantine = planted.quarantine;
     let (spec_static, nproc) = (spec.static_ranks, spec.nproc);
     let mut summary = format!(
-        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, run {:?}\n",
+        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, run {:?}{}\n",
         spec.min_nodes,
         spec.max_nodes,
         nodes,
         spec.nproc,
         spec.max_restarts,
         spec.drop_limit(),
-        spec.run.unwrap_or_default()
+        spec.run.unwrap_or_default(),
+        match &spec.quarantine {
+            Some(q) => format!(", quarantine after {} for {:?}", q.after, q.hold),
+            None => String::new(),
+        }
     );
     for (at, f) in &faults {
         summary.push_str(&format!("  at {:.3}s: {f:?}\n", at.as_secs_f64()));

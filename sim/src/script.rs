@@ -19,7 +19,10 @@
 //!   `run=DURATION|forever` (how long workers run; default until told),
 //!   `term` (how long a worker takes to stop on SIGTERM), `latency`,
 //!   `static` (node `nK` asks for node rank K-1), `failover`
-//!   (`restart-server` restores the job from its record), `seed`.
+//!   (`restart-server` restores the job from its record),
+//!   `quarantine=AFTER:WINDOW:HOLD` (the server's `--quarantine-after`,
+//!   `--quarantine-window`, `--quarantine-for`), `broken-quarantine` (the
+//!   planted bug: the server ends every bench as soon as it begins), `seed`.
 //! - `add-nodes N [broken-fence]`, `add-node [broken-fence] [nproc=K]
 //!   [rank=R] [topology=PATH]`: agents join now; `broken-fence` builds their
 //!   machine without fencing (the planted bug); `nproc`, `rank` (static) and
@@ -27,6 +30,9 @@
 //!   `--topology`.
 //! - `fail-worker NODE rK [code=C]`: local rank K exits with C (default 1).
 //! - `finish [NODE]`: the live workers of NODE (or of every node) exit 0.
+//! - `flaky NODE N`: NODE's local rank 0 exits 1 shortly after each of its
+//!   next N rounds starts (a machine that keeps failing).
+//! - `release NODE`: an operator ends the bench of NODE's host.
 //! - `crash-node NODE`, `restart-node NODE` (a new node id, same host),
 //!   `signal NODE [TERM|INT|HUP|KILL]`.
 //! - `partition NODE`, `heal [NODE]`, `delay NODE|all DURATION`,
@@ -40,7 +46,8 @@
 //!
 //! Conditions are `KEY VALUE` pairs (or `KEY=VALUE`; `KEY~TEXT`: contains):
 //! `phase` (forming, running, succeeded, failed), `round`, `world`,
-//! `restarts`, `members`, `started` (workers started in all), `reason~TEXT`
+//! `restarts`, `members`, `started` (workers started in all), `benched`
+//! (hosts the job benched, by name, comma-separated), `reason~TEXT`
 //! (the job's failure), `ranks contiguous` (the live workers are of the
 //! current round and hold exactly `0..world`), `done` (every agent's life is over), and per node
 //! `NODE.state` (joining, forming, running, recovering, reconnecting,
@@ -152,6 +159,16 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
             "latency" => spec.latency = duration(v)?,
             "static" => spec.static_ranks = true,
             "failover" => spec.failover = true,
+            "quarantine" => {
+                let mut parts = v.split(':');
+                let mut next = || parts.next().ok_or("quarantine=AFTER:WINDOW:HOLD");
+                spec.quarantine = Some(rendezvous_server::job::QuarantinePolicy {
+                    after: number(next()?)?,
+                    window: duration(next()?)?,
+                    hold: duration(next()?)?,
+                });
+            }
+            "broken-quarantine" => spec.broken_quarantine = true,
             "seed" => seed = number(v)?,
             _ => return Err(format!("unknown job setting `{k}`")),
         }
@@ -210,6 +227,10 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
         "round" => job.map_or("gone".into(), |j| j.round().to_string()),
         "restarts" => job.map_or("gone".into(), |j| j.restart_count().to_string()),
         "members" => job.map_or("gone".into(), |j| j.members().len().to_string()),
+        "benched" => job.map_or("gone".into(), |j| {
+            let hosts: Vec<&str> = j.quarantine().benched().map(|(h, _)| h.as_str()).collect();
+            hosts.join(",")
+        }),
         "world" => w.world_size().to_string(),
         "started" => w.checker.started.to_string(),
         "reason" => match w.outcome() {
@@ -353,6 +374,11 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
             };
             w.inject(Fault::Finish(which));
         }
+        "flaky" => {
+            let i = node(w, arg(0)?)?;
+            w.inject(Fault::Flaky(i, number(arg(1)?)?));
+        }
+        "release" => w.inject(Fault::Release(node(w, arg(0)?)?)),
         "crash-node" => w.inject(Fault::CrashNode(node(w, arg(0)?)?)),
         "restart-node" => w.inject(Fault::RestartNode(node(w, arg(0)?)?)),
         "signal" => {

@@ -22,7 +22,9 @@
 //! - **Workers** are records: started by `Action::Start`, they run until
 //!   told (`finish`, `fail-worker`) or for the job's `run` time, and die on a
 //!   stop after `term` (SIGTERM) or at once (SIGKILL). An agent that dies
-//!   takes its workers with it (its guard kills them).
+//!   takes its workers with it (its guard kills them). A *flaky* node's
+//!   local rank 0 exits 1 [`FLAKY_AFTER`] into each of its next rounds (a
+//!   bad machine, for the server's quarantine, [`Spec::quarantine`]).
 //!
 //! # Simplifications
 //! A driver call is not awaited (the real driver blocks on a call for at
@@ -45,7 +47,9 @@ use accel_agent::{AgentError, Ended, Outcome};
 use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;
 use pb::event::Kind;
-use rendezvous_server::job::{AuthError, Job, JobRecord, Phase, Session, SESSION_BYTES};
+use rendezvous_server::job::{
+    AuthError, Job, JobRecord, Phase, QuarantinePolicy, Session, SESSION_BYTES,
+};
 use rendezvous_server::tombstone::Tombstone;
 
 use crate::invariants::{Checker, Violation};
@@ -88,6 +92,11 @@ pub struct Spec {
     /// What `restart-server` does without saying: relearn (no store) or
     /// restore the job from its record (a failover to a replica).
     pub failover: bool,
+    /// The server's `--quarantine-after/-window/-for` (`None`: off).
+    pub quarantine: Option<QuarantinePolicy>,
+    /// The planted quarantine bug: the server ends every bench as soon as
+    /// it begins, so rounds place benched hosts.
+    pub broken_quarantine: bool,
 }
 
 impl Default for Spec {
@@ -114,6 +123,8 @@ impl Default for Spec {
             latency: Duration::from_millis(1),
             static_ranks: false,
             failover: false,
+            quarantine: None,
+            broken_quarantine: false,
         }
     }
 }
@@ -139,6 +150,8 @@ pub const JOB: &str = "sim";
 const JOIN_RETRY: Duration = Duration::from_millis(500);
 /// Lines of trace kept for a failure's report.
 const TRACE_KEEP: usize = 150;
+/// How long a flaky node's worker runs before it fails.
+pub const FLAKY_AFTER: Duration = Duration::from_millis(300);
 
 /// A message in flight.
 #[derive(Debug)]
@@ -338,6 +351,8 @@ pub struct Node {
     pub summary: Option<String>,
     /// Its round info while workers run.
     pub node_rank: Option<u32>,
+    /// Rounds left in which its local rank 0 fails ([`Fault::Flaky`]).
+    pub flaky: u32,
 }
 
 impl Node {
@@ -393,6 +408,12 @@ pub enum Fault {
     /// Probability of losing the server's answers only on a node's link
     /// (its calls, joins included, arrive and take effect).
     DropAnswers(usize, f64),
+    /// The node's local rank 0 exits 1 [`FLAKY_AFTER`] into each of the
+    /// node's next `.1` rounds (a machine that keeps failing).
+    Flaky(usize, u32),
+    /// An operator ends the bench of the node's host
+    /// (`rdzv-server quarantine release HOST`).
+    Release(usize),
 }
 
 /// The simulated cluster.
@@ -591,6 +612,7 @@ impl World {
             held: Vec::new(),
             summary: None,
             node_rank: None,
+            flaky: 0,
         });
         self.fifo.push((Duration::ZERO, Duration::ZERO));
         self.start_join(i, None, true);
@@ -893,7 +915,7 @@ impl World {
                     Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req))
                 }
             };
-            self.server.job = Some(job);
+            self.server.job = Some(job.with_quarantine(self.spec.quarantine));
         }
         let fresh = Session::from_bytes(session_bytes(&mut self.rng));
         let Some(job) = &mut self.server.job else {
@@ -954,9 +976,34 @@ impl World {
 
     /// What follows every change: delivery, tombstone, ended streams, the
     /// next deadline.
-    fn after(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
+    fn after(&mut self, mut out: Vec<rendezvous_server::job::Outbound>) {
+        self.note_benches();
+        if self.spec.broken_quarantine {
+            // The planted bug: every bench ends as soon as it begins.
+            let now = self.std(self.now);
+            if let Some(job) = &mut self.server.job {
+                let hosts: Vec<String> =
+                    job.quarantine().benched().map(|(h, _)| h.clone()).collect();
+                for h in hosts {
+                    out.extend(job.release_host(now, &h).unwrap_or_default());
+                }
+            }
+        }
         self.deliver(out);
         self.schedule();
+    }
+
+    /// Tells the checker the hosts the job benched, and until when.
+    fn note_benches(&mut self) {
+        let Some(job) = &self.server.job else { return };
+        let benches: Vec<(String, Duration)> = job
+            .quarantine()
+            .benched()
+            .map(|(h, b)| (h.clone(), b.until.saturating_duration_since(self.base)))
+            .collect();
+        for (host, until) in benches {
+            self.checker.benched(host, until);
+        }
     }
 
     fn deliver(&mut self, out: Vec<rendezvous_server::job::Outbound>) {
@@ -964,6 +1011,12 @@ impl World {
             self.checker.outbound(&o.event);
             if let Kind::RoundComplete(r) = &o.event {
                 self.server.world = r.world_size;
+                let job = self.server.job.as_ref();
+                let member = job.and_then(|j| j.members().get(&o.to));
+                let host = member.map_or(String::new(), |m| m.hostname.clone());
+                let benched = job.zip(member).is_some_and(|(j, m)| j.is_benched(m));
+                let at = self.now;
+                self.checker.placed(&host, &o.to, r, benched, at);
             }
             let Some(&stream) = self.server.streams.get(&o.to) else {
                 continue;
@@ -1203,15 +1256,21 @@ impl World {
                     let n = &mut self.nodes[i];
                     n.node_rank = Some(info.node_rank);
                     let mut started = Vec::new();
+                    let flaky = n.flaky > 0;
+                    n.flaky = n.flaky.saturating_sub(1);
                     for local in 0..self.nodes[i].nproc {
                         self.next_pid += 1;
+                        let ends = match (flaky && local == 0, self.spec.run) {
+                            (true, _) => Some((self.now + FLAKY_AFTER, Ended::Exited(1))),
+                            (false, run) => run.map(|d| (self.now + d, Ended::Exited(0))),
+                        };
                         let w = Worker {
                             local_rank: local,
                             rank: info.base_rank + local,
                             round: info.round,
                             pid: self.next_pid,
                             alive: true,
-                            ends: self.spec.run.map(|d| (self.now + d, Ended::Exited(0))),
+                            ends,
                         };
                         started.push(w);
                     }
@@ -1621,6 +1680,10 @@ impl World {
                 }
             }
             for (pid, how) in ended {
+                if !how.success() {
+                    // A flaky node's failure is injected as fail-worker's.
+                    self.checker.failures += 1;
+                }
                 self.worker_exit(i, pid, how);
             }
             if self.nodes[i].stopping.as_ref().is_some_and(|s| s.0 <= now) {
@@ -1862,7 +1925,9 @@ impl World {
                 self.server.up = true;
                 if failover {
                     self.server.job = self.server.record.take().map(|r| {
-                        let mut job = Job::restore(r, now);
+                        // A replica has the same flags; the benches come
+                        // with the record.
+                        let mut job = Job::restore(r, now).with_quarantine(self.spec.quarantine);
                         job.handed_over(now);
                         job
                     });
@@ -1887,6 +1952,22 @@ impl World {
                 self.checker.excused.insert(i);
                 self.nodes[i].drop = p;
                 self.nodes[i].drop_answers = true;
+            }
+            Fault::Flaky(i, rounds) => self.nodes[i].flaky = rounds,
+            Fault::Release(i) => {
+                let host = self.nodes[i].name.clone();
+                self.checker.released(&host);
+                let now = self.std(self.now);
+                if let Some(out) = self
+                    .server
+                    .job
+                    .as_mut()
+                    .filter(|_| self.server.up)
+                    .and_then(|j| j.release_host(now, &host))
+                {
+                    self.say(|| format!("server: released {host}"));
+                    self.after(out);
+                }
             }
         }
         self.settle();
@@ -1919,6 +2000,10 @@ fn describe(msg: &Msg) -> String {
 pub fn kind_name(k: &Kind) -> String {
     match k {
         Kind::Joined(j) => format!("joined round {}", j.round),
+        Kind::Waiting(w) if !w.quarantine.is_empty() => format!(
+            "waiting {}/{} (round {}), quarantined for {} ms",
+            w.ready, w.needed, w.round, w.quarantine_left_ms
+        ),
         Kind::Waiting(w) => format!("waiting {}/{} (round {})", w.ready, w.needed, w.round),
         Kind::RoundComplete(r) => format!(
             "round {} complete: node rank {} of {}, world {}, restarts {}",

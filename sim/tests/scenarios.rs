@@ -1,6 +1,6 @@
 //! Runs every scenario script in `sim/scenarios/` (each a port of an
 //! end-to-end test's logic; see `sim/scenarios/README.md`), and shows that
-//! the planted bug's script fails on the fencing invariant.
+//! the planted bugs' scripts fail on their invariants (fencing, quarantine).
 
 use std::path::{Path, PathBuf};
 
@@ -35,10 +35,9 @@ fn every_scenario_script_passes() {
         p.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("known_"))
     };
-    for path in files
-        .iter()
-        .filter(|p| !p.ends_with("planted_fence.sim") && !known(p))
-    {
+    for path in files.iter().filter(|p| {
+        !p.ends_with("planted_fence.sim") && !p.ends_with("planted_quarantine.sim") && !known(p)
+    }) {
         if let Err(e) = run(path) {
             failed.push(e.to_string());
         }
@@ -60,6 +59,24 @@ fn the_planted_fence_bug_is_caught_by_a_script() {
         .expect("the script")
         .replace("add-node broken-fence", "add-node");
     if let Err(e) = accel_sim::script::run("planted_fence.sim (fenced)", &text) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_planted_quarantine_bug_is_caught_by_a_script() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let err = match run(&dir.join("planted_quarantine.sim")) {
+        Ok(_) => panic!("a round that placed a benched host went unnoticed"),
+        Err(e) => e,
+    };
+    assert!(err.why.starts_with("invariant (f)"), "{err}");
+    assert!(err.why.contains("benched host 'n2'"), "{err}");
+    // The same script with the server's benches kept passes.
+    let text = std::fs::read_to_string(dir.join("planted_quarantine.sim"))
+        .expect("the script")
+        .replace(" broken-quarantine", "");
+    if let Err(e) = accel_sim::script::run("planted_quarantine.sim (kept)", &text) {
         panic!("{e}");
     }
 }

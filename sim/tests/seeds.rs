@@ -1,6 +1,7 @@
 //! Randomized mode in the test command: 10,000 seeds of small jobs under
 //! seeded fault schedules, every invariant checked after every step; and
-//! the planted bug (fencing off) caught among the first seeds.
+//! the planted bugs (fencing off; a server that ends every quarantine as
+//! soon as it begins) caught among the first seeds.
 
 use std::time::Instant;
 
@@ -75,6 +76,27 @@ fn the_planted_fence_bug_is_caught_by_random_seeds() {
         "no seed among the first 500 caught a node keeping its ranks with fencing off"
     );
     eprintln!("fencing off: {fencing} of the first 500 seeds break invariant (a)");
+}
+
+#[test]
+fn the_planted_quarantine_bug_is_caught_by_random_seeds() {
+    let planted = accel_sim::random::Planted {
+        fence: false,
+        quarantine: true,
+    };
+    let caught = (0..500)
+        .map(|seed| accel_sim::random::run_with(seed, planted, false))
+        .filter(|r| {
+            r.violations
+                .iter()
+                .any(|v| v.invariant == 'f' && v.what.starts_with("quarantine"))
+        })
+        .count();
+    assert!(
+        caught > 0,
+        "no seed among the first 500 caught a round placing a benched host"
+    );
+    eprintln!("benches ended at once: {caught} of the first 500 seeds break invariant (f)");
 }
 
 #[test]
