@@ -173,3 +173,32 @@ fn a_closed_relearned_job_hands_out_no_placeholder() {
         1
     );
 }
+
+/// A ready member of a benched host rejoined under another host name: its
+/// offer counted again, but a rejoin did not decide, so a round that could
+/// complete (1 ready for nnodes 1) stayed forming until the next tick
+/// (found by the fuzzer's "ready for a round of at most MAX" check).
+#[test]
+fn a_rejoin_that_ends_a_node_s_bench_decides_the_round() {
+    let t = Instant::now();
+    let on = |host: &str| pb::JoinRequest {
+        hostname: host.into(),
+        session: S.to_vec(),
+        ..req(1, 1)
+    };
+    let mut job = Job::new("job", JobConfig::from_join(&on("host-a")));
+    job.join(t, "n0", &on("host-a"), S).expect("join");
+    job.bench_host(t, "host-a", t + Duration::from_millis(1), "why".into());
+    let out = job.ready(t, "n0", 0, ("10.0.0.1".into(), 29500), None);
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o.event, Kind::RoundComplete(_))));
+    let out = job.join(t, "n0", &on("host-b"), S).expect("rejoin");
+    assert!(matches!(out[0].event, Kind::Joined(_)), "{out:?}");
+    assert!(
+        out.iter()
+            .any(|o| matches!(o.event, Kind::RoundComplete(_))),
+        "{out:?}"
+    );
+    assert_eq!(job.phase(), &Phase::Running);
+}

@@ -115,11 +115,14 @@ impl Job {
         let resumed = self.phase == Phase::Running
             && req.resume.as_ref().is_some_and(|r| r.round == self.round)
             && m.rank.is_some();
+        let mut out = vec![joined(node_id, self.round, resumed, session)];
         if renamed {
-            // Its host may be benched, or no longer.
+            // Its host may be benched, or no longer: the forming round may
+            // complete now (found by the rdzv_job fuzz target).
             self.recount_benched();
+            out.extend(self.step(now));
         }
-        vec![joined(node_id, self.round, resumed, session)]
+        out
     }
 
     /// A relearned job: the reconnecting node takes back its placeholder.
