@@ -206,7 +206,7 @@ def store_seeds():
 
 # --- rdzv_job: sequences of rendezvous requests ------------------------------
 
-JOIN, READY, KEEP_ALIVE, FAILURE, SUCCESS, LEAVE, TICK, CLOCK, CLOSE, RESTART = range(10)
+JOIN, READY, KEEP_ALIVE, FAILURE, SUCCESS, LEAVE, TICK, CLOCK, CLOSE, RESTART, QUARANTINE, BENCH = range(12)
 SAME, RANK, RESUME = 1, 2, 4
 
 
@@ -269,6 +269,16 @@ def restart_server():
     return bytes([RESTART])
 
 
+def quarantine(after, window_ms, hold_ms):
+    """The server's quarantine flags (after 0: off)."""
+    return bytes([QUARANTINE, after]) + u32(window_ms) + u32(hold_ms)
+
+
+def bench(host, ms):
+    """Benches a host for ms milliseconds; 0 releases it."""
+    return bytes([BENCH, host]) + u32(ms)
+
+
 def rdzv_seeds():
     two = (2, 2, 4, 3, 3000, 0)
     # Round numbers below are relative: 0 is the job's current round.
@@ -302,6 +312,24 @@ def rdzv_seeds():
     yield "resume-after-restart", formed + failure(0) + join(0, 0, resume=(2, 1, 0, 2)) + ready(0) + ready(1)
     yield "close", formed + close(1) + join(0, 0)
     yield "mismatch", join(0, 0, two) + join(1, 1, (1, 2, 4, 3, 0, 0)) + join(2, 1, (2, 2, 8, 3, 0, 0))
+    # Quarantine: after 2 failures within 60 s a host is benched for 0.2 s.
+    q = quarantine(2, 60_000, 200)
+    three = (2, 3, 1, 5, 3000, 0)
+    trio = q + join(0, 0, three) + join(1, 1) + join(2, 2) + ready(0) + ready(1) + ready(2)
+    yield "quarantine-benches-and-expires", (
+        trio + failure(2) + ready(0) + ready(1) + ready(2) + failure(2) + ready(0) + ready(1) + ready(2)
+        + clock(100) + keep_alive(0) + keep_alive(1) + keep_alive(2) + clock(100) + tick()
+        + ready(0) + ready(1) + ready(2)
+    )
+    yield "quarantine-release-and-bench", (
+        trio + failure(2) + ready(0) + ready(1) + ready(2) + failure(2) + ready(0) + ready(1) + ready(2)
+        + bench(2, 0) + ready(0) + ready(1) + ready(2) + bench(1, 5000) + failure(0) + ready(0) + ready(1)
+        + ready(2)
+    )
+    yield "quarantine-no-room", (
+        quarantine(1, 60_000, 300) + join(0, 0, two) + join(1, 1) + ready(0) + ready(1) + failure(1)
+        + ready(0) + ready(1) + clock(300) + keep_alive(0) + keep_alive(1) + tick()
+    )
     yield "finished-job-ttl", formed + success(0) + success(1) + leave(0) + leave(1) + clock(0xEF) + tick() + join(0, 0, two)
 
 

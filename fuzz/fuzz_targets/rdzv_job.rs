@@ -11,9 +11,13 @@
 //!   `n` within `[min_nodes, max_nodes]` and consistent sizes; a running
 //!   round's participants are unique and every ranked member sits at its
 //!   rank; static ranks are unique and in range;
-//! - members: the ready count equals the members that are ready; nobody is
-//!   ready or succeeded in a way the phase forbids; the success count covers
-//!   the members that succeeded and never exceeds the participants;
+//! - members: the ready count equals the members that are ready and not
+//!   benched, the benched count the members whose host is benched; nobody
+//!   is ready or succeeded in a way the phase forbids; the success count
+//!   covers the members that succeeded and never exceeds the participants;
+//! - quarantine: no member whose host is benched gets a rank in a round
+//!   that completes while it is benched, and a report of a node that is not
+//!   in the running round never benches its host;
 //! - events go only to members (before or after the step), and a round that
 //!   can complete has completed after every step that decides.
 //!
@@ -23,7 +27,7 @@
 //! changes that block only.
 //!
 //! # Input
-//! A sequence of operations, each an opcode byte (mod 10) and its fields.
+//! A sequence of operations, each an opcode byte (mod 12) and its fields.
 //! Numbers are one byte below 0xF0, else 0xF0 and 4 (u32) or 8 (u64) bytes
 //! little-endian. A round is one byte relative to the job's current round
 //! (0 current, 1 next, 2 previous; 3..0xEF that number; 0xF0 and 8 bytes).
@@ -37,7 +41,13 @@
 //!   the node's workers were fenced, not failed; bit 2: exit code 93 with
 //!   the "do not restart" flag); 4 success: node, round;
 //! - 5 leave: node; 6 tick; 7 clock: milliseconds (u32);
-//! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job).
+//! - 8 close: may_rejoin byte; 9 the server restarts (forgets the job);
+//! - 10 the server's quarantine flags: after byte (mod 4; 0: off), window
+//!   and hold in milliseconds (u32 each), for the job and every job it
+//!   creates from then on (as a restart with other flags would);
+//! - 11 a host's bench (an operator, or a server-wide quarantine): host
+//!   byte, milliseconds (u32): 0 releases the host, else benches it for
+//!   that long.
 //!
 //! `fuzz/seeds.py` writes the seeds in `fuzz/corpus/rdzv_job/`. To see what
 //! a crashing input does, replay it with `RDZV_FUZZ_TRACE=1` in the
@@ -53,7 +63,7 @@ use libfuzzer_sys::fuzz_target;
 use pb::event::Kind;
 use rendezvous_server::store::records;
 use rendezvous_server::job::{
-    decide, fuzzing, Decision, Job, Member, Outbound, Phase, Session, SESSION_BYTES,
+    decide, fuzzing, Decision, Job, Member, Outbound, Phase, QuarantinePolicy, Session, SESSION_BYTES,
 };
 
 /// The service's checks of a join (the server's default limits).
@@ -95,7 +105,7 @@ fuzz_target!(|data: &[u8]| {
         let before = server.snapshot();
         let at = input.at;
         let round = |input: &mut Input<'_>, s: &Server| input.round(s.job.as_ref().map_or(0, Job::round));
-        let (out, decides) = match input.byte() % 10 {
+        let (out, decides) = match input.byte() % 12 {
             0 => {
                 let node = input.node();
                 let host = HOSTS[usize::from(input.byte()) % HOSTS.len()];
@@ -160,7 +170,17 @@ fuzz_target!(|data: &[u8]| {
                     });
                     // A "do not restart" code ends the job at once with it.
                     let fatal = (flags & 4 == 4).then_some(93);
+                    let in_round = before.job.as_ref().is_some_and(|j| j.round == r && j.phase == Phase::Running)
+                        && server.job.as_ref().is_some_and(|j| j.members().get(node).is_some_and(|m| m.rank.is_some()));
+                    let benched_before = server.job.as_ref().map(|j| j.quarantine().benched().count());
                     let out = server.failure(node, r, detail, fatal);
+                    if !in_round && same_generation(&server, &before) {
+                        assert_eq!(
+                            server.job.as_ref().map(|j| j.quarantine().benched().count()),
+                            benched_before,
+                            "a report from outside the running round benched a host"
+                        );
+                    }
                     let agreed = server.job.as_ref().is_some_and(|j| j.config().no_restart_exit_code == Some(93));
                     if fatal.is_some() && agreed && out.iter().any(|o| matches!(o.event, Kind::JobFailed(_))) {
                         let j = server.job.as_ref().expect("a job failed");
@@ -194,6 +214,18 @@ fuzz_target!(|data: &[u8]| {
                 let may_rejoin = input.byte() & 1 == 1;
                 (server.close(may_rejoin), false)
             }
+            10 => {
+                let after = u32::from(input.byte() % 4);
+                let window = Duration::from_millis(u64::from(input.u32()));
+                let hold = Duration::from_millis(u64::from(input.u32()));
+                server.set_quarantine((after > 0).then_some(QuarantinePolicy { after, window, hold }));
+                (Vec::new(), false)
+            }
+            11 => {
+                let host = HOSTS[usize::from(input.byte()) % HOSTS.len()];
+                let ms = input.u32();
+                server.bench(host, ms)
+            }
             _ => {
                 server.job = None;
                 (Vec::new(), false)
@@ -204,11 +236,13 @@ fuzz_target!(|data: &[u8]| {
             if let Some(j) = &server.job {
                 let i = fuzzing::internals(j);
                 eprintln!(
-                    "  job: round {} {:?}, restarts {}, ready {}, succeeded {}, participants {:?}",
+                    "  job: round {} {:?}, restarts {}, ready {}, benched {} {:?}, succeeded {}, participants {:?}",
                     j.round(),
                     j.phase(),
                     j.restart_count(),
                     i.ready,
+                    i.benched,
+                    j.quarantine().benched().map(|(h, _)| h).collect::<Vec<_>>(),
                     i.succeeded,
                     &i.participants[..i.participants.len().min(8)]
                 );
@@ -308,6 +342,8 @@ struct Server {
     elapsed: Duration,
     /// Bumped whenever the slot gets a new `Job` (so history resets).
     generation: u64,
+    /// The server's quarantine flags (op 10).
+    quarantine: Option<QuarantinePolicy>,
 }
 
 /// The adapter: the only code that calls the `Job` API, doing what
@@ -319,6 +355,7 @@ impl Server {
             start: Instant::now(),
             elapsed: Duration::ZERO,
             generation: 0,
+            quarantine: None,
         }
     }
 
@@ -335,9 +372,13 @@ impl Server {
         if self.job.is_none() {
             self.generation += 1;
         }
-        let job = self.job.get_or_insert_with(|| match &req.resume {
-            Some(resume) => Job::relearn(now, JOB_ID, req, resume),
-            None => Job::new(JOB_ID, rendezvous_server::job::JobConfig::from_join(req)),
+        let quarantine = self.quarantine;
+        let job = self.job.get_or_insert_with(|| {
+            match &req.resume {
+                Some(resume) => Job::relearn(now, JOB_ID, req, resume),
+                None => Job::new(JOB_ID, rendezvous_server::job::JobConfig::from_join(req)),
+            }
+            .with_quarantine(quarantine)
         });
         match job.join(now, &req.node_id, req, SESSION) {
             Ok(out) => out,
@@ -419,6 +460,32 @@ impl Server {
         out
     }
 
+    /// The quarantine flags, for the job and the jobs created from now on.
+    fn set_quarantine(&mut self, policy: Option<QuarantinePolicy>) {
+        self.quarantine = policy;
+        self.job = self.job.take().map(|j| j.with_quarantine(policy));
+    }
+
+    /// Benches `host` for `ms` milliseconds, or releases it (0); whether
+    /// the step decided (a bench began, or one ended).
+    fn bench(&mut self, host: &str, ms: u32) -> (Vec<Outbound>, bool) {
+        let now = self.now();
+        let Some(j) = self.job.as_mut() else {
+            return (Vec::new(), false);
+        };
+        if ms == 0 {
+            return match j.release_host(now, host) {
+                Some(out) => (out, true),
+                None => (Vec::new(), false),
+            };
+        }
+        let until = now + Duration::from_millis(u64::from(ms));
+        let new = j.quarantine().get(host).is_none();
+        let out = j.bench_host(now, host, until, "benched by the fuzzer".into());
+        let decided = new && j.quarantine().get(host).is_some();
+        (out, decided)
+    }
+
     fn close(&mut self, may_rejoin: bool) -> Vec<Outbound> {
         let now = self.now();
         self.job
@@ -438,6 +505,11 @@ impl Server {
             }),
         }
     }
+}
+
+/// Whether the slot holds the job it held before the step.
+fn same_generation(server: &Server, before: &Snapshot) -> bool {
+    server.generation == before.generation
 }
 
 /// What the checks compare a step's result with.
@@ -493,6 +565,9 @@ fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
         }
     }
     check_events(job, prev, out);
+    if let Err(e) = fuzzing::check_no_benched_rank(job, out) {
+        panic!("quarantine: {e}");
+    }
     check_members(job);
     // What a job store keeps is the whole state: restored, it is the same
     // job. After every step while the job is small (most inputs), so the
@@ -612,8 +687,9 @@ fn check_members(job: &Job) {
     let config = job.config();
     let internals = fuzzing::internals(job);
     let members = job.members();
-    let ready = members.values().filter(|m| m.ready.is_some()).count();
-    assert_eq!(internals.ready as usize, ready, "ready count vs members that are ready");
+    if let Err(e) = fuzzing::check_counts(job) {
+        panic!("{e}");
+    }
 
     let mut requested = BTreeMap::new();
     for (id, m) in members {
@@ -651,21 +727,26 @@ fn check_members(job: &Job) {
             let unheard = members
                 .values()
                 .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded);
+            // Benched members take no place and are not waited for.
             let spare_awaited = config.dead_after.is_some() && {
-                let held: HashSet<u32> = members.values().filter_map(|m| m.rank).collect();
+                let held: HashSet<u32> =
+                    members.values().filter(|m| !job.is_benched(m)).filter_map(|m| m.rank).collect();
                 let mut open: BTreeMap<&str, i64> = BTreeMap::new();
                 for (r, t) in internals.slot_topologies.iter().enumerate() {
                     if let (Some(t), false) = (t, held.contains(&(r as u32))) {
                         *open.entry(t).or_default() += 1;
                     }
                 }
-                for m in members.values().filter(|m| m.rank.is_none() && m.ready.is_some()) {
+                for m in members.values().filter(|m| m.rank.is_none() && m.ready.is_some() && !job.is_benched(m)) {
                     if let Some(n) = open.get_mut(&*m.topology) {
                         *n -= 1;
                     }
                 }
                 members.values().any(|m| {
-                    m.rank.is_none() && m.ready.is_none() && open.get(&*m.topology).is_some_and(|n| *n > 0)
+                    m.rank.is_none()
+                        && m.ready.is_none()
+                        && !job.is_benched(m)
+                        && open.get(&*m.topology).is_some_and(|n| *n > 0)
                 })
             };
             assert!(
