@@ -1309,6 +1309,73 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
+/// Every process descending from `pid` (its children, theirs, and so on),
+/// from the parent pids in `/proc` now. A process whose parent has died has
+/// been handed to init and is no longer found: look before killing.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            // After the name: state, then the parent's pid.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            Some((p, ppid.parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut next = 0;
+    while let Some(&parent) = found.get(next) {
+        for &(p, _) in parents.iter().filter(|(_, pp)| *pp == parent) {
+            if !found.contains(&p) {
+                found.push(p);
+            }
+        }
+        next += 1;
+    }
+    found.split_off(1)
+}
+
+/// Kills `pid`, its process group and every process descending from it,
+/// with the groups those lead, by SIGKILL: a descendant that started its
+/// own session (torchrun's workers do) is out of `pid`'s group. The tree is
+/// stopped first, until a look finds no process in it not yet stopped, so
+/// that none forks a process that escapes, or dies and leaves its children
+/// to init, before it is found.
+pub fn kill_tree(pid: u32) {
+    assert!(pid > 1, "not a process to kill with its tree: {pid}");
+    let signal = |p: u32, sig| {
+        // SAFETY: kill takes plain integers and touches no memory.
+        unsafe { libc::kill(p as libc::pid_t, sig) };
+    };
+    signal(pid, libc::SIGSTOP);
+    let mut tree = vec![pid];
+    loop {
+        let new: Vec<u32> = descendants(pid)
+            .into_iter()
+            .filter(|p| !tree.contains(p))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for p in new {
+            signal(p, libc::SIGSTOP);
+            tree.push(p);
+        }
+    }
+    for p in tree {
+        // SAFETY: getpgid and killpg take plain integers and touch no memory.
+        unsafe {
+            if libc::getpgid(p as libc::pid_t) == p as libc::pid_t {
+                libc::killpg(p as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        signal(p, libc::SIGKILL);
+    }
+}
+
 /// Polls until `f` holds or `limit` passes.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
@@ -1402,6 +1469,36 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     use super::*;
+
+    #[test]
+    fn a_tree_is_killed_with_the_sessions_it_started() {
+        use std::os::unix::process::CommandExt as _;
+        // A process in its own group whose child starts a session of its
+        // own with children of its own, as torchrun does with its workers.
+        let mut root = Command::new("sh")
+            .args([
+                "-c",
+                "setsid sh -c 'sleep 300 & sleep 300' & exec sleep 300",
+            ])
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let mut tree = Vec::new();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                tree = descendants(root.id());
+                tree.len() == 3
+            }),
+            "the tree started: {tree:?}"
+        );
+        kill_tree(root.id());
+        root.wait().expect("wait");
+        assert!(
+            eventually(Duration::from_secs(10), || !tree.iter().any(|&p| alive(p))),
+            "every descendant died: {:?}",
+            tree.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+        );
+    }
 
     #[test]
     fn socket_queues_are_read_from_the_kernel_tables() {

@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    bin, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
+    bin, kill_tree, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
     AccelerateVenv, Finished, Port, ACCELERATE_VERSIONS, PINNED_ACCELERATE,
 };
 use serde_json::Value;
@@ -368,7 +368,7 @@ fn start_machine(
 }
 
 /// Waits for both machines; `false` if either failed or ran past `limit`
-/// (then both process groups are killed).
+/// (then both launches are killed, with their workers).
 fn both_succeed(mut children: Vec<Child>, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     let mut ok = true;
@@ -384,11 +384,11 @@ fn both_succeed(mut children: Vec<Child>, limit: Duration) -> bool {
     }
     for child in &mut children {
         if child.try_wait().expect("wait").is_none() {
-            // The whole group (the launcher and its workers), by the system
-            // call: a `kill` binary that did not take the negative pid left
-            // the wait below blocked for good.
-            // SAFETY: killpg takes plain integers and touches no memory.
-            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
+            // The launcher, its group and its workers, which torchrun starts
+            // in sessions of their own (killing the group alone left them
+            // running), by system calls: a `kill` binary that did not take
+            // the negative pid left the wait below blocked for good.
+            kill_tree(child.id());
             let _ = child.wait();
         }
     }
