@@ -224,7 +224,7 @@ pub struct AgentArgs {
     /// This node's address as other nodes reach it (default: the host name).
     #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
     pub local_addr: Option<String>,
-    /// Where this node sits in the machine, outermost first (e.g. zone-a/rack-3/nvl-0): nodes with the same path get contiguous node ranks (default: from --topology-file, else Slurm's SLURM_TOPOLOGY_ADDR, else the GPUs' NVLink domain in nvidia-smi -q as nvl-<ClusterUUID>/<CliqueId>, else none).
+    /// Where this node sits in the machine, outermost first (e.g. zone-a/rack-3/nvl-0): nodes with the same path get contiguous node ranks (default: from --topology-file, else Slurm's SLURM_TOPOLOGY_ADDR, else the GPUs' NVLink domain in nvidia-smi -q as nvl-CLUSTER_UUID/CLIQUE_ID, else none).
     #[arg(long = "topology", env = "PET_TOPOLOGY", value_name = "PATH")]
     pub topology: Option<String>,
     /// A file holding this node's topology path (see --topology).

@@ -500,6 +500,21 @@ pub const STRANGER_HOST: [&str; 5] = [
     "hostname stranger && exec \"$0\" \"$@\"",
 ];
 
+/// A prefix that runs a command as host `name` (a UTS namespace of its
+/// own, with that host name): for tests of what follows host names (node
+/// ranks, quarantine), `cmd.start_with(&prefix, ...)`.
+pub fn as_host(name: &str) -> Vec<String> {
+    [
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        &format!("hostname {name} && exec \"$0\" \"$@\""),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// A running `rdzv-server`.
 #[derive(Debug)]
 pub struct Server {

@@ -13,24 +13,11 @@ use std::time::Duration;
 use serde_json::Value;
 
 use accel_tests::{
-    bin, http_get, poll_until, records, sample, scratch, status_jobs, Agent, AgentCmd, Record,
-    Server,
+    as_host, bin, http_get, poll_until, records, sample, scratch, status_jobs, Agent, AgentCmd,
+    Record, Server,
 };
 
 const LIMIT: Duration = Duration::from_secs(90);
-
-/// A prefix that runs a command as host `name`.
-fn as_host(name: &str) -> Vec<String> {
-    [
-        "unshare",
-        "--uts",
-        "sh",
-        "-c",
-        &format!("hostname {name} && exec \"$0\" \"$@\""),
-    ]
-    .map(str::to_owned)
-    .to_vec()
-}
 
 fn agent(server: &Server, dir: &Path, host: &str, failing: bool) -> Agent {
     let mut cmd = AgentCmd::c10d(&server.addr, "quarantine")

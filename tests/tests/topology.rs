@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use accel_tests::{eventually, records, scratch, Agent, AgentCmd, Record, Server};
+use accel_tests::{as_host, eventually, records, scratch, Agent, AgentCmd, Record, Server};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -281,4 +281,66 @@ fn without_a_given_path_the_gpus_nvlink_domain_from_nvidia_smi_orders_the_ranks(
         ],
         "{nodes:?}"
     );
+}
+
+/// Hosts `node10`, `node2` and `node1` (each a host of its own) name one
+/// segment three ways (a flag, a file, Slurm's variables): ranks follow the
+/// host names as numbers, and a restart keeps them.
+#[test]
+fn one_segment_from_three_sources_orders_hosts_as_numbers_and_a_restart_keeps_the_order() {
+    let server = Server::start();
+    let dir = scratch("topology-hosts");
+    let file = dir.join("topology");
+    std::fs::write(&file, "dc/rack-1\n").expect("topology file");
+    let start = |host: &str| {
+        let cmd = AgentCmd::c10d(&server.addr, "hosts")
+            .nnodes(3)
+            .nproc(1)
+            .max_restarts(1)
+            .recording(&dir, host)
+            .env("RUN_FOR", "1")
+            // Global rank 0 fails once: one counted restart.
+            .env("FAIL_RANKS", "0")
+            .env("FAIL_UNTIL", "1");
+        let cmd = match host {
+            "node10" => cmd.flag("--topology", "dc/rack-1"),
+            "node2" => cmd.flag("--topology-file", file.display()),
+            _ => cmd
+                .env("SLURM_TOPOLOGY_ADDR", "dc.rack-1.node1")
+                .env("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.switch.node"),
+        };
+        let prefix = as_host(host);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        cmd.start_with(&prefix, &dir, host)
+    };
+    let agents: Vec<_> = ["node10", "node2", "node1"]
+        .into_iter()
+        .map(|h| (h, start(h)))
+        .collect();
+    for (host, a) in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{host}: {}", out.stderr);
+    }
+    let recs = records(&dir);
+    for attempt in ["0", "1"] {
+        let round: Vec<Record> = recs
+            .iter()
+            .filter(|r| r.var("TORCHELASTIC_RESTART_COUNT") == attempt)
+            .cloned()
+            .collect();
+        let ranks: BTreeMap<String, (u32, String, u32, u32, u32)> = nodes(&round);
+        let order: Vec<(&str, u32)> = ranks.iter().map(|(h, row)| (h.as_str(), row.0)).collect();
+        assert_eq!(
+            order,
+            [("node1", 0), ("node10", 2), ("node2", 1)],
+            "attempt {attempt}: {ranks:?}"
+        );
+        for row in ranks.values() {
+            assert_eq!(
+                (row.1.as_str(), row.2, row.3, row.4),
+                ("dc/rack-1", 0, 0, 3),
+                "{ranks:?}"
+            );
+        }
+    }
 }
