@@ -480,10 +480,10 @@ impl Server {
             };
         }
         let until = now + Duration::from_millis(u64::from(ms));
-        let new = j.quarantine().get(host).is_none();
-        let out = j.bench_host(now, host, until, "benched by the fuzzer".into());
-        let decided = new && j.quarantine().get(host).is_some();
-        (out, decided)
+        match j.bench_host(now, host, until, "benched by the fuzzer".into()) {
+            Some(out) => (out, true),
+            None => (Vec::new(), false),
+        }
     }
 
     fn close(&mut self, may_rejoin: bool) -> Vec<Outbound> {

@@ -146,7 +146,7 @@ pub struct ServerArgs {
     /// --quarantine-window: no round places it for --quarantine-for (it
     /// waits as a spare, told why). 0: never.
     #[arg(long, env = "RDZV_QUARANTINE_AFTER", default_value_t = 0, value_name = "N",
-          value_parser = clap::value_parser!(u32).range(0..=1000))]
+          value_parser = clap::value_parser!(u32).range(0..=100))]
     pub quarantine_after: u32,
     /// How far back worker failures count towards a quarantine.
     #[arg(long, env = "RDZV_QUARANTINE_WINDOW", default_value = "1h",

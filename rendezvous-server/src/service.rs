@@ -274,12 +274,12 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::QuarantineRequest>,
     ) -> Result<Response<pb::QuarantineResponse>, Status> {
         let r = request.into_inner();
-        if r.job_id.len() > limits::MAX_NAME_BYTES || r.release.len() > limits::MAX_NAME_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "job_id and release are at most {} bytes",
-                limits::MAX_NAME_BYTES
-            ))
-            .into());
+        // Checked as names: they are logged.
+        if !r.job_id.is_empty() {
+            limits::check_name("job_id", &r.job_id)?;
+        }
+        if !r.release.is_empty() {
+            limits::check_name("release", &r.release)?;
         }
         Ok(Response::new(self.registry()?.quarantine(
             Instant::now(),

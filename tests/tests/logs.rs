@@ -100,10 +100,19 @@ fn default_prefix_and_filters() {
 fn the_log_tree_keeps_every_attempt() {
     let dir = scratch("tree");
     let logs = dir.join("logs");
-    // Local rank 1 fails in attempts 0 and 1; attempt 2 succeeds.
-    let script = "echo attempt-$TORCHELASTIC_RESTART_COUNT-rank-$LOCAL_RANK; echo oops >&2; \
-                  if [ $LOCAL_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 4; fi; sleep 0.3";
+    // Local rank 1 fails in attempts 0 and 1, once rank 0 has written its
+    // lines (a marker file says so: on a loaded machine rank 0's shell may
+    // start after rank 1 failed, and be stopped before it wrote anything);
+    // attempt 2 succeeds.
+    let script = "A=$TORCHELASTIC_RESTART_COUNT; echo attempt-$A-rank-$LOCAL_RANK; echo oops >&2; \
+                  if [ $LOCAL_RANK = 0 ]; then touch \"$MARKS/$A\"; fi; \
+                  if [ $LOCAL_RANK = 1 ] && [ $A -lt 2 ]; then \
+                    i=0; while [ ! -e \"$MARKS/$A\" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
+                    exit 4; fi; sleep 0.3";
+    let marks = dir.join("marks");
+    std::fs::create_dir_all(&marks).expect("marks dir");
     let out = AgentCmd::new()
+        .env("MARKS", marks.display())
         .nproc(2)
         .max_restarts(2)
         .redirects(3)

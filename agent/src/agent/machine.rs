@@ -663,10 +663,19 @@ impl NodeMachine {
             Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason, waiting),
             Kind::JobClosed(c) => self.exit(Err(closed(&c))),
             kind => {
+                let mut deadline = deadline;
                 if let Kind::Waiting(w) = &kind {
                     if w.round == round {
                         waiting = describe_waiting(w);
                         self.progress(now, round, w, &waiting);
+                        if !w.quarantine.is_empty() {
+                            // Quarantined: the round is not late, this node is
+                            // kept out; it waits out the quarantine, then
+                            // join_timeout as any node.
+                            let left = Duration::from_millis(w.quarantine_left_ms);
+                            let until = after_from(now, left);
+                            deadline = deadline.max(after_from(until, self.settings.join_timeout));
+                        }
                     }
                 }
                 self.phase = Phase::Forming {

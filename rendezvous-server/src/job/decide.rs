@@ -201,10 +201,11 @@ pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
 /// topology-following order of the `placement` module.
 pub fn rank_order(job: &Job) -> Vec<String> {
     let mut order: Vec<String> = if job.members.values().any(|m| m.requested_rank.is_some()) {
+        // A member without a rank of its own may be benched.
         let mut v: Vec<_> = job
             .members
             .iter()
-            .filter(|(_, m)| m.ready.is_some())
+            .filter(|(_, m)| m.ready.is_some() && !job.is_benched(m))
             .collect();
         v.sort_by_key(|(_, m)| m.requested_rank);
         v.into_iter().map(|(id, _)| id.clone()).collect()

@@ -84,7 +84,17 @@ impl Job {
             fresh,
         );
         let mut out = vec![joined(node_id, self.round, false, fresh)];
-        if self.phase == Phase::Running {
+        let benched = self
+            .members
+            .get(node_id)
+            .is_some_and(|m| self.is_benched(m));
+        if self.phase == Phase::Running && benched {
+            // Quarantined: nothing to re-form for; it waits, told why.
+            out.push(Outbound {
+                to: node_id.to_owned(),
+                event: Kind::Waiting(self.waiting_of(now, node_id, true)),
+            });
+        } else if self.phase == Phase::Running {
             if (self.participants.len() as u32) < self.config.max_nodes {
                 // A node arriving while a round with free slots runs: re-form with it.
                 out.extend(self.restart(
@@ -164,6 +174,9 @@ impl Job {
         if let Some(m) = self.members.get_mut(node_id) {
             m.rank = Some(resume.node_rank);
         }
+        // The placeholder went without its counts (its made-up host name
+        // could even be benched): count again.
+        self.recount_benched();
         Some(vec![joined(node_id, self.round, true, fresh)])
     }
 

@@ -39,8 +39,13 @@ use pb::event::Kind;
 use super::{Job, Member, Outbound, Phase};
 
 /// Most hosts whose failures are counted, and most hosts benched, per job
-/// (or per server).
-pub const MAX_HOSTS: usize = 4096;
+/// (or per server). They are stored in the job's record, which a store
+/// writes on every change (and etcd takes at most 1.5 MiB a value): with
+/// reasons of at most 256 bytes and at most 100 failures a host, the record's part
+/// stays under half a megabyte, whatever token holders do.
+pub const MAX_HOSTS: usize = 256;
+/// Most bytes of a bench's reason.
+pub(super) const MAX_REASON_BYTES: usize = 256;
 
 /// When a node is benched, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +172,7 @@ impl Quarantine {
         if self.benched.len() >= MAX_HOSTS {
             return false;
         }
+        let reason = crate::limits::truncated(&reason, MAX_REASON_BYTES).to_owned();
         self.benched.insert(
             host.to_owned(),
             Bench {
@@ -315,20 +321,38 @@ impl Job {
     /// Benches `host` until `until` (a server-wide quarantine, or an
     /// operator): a forming round goes on without its nodes; a running
     /// round keeps them until it ends. Its nodes that wait are told why.
+    /// `None`: nothing changed (the job is over, or the host was benched
+    /// already).
     pub fn bench_host(
         &mut self,
         now: Instant,
         host: &str,
         until: Instant,
         reason: String,
-    ) -> Vec<Outbound> {
-        if self.phase.is_terminal() || !self.quarantine.bench(now, host, until, reason) {
-            return Vec::new();
+    ) -> Option<Vec<Outbound>> {
+        if !self.bench_quietly(now, host, until, reason) {
+            return None;
         }
-        self.recount_benched();
         let mut out = self.step(now);
         out.extend(self.tell_host(now, host));
-        out
+        Some(out)
+    }
+
+    /// Benches `host` without deciding anything or telling anyone: for a
+    /// job being created or loaded, whose first tick decides its round.
+    /// False if nothing changed.
+    pub fn bench_quietly(
+        &mut self,
+        now: Instant,
+        host: &str,
+        until: Instant,
+        reason: String,
+    ) -> bool {
+        if self.phase.is_terminal() || !self.quarantine.bench(now, host, until, reason) {
+            return false;
+        }
+        self.recount_benched();
+        true
     }
 
     /// Ends `host`'s bench now (an operator's release); `None`: it was not

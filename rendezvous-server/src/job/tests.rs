@@ -1498,3 +1498,44 @@ fn a_round_without_a_benched_node_waits_until_it_may_no_longer_run_its_workers()
     let r = ranks(&j.tick(limit));
     assert_eq!((r.len(), r["b"].0), (1, 0), "{r:?}");
 }
+
+#[test]
+fn a_benched_host_joining_a_running_job_with_room_waits_without_a_restart() {
+    let t = Instant::now();
+    let (mut j, _) = c_benched(t, 2, 3);
+    ready_all(&mut j, t, 3);
+    assert_eq!(j.phase(), &Phase::Running);
+    // c leaves (its health check, say) and comes back as a new node of
+    // the same host: the running round of two has room, but nothing
+    // would re-form with it.
+    j.leave(t, "c", "the node failed its health check");
+    assert_eq!((j.round(), j.phase()), (3, &Phase::Running));
+    let out = j.join(t, "c2", &at("n3", "", 2, 3), S).expect("joins");
+    assert!(restart_of(&out).is_none(), "{out:?}");
+    let w = waiting_of(&out, "c2").expect("told why it waits");
+    assert!(
+        w.spare && w.quarantine.contains("3 worker failures"),
+        "{w:?}"
+    );
+    assert_eq!((j.round(), j.phase()), (3, &Phase::Running));
+    // A node of another host still scales the job up.
+    let out = j.join(t, "d", &at("n4", "", 2, 3), S).expect("joins");
+    assert!(restart_of(&out).is_some_and(|r| !r.counted), "{out:?}");
+}
+
+#[test]
+fn a_benched_node_without_a_rank_of_its_own_gets_none_in_a_static_job() {
+    let t = Instant::now();
+    let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(0))))
+        .with_quarantine(Some(three_strikes()));
+    j.join(t, "s0", &req("h0", 2, Some(0)), S).expect("join");
+    j.join(t, "s1", &req("h1", 2, Some(1)), S).expect("join");
+    // A member that asked for no rank, on a host benched from outside.
+    j.join(t, "x", &req("bad", 2, None), S).expect("join");
+    j.bench_host(t, "bad", t + Duration::from_secs(60), "why".into())
+        .expect("benched");
+    let out = ready_all(&mut j, t, 0);
+    let r = ranks(&out);
+    assert!(!r.contains_key("x"), "{r:?}");
+    assert_eq!((r["s0"].0, r["s1"].0), (0, 1), "{r:?}");
+}

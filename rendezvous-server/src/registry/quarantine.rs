@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::job::{Job, QuarantineScope};
 
 /// Most hosts one answer lists.
-pub(super) const LIST_LIMIT: usize = 10_000;
+pub(super) const LIST_LIMIT: usize = 1000;
 
 impl Registry {
     /// Whether a bench in one job applies to all.
@@ -38,7 +38,7 @@ impl Registry {
         if self.server_scope() {
             jobs.benches.expire(now);
             for (host, b) in jobs.benches.benched() {
-                let _ = job.bench_host(now, host, b.until, b.reason.clone());
+                job.bench_quietly(now, host, b.until, b.reason.clone());
             }
             // And the other way: what a loaded job holds applies to all.
             for (host, b) in job.quarantine().benched() {
@@ -83,8 +83,9 @@ impl Registry {
                 let Some(e) = jobs.map.get_mut(id) else {
                     continue;
                 };
-                let out = e.job.bench_host(now, &host, b.until, b.reason.clone());
-                self.after(jobs, id, now, out);
+                if let Some(out) = e.job.bench_host(now, &host, b.until, b.reason.clone()) {
+                    self.after(jobs, id, now, out);
+                }
             }
         }
     }
@@ -164,7 +165,13 @@ impl Registry {
     /// Hosts benched now: server-wide ones once, else each job's.
     pub(super) fn quarantined_in(&self, jobs: &Jobs) -> u64 {
         if self.server_scope() {
-            return jobs.benches.benched().count() as u64;
+            // The registry's copy ends its benches lazily: count the live ones.
+            let now = Instant::now();
+            return jobs
+                .benches
+                .benched()
+                .filter(|(_, b)| b.until > now)
+                .count() as u64;
         }
         jobs.map
             .values()

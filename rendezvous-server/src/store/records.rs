@@ -48,7 +48,7 @@ pub const FORMAT: u32 = 1;
 pub const PARTICIPANTS_PER_KEY: usize = 1000;
 /// Most failure instants read per host of a quarantine count (at most
 /// `--quarantine-after` are kept).
-const MAX_COUNTED: usize = 1000;
+const MAX_COUNTED: usize = 100;
 
 /// One job, encoded: the values a store holds for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1349,3 +1349,30 @@ fn a_job_closed_for_a_rejoin_right_after_a_rejoin_is_rejoined_again() {
     );
     assert!(m.sources().workers);
 }
+
+#[test]
+fn a_quarantined_node_waits_out_its_quarantine_then_join_timeout() {
+    let (mut m, t0) = joined();
+    let hour = 3600 * SECOND;
+    m.step(
+        t0,
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: 0,
+            spare: true,
+            max_nodes: 2,
+            members: 3,
+            quarantine: "3 worker failures within 1h".into(),
+            quarantine_left_ms: 3_600_000,
+            ..Default::default()
+        })),
+    );
+    // join_timeout (600 s) alone would have ended it long before.
+    assert!(m.step(t0 + hour, Event::Timer).is_empty());
+    let line = m.last_progress().expect("printed").0.clone();
+    assert!(
+        line.contains("this host is quarantined by the rendezvous"),
+        "{line}"
+    );
+    let text = error(m.step(t0 + hour + 601 * SECOND, Event::Timer)).to_string();
+    assert!(text.contains("did not form within"), "{text}");
+}
