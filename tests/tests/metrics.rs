@@ -54,7 +54,27 @@ fn failing_job(dir: &Path, job: &str, run_for: &str) -> FailingJob {
     let metrics = server.metrics.clone().expect("the server serves metrics");
     let ports: Vec<Port> = (0..2).map(|_| Port::lease()).collect();
     let agent_metrics: Vec<String> = ports.iter().map(Port::loopback).collect();
-    let agents = agent_metrics
+    let agents = failing_agents(&server, dir, job, run_for, "0.2", &agent_metrics);
+    FailingJob {
+        server,
+        metrics,
+        agents,
+        agent_metrics,
+        _ports: ports,
+    }
+}
+
+/// The agents of [`failing_job`], serving their metrics at `agent_metrics`;
+/// the failing worker fails `fail_after` seconds in.
+fn failing_agents(
+    server: &Server,
+    dir: &Path,
+    job: &str,
+    run_for: &str,
+    fail_after: &str,
+    agent_metrics: &[String],
+) -> Vec<Agent> {
+    agent_metrics
         .iter()
         .enumerate()
         .map(|(i, addr)| {
@@ -69,17 +89,11 @@ fn failing_job(dir: &Path, job: &str, run_for: &str) -> FailingJob {
                     ("FAIL_RANKS", "3"),
                     ("FAIL_UNTIL", "1"),
                     ("RUN_FOR", run_for),
+                    ("FAIL_AFTER", fail_after),
                 ])
                 .start(dir, &tag)
         })
-        .collect();
-    FailingJob {
-        server,
-        metrics,
-        agents,
-        agent_metrics,
-        _ports: ports,
-    }
+        .collect()
 }
 
 #[test]
@@ -280,6 +294,16 @@ impl Prometheus {
 
     /// The value of an instant PromQL query that yields one sample.
     fn query(&self, promql: &str) -> Result<f64, String> {
+        let (body, samples) = self.query_all(promql)?;
+        match samples[..] {
+            [one] => Ok(one),
+            _ => Err(body),
+        }
+    }
+
+    /// Every sample's value of an instant PromQL query (NaN for one that is
+    /// not a number), with the answer's body.
+    fn query_all(&self, promql: &str) -> Result<(String, Vec<f64>), String> {
         let encoded: String = promql
             .bytes()
             .map(|b| match b {
@@ -295,13 +319,17 @@ impl Prometheus {
             return Err(format!("HTTP {code}: {body}"));
         }
         let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        match v["data"]["result"].as_array().map(Vec::as_slice) {
-            Some([one]) => one["value"][1]
-                .as_str()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| body.clone()),
-            _ => Err(body),
-        }
+        let result = v["data"]["result"].as_array().ok_or_else(|| body.clone())?;
+        let samples = result
+            .iter()
+            .map(|s| {
+                s["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(f64::NAN)
+            })
+            .collect();
+        Ok((body, samples))
     }
 }
 
@@ -504,4 +532,92 @@ fn readyz_answers_while_sixteen_addresses_hold_every_metrics_connection_idle() {
     agent.signal("TERM");
     let _ = agent.wait(LIMIT);
     drop(server);
+}
+
+/// The Grafana dashboard (`deploy/grafana/accel.json`): well formed, and
+/// every query of every panel returns data (a number, not only NaN) from a
+/// real Prometheus scraping a server and two agents while a job that failed
+/// once runs again.
+#[test]
+fn every_grafana_panel_s_query_returns_data_for_a_running_job() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/accel.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = std::collections::BTreeSet::new();
+    let mut exprs = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "a panel without a title: {p}");
+        assert!(
+            ids.insert(p["id"].as_u64().expect("id")),
+            "id repeated: {p}"
+        );
+        let g = &p["gridPos"];
+        let (x, w) = (g["x"].as_u64().expect("x"), g["w"].as_u64().expect("w"));
+        assert!(x + w <= 24 && g["h"].as_u64().is_some(), "{title}: {g}");
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
+        assert!(
+            p["description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{title}"
+        );
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}");
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            // The variables as Grafana fills them: every job, a window of a minute.
+            let expr = expr
+                .replace("$rdzv_id", ".*")
+                .replace("$__rate_interval", "1m");
+            exprs.push((title.to_owned(), expr));
+        }
+    }
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+
+    let dir = scratch("grafana");
+    let server = Server::start();
+    let metrics = server.metrics.clone().expect("the server serves metrics");
+    let ports: Vec<Port> = (0..2).map(|_| Port::lease()).collect();
+    let agent_metrics: Vec<String> = ports.iter().map(Port::loopback).collect();
+    // Prometheus first, so that it sees the first round form.
+    let prometheus = Prometheus::start(&dir, &metrics, &agent_metrics);
+    poll_until("Prometheus scrapes the server", LIMIT, || match prometheus
+        .query("sum(up{job=\"rdzv-server\"})")
+    {
+        Ok(v) if v == 1.0 => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    // The failure comes 3 s in, once Prometheus scrapes the agents too:
+    // the recovery it times is an increase Prometheus sees.
+    let agents = failing_agents(&server, &dir, "grafana-job", "30", "3", &agent_metrics);
+    // Each query is asked again until it has answered with data once while
+    // the job runs (a rate needs two scrapes; the restart comes 3 s in).
+    let mut answered = std::collections::BTreeSet::new();
+    poll_until("every panel's query returns data", LIMIT, || {
+        let mut empty = Vec::new();
+        for (i, (title, expr)) in exprs.iter().enumerate() {
+            if answered.contains(&i) {
+                continue;
+            }
+            match prometheus.query_all(expr) {
+                Ok((_, v)) if v.iter().any(|x| x.is_finite()) => {
+                    answered.insert(i);
+                }
+                Ok((body, _)) => empty.push(format!("{title}: {expr} -> {body}")),
+                Err(e) => empty.push(format!("{title}: {expr} -> {e}")),
+            }
+        }
+        match empty.is_empty() {
+            true => Ok(()),
+            false => Err(empty.join("\n")),
+        }
+    });
+    for a in agents {
+        a.signal("TERM");
+        let _ = a.wait(LIMIT);
+    }
+    drop(prometheus);
 }
