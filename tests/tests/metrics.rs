@@ -587,7 +587,7 @@ fn every_grafana_panel_s_query_returns_data_for_a_running_job() {
     poll_until("Prometheus scrapes the server", LIMIT, || match prometheus
         .query("sum(up{job=\"rdzv-server\"})")
     {
-        Ok(v) if v == 1.0 => Ok(()),
+        Ok(1.0) => Ok(()),
         other => Err(format!("{other:?}")),
     });
     // The failure comes 3 s in, once Prometheus scrapes the agents too:
