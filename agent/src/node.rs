@@ -52,6 +52,17 @@ pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,accel_process=info,a
 /// messages.
 pub fn run(cfg: Config, prog: &str) -> ExitCode {
     protect_secrets();
+    // As a container's PID 1, a first process of its own reaps orphans and
+    // passes signals on; the agent goes on in its child.
+    match accel_process::init::reap_as_pid1() {
+        Ok(true) => {
+            tracing::debug!("PID 1: a first process reaps orphans; the agent runs as its child")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "this agent is PID 1 and cannot fork a reaper; orphans of its workers will stay zombies")
+        }
+    }
     match execute(cfg) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {

@@ -9,7 +9,8 @@
 //! that kills the workers if the agent dies or freezes ([`guard`]); the fork
 //! server protocol that starts workers as forks of a prepared Python process
 //! ([`fork_server`]), and the zygote that keeps one such process ready for
-//! `--preload` ([`zygote`]); the agent's own hardening (non-dumpable, its
+//! `--preload` ([`zygote`]); reaping orphans as a container's PID 1
+//! ([`init`]); the agent's own hardening (non-dumpable, its
 //! token blanked from its environment block). As a crate of its own it is
 //! compiled without the agent's node, configuration, rendezvous and logs
 //! modules, so none of that can leak in.
@@ -22,6 +23,7 @@
 
 pub mod fork_server;
 pub mod guard;
+pub mod init;
 pub mod sys;
 pub mod zygote;
 

@@ -183,19 +183,30 @@ pub(crate) fn fork_guard(
     (back_read, back_write): (OwnedFd, OwnedFd),
     limit: Option<std::time::Duration>,
 ) -> io::Result<(OwnedFd, OwnedFd)> {
-    // SAFETY: documented precondition: the caller is single-threaded, so the
-    // child inherits no lock held by another thread.
-    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
-        nix::unistd::ForkResult::Child => {
+    match fork_single_threaded().map_err(io::Error::from)? {
+        None => {
             drop(write);
             drop(back_read);
             child(read, back_write, limit)
         }
-        nix::unistd::ForkResult::Parent { .. } => {
+        Some(_) => {
             drop(read);
             drop(back_write);
             Ok((write, back_read))
         }
+    }
+}
+
+/// Forks this process: `None` in the child, the child's pid in the parent.
+///
+/// Must be called while the process has a single thread: only then is
+/// running arbitrary code after `fork` sound.
+pub(crate) fn fork_single_threaded() -> nix::Result<Option<Pid>> {
+    // SAFETY: documented precondition: the caller is single-threaded, so the
+    // child inherits no lock held by another thread.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => Ok(None),
+        nix::unistd::ForkResult::Parent { child } => Ok(Some(child)),
     }
 }
 

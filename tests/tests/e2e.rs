@@ -16,6 +16,7 @@ mod logs;
 mod metrics;
 mod no_restart;
 mod numa;
+mod pid_one;
 mod process_secrets;
 mod quarantine;
 mod restart;
