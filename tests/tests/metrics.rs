@@ -621,3 +621,47 @@ fn every_grafana_panel_s_query_returns_data_for_a_running_job() {
     }
     drop(prometheus);
 }
+
+/// The alert rules (`deploy/prometheus/accel.rules.yml`) pass `promtool
+/// check rules` and their unit tests (`promtool test rules`), and every
+/// series they name is one a running server exposes.
+#[test]
+fn alert_rules_pass_promtool_and_name_series_the_server_exposes() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus");
+    for args in [
+        &["check", "rules", "accel.rules.yml"][..],
+        &["test", "rules", "accel.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&rules)
+            .output()
+            .expect("promtool (Debian's prometheus package, installed by scripts/setup.sh)");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(rules.join("accel.rules.yml")).expect("rules");
+    let mut names: Vec<&str> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("accel_"))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert!(names.len() >= 6, "{names:?}");
+    let server = Server::start();
+    let exposition = scrape(server.metrics.as_deref().expect("metrics")).expect("scrape");
+    for name in names {
+        assert!(
+            exposition
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}{{"))
+                    || l.starts_with(&format!("{name} "))
+                    || l.starts_with(&format!("# TYPE {name} "))),
+            "{name} is not a series rdzv-server exposes:\n{exposition}"
+        );
+    }
+}
