@@ -9,20 +9,61 @@
 //! check runs `nvidia-smi` itself, as accelerate does.)
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// CUDA devices visible to this process: those the NVIDIA driver exposes,
-/// limited to the ones `CUDA_VISIBLE_DEVICES` (from `env`) lists, without
-/// loading any CUDA library (which would make a later `fork` unsafe).
+/// CUDA devices visible to this process, without loading any CUDA library
+/// (which would make a later `fork` unsafe): see [`cuda_devices_in`].
 pub fn cuda_devices(env: &dyn Fn(&str) -> Option<String>) -> u32 {
-    let present = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count() as u32);
-    match env("CUDA_VISIBLE_DEVICES") {
-        Some(v) if present > 0 => {
-            let listed = v.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
-            listed.min(present)
+    cuda_devices_in(Path::new("/"), env)
+}
+
+/// CUDA devices visible to a process whose `/` is `root`:
+/// - the device nodes it may open, `/dev/nvidia0`, `/dev/nvidia1`, ...: in
+///   a container, the ones its runtime gave it. The driver's
+///   `/proc/driver/nvidia/gpus` lists every GPU of the host, and under CDI
+///   injection (the GPU Operator's default) a container sees all of them
+///   there, not only its own;
+/// - only when there is no such node and `NVIDIA_VISIBLE_DEVICES` is unset
+///   (a host whose nodes are not made yet), the driver's list;
+/// - at most as many as `NVIDIA_VISIBLE_DEVICES` lists (`all`: no limit;
+///   `none`, `void` or empty: none), then as `CUDA_VISIBLE_DEVICES` lists.
+pub fn cuda_devices_in(root: &Path, env: &dyn Fn(&str) -> Option<String>) -> u32 {
+    let listed = |v: &str| v.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
+    let runtime = env("NVIDIA_VISIBLE_DEVICES").map(|v| v.trim().to_owned());
+    let nodes = device_nodes(&root.join("dev"));
+    let mut present = match (nodes, &runtime) {
+        (0, None) => {
+            std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).map_or(0, |d| d.count() as u32)
         }
+        (n, _) => n,
+    };
+    match runtime.as_deref() {
+        None | Some("all") => {}
+        Some("" | "none" | "void") => present = 0,
+        Some(list) => present = present.min(listed(list)),
+    }
+    match env("CUDA_VISIBLE_DEVICES") {
+        Some(v) if present > 0 => listed(&v).min(present),
         _ => present,
     }
+}
+
+/// `dev/nvidiaN` entries this process may read and write.
+fn device_nodes(dev: &Path) -> u32 {
+    use nix::unistd::{access, AccessFlags};
+    let Ok(entries) = std::fs::read_dir(dev) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                && access(&e.path(), AccessFlags::R_OK | AccessFlags::W_OK).is_ok()
+        })
+        .count() as u32
 }
 
 /// Physical cores (distinct core ids per package), as psutil counts them;
@@ -97,6 +138,87 @@ mod tests {
         assert_eq!(find_program("nvidia-smi", Some(path.as_ref())), None);
         let only_plain = first.path().display().to_string();
         assert_eq!(find_program("py-spy", Some(only_plain.as_ref())), None);
+    }
+
+    /// A fake root with `gpus` GPUs in the driver's list and `nodes` device
+    /// nodes (plain files stand for them: only their names and modes count).
+    fn machine(gpus: u32, nodes: &[&str]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("tempdir");
+        for i in 0..gpus {
+            let d = root
+                .path()
+                .join(format!("proc/driver/nvidia/gpus/0000:{i:02x}:00.0"));
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let dev = root.path().join("dev");
+        std::fs::create_dir_all(&dev).expect("mkdir");
+        for n in nodes {
+            std::fs::write(dev.join(n), "").expect("node");
+        }
+        root
+    }
+
+    fn env_of<'a>(
+        vars: &'a [(&'static str, &'static str)],
+    ) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn gpus_are_the_device_nodes_a_container_was_given_not_the_host_s() {
+        // CDI: the host's eight GPUs in /proc, two nodes in the container.
+        let cdi = machine(
+            8,
+            &[
+                "nvidia0",
+                "nvidia5",
+                "nvidiactl",
+                "nvidia-uvm",
+                "nvidia-caps",
+            ],
+        );
+        assert_eq!(cuda_devices_in(cdi.path(), &env_of(&[])), 2);
+        assert_eq!(
+            cuda_devices_in(cdi.path(), &env_of(&[("CUDA_VISIBLE_DEVICES", "1")])),
+            1
+        );
+        // The runtime's list limits what is counted.
+        let all = machine(8, &["nvidia0", "nvidia1", "nvidia2", "nvidia3"]);
+        let visible = |v| cuda_devices_in(all.path(), &env_of(&[("NVIDIA_VISIBLE_DEVICES", v)]));
+        assert_eq!(visible("all"), 4);
+        assert_eq!(visible("0,1"), 2);
+        assert_eq!(visible("GPU-8f6c,GPU-1d2e,GPU-77aa"), 3);
+        assert_eq!(visible("none"), 0);
+        assert_eq!(visible("void"), 0);
+        // A bare host whose nodes are not made yet: the driver's list.
+        let bare = machine(4, &["nvidiactl"]);
+        assert_eq!(cuda_devices_in(bare.path(), &env_of(&[])), 4);
+        // In a container given no node, the host's list does not count.
+        assert_eq!(
+            cuda_devices_in(bare.path(), &env_of(&[("NVIDIA_VISIBLE_DEVICES", "all")])),
+            0
+        );
+        // No GPU at all.
+        let none = machine(0, &[]);
+        assert_eq!(cuda_devices_in(none.path(), &env_of(&[])), 0);
+    }
+
+    #[test]
+    fn a_device_node_this_process_may_not_open_is_not_counted() {
+        let m = machine(2, &["nvidia0", "nvidia1"]);
+        let locked = m.path().join("dev/nvidia1");
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).expect("chmod");
+        // Root may open anything: the mode then says nothing.
+        let expected = if nix::unistd::geteuid().is_root() {
+            2
+        } else {
+            1
+        };
+        assert_eq!(cuda_devices_in(m.path(), &env_of(&[])), expected);
     }
 
     #[test]
