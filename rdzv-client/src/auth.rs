@@ -142,10 +142,15 @@ impl Token {
     /// Whether a request's `authorization` value carries this token (the
     /// server's check, compared in constant time).
     pub fn admits(&self, header: Option<&MetadataValue<Ascii>>) -> bool {
-        let Some(value) = header else {
+        self.admits_bytes(header.map(MetadataValue::as_bytes))
+    }
+
+    /// [`Token::admits`] for an `authorization` header's raw bytes (an HTTP
+    /// request's).
+    pub fn admits_bytes(&self, header: Option<&[u8]>) -> bool {
+        let Some(presented) = header else {
             return false;
         };
-        let presented = value.as_bytes();
         let presented = presented.strip_prefix(b"Bearer ").unwrap_or(presented);
         constant_time_eq(presented, self.0.as_bytes())
     }

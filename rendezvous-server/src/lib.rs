@@ -55,6 +55,7 @@ pub mod status;
 pub mod store;
 pub use accel_rdzv_client::tls;
 pub mod tombstone;
+pub mod ui;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -137,7 +138,8 @@ pub async fn serve_with_metrics(
     if let Some(listener) = metrics {
         tokio::spawn(accel_telemetry::http::serve(
             listener,
-            metrics_endpoint(&counters, &seat),
+            metrics_endpoint(&counters, &seat)
+                .with_pages(ui::pages(seat.clone(), options.token.clone())),
             stop.clone(),
         ));
     }

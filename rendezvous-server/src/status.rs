@@ -122,8 +122,14 @@ pub async fn fetch(
 /// "hostname", "node_rank", "state", "topology"}]}]}`; a node without a rank has
 /// `"node_rank": null`, an empty `last_failure` is `null`.
 pub fn render_json(jobs: &[pb::JobInfo]) -> String {
-    let jobs: Vec<serde_json::Value> = jobs
-        .iter()
+    let mut out = serde_json::json!({ "jobs": jobs_json(jobs) }).to_string();
+    out.push('\n');
+    out
+}
+
+/// Each job of [`render_json`]'s document.
+pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
+    jobs.iter()
         .map(|j| {
             let nodes: Vec<serde_json::Value> = j
                 .nodes
@@ -151,10 +157,7 @@ pub fn render_json(jobs: &[pb::JobInfo]) -> String {
                 "nodes": nodes,
             })
         })
-        .collect();
-    let mut out = serde_json::json!({ "jobs": jobs }).to_string();
-    out.push('\n');
-    out
+        .collect()
 }
 
 /// One block per job: a summary line, then one line per node.

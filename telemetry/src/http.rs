@@ -4,8 +4,10 @@
 //!
 //! It is served on its own port, apart from the gRPC service: scrapers and
 //! probes need no token or client certificate, and a flood of them cannot
-//! take connections from agents. In exchange it reveals only aggregates and
-//! states, and it is bounded like every other input: at most
+//! take connections from agents. In exchange its own paths reveal only
+//! aggregates and states (a program's extra [`Pages`] guard what they show
+//! themselves: rdzv-server's status page), and it is bounded like every
+//! other input: at most
 //! [`MAX_CONNECTIONS`] at once and [`MAX_PER_IP`] from one address, one
 //! request per connection, its head (at most 16 KiB) read within
 //! [`HEAD_TIMEOUT`], and each connection closed after
@@ -62,6 +64,50 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// 2 nodes"). Called on every `GET /readyz`; it must not block.
 pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// One `GET` or `HEAD` request, for the program's own pages.
+#[derive(Debug)]
+pub struct Page<'a> {
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The request's headers.
+    pub headers: &'a hyper::HeaderMap,
+    /// The address the connection came from.
+    pub peer: IpAddr,
+}
+
+/// An answer.
+pub type Reply = Response<Full<Bytes>>;
+
+/// Pages a program serves beside `/metrics`, `/healthz` and `/readyz`
+/// (`None`: not one of its paths). Called for every other `GET` or `HEAD`;
+/// it must not block.
+pub type Pages = Arc<dyn Fn(&Page<'_>) -> Option<Reply> + Send + Sync>;
+
+/// An answer with `status`, `content_type`, `body` and `headers` (names in
+/// lower case), never cached.
+pub fn reply(
+    status: u16,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+    headers: &[(&'static str, &'static str)],
+) -> Reply {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    for (name, value) in headers {
+        h.insert(
+            hyper::header::HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    r
+}
+
 /// Where `--metrics-bind` asks the endpoint to listen: `off` (or empty) for
 /// nowhere, else `HOST:PORT` with a literal address (`[::]:29401`,
 /// `127.0.0.1:0`).
@@ -114,6 +160,7 @@ pub struct BindError {
 pub struct Endpoint {
     registry: Arc<Registry>,
     ready: Readiness,
+    pages: Option<Pages>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -128,7 +175,36 @@ impl Endpoint {
         Self {
             registry: Arc::new(registry),
             ready,
+            pages: None,
         }
+    }
+
+    /// The same, also serving `pages`.
+    pub fn with_pages(mut self, pages: Pages) -> Self {
+        self.pages = Some(pages);
+        self
+    }
+
+    /// The answer to `req` from `peer`: the program's pages first, then
+    /// [`Endpoint::respond`].
+    pub fn answer<B>(&self, req: &Request<B>, peer: IpAddr) -> Response<Full<Bytes>> {
+        let (method, path) = (req.method(), req.uri().path());
+        let own = matches!(path, "/metrics" | "/healthz" | "/livez" | "/readyz");
+        if let (Some(pages), false, true) = (
+            &self.pages,
+            own,
+            method == Method::GET || method == Method::HEAD,
+        ) {
+            let page = Page {
+                path,
+                headers: req.headers(),
+                peer,
+            };
+            if let Some(r) = pages(&page) {
+                return r;
+            }
+        }
+        self.respond(method, path)
     }
 
     /// The answer to one request.
@@ -223,7 +299,7 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
             let requested = Slot::clone(&slot);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 requested.requested();
-                let r = endpoint.respond(req.method(), req.uri().path());
+                let r = endpoint.answer(&req, peer.ip());
                 async move { Ok::<_, Infallible>(r) }
             });
             let conn = hyper::server::conn::http1::Builder::new()

@@ -284,12 +284,26 @@ fn sweep_scratch(age: std::time::Duration) {
 /// `GET http://ADDR/PATH` (plain HTTP/1.1): the status code and the body;
 /// `None` if nothing answers.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_get_with(addr, path, &[]).map(|(status, _, body)| (status, body))
+}
+
+/// [`http_get`] with request `headers`; the status code, the response's
+/// head (status line and headers) and its body.
+pub fn http_get_with(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();
@@ -297,7 +311,7 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    Some((status, head.to_owned(), body.to_owned()))
 }
 
 /// The value of the sample `series` (name and labels exactly as exposed,

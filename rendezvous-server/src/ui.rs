@@ -1,0 +1,142 @@
+//! The status page: what `rdzv-server status` prints, as a page that
+//! refreshes by itself, served on the metrics listener (`--metrics-bind`).
+//!
+//! # Why
+//! When a job stalls an operator should look, not read 64 agents' logs.
+//! The server already knows every job, round, node, spare, restart and
+//! last failure; the page shows them, and `GET /api/jobs` gives the same
+//! document as `rdzv-server status --json` to scripts.
+//!
+//! # What is served
+//! - `/` : the page (`ui/index.html`, `ui/app.js`, `ui/app.css`, compiled
+//!   into the binary: no build step, nothing fetched from elsewhere). It
+//!   holds no data, so it is served to anyone; a strict content security
+//!   policy allows only its own script and style, and no framing.
+//! - `/api/jobs`: the jobs (the first [`STATUS_PAGE`]'s worth), as JSON.
+//!
+//! # Who may read the jobs
+//! The data is what `JobStatus` gives, so it is guarded the same way: a
+//! caller must present the rendezvous token (`Authorization: Bearer ...`;
+//! the page asks for it once and keeps it in the tab's session storage),
+//! unless the server has no token (then the gRPC port is open too) or the
+//! caller is on this host (loopback: an SSH or `kubectl port-forward`
+//! tunnel). No secrets are in it: session secrets and the token never are,
+//! command lines are not known to the server.
+
+use std::net::IpAddr;
+
+use accel_telemetry::http::{reply, Page, Pages, Reply};
+use tokio::sync::watch;
+
+use crate::auth::Token;
+use crate::ha::Role;
+use crate::registry::STATUS_PAGE;
+
+const INDEX: &str = include_str!("ui/index.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+const STYLE: &str = include_str!("ui/app.css");
+
+/// Headers of every answer: nothing but the page's own files runs, it is
+/// never framed, and types are as declared.
+const HARDENED: [(&str, &str); 4] = [
+    (
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+         img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+];
+
+/// The status page's routes, for the metrics listener.
+pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
+    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, token.as_ref()))
+}
+
+fn route(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Option<Reply> {
+    Some(match page.path {
+        "/" | "/index.html" => reply(200, "text/html; charset=utf-8", INDEX, &HARDENED),
+        "/app.js" => reply(200, "text/javascript; charset=utf-8", SCRIPT, &HARDENED),
+        "/app.css" => reply(200, "text/css; charset=utf-8", STYLE, &HARDENED),
+        "/api/jobs" => jobs(page, seat, token),
+        _ => return None,
+    })
+}
+
+/// Whether `page`'s caller may read the jobs (see the module docs).
+pub fn admitted(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token>) -> bool {
+    let local = match peer {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    };
+    match token {
+        None => true,
+        Some(t) => local || t.admits_bytes(authorization),
+    }
+}
+
+fn jobs(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
+    let json = "application/json";
+    let authorization = page.headers.get("authorization").map(|v| v.as_bytes());
+    if !admitted(page.peer, authorization, token) {
+        let body = error_json(
+            "this rendezvous requires its token: give it to the page (or send \
+             Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
+        );
+        return reply(401, json, body, &[("www-authenticate", "Bearer")]);
+    }
+    let registry = match &*seat.borrow() {
+        Role::Leader(registry) => registry.clone(),
+        Role::Follower { leader } => {
+            let at = leader.as_deref().unwrap_or("not known yet");
+            let body = error_json(&format!(
+                "this replica follows; the leader (whose page has the jobs) is at {at}"
+            ));
+            return reply(503, json, body, &[]);
+        }
+    };
+    match registry.status("", STATUS_PAGE.1 as u32, "") {
+        Ok(r) => {
+            // `more`: there are more jobs than one page shows.
+            let body = serde_json::json!({
+                "jobs": crate::status::jobs_json(&r.jobs),
+                "more": !r.next_page_token.is_empty(),
+            });
+            reply(200, json, body.to_string() + "\n", &[])
+        }
+        Err(e) => reply(503, json, error_json(&e.to_string()), &[]),
+    }
+}
+
+fn error_json(message: &str) -> String {
+    serde_json::json!({ "error": message }).to_string() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jobs_need_the_token_unless_the_caller_is_on_this_host() {
+        let t = Token::new("0123456789abcdef0123", "test").expect("token");
+        let far: IpAddr = "10.0.0.7".parse().expect("ip");
+        let near: IpAddr = "127.0.0.1".parse().expect("ip");
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
+        assert!(!admitted(far, None, Some(&t)));
+        assert!(!admitted(
+            far,
+            Some(b"Bearer wrong-token-value-000"),
+            Some(&t)
+        ));
+        assert!(admitted(
+            far,
+            Some(b"Bearer 0123456789abcdef0123"),
+            Some(&t)
+        ));
+        assert!(admitted(near, None, Some(&t)));
+        assert!(admitted(mapped, None, Some(&t)));
+        // Without a token the gRPC port is open as well.
+        assert!(admitted(far, None, None));
+    }
+}

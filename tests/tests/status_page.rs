@@ -1,0 +1,132 @@
+//! The status page on rdzv-server's metrics listener: the page and its
+//! files for anyone, the jobs (`/api/jobs`, what `status --json` prints)
+//! only for a caller on the server's host or one presenting the token.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use accel_tests::{http_get_with, poll_until, AgentCmd, Server};
+
+const TOKEN: &str = "status-page-test-token-8d2e41";
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// This host's first address that is not loopback (`hostname -I`).
+fn routable_ip() -> String {
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .expect("hostname -I");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|a| {
+            a.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| !ip.is_loopback())
+        })
+        .expect("an IPv4 address that is not loopback")
+        .to_owned()
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[test]
+fn the_page_is_for_anyone_and_the_jobs_for_this_host_or_the_token() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[],
+        &[("RDZV_TOKEN", TOKEN), ("RDZV_METRICS_BIND", "0.0.0.0:0")],
+    );
+    let port = server
+        .metrics
+        .as_deref()
+        .and_then(|m| m.rsplit(':').next())
+        .expect("metrics port")
+        .to_owned();
+    let near = format!("127.0.0.1:{port}");
+    let far = format!("{}:{port}", routable_ip());
+    let agents: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            AgentCmd::c10d(&server.addr, "page-job")
+                .nnodes(2)
+                .nproc(1)
+                .env("ACCEL_RDZV_TOKEN", TOKEN)
+                .no_python("sleep", &["60"])
+                .start(&accel_tests::scratch("status-page"), name)
+        })
+        .collect();
+
+    // The page and its files, hardened, from anywhere.
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/app.js", "text/javascript"),
+        ("/app.css", "text/css"),
+    ] {
+        let (status, head, body) = http_get_with(&far, path, &[]).expect("answer");
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(
+            header(&head, "content-type").is_some_and(|t| t.starts_with(kind)),
+            "{head}"
+        );
+        let csp = header(&head, "content-security-policy").expect("a CSP");
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+            "{csp}"
+        );
+        assert!(!body.contains(TOKEN));
+    }
+    let (_, _, index) = http_get_with(&far, "/", &[]).expect("page");
+    assert!(
+        index.contains("/app.js") && index.contains("/api/jobs"),
+        "{index}"
+    );
+
+    // The jobs: from this host without the token, the job running on two nodes.
+    let doc = poll_until("the job runs, seen on the page", LIMIT, || {
+        let (status, _, body) = http_get_with(&near, "/api/jobs", &[]).ok_or("no answer")?;
+        let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        let running = v["jobs"][0]["phase"] == "running"
+            && v["jobs"][0]["nodes"]
+                .as_array()
+                .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["state"] == "running"));
+        match (status, running) {
+            (200, true) => Ok(v),
+            _ => Err(format!("{status} {v}")),
+        }
+    });
+    assert_eq!(doc["jobs"][0]["job_id"], "page-job", "{doc}");
+    assert_eq!(doc["more"], false, "{doc}");
+
+    // From another address: refused without the token (saying why), and
+    // with a wrong one; admitted with it.
+    let (status, head, body) = http_get_with(&far, "/api/jobs", &[]).expect("answer");
+    assert_eq!(status, 401, "{head}");
+    assert!(
+        body.contains("requires its token") && !body.contains("page-job"),
+        "{body}"
+    );
+    let (status, _, _) = http_get_with(
+        &far,
+        "/api/jobs",
+        &[("Authorization", "Bearer not-the-token-000000")],
+    )
+    .expect("answer");
+    assert_eq!(status, 401);
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, _, body) =
+        http_get_with(&far, "/api/jobs", &[("Authorization", &bearer)]).expect("answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("page-job"), "{body}");
+    // The metrics stay open to scrapers.
+    let (status, _, _) = http_get_with(&far, "/metrics", &[]).expect("answer");
+    assert_eq!(status, 200);
+    for a in agents {
+        a.signal("TERM");
+        let _ = a.wait(LIMIT);
+    }
+}
