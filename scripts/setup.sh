@@ -47,6 +47,9 @@ command -v nft >/dev/null || need_apt+=(nftables)
 # curl for the benchmarks' scrapes.
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v curl >/dev/null || need_apt+=(curl)
+# Debian's Chromium, headless, for the status page's browser test
+# (tests/tests/status_page.rs).
+command -v chromium >/dev/null || need_apt+=(chromium)
 # The wheels' checks (scripts/check-wheel.sh): readelf reads the binaries'
 # headers (architecture, static); the aarch64 binaries run under qemu-user.
 command -v readelf >/dev/null || need_apt+=(binutils)

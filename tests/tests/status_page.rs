@@ -130,3 +130,58 @@ fn the_page_is_for_anyone_and_the_jobs_for_this_host_or_the_token() {
         let _ = a.wait(LIMIT);
     }
 }
+
+/// The page in a real browser (Debian's `chromium`, headless): its script
+/// runs, fetches the jobs and shows the job, its round and its nodes.
+#[test]
+fn headless_chromium_shows_the_running_job_and_its_nodes() {
+    let server = Server::start();
+    let metrics = server.metrics.clone().expect("metrics");
+    let dir = accel_tests::scratch("status-page-browser");
+    let agents: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            AgentCmd::c10d(&server.addr, "browser-job")
+                .nnodes(2)
+                .nproc(1)
+                .no_python("sleep", &["60"])
+                .start(&dir, name)
+        })
+        .collect();
+    poll_until("the job runs", LIMIT, || {
+        let jobs = accel_tests::status_jobs(&server.addr, &[])?;
+        match jobs.first().map(|j| j["phase"].clone()) {
+            Some(p) if p == "running" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let profile = dir.join("chromium-profile");
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("http://{metrics}/"))
+        .output()
+        .expect("chromium (scripts/setup.sh installs Debian's package)");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && dom.contains("data-job=\"browser-job\""),
+        "the page shows the job: {dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dom.contains("phase-running"), "{dom}");
+    assert_eq!(dom.matches("data-node=").count(), 2, "both nodes: {dom}");
+    assert!(dom.contains("1 job (1 running)"), "the summary line: {dom}");
+    for a in agents {
+        a.signal("TERM");
+        let _ = a.wait(LIMIT);
+    }
+}
