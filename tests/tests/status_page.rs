@@ -164,7 +164,8 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
             "--no-first-run",
             "--disable-extensions",
             "--disable-background-networking",
-            "--virtual-time-budget=5000",
+            // Seven seconds of the page's clock: several of its 2 s polls.
+            "--virtual-time-budget=7000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg("--dump-dom")
@@ -180,6 +181,14 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
     assert!(dom.contains("phase-running"), "{dom}");
     assert_eq!(dom.matches("data-node=").count(), 2, "both nodes: {dom}");
     assert!(dom.contains("1 job (1 running)"), "the summary line: {dom}");
+    // It refreshed by itself, without a reload.
+    let refreshes: u32 = dom
+        .split("data-refreshes=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the refresh count");
+    assert!(refreshes >= 3, "{refreshes} refreshes in 7 s: {dom}");
     for a in agents {
         a.signal("TERM");
         let _ = a.wait(LIMIT);

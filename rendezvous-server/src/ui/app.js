@@ -54,8 +54,13 @@ function jobCard(j) {
   return card;
 }
 
+let refreshes = 0;
+
 function show(doc) {
   const main = document.getElementById("jobs");
+  // How many answers the page has shown since it loaded (it never reloads).
+  refreshes += 1;
+  main.dataset.refreshes = String(refreshes);
   const cards = doc.jobs.map(jobCard);
   if (cards.length === 0) cards.push(el("p", { class: "more" }, "no jobs"));
   if (doc.more) cards.push(el("p", { class: "more" }, "more jobs than one page: rdzv-server status lists them all"));
