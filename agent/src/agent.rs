@@ -207,6 +207,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 silent_replica: String::new(),
                 topology: cfg.topology.clone(),
                 no_restart_exit_code: cfg.no_restart_exit_code.unwrap_or(0),
+                agent_version: env!("CARGO_PKG_VERSION").into(),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).

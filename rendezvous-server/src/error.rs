@@ -17,6 +17,10 @@ pub enum Error {
     /// No job with this id.
     #[error("no job '{0}' on this rendezvous server; join it first")]
     UnknownJob(String),
+    /// The agent is of another release line than the server
+    /// ([`crate::version`]).
+    #[error("{0}")]
+    Incompatible(String),
     /// A release of a host that is not quarantined.
     #[error("host '{0}' is not quarantined there; `rdzv-server quarantine list` shows the hosts that are")]
     NotQuarantined(String),
@@ -75,7 +79,9 @@ impl From<Error> for Status {
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
-            Error::Join(_) | Error::Over { .. } => Code::FailedPrecondition,
+            Error::Join(_) | Error::Over { .. } | Error::Incompatible(_) => {
+                Code::FailedPrecondition
+            }
             Error::UnknownJob(_)
             | Error::NotQuarantined(_)
             | Error::JobGone(_)

@@ -56,6 +56,7 @@ pub mod store;
 pub use accel_rdzv_client::tls;
 pub mod tombstone;
 pub mod ui;
+pub mod version;
 
 use std::future::Future;
 use std::sync::Arc;

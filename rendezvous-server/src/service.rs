@@ -137,6 +137,7 @@ impl Rendezvous for RendezvousService {
             }
         };
         limits::check_join(&req, registry.limits())?;
+        crate::version::check_agent(&req.agent_version).map_err(Error::Incompatible)?;
         let stream = registry.join(Instant::now(), &req, from, new_session()?)?;
         Ok(Response::new(stream))
     }

@@ -657,6 +657,7 @@ impl World {
             silent_replica: String::new(),
             topology: n.topology.clone(),
             no_restart_exit_code: 0,
+            agent_version: String::new(),
         }
     }
 

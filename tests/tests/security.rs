@@ -619,3 +619,34 @@ fn connections_without_the_token_are_few_per_address_and_do_not_linger() {
         .expect("the authenticated connection outlives --auth-timeout");
     drop(anonymous);
 }
+
+/// An agent of another release line is refused when it joins, with both
+/// versions named; one of the server's line, or one too old to say its
+/// version, is admitted.
+#[test]
+fn an_agent_of_another_release_line_is_refused_naming_both_versions() {
+    let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
+    let rt = runtime();
+    let mut c = rt.block_on(client(&server.addr, Some(TOKEN)));
+    let mut newer = join_req("skew", "n1", "h1", 2);
+    newer.agent_version = "9.0.0".into();
+    let e = rt.block_on(c.join(newer)).expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let server_version = env!("CARGO_PKG_VERSION");
+    assert!(
+        e.message().contains("accel-agent 9.0.0 is newer")
+            && e.message()
+                .contains(&format!("rdzv-server {server_version}")),
+        "{}",
+        e.message()
+    );
+    let mut same = join_req("skew", "n2", "h2", 2);
+    same.agent_version = server_version.into();
+    assert!(rt.block_on(c.join(same)).is_ok());
+    // An agent older than the check says nothing: admitted.
+    assert!(rt.block_on(c.join(join_req("skew", "n3", "h3", 2))).is_ok());
+    let mut garbage = join_req("skew", "n4", "h4", 2);
+    garbage.agent_version = "latest".into();
+    let e = rt.block_on(c.join(garbage)).expect_err("refused");
+    assert!(e.message().contains("MAJOR.MINOR.PATCH"), "{}", e.message());
+}

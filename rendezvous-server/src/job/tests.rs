@@ -20,6 +20,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         silent_replica: String::new(),
         topology: String::new(),
         no_restart_exit_code: 0,
+        agent_version: String::new(),
     }
 }
 

@@ -98,6 +98,7 @@ async fn agent(
             String::new()
         },
         no_restart_exit_code: 0,
+        agent_version: env!("CARGO_PKG_VERSION").into(),
     };
     let mut events = client
         .join(req)
