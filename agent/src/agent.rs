@@ -114,16 +114,23 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         Some(fd) => Some(Arc::new(start_fork_server(fd)?)),
     };
     let watched = crate::file_timer::Workers::default();
+    // The rendezvous this node reaches, for a hang's job-wide stacks.
+    let job_stacks = crate::stacks::JobStacks::default();
     let _file_timer = match &cfg.file_timer {
         None => None,
         Some(path) => Some(
-            crate::file_timer::FileTimerServer::start(path, watched.clone(), metrics.clone())
-                .map_err(|e| {
-                    AgentError::io(
-                        "cannot start the FileTimer server (TORCHELASTIC_ENABLE_FILE_TIMER=1)",
-                        e,
-                    )
-                })?,
+            crate::file_timer::FileTimerServer::start(
+                path,
+                watched.clone(),
+                metrics.clone(),
+                job_stacks.clone(),
+            )
+            .map_err(|e| {
+                AgentError::io(
+                    "cannot start the FileTimer server (TORCHELASTIC_ENABLE_FILE_TIMER=1)",
+                    e,
+                )
+            })?,
         ),
     };
     // Preparing the zygote overlaps the rendezvous.
@@ -217,7 +224,8 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             let reach = Arc::new(
                 link::Reach::new(&cfg, endpoints.clone(), leaders, join_req)
                     .with_presence(presence.as_ref().map(|p| p.held()))
-                    .with_answered(answered.clone()),
+                    .with_answered(answered.clone())
+                    .with_stacks(watched.clone(), job_stacks.clone()),
             );
             let joined = tokio::select! {
                 r = reach.join(reach.join_req.clone(), 0, None, deadline) => r.map(Ok),

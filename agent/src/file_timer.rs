@@ -13,7 +13,11 @@
 //! records the hung worker's Python stacks (`py-spy dump`, when installed)
 //! in the worker's error file, so the failure report and the job-wide
 //! root-cause summary show where it hung, then sends the signal; the exit
-//! that follows restarts the job as any failure does.
+//! that follows restarts the job as any failure does. Before the signal,
+//! the agent asks the rendezvous for every rank's stacks (`crate::stacks`),
+//! so the report also says where the other ranks were when this one hung,
+//! grouped; without an answer (no rendezvous reached, or too slow) it dumps
+//! the hung worker alone.
 //!
 //! Everything on the pipe is untrusted: lines are bounded, malformed ones
 //! are dropped, the number of timers is bounded, and only a process in one
@@ -70,6 +74,14 @@ pub const UNOWNED_GRACE: f64 = 60.0;
 
 /// How long collecting a hung worker's stacks may take.
 const STACKS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the job-wide collection of a hang may take (the nodes get four
+/// fifths of it): the hung worker keeps running meanwhile, nothing else waits.
+const JOB_STACKS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most of the job-wide stacks a hung worker's error file carries (the
+/// failure report's text is bounded at 64 KiB).
+const JOB_STACKS_IN_REPORT: usize = 40 * 1024;
 
 /// How long a request of a process that is not (yet) a worker waits for
 /// the agent to record the round's workers.
@@ -340,6 +352,8 @@ pub struct Watched {
     pub pid: i32,
     /// Its global rank.
     pub rank: u32,
+    /// Its local rank.
+    pub local_rank: u32,
     /// Its `TORCHELASTIC_ERROR_FILE`, in its rank directory's handle.
     pub error_file: crate::files::FileAt,
 }
@@ -364,11 +378,13 @@ impl Drop for FileTimerServer {
 impl FileTimerServer {
     /// Makes the named pipe at `path` (replacing an old pipe there, as
     /// torchrun does; refusing any other file) and serves it; dropped
-    /// requests are counted in `metrics`.
+    /// requests are counted in `metrics`; a hang's job-wide stacks are asked
+    /// through `job`.
     pub fn start(
         path: &Path,
         workers: Workers,
         metrics: crate::metrics::AgentMetrics,
+        job: crate::stacks::JobStacks,
     ) -> io::Result<Self> {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
@@ -403,7 +419,7 @@ impl FileTimerServer {
                 ),
             ));
         }
-        let task = tokio::spawn(serve(pipe, workers, metrics));
+        let task = tokio::spawn(serve(pipe, workers, metrics, job));
         Ok(Self {
             path: path.to_path_buf(),
             task,
@@ -427,6 +443,7 @@ async fn serve(
     mut pipe: tokio::net::unix::pipe::Receiver,
     workers: Workers,
     metrics: crate::metrics::AgentMetrics,
+    job: crate::stacks::JobStacks,
 ) {
     let mut timers = Timers::default();
     let mut pending = Pending::default();
@@ -521,9 +538,9 @@ async fn serve(
                         debug!(pid = e.pid, "a FileTimer expired for a worker already being stopped; ignored");
                         continue;
                     }
-                    let (workers, acting) = (workers.clone(), acting.clone());
+                    let (workers, acting, job) = (workers.clone(), acting.clone(), job.clone());
                     tokio::spawn(async move {
-                        act(&e, &worker, &workers).await;
+                        act(&e, &worker, &workers, &job).await;
                         lock(&acting).remove(&group);
                     });
                 }
@@ -551,14 +568,14 @@ fn owner(pid: i32, watched: &[Watched]) -> Option<&Watched> {
 
 /// An expired timer of `worker`'s process group: the stacks into the
 /// worker's error file, then the signal, if `workers` still lists it.
-async fn act(e: &Expired, worker: &Watched, workers: &Workers) {
+async fn act(e: &Expired, worker: &Watched, workers: &Workers, job: &crate::stacks::JobStacks) {
     let scopes = e.scopes.join("', '");
     if e.signal <= 0 {
         warn!(pid = e.pid, rank = worker.rank, scopes = %scopes, "a FileTimer expired, but its client asked for no signal; the worker is left running");
         return;
     }
     warn!(pid = e.pid, rank = worker.rank, scopes = %scopes, "a FileTimer expired: the worker hung; collecting its stacks, then stopping it");
-    let stacks = stacks(e.pid).await;
+    let stacks = hung_stacks(e.pid, worker.rank, job).await;
     let message = format!(
         "FileTimer '{scopes}' expired: rank {} (pid {}) hung past its expires(after=...)",
         worker.rank, e.pid
@@ -580,36 +597,32 @@ async fn act(e: &Expired, worker: &Watched, workers: &Workers) {
     let _ = nix::sys::signal::kill(Pid::from_raw(e.pid), sig);
 }
 
-/// The Python stacks of `pid`, from `py-spy dump`, or why there are none.
-async fn stacks(pid: i32) -> String {
-    let Some(py_spy) = crate::probe::program("py-spy") else {
-        return "(no stacks: py-spy is not installed; `pip install py-spy` on the nodes to see where a hung worker is)".into();
-    };
-    let run = tokio::process::Command::new(&py_spy)
-        .args(["dump", "--pid", &pid.to_string()])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(STACKS_TIMEOUT, run).await {
-        Ok(Ok(out)) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            text.chars().take(64 * 1024).collect()
+/// The hung worker's stacks, then every rank's, grouped, as the
+/// rendezvous collected them; the hung worker's alone (its own `py-spy
+/// dump`) when the collection has no answer for it.
+async fn hung_stacks(pid: i32, rank: u32, job: &crate::stacks::JobStacks) -> String {
+    let grouped = match job.collect(JOB_STACKS_TIMEOUT).await {
+        Ok((job_id, r)) => {
+            let own = r
+                .groups
+                .iter()
+                .find(|g| g.ranks.iter().any(|k| k.rank == rank))
+                .map(|g| g.stack.clone());
+            let all = rendezvous_server::stacks::render(&job_id, &r);
+            let all = accel_rdzv_client::limits::truncated(&all, JOB_STACKS_IN_REPORT);
+            let all = format!("\nEvery rank's stacks when rank {rank} hung, grouped (`rdzv-server stacks`):\n{all}");
+            match own {
+                Some(own) => return format!("{own}{all}"),
+                None => Some(all),
+            }
         }
-        Ok(Ok(out)) => format!(
-            "(no stacks: {} failed: {})",
-            py_spy.display(),
-            String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .chars()
-                .take(2000)
-                .collect::<String>()
-        ),
-        Ok(Err(e)) => format!("(no stacks: cannot run {}: {e})", py_spy.display()),
-        Err(_) => format!(
-            "(no stacks: py-spy did not answer within {} s)",
-            STACKS_TIMEOUT.as_secs()
-        ),
-    }
+        Err(why) => {
+            warn!(error = %why, "could not collect the job's stacks; dumping the hung worker's alone");
+            None
+        }
+    };
+    let own = crate::stacks::dump(pid, false, STACKS_TIMEOUT).await;
+    format!("{own}{}", grouped.unwrap_or_default())
 }
 
 /// Writes torch's error-file format, which the failure report reads: 0600,
@@ -722,6 +735,7 @@ mod tests {
         let w = |pid| Watched {
             pid,
             rank: 3,
+            local_rank: 1,
             error_file: crate::files::FileAt::new(dir.clone(), "null"),
         };
         assert_eq!(owner(me, &[w(group)]).map(|w| w.rank), Some(3));

@@ -65,6 +65,7 @@ pub mod numa;
 pub mod probe;
 mod rendezvous;
 pub(crate) mod signal;
+pub mod stacks;
 pub(crate) mod supervisor;
 mod sys;
 pub mod testing;

@@ -409,6 +409,11 @@ impl RdzvClient {
         &self.session
     }
 
+    /// The job joined.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
     /// The replica that took the join, `(host, port)`.
     pub fn server(&self) -> &(String, u16) {
         &self.server
@@ -494,6 +499,35 @@ impl RdzvClient {
             session: self.session.clone(),
         });
         self.inner.report_success(req).await.map(drop)
+    }
+
+    /// Answers the server's `StacksRequested` numbered `request_id` with
+    /// this node's workers' stacks.
+    pub async fn report_stacks(
+        &mut self,
+        request_id: u64,
+        workers: Vec<pb::WorkerStack>,
+    ) -> Result<(), Status> {
+        let req = self.request(pb::ReportStacksRequest {
+            job_id: self.job_id.clone(),
+            node_id: self.node_id.clone(),
+            session: self.session.clone(),
+            request_id,
+            workers,
+        });
+        self.inner.report_stacks(req).await.map(drop)
+    }
+
+    /// Asks the server for every worker's stacks in this node's job,
+    /// grouped; the server waits at most `timeout` for the nodes.
+    pub async fn job_stacks(&mut self, timeout: Duration) -> Result<pb::StacksResponse, Status> {
+        let mut req = tonic::Request::new(pb::StacksRequest {
+            job_id: self.job_id.clone(),
+            native: false,
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        });
+        req.set_timeout(timeout + Duration::from_secs(2));
+        self.inner.stacks(req).await.map(|r| r.into_inner())
     }
 
     /// Leaves the job; `unhealthy`: because the node failed its health

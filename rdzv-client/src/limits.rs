@@ -8,6 +8,11 @@
 
 /// Most text a failure report may carry (reason, message, traceback, file).
 pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
+/// Longest stack one worker may report (`ReportStacks`), in bytes.
+pub const MAX_STACK_BYTES: usize = 64 * 1024;
+/// Most stack text one node reports at once: its workers share it, so the
+/// request stays under the server's request bound (256 KiB).
+pub const MAX_STACKS_REPORT_BYTES: usize = 224 * 1024;
 /// Longest leave reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
 

@@ -180,6 +180,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the Python stacks of every worker of a running job (`py-spy dump`
+    /// on each node), grouped by identical stacks, the fewest ranks first: the
+    /// odd rank out of a hung job leads.
+    Stacks {
+        /// The job: its --rdzv-id.
+        job: String,
+        /// Which server, and how to reach it.
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Native (C/C++) frames too (py-spy --native; slower).
+        #[arg(long)]
+        native: bool,
+        /// How long to wait for the nodes' answers (at most 60s); nodes that
+        /// have not answered by then are named.
+        #[arg(long, default_value = "10s", value_parser = DurationParser)]
+        timeout: Duration,
+        /// Print one JSON document (`{"groups": [...]}`) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the quarantined hosts of a running rdzv-server (--quarantine-after), or release one.
     Quarantine {
         /// What to do.

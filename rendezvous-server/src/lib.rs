@@ -51,6 +51,7 @@ pub mod presence;
 pub mod registry;
 pub mod service;
 pub mod signal;
+pub mod stacks;
 pub mod status;
 pub mod store;
 pub use accel_rdzv_client::tls;

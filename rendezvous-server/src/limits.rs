@@ -20,8 +20,12 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// the same ten years as any duration a person types.
 pub use accel_input::MAX_DURATION;
 pub use accel_rdzv_client::limits::{
-    printable, printable_keeping, truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES,
+    printable, printable_keeping, truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES, MAX_STACK_BYTES,
 };
+/// Most workers one node runs (and reports stacks of): a world is at most
+/// PyTorch's 2^31 ranks, but one node's processes are bounded by its pids;
+/// this bound only keeps a stacks report's list short.
+pub const MAX_WORKERS_PER_NODE: usize = 4096;
 /// Highest round a resuming node may report: far beyond any job's life (a
 /// round takes at least the workers' start), far below where the round
 /// counter could overflow.
@@ -218,6 +222,26 @@ pub fn check_failure(req: &pb::ReportFailureRequest) -> Result<(), Error> {
         return Err(invalid(format!(
             "a no-restart failure must carry an exit code of 1..=255, not {}",
             req.exit_code
+        )));
+    }
+    Ok(())
+}
+
+/// A node's stacks report (`ReportStacks`).
+pub fn check_stacks(req: &pb::ReportStacksRequest) -> Result<(), Error> {
+    check_name("job_id", &req.job_id)?;
+    check_name("node_id", &req.node_id)?;
+    if req.workers.len() > MAX_WORKERS_PER_NODE {
+        return Err(invalid(format!(
+            "a stacks report lists at most {MAX_WORKERS_PER_NODE} workers, not {}",
+            req.workers.len()
+        )));
+    }
+    if let Some(w) = req.workers.iter().find(|w| w.stack.len() > MAX_STACK_BYTES) {
+        return Err(invalid(format!(
+            "rank {}'s stack is {} bytes, more than {MAX_STACK_BYTES}",
+            w.rank,
+            w.stack.len()
         )));
     }
     Ok(())

@@ -29,6 +29,7 @@ fn main() -> ExitCode {
                 let name = match command {
                     Command::Status { .. } => "status",
                     Command::Quarantine { .. } => "quarantine",
+                    Command::Stacks { .. } => "stacks",
                 };
                 eprintln!("rdzv-server {name}: {e}");
                 ExitCode::FAILURE

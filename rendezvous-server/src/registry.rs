@@ -146,6 +146,8 @@ pub struct Registry {
     metrics: ServerMetrics,
     /// One flush at a time, so batches reach the store in the order taken.
     flushing: Arc<tokio::sync::Mutex<()>>,
+    /// Stack collections under way ([`crate::stacks`]).
+    stacks: Arc<crate::stacks::Desk>,
 }
 
 impl Registry {
@@ -166,6 +168,7 @@ impl Registry {
             lease: None,
             metrics: ServerMetrics::default(),
             flushing: Arc::default(),
+            stacks: Arc::default(),
         }
     }
 
@@ -1156,6 +1159,7 @@ mod commit;
 mod deadlines;
 mod graves;
 mod quarantine;
+mod stacks;
 mod tally;
 
 #[cfg(test)]

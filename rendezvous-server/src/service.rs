@@ -24,7 +24,7 @@ use crate::auth::new_session;
 use crate::error::Error;
 use crate::ha::{Complaint, Role};
 use crate::job::Job;
-use crate::limits::{self, printable, printable_failure};
+use crate::limits::{self, printable, printable_failure, printable_keeping};
 use crate::registry::{NodeStream, Registry};
 
 /// The `accel.rendezvous.v1.Rendezvous` service.
@@ -287,6 +287,48 @@ impl Rendezvous for RendezvousService {
             &r.job_id,
             &r.release,
         )?))
+    }
+
+    async fn stacks(
+        &self,
+        request: Request<pb::StacksRequest>,
+    ) -> Result<Response<pb::StacksResponse>, Status> {
+        let r = request.into_inner();
+        limits::check_name("job_id", &r.job_id)?;
+        let timeout = crate::stacks::timeout_of(r.timeout_ms);
+        let mut done = self.registry()?.stacks(&r.job_id, r.native, timeout)?;
+        let answer = done
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Status::unavailable("the stack collection was abandoned; retry"))?
+            .clone()
+            .ok_or_else(|| Status::internal("the stack collection ended without an answer"))?;
+        Ok(Response::new((*answer).clone()))
+    }
+
+    async fn report_stacks(
+        &self,
+        request: Request<pb::ReportStacksRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let r = request.into_inner();
+        limits::check_stacks(&r)?;
+        let workers = r
+            .workers
+            .into_iter()
+            .map(|w| pb::WorkerStack {
+                // Stored and printed: control characters escaped, lines kept.
+                stack: printable_keeping(&w.stack, true),
+                ..w
+            })
+            .collect();
+        ignore_non_member(self.registry()?.report_stacks(
+            &r.job_id,
+            &r.node_id,
+            &r.session,
+            r.request_id,
+            workers,
+        ))?;
+        Ok(Response::new(pb::Ack {}))
     }
 }
 

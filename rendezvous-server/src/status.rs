@@ -1,6 +1,6 @@
 //! The client subcommands of `rdzv-server`: `status` asks a running server
 //! for its jobs and prints them; `quarantine list|release` shows and ends
-//! quarantines.
+//! quarantines; `stacks` prints a job's stacks, grouped.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -227,6 +227,36 @@ pub async fn quarantine(
         .into_inner())
 }
 
+/// Asks the server at `endpoint` for the grouped stacks of `job`'s workers,
+/// waiting at most `timeout` for its nodes.
+pub async fn stacks(
+    endpoint: &str,
+    job: &str,
+    native: bool,
+    timeout: Duration,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+) -> Result<pb::StacksResponse, StatusError> {
+    let mut client = connect(endpoint, token, tls).await?;
+    let timeout = timeout.clamp(crate::stacks::MIN_TIMEOUT, crate::stacks::MAX_TIMEOUT);
+    let mut request = tonic::Request::new(pb::StacksRequest {
+        job_id: job.to_owned(),
+        native,
+        timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+    });
+    // The server answers by its own deadline; this one is for a server
+    // that went away.
+    request.set_timeout(timeout + Duration::from_secs(10));
+    Ok(client
+        .stacks(request)
+        .await
+        .map_err(|s| StatusError::Call {
+            endpoint: endpoint.to_owned(),
+            message: s.message().to_owned(),
+        })?
+        .into_inner())
+}
+
 /// The quarantined hosts, one line each (`rdzv-server quarantine list`).
 pub fn render_quarantine(hosts: &[pb::QuarantinedHost]) -> String {
     let mut out = String::new();
@@ -289,6 +319,29 @@ pub async fn run(
             Ok(match json {
                 true => render_json(&jobs),
                 false => render(&jobs),
+            })
+        }
+        Command::Stacks {
+            job,
+            client,
+            native,
+            timeout,
+            json,
+        } => {
+            let (token, tls) = reach(client)?;
+            let r = stacks(
+                &client.endpoint,
+                job,
+                *native,
+                *timeout,
+                token.as_ref(),
+                &tls,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(match json {
+                true => crate::stacks::render_json(job, &r),
+                false => crate::stacks::render(job, &r),
             })
         }
         Command::Quarantine {

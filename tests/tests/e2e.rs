@@ -24,6 +24,7 @@ mod security;
 mod shared_node_files;
 mod shutdown;
 mod slurm;
+mod stacks;
 mod status_page;
 mod store_admission;
 mod store_bounds;

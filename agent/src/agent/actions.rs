@@ -228,6 +228,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                         .map(|(i, (pid, file))| crate::file_timer::Watched {
                             pid,
                             rank: info.base_rank + i as u32,
+                            local_rank: i as u32,
                             error_file: file.clone(),
                         })
                         .collect(),

@@ -148,6 +148,10 @@ pub(crate) struct Reach {
     /// Agent-only rendezvous: this node's presence key, which must be in
     /// etcd before it joins (the leader drops a member without one).
     presence: Option<rendezvous_server::presence::Held>,
+    /// The running round's workers, whose stacks the server may ask for.
+    workers: crate::file_timer::Workers,
+    /// Where a hang's job-wide collection finds the link now serving.
+    job_stacks: crate::stacks::JobStacks,
 }
 
 /// The most a node waits for an answer before it takes its server for
@@ -193,7 +197,21 @@ impl Reach {
             drop_limit: cfg.rdzv.dead_after(),
             answered: Answered::default(),
             presence: None,
+            workers: crate::file_timer::Workers::default(),
+            job_stacks: crate::stacks::JobStacks::default(),
         }
+    }
+
+    /// The same, answering the server's requests for the stacks of
+    /// `workers`, and handing each link's client to `job_stacks`.
+    pub(crate) fn with_stacks(
+        mut self,
+        workers: crate::file_timer::Workers,
+        job_stacks: crate::stacks::JobStacks,
+    ) -> Self {
+        self.workers = workers;
+        self.job_stacks = job_stacks;
+        self
     }
 
     /// The same, keeping the fence clock in `answered` (the agent's one).
@@ -324,6 +342,7 @@ impl RdzvLink {
     ) -> Self {
         let answered = reach.answered.clone();
         answered.note(client.sent());
+        reach.job_stacks.serve(client.clone());
         let (keep_alive, silent) = spawn_keep_alive(
             client.clone(),
             reach.keep_alive_interval,
@@ -467,6 +486,16 @@ impl Link for RdzvLink {
                 },
                 why = probe_ends(&mut self.probe, silence) => Heard::Silent { why, since },
                 ev = events.message() => match ev {
+                    Ok(Some(pb::Event { kind: Some(pb::event::Kind::StacksRequested(req)) })) => {
+                        // Answered beside the driver: it changes nothing
+                        // about the node's rounds.
+                        tokio::spawn(crate::stacks::answer(
+                            self.client.clone(),
+                            req,
+                            self.reach.workers.clone(),
+                        ));
+                        Heard::Nothing
+                    }
                     Ok(Some(pb::Event { kind: Some(kind) })) => Heard::Message(kind),
                     Ok(Some(_)) => Heard::Nothing,
                     Ok(None) => Heard::Lost("the rendezvous ended this node's session".into()),

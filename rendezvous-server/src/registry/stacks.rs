@@ -1,0 +1,113 @@
+//! The registry's side of job-wide stacks ([`crate::stacks`] has the why):
+//! asking the round's nodes down their streams, and taking their answers
+//! once their session secret is checked.
+
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+use pb::event::Kind;
+use tracing::info;
+
+use super::{authorize, Registry};
+use crate::error::Error;
+use crate::stacks::{agent_budget, Answer, Begin, Done};
+
+impl Registry {
+    /// Begins collecting the stacks of job `job_id`'s running round (or
+    /// joins the collection under way): each node of the round that has a
+    /// stream is sent `StacksRequested`. The answer arrives on the returned
+    /// watch once every node asked answered, or after `timeout`.
+    pub fn stacks(&self, job_id: &str, native: bool, timeout: Duration) -> Result<Done, Error> {
+        self.acting()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut guard = self.lock();
+        let jobs = &mut *guard;
+        let entry = jobs
+            .map
+            .get_mut(job_id)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+        let participants = entry.job.participants();
+        let collection = match self.stacks.begin(job_id, participants.len())? {
+            Begin::UnderWay(done) => return Ok(done),
+            Begin::New(c) => c,
+        };
+        let ask = Kind::StacksRequested(pb::StacksRequested {
+            request_id: collection.id,
+            native,
+            timeout_ms: u32::try_from(agent_budget(timeout).as_millis()).unwrap_or(u32::MAX),
+        });
+        let mut asked = Vec::with_capacity(participants.len());
+        let mut unreachable = Vec::new();
+        let mut slow = Vec::new();
+        for node in participants {
+            let Some(member) = entry.job.members().get(node) else {
+                // Departed since the round began: its workers are gone.
+                continue;
+            };
+            let host = member.hostname.clone();
+            match entry.streams.get(node) {
+                Some((_, tx)) if tx.send(ask.clone()).is_ok() => asked.push((node.clone(), host)),
+                Some(_) => {
+                    slow.push(node.clone());
+                    unreachable.push(host);
+                }
+                None => unreachable.push(host),
+            }
+        }
+        for node in &slow {
+            // As for any event: a node that does not keep up loses its
+            // stream (it stays a member and resumes).
+            entry.streams.remove(node);
+        }
+        let round = entry.job.round();
+        self.stacks
+            .expect(job_id, collection.id, asked.iter().map(|(n, _)| n.clone()));
+        drop(guard);
+        info!(
+            job = job_id,
+            round,
+            nodes = asked.len(),
+            unreachable = unreachable.len(),
+            "collecting the job's stacks"
+        );
+        let done = collection.done();
+        tokio::spawn(collection.run(self.stacks.clone(), round, asked, unreachable, deadline));
+        Ok(done)
+    }
+
+    /// Node `node_id`'s answer to collection `request_id` of job `job_id`,
+    /// once `session` proves the caller is that node. An answer nobody
+    /// waits for changes nothing.
+    pub fn report_stacks(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        session: &[u8],
+        request_id: u64,
+        workers: Vec<pb::WorkerStack>,
+    ) -> Result<(), Error> {
+        self.acting()?;
+        let host = {
+            let guard = self.lock();
+            let entry = guard
+                .map
+                .get(job_id)
+                .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+            authorize(&entry.job, job_id, node_id, session)?;
+            entry
+                .job
+                .members()
+                .get(node_id)
+                .map(|m| m.hostname.clone())
+                .unwrap_or_default()
+        };
+        self.stacks
+            .deliver(job_id, request_id, node_id, Answer { host, workers });
+        Ok(())
+    }
+
+    /// Stack collections under way.
+    pub fn stack_collections(&self) -> usize {
+        self.stacks.under_way()
+    }
+}

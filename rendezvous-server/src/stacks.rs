@@ -1,0 +1,445 @@
+//! Job-wide stacks: every worker's Python stacks, grouped so that the odd
+//! rank out stands out.
+//!
+//! A stalled job is usually one rank stuck somewhere (a slow data loader, a
+//! deadlock, a collective the others never entered) while every other rank
+//! waits for it in the same collective. The hung rank's stack alone says
+//! where it is, not who waits for it; 64 nodes' logs say it only to someone
+//! who reads them all. So the server, which knows every node of the job,
+//! asks each node of the running round for its workers' stacks
+//! ([`pb::StacksRequested`] down its session stream), and each agent runs
+//! `py-spy dump` on its workers and answers with `ReportStacks`. Stacks that
+//! are the same once the per-process details are set aside ([`normalize`])
+//! form one group; groups are listed with the fewest ranks first.
+//!
+//! Who asks: an operator (`rdzv-server stacks JOB`, or the status page), and
+//! an agent whose worker's FileTimer expired, before it stops the worker, so
+//! the failure report says where every rank was when the job hung.
+//!
+//! Bounds: at most [`MAX_COLLECTIONS`] collections run at once, one per job
+//! (a second caller gets the answer of the one under way); a collection
+//! lasts at most [`MAX_TIMEOUT`] and ends when every node asked answered;
+//! a node's answer must fit in one request (`limits::MAX_MESSAGE_BYTES`),
+//! each stack at most [`MAX_STACK_BYTES`]; the answer carries at most
+//! [`MAX_ANSWER_TEXT`] of stack text and [`MAX_RANKS_LISTED`] ranks per
+//! group. An answer from a node that was not asked, or for a collection
+//! that is over, changes nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use accel_proto::v1 as pb;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::error::Error;
+
+/// How long a collection waits for the nodes when the caller says nothing.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a caller may ask a collection to wait.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest: `py-spy dump` of a large process takes a few hundred ms.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(500);
+/// Most collections under way at once (one per job).
+pub const MAX_COLLECTIONS: usize = 16;
+pub use accel_rdzv_client::limits::MAX_STACK_BYTES;
+/// Most stack text in one answer: groups past it are counted, not listed.
+pub const MAX_ANSWER_TEXT: usize = 2 << 20;
+/// Most ranks listed per group (`rank_count` in the text counts them all).
+pub const MAX_RANKS_LISTED: usize = 1000;
+/// Most hosts listed as missing.
+pub const MAX_MISSING_LISTED: usize = 1000;
+
+/// The collection's time budget for `timeout_ms` (0: the default), bounded.
+pub fn timeout_of(timeout_ms: u32) -> Duration {
+    match timeout_ms {
+        0 => DEFAULT_TIMEOUT,
+        ms => Duration::from_millis(ms.into()).clamp(MIN_TIMEOUT, MAX_TIMEOUT),
+    }
+}
+
+/// The time the agents get out of a collection's `timeout`: four fifths of
+/// it, so their answers arrive before the collection gives up on them.
+pub fn agent_budget(timeout: Duration) -> Duration {
+    timeout * 4 / 5
+}
+
+/// A stack as grouped and shown: `py-spy dump`'s text without what differs
+/// from one process to the next though the code is in the same place (the
+/// `Process` and `Python v...` header lines, thread ids and states, blank
+/// lines). `Thread 4242 (idle): "MainThread"` becomes `Thread "MainThread"`.
+pub fn normalize(stack: &str) -> String {
+    let mut out = String::with_capacity(stack.len());
+    for line in stack.lines() {
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() || trimmed.starts_with("Process ") || trimmed.starts_with("Python v")
+        {
+            continue;
+        }
+        let line = match trimmed.strip_prefix("Thread ") {
+            Some(rest) => match rest.find(": ") {
+                Some(at) => format!("Thread {}", &rest[at + 2..]),
+                None => trimmed.to_owned(),
+            },
+            None => trimmed.to_owned(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// One node's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Its host name.
+    pub host: String,
+    /// Its workers' stacks.
+    pub workers: Vec<pb::WorkerStack>,
+}
+
+/// The answers grouped by identical (normalized) stacks, fewest ranks
+/// first, then by lowest rank; `asked`: nodes asked; `missing`: hosts that
+/// did not answer.
+pub fn group(round: u64, asked: u32, answers: &[Answer], missing: &[String]) -> pb::StacksResponse {
+    let mut groups: BTreeMap<String, Vec<pb::RankRef>> = BTreeMap::new();
+    for a in answers {
+        for w in &a.workers {
+            groups
+                .entry(normalize(&w.stack))
+                .or_default()
+                .push(pb::RankRef {
+                    rank: w.rank,
+                    local_rank: w.local_rank,
+                    host: a.host.clone(),
+                    pid: w.pid,
+                });
+        }
+    }
+    let mut groups: Vec<(String, Vec<pb::RankRef>)> = groups.into_iter().collect();
+    for (_, ranks) in &mut groups {
+        ranks.sort_by_key(|r| r.rank);
+    }
+    groups.sort_by_key(|(_, ranks)| (ranks.len(), ranks.first().map(|r| r.rank)));
+    let mut out = pb::StacksResponse {
+        round,
+        nodes_asked: asked,
+        nodes_answered: answers.len() as u32,
+        missing: missing.iter().take(MAX_MISSING_LISTED).cloned().collect(),
+        ..Default::default()
+    };
+    let mut text = 0;
+    for (stack, mut ranks) in groups {
+        if text + stack.len() > MAX_ANSWER_TEXT {
+            out.groups_omitted += 1;
+            continue;
+        }
+        text += stack.len();
+        let rank_count = ranks.len() as u32;
+        ranks.truncate(MAX_RANKS_LISTED);
+        out.groups.push(pb::StackGroup {
+            stack,
+            ranks,
+            rank_count,
+        });
+    }
+    out
+}
+
+/// `ranks` as compact ranges: `0-2, 5, 7-8`.
+pub fn ranges(ranks: &[u32]) -> String {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        match j > i {
+            true => {
+                let _ = write!(out, "{}-{}", sorted[i], sorted[j]);
+            }
+            false => {
+                let _ = write!(out, "{}", sorted[i]);
+            }
+        }
+        i = j + 1;
+    }
+    out
+}
+
+/// The grouped stacks as text (`rdzv-server stacks`, and the failure report
+/// of a hang).
+pub fn render(job: &str, r: &pb::StacksResponse) -> String {
+    let ranks: u32 = r.groups.iter().map(|g| g.rank_count).sum();
+    let mut out = format!(
+        "job {job}, round {}: stacks of {ranks} rank{} from {} of {} node{}, {} distinct\n",
+        r.round,
+        plural(ranks),
+        r.nodes_answered,
+        r.nodes_asked,
+        plural(r.nodes_asked),
+        r.groups.len() as u32 + r.groups_omitted,
+    );
+    if !r.missing.is_empty() {
+        let _ = writeln!(out, "no answer in time from: {}", r.missing.join(", "));
+    }
+    for g in &r.groups {
+        let mut by_host: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for rank in &g.ranks {
+            by_host.entry(&rank.host).or_default().push(rank.rank);
+        }
+        let all: Vec<u32> = g.ranks.iter().map(|r| r.rank).collect();
+        let hosts: Vec<String> = by_host
+            .iter()
+            .map(|(h, rs)| format!("{h}: {}", ranges(rs)))
+            .collect();
+        let more = match g.rank_count as usize > g.ranks.len() {
+            true => format!(" (and {} more)", g.rank_count as usize - g.ranks.len()),
+            false => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "\n== {} rank{}: {}{more}  [{}]",
+            g.rank_count,
+            plural(g.rank_count),
+            ranges(&all),
+            hosts.join("; ")
+        );
+        out.push_str(&g.stack);
+    }
+    if r.groups_omitted > 0 {
+        let _ = writeln!(
+            out,
+            "\n({} more distinct stacks left out of this answer)",
+            r.groups_omitted
+        );
+    }
+    out
+}
+
+/// The grouped stacks as one JSON document (`rdzv-server stacks --json`).
+pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
+    let groups: Vec<serde_json::Value> = r
+        .groups
+        .iter()
+        .map(|g| {
+            let ranks: Vec<serde_json::Value> = g
+                .ranks
+                .iter()
+                .map(|k| {
+                    serde_json::json!({
+                        "rank": k.rank, "local_rank": k.local_rank, "host": k.host, "pid": k.pid,
+                    })
+                })
+                .collect();
+            serde_json::json!({ "rank_count": g.rank_count, "ranks": ranks, "stack": g.stack })
+        })
+        .collect();
+    let mut out = serde_json::json!({
+        "job_id": job,
+        "round": r.round,
+        "nodes_asked": r.nodes_asked,
+        "nodes_answered": r.nodes_answered,
+        "missing": r.missing,
+        "groups": groups,
+        "groups_omitted": r.groups_omitted,
+    })
+    .to_string();
+    out.push('\n');
+    out
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// What a collection's callers wait on: `None` until it is done.
+pub type Done = watch::Receiver<Option<Arc<pb::StacksResponse>>>;
+
+/// One node's answer on its way to its collection.
+#[derive(Debug)]
+struct Reply {
+    node_id: String,
+    answer: Answer,
+}
+
+/// A collection under way.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    /// Nodes asked that have not answered.
+    waiting: HashSet<String>,
+    replies: mpsc::Sender<Reply>,
+    done: Done,
+}
+
+/// The collections under way, by job. Its lock is taken after the
+/// registry's, never before.
+#[derive(Debug, Default)]
+pub struct Desk {
+    state: Mutex<DeskState>,
+}
+
+#[derive(Debug, Default)]
+struct DeskState {
+    next_id: u64,
+    by_job: HashMap<String, Pending>,
+}
+
+/// What [`Desk::begin`] found.
+#[derive(Debug)]
+pub enum Begin {
+    /// A collection of the job is under way: wait for its answer.
+    UnderWay(Done),
+    /// A new collection, numbered `id`, to ask the nodes for.
+    New(Collection),
+}
+
+/// A collection just begun: ask the nodes, [`Desk::expect`] their answers,
+/// then [`Collection::run`] it.
+#[derive(Debug)]
+pub struct Collection {
+    /// Its number, in every `StacksRequested` it sends.
+    pub id: u64,
+    job: String,
+    replies: mpsc::Receiver<Reply>,
+    done: watch::Sender<Option<Arc<pb::StacksResponse>>>,
+}
+
+impl Desk {
+    fn lock(&self) -> MutexGuard<'_, DeskState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Joins the collection of `job` under way, or begins one for up to
+    /// `nodes` answers.
+    pub fn begin(&self, job: &str, nodes: usize) -> Result<Begin, Error> {
+        let mut s = self.lock();
+        if let Some(p) = s.by_job.get(job) {
+            return Ok(Begin::UnderWay(p.done.clone()));
+        }
+        if s.by_job.len() >= MAX_COLLECTIONS {
+            return Err(Error::LimitReached(format!(
+                "{MAX_COLLECTIONS} stack collections are under way on this server; try again in {} s",
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        s.next_id += 1;
+        let id = s.next_id;
+        let (tx, replies) = mpsc::channel(nodes.max(1));
+        let (done, rx) = watch::channel(None);
+        s.by_job.insert(
+            job.to_owned(),
+            Pending {
+                id,
+                waiting: HashSet::new(),
+                replies: tx,
+                done: rx,
+            },
+        );
+        Ok(Begin::New(Collection {
+            id,
+            job: job.to_owned(),
+            replies,
+            done,
+        }))
+    }
+
+    /// The nodes collection `id` of `job` asked: only their answers count.
+    pub fn expect(&self, job: &str, id: u64, nodes: impl IntoIterator<Item = String>) {
+        if let Some(p) = self.lock().by_job.get_mut(job).filter(|p| p.id == id) {
+            p.waiting.extend(nodes);
+        }
+    }
+
+    /// A node's answer to collection `id` of `job`: taken if the node was
+    /// asked and has not answered; ignored otherwise (late, or not asked).
+    pub fn deliver(&self, job: &str, id: u64, node_id: &str, answer: Answer) -> bool {
+        let mut s = self.lock();
+        let Some(p) = s.by_job.get_mut(job).filter(|p| p.id == id) else {
+            return false;
+        };
+        if !p.waiting.remove(node_id) {
+            return false;
+        }
+        p.replies
+            .try_send(Reply {
+                node_id: node_id.to_owned(),
+                answer,
+            })
+            .is_ok()
+    }
+
+    /// Collections under way.
+    pub fn under_way(&self) -> usize {
+        self.lock().by_job.len()
+    }
+
+    fn close(&self, job: &str, id: u64) {
+        let mut s = self.lock();
+        if s.by_job.get(job).is_some_and(|p| p.id == id) {
+            s.by_job.remove(job);
+        }
+    }
+}
+
+impl Collection {
+    /// What its callers wait on.
+    pub fn done(&self) -> Done {
+        self.done.subscribe()
+    }
+
+    /// Waits for the answers of `asked` (node id, host) until `deadline`,
+    /// then publishes the groups. `unreachable`: hosts of the round that
+    /// could not be asked.
+    pub async fn run(
+        mut self,
+        desk: Arc<Desk>,
+        round: u64,
+        asked: Vec<(String, String)>,
+        unreachable: Vec<String>,
+        deadline: Instant,
+    ) {
+        let mut answers = Vec::with_capacity(asked.len());
+        let mut heard = HashSet::with_capacity(asked.len());
+        while heard.len() < asked.len() {
+            match tokio::time::timeout_at(deadline, self.replies.recv()).await {
+                Ok(Some(r)) => {
+                    heard.insert(r.node_id);
+                    answers.push(r.answer);
+                }
+                _ => break,
+            }
+        }
+        desk.close(&self.job, self.id);
+        let nodes = (asked.len() + unreachable.len()) as u32;
+        let mut missing = unreachable;
+        missing.extend(
+            asked
+                .iter()
+                .filter(|(node, _)| !heard.contains(node))
+                .map(|(_, host)| host.clone()),
+        );
+        missing.sort();
+        let r = group(round, nodes, &answers, &missing);
+        self.done.send_replace(Some(Arc::new(r)));
+    }
+}
+
+#[cfg(test)]
+mod tests;
