@@ -627,6 +627,8 @@ fn check_events(job: &Job, prev: Option<&JobSnapshot>, out: &[Outbound]) {
             }
             Kind::Waiting(w) => assert!(w.round <= job.round(), "progress of a future round"),
             Kind::JobClosed(_) => {}
+            // Only the registry asks for stacks, never the job.
+            Kind::StacksRequested(_) => panic!("the job asked for stacks"),
         }
     }
     if completes.is_empty() {

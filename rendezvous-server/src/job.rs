@@ -347,6 +347,10 @@ impl Job {
     pub fn restart_count(&self) -> u32 {
         self.restart_count
     }
+    /// The last failure's root cause (its first report), as reported.
+    pub fn root_cause(&self) -> Option<&pb::Failure> {
+        self.root_cause.as_ref()
+    }
     /// The members, by node id.
     pub fn members(&self) -> &BTreeMap<String, Member> {
         &self.members

@@ -948,8 +948,10 @@ impl Registry {
                 .map
                 .get(job_id)
                 .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+            let mut info = job_info(&e.job);
+            info.stacks_unix_ms = self.stacks.kept_at(job_id);
             return Ok(pb::JobStatusResponse {
-                jobs: vec![job_info(&e.job)],
+                jobs: vec![info],
                 next_page_token: String::new(),
             });
         }
@@ -966,7 +968,10 @@ impl Registry {
             .map
             .range::<String, _>((start, Bound::Unbounded))
             .take(size + 1)
-            .map(|(_, e)| job_info(&e.job))
+            .map(|(id, e)| pb::JobInfo {
+                stacks_unix_ms: self.stacks.kept_at(id),
+                ..job_info(&e.job)
+            })
             .collect();
         let next_page_token = if page.len() > size {
             page.truncate(size);
@@ -1152,6 +1157,12 @@ fn job_info(job: &Job) -> pb::JobInfo {
         nodes,
         last_failure: truncated(job.last_failure().unwrap_or_default(), STATUS_FAILURE).to_owned(),
         node_count: members.len() as u32,
+        root_cause: job.root_cause().map(|f| pb::Failure {
+            message: truncated(&f.message, 1024).to_owned(),
+            traceback: String::new(),
+            ..f.clone()
+        }),
+        stacks_unix_ms: None,
     }
 }
 

@@ -51,6 +51,11 @@ pub const MAX_ANSWER_TEXT: usize = 2 << 20;
 pub const MAX_RANKS_LISTED: usize = 1000;
 /// Most hosts listed as missing.
 pub const MAX_MISSING_LISTED: usize = 1000;
+/// Most jobs whose last collection is kept for the status page (the
+/// oldest is forgotten first).
+pub const MAX_KEPT: usize = 64;
+/// How long a collection's answer is kept for the status page.
+pub const KEPT_FOR: Duration = Duration::from_secs(3600);
 
 /// The collection's time budget for `timeout_ms` (0: the default), bounded.
 pub fn timeout_of(timeout_ms: u32) -> Duration {
@@ -228,6 +233,15 @@ pub fn render(job: &str, r: &pb::StacksResponse) -> String {
 
 /// The grouped stacks as one JSON document (`rdzv-server stacks --json`).
 pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
+    let mut out = json(job, r).to_string();
+    out.push('\n');
+    out
+}
+
+/// The grouped stacks as JSON: `{"job_id", "round", "nodes_asked",
+/// "nodes_answered", "missing": [host], "groups": [{"rank_count", "ranks":
+/// [{"rank", "local_rank", "host", "pid"}], "stack"}], "groups_omitted"}`.
+pub fn json(job: &str, r: &pb::StacksResponse) -> serde_json::Value {
     let groups: Vec<serde_json::Value> = r
         .groups
         .iter()
@@ -244,7 +258,7 @@ pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
             serde_json::json!({ "rank_count": g.rank_count, "ranks": ranks, "stack": g.stack })
         })
         .collect();
-    let mut out = serde_json::json!({
+    serde_json::json!({
         "job_id": job,
         "round": r.round,
         "nodes_asked": r.nodes_asked,
@@ -253,9 +267,6 @@ pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
         "groups": groups,
         "groups_omitted": r.groups_omitted,
     })
-    .to_string();
-    out.push('\n');
-    out
 }
 
 fn plural(n: u32) -> &'static str {
@@ -264,6 +275,11 @@ fn plural(n: u32) -> &'static str {
     } else {
         "s"
     }
+}
+
+/// Whether an answer published at `at` (Unix ms) is past [`KEPT_FOR`].
+fn stale(at: u64) -> bool {
+    unix_ms_now().saturating_sub(at) > KEPT_FOR.as_millis() as u64
 }
 
 /// What a collection's callers wait on: `None` until it is done.
@@ -297,6 +313,23 @@ pub struct Desk {
 struct DeskState {
     next_id: u64,
     by_job: HashMap<String, Pending>,
+    /// Each job's last answer, when it was published (Unix ms).
+    kept: HashMap<String, (u64, Arc<pb::StacksResponse>)>,
+}
+
+/// A job's stacks as the status page asks for them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Latest {
+    /// Nothing collected (or forgotten).
+    None,
+    /// A collection is under way.
+    Collecting,
+    /// The last answer, published at this Unix time (ms).
+    Done(u64, Arc<pb::StacksResponse>),
+}
+
+fn unix_ms_now() -> u64 {
+    crate::tombstone::unix_ms(std::time::SystemTime::now())
 }
 
 /// What [`Desk::begin`] found.
@@ -390,6 +423,44 @@ impl Desk {
         self.lock().by_job.len()
     }
 
+    /// Job `job`'s stacks: being collected, or the last answer (kept for
+    /// [`KEPT_FOR`]).
+    pub fn latest(&self, job: &str) -> Latest {
+        let s = self.lock();
+        if s.by_job.contains_key(job) {
+            return Latest::Collecting;
+        }
+        match s.kept.get(job) {
+            Some((at, r)) if !stale(*at) => Latest::Done(*at, r.clone()),
+            _ => Latest::None,
+        }
+    }
+
+    /// When job `job`'s kept answer was published (Unix ms), if one is kept.
+    pub fn kept_at(&self, job: &str) -> Option<u64> {
+        self.lock()
+            .kept
+            .get(job)
+            .map(|(at, _)| *at)
+            .filter(|at| !stale(*at))
+    }
+
+    fn keep(&self, job: &str, r: Arc<pb::StacksResponse>) {
+        let mut s = self.lock();
+        s.kept.retain(|_, (at, _)| !stale(*at));
+        if s.kept.len() >= MAX_KEPT && !s.kept.contains_key(job) {
+            if let Some(oldest) = s
+                .kept
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(j, _)| j.clone())
+            {
+                s.kept.remove(&oldest);
+            }
+        }
+        s.kept.insert(job.to_owned(), (unix_ms_now(), r));
+    }
+
     fn close(&self, job: &str, id: u64) {
         let mut s = self.lock();
         if s.by_job.get(job).is_some_and(|p| p.id == id) {
@@ -436,8 +507,9 @@ impl Collection {
                 .map(|(_, host)| host.clone()),
         );
         missing.sort();
-        let r = group(round, nodes, &answers, &missing);
-        self.done.send_replace(Some(Arc::new(r)));
+        let r = Arc::new(group(round, nodes, &answers, &missing));
+        desk.keep(&self.job, r.clone());
+        self.done.send_replace(Some(r));
     }
 }
 

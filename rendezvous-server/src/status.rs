@@ -119,8 +119,11 @@ pub async fn fetch(
 /// The jobs as one JSON document (`rdzv-server status --json`):
 /// `{"jobs": [{"job_id", "phase", "round", "restart_count", "max_restarts",
 /// "min_nodes", "max_nodes", "node_count", "last_failure", "nodes": [{"node_id",
-/// "hostname", "node_rank", "state", "topology"}]}]}`; a node without a rank has
-/// `"node_rank": null`, an empty `last_failure` is `null`.
+/// "hostname", "node_rank", "state", "topology"}], "root_cause": {"host", "rank",
+/// "local_rank", "exitcode", "pid", "timestamp", "error_file", "message"},
+/// "stacks_unix_ms"}]}`; a node without a rank has `"node_rank": null`, an
+/// empty `last_failure`, a job without a failure's `root_cause` and one
+/// without kept stacks' `stacks_unix_ms` are `null`.
 pub fn render_json(jobs: &[pb::JobInfo]) -> String {
     let mut out = serde_json::json!({ "jobs": jobs_json(jobs) }).to_string();
     out.push('\n');
@@ -155,6 +158,17 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                 "node_count": j.node_count,
                 "last_failure": (!j.last_failure.is_empty()).then_some(&j.last_failure),
                 "nodes": nodes,
+                "root_cause": j.root_cause.as_ref().map(|f| serde_json::json!({
+                    "host": f.host,
+                    "rank": f.rank,
+                    "local_rank": f.local_rank,
+                    "exitcode": f.exitcode,
+                    "pid": f.pid,
+                    "timestamp": f.timestamp,
+                    "error_file": f.error_file,
+                    "message": f.message,
+                })),
+                "stacks_unix_ms": j.stacks_unix_ms,
             })
         })
         .collect()
@@ -394,6 +408,14 @@ mod tests {
             max_nodes: 2,
             node_count: 2,
             last_failure: String::new(),
+            root_cause: Some(pb::Failure {
+                host: "h2".into(),
+                rank: 3,
+                exitcode: -9,
+                message: "FileTimer 'step' expired".into(),
+                ..Default::default()
+            }),
+            stacks_unix_ms: None,
             nodes: vec![
                 pb::NodeStatus {
                     node_id: "a".into(),
@@ -416,6 +438,10 @@ mod tests {
         assert_eq!(j["job_id"], "j\"1");
         assert_eq!(j["restart_count"], 1);
         assert!(j["last_failure"].is_null());
+        assert_eq!(j["root_cause"]["rank"], 3);
+        assert_eq!(j["root_cause"]["exitcode"], -9);
+        assert_eq!(j["root_cause"]["message"], "FileTimer 'step' expired");
+        assert!(j["stacks_unix_ms"].is_null());
         assert_eq!(j["nodes"][0]["node_rank"], 0);
         assert_eq!(j["nodes"][0]["topology"], "rack-1");
         assert!(j["nodes"][1]["node_rank"].is_null());

@@ -13,6 +13,10 @@
 //!   holds no data, so it is served to anyone; a strict content security
 //!   policy allows only its own script and style, and no framing.
 //! - `/api/jobs`: the jobs (the first [`STATUS_PAGE`]'s worth), as JSON.
+//! - `/api/stacks?job=ID`: `POST` begins collecting the job's stacks
+//!   ([`crate::stacks`]; it needs the header `X-Accel-Request: stacks`,
+//!   which a cross-site form cannot send), `GET` gives the last answer
+//!   (202 while one is collected, 404 when none is kept).
 //!
 //! # Who may read the jobs
 //! The data is what `JobStatus` gives, so it is guarded the same way: a
@@ -31,6 +35,7 @@ use tokio::sync::watch;
 use crate::auth::Token;
 use crate::ha::Role;
 use crate::registry::STATUS_PAGE;
+use crate::stacks::Latest;
 
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
@@ -55,6 +60,13 @@ pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
 }
 
 fn route(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Option<Reply> {
+    if page.path == "/api/stacks" {
+        return Some(stacks(page, seat, token));
+    }
+    if page.method == http::Method::POST {
+        // Refused as for any other path that takes no POST.
+        return None;
+    }
     Some(match page.path {
         "/" | "/index.html" => reply(200, "text/html; charset=utf-8", INDEX, &HARDENED),
         "/app.js" => reply(200, "text/javascript; charset=utf-8", SCRIPT, &HARDENED),
@@ -76,25 +88,137 @@ pub fn admitted(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token
     }
 }
 
-fn jobs(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
-    let json = "application/json";
+const JSON: &str = "application/json";
+
+/// The leader's registry, if `page`'s caller may read the jobs; the answer
+/// to give otherwise.
+fn leader(
+    page: &Page<'_>,
+    seat: &watch::Receiver<Role>,
+    token: Option<&Token>,
+) -> Result<crate::registry::Registry, Box<Reply>> {
     let authorization = page.headers.get("authorization").map(|v| v.as_bytes());
     if !admitted(page.peer, authorization, token) {
         let body = error_json(
             "this rendezvous requires its token: give it to the page (or send \
              Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
         );
-        return reply(401, json, body, &[("www-authenticate", "Bearer")]);
+        return Err(Box::new(reply(
+            401,
+            JSON,
+            body,
+            &[("www-authenticate", "Bearer")],
+        )));
     }
-    let registry = match &*seat.borrow() {
-        Role::Leader(registry) => registry.clone(),
+    match &*seat.borrow() {
+        Role::Leader(registry) => Ok(registry.clone()),
         Role::Follower { leader } => {
             let at = leader.as_deref().unwrap_or("not known yet");
             let body = error_json(&format!(
                 "this replica follows; the leader (whose page has the jobs) is at {at}"
             ));
-            return reply(503, json, body, &[]);
+            Err(Box::new(reply(503, JSON, body, &[])))
         }
+    }
+}
+
+/// The value of `key` in a query string (`a=1&job=x%2Fy`), decoded.
+fn query_value(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) => hex(h).zip(hex(l)).map(|(h, l)| h * 16 + l),
+            _ => None,
+        };
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, b) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `/api/stacks?job=ID`: `POST` begins a collection, `GET` gives the last.
+fn stacks(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
+    let registry = match leader(page, seat, token) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
+    };
+    let Some(job) = query_value(page.query, "job") else {
+        return reply(
+            400,
+            JSON,
+            error_json("name the job: /api/stacks?job=ID"),
+            &[],
+        );
+    };
+    if let Err(e) = crate::limits::check_name("job", &job) {
+        return reply(400, JSON, error_json(&e.to_string()), &[]);
+    }
+    let collecting = || reply(202, JSON, "{\"state\":\"collecting\"}\n", &[]);
+    if page.method == http::Method::POST {
+        let asked = page
+            .headers
+            .get("x-accel-request")
+            .is_some_and(|v| v.as_bytes() == b"stacks");
+        if !asked {
+            let body = error_json(
+                "a collection is asked with the header X-Accel-Request: stacks (a cross-site form cannot send it)",
+            );
+            return reply(403, JSON, body, &[]);
+        }
+        return match registry.stacks(&job, false, crate::stacks::DEFAULT_TIMEOUT) {
+            Ok(_) => collecting(),
+            Err(e @ crate::error::Error::UnknownJob(_)) => {
+                reply(404, JSON, error_json(&e.to_string()), &[])
+            }
+            Err(e @ crate::error::Error::LimitReached(_)) => {
+                reply(429, JSON, error_json(&e.to_string()), &[])
+            }
+            Err(e) => reply(503, JSON, error_json(&e.to_string()), &[]),
+        };
+    }
+    match registry.latest_stacks(&job) {
+        Latest::None => reply(
+            404,
+            JSON,
+            error_json(&format!(
+                "no stacks of job '{job}' are kept; collect them first"
+            )),
+            &[],
+        ),
+        Latest::Collecting => collecting(),
+        Latest::Done(at, r) => {
+            let mut body = crate::stacks::json(&job, &r);
+            body["state"] = "done".into();
+            body["at_unix_ms"] = at.into();
+            body["text"] = crate::stacks::render(&job, &r).into();
+            reply(200, JSON, body.to_string() + "\n", &[])
+        }
+    }
+}
+
+fn jobs(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
+    let json = JSON;
+    let registry = match leader(page, seat, token) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
     };
     match registry.status("", STATUS_PAGE.1 as u32, "") {
         Ok(r) => {
@@ -138,5 +262,21 @@ mod tests {
         assert!(admitted(mapped, None, Some(&t)));
         // Without a token the gRPC port is open as well.
         assert!(admitted(far, None, None));
+    }
+
+    #[test]
+    fn query_values_are_decoded_and_never_panic() {
+        assert_eq!(
+            query_value("job=a%2Fb+c&x=1", "job").as_deref(),
+            Some("a/b c")
+        );
+        assert_eq!(query_value("x=1&job=j", "job").as_deref(), Some("j"));
+        assert_eq!(query_value("x=1", "job"), None);
+        // Broken or multibyte escapes are kept as they are.
+        assert_eq!(percent_decode("%"), "%");
+        assert_eq!(percent_decode("%4"), "%4");
+        assert_eq!(percent_decode("%zz"), "%zz");
+        assert_eq!(percent_decode("%é9"), "%é9");
+        assert_eq!(percent_decode("%C3%A9"), "é");
     }
 }

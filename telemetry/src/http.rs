@@ -64,11 +64,16 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// 2 nodes"). Called on every `GET /readyz`; it must not block.
 pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// One `GET` or `HEAD` request, for the program's own pages.
+/// One `GET`, `HEAD` or `POST` request (its body is never read), for the
+/// program's own pages.
 #[derive(Debug)]
 pub struct Page<'a> {
+    /// The method.
+    pub method: &'a Method,
     /// The path, without the query.
     pub path: &'a str,
+    /// The query (after `?`; empty without one).
+    pub query: &'a str,
     /// The request's headers.
     pub headers: &'a hyper::HeaderMap,
     /// The address the connection came from.
@@ -79,8 +84,9 @@ pub struct Page<'a> {
 pub type Reply = Response<Full<Bytes>>;
 
 /// Pages a program serves beside `/metrics`, `/healthz` and `/readyz`
-/// (`None`: not one of its paths). Called for every other `GET` or `HEAD`;
-/// it must not block.
+/// (`None`: not one of its paths). Called for every other `GET`, `HEAD` or
+/// `POST`; it must not block. A page that acts on `POST` should require a
+/// header a cross-site form cannot send.
 pub type Pages = Arc<dyn Fn(&Page<'_>) -> Option<Reply> + Send + Sync>;
 
 /// An answer with `status`, `content_type`, `body` and `headers` (names in
@@ -193,10 +199,12 @@ impl Endpoint {
         if let (Some(pages), false, true) = (
             &self.pages,
             own,
-            method == Method::GET || method == Method::HEAD,
+            method == Method::GET || method == Method::HEAD || method == Method::POST,
         ) {
             let page = Page {
+                method,
                 path,
+                query: req.uri().query().unwrap_or_default(),
                 headers: req.headers(),
                 peer,
             };

@@ -294,6 +294,16 @@ pub fn http_get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Option<(u16, String, String)> {
+    http_request(addr, "GET", path, headers)
+}
+
+/// One `method` request without a body (see [`http_get_with`]).
+pub fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -303,7 +313,7 @@ pub fn http_get_with(
         .collect();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();

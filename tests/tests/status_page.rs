@@ -194,3 +194,165 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
         let _ = a.wait(LIMIT);
     }
 }
+
+/// Headless Chromium's DOM of the page at `url` after `budget_ms` of the
+/// page's clock.
+fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
+    let profile = dir.join("chromium-profile");
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+        ])
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .expect("chromium (scripts/setup.sh installs Debian's package)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// When the server's kept stacks of `job` were collected (Unix ms).
+fn stacks_at(metrics: &str, job: &str) -> Result<u64, String> {
+    let (status, _, body) =
+        http_get_with(metrics, &format!("/api/stacks?job={job}"), &[]).ok_or("no answer")?;
+    let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    match (status, v["at_unix_ms"].as_u64()) {
+        (200, Some(at)) => Ok(at),
+        _ => Err(format!("{status} {body}")),
+    }
+}
+
+/// A 3-node job seen in the browser through a hang: in the first attempt
+/// rank 2 sleeps inside a function past its FileTimer while ranks 0-1 wait
+/// in a barrier. The page shows the restart, the root cause and every
+/// rank's stacks as the hang collected them, grouped 1 + 2, without being
+/// asked; a link to `#stacks=JOB` asks for a new collection on load, and
+/// the button's request needs its header.
+#[test]
+fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
+    let _heavy = crate::heavy();
+    let server = Server::start();
+    let metrics = server.metrics.clone().expect("metrics");
+    let dir = accel_tests::scratch("status-page-hang");
+    let place = dir.join("place");
+    std::fs::create_dir_all(&place).expect("place dir");
+    let agents: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|name| {
+            AgentCmd::c10d(&server.addr, "page-hang")
+                .nnodes(3)
+                .nproc(1)
+                .max_restarts(1)
+                .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+                .env("HANG_AFTER", "3")
+                .env("PLACE_DIR", place.display())
+                .script(accel_tests::worker("stacks_job.py"))
+                .start(&dir, name)
+        })
+        .collect();
+    // The hang restarted the job, and the stacks it collected are kept.
+    poll_until(
+        "the job restarted after the hang",
+        Duration::from_secs(120),
+        || {
+            let jobs = accel_tests::status_jobs(&server.addr, &[])?;
+            let j = jobs.first().ok_or("no job")?;
+            match (j["phase"].as_str(), j["restart_count"].as_u64()) {
+                (Some("running"), Some(1)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    let first = poll_until("the hang's stacks are kept", LIMIT, || {
+        stacks_at(&metrics, "page-hang")
+    });
+
+    let dom = dump_dom(&dir, &format!("http://{metrics}/"), 5000);
+    assert!(dom.contains("data-job=\"page-hang\""), "{dom}");
+    assert!(dom.contains("1 of 1 (0 left)"), "the restart: {dom}");
+    assert_eq!(dom.matches("data-node=").count(), 3, "three nodes: {dom}");
+    assert!(
+        dom.contains("class=\"root-cause\"") && dom.contains("FileTimer 'step' expired: rank 2"),
+        "the root cause: {dom}"
+    );
+    assert!(
+        dom.contains(&format!("data-stacks-at=\"{first}\"")),
+        "the hang's stacks: {dom}"
+    );
+    let one = dom.find("== 1 rank: 2").unwrap_or_else(|| panic!("{dom}"));
+    let two = dom
+        .find("== 2 ranks: 0-1")
+        .unwrap_or_else(|| panic!("{dom}"));
+    assert!(one < two, "the odd rank out first: {dom}");
+    assert!(
+        dom.contains("sleeps_inside_a_function (stacks_job.py:"),
+        "{dom}"
+    );
+
+    // A collection is asked with the page's header only.
+    let (status, _, body) =
+        accel_tests::http_request(&metrics, "POST", "/api/stacks?job=page-hang", &[])
+            .expect("answer");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("X-Accel-Request"), "{body}");
+    let (status, _, _) = accel_tests::http_request(
+        &metrics,
+        "POST",
+        "/api/stacks?job=no-such-job",
+        &[("X-Accel-Request", "stacks")],
+    )
+    .expect("answer");
+    assert_eq!(status, 404);
+
+    // The link asks for a new collection when the page loads (what the
+    // button does): the server collects again, once the second attempt's
+    // ranks are in the sleep and the barrier.
+    poll_until("the second attempt's ranks are in place", LIMIT, || {
+        let n = std::fs::read_dir(&place).map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with("-attempt-1"))
+                .count()
+        });
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} of 3"))
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let dom = dump_dom(&dir, &format!("http://{metrics}/#stacks=page-hang"), 3000);
+    assert!(dom.contains("class=\"ask-stacks\""), "{dom}");
+    poll_until("the page's collection answered", LIMIT, || {
+        let at = stacks_at(&metrics, "page-hang")?;
+        if at > first {
+            Ok(())
+        } else {
+            Err(format!("still the hang's, from {at}"))
+        }
+    });
+    let (_, _, body) = http_get_with(&metrics, "/api/stacks?job=page-hang", &[]).expect("answer");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    let ranks: Vec<u64> = v["groups"][1]["ranks"]
+        .as_array()
+        .expect("two groups")
+        .iter()
+        .filter_map(|r| r["rank"].as_u64())
+        .collect();
+    assert_eq!(ranks, [0, 1], "{body}");
+    assert_eq!(v["groups"][0]["ranks"][0]["rank"], 2, "{body}");
+    for a in agents {
+        a.signal("TERM");
+        let _ = a.wait(LIMIT);
+    }
+}

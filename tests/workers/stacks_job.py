@@ -3,12 +3,13 @@ gloo process group; one rank sleeps inside `sleeps_inside_a_function`
 while every other rank waits for it in a barrier.
 
   stacks_job.py   (STUCK_RANK=N: which rank sleeps, default the last;
-                   HANG_AFTER=S: the sleeping rank arms torch's FileTimer
-                   for S seconds around its sleep, so the agent takes it
-                   for hung, with TORCHELASTIC_ENABLE_FILE_TIMER=1 in the
-                   agent's environment;
-                   PLACE_DIR=DIR: each rank creates DIR/rank-N once it is
-                   where it stays)
+                   HANG_AFTER=S: in the first attempt the sleeping rank
+                   arms torch's FileTimer for S seconds around its sleep,
+                   so the agent takes it for hung, with
+                   TORCHELASTIC_ENABLE_FILE_TIMER=1 in the agent's
+                   environment; later attempts sleep without a timer;
+                   PLACE_DIR=DIR: each rank creates DIR/rank-N-attempt-A
+                   once it is where it stays)
 """
 import os
 import time
@@ -23,7 +24,8 @@ stuck = int(os.environ.get("STUCK_RANK", dist.get_world_size() - 1))
 def in_place():
     place = os.environ.get("PLACE_DIR")
     if place:
-        open(os.path.join(place, f"rank-{rank}"), "w").close()
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        open(os.path.join(place, f"rank-{rank}-attempt-{attempt}"), "w").close()
     print(f"rank {rank} in place", flush=True)
 
 
@@ -34,7 +36,7 @@ def sleeps_inside_a_function():
 
 if rank == stuck:
     after = os.environ.get("HANG_AFTER")
-    if after:
+    if after and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
         from torch.distributed.elastic.timer import FileTimerClient, configure, expires
 
         configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))

@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::{authorize, Registry};
 use crate::error::Error;
-use crate::stacks::{agent_budget, Answer, Begin, Done};
+use crate::stacks::{agent_budget, Answer, Begin, Done, Latest};
 
 impl Registry {
     /// Begins collecting the stacks of job `job_id`'s running round (or
@@ -109,5 +109,11 @@ impl Registry {
     /// Stack collections under way.
     pub fn stack_collections(&self) -> usize {
         self.stacks.under_way()
+    }
+
+    /// Job `job_id`'s stacks for the status page: being collected, or the
+    /// last answer.
+    pub fn latest_stacks(&self, job_id: &str) -> Latest {
+        self.stacks.latest(job_id)
     }
 }

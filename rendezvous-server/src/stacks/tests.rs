@@ -166,6 +166,7 @@ async fn a_collection_takes_only_the_asked_nodes_first_answers_and_ends_at_its_d
         panic!("the one under way")
     };
     let mut done = c.done();
+    assert_eq!(desk.latest("j"), Latest::Collecting);
     let deadline = Instant::now() + Duration::from_secs(5);
     let run = tokio::spawn(c.run(
         desk.clone(),
@@ -200,8 +201,12 @@ async fn a_collection_takes_only_the_asked_nodes_first_answers_and_ends_at_its_d
         .clone()
         .expect("ok");
     assert_eq!(same, r);
-    // Over: the desk is free, and a late answer changes nothing.
+    // Over: the desk is free and keeps the answer for the status page,
+    // and a late answer changes nothing.
     assert_eq!(desk.under_way(), 0);
+    assert!(matches!(desk.latest("j"), Latest::Done(_, kept) if *kept == *r));
+    assert!(desk.kept_at("j").is_some());
+    assert_eq!(desk.latest("other"), Latest::None);
     assert!(!desk.deliver("j", id, "b", answer("host-b")));
 }
 

@@ -1,5 +1,8 @@
 // The status page of accel's rendezvous server: polls /api/jobs every two
-// seconds and shows every job, its nodes and its last failure. All text
+// seconds and shows every job, its nodes, its last failure and its root
+// cause, and the job's last stack collection (grouped, the odd ranks out
+// first): one a FileTimer hang took, or one the Stacks button asks for
+// (POST /api/stacks?job=ID; a link to #stacks=ID asks on load). All text
 // goes in through textContent: nothing a node reported is read as HTML.
 "use strict";
 
@@ -26,6 +29,98 @@ function nnodes(j) {
   return j.min_nodes === j.max_nodes ? String(j.max_nodes) : j.min_nodes + ":" + j.max_nodes;
 }
 
+// Per job: the last stacks fetched ({at, text}), whether their panel is
+// open, and whether a collection this page asked for is awaited.
+const stacks = new Map();
+
+function headers() {
+  const token = sessionStorage.getItem(KEY);
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
+function stacksOf(id) {
+  if (!stacks.has(id)) stacks.set(id, { at: null, text: null, open: false, asking: false, error: null });
+  return stacks.get(id);
+}
+
+// Fetches the job's kept stacks; while a collection runs, again in a second.
+async function fetchStacks(id) {
+  const s = stacksOf(id);
+  try {
+    const r = await fetch("/api/stacks?job=" + encodeURIComponent(id), { headers: headers(), cache: "no-store" });
+    const doc = await r.json();
+    if (r.status === 202) {
+      setTimeout(() => fetchStacks(id), 1000);
+      return;
+    }
+    s.asking = false;
+    if (r.ok) {
+      s.at = doc.at_unix_ms;
+      s.text = doc.text;
+      s.error = null;
+    } else {
+      s.error = doc.error || ("HTTP " + r.status);
+    }
+  } catch (e) {
+    s.asking = false;
+    s.error = "cannot reach the server: " + e;
+  }
+  redraw();
+}
+
+// Asks the server to collect the job's stacks now, then shows them.
+async function askStacks(id) {
+  const s = stacksOf(id);
+  s.asking = true;
+  s.open = true;
+  s.error = null;
+  redraw();
+  try {
+    const r = await fetch("/api/stacks?job=" + encodeURIComponent(id), {
+      method: "POST", headers: Object.assign({ "X-Accel-Request": "stacks" }, headers()), cache: "no-store",
+    });
+    if (r.status !== 202) {
+      const doc = await r.json();
+      s.asking = false;
+      s.error = doc.error || ("HTTP " + r.status);
+      redraw();
+      return;
+    }
+  } catch (e) {
+    s.asking = false;
+    s.error = "cannot reach the server: " + e;
+    redraw();
+    return;
+  }
+  setTimeout(() => fetchStacks(id), 500);
+}
+
+function rootCause(f) {
+  const exit = f.exitcode < 0 ? "signal " + (-f.exitcode) : "exit code " + f.exitcode;
+  return el("div", { class: "root-cause", title: "root cause: the first failure reported in its round" },
+    el("b", {}, "root cause "), "rank " + f.rank + " (local rank " + f.local_rank + ") on " + f.host +
+    ", " + exit + (f.pid ? ", pid " + f.pid : "") + (f.message ? ": " + f.message : ""));
+}
+
+function stacksPanel(j) {
+  const s = stacksOf(j.job_id);
+  const button = el("button", { type: "button", class: "ask-stacks" }, s.asking ? "collecting…" : "Stacks");
+  if (s.asking) button.disabled = true;
+  button.addEventListener("click", () => askStacks(j.job_id));
+  const panel = el("div", { class: "stacks-panel" }, button);
+  if (s.error) panel.append(el("span", { class: "error" }, " " + s.error));
+  if (s.text !== null) {
+    const when = new Date(s.at).toLocaleTimeString();
+    const d = el("details", { class: "stacks", "data-stacks-at": s.at },
+      el("summary", {}, "every rank's stacks, grouped, as of " + when),
+      el("pre", {}, s.text));
+    d.open = s.open;
+    d.addEventListener("toggle", () => { s.open = d.open; });
+    panel.append(d);
+  }
+  return panel;
+}
+
 function jobCard(j) {
   const left = Math.max(0, j.max_restarts - j.restart_count);
   const card = el("section", { class: "job", "data-job": j.job_id },
@@ -39,6 +134,15 @@ function jobCard(j) {
   if (j.last_failure) {
     card.append(el("div", { class: "failure", title: "last failure" }, j.last_failure));
   }
+  if (j.root_cause) card.append(rootCause(j.root_cause));
+  // Stacks the server kept that this page has not fetched (a hang's, or
+  // another operator's): fetched once.
+  const s = stacksOf(j.job_id);
+  if (j.stacks_unix_ms !== null && j.stacks_unix_ms !== undefined && j.stacks_unix_ms !== s.at && !s.asking && !s.fetching) {
+    s.fetching = true;
+    fetchStacks(j.job_id).finally(() => { s.fetching = false; });
+  }
+  card.append(stacksPanel(j));
   const rows = j.nodes.map((n) => el("tr", { "data-node": n.node_id },
     el("td", { class: "rank" }, n.node_rank === null ? "–" : n.node_rank),
     el("td", {}, n.hostname),
@@ -55,12 +159,24 @@ function jobCard(j) {
 }
 
 let refreshes = 0;
+let last = null;
+
+// Draws the last answer again (a stacks fetch or a click changed what a
+// card shows).
+function redraw() {
+  if (last) draw(last);
+}
 
 function show(doc) {
-  const main = document.getElementById("jobs");
+  last = doc;
   // How many answers the page has shown since it loaded (it never reloads).
   refreshes += 1;
-  main.dataset.refreshes = String(refreshes);
+  document.getElementById("jobs").dataset.refreshes = String(refreshes);
+  draw(doc);
+}
+
+function draw(doc) {
+  const main = document.getElementById("jobs");
   const cards = doc.jobs.map(jobCard);
   if (cards.length === 0) cards.push(el("p", { class: "more" }, "no jobs"));
   if (doc.more) cards.push(el("p", { class: "more" }, "more jobs than one page: rdzv-server status lists them all"));
@@ -79,10 +195,8 @@ function state(text, error) {
 }
 
 async function poll() {
-  const token = sessionStorage.getItem(KEY);
-  const headers = token ? { Authorization: "Bearer " + token } : {};
   try {
-    const r = await fetch("/api/jobs", { headers, cache: "no-store" });
+    const r = await fetch("/api/jobs", { headers: headers(), cache: "no-store" });
     const doc = await r.json();
     if (r.status === 401) {
       sessionStorage.removeItem(KEY);
@@ -109,5 +223,8 @@ document.addEventListener("DOMContentLoaded", () => {
     document.getElementById("login").hidden = true;
     poll();
   });
+  // A link to #stacks=ID collects that job's stacks on load.
+  const m = /^#stacks=(.+)$/.exec(location.hash);
+  if (m) askStacks(decodeURIComponent(m[1]));
   poll();
 });
