@@ -54,6 +54,10 @@ use accel_input::excerpt;
 
 /// Most bytes of the last failure in a status answer (per job).
 const STATUS_FAILURE: usize = 4096;
+/// Most timeline events kept per job.
+const TIMELINE: usize = 16;
+/// Longest reason a timeline event keeps, in bytes.
+const TIMELINE_REASON: usize = 256;
 /// Most nodes listed per job in a status answer.
 pub const STATUS_NODES: usize = 1000;
 /// Jobs per status answer when the caller does not say, and at most.
@@ -80,6 +84,9 @@ struct Entry {
     formed: bool,
     /// Whether its end left a tombstone (or it was over when loaded).
     buried: bool,
+    /// The job's last rounds, restarts and end, oldest first (at most
+    /// [`TIMELINE`]).
+    timeline: std::collections::VecDeque<pb::TimelineEvent>,
     /// Nodes that joined through this registry (node id → host name; at
     /// most [`crate::tombstone::MAX_NODES`]): the job's tombstone names them
     /// too, so that a spare or a member dropped before the end (cut off)
@@ -272,6 +279,7 @@ impl Registry {
                 forming_since: forming.then_some(now),
                 formed: true,
                 buried,
+                timeline: Default::default(),
                 joined: BTreeMap::new(),
             };
             jobs.map.insert(id.clone(), entry);
@@ -450,6 +458,7 @@ impl Registry {
                     scheduled: None,
                     forming_since: Some(now),
                     buried: false,
+                    timeline: Default::default(),
                     joined: BTreeMap::new(),
                 },
             );
@@ -635,20 +644,44 @@ impl Registry {
     fn count_transitions(&self, entry: &mut Entry, out: &[Outbound], now: Instant) {
         let m = &self.metrics;
         for o in out {
-            match &o.event {
-                Kind::RoundComplete(_) => {
+            let event = |kind: &str, round: u64, reason: &str| pb::TimelineEvent {
+                unix_ms: unix_ms(SystemTime::now()),
+                kind: kind.to_owned(),
+                round,
+                reason: truncated(reason, TIMELINE_REASON).to_owned(),
+                ..Default::default()
+            };
+            let happened = match &o.event {
+                Kind::RoundComplete(r) => {
                     let took = entry.forming_since.take().map(|t| now - t);
                     m.round_formed(took, !entry.formed);
                     entry.formed = true;
+                    pb::TimelineEvent {
+                        nnodes: r.nnodes,
+                        world_size: r.world_size,
+                        ..event("formed", r.round, "")
+                    }
                 }
                 Kind::RestartRequested(r) => {
                     m.restart(r.counted);
                     entry.forming_since = Some(now);
+                    let kind = if r.counted { "restart" } else { "re-form" };
+                    event(kind, r.round, &r.reason)
                 }
-                Kind::JobSucceeded(_) => m.job_ended(true),
-                Kind::JobFailed(_) => m.job_ended(false),
+                Kind::JobSucceeded(r) => {
+                    m.job_ended(true);
+                    event("succeeded", r.round, "")
+                }
+                Kind::JobFailed(r) => {
+                    m.job_ended(false);
+                    event("failed", r.round, &r.reason)
+                }
                 _ => continue,
+            };
+            if entry.timeline.len() >= TIMELINE {
+                entry.timeline.pop_front();
             }
+            entry.timeline.push_back(happened);
             // One event per member says the same: count the change once.
             break;
         }
@@ -948,13 +981,14 @@ impl Registry {
                 .map
                 .get(job_id)
                 .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
-            let mut info = job_info(&e.job);
+            let mut info = entry_info(e, Instant::now());
             info.stacks_unix_ms = self.stacks.kept_at(job_id);
             return Ok(pb::JobStatusResponse {
                 jobs: vec![info],
                 next_page_token: String::new(),
             });
         }
+        let now = Instant::now();
         let size = match page_size as usize {
             0 => STATUS_PAGE.0,
             n => n.min(STATUS_PAGE.1),
@@ -970,7 +1004,7 @@ impl Registry {
             .take(size + 1)
             .map(|(id, e)| pb::JobInfo {
                 stacks_unix_ms: self.stacks.kept_at(id),
-                ..job_info(&e.job)
+                ..entry_info(e, now)
             })
             .collect();
         let next_page_token = if page.len() > size {
@@ -1126,8 +1160,16 @@ fn node_state(job: &Job, m: &Member) -> &'static str {
     }
 }
 
+/// A job's status with what the registry adds: its timeline.
+fn entry_info(e: &Entry, now: Instant) -> pb::JobInfo {
+    pb::JobInfo {
+        timeline: e.timeline.iter().cloned().collect(),
+        ..job_info(&e.job, now)
+    }
+}
+
 /// A job's status: its nodes in node-rank order first, at most [`STATUS_NODES`].
-fn job_info(job: &Job) -> pb::JobInfo {
+fn job_info(job: &Job, now: Instant) -> pb::JobInfo {
     let c = job.config();
     let members = job.members();
     let in_round = job
@@ -1144,6 +1186,8 @@ fn job_info(job: &Job) -> pb::JobInfo {
             node_rank: m.rank,
             state: node_state(job, m).to_owned(),
             topology: m.topology.to_string(),
+            last_seen_ms: u64::try_from(now.saturating_duration_since(m.last_seen).as_millis())
+                .unwrap_or(u64::MAX),
         })
         .collect();
     pb::JobInfo {
@@ -1163,6 +1207,8 @@ fn job_info(job: &Job) -> pb::JobInfo {
             ..f.clone()
         }),
         stacks_unix_ms: None,
+        timeline: Vec::new(),
+        world_size: (job.participants().len() as u32).saturating_mul(c.nproc_per_node),
     }
 }
 

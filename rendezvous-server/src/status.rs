@@ -121,7 +121,8 @@ pub async fn fetch(
 /// "min_nodes", "max_nodes", "node_count", "last_failure", "nodes": [{"node_id",
 /// "hostname", "node_rank", "state", "topology"}], "root_cause": {"host", "rank",
 /// "local_rank", "exitcode", "pid", "timestamp", "error_file", "message"},
-/// "stacks_unix_ms"}]}`; a node without a rank has `"node_rank": null`, an
+/// "stacks_unix_ms", "world_size", "timeline": [{"unix_ms", "kind", "round", "nnodes",
+/// "world_size", "reason"}]}]}` (each node also has "last_seen_ms"); a node without a rank has `"node_rank": null`, an
 /// empty `last_failure`, a job without a failure's `root_cause` and one
 /// without kept stacks' `stacks_unix_ms` are `null`.
 pub fn render_json(jobs: &[pb::JobInfo]) -> String {
@@ -144,6 +145,7 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                         "node_rank": n.node_rank,
                         "state": n.state,
                         "topology": n.topology,
+                        "last_seen_ms": n.last_seen_ms,
                     })
                 })
                 .collect();
@@ -169,6 +171,15 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                     "message": f.message,
                 })),
                 "stacks_unix_ms": j.stacks_unix_ms,
+                "world_size": j.world_size,
+                "timeline": j.timeline.iter().map(|e| serde_json::json!({
+                    "unix_ms": e.unix_ms,
+                    "kind": e.kind,
+                    "round": e.round,
+                    "nnodes": e.nnodes,
+                    "world_size": e.world_size,
+                    "reason": (!e.reason.is_empty()).then_some(&e.reason),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect()
@@ -188,9 +199,36 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
         };
         let _ = writeln!(
             out,
-            "job {}  phase {}  round {}  restarts {}/{}  nnodes {}  members {}",
-            j.job_id, j.phase, j.round, j.restart_count, j.max_restarts, nnodes, j.node_count
+            "job {}  phase {}  round {}  restarts {}/{}  nnodes {}  members {}  world {}",
+            j.job_id,
+            j.phase,
+            j.round,
+            j.restart_count,
+            j.max_restarts,
+            nnodes,
+            j.node_count,
+            j.world_size
         );
+        let now = crate::tombstone::unix_ms(std::time::SystemTime::now());
+        for e in j.timeline.iter().rev().take(3).rev() {
+            let ago =
+                accel_input::duration_words(Duration::from_millis(now.saturating_sub(e.unix_ms)));
+            let what = match e.kind.as_str() {
+                "formed" => format!(
+                    "round {} formed: {} nodes, {} workers",
+                    e.round, e.nnodes, e.world_size
+                ),
+                "restart" => format!("round {} restarted: {}", e.round, e.reason),
+                "re-form" => format!("round {} re-formed: {}", e.round, e.reason),
+                other => format!(
+                    "round {} {other}{}{}",
+                    e.round,
+                    if e.reason.is_empty() { "" } else { ": " },
+                    e.reason
+                ),
+            };
+            let _ = writeln!(out, "  {ago} ago: {what}");
+        }
         if !j.last_failure.is_empty() {
             let _ = writeln!(out, "  last failure: {}", j.last_failure);
         }

@@ -299,6 +299,26 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
         dom.contains("sleeps_inside_a_function (stacks_job.py:"),
         "{dom}"
     );
+    // The timeline: round 0 formed, restarted after the hang, round 1 formed.
+    assert!(dom.contains("class=\"timeline\""), "{dom}");
+    let formed = dom
+        .find("round 1 formed: 3 nodes, 3 workers")
+        .unwrap_or_else(|| panic!("{dom}"));
+    let restarted = dom
+        .find("round 0 restarted: ")
+        .unwrap_or_else(|| panic!("{dom}"));
+    let first_round = dom
+        .find("round 0 formed: 3 nodes, 3 workers")
+        .unwrap_or_else(|| panic!("{dom}"));
+    assert!(
+        formed < restarted && restarted < first_round,
+        "newest first: {dom}"
+    );
+    assert!(dom.contains("world <b>3</b>"), "{dom}");
+    assert!(
+        dom.contains(" s ago</td>"),
+        "when each node was last heard: {dom}"
+    );
 
     // A collection is asked with the page's header only.
     let (status, _, body) =

@@ -95,6 +95,28 @@ async function askStacks(id) {
   setTimeout(() => fetchStacks(id), 500);
 }
 
+// "0.4 s ago", "3 min ago".
+function ago(ms) {
+  if (ms === null || ms === undefined) return "";
+  if (ms < 60000) return (ms / 1000).toFixed(1) + " s ago";
+  if (ms < 3600000) return Math.round(ms / 60000) + " min ago";
+  return Math.round(ms / 3600000) + " h ago";
+}
+
+const KINDS = { formed: "formed", restart: "restarted", "re-form": "re-formed", succeeded: "succeeded", failed: "failed" };
+
+// The job's rounds, restarts and end, newest first (the last eight).
+function timeline(events) {
+  const items = events.slice(-8).reverse().map((e) => {
+    const what = e.kind === "formed"
+      ? "round " + e.round + " formed: " + e.nnodes + " nodes, " + e.world_size + " workers"
+      : "round " + e.round + " " + (KINDS[e.kind] || e.kind) + (e.reason ? ": " + e.reason : "");
+    return el("li", { class: "tl tl-" + e.kind },
+      el("time", {}, new Date(e.unix_ms).toLocaleTimeString()), " " + what);
+  });
+  return el("details", { class: "timeline", open: "" }, el("summary", {}, "timeline"), el("ol", {}, ...items));
+}
+
 function rootCause(f) {
   const exit = f.exitcode < 0 ? "signal " + (-f.exitcode) : "exit code " + f.exitcode;
   return el("div", { class: "root-cause", title: "root cause: the first failure reported in its round" },
@@ -130,6 +152,7 @@ function jobCard(j) {
       fact("round", j.round),
       fact("restarts", j.restart_count + " of " + j.max_restarts + " (" + left + " left)"),
       fact("nnodes", nnodes(j)),
+      fact("world", j.world_size),
       fact("members", j.node_count)));
   if (j.last_failure) {
     card.append(el("div", { class: "failure", title: "last failure" }, j.last_failure));
@@ -148,10 +171,12 @@ function jobCard(j) {
     el("td", {}, n.hostname),
     el("td", {}, el("span", { class: "state state-" + n.state }, n.state)),
     el("td", {}, n.topology || ""),
+    el("td", { class: "seen" }, ago(n.last_seen_ms)),
     el("td", {}, n.node_id)));
   card.append(el("table", {},
-    el("thead", {}, el("tr", {}, ...["rank", "host", "state", "topology", "node"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ...["rank", "host", "state", "topology", "heard", "node"].map((h) => el("th", {}, h)))),
     el("tbody", {}, ...rows)));
+  if (j.timeline && j.timeline.length) card.append(timeline(j.timeline));
   if (j.node_count > j.nodes.length) {
     card.append(el("p", { class: "more" }, "… and " + (j.node_count - j.nodes.length) + " more nodes"));
   }
