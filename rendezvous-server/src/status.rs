@@ -454,6 +454,24 @@ mod tests {
                 ..Default::default()
             }),
             stacks_unix_ms: None,
+            world_size: 4,
+            timeline: vec![
+                pb::TimelineEvent {
+                    unix_ms: 1_000,
+                    kind: "formed".into(),
+                    round: 1,
+                    nnodes: 2,
+                    world_size: 4,
+                    reason: String::new(),
+                },
+                pb::TimelineEvent {
+                    unix_ms: 2_000,
+                    kind: "restart".into(),
+                    round: 1,
+                    reason: "worker rank 3 failed".into(),
+                    ..Default::default()
+                },
+            ],
             nodes: vec![
                 pb::NodeStatus {
                     node_id: "a".into(),
@@ -461,6 +479,7 @@ mod tests {
                     node_rank: Some(0),
                     state: "running".into(),
                     topology: "rack-1".into(),
+                    last_seen_ms: 1200,
                 },
                 pb::NodeStatus {
                     node_id: "b".into(),
@@ -468,6 +487,7 @@ mod tests {
                     node_rank: None,
                     state: "spare".into(),
                     topology: String::new(),
+                    last_seen_ms: 0,
                 },
             ],
         }];
@@ -480,6 +500,21 @@ mod tests {
         assert_eq!(j["root_cause"]["exitcode"], -9);
         assert_eq!(j["root_cause"]["message"], "FileTimer 'step' expired");
         assert!(j["stacks_unix_ms"].is_null());
+        assert_eq!(j["world_size"], 4);
+        assert_eq!(j["nodes"][0]["last_seen_ms"], 1200);
+        assert_eq!(j["timeline"][0]["kind"], "formed");
+        assert!(j["timeline"][0]["reason"].is_null());
+        assert_eq!(j["timeline"][1]["reason"], "worker rank 3 failed");
+        let text = render(&jobs);
+        assert!(text.contains("members 2  world 4"), "{text}");
+        assert!(
+            text.contains(" ago: round 1 formed: 2 nodes, 4 workers"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" ago: round 1 restarted: worker rank 3 failed"),
+            "{text}"
+        );
         assert_eq!(j["nodes"][0]["node_rank"], 0);
         assert_eq!(j["nodes"][0]["topology"], "rack-1");
         assert!(j["nodes"][1]["node_rank"].is_null());
