@@ -7,8 +7,12 @@
 # `metrics` is `plain` with the server's Prometheus endpoint on and scraped
 # every 0.5 s while the agents join (every other mode runs with it off);
 # `topology` is `plain` with every agent joining with a topology path (zones,
-# racks, NVLink domains), which the server orders node ranks by.
-# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|metrics|topology|both|all]
+# racks, NVLink domains), which the server orders node ranks by; `page` is
+# `plain` with the status page open in 10 browsers while the agents join:
+# each loads the page and its files, then polls /api/jobs every 2 s, as the
+# page's script does. Sizes repeat (10000,10000,10000) and, for each size,
+# the modes run one after the other, so modes compared are run side by side.
+# Usage: scripts/bench-rendezvous.sh [100,1000,10000] [plain|secure|etcd|metrics|topology|page|both|all|"MODE MODE..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
@@ -36,12 +40,15 @@ if [[ " $modes " == *" secure "* ]]; then
   ) >/dev/null 2>&1
 fi
 header=""
-for mode in $modes; do
-  for n in ${sizes//,/ }; do
+browsers=()
+for n in ${sizes//,/ }; do
+  for mode in $modes; do
     # The server binds port 0 and names its addresses in --address-file.
     addr="$pki/addr-$mode-$n"
+    # A repeated size must not read the last server's addresses.
+    rm -f "$addr"
     srv=(--bind 127.0.0.1:0 --metrics-bind off --address-file "$addr")
-    [ "$mode" = metrics ] && srv=(--bind 127.0.0.1:0 --metrics-bind 127.0.0.1:0 --address-file "$addr")
+    [[ "$mode" = metrics || "$mode" = page ]] && srv=(--bind 127.0.0.1:0 --metrics-bind 127.0.0.1:0 --address-file "$addr")
     load=(--agents "$n" --label "$mode")
     [ "$mode" = topology ] && load+=(--topology)
     if [ "$mode" = secure ]; then
@@ -76,8 +83,30 @@ for mode in $modes; do
       ( while curl -sf "http://127.0.0.1:$mport/metrics" >/dev/null; do sleep 0.5; done ) &
       scraper=$!
     fi
+    if [ "$mode" = page ]; then
+      # Browsers open before the agents come: each has loaded the page and
+      # its files, then polls the jobs every 2 s. Requests are made with
+      # bash's /dev/tcp, so the pollers cost this machine no process starts
+      # (on 2 cores, curl processes would take CPU from the agents).
+      get() {
+        exec 3<>"/dev/tcp/127.0.0.1/$mport"
+        printf 'GET %s HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n' "$1" >&3
+        while IFS= read -r -u 3 _; do :; done
+        exec 3<&-
+      }
+      for b in 1 2 3 4 5 6 7 8 9 10; do
+        (
+          for f in / /app.js /app.css /api/jobs; do get "$f"; done
+          while sleep 2; do get /api/jobs; done
+        ) &
+        browsers+=($!)
+      done
+      sleep 1
+    fi
     "$R/rdzv-load" "${load[@]}" --server-pid "$server" $header
     if [ -n "${scraper:-}" ]; then kill "$scraper" 2>/dev/null || true; wait "$scraper" 2>/dev/null || true; scraper=""; fi
+    for b in "${browsers[@]}"; do kill "$b" 2>/dev/null || true; wait "$b" 2>/dev/null || true; done
+    browsers=()
     header="--no-header"
     if [ "$mode" = etcd ]; then
       writes+="$n agents: $(( $(etcd_revision "$ec") - before )) etcd writes; "

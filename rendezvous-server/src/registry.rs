@@ -974,14 +974,27 @@ impl Registry {
         page_size: u32,
         page_token: &str,
     ) -> Result<pb::JobStatusResponse, Error> {
+        self.status_listing(job_id, page_size, page_token, STATUS_NODES)
+    }
+
+    /// [`Registry::status`] listing at most `nodes` nodes of each job (the
+    /// status page shows fewer than `rdzv-server status`).
+    pub fn status_listing(
+        &self,
+        job_id: &str,
+        page_size: u32,
+        page_token: &str,
+        nodes: usize,
+    ) -> Result<pb::JobStatusResponse, Error> {
         self.acting()?;
+        let nodes = nodes.min(STATUS_NODES);
         let jobs = self.lock();
         if !job_id.is_empty() {
             let e = jobs
                 .map
                 .get(job_id)
                 .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
-            let mut info = entry_info(e, Instant::now());
+            let mut info = entry_info(e, Instant::now(), nodes);
             info.stacks_unix_ms = self.stacks.kept_at(job_id);
             return Ok(pb::JobStatusResponse {
                 jobs: vec![info],
@@ -1004,7 +1017,7 @@ impl Registry {
             .take(size + 1)
             .map(|(id, e)| pb::JobInfo {
                 stacks_unix_ms: self.stacks.kept_at(id),
-                ..entry_info(e, now)
+                ..entry_info(e, now, nodes)
             })
             .collect();
         let next_page_token = if page.len() > size {
@@ -1161,15 +1174,15 @@ fn node_state(job: &Job, m: &Member) -> &'static str {
 }
 
 /// A job's status with what the registry adds: its timeline.
-fn entry_info(e: &Entry, now: Instant) -> pb::JobInfo {
+fn entry_info(e: &Entry, now: Instant, nodes: usize) -> pb::JobInfo {
     pb::JobInfo {
         timeline: e.timeline.iter().cloned().collect(),
-        ..job_info(&e.job, now)
+        ..job_info(&e.job, now, nodes)
     }
 }
 
-/// A job's status: its nodes in node-rank order first, at most [`STATUS_NODES`].
-fn job_info(job: &Job, now: Instant) -> pb::JobInfo {
+/// A job's status: its nodes in node-rank order first, at most `listed`.
+fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
     let c = job.config();
     let members = job.members();
     let in_round = job
@@ -1179,7 +1192,7 @@ fn job_info(job: &Job, now: Instant) -> pb::JobInfo {
     let others = members.iter().filter(|(_, m)| m.rank.is_none());
     let nodes = in_round
         .chain(others)
-        .take(STATUS_NODES)
+        .take(listed)
         .map(|(id, m)| pb::NodeStatus {
             node_id: id.clone(),
             hostname: m.hostname.clone(),

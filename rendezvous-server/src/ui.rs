@@ -54,12 +54,28 @@ const HARDENED: [(&str, &str); 4] = [
     ("referrer-policy", "no-referrer"),
 ];
 
+/// Nodes of each job the page lists (`rdzv-server status` lists 1,000).
+pub const PAGE_NODES: usize = 64;
+
+/// How long one answer of `/api/jobs` serves every caller: ten open pages
+/// cost the registry one listing per second, not ten.
+const JOBS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The last `/api/jobs` body and when it was made.
+type Fresh = std::sync::Mutex<Option<(std::time::Instant, bytes::Bytes)>>;
+
 /// The status page's routes, for the metrics listener.
 pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
-    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, token.as_ref()))
+    let fresh = Fresh::default();
+    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, token.as_ref(), &fresh))
 }
 
-fn route(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Option<Reply> {
+fn route(
+    page: &Page<'_>,
+    seat: &watch::Receiver<Role>,
+    token: Option<&Token>,
+    fresh: &Fresh,
+) -> Option<Reply> {
     if page.path == "/api/stacks" {
         return Some(stacks(page, seat, token));
     }
@@ -71,7 +87,7 @@ fn route(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -
         "/" | "/index.html" => reply(200, "text/html; charset=utf-8", INDEX, &HARDENED),
         "/app.js" => reply(200, "text/javascript; charset=utf-8", SCRIPT, &HARDENED),
         "/app.css" => reply(200, "text/css; charset=utf-8", STYLE, &HARDENED),
-        "/api/jobs" => jobs(page, seat, token),
+        "/api/jobs" => jobs(page, seat, token, fresh),
         _ => return None,
     })
 }
@@ -214,22 +230,34 @@ fn stacks(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) 
     }
 }
 
-fn jobs(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
-    let json = JSON;
+fn jobs(
+    page: &Page<'_>,
+    seat: &watch::Receiver<Role>,
+    token: Option<&Token>,
+    fresh: &Fresh,
+) -> Reply {
     let registry = match leader(page, seat, token) {
         Ok(r) => r,
         Err(refused) => return *refused,
     };
-    match registry.status("", STATUS_PAGE.1 as u32, "") {
+    let mut last = fresh
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, body)) = last.as_ref().filter(|(at, _)| at.elapsed() < JOBS_FRESH) {
+        return reply(200, JSON, body.clone(), &[]);
+    }
+    match registry.status_listing("", STATUS_PAGE.1 as u32, "", PAGE_NODES) {
         Ok(r) => {
             // `more`: there are more jobs than one page shows.
             let body = serde_json::json!({
                 "jobs": crate::status::jobs_json(&r.jobs),
                 "more": !r.next_page_token.is_empty(),
             });
-            reply(200, json, body.to_string() + "\n", &[])
+            let body = bytes::Bytes::from(body.to_string() + "\n");
+            *last = Some((std::time::Instant::now(), body.clone()));
+            reply(200, JSON, body, &[])
         }
-        Err(e) => reply(503, json, error_json(&e.to_string()), &[]),
+        Err(e) => reply(503, JSON, error_json(&e.to_string()), &[]),
     }
 }
 

@@ -189,6 +189,12 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
         .and_then(|n| n.parse().ok())
         .expect("the refresh count");
     assert!(refreshes >= 3, "{refreshes} refreshes in 7 s: {dom}");
+    screenshot(
+        &dir,
+        &format!("http://{metrics}/"),
+        "status-page-running",
+        (1200, 560),
+    );
     for a in agents {
         a.signal("TERM");
         let _ = a.wait(LIMIT);
@@ -222,6 +228,48 @@ fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A screenshot of the page at `url` (`width`x`height`), as `name`.png in
+/// `ACCEL_SCREENSHOTS` (scripts/screenshots.sh points it at the
+/// documentation's images) or else in `dir`; checked to be a PNG.
+fn screenshot(dir: &std::path::Path, url: &str, name: &str, size: (u32, u32)) {
+    let into = std::env::var_os("ACCEL_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.to_path_buf());
+    std::fs::create_dir_all(&into).expect("screenshot dir");
+    let file = into.join(format!("{name}.png"));
+    let profile = dir.join(format!("chromium-profile-{name}"));
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--hide-scrollbars",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--window-size={},{}", size.0, size.1))
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--screenshot={}", file.display()))
+        .arg(url)
+        .output()
+        .expect("chromium");
+    let png = std::fs::read(&file).unwrap_or_else(|e| {
+        panic!(
+            "no screenshot at {}: {e}\n{}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "{} is not a screenshot ({} bytes)",
+        file.display(),
+        png.len()
+    );
+}
+
 /// When the server's kept stacks of `job` were collected (Unix ms).
 fn stacks_at(metrics: &str, job: &str) -> Result<u64, String> {
     let (status, _, body) =
@@ -247,11 +295,20 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
     let dir = accel_tests::scratch("status-page-hang");
     let place = dir.join("place");
     std::fs::create_dir_all(&place).expect("place dir");
+    // Node c's health check takes 8 s once the first attempt's ranks are
+    // in place: the job waits for it after the restart, mid-restart.
+    let check = format!(
+        "if [ -e {p}/rank-2-attempt-0 ] && [ ! -e {p}/slept ]; then touch {p}/slept; sleep 8; fi",
+        p = place.display()
+    );
     let agents: Vec<_> = ["a", "b", "c"]
         .iter()
         .map(|name| {
-            AgentCmd::c10d(&server.addr, "page-hang")
-                .nnodes(3)
+            let cmd = match *name {
+                "c" => AgentCmd::c10d(&server.addr, "page-hang").flag("--health-check", &check),
+                _ => AgentCmd::c10d(&server.addr, "page-hang"),
+            };
+            cmd.nnodes(3)
                 .nproc(1)
                 .max_restarts(1)
                 .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
@@ -261,6 +318,31 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
                 .start(&dir, name)
         })
         .collect();
+    // Mid-restart: the budget is spent, the root cause and the hang's
+    // stacks are shown, and the round waits for node c.
+    poll_until(
+        "the job is forming after the hang",
+        Duration::from_secs(120),
+        || {
+            let jobs = accel_tests::status_jobs(&server.addr, &[])?;
+            let j = jobs.first().ok_or("no job")?;
+            match (j["phase"].as_str(), j["restart_count"].as_u64()) {
+                (Some("forming"), Some(1)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    let dom = dump_dom(&dir, &format!("http://{metrics}/"), 2000);
+    assert!(dom.contains("phase-forming"), "{dom}");
+    assert!(dom.contains("1 of 1 (0 left)"), "the restart: {dom}");
+    assert!(dom.contains("class=\"root-cause\""), "{dom}");
+    assert!(dom.contains("round 0 restarted: "), "{dom}");
+    screenshot(
+        &dir,
+        &format!("http://{metrics}/"),
+        "status-page-restarting",
+        (1200, 760),
+    );
     // The hang restarted the job, and the stacks it collected are kept.
     poll_until(
         "the job restarted after the hang",
@@ -279,6 +361,12 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
     });
 
     let dom = dump_dom(&dir, &format!("http://{metrics}/"), 5000);
+    screenshot(
+        &dir,
+        &format!("http://{metrics}/"),
+        "status-page-hang",
+        (1200, 1300),
+    );
     assert!(dom.contains("data-job=\"page-hang\""), "{dom}");
     assert!(dom.contains("1 of 1 (0 left)"), "the restart: {dom}");
     assert_eq!(dom.matches("data-node=").count(), 3, "three nodes: {dom}");

@@ -30,7 +30,9 @@ function nnodes(j) {
 }
 
 // Per job: the last stacks fetched ({at, text}), whether their panel is
-// open, and whether a collection this page asked for is awaited.
+// open (at first: a job has kept stacks only when someone asked or a rank
+// hung, and then they are what matters), and whether a collection this
+// page asked for is awaited.
 const stacks = new Map();
 
 function headers() {
@@ -39,7 +41,7 @@ function headers() {
 }
 
 function stacksOf(id) {
-  if (!stacks.has(id)) stacks.set(id, { at: null, text: null, open: false, asking: false, error: null });
+  if (!stacks.has(id)) stacks.set(id, { at: null, text: null, open: true, asking: false, error: null });
   return stacks.get(id);
 }
 
