@@ -250,6 +250,7 @@ def container_port(c, name):
 
 
 def check_server(where, doc, docs):
+    no_sidecar(where, pod_of(doc))
     pod = doc["spec"]["template"]
     check_hardened(where, pod, read_only_root=True)
     c = pod["spec"]["containers"][0]
@@ -315,7 +316,24 @@ def check_endpoint_configmap(where, docs):
         fail(where, f"ConfigMap accel-rdzv endpoint is {endpoint!r}; the agents need {want!r}")
 
 
-def check_agent_pod(where, pod, nnodes, rdzv_id_label):
+def no_sidecar(where, pod):
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if ann.get("sidecar.istio.io/inject") != "false":
+        fail(where, "pods need the annotation sidecar.istio.io/inject: \"false\" (a sidecar keeps a finished pod running)")
+
+
+# Where each part of the job id comes from, in order: PET_RDZV_ID is
+# "$(PART)-$(PART)..." of variables defined before it from these labels.
+JOB_ID = {
+    "Job": [("ACCEL_JOB_NAME", "batch.kubernetes.io/job-name"),
+            ("ACCEL_JOB_UID", "batch.kubernetes.io/controller-uid")],
+    "JobSet": [("ACCEL_JOB_NAME", "jobset.sigs.k8s.io/jobset-name"),
+               ("ACCEL_JOB_UID", "jobset.sigs.k8s.io/jobset-uid"),
+               ("ACCEL_JOB_ATTEMPT", "jobset.sigs.k8s.io/restart-attempt")],
+}
+
+
+def check_agent_pod(where, pod, nnodes, kind):
     check_hardened(where, pod, read_only_root=False)
     spec = pod["spec"]
     if (pod.get("metadata", {}).get("labels") or {}).get("accel.dev/role") != "agent":
@@ -334,8 +352,22 @@ def check_agent_pod(where, pod, nnodes, rdzv_id_label):
 
     if ref("PET_LOCAL_ADDR") != "status.podIP":
         fail(where, "PET_LOCAL_ADDR must come from status.podIP (else MASTER_ADDR is an unresolvable host name)")
-    if ref("PET_RDZV_ID") != f"metadata.labels['{rdzv_id_label}']":
-        fail(where, f"PET_RDZV_ID must come from the label {rdzv_id_label}")
+    names = [e.get("name") for e in c.get("env") or []]
+    parts = JOB_ID[kind]
+    want = "-".join(f"$({var})" for var, _ in parts)
+    if (env.get("PET_RDZV_ID") or {}).get("value") != want:
+        fail(where, f"PET_RDZV_ID must be {want} (a rerun under the same name is another job)")
+    for var, label in parts:
+        if ref(var) != f"metadata.labels['{label}']":
+            fail(where, f"{var} must come from the label {label}")
+        elif "PET_RDZV_ID" in names and names.index(var) > names.index("PET_RDZV_ID"):
+            fail(where, f"{var} must be defined before PET_RDZV_ID, which refers to it")
+    no_sidecar(where, pod)
+    tol = {t.get("key"): t for t in spec.get("tolerations") or []}
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        t = tol.get(key) or {}
+        if t.get("effect") != "NoExecute" or not 0 < (t.get("tolerationSeconds") or 0) <= 30:
+            fail(where, f"needs a NoExecute toleration of {key} for at most 30 s (the default 300 s delays a replacement)")
     if (env.get("PET_RDZV_BACKEND") or {}).get("value") != "c10d":
         fail(where, "PET_RDZV_BACKEND must be c10d")
     cm = ((env.get("PET_RDZV_ENDPOINT") or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}
@@ -354,6 +386,8 @@ def check_agent_pod(where, pod, nnodes, rdzv_id_label):
     keys = dict(kv_.split("=", 1) for kv_ in conf[0].split(",")) if conf else {}
     if keys.get("token_file") != "/etc/accel/token/token":
         fail(where, "--rdzv-conf must give token_file=/etc/accel/token/token")
+    if not keys.get("join_timeout", "").isdigit() or int(keys["join_timeout"]) < 600:
+        fail(where, "--rdzv-conf must give join_timeout of at least 600 s (the survivors wait for a replaced node)")
     m = re.fullmatch(r"(\d+)-(\d+)", keys.get("store_ports", ""))
     if not m:
         fail(where, "--rdzv-conf must give store_ports=FIRST-LAST")
@@ -379,7 +413,8 @@ def strip_for_compare(pod):
     pod = copy.deepcopy(pod)
     pod["spec"].pop("subdomain", None)
     for c in pod["spec"]["containers"]:
-        c["env"] = [e for e in c.get("env") or [] if e["name"] not in ("PET_RDZV_ID", "PET_NNODES")]
+        c["env"] = [e for e in c.get("env") or [] if e["name"] not in ("PET_RDZV_ID", "PET_NNODES")
+                    and not e["name"].startswith("ACCEL_JOB_")]
     return pod
 
 
@@ -393,7 +428,9 @@ def check_doc(name, docs, doc, where):
             nnodes += r.get("replicas", 1) * check_job_spec(f"{where} replicatedJob {r.get('name')}", r["template"]["spec"])
         for r in spec.get("replicatedJobs") or []:
             pod = r["template"]["spec"]["template"]
-            check_agent_pod(f"{where} replicatedJob {r.get('name')}", pod, nnodes, "jobset.sigs.k8s.io/jobset-name")
+            check_agent_pod(f"{where} replicatedJob {r.get('name')}", pod, nnodes, "JobSet")
+        if (spec.get("successPolicy") or {}).get("operator") != "Any":
+            fail(where, "successPolicy.operator must be Any (an agent exits 0 only when the accel job succeeded)")
             templates.setdefault("JobSet", strip_for_compare(pod))
         return
     write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
@@ -403,7 +440,10 @@ def check_doc(name, docs, doc, where):
     if kind == "Job":
         nnodes = check_job_spec(where, doc["spec"])
         pod = doc["spec"]["template"]
-        check_agent_pod(where, pod, nnodes, "batch.kubernetes.io/job-name")
+        check_agent_pod(where, pod, nnodes, "Job")
+        rules = (doc["spec"].get("successPolicy") or {}).get("rules") or []
+        if not any(r.get("succeededIndexes") == "0" for r in rules):
+            fail(where, "successPolicy must end the Job when index 0 succeeds")
         sub = pod["spec"].get("subdomain")
         svc = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sub]
         if not sub or not svc or svc[0]["spec"].get("clusterIP") != "None" \
