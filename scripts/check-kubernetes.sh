@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Validates the Kubernetes manifests under deploy/kubernetes/, offline:
+# Validates the Kubernetes manifests under deploy/kubernetes/ and
+# deploy/kubeflow/, offline:
 #   1. renders every kustomization there (each directory holding a
 #      kustomization.yaml) with `kubectl kustomize`;
 #   2. validates every rendered document with `kubernetes-validate --strict`
@@ -9,7 +10,13 @@
 #      API, with each replicatedJobs[].template checked against the strict
 #      batch/v1 JobTemplateSpec of the same Kubernetes version; each template
 #      is also validated by kubernetes-validate as a batch/v1 Job;
-#   4. checks what the deployment relies on and a schema cannot see: the
+#   4. Kubeflow Trainer's ClusterTrainingRuntime and the Prometheus
+#      Operator's ServiceMonitor, PodMonitor and PrometheusRule (CRDs too):
+#      schemas written here from their APIs (trainer.kubeflow.org/v1alpha1,
+#      monitoring.coreos.com/v1), the runtime's Job templates as strict batch/v1
+#      Jobs, the PrometheusRule's groups with `promtool check rules` and against
+#      deploy/prometheus/accel.rules.yml (scripts/prometheus-rule.sh);
+#   5. checks what the deployment relies on and a schema cannot see: the
 #      server's hardening, probes and NetworkPolicy, the agents' downward-API
 #      variables, node count, token and store ports, the Job and the JobSet pod
 #      templates agreeing, the endpoint ConfigMap naming every HA replica.
@@ -62,10 +69,11 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/rendered" "$work/docs"
 
 status=0
-mapfile -t dirs < <(find deploy/kubernetes -name kustomization.yaml -printf '%h\n' | sort)
+mapfile -t dirs < <(find deploy/kubernetes deploy/kubeflow -name kustomization.yaml -printf '%h\n' | sort)
 [ "${#dirs[@]}" -gt 0 ] || { echo "check-kubernetes: no kustomization under deploy/kubernetes" >&2; exit 1; }
 for dir in "${dirs[@]}"; do
-  out="$work/rendered/$(echo "${dir#deploy/kubernetes/}" | tr / -).yaml"
+  name="${dir#deploy/kubernetes/}"
+  out="$work/rendered/$(echo "${name#deploy/}" | tr / -).yaml"
   if ! "$KUBECTL" kustomize "$dir" >"$out" 2>"$work/kustomize.err"; then
     echo "FAIL kubectl kustomize $dir:" >&2
     cat "$work/kustomize.err" >&2
@@ -165,6 +173,80 @@ JOBSET_SCHEMA = {
 }
 jsonschema.validators.Draft202012Validator.check_schema(JOBSET_SCHEMA)
 
+INT1 = {"type": "integer", "minimum": 1}
+META = {"$ref": DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+SELECTOR = {"$ref": DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"}
+# Kubeflow Trainer's ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1),
+# its template a JobSetSpec as above.
+RUNTIME_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://accel.invalid/schemas/clustertrainingruntime-v1alpha1.json",
+    **obj({
+        "apiVersion": {"const": "trainer.kubeflow.org/v1alpha1"},
+        "kind": {"const": "ClusterTrainingRuntime"},
+        "metadata": META,
+        "spec": {**obj({
+            "mlPolicy": obj({
+                "numNodes": INT1,
+                "torch": obj({
+                    "numProcPerNode": {"anyOf": [INT1, {"enum": ["auto", "cpu", "gpu"]}]},
+                    "elasticPolicy": obj({"maxRestarts": INT0, "minNodes": INT1, "maxNodes": INT1,
+                                          "metrics": {"type": "array"}}),
+                }),
+                "mpi": obj({"numProcPerNode": INT1, "mpiImplementation": {"enum": ["OpenMPI", ""]},
+                            "sshAuthMountPath": STR, "runLauncherAsNode": {"type": "boolean"}}),
+            }),
+            "podGroupPolicy": obj({"coscheduling": obj({"scheduleTimeoutSeconds": INT0}),
+                                   "volcano": obj({"networkTopology": {"type": "object"}})}),
+            "template": obj({"metadata": META, "spec": JOBSET_SCHEMA["properties"]["spec"]}),
+        }), "minProperties": 1},
+    }, ["apiVersion", "kind", "metadata", "spec"]),
+}
+# The Prometheus Operator's monitors and rules (monitoring.coreos.com/v1),
+# the fields these manifests may use.
+ENDPOINT = {"port": STR, "path": STR, "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+            "scheme": {"enum": ["http", "https"]}, "scrapeTimeout": STR}
+MONITOR_META = {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": META}
+NS_SELECTOR = obj({"any": {"type": "boolean"}, "matchNames": STRS})
+MONITORING_SCHEMAS = {
+    "ServiceMonitor": obj({**MONITOR_META, "kind": {"const": "ServiceMonitor"}, "spec": obj({
+        "selector": SELECTOR, "namespaceSelector": NS_SELECTOR, "jobLabel": STR,
+        "endpoints": {"type": "array", "minItems": 1, "items": obj(ENDPOINT, ["port"])},
+    }, ["selector", "endpoints"])}, ["apiVersion", "kind", "metadata", "spec"]),
+    "PodMonitor": obj({**MONITOR_META, "kind": {"const": "PodMonitor"}, "spec": obj({
+        "selector": SELECTOR, "namespaceSelector": NS_SELECTOR, "jobLabel": STR,
+        "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": obj(ENDPOINT, ["port"])},
+    }, ["selector", "podMetricsEndpoints"])}, ["apiVersion", "kind", "metadata", "spec"]),
+    "PrometheusRule": obj({**MONITOR_META, "kind": {"const": "PrometheusRule"}, "spec": obj({
+        "groups": {"type": "array", "minItems": 1, "items": obj({
+            "name": STR, "interval": STR, "limit": INT0,
+            "rules": {"type": "array", "items": obj({
+                "alert": STR, "record": STR, "expr": STR, "for": STR, "keep_firing_for": STR,
+                "labels": {"type": "object", "additionalProperties": STR},
+                "annotations": {"type": "object", "additionalProperties": STR},
+            }, ["expr"])},
+        }, ["name", "rules"])},
+    }, ["groups"])}, ["apiVersion", "kind", "metadata", "spec"]),
+}
+for schema in [RUNTIME_SCHEMA, *MONITORING_SCHEMAS.values()]:
+    jsonschema.validators.Draft202012Validator.check_schema(schema)
+
+
+def validate_crd(where, doc, schema):
+    """`doc` against `schema` (a CRD's, written here), with Kubernetes' own
+    definitions of every version checked."""
+    for version in versions:
+        schema_version = [v for v in kv.all_versions() if kv.major_minor(v) <= kv.major_minor(version)]
+        if not schema_version:
+            fail(where, f"kubernetes-validate has no schema for {version}")
+            continue
+        defs = kv.schema_contents(f"kubernetes-json-schema/v{schema_version[-1]}-local-strict/_definitions.json", version)
+        registry = referencing.Resource.from_contents(defs) @ referencing.Registry()
+        validator = jsonschema.validators.Draft202012Validator(schema, registry=registry)
+        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            path = ".".join(str(p) for p in e.absolute_path)
+            fail(where, f"against {version}: {path}: {e.message}")
+
 
 def check_jobset(where, doc):
     for version in versions:
@@ -225,8 +307,10 @@ def check_hardened(where, pod, *, read_only_root):
         if sc.get("privileged"):
             fail(cw, "must not be privileged")
         caps = sc.get("capabilities") or {}
-        if "ALL" not in (caps.get("drop") or []) or caps.get("add"):
-            fail(cw, "capabilities must drop ALL and add none")
+        # RDMA needs IPC_LOCK (NCCL pins memory); nothing else needs any.
+        allowed = {"IPC_LOCK"} if "rdma" in where.split(":")[0] else set()
+        if "ALL" not in (caps.get("drop") or []) or not set(caps.get("add") or []) <= allowed:
+            fail(cw, "capabilities must drop ALL and add none" + (" but IPC_LOCK" if allowed else ""))
         if read_only_root and sc.get("readOnlyRootFilesystem") is not True:
             fail(cw, "readOnlyRootFilesystem must be true")
         res = c.get("resources") or {}
@@ -322,6 +406,89 @@ def no_sidecar(where, pod):
         fail(where, "pods need the annotation sidecar.istio.io/inject: \"false\" (a sidecar keeps a finished pod running)")
 
 
+def short_tolerations(where, spec):
+    tol = {t.get("key"): t for t in spec.get("tolerations") or []}
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        t = tol.get(key) or {}
+        if t.get("effect") != "NoExecute" or not 0 < (t.get("tolerationSeconds") or 0) <= 30:
+            fail(where, f"needs a NoExecute toleration of {key} for at most 30 s (the default 300 s delays a replacement)")
+
+
+# What Kubeflow Trainer's torch plugin gives the trainer's `node` container;
+# a runtime that set them would fight it.
+TRAINER_SETS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def check_runtime(where, doc):
+    spec = doc.get("spec") or {}
+    if "torch" not in (spec.get("mlPolicy") or {}):
+        fail(where, "mlPolicy.torch must be set (then Trainer gives the node container the PET_* variables)")
+    js = (spec.get("template") or {}).get("spec") or {}
+    if (js.get("failurePolicy") or {}).get("maxRestarts") != 0:
+        fail(where, "template.spec.failurePolicy.maxRestarts must be 0 (accel restarts the workers itself)")
+    nodes = [r for r in js.get("replicatedJobs") or [] if r.get("name") == "node"]
+    if len(nodes) != 1:
+        fail(where, "needs one replicatedJob named node (Trainer's trainer step)")
+        return
+    t = nodes[0].get("template") or {}
+    if ((t.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/trainjob-ancestor-step") != "trainer":
+        fail(where, "replicatedJob node needs the label trainer.kubeflow.org/trainjob-ancestor-step: trainer")
+    pod = (t.get("spec") or {}).get("template") or {}
+    check_hardened(where, pod, read_only_root=False)
+    no_sidecar(where, pod)
+    short_tolerations(where, pod.get("spec") or {})
+    if ((pod.get("metadata") or {}).get("labels") or {}).get("accel.dev/role") != "agent":
+        fail(where, "pods need the label accel.dev/role: agent (the PodMonitor selects it)")
+    node = [c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == "node"]
+    if len(node) != 1 or (node[0].get("command") or [""])[0] != "accel-agent":
+        fail(where, "needs a container named node whose command is accel-agent")
+        return
+    env = env_of(node[0])
+    for name in TRAINER_SETS:
+        if name in env:
+            fail(where, f"{name} must be left to Trainer, which sets it")
+    port = (env.get("PET_METRICS_BIND") or {}).get("value", "").rsplit(":", 1)[-1]
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if not port.isdigit() or container_port(node[0], "metrics") != int(port) or ann.get("prometheus.io/port") != port:
+        fail(where, "PET_METRICS_BIND's port must be the containerPort `metrics` and the prometheus.io/port annotation")
+    for r in js.get("replicatedJobs") or []:
+        # Each template as the Job Trainer's JobSet makes of it, for kubernetes-validate.
+        meta = copy.deepcopy((r.get("template") or {}).get("metadata") or {})
+        meta["name"] = f"runtime-{r.get('name')}"
+        write_doc(f"runtime-{meta['name']}", {"apiVersion": "batch/v1", "kind": "Job",
+                                              "metadata": meta, "spec": (r.get("template") or {}).get("spec")})
+
+
+def check_monitor(where, doc, rendered):
+    kind, spec = doc["kind"], doc.get("spec") or {}
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    if kind == "ServiceMonitor":
+        svcs = [d for d in rendered.get("base") or [] if d.get("kind") == "Service"
+                and all((d["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+        if not labels or len(svcs) != 1:
+            fail(where, "must select the Service rdzv-server (deploy/kubernetes/base) by its labels")
+        elif any(e.get("port") not in {p.get("name") for p in svcs[0]["spec"]["ports"]} for e in spec["endpoints"]):
+            fail(where, "endpoints must name a port of the Service rdzv-server")
+    if kind == "PodMonitor":
+        if labels != {"accel.dev/role": "agent"}:
+            fail(where, "must select the agent pods (accel.dev/role: agent)")
+        if any(e.get("port") != "metrics" for e in spec["podMetricsEndpoints"]):
+            fail(where, "podMetricsEndpoints must use the agents' container port `metrics`")
+    if kind == "PrometheusRule":
+        import shutil
+        import subprocess
+        promtool = shutil.which("promtool")
+        if not promtool:
+            fail(where, "needs promtool (scripts/setup.sh installs Debian's prometheus package)")
+            return
+        path = f"{work}/prometheusrule-groups.yml"
+        with open(path, "w") as f:
+            yaml.safe_dump({"groups": spec["groups"]}, f, sort_keys=False)
+        run = subprocess.run([promtool, "check", "rules", path], capture_output=True, text=True)
+        if run.returncode != 0:
+            fail(where, f"promtool check rules: {run.stdout.strip()} {run.stderr.strip()}")
+
+
 # Where each part of the job id comes from, in order: PET_RDZV_ID is
 # "$(PART)-$(PART)..." of variables defined before it from these labels.
 JOB_ID = {
@@ -363,11 +530,7 @@ def check_agent_pod(where, pod, nnodes, kind):
         elif "PET_RDZV_ID" in names and names.index(var) > names.index("PET_RDZV_ID"):
             fail(where, f"{var} must be defined before PET_RDZV_ID, which refers to it")
     no_sidecar(where, pod)
-    tol = {t.get("key"): t for t in spec.get("tolerations") or []}
-    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
-        t = tol.get(key) or {}
-        if t.get("effect") != "NoExecute" or not 0 < (t.get("tolerationSeconds") or 0) <= 30:
-            fail(where, f"needs a NoExecute toleration of {key} for at most 30 s (the default 300 s delays a replacement)")
+    short_tolerations(where, spec)
     if (env.get("PET_RDZV_BACKEND") or {}).get("value") != "c10d":
         fail(where, "PET_RDZV_BACKEND must be c10d")
     cm = ((env.get("PET_RDZV_ENDPOINT") or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}
@@ -397,6 +560,40 @@ def check_agent_pod(where, pod, nnodes, kind):
         if missing:
             fail(where, f"store ports not declared as containerPorts: {missing}")
     token_mounted(where, pod, c)
+
+
+def quantity(q):
+    """A memory quantity in bytes (Ki, Mi, Gi, Ti, or plain)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", str(q))
+    if not m:
+        raise ValueError(f"quantity {q!r}")
+    return int(m[1]) * {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}[m[2]]
+
+
+def check_gpu_pod(where, pod):
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    res = c.get("resources") or {}
+    gpus = (res.get("limits") or {}).get("nvidia.com/gpu")
+    if not gpus or (res.get("requests") or {}).get("nvidia.com/gpu") != gpus:
+        fail(where, "needs nvidia.com/gpu in limits and requests, equal")
+    if "--nproc-per-node=gpu" not in (c.get("args") or []):
+        fail(where, "--nproc-per-node=gpu: a worker per GPU the container can open")
+    shm = next((v for v in spec.get("volumes") or [] if v.get("name") == "dshm"), {}).get("emptyDir") or {}
+    limit = quantity(res["limits"]["memory"])
+    if shm.get("medium") != "Memory" or quantity(shm.get("sizeLimit", 0)) < 16 << 30:
+        fail(where, "/dev/shm must be in memory and at least 16Gi (DataLoader workers pass batches through it)")
+    elif quantity(res["requests"]["memory"]) + quantity(shm["sizeLimit"]) > limit:
+        fail(where, "the memory limit must hold the memory request plus /dev/shm, which counts in it")
+    if "rdma" in where.split(":")[0]:
+        caps = (c.get("securityContext") or {}).get("capabilities") or {}
+        if "IPC_LOCK" not in (caps.get("add") or []):
+            fail(where, "RDMA needs IPC_LOCK (NCCL pins the memory it registers)")
+        if not any(k.startswith("rdma/") for k in res.get("limits") or {}):
+            fail(where, "RDMA needs an rdma/ device resource")
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if not ann.get("k8s.v1.cni.cncf.io/networks"):
+            fail(where, "RDMA needs a Multus network (k8s.v1.cni.cncf.io/networks)")
 
 
 def check_job_spec(where, spec):
@@ -433,6 +630,14 @@ def check_doc(name, docs, doc, where):
             fail(where, "successPolicy.operator must be Any (an agent exits 0 only when the accel job succeeded)")
             templates.setdefault("JobSet", strip_for_compare(pod))
         return
+    if kind == "ClusterTrainingRuntime":
+        validate_crd(where, doc, RUNTIME_SCHEMA)
+        check_runtime(where, doc)
+        return
+    if kind in MONITORING_SCHEMAS:
+        validate_crd(where, doc, MONITORING_SCHEMAS[kind])
+        check_monitor(where, doc, rendered)
+        return
     write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
     labels = ((pod_of(doc) or {}).get("metadata") or {}).get("labels") or {}
     if kind in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/name") == "rdzv-server":
@@ -449,7 +654,10 @@ def check_doc(name, docs, doc, where):
         if not sub or not svc or svc[0]["spec"].get("clusterIP") != "None" \
                 or (svc[0]["spec"].get("selector") or {}).get("batch.kubernetes.io/job-name") != meta.get("name"):
             fail(where, "the pods' subdomain must name a headless Service selecting this Job's pods")
-        templates.setdefault("Job", strip_for_compare(pod))
+        if name == "training-job":
+            templates["Job"] = strip_for_compare(pod)
+        if "gpu" in name:
+            check_gpu_pod(where, pod)
 
 
 templates = {}
@@ -470,16 +678,16 @@ if set(templates) == {"Job", "JobSet"} and templates["Job"] != templates["JobSet
 # Every manifest under deploy/kubernetes is part of a kustomization (else
 # nothing here would render, and so check, it).
 referenced = set()
-for k in glob.glob("deploy/kubernetes/**/kustomization.yaml", recursive=True):
+for k in glob.glob("deploy/kube*/**/kustomization.yaml", recursive=True):
     d = os.path.dirname(k)
     spec = yaml.safe_load(open(k)) or {}
     paths = list(spec.get("resources") or []) + list(spec.get("components") or [])
     paths += [p["path"] for p in spec.get("patches") or [] if isinstance(p, dict) and "path" in p]
     referenced |= {os.path.normpath(os.path.join(d, p)) for p in paths}
-for f in sorted(glob.glob("deploy/kubernetes/**/*.y*ml", recursive=True)):
+for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
-for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset"):
+for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
 
@@ -489,6 +697,8 @@ print(f"check-kubernetes: {len(rendered)} kustomizations, {count} documents to v
       f"{len(failures)} failures in the JobSet and deployment checks")
 sys.exit(1 if failures else 0)
 PY
+# The PrometheusRule is deploy/prometheus/accel.rules.yml's rules, no more.
+PYTHON="$TOOLS/bin/python" scripts/prometheus-rule.sh --check || status=1
 
 # kubernetes-validate: strict, every document, every version. It only warns
 # (exit 0) for a kind it has no schema for, so any warning fails here too.
