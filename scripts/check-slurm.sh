@@ -13,7 +13,10 @@
 #     job's id, WORLD_SIZE is 2 x NODES, TORCHELASTIC_RUN_ID is the job id, each
 #     rank 0..WORLD_SIZE-1 is printed once, and slurmctld knows the job; then
 #     --ntasks-per-node=2 is refused (exit 2, naming --ntasks-per-node=1);
-#  4. stops the daemons and removes the directory, also on failure (with the
+#  4. sbatch --wait deploy/slurm/train.sbatch (the documented batch script:
+#     its own port, a token, --cpus-per-task) runs one job on every node and
+#     removes its token file;
+#  5. stops the daemons and removes the directory, also on failure (with the
 #     daemons' log tails then).
 # Nothing is skipped: if Slurm cannot run here, this fails and says why.
 # Usage: scripts/check-slurm.sh          (as root: slurmd starts each step as
@@ -321,6 +324,32 @@ grep -m1 -- '--ntasks-per-node=1' "$err" | sed 's/^/  ! /' >&2 || true
 grep -q -- '--ntasks-per-node=1' "$err" || { sed 's/^/  ! /' "$err" >&2; fail "the refusal does not name --ntasks-per-node=1"; }
 refusals="$(grep -c -- '--ntasks-per-node=1' "$err")"
 [ "$refusals" -eq $((2 * NODES)) ] || fail "$refusals refusals for $((2 * NODES)) tasks"
+
+# The example batch script: sbatch it as a user would, with a command that
+# prints each worker's view.
+say "running: sbatch --wait deploy/slurm/train.sbatch (the example batch script)"
+sub="$tmp/submit"
+mkdir -p "$sub"
+rc=0
+# shellcheck disable=SC2016 # the workers' shell expands them
+(cd "$sub" && ACCEL_AGENT="$AGENT" ACCEL_NPROC=$NPROC timeout 180 sbatch --wait --parsable \
+  --nodes="$NODES" --cpus-per-task="$CPUS" --output="$sub/out" --error="$sub/err" \
+  "$OLDPWD/deploy/slurm/train.sbatch" --no-python sh -c \
+  'echo "worker RANK=$RANK WORLD_SIZE=$WORLD_SIZE TORCHELASTIC_RUN_ID=$TORCHELASTIC_RUN_ID"') \
+  >"$sub/job" 2>"$sub/sbatch.err" || rc=$?
+sed 's/^/  | /' "$sub/out" >&2 2>/dev/null || true
+if [ "$rc" -ne 0 ]; then
+  sed 's/^/  ! /' "$sub/sbatch.err" "$sub/err" >&2 2>/dev/null || true
+  fail "sbatch --wait exited $rc (124: timed out)"
+fi
+BJOB="$(cut -d';' -f1 "$sub/job")"
+workers="$(grep -c '^worker ' "$sub/out" || true)"
+[ "$workers" -eq "$WORLD" ] || fail "batch job $BJOB: $workers worker lines, expected $WORLD"
+bad="$(grep '^worker ' "$sub/out" | grep -v " WORLD_SIZE=$WORLD TORCHELASTIC_RUN_ID=$BJOB\$" || true)"
+[ -z "$bad" ] || fail "batch job $BJOB: a worker is not in one job of $WORLD: $bad"
+lines="$(grep -c "running under Slurm (job $BJOB)" "$sub/err" || true)"
+[ "$lines" -eq "$NODES" ] || fail "batch job $BJOB: $lines 'running under Slurm' lines for $NODES nodes"
+[ ! -e "$sub/.accel-token-$BJOB" ] || fail "batch job $BJOB left its token file behind"
 
 say "all checks passed in $((SECONDS - START)) s"
 echo "check-slurm: ok ($NODES nodes, job $JOB)"
