@@ -333,6 +333,28 @@ def container_port(c, name):
     return next((p["containerPort"] for p in c.get("ports") or [] if p.get("name") == name), None)
 
 
+def check_replicas_on_etcd(where, pod, c, args):
+    """Replicas on etcd: TLS and an etcd user of their own, a prefix per
+    installation, spread over zones."""
+    eps = next(a for a in args if a.startswith("--etcd-endpoints=")).split("=", 1)[1].split(",")
+    if not all(e.startswith("https://") for e in eps):
+        fail(where, "--etcd-endpoints must be https:// (the replicas' state and elections cross the network)")
+    for flag in ("--etcd-ca=", "--etcd-cert=", "--etcd-key=", "--etcd-user=", "--etcd-password-file="):
+        if not any(a.startswith(flag) for a in args):
+            fail(where, f"needs {flag.rstrip('=')} (etcd TLS and authentication)")
+    env = env_of(c)
+    if ((env.get("POD_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace" \
+            or "--etcd-prefix=/accel/$(POD_NAMESPACE)" not in args:
+        fail(where, "--etcd-prefix must be /accel/$(POD_NAMESPACE) (one installation per namespace)")
+    mounted = {v.get("secret", {}).get("secretName") for v in pod["spec"].get("volumes") or []}
+    if not {"accel-etcd-tls", "accel-etcd-auth"} <= mounted:
+        fail(where, "the Secrets accel-etcd-tls and accel-etcd-auth must be mounted")
+    zones = [t for t in pod["spec"].get("topologySpreadConstraints") or []
+             if t.get("topologyKey") == "topology.kubernetes.io/zone"]
+    if not zones:
+        fail(where, "replicas need a topologySpreadConstraint over topology.kubernetes.io/zone")
+
+
 def check_server(where, doc, docs):
     no_sidecar(where, pod_of(doc))
     pod = doc["spec"]["template"]
@@ -343,6 +365,8 @@ def check_server(where, doc, docs):
         fail(where, "ports grpc 29400 and metrics 29401 must be declared")
     if "--metrics-bind=[::]:29401" not in args or "--token-file=/etc/accel/token/token" not in args:
         fail(where, "args must give --metrics-bind=[::]:29401 and --token-file=/etc/accel/token/token")
+    if any(a.startswith("--etcd-endpoints=") for a in args):
+        check_replicas_on_etcd(where, pod, c, args)
     get = (c.get("readinessProbe") or {}).get("httpGet") or {}
     if get.get("path") != "/readyz" or get.get("port") not in ("metrics", 29401):
         fail(where, "readinessProbe must be httpGet /readyz on the metrics port")
