@@ -11,6 +11,7 @@ mod hangs;
 mod health_check;
 mod hot_restart;
 mod install;
+mod kubeflow;
 mod launch;
 mod logs;
 mod metrics;
