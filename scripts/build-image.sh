@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Builds accel's container image (accel/rdzv-server:VERSION) without a Docker
-# engine and without pulling a base image: the three binaries are the x86_64
-# wheel's (scripts/build-wheel.sh: static musl executables, built here or found
-# fresh in cargo's target dir) and go into an image FROM scratch with buildah.
+# engine and without pulling a base image: the three binaries are the wheel's
+# (scripts/build-wheel.sh: static musl executables, built here or found fresh
+# in cargo's target dir) and go into an image FROM scratch with buildah. The
+# same script builds the arm64 image (--arch aarch64: the aarch64 wheel's
+# binaries, for Grace machines such as GH200 and GB200); no emulation is
+# needed to build it, only to run it.
 # The result has the same contents and configuration as the Dockerfile's final
 # stage (/usr/local/bin/{rdzv-server,accel-agent,accel}, /etc/passwd and
 # /etc/group with user 65532, /tmp; USER 65532:65532, EXPOSE 29400 29401,
 # ENTRYPOINT rdzv-server, the same OCI labels).
 #
-# Usage: scripts/build-image.sh [--out PATH] [--format oci-archive|docker-archive]
+# Usage: scripts/build-image.sh [--arch x86_64|aarch64] [--out PATH]
+#                               [--format oci-archive|docker-archive]
 #                               [--tag NAME:TAG] [--no-archive]
+#   --arch A       the machine: x86_64 (default; image architecture amd64) or
+#                  aarch64 (arm64; default tag accel/rdzv-server:VERSION-arm64)
 #   --out PATH     where the archive goes
 #                  (default: $CARGO_TARGET_DIR/image/accel-rdzv-server-VERSION.<format>.tar)
 #   --format F     oci-archive (default) or docker-archive (for `docker load`)
@@ -31,14 +37,15 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-TARGET=x86_64-unknown-linux-musl
 BINS=(rdzv-server accel-agent accel)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
 STORAGE="${ACCEL_IMAGE_STORAGE:-vfs}"
 
-out="" format="oci-archive" tag="" archive=1
+out="" format="oci-archive" tag="" archive=1 arch=x86_64
 while [ $# -gt 0 ]; do
   case "$1" in
+    --arch) arch="${2:?--arch needs a value}"; shift 2 ;;
+    --arch=*) arch="${1#--arch=}"; shift ;;
     --out) out="${2:?--out needs a path}"; shift 2 ;;
     --out=*) out="${1#--out=}"; shift ;;
     --format) format="${2:?--format needs a value}"; shift 2 ;;
@@ -50,6 +57,12 @@ while [ $# -gt 0 ]; do
     *) echo "build-image: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$arch" in
+  x86_64) oci_arch=amd64 suffix="" ;;
+  aarch64) oci_arch=arm64 suffix="-arm64" ;;
+  *) echo "build-image: --arch must be x86_64 or aarch64, not $arch" >&2; exit 2 ;;
+esac
+TARGET="$arch-unknown-linux-musl"
 case "$format" in
   oci-archive|docker-archive) ;;
   *) echo "build-image: --format must be oci-archive or docker-archive, not $format" >&2; exit 2 ;;
@@ -57,8 +70,8 @@ esac
 
 # The version the crates declare ([workspace.package] version).
 VERSION="$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')"
-tag="${tag:-accel/rdzv-server:$VERSION}"
-out="${out:-$CARGO_TARGET_DIR/image/accel-rdzv-server-$VERSION.$format.tar}"
+tag="${tag:-accel/rdzv-server:$VERSION$suffix}"
+out="${out:-$CARGO_TARGET_DIR/image/accel-rdzv-server-$VERSION$suffix.$format.tar}"
 # Labels as the Dockerfile sets them; source and revision from git when known.
 SOURCE_URL="$(git remote get-url origin 2>/dev/null || true)"
 REVISION="$(git rev-parse HEAD 2>/dev/null || true)"
@@ -70,13 +83,13 @@ if ! command -v buildah >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah >/dev/null
 fi
-# The x86_64 wheel's binaries: one release build serves the wheel and the image.
-wheeldir="$CARGO_TARGET_DIR/image/wheel"
+# The wheel's binaries: one release build serves the wheel and the image.
+wheeldir="$CARGO_TARGET_DIR/image/wheel${suffix}"
 bindir="$wheeldir/bin"
 rm -rf "$bindir"
-echo "build-image: scripts/build-wheel.sh x86_64 (target dir $CARGO_TARGET_DIR)" >&2
+echo "build-image: scripts/build-wheel.sh $arch (target dir $CARGO_TARGET_DIR)" >&2
 # It checks that they are static: no program interpreter, no shared library.
-scripts/build-wheel.sh x86_64 "$wheeldir" --binaries "$bindir" >/dev/null
+scripts/build-wheel.sh "$arch" "$wheeldir" --binaries "$bindir" >/dev/null
 
 # The root file system of the final stage, staged in a scratch directory.
 stage="$(mktemp -d)"
@@ -93,14 +106,15 @@ echo 'nonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin' > "$stage/etc/pa
 echo 'nonroot:x:65532:' > "$stage/etc/group"
 
 B=(buildah --storage-driver "$STORAGE")
-ctr="$("${B[@]}" from --name "accel-image-$$" scratch)"
+ctr="$("${B[@]}" from --arch "$oci_arch" --os linux --name "accel-image-$$" scratch)"
 "${B[@]}" copy --chown 0:0 "$ctr" "$stage/" / >/dev/null
 "${B[@]}" config \
+  --arch "$oci_arch" --os linux \
   --user 65532:65532 \
   --port 29400/tcp --port 29401/tcp \
   --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --entrypoint '["/usr/local/bin/rdzv-server"]' --cmd '' \
-  --created-by "scripts/build-image.sh (the x86_64 wheel's static $TARGET binaries, FROM scratch)" \
+  --created-by "scripts/build-image.sh (the $arch wheel's static $TARGET binaries, FROM scratch)" \
   --label org.opencontainers.image.title="accel rdzv-server" \
   --label org.opencontainers.image.description="accel's rendezvous server, with accel-agent and accel (static binaries)" \
   --label org.opencontainers.image.version="$VERSION" \

@@ -15,7 +15,11 @@
 #      by the host's `rdzv-server status` (and its /healthz, once the server has
 #      --metrics-bind), a two-node job rendezvousing through
 #      it, `status` from a second container by host name (name resolution in the
-#      static binary), and a clean exit on SIGTERM.
+#      static binary), and a clean exit on SIGTERM;
+#   4. unless ACCEL_IMAGE_BUILD=0: the arm64 image (scripts/build-image.sh
+#      --arch aarch64), its platform and configuration, and its binaries
+#      (taken out of the image) run under qemu-user: --version of each, and a
+#      job of two workers.
 # Usage: scripts/check-image.sh [DOCKERFILE]   (default: Dockerfile)
 # Environment: ACCEL_IMAGE_BUILD=0 skips step 3; CARGO_TARGET_DIR as for
 # scripts/build-image.sh; ACCEL_PODMAN_RUNTIME (default runc: crun refuses
@@ -212,4 +216,49 @@ else
 fi
 "${P[@]}" rm "$srv" >/dev/null
 srv=""
+
+# 4. The arm64 image, from the same script (the aarch64 wheel's binaries),
+# and its binaries run under qemu-user: no binfmt_misc is registered here,
+# so they are taken out of the image (buildah mount) and run by
+# qemu-aarch64-static, as scripts/check-wheel.sh runs the aarch64 wheel's.
+start=$(date +%s)
+if ! built="$(scripts/build-image.sh --arch aarch64)"; then
+  fail "scripts/build-image.sh --arch aarch64"
+  finish
+  exit
+fi
+ARM_IMAGE="$(printf '%s\n' "$built" | tail -n2 | head -n1)"
+ARM_ARCHIVE="$(printf '%s\n' "$built" | tail -n1)"
+ok "built $ARM_IMAGE in $(( $(date +%s) - start )) s ($ARM_ARCHIVE)"
+got="$("${B[@]}" inspect --type image --format '{{.OCIv1.Architecture}}/{{.OCIv1.OS}} {{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$ARM_IMAGE")"
+if [ "$got" = "arm64/linux 65532:65532 [/usr/local/bin/rdzv-server]" ]; then
+  ok "the arm64 image: $got"
+else
+  fail "the arm64 image's platform, user and entrypoint: $got"
+fi
+command -v qemu-aarch64-static >/dev/null || apt_install qemu-user-static
+ctr="$("${B[@]}" from --pull-never --name "accel-check-arm-$$" "$ARM_IMAGE")"
+root="$("${B[@]}" mount "$ctr")"
+for b in rdzv-server accel-agent accel; do
+  machine="$(od -An -j18 -N2 -tu2 "$root/usr/local/bin/$b" | tr -d ' ')"
+  got="$(qemu-aarch64-static "$root/usr/local/bin/$b" --version 2>&1 || true)"
+  # e_machine 183 is EM_AARCH64.
+  if [ "$machine" = 183 ] && [ "$got" = "$b $VERSION" ]; then
+    ok "arm64 image: $b (aarch64) --version under qemu = $got"
+  else
+    fail "arm64 image: $b is e_machine $machine and printed '$got' under qemu"
+  fi
+done
+arm_tmp="$(mktemp -d)"
+if (cd "$arm_tmp" && ACCEL_LOG=warn timeout 120 qemu-aarch64-static "$root/usr/local/bin/accel-agent" \
+      --nproc-per-node 2 --no-python sh -c 'echo "RANK=$RANK WORLD_SIZE=$WORLD_SIZE"') >"$arm_tmp/out" 2>&1 \
+    && [ "$(grep -c '^RANK=[01] WORLD_SIZE=2$' "$arm_tmp/out")" = 2 ]; then
+  ok "arm64 image: its accel-agent ran a job of 2 workers under qemu"
+else
+  fail "arm64 image: accel-agent under qemu: $(tail -n5 "$arm_tmp/out")"
+fi
+rm -rf "$arm_tmp"
+"${B[@]}" umount "$ctr" >/dev/null
+"${B[@]}" rm "$ctr" >/dev/null
+ctr=""
 finish
