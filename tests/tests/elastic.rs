@@ -521,3 +521,113 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     );
     assert_eq!(records(&dir).len(), 2, "no worker started again");
 }
+
+/// Kubernetes node loss, as far as one host can play it: a node of a
+/// fixed-size job goes silent (its kubelet and pod unreachable: the agent is
+/// frozen with SIGSTOP), and a replacement agent joins under a new node id
+/// (the pod the Job starts once the old one is gone). The frozen node's
+/// worker is dead (killed by its guard) before the replacement's starts, so
+/// no rank runs twice; the job goes on with the replacement without
+/// spending its restart budget (it has none); and when the frozen pod is
+/// finally removed (SIGKILL), nothing changes.
+#[test]
+fn a_frozen_node_s_replacement_takes_its_place_and_no_rank_runs_twice() {
+    let server = Server::start();
+    let dir = scratch("node-loss");
+    // A 1 s drop limit; the survivors wait up to 120 s for a replacement.
+    let conf = "keep_alive_interval=0.25,keep_alive_max_attempt=4,join_timeout=120";
+    let agent = |name: &str| {
+        AgentCmd::c10d(&server.addr, "node-loss")
+            .nnodes("2")
+            .nproc(1)
+            .max_restarts(0)
+            .conf(conf)
+            .recording(&dir, name)
+            .env("RECORD_EACH_ROUND", "1")
+            .env("RUN_FOR", "600")
+    };
+    let of = |tag: &str| -> Vec<Record> {
+        records(&dir)
+            .into_iter()
+            .filter(|r| r.var("AGENT_TAG") == tag)
+            .collect()
+    };
+    let a = agent("a").start(&dir, "a");
+    let b = agent("b").start(&dir, "b");
+    assert!(
+        eventually(Duration::from_secs(60), || of("a").len() == 1
+            && of("b").len() == 1),
+        "the round of two runs: {:?}",
+        records(&dir)
+    );
+    let frozen: Vec<u32> = of("b")
+        .iter()
+        .flat_map(|r| std::iter::once(r.pid).chain(r.children.clone()))
+        .collect();
+    // When the frozen node's processes were last seen alive, watched from
+    // another thread while the replacement comes.
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (frozen, watching) = (frozen.clone(), watching.clone());
+        std::thread::spawn(move || {
+            let mut last_alive = None;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if frozen.iter().any(|p| alive(*p)) {
+                    last_alive = Some(std::time::SystemTime::now());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            last_alive
+        })
+    };
+    b.signal("STOP");
+    let replacement = agent("b2").start(&dir, "b2");
+    assert!(
+        eventually(Duration::from_secs(60), || of("b2").len() == 1
+            && of("a").len() == 2),
+        "the job re-forms with the replacement: {:?}",
+        records(&dir)
+    );
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let last_alive = watcher.join().expect("watcher").expect("seen alive");
+    let last_alive = last_alive
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs_f64();
+    let started = of("b2")[0].start;
+    assert!(
+        last_alive < started,
+        "the frozen node's worker was alive at {last_alive}, after the replacement's started at {started}"
+    );
+    // One world of two ranks, each once; nothing of the budget spent.
+    let round: Vec<Record> = of("b2")
+        .into_iter()
+        .chain(
+            of("a")
+                .into_iter()
+                .max_by(|x, y| x.start.total_cmp(&y.start)),
+        )
+        .collect();
+    let mut ranks: Vec<u32> = round.iter().map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1], "{round:?}");
+    assert!(
+        round
+            .iter()
+            .all(|r| r.restart == 0 && r.var("WORLD_SIZE") == "2"),
+        "{round:?}"
+    );
+    // The frozen pod removed at last: the job runs on, as it was.
+    b.signal("KILL");
+    let _ = b.wait(LIMIT);
+    std::thread::sleep(Duration::from_secs(2));
+    let jobs = accel_tests::status_jobs(&server.addr, &[]).expect("status");
+    assert_eq!(jobs[0]["phase"], "running", "{jobs:?}");
+    assert_eq!(jobs[0]["restart_count"], 0, "{jobs:?}");
+    // a's two rounds, b's first, b2's.
+    assert_eq!(records(&dir).len(), 4, "no worker started again");
+    for x in [a, replacement] {
+        x.signal("TERM");
+        let _ = x.wait(LIMIT);
+    }
+}
