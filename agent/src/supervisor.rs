@@ -66,10 +66,14 @@ pub(crate) struct WorkerSpec {
 }
 
 impl WorkerSpec {
-    /// Whether its hangs are watched (torchrun's `FileTimer` is on): then
-    /// the agent's `py-spy` must be able to read its stacks.
-    pub(crate) fn hang_detection(&self) -> bool {
-        self.env.iter().any(|(k, _)| k == "TORCHELASTIC_TIMER_FILE")
+    /// Whether the agent's `py-spy` must be able to read its stacks: always,
+    /// for job-wide stacks (`rdzv-server stacks`, the status page) and a
+    /// hang's report. Where Yama restricts `ptrace` to ancestors, the worker
+    /// names the agent as its tracer; that lets the agent's other
+    /// descendants (this node's other workers of the job, of the same user)
+    /// trace it too, and nothing outside the agent's process tree.
+    pub(crate) fn readable_stacks(&self) -> bool {
+        true
     }
 }
 
@@ -326,7 +330,7 @@ fn exec(spec: &WorkerSpec) -> std::io::Result<Started> {
         cmd.env_remove(secret);
     }
     accel_process::sys::kill_with_parent(&mut cmd);
-    if spec.hang_detection() {
+    if spec.readable_stacks() {
         accel_process::sys::let_agent_trace(&mut cmd);
     }
     if let Some(cpus) = &spec.cpus {
@@ -385,7 +389,7 @@ async fn fork(
             argv: server
                 .runs_scripts()
                 .then(|| spec.argv.get(1..).unwrap_or_default().to_vec()),
-            tracer: spec.hang_detection().then(std::process::id),
+            tracer: spec.readable_stacks().then(std::process::id),
             cpus: spec.cpus.as_ref().map(|c| c.iter().collect()),
             group: Some(group),
         })

@@ -17,9 +17,9 @@
 //!   `{"spawn": {"id": 7, "local_rank": 0, "global_rank": 0, "env": [["K", "V"], ...]}}`.
 //!   `env` is the worker's whole environment; `id` numbers the requests.
 //!   A zygote ([`crate::zygote`]) also gets `"argv": ["-u", "script.py", ...]`,
-//!   the interpreter's arguments an executed worker would have; with hang
-//!   detection on, `"tracer": PID`, the agent, which the worker lets trace
-//!   it (`PR_SET_PTRACER`, for `py-spy`); with `--numa-binding`,
+//!   the interpreter's arguments an executed worker would have;
+//!   `"tracer": PID`, the agent, which the worker lets trace it
+//!   (`PR_SET_PTRACER`, for `py-spy`); with `--numa-binding`,
 //!   `"cpus": [0, 1, ...]`, the CPUs the worker binds itself to before
 //!   anything else, as an executed worker is bound before its `exec`;
 //!   `"group": {"id": 3, "size": 2}` names the workers started together
@@ -106,7 +106,7 @@ pub struct ForkRequest {
     /// workers); `None`: the server's own target (a notebook's function).
     pub argv: Option<Vec<String>>,
     /// A process the worker lets trace it (`PR_SET_PTRACER`): the agent,
-    /// whose `py-spy` reads a hung worker's stacks.
+    /// whose `py-spy` reads the workers' stacks.
     pub tracer: Option<u32>,
     /// The CPUs the worker binds itself to first (`--numa-binding`).
     pub cpus: Option<Vec<u32>>,
