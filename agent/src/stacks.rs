@@ -27,9 +27,42 @@ use crate::file_timer::{Watched, Workers};
 /// The longest a server may ask a node to spend on its stacks.
 const MAX_BUDGET: Duration = Duration::from_secs(60);
 
+/// The workers a `py-spy` is reading now: a second one would find the
+/// process paused by the first, and the two could leave it stopped.
+static DUMPING: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// Holds `pid` in [`DUMPING`] while it lives.
+struct Dumping(i32);
+
+impl Dumping {
+    fn take(pid: i32) -> Option<Self> {
+        let mut d = DUMPING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if d.contains(&pid) {
+            return None;
+        }
+        d.push(pid);
+        Some(Self(pid))
+    }
+}
+
+impl Drop for Dumping {
+    fn drop(&mut self) {
+        DUMPING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|p| *p != self.0);
+    }
+}
+
 /// The Python stacks of `pid` from `py-spy dump` (`native`: C/C++ frames
-/// too), or why there are none, within `timeout`.
+/// too), or why there are none, within `timeout`. One `py-spy` at a time
+/// per process.
 pub async fn dump(pid: i32, native: bool, timeout: Duration) -> String {
+    let Some(_dumping) = Dumping::take(pid) else {
+        return "(no stacks: another py-spy is reading this worker now)".into();
+    };
     let Some(py_spy) = crate::probe::program("py-spy") else {
         return "(no stacks: py-spy is not installed; `pip install py-spy` on the nodes to see where a hung worker is)".into();
     };
@@ -145,10 +178,40 @@ impl JobStacks {
             return Err("this node has not joined a rendezvous".into());
         };
         let job = client.job_id().to_owned();
-        client
-            .job_stacks(timeout)
-            .await
-            .map(|r| (job, r))
-            .map_err(|s| format!("the rendezvous answered {:?}: {}", s.code(), s.message()))
+        // The call's deadline is the server's to keep: this one is ours.
+        let limit = timeout + Duration::from_secs(2);
+        match tokio::time::timeout(limit, client.job_stacks(timeout)).await {
+            Ok(Ok(r)) => Ok((job, r)),
+            Ok(Err(s)) => Err(format!(
+                "the rendezvous answered {:?}: {}",
+                s.code(),
+                s.message()
+            )),
+            Err(_) => Err(format!(
+                "the rendezvous did not answer within {} s",
+                limit.as_secs()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_py_spy_at_a_time_per_process() {
+        let first = Dumping::take(424_242).expect("free");
+        assert!(Dumping::take(424_242).is_none(), "taken");
+        assert!(Dumping::take(424_243).is_some(), "another process");
+        drop(first);
+        assert!(Dumping::take(424_242).is_some(), "free again");
+    }
+
+    #[tokio::test]
+    async fn a_worker_being_read_is_not_read_twice() {
+        let _held = Dumping::take(424_244).expect("free");
+        let got = dump(424_244, false, Duration::from_secs(1)).await;
+        assert!(got.contains("another py-spy is reading"), "{got}");
     }
 }

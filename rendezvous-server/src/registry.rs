@@ -361,6 +361,7 @@ impl Registry {
         for id in &over {
             jobs.map.remove(id);
             jobs.commit.mark(id);
+            self.stacks.forget(id);
         }
         over.len()
     }
@@ -777,6 +778,7 @@ impl Registry {
             if entry.job.expired(now, self.ttl) {
                 jobs.map.remove(&id);
                 jobs.commit.mark(&id);
+                self.stacks.forget(&id);
                 continue;
             }
             let members = entry.job.members().len();

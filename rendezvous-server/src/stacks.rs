@@ -17,7 +17,8 @@
 //! the failure report says where every rank was when the job hung.
 //!
 //! Bounds: at most [`MAX_COLLECTIONS`] collections run at once, one per job
-//! (a second caller gets the answer of the one under way); a collection
+//! (a second caller gets the answer of the one under way, whatever it asked
+//! for, and a caller within [`COOLDOWN`] of an answer gets that answer); a collection
 //! lasts at most [`MAX_TIMEOUT`] and ends when every node asked answered;
 //! a node's answer must fit in one request (`limits::MAX_MESSAGE_BYTES`),
 //! each stack at most [`MAX_STACK_BYTES`]; the answer carries at most
@@ -56,6 +57,9 @@ pub const MAX_MISSING_LISTED: usize = 1000;
 pub const MAX_KEPT: usize = 64;
 /// How long a collection's answer is kept for the status page.
 pub const KEPT_FOR: Duration = Duration::from_secs(3600);
+/// How long an answer stands in for a new collection of its job: asking in
+/// a loop cannot keep the workers under py-spy.
+pub const COOLDOWN: Duration = Duration::from_secs(5);
 
 /// The collection's time budget for `timeout_ms` (0: the default), bounded.
 pub fn timeout_of(timeout_ms: u32) -> Duration {
@@ -366,6 +370,14 @@ impl Desk {
         if let Some(p) = s.by_job.get(job) {
             return Ok(Begin::UnderWay(p.done.clone()));
         }
+        if let Some((_, r)) = s
+            .kept
+            .get(job)
+            .filter(|(at, _)| unix_ms_now().saturating_sub(*at) < COOLDOWN.as_millis() as u64)
+        {
+            // Answered a moment ago: that answer, not another round of dumps.
+            return Ok(Begin::UnderWay(watch::channel(Some(r.clone())).1));
+        }
         if s.by_job.len() >= MAX_COLLECTIONS {
             return Err(Error::LimitReached(format!(
                 "{MAX_COLLECTIONS} stack collections are under way on this server; try again in {} s",
@@ -445,8 +457,14 @@ impl Desk {
             .filter(|at| !stale(*at))
     }
 
-    fn keep(&self, job: &str, r: Arc<pb::StacksResponse>) {
+    /// Collection `id` of `job` is over with answer `r`: kept for the page,
+    /// and the job free for a new one, at once (a reader never sees the
+    /// collection gone without its answer).
+    fn publish(&self, job: &str, id: u64, r: Arc<pb::StacksResponse>) {
         let mut s = self.lock();
+        if s.by_job.get(job).is_some_and(|p| p.id == id) {
+            s.by_job.remove(job);
+        }
         s.kept.retain(|_, (at, _)| !stale(*at));
         if s.kept.len() >= MAX_KEPT && !s.kept.contains_key(job) {
             if let Some(oldest) = s
@@ -461,11 +479,10 @@ impl Desk {
         s.kept.insert(job.to_owned(), (unix_ms_now(), r));
     }
 
-    fn close(&self, job: &str, id: u64) {
-        let mut s = self.lock();
-        if s.by_job.get(job).is_some_and(|p| p.id == id) {
-            s.by_job.remove(job);
-        }
+    /// Forgets what is kept of `job` (it ended and was forgotten: a new job
+    /// of that id must not show its stacks).
+    pub fn forget(&self, job: &str) {
+        self.lock().kept.remove(job);
     }
 }
 
@@ -497,7 +514,6 @@ impl Collection {
                 _ => break,
             }
         }
-        desk.close(&self.job, self.id);
         let nodes = (asked.len() + unreachable.len()) as u32;
         let mut missing = unreachable;
         missing.extend(
@@ -508,7 +524,7 @@ impl Collection {
         );
         missing.sort();
         let r = Arc::new(group(round, nodes, &answers, &missing));
-        desk.keep(&self.job, r.clone());
+        desk.publish(&self.job, self.id, r.clone());
         self.done.send_replace(Some(r));
     }
 }

@@ -92,16 +92,67 @@ fn route(
     })
 }
 
-/// Whether `page`'s caller may read the jobs (see the module docs).
-pub fn admitted(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token>) -> bool {
+/// Whether `page`'s caller may read the jobs (see the module docs): with
+/// the token; or, without it, from this host when the request names this
+/// host (`host`: its `Host` header) as `localhost` or an IP address. A
+/// page of another site that re-points its own name at 127.0.0.1 (DNS
+/// rebinding) reaches a tunnel's loopback port too, but its requests name
+/// that site, so they are refused.
+pub fn admitted(
+    peer: IpAddr,
+    host: Option<&[u8]>,
+    authorization: Option<&[u8]>,
+    token: Option<&Token>,
+) -> bool {
     let local = match peer {
         IpAddr::V4(a) => a.is_loopback(),
         IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
     };
     match token {
         None => true,
-        Some(t) => local || t.admits_bytes(authorization),
+        Some(t) => t.admits_bytes(authorization) || (local && host.is_some_and(names_this_host)),
     }
+}
+
+/// Whether a `Host` header is `localhost` or an IP literal (any port).
+fn names_this_host(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
+}
+
+/// Whether a `POST` comes from the page itself: no `Origin` (not a browser),
+/// or the origin of the `Host` it was sent to.
+fn same_origin(page: &Page<'_>) -> bool {
+    let Some(origin) = page.headers.get("origin") else {
+        return true;
+    };
+    let host = page
+        .headers
+        .get("host")
+        .map(|h| h.as_bytes())
+        .unwrap_or_default();
+    let origin = origin.as_bytes();
+    [b"http://".as_slice(), b"https://".as_slice()]
+        .iter()
+        .any(|scheme| origin.strip_prefix(*scheme) == Some(host))
 }
 
 const JSON: &str = "application/json";
@@ -114,7 +165,8 @@ fn leader(
     token: Option<&Token>,
 ) -> Result<crate::registry::Registry, Box<Reply>> {
     let authorization = page.headers.get("authorization").map(|v| v.as_bytes());
-    if !admitted(page.peer, authorization, token) {
+    let host = page.headers.get("host").map(|v| v.as_bytes());
+    if !admitted(page.peer, host, authorization, token) {
         let body = error_json(
             "this rendezvous requires its token: give it to the page (or send \
              Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
@@ -193,9 +245,9 @@ fn stacks(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) 
             .headers
             .get("x-accel-request")
             .is_some_and(|v| v.as_bytes() == b"stacks");
-        if !asked {
+        if !asked || !same_origin(page) {
             let body = error_json(
-                "a collection is asked with the header X-Accel-Request: stacks (a cross-site form cannot send it)",
+                "a collection is asked by the page itself, with the header X-Accel-Request: stacks and no other site's Origin",
             );
             return reply(403, JSON, body, &[]);
         }
@@ -275,21 +327,36 @@ mod tests {
         let far: IpAddr = "10.0.0.7".parse().expect("ip");
         let near: IpAddr = "127.0.0.1".parse().expect("ip");
         let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
-        assert!(!admitted(far, None, Some(&t)));
+        let here = Some(b"127.0.0.1:29401".as_slice());
+        assert!(!admitted(far, here, None, Some(&t)));
         assert!(!admitted(
             far,
+            here,
             Some(b"Bearer wrong-token-value-000"),
             Some(&t)
         ));
         assert!(admitted(
             far,
+            Some(b"evil.example:29401"),
             Some(b"Bearer 0123456789abcdef0123"),
             Some(&t)
         ));
-        assert!(admitted(near, None, Some(&t)));
-        assert!(admitted(mapped, None, Some(&t)));
+        assert!(admitted(near, here, None, Some(&t)));
+        assert!(admitted(near, Some(b"localhost:29401"), None, Some(&t)));
+        assert!(admitted(near, Some(b"[::1]:29401"), None, Some(&t)));
+        assert!(admitted(mapped, Some(b"localhost"), None, Some(&t)));
+        // A page of another site whose name now points at 127.0.0.1 (DNS
+        // rebinding through a tunnel), or no Host at all: the token is needed.
+        assert!(!admitted(near, Some(b"evil.example:29401"), None, Some(&t)));
+        assert!(!admitted(
+            near,
+            Some(b"localhost.evil.example"),
+            None,
+            Some(&t)
+        ));
+        assert!(!admitted(near, None, None, Some(&t)));
         // Without a token the gRPC port is open as well.
-        assert!(admitted(far, None, None));
+        assert!(admitted(far, None, None, None));
     }
 
     #[test]

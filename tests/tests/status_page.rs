@@ -408,12 +408,33 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
         "when each node was last heard: {dom}"
     );
 
-    // A collection is asked with the page's header only.
-    let (status, _, body) =
-        accel_tests::http_request(&metrics, "POST", "/api/stacks?job=page-hang", &[])
-            .expect("answer");
+    // A link to the job's stacks marks its Stacks button, and collects
+    // nothing by itself: another site could link to it.
+    let dom = dump_dom(&dir, &format!("http://{metrics}/#stacks=page-hang"), 3000);
+    assert!(dom.contains("data-linked=\"true\""), "{dom}");
+    // A malformed link does not stop the page.
+    let dom = dump_dom(&dir, &format!("http://{metrics}/#stacks=%E0"), 3000);
+    assert!(dom.contains("data-job=\"page-hang\""), "{dom}");
+    assert_eq!(
+        stacks_at(&metrics, "page-hang").as_ref(),
+        Ok(&first),
+        "no collection"
+    );
+
+    // A collection is asked as the page's button asks: with its header, and
+    // no other site's Origin.
+    let post = |headers: &[(&str, &str)]| {
+        accel_tests::http_request(&metrics, "POST", "/api/stacks?job=page-hang", headers)
+            .expect("answer")
+    };
+    let (status, _, body) = post(&[]);
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("X-Accel-Request"), "{body}");
+    let (status, _, body) = post(&[
+        ("X-Accel-Request", "stacks"),
+        ("Origin", "http://evil.example"),
+    ]);
+    assert_eq!(status, 403, "another site's page: {body}");
     let (status, _, _) = accel_tests::http_request(
         &metrics,
         "POST",
@@ -422,10 +443,7 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
     )
     .expect("answer");
     assert_eq!(status, 404);
-
-    // The link asks for a new collection when the page loads (what the
-    // button does): the server collects again, once the second attempt's
-    // ranks are in the sleep and the barrier.
+    // Once the second attempt's ranks are in the sleep and the barrier.
     poll_until("the second attempt's ranks are in place", LIMIT, || {
         let n = std::fs::read_dir(&place).map_or(0, |d| {
             d.filter_map(Result::ok)
@@ -439,9 +457,10 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
         }
     });
     std::thread::sleep(Duration::from_millis(500));
-    let dom = dump_dom(&dir, &format!("http://{metrics}/#stacks=page-hang"), 3000);
-    assert!(dom.contains("class=\"ask-stacks\""), "{dom}");
-    poll_until("the page's collection answered", LIMIT, || {
+    let origin = format!("http://{metrics}");
+    let (status, _, body) = post(&[("X-Accel-Request", "stacks"), ("Origin", &origin)]);
+    assert_eq!(status, 202, "{body}");
+    poll_until("the collection answered", LIMIT, || {
         let at = stacks_at(&metrics, "page-hang")?;
         if at > first {
             Ok(())

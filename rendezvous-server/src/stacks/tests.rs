@@ -254,3 +254,45 @@ fn collections_at_once_are_bounded() {
     // Another caller of a job under way still gets its answer.
     assert!(matches!(desk.begin("job-0", 1), Ok(Begin::UnderWay(_))));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_a_moment_old_stands_in_for_a_new_collection_and_a_forgotten_job_has_none() {
+    let desk = Arc::new(Desk::default());
+    let Begin::New(c) = desk.begin("j", 1).expect("ok") else {
+        panic!("a new collection")
+    };
+    desk.expect("j", c.id, ["a".to_owned()]);
+    assert!(desk.deliver("j", c.id, "a", answer("host-a")));
+    let mut done = c.done();
+    c.run(
+        desk.clone(),
+        1,
+        vec![("a".into(), "host-a".into())],
+        vec![],
+        Instant::now() + Duration::from_secs(5),
+    )
+    .await;
+    let first = done
+        .wait_for(Option::is_some)
+        .await
+        .expect("ok")
+        .clone()
+        .expect("ok");
+    // Asked again at once: the same answer, no new collection (nothing is
+    // under way, and the answer is there without waiting).
+    let Begin::UnderWay(mut again) = desk.begin("j", 1).expect("ok") else {
+        panic!("the answer of a moment ago")
+    };
+    assert_eq!(desk.under_way(), 0);
+    let same = again
+        .wait_for(Option::is_some)
+        .await
+        .expect("ok")
+        .clone()
+        .expect("ok");
+    assert_eq!(same, first);
+    // A forgotten job's answer is gone: a new job of that id starts afresh.
+    desk.forget("j");
+    assert_eq!(desk.latest("j"), Latest::None);
+    assert!(matches!(desk.begin("j", 1), Ok(Begin::New(_))));
+}

@@ -45,28 +45,36 @@ function stacksOf(id) {
   return stacks.get(id);
 }
 
-// Fetches the job's kept stacks; while a collection runs, again in a second.
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+// Fetches the job's kept stacks; while a collection runs, again every
+// second. One loop per job at a time (`fetching`).
 async function fetchStacks(id) {
   const s = stacksOf(id);
+  if (s.fetching) return;
+  s.fetching = true;
   try {
-    const r = await fetch("/api/stacks?job=" + encodeURIComponent(id), { headers: headers(), cache: "no-store" });
-    const doc = await r.json();
-    if (r.status === 202) {
-      setTimeout(() => fetchStacks(id), 1000);
-      return;
-    }
-    s.asking = false;
-    if (r.ok) {
-      s.at = doc.at_unix_ms;
-      s.text = doc.text;
-      s.error = null;
-    } else {
-      s.error = doc.error || ("HTTP " + r.status);
+    for (;;) {
+      const r = await fetch("/api/stacks?job=" + encodeURIComponent(id), { headers: headers(), cache: "no-store" });
+      const doc = await r.json();
+      if (r.status === 202) {
+        await sleep(1000);
+        continue;
+      }
+      if (r.ok) {
+        s.at = doc.at_unix_ms;
+        s.text = doc.text;
+        s.error = null;
+      } else {
+        s.error = doc.error || ("HTTP " + r.status);
+      }
+      break;
     }
   } catch (e) {
-    s.asking = false;
     s.error = "cannot reach the server: " + e;
   }
+  s.asking = false;
+  s.fetching = false;
   redraw();
 }
 
@@ -94,7 +102,8 @@ async function askStacks(id) {
     redraw();
     return;
   }
-  setTimeout(() => fetchStacks(id), 500);
+  await sleep(500);
+  fetchStacks(id);
 }
 
 // "0.4 s ago", "3 min ago".
@@ -128,7 +137,14 @@ function rootCause(f) {
 
 function stacksPanel(j) {
   const s = stacksOf(j.job_id);
-  const button = el("button", { type: "button", class: "ask-stacks" }, s.asking ? "collecting…" : "Stacks");
+  const button = el("button", { type: "button", class: "ask-stacks", title: "collect every rank's Python stacks now (py-spy dump on each node)" }, s.asking ? "collecting…" : "Stacks");
+  if (j.job_id === linked) {
+    button.dataset.linked = "true";
+    if (!linkFocused) {
+      linkFocused = true;
+      queueMicrotask(() => button.focus());
+    }
+  }
   if (s.asking) button.disabled = true;
   button.addEventListener("click", () => askStacks(j.job_id));
   const panel = el("div", { class: "stacks-panel" }, button);
@@ -163,9 +179,8 @@ function jobCard(j) {
   // Stacks the server kept that this page has not fetched (a hang's, or
   // another operator's): fetched once.
   const s = stacksOf(j.job_id);
-  if (j.stacks_unix_ms !== null && j.stacks_unix_ms !== undefined && j.stacks_unix_ms !== s.at && !s.asking && !s.fetching) {
-    s.fetching = true;
-    fetchStacks(j.job_id).finally(() => { s.fetching = false; });
+  if (j.stacks_unix_ms !== null && j.stacks_unix_ms !== undefined && j.stacks_unix_ms !== s.at && !s.asking) {
+    fetchStacks(j.job_id);
   }
   card.append(stacksPanel(j));
   const rows = j.nodes.map((n) => el("tr", { "data-node": n.node_id },
@@ -187,6 +202,9 @@ function jobCard(j) {
 
 let refreshes = 0;
 let last = null;
+// The job a #stacks=ID link points at, and whether its button got the focus.
+let linked = null;
+let linkFocused = false;
 
 // Draws the last answer again (a stacks fetch or a click changed what a
 // card shows).
@@ -250,8 +268,16 @@ document.addEventListener("DOMContentLoaded", () => {
     document.getElementById("login").hidden = true;
     poll();
   });
-  // A link to #stacks=ID collects that job's stacks on load.
+  // A link to #stacks=ID points at that job's stacks: its card is marked
+  // and its Stacks button focused. Collecting takes a click: a link from
+  // another site must not make the server dump every worker.
   const m = /^#stacks=(.+)$/.exec(location.hash);
-  if (m) askStacks(decodeURIComponent(m[1]));
+  if (m) {
+    try {
+      linked = decodeURIComponent(m[1]);
+    } catch (e) {
+      linked = null;
+    }
+  }
   poll();
 });
