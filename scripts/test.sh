@@ -46,6 +46,29 @@ setup_took=$ACCEL_TEST_SETUP
 # build finds it through the venv's python3.
 export LIBTORCH_USE_PYTORCH=1 PATH="$ACCEL_VENV/bin:$PATH"
 
+# Disk: a machine that runs this many times a day collects cargo's
+# incremental caches (tens of GiB) and earlier runs' scratch directories
+# (kept a day for reading a failure; a chaos run's are hundreds of MiB).
+# Below 20 GiB free, the incremental caches go (they only speed up the next
+# build) and so do scratch directories older than an hour; with less than
+# 8 GiB free after that, the run stops here and says so, rather than failing
+# later in a way that names something else.
+free_gib() { df -Pk "$1" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+mkdir -p "$CARGO_TARGET_DIR"
+tmp_root="${TMPDIR:-/tmp}"
+if [ "$(free_gib "$CARGO_TARGET_DIR")" -lt 20 ] || [ "$(free_gib "$tmp_root")" -lt 20 ]; then
+  echo "test: less than 20 GiB free: removing cargo's incremental caches and scratch directories over an hour old" >&2
+  find "$CARGO_TARGET_DIR" -maxdepth 3 -type d -name incremental -prune -exec rm -rf {} +
+  find "$tmp_root" -maxdepth 1 -mmin +60 \( -name 'accel-test-*' -o -name 'accel-chaos-*' \
+    -o -name 'accel-test.*' -o -name 'check-slurm.*' \) -exec rm -rf {} +
+fi
+for where in "$CARGO_TARGET_DIR" "$tmp_root"; do
+  if [ "$(free_gib "$where")" -lt 8 ]; then
+    echo "test: only $(free_gib "$where") GiB free where $where is; the test command needs about 8 GiB. Free some (cargo clean, old files in $tmp_root) and run it again." >&2
+    exit 1
+  fi
+done
+
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")"
 printf 'lane\tstep\tseconds\tcpu_seconds\texit\n' >"$LOGS/times.tsv"
 
