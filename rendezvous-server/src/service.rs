@@ -24,7 +24,7 @@ use crate::auth::new_session;
 use crate::error::Error;
 use crate::ha::{Complaint, Role};
 use crate::job::Job;
-use crate::limits::{self, printable, printable_failure, printable_keeping};
+use crate::limits::{self, printable, printable_failure};
 use crate::registry::{NodeStream, Registry};
 
 /// The `accel.rendezvous.v1.Rendezvous` service.
@@ -312,21 +312,14 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
         limits::check_stacks(&r)?;
-        let workers = r
-            .workers
-            .into_iter()
-            .map(|w| pb::WorkerStack {
-                // Stored and printed: control characters escaped, lines kept.
-                stack: printable_keeping(&w.stack, true),
-                ..w
-            })
-            .collect();
+        // The registry escapes the stacks (they are stored and printed)
+        // once the caller is known to be the node.
         ignore_non_member(self.registry()?.report_stacks(
             &r.job_id,
             &r.node_id,
             &r.session,
             r.request_id,
-            workers,
+            r.workers,
         ))?;
         Ok(Response::new(pb::Ack {}))
     }

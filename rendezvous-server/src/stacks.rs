@@ -143,6 +143,7 @@ pub fn group(round: u64, asked: u32, answers: &[Answer], missing: &[String]) -> 
     for (stack, mut ranks) in groups {
         if text + stack.len() > MAX_ANSWER_TEXT {
             out.groups_omitted += 1;
+            out.ranks_omitted += ranks.len() as u32;
             continue;
         }
         text += stack.len();
@@ -188,7 +189,7 @@ pub fn ranges(ranks: &[u32]) -> String {
 /// The grouped stacks as text (`rdzv-server stacks`, and the failure report
 /// of a hang).
 pub fn render(job: &str, r: &pb::StacksResponse) -> String {
-    let ranks: u32 = r.groups.iter().map(|g| g.rank_count).sum();
+    let ranks: u32 = r.groups.iter().map(|g| g.rank_count).sum::<u32>() + r.ranks_omitted;
     let mut out = format!(
         "job {job}, round {}: stacks of {ranks} rank{} from {} of {} node{}, {} distinct\n",
         r.round,
@@ -228,8 +229,8 @@ pub fn render(job: &str, r: &pb::StacksResponse) -> String {
     if r.groups_omitted > 0 {
         let _ = writeln!(
             out,
-            "\n({} more distinct stacks left out of this answer)",
-            r.groups_omitted
+            "\n({} more distinct stacks, of {} ranks, left out of this answer)",
+            r.groups_omitted, r.ranks_omitted
         );
     }
     out
@@ -244,7 +245,8 @@ pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
 
 /// The grouped stacks as JSON: `{"job_id", "round", "nodes_asked",
 /// "nodes_answered", "missing": [host], "groups": [{"rank_count", "ranks":
-/// [{"rank", "local_rank", "host", "pid"}], "stack"}], "groups_omitted"}`.
+/// [{"rank", "local_rank", "host", "pid"}], "stack"}], "groups_omitted",
+/// "ranks_omitted"}`.
 pub fn json(job: &str, r: &pb::StacksResponse) -> serde_json::Value {
     let groups: Vec<serde_json::Value> = r
         .groups
@@ -270,6 +272,7 @@ pub fn json(job: &str, r: &pb::StacksResponse) -> serde_json::Value {
         "missing": r.missing,
         "groups": groups,
         "groups_omitted": r.groups_omitted,
+        "ranks_omitted": r.ranks_omitted,
     })
 }
 

@@ -59,6 +59,9 @@ impl Registry {
             // stream (it stays a member and resumes).
             entry.streams.remove(node);
         }
+        if !slow.is_empty() {
+            jobs.tallies.of(job_id).too_slow += slow.len() as u64;
+        }
         let round = entry.job.round();
         self.stacks
             .expect(job_id, collection.id, asked.iter().map(|(n, _)| n.clone()));
@@ -76,8 +79,9 @@ impl Registry {
     }
 
     /// Node `node_id`'s answer to collection `request_id` of job `job_id`,
-    /// once `session` proves the caller is that node. An answer nobody
-    /// waits for changes nothing.
+    /// once `session` proves the caller is that node (its stacks are then
+    /// escaped: control characters, lines kept). An answer nobody waits for
+    /// changes nothing.
     pub fn report_stacks(
         &self,
         job_id: &str,
@@ -101,6 +105,13 @@ impl Registry {
                 .map(|m| m.hostname.clone())
                 .unwrap_or_default()
         };
+        let workers = workers
+            .into_iter()
+            .map(|w| pb::WorkerStack {
+                stack: crate::limits::printable_keeping(&w.stack, true),
+                ..w
+            })
+            .collect();
         self.stacks
             .deliver(job_id, request_id, node_id, Answer { host, workers });
         Ok(())

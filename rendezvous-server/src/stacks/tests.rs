@@ -112,7 +112,19 @@ fn an_answer_past_its_bound_counts_the_groups_it_leaves_out() {
     assert!(text <= MAX_ANSWER_TEXT);
     assert_eq!(r.groups.len() as u32 + r.groups_omitted, 40);
     assert!(r.groups_omitted > 0);
-    assert!(render("j", &r).contains("more distinct stacks left out"));
+    assert_eq!(r.ranks_omitted, r.groups_omitted, "a rank each");
+    let text = render("j", &r);
+    assert!(
+        text.starts_with("job j, round 1: stacks of 40 ranks"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "{} more distinct stacks, of {} ranks, left out",
+            r.groups_omitted, r.ranks_omitted
+        )),
+        "{text}"
+    );
 }
 
 #[test]
