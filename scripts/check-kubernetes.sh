@@ -249,17 +249,7 @@ def validate_crd(where, doc, schema):
 
 
 def check_jobset(where, doc):
-    for version in versions:
-        schema_version = [v for v in kv.all_versions() if kv.major_minor(v) <= kv.major_minor(version)]
-        if not schema_version:
-            fail(where, f"kubernetes-validate has no schema for {version}")
-            continue
-        defs = kv.schema_contents(f"kubernetes-json-schema/v{schema_version[-1]}-local-strict/_definitions.json", version)
-        registry = referencing.Resource.from_contents(defs) @ referencing.Registry()
-        validator = jsonschema.validators.Draft202012Validator(JOBSET_SCHEMA, registry=registry)
-        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
-            path = ".".join(str(p) for p in e.absolute_path)
-            fail(where, f"against {version}: {path}: {e.message}")
+    validate_crd(where, doc, JOBSET_SCHEMA)
     spec = doc.get("spec") or {}
     names = [r.get("name") for r in spec.get("replicatedJobs") or []]
     if len(names) != len(set(names)):

@@ -46,6 +46,14 @@ pub enum StatusError {
 
 pub use accel_rdzv_client::error_chain;
 
+/// The error of a call the server at `endpoint` answered with `status`.
+fn answered(endpoint: &str) -> impl Fn(tonic::Status) -> StatusError + '_ {
+    move |s| StatusError::Call {
+        endpoint: endpoint.to_owned(),
+        message: s.message().to_owned(),
+    }
+}
+
 /// A client of the server at `endpoint`.
 async fn connect(
     endpoint: &str,
@@ -102,10 +110,7 @@ pub async fn fetch(
         let page = client
             .job_status(request)
             .await
-            .map_err(|s| StatusError::Call {
-                endpoint: endpoint.to_owned(),
-                message: s.message().to_owned(),
-            })?
+            .map_err(answered(endpoint))?
             .into_inner();
         jobs.extend(page.jobs);
         if page.next_page_token.is_empty() {
@@ -272,10 +277,7 @@ pub async fn quarantine(
     Ok(client
         .quarantine(request)
         .await
-        .map_err(|s| StatusError::Call {
-            endpoint: endpoint.to_owned(),
-            message: s.message().to_owned(),
-        })?
+        .map_err(answered(endpoint))?
         .into_inner())
 }
 
@@ -302,10 +304,7 @@ pub async fn stacks(
     Ok(client
         .stacks(request)
         .await
-        .map_err(|s| StatusError::Call {
-            endpoint: endpoint.to_owned(),
-            message: s.message().to_owned(),
-        })?
+        .map_err(answered(endpoint))?
         .into_inner())
 }
 

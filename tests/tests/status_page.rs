@@ -155,28 +155,11 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
             other => Err(format!("{other:?}")),
         }
     });
-    let profile = dir.join("chromium-profile");
-    let out = std::process::Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-extensions",
-            "--disable-background-networking",
-            // Seven seconds of the page's clock: several of its 2 s polls.
-            "--virtual-time-budget=7000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
-        .arg(format!("http://{metrics}/"))
-        .output()
-        .expect("chromium (scripts/setup.sh installs Debian's package)");
-    let dom = String::from_utf8_lossy(&out.stdout);
+    // Seven seconds of the page's clock: several of its 2 s polls.
+    let dom = dump_dom(&dir, &format!("http://{metrics}/"), 7000);
     assert!(
-        out.status.success() && dom.contains("data-job=\"browser-job\""),
-        "the page shows the job: {dom}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        dom.contains("data-job=\"browser-job\""),
+        "the page shows the job: {dom}"
     );
     assert!(dom.contains("phase-running"), "{dom}");
     assert_eq!(dom.matches("data-node=").count(), 2, "both nodes: {dom}");
@@ -201,11 +184,10 @@ fn headless_chromium_shows_the_running_job_and_its_nodes() {
     }
 }
 
-/// Headless Chromium's DOM of the page at `url` after `budget_ms` of the
-/// page's clock.
-fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
-    let profile = dir.join("chromium-profile");
-    let out = std::process::Command::new("chromium")
+/// Runs headless Chromium (Debian's package, which scripts/setup.sh
+/// installs) with its profile in `profile` and `args` after the common ones.
+fn chromium(profile: &std::path::Path, args: &[String]) -> std::process::Output {
+    std::process::Command::new("chromium")
         .args([
             "--headless",
             "--no-sandbox",
@@ -214,12 +196,23 @@ fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
             "--disable-extensions",
             "--disable-background-networking",
         ])
-        .arg(format!("--virtual-time-budget={budget_ms}"))
         .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
-        .arg(url)
+        .args(args)
         .output()
-        .expect("chromium (scripts/setup.sh installs Debian's package)");
+        .expect("chromium (scripts/setup.sh installs Debian's package)")
+}
+
+/// Headless Chromium's DOM of the page at `url` after `budget_ms` of the
+/// page's clock.
+fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
+    let out = chromium(
+        &dir.join("chromium-profile"),
+        &[
+            format!("--virtual-time-budget={budget_ms}"),
+            "--dump-dom".to_owned(),
+            url.to_owned(),
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -237,24 +230,16 @@ fn screenshot(dir: &std::path::Path, url: &str, name: &str, size: (u32, u32)) {
         .unwrap_or_else(|| dir.to_path_buf());
     std::fs::create_dir_all(&into).expect("screenshot dir");
     let file = into.join(format!("{name}.png"));
-    let profile = dir.join(format!("chromium-profile-{name}"));
-    let out = std::process::Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-extensions",
-            "--disable-background-networking",
-            "--hide-scrollbars",
-            "--virtual-time-budget=3000",
-        ])
-        .arg(format!("--window-size={},{}", size.0, size.1))
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("--screenshot={}", file.display()))
-        .arg(url)
-        .output()
-        .expect("chromium");
+    let out = chromium(
+        &dir.join(format!("chromium-profile-{name}")),
+        &[
+            "--hide-scrollbars".to_owned(),
+            "--virtual-time-budget=3000".to_owned(),
+            format!("--window-size={},{}", size.0, size.1),
+            format!("--screenshot={}", file.display()),
+            url.to_owned(),
+        ],
+    );
     let png = std::fs::read(&file).unwrap_or_else(|e| {
         panic!(
             "no screenshot at {}: {e}\n{}",
