@@ -21,7 +21,8 @@ Checks, each of which fails the run with a message naming the file and line:
    `rdzv-server [status]` and `accel SUBCOMMAND` exist in that binary's
    `--help` (the binaries are taken from accel-agent's directory);
 5. README.md has at most 300 lines, and its section "The two commands" the
-   run command and the test command exactly as tests and CI use them.
+   run command and the test command exactly as tests and CI use them; a
+   command that is a repository path is executable in git (mode 100755).
 
 Only the standard library, plus PyYAML for yaml blocks (the test venv has it).
 """
@@ -379,7 +380,22 @@ def check_readme(root: Path, rep: Report) -> None:
     if bodies[:2] != [RUN_COMMAND, TEST_COMMAND]:
         rep.error(Path("README.md"), 1, "section '## The two commands' must hold exactly the run "
                   f"command ({RUN_COMMAND}) and the test command ({TEST_COMMAND}), each in its own block")
-    rep.count("README checks", 2)
+    # Typed as written, a command that is a path in the repository runs only
+    # with its run bit, and the bit that counts is git's (a fresh clone's).
+    for body in bodies[:2]:
+        word = body.split()[0]
+        if "/" not in word or word.startswith(("/", "-")):
+            continue
+        staged = subprocess.run(["git", "-C", str(root), "ls-files", "-s", "--", word],
+                                capture_output=True, text=True).stdout.split()
+        if not staged:
+            rep.error(Path("README.md"), 1, f"'{word}', a command of section '## The two commands', "
+                      "is not a file in git: add it, or fix the command")
+        elif staged[0] != "100755":
+            rep.error(Path("README.md"), 1, f"'{word}', a command of section '## The two commands', "
+                      f"has mode {staged[0]} in git, so typing it fails with 'Permission denied': "
+                      f"git update-index --chmod=+x {word}")
+    rep.count("README checks", 4)
 
 
 def main() -> int:
