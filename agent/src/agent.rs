@@ -69,26 +69,31 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // The fence clock: the send time of the last call a rendezvous
     // answered, kept by every link of this agent.
     let answered = link::Answered::default();
+    // What the round's peers say (the `peers` module): the vouch the
+    // keep-alives carry, and how long the workers may run without a
+    // rendezvous on their word.
+    let peers = crate::peers::Shared::default();
     // The guard kills the workers if these beats stop (a frozen agent), by
     // the fence deadline they carry: when the rendezvous may drop this
     // node, less half the fence margin (the agent's own fence acts a
     // margin before it).
+    // The peers' evidence moves that deadline as it moves the agent's own
+    // fence, half a margin later.
     let beating = guard.clone().map(|g| {
         let answered = answered.clone();
+        let peers = peers.clone();
         let drop_limit = cfg.rdzv.dead_after();
-        let before = drop_limit.saturating_sub(link::fence_margin(drop_limit) / 2);
+        let half = link::fence_margin(drop_limit) / 2;
+        let before = drop_limit.saturating_sub(half);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(g.every());
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let now = tokio::time::Instant::now();
-                g.beat(
-                    answered
-                        .get()
-                        .and_then(|a| a.checked_add(before))
-                        .map(|d| d.saturating_duration_since(now)),
-                );
+                let own = answered.get().and_then(|a| a.checked_add(before));
+                let vouched = peers.until().and_then(|u| u.checked_add(half));
+                g.beat(own.max(vouched).map(|d| d.saturating_duration_since(now)));
             }
         })
     });
@@ -215,6 +220,11 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 topology: cfg.topology.clone(),
                 no_restart_exit_code: cfg.no_restart_exit_code.unwrap_or(0),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
+                outage_ms: match rides_outages(&cfg) {
+                    true => crate::deadline::millis(cfg.rdzv.outage_timeout),
+                    false => 0,
+                },
+                keep_alive_ms: crate::deadline::millis(cfg.rdzv.keep_alive_interval),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).
@@ -225,6 +235,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 link::Reach::new(&cfg, endpoints.clone(), leaders, join_req)
                     .with_presence(presence.as_ref().map(|p| p.held()))
                     .with_answered(answered.clone())
+                    .with_peers(peers.clone())
                     .with_stacks(watched.clone(), job_stacks.clone()),
             );
             let joined = tokio::select! {
@@ -268,6 +279,14 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 watched.clone(),
             );
             session.events = Some(events.clone());
+            if rides_outages(&cfg) {
+                session.peers = Some(Peers {
+                    shared: peers.clone(),
+                    watch: peers.watch(),
+                    task: AbortOnDrop(None),
+                    answered: answered.clone(),
+                });
+            }
             session.presence = reach.presence().cloned();
             let result = session.drive(first_actions).await;
             // This membership is over (the node left, the job ended, or the
@@ -295,6 +314,26 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         }
     }
     result
+}
+
+/// Whether this node's workers may ride out a rendezvous outage on their
+/// peers' word (the `peers` module). Not in an agent-only rendezvous on
+/// etcd: there a node whose presence lease lapses is dropped whatever its
+/// peers say, so it fences at once (`Event::Dead`).
+fn rides_outages(cfg: &Config) -> bool {
+    !matches!(cfg.rendezvous, Rendezvous::Etcd { .. })
+}
+
+/// The round's peer hub as the driver holds it.
+struct Peers {
+    /// What the round's task publishes.
+    shared: crate::peers::Shared,
+    /// Wakes the driver when the evidence moves.
+    watch: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// The running round's task.
+    task: AbortOnDrop,
+    /// The agent's fence clock: its last contact with the rendezvous.
+    answered: link::Answered,
 }
 
 /// Deletes this node's presence key, if it keeps one.
@@ -445,6 +484,8 @@ struct Session<'a, L: Link, S: Spawner> {
     /// The lapse was said since the node last (re)joined, which it does
     /// only with its key back in etcd.
     lapse_said: bool,
+    /// The round's peer hub (`None`: this node fences at the drop limit).
+    peers: Option<Peers>,
 }
 
 /// How a session with the rendezvous ended.
@@ -546,6 +587,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             events: None,
             presence: None,
             lapse_said: false,
+            peers: None,
         }
     }
 
@@ -667,6 +709,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             monitor,
             presence,
             lapse_said,
+            peers,
             ..
         } = self;
         let live = src.workers && group.as_ref().is_some_and(|g| !g.all_ended());
@@ -711,6 +754,17 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                 Woke::Event(Event::Dead(
                     "this node's presence lease in etcd could not be renewed in time".into(),
                 ))
+            }
+            changed = async { peers.as_mut().expect("guarded").watch.changed().await }, if src.peers && peers.is_some() => {
+                match (changed, peers.as_ref().and_then(|p| p.shared.until())) {
+                    (Ok(()), Some(until)) => Woke::Event(Event::Vouched(until)),
+                    // The round's task ended: nothing more will come.
+                    (Err(_), _) => {
+                        *peers = None;
+                        Woke::Checked(Vec::new())
+                    }
+                    (Ok(()), None) => Woke::Checked(Vec::new()),
+                }
             }
             sig = signals.recv() => Woke::Event(Event::Signal(sig)),
             _ = async { sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Woke::Event(Event::Timer),

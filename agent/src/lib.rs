@@ -62,6 +62,7 @@ pub mod logs;
 pub(crate) mod metrics;
 pub mod node;
 pub mod numa;
+pub mod peers;
 pub mod probe;
 mod rendezvous;
 pub(crate) mod signal;

@@ -198,6 +198,7 @@ mod tests {
             master_addr: "head".into(),
             master_port: 4242,
             segment: Default::default(),
+            peer_key: Vec::new(),
         }
     }
 

@@ -445,12 +445,17 @@ impl RdzvClient {
         self.inner.ready(req).await.map(drop)
     }
 
-    /// Proves this node is alive.
-    pub async fn keep_alive(&mut self) -> Result<(), Status> {
+    /// Proves this node is alive, and vouches for the nodes of its round
+    /// that it hears through the round's peer hub, if any.
+    pub async fn keep_alive(&mut self, vouch: Option<Vouch>) -> Result<(), Status> {
+        let vouch = vouch.unwrap_or_default();
         let req = self.request(pb::KeepAliveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             session: self.session.clone(),
+            round: vouch.round,
+            vouch: vouch.ranks,
+            vouch_all: vouch.all,
         });
         self.inner.keep_alive(req).await.map(drop)
     }
@@ -737,6 +742,7 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
         job_id: req.job_id.clone(),
         node_id: req.node_id.clone(),
         session: joined.session.clone(),
+        ..Default::default()
     };
     let mut prover = RendezvousClient::with_interceptor(probe_channel, AttachToken::new(token));
     let _ = tokio::time::timeout(how.silence, prover.keep_alive(proof)).await;
@@ -871,6 +877,18 @@ fn is_refusal(code: Code) -> bool {
 
 fn source_chain(e: &dyn std::error::Error) -> String {
     crate::error_chain(e)
+}
+
+/// The nodes of a round that a node vouches for in its keep-alives (see
+/// `KeepAliveRequest.vouch`): node ranks as a bitmap, or all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vouch {
+    /// The round they are nodes of.
+    pub round: u64,
+    /// Bit r of byte r / 8: node rank r.
+    pub ranks: Vec<u8>,
+    /// Every node of the round (`ranks` is then empty).
+    pub all: bool,
 }
 
 /// A worker failure as a node reports it.

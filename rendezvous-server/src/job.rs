@@ -70,7 +70,7 @@ use accel_proto::v1 as pb;
 use pb::event::Kind;
 
 pub use config::JobConfig;
-pub use decide::{decide, liveness, rank_order, Decision};
+pub use decide::{decide, liveness, mass_silence, rank_order, Decision};
 pub use error::{AuthError, JoinError};
 pub use placement::{natural_cmp, topology_cmp};
 pub use quarantine::{
@@ -228,6 +228,14 @@ pub struct Job {
     /// Hosts this job benched since [`Job::take_new_benches`] last ran, for
     /// a server-wide quarantine.
     new_benches: Vec<String>,
+    /// Since when most of the last round that ran has been silent at once
+    /// (a mass silence, as a tick last saw it): their places are held for
+    /// the job's outage limit, not the drop limit. Not stored: a loaded job
+    /// gives every node the whole drop limit anyway.
+    held: Option<Instant>,
+    /// When a node of the running round last vouched for all of it (see
+    /// [`Job::vouch`]); counts as a sign of life of each of its nodes.
+    vouched_all: Option<Instant>,
 }
 
 impl Job {
@@ -259,6 +267,8 @@ impl Job {
             quarantine: Quarantine::default(),
             benched: 0,
             new_benches: Vec::new(),
+            held: None,
+            vouched_all: None,
         }
     }
 
@@ -485,6 +495,62 @@ impl Job {
             .is_some()
     }
 
+    /// `node_id`, a node of the running `round`, hears the nodes of that
+    /// round whose node ranks are set in `ranks` (a bitmap, bit r of byte
+    /// r / 8) through the round's peer hub: each counts as heard now, as if
+    /// its own keep-alive had arrived. So a node cut off from the rendezvous
+    /// but not from its round is not dropped while a peer vouches for it
+    /// (the peer hub: the agent's `peers` module). A vouch for another round,
+    /// from a node outside the round, or naming ranks the round does not
+    /// have counts for nothing. Returns how many nodes it refreshed; O(bits
+    /// set).
+    pub fn vouch(&mut self, now: Instant, node_id: &str, round: u64, ranks: &[u8], all: bool) -> usize {
+        let in_round = self.phase == Phase::Running
+            && round == self.round
+            && self.members.get(node_id).is_some_and(|m| m.rank.is_some());
+        if !in_round {
+            return 0;
+        }
+        if all {
+            // O(1): the liveness scan reads it for every node of the round.
+            self.vouched_all = Some(self.vouched_all.map_or(now, |t| t.max(now)));
+            return self.participants.len();
+        }
+        let mut refreshed = 0;
+        for (byte, bits) in ranks.iter().enumerate().filter(|(_, b)| **b != 0) {
+            for bit in 0..8 {
+                if bits & (1 << bit) == 0 {
+                    continue;
+                }
+                let Some(id) = self.participants.get(byte * 8 + bit) else {
+                    return refreshed;
+                };
+                if let Some(m) = self.members.get_mut(id) {
+                    if m.rank.is_some() {
+                        m.last_seen = m.last_seen.max(now);
+                        refreshed += 1;
+                    }
+                }
+            }
+        }
+        refreshed
+    }
+
+    /// The last sign of life of `m`: its own, or a peer's vouch for the
+    /// whole running round it is a node of.
+    pub fn heard(&self, m: &Member) -> Instant {
+        match (m.rank, self.vouched_all) {
+            (Some(_), Some(all)) => m.last_seen.max(all),
+            _ => m.last_seen,
+        }
+    }
+
+    /// Since when most of the last round has been silent at once, as the
+    /// last liveness check saw it (`None`: it was not).
+    pub fn held_since(&self) -> Option<Instant> {
+        self.held
+    }
+
     /// A worker of `node_id` failed in `round`: the job restarts while its
     /// budget lasts, then fails.
     pub fn failure(
@@ -692,6 +758,12 @@ impl Job {
     pub fn tick(&mut self, now: Instant) -> Vec<Outbound> {
         let mut out = Vec::new();
         if self.next_liveness.is_some_and(|t| now >= t) {
+            if self.watch_silence(now) {
+                // The silent nodes came back: the others get the whole drop
+                // limit from now, and nobody is dropped at this check.
+                self.handed_over(now);
+                return self.step(now);
+            }
             let (lost, next) = liveness(now, self);
             self.next_liveness = next;
             // Every lost node goes before the round is decided, so a round
@@ -725,12 +797,40 @@ impl Job {
     /// the last leader, which this one never heard; silence is counted
     /// from the handover, so a node is dropped only for missing keep-alives
     /// to this leader.
+    ///
+    /// The same holds when this server did not run for a while (paused,
+    /// starved: the registry notices the gap), and when a mass silence ends
+    /// ([`Job::tick`]): a rendezvous counts silence only while it watches.
+    /// A round forming since before then waits for the last round's nodes
+    /// as if the restart had happened now ([`decide`]).
     pub fn handed_over(&mut self, now: Instant) {
         for m in self.members.values_mut() {
             m.last_seen = m.last_seen.max(now);
         }
+        if let Some(since) = &mut self.forming_since {
+            *since = (*since).max(now);
+        }
         if !self.phase.is_terminal() {
             self.next_liveness = liveness(now, self).1;
+        }
+    }
+
+    /// Notes whether most of the last round is silent at `now` (a mass
+    /// silence: the rendezvous, not the nodes, is likely the one cut off);
+    /// true when a mass silence just ended, so the caller gives every node
+    /// the whole drop limit from now.
+    fn watch_silence(&mut self, now: Instant) -> bool {
+        let mass = decide::mass_silence(now, self);
+        match (mass, self.held) {
+            (true, None) => {
+                self.held = Some(now);
+                false
+            }
+            (false, Some(_)) => {
+                self.held = None;
+                true
+            }
+            _ => false,
         }
     }
 

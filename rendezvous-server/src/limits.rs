@@ -227,6 +227,28 @@ pub fn check_failure(req: &pb::ReportFailureRequest) -> Result<(), Error> {
     Ok(())
 }
 
+/// Most bytes of a keep-alive's vouch bitmap: one bit per node of a round
+/// of the most nodes a job may have.
+pub const MAX_VOUCH_BYTES: usize = 100_000 / 8;
+
+/// A keep-alive's vouch: a bitmap of at most [`MAX_VOUCH_BYTES`], for a
+/// round the server could have.
+pub fn check_vouch(req: &pb::KeepAliveRequest) -> Result<(), Error> {
+    if req.vouch.len() > MAX_VOUCH_BYTES {
+        return Err(invalid(format!(
+            "the keep-alive vouches with a {}-byte bitmap; the limit is {MAX_VOUCH_BYTES} (one bit per node of a round)",
+            req.vouch.len()
+        )));
+    }
+    if req.round > MAX_ROUND {
+        return Err(invalid(format!(
+            "the keep-alive names round {}; rounds go up to {MAX_ROUND}",
+            req.round
+        )));
+    }
+    Ok(())
+}
+
 /// A node's stacks report (`ReportStacks`).
 pub fn check_stacks(req: &pb::ReportStacksRequest) -> Result<(), Error> {
     check_name("job_id", &req.job_id)?;

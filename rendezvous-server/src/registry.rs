@@ -65,6 +65,11 @@ pub const STATUS_PAGE: (usize, usize) = (100, 1000);
 
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
 
+/// The longest the registry may go without running before it takes the
+/// gap for a pause of the process ([`Registry::woke`]); its ticker runs
+/// every 100 ms.
+pub const PAUSED: Duration = Duration::from_secs(1);
+
 /// What a replica whose lease may have lapsed tells its nodes.
 pub const NOT_LEADING: &str =
     "this rdzv-server is no longer the leader (its etcd lease lapsed); reconnect to the new one";
@@ -108,6 +113,9 @@ struct Jobs {
     graves: Graves,
     /// Hosts benched in every job (`--quarantine-scope server`).
     benches: Quarantine,
+    /// When this registry last ran (on the process's own clock): a gap
+    /// of more than [`PAUSED`] means it did not watch its nodes meanwhile.
+    awake: Option<Instant>,
 }
 
 impl Jobs {
@@ -118,6 +126,7 @@ impl Jobs {
             tallies: Tallies::default(),
             commit: Commit::new(durable),
             graves: Graves::default(),
+            awake: None,
             benches: Quarantine::default(),
         }
     }
@@ -374,7 +383,39 @@ impl Registry {
     fn lock(&self) -> MutexGuard<'_, Jobs> {
         // A poisoned lock means a handler panicked mid-update; the state machine
         // methods do not panic, so keep serving with what is there.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        let mut jobs = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        // The process's own clock, not a caller's `now`: what counts is
+        // whether this process ran.
+        let ran = Instant::now();
+        let last = jobs.awake.replace(ran);
+        if let Some(gap) = last.map(|l| ran.saturating_duration_since(l)) {
+            if gap > PAUSED {
+                self.woke(&mut jobs, ran, gap);
+            }
+        }
+        jobs
+    }
+
+    /// This registry did not run for `gap` (the process was paused or
+    /// starved; the ticker runs every 100 ms): it did not watch its nodes
+    /// meanwhile, so it counts none of that as their silence. Every job's
+    /// nodes get the whole drop limit from `now`, as from a new leader
+    /// ([`Job::handed_over`]). One line, whatever the number of jobs.
+    fn woke(&self, jobs: &mut Jobs, now: Instant, gap: Duration) {
+        let ids: Vec<String> = jobs.map.keys().cloned().collect();
+        for id in &ids {
+            if let Some(entry) = jobs.map.get_mut(id) {
+                entry.job.handed_over(now);
+            }
+            self.schedule(jobs, id, now);
+        }
+        if !ids.is_empty() {
+            warn!(
+                stopped_s = gap.as_secs_f64(),
+                jobs = ids.len(),
+                "this rdzv-server did not run for a while (paused or starved): silence from then is not counted; every node has the whole drop limit from now"
+            );
+        }
     }
 
     /// What this registry holds at most.
@@ -561,6 +602,7 @@ impl Registry {
         let Some(entry) = jobs.map.get_mut(job_id) else {
             return;
         };
+        let out = with_peer_key(out);
         // Nobody acts on a change before it is durable: a leader that dies
         // before the write took no decision its successor lacks.
         let over = entry.job.phase().is_terminal();
@@ -757,6 +799,33 @@ impl Registry {
             .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
         authorize(&entry.job, job_id, node_id, session)?;
         Ok(entry.job.keep_alive(now, node_id))
+    }
+
+    /// `node_id` (proven by `session`), a node of the running `round`,
+    /// vouches for the nodes of that round it hears through the round's
+    /// peer hub: `ranks`, a bitmap of node ranks, or `all` of them
+    /// ([`Job::vouch`]). A vouch for another round counts for nothing.
+    /// Nothing is delivered or marked for the store (as for a keep-alive),
+    /// but the job's liveness check moves with it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vouch(
+        &self,
+        now: Instant,
+        job_id: &str,
+        node_id: &str,
+        session: &[u8],
+        round: u64,
+        ranks: &[u8],
+        all: bool,
+    ) -> Result<usize, Error> {
+        self.acting()?;
+        let mut jobs = self.lock();
+        let entry = jobs
+            .map
+            .get_mut(job_id)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+        authorize(&entry.job, job_id, node_id, session)?;
+        Ok(entry.job.vouch(now, node_id, round, ranks, all))
     }
 
     /// Periodic work: runs the jobs whose deadline is due, forgets expired
@@ -1036,6 +1105,29 @@ impl Registry {
 }
 
 /// Checks that `session` is `node_id`'s secret in `job`.
+/// Gives a round that completes in `out` its peer key: 32 random bytes,
+/// the same in every node's [`pb::RoundComplete`] (the agents' peer hub
+/// authenticates its datagrams with it). Without randomness the round gets
+/// none, and its nodes keep no workers past the drop limit without the
+/// rendezvous (as agents without a peer hub).
+fn with_peer_key(mut out: Vec<Outbound>) -> Vec<Outbound> {
+    let completes = |o: &Outbound| matches!(o.event, Kind::RoundComplete(_));
+    if !out.iter().any(completes) {
+        return out;
+    }
+    let mut key = [0u8; 32];
+    if let Err(e) = getrandom::fill(&mut key) {
+        warn!(error = %e, "no randomness for a round's peer key; its nodes fence at the drop limit");
+        return out;
+    }
+    for o in &mut out {
+        if let Kind::RoundComplete(rc) = &mut o.event {
+            rc.peer_key = key.to_vec();
+        }
+    }
+    out
+}
+
 fn authorize(job: &Job, job_id: &str, node_id: &str, session: &[u8]) -> Result<(), Error> {
     job.authorize(node_id, session).map_err(|e| match e {
         AuthError::NotMember => Error::UnknownNode(job_id.to_owned(), node_id.to_owned()),
@@ -1201,7 +1293,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
             node_rank: m.rank,
             state: node_state(job, m).to_owned(),
             topology: m.topology.to_string(),
-            last_seen_ms: u64::try_from(now.saturating_duration_since(m.last_seen).as_millis())
+            last_seen_ms: u64::try_from(now.saturating_duration_since(job.heard(m)).as_millis())
                 .unwrap_or(u64::MAX),
         })
         .collect();

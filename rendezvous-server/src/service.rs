@@ -160,8 +160,21 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
-        self.registry()?
-            .keep_alive(Instant::now(), &r.job_id, &r.node_id, &r.session)?;
+        limits::check_vouch(&r)?;
+        let registry = self.registry()?;
+        let now = Instant::now();
+        registry.keep_alive(now, &r.job_id, &r.node_id, &r.session)?;
+        if r.vouch_all || r.vouch.iter().any(|b| *b != 0) {
+            registry.vouch(
+                now,
+                &r.job_id,
+                &r.node_id,
+                &r.session,
+                r.round,
+                &r.vouch,
+                r.vouch_all,
+            )?;
+        }
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -629,6 +629,7 @@ impl World {
             shutdown_timeout: s.shutdown,
             reconnect_grace: s.grace,
             fence_after: s.drop_limit(),
+            outage_timeout: s.drop_limit(),
             fence: true,
             restart_backoff: s.backoff,
         };

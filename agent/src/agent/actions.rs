@@ -34,8 +34,9 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
     ) -> Result<Option<SessionEnd>, AgentError> {
         match action {
             Action::Offer { round } => {
-                // The last round's store ends with the round.
+                // The last round's store and peer hub end with the round.
                 self.store = None;
+                self.end_peers();
                 if !self.healthy(queue).await {
                     return Ok(Some(SessionEnd::Unhealthy));
                 }
@@ -110,6 +111,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                 // The round's store ends with the node's life, before the
                 // console drains.
                 self.store = None;
+                self.end_peers();
                 return result.map(|o| Some(SessionEnd::Done(o)));
             }
         }
@@ -177,6 +179,11 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
         info: RoundInfo,
         members: Vec<String>,
     ) -> Result<Option<Event>, AgentError> {
+        let store_at = self
+            .store_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok());
+        self.start_peers(&info, store_at);
         self.store = match self.store_listener.take() {
             Some(l) if info.node_rank == 0 => Some(
                 WorkerStore::start_counted(
@@ -255,6 +262,58 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     message: e.to_string(),
                 }))
             }
+        }
+    }
+
+    /// Starts this node's part of the round's peer hub (node rank 0 serves
+    /// it beside the store, at `store_at`'s address and `MASTER_PORT`).
+    fn start_peers(&mut self, info: &RoundInfo, store_at: Option<std::net::SocketAddr>) {
+        let cfg = self.cfg;
+        let Some(peers) = &mut self.peers else { return };
+        peers.task = super::AbortOnDrop(None);
+        peers.shared.clear();
+        if info.peer_key.is_empty() {
+            return;
+        }
+        let drop_limit = cfg.rdzv.dead_after();
+        let fence_in = drop_limit.saturating_sub(super::link::fence_margin(drop_limit));
+        let host = match info.master_addr.contains(':') && !info.master_addr.starts_with('[') {
+            true => format!("[{}]", info.master_addr),
+            false => info.master_addr.clone(),
+        };
+        let port = u16::try_from(info.master_port).unwrap_or(0);
+        let serve = match (info.node_rank, store_at) {
+            (0, Some(at)) => Some(std::net::SocketAddr::new(at.ip(), port)),
+            _ => None,
+        };
+        let round = crate::peers::PeerRound {
+            round: info.round,
+            node_rank: info.node_rank,
+            nnodes: info.nnodes,
+            key: info.peer_key.clone(),
+            hub: format!("{host}:{port}"),
+            serve,
+            timing: crate::peers::Timing::new(
+                drop_limit,
+                cfg.rdzv.keep_alive_interval,
+                cfg.rdzv.outage_timeout,
+                fence_in,
+                info.nnodes,
+            ),
+        };
+        let answered = peers.answered.clone();
+        peers.task = super::AbortOnDrop(Some(crate::peers::spawn(
+            round,
+            peers.shared.clone(),
+            move || answered.get(),
+        )));
+    }
+
+    /// The round's peer hub ends with the round.
+    fn end_peers(&mut self) {
+        if let Some(peers) = &mut self.peers {
+            peers.task = super::AbortOnDrop(None);
+            peers.shared.clear();
         }
     }
 

@@ -145,6 +145,9 @@ pub(crate) struct Reach {
     /// The send time of the last call a server answered (the agent's fence
     /// clock, shared with the guard's beats).
     answered: Answered,
+    /// What the round's peer hub says: the vouch for the keep-alives, and
+    /// how long the workers may run without a rendezvous.
+    peers: crate::peers::Shared,
     /// Agent-only rendezvous: this node's presence key, which must be in
     /// etcd before it joins (the leader drops a member without one).
     presence: Option<rendezvous_server::presence::Held>,
@@ -196,6 +199,7 @@ impl Reach {
             silence: silence_bound(cfg.rdzv.dead_after()),
             drop_limit: cfg.rdzv.dead_after(),
             answered: Answered::default(),
+            peers: crate::peers::Shared::default(),
             presence: None,
             workers: crate::file_timer::Workers::default(),
             job_stacks: crate::stacks::JobStacks::default(),
@@ -211,6 +215,14 @@ impl Reach {
     ) -> Self {
         self.workers = workers;
         self.job_stacks = job_stacks;
+        self
+    }
+
+    /// The same, vouching in every keep-alive for the nodes the round's
+    /// peer hub hears, and holding a silent server's connection for as long
+    /// as the peers keep the workers (`peers`: the agent's one).
+    pub(crate) fn with_peers(mut self, peers: crate::peers::Shared) -> Self {
+        self.peers = peers;
         self
     }
 
@@ -313,6 +325,16 @@ impl Drop for RdzvLink {
         let until = since
             .checked_add(self.reach.drop_limit)
             .unwrap_or_else(|| since + Duration::from_secs(86_400));
+        // The peers may keep the workers longer: the hold follows them, a
+        // drop limit past their word (the server reads a close as a leave).
+        let drop_limit = self.reach.drop_limit;
+        let peers = self.reach.peers.clone();
+        let until = move || {
+            peers
+                .until()
+                .and_then(|u| u.checked_add(drop_limit))
+                .map_or(until, |u| u.max(until))
+        };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(hold(self.client.clone(), events, until));
         }
@@ -323,13 +345,22 @@ impl Drop for RdzvLink {
 /// `until`, the node's fence deadline (see the module docs): ending it
 /// sooner would tell the server, once it hears again, that the node is
 /// gone while its workers still run.
-async fn hold(client: RdzvClient, mut events: Streaming<pb::Event>, until: Instant) {
+async fn hold(client: RdzvClient, mut events: Streaming<pb::Event>, until: impl Fn() -> Instant) {
     let _connection = client;
-    let _ = tokio::time::timeout_at(until, async {
+    let read = async {
         while let Ok(Some(_)) = events.message().await {}
         // The server ended the stream itself: nothing is left to hold.
-    })
-    .await;
+    };
+    tokio::pin!(read);
+    loop {
+        let deadline = until();
+        if tokio::time::timeout_at(deadline, &mut read).await.is_ok() {
+            return;
+        }
+        if until() <= deadline {
+            return;
+        }
+    }
 }
 
 impl RdzvLink {
@@ -348,6 +379,7 @@ impl RdzvLink {
             reach.keep_alive_interval,
             reach.silence,
             answered.clone(),
+            reach.peers.clone(),
         );
         Self {
             client,
@@ -575,6 +607,7 @@ fn spawn_keep_alive(
     every: Duration,
     silence: Duration,
     answered: Answered,
+    peers: crate::peers::Shared,
 ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Silence>) {
     let (tx, rx) = mpsc::channel(1);
     let task = tokio::spawn(async move {
@@ -583,7 +616,8 @@ fn spawn_keep_alive(
         loop {
             tick.tick().await;
             let sent = Instant::now();
-            let why = match tokio::time::timeout(silence, client.keep_alive()).await {
+            let vouch = peers.vouch(sent);
+            let why = match tokio::time::timeout(silence, client.keep_alive(vouch)).await {
                 Ok(Ok(())) => {
                     answered.note(sent);
                     continue;

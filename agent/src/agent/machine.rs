@@ -79,6 +79,8 @@ pub struct Settings {
     pub reconnect_grace: Duration,
     /// How long workers keep running while no rendezvous is reached.
     pub fence_after: Duration,
+    /// How long they may run on their peers' word (`outage_timeout`).
+    pub outage_timeout: Duration,
     /// Whether the node fences at all (always, but for a debug build's
     /// test-only switch: `testing`).
     pub fence: bool,
@@ -100,6 +102,7 @@ impl Settings {
             shutdown_timeout: cfg.shutdown_timeout,
             reconnect_grace: cfg.reconnect_grace(),
             fence_after: cfg.rdzv.dead_after(),
+            outage_timeout: cfg.rdzv.outage_timeout,
             fence: true,
             restart_backoff: cfg.restart_backoff,
         }
@@ -191,6 +194,11 @@ pub enum Event {
     Over(pb::JobOver),
     /// [`NodeMachine::deadline`] passed.
     Timer,
+    /// More than half of the round hears each other through its peer hub
+    /// while this node cannot reach the rendezvous: the rendezvous cannot
+    /// drop it, so its workers may run until this instant (the `peers`
+    /// module dates it, and caps it at `outage_timeout`).
+    Vouched(Instant),
 }
 
 /// What the driver does, in order.
@@ -289,6 +297,8 @@ pub struct Sources {
     pub workers: bool,
     /// A stop in flight.
     pub stop: bool,
+    /// The round's peers' evidence (the `peers` module).
+    pub peers: bool,
 }
 
 /// A round this node runs.
@@ -305,6 +315,12 @@ struct Round {
     fence: Option<Instant>,
     /// The workers were stopped for want of a rendezvous.
     fenced: bool,
+    /// Its peers' evidence kept the workers past the drop limit in this
+    /// loss of the rendezvous (said once).
+    vouched: bool,
+    /// The rendezvous drops this node whatever its peers say (its presence
+    /// lease lapsed): their evidence counts for nothing.
+    dropped: bool,
     /// The failure this node reported in this round, said again to a
     /// rendezvous it reconnects to (a new leader may not have it).
     reported: Option<Exit>,
@@ -455,6 +471,7 @@ impl NodeMachine {
             rejoin: false,
             workers: false,
             stop: false,
+            peers: false,
         };
         match &self.phase {
             Phase::Forming { .. } | Phase::BackingOff { .. } => Sources {
@@ -473,6 +490,7 @@ impl NodeMachine {
             Phase::Recovering { .. } => Sources {
                 rejoin: true,
                 workers: true,
+                peers: true,
                 ..none
             },
             Phase::Stopping { .. } => Sources { stop: true, ..none },
@@ -642,6 +660,8 @@ impl NodeMachine {
                     barrier: None,
                     fence: None,
                     fenced: false,
+                    vouched: false,
+                    dropped: false,
                     reported: None,
                     started: now,
                 });
@@ -925,13 +945,9 @@ impl NodeMachine {
     /// Recovering `round`: the node rejoins, presenting it.
     fn rejoin_with(&mut self, now: Instant, mut round: Round, why: String) -> Vec<Action> {
         round.fence = Some(after_from(now, self.settings.fence_in()));
-        let info = &round.info;
-        let resume = pb::Resume {
-            round: info.round,
-            restart_count: info.restart_count,
-            node_rank: info.node_rank,
-            nnodes: info.nnodes,
-        };
+        round.vouched = false;
+        round.dropped = false;
+        let resume = resume_of(&round);
         self.phase = Phase::Recovering {
             round,
             pending: None,
@@ -956,6 +972,7 @@ impl NodeMachine {
     /// next step (the driver wakes at once for the deadline).
     fn fence_now(&mut self, now: Instant) {
         if let Phase::Recovering { round, .. } = &mut self.phase {
+            round.dropped = true;
             if self.settings.fence && round.live > 0 {
                 round.fence = Some(now);
             }
@@ -1004,8 +1021,43 @@ impl NodeMachine {
                 self.guard_fenced();
                 Vec::new()
             }
+            Event::Vouched(until) => {
+                let later = !round.dropped && round.fence.is_some_and(|f| until > f);
+                if self.settings.fence && round.live > 0 && later {
+                    round.fence = Some(until);
+                    if !round.vouched {
+                        round.vouched = true;
+                        warn!(
+                            outage_timeout_s = self.settings.outage_timeout.as_secs_f64(),
+                            "the rendezvous is unreachable, but most of this round's nodes hear each other: nobody can re-form the job without them, so the workers keep running while this node reconnects"
+                        );
+                    }
+                }
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                Vec::new()
+            }
+            // The rejoin gave up (its grace ended) while the peers keep the
+            // workers: an outage is not the end of a healthy job; try again.
+            Event::RejoinFailed(AgentError::JoinTimeout(_))
+                if round.vouched && round.live > 0 && round.fence.is_some_and(|f| f > now) =>
+            {
+                let resume = resume_of(&round);
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                vec![Action::Rejoin {
+                    resume: Some(resume),
+                }]
+            }
             Event::Dead(why) => {
                 warn!(reason = %why, "this node's presence lease lapsed: the rendezvous drops it");
+                round.dropped = true;
                 if self.settings.fence && round.live > 0 {
                     round.fence = Some(now);
                 }
@@ -1311,6 +1363,17 @@ fn segment_of(r: &pb::RoundComplete) -> Segment {
     }
 }
 
+/// What a node that rejoins presents of the round its workers run.
+fn resume_of(round: &Round) -> pb::Resume {
+    let info = &round.info;
+    pb::Resume {
+        round: info.round,
+        restart_count: info.restart_count,
+        node_rank: info.node_rank,
+        nnodes: info.nnodes,
+    }
+}
+
 fn round_info(r: &pb::RoundComplete) -> RoundInfo {
     RoundInfo {
         round: r.round,
@@ -1323,6 +1386,7 @@ fn round_info(r: &pb::RoundComplete) -> RoundInfo {
         master_addr: r.master_addr.clone(),
         master_port: r.master_port,
         segment: segment_of(r),
+        peer_key: r.peer_key.clone(),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct RoundInfo {
     pub master_port: u32,
     /// This node's topology segment in the round (`ACCEL_SEGMENT*`).
     pub segment: Segment,
+    /// The round's peer key (the `peers` module's hub); empty from a
+    /// rendezvous that gives none.
+    pub peer_key: Vec<u8>,
 }
 
 /// A node's segment: the run of consecutive node ranks whose nodes share its

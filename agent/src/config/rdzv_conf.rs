@@ -31,6 +31,12 @@ pub struct RdzvConf {
     /// How long an agent that lost the rendezvous keeps its workers while it
     /// reconnects (accel's own key).
     pub reconnect_grace: Duration,
+    /// How long a node keeps its workers without any rendezvous while more
+    /// than half of its round (itself included) hears each other through
+    /// the round's peer hub: the longest control-plane outage a job rides
+    /// out (accel's own key; the rendezvous holds the round's places as
+    /// long).
+    pub outage_timeout: Duration,
     /// How long a finished job's outcome is kept for nodes that come back
     /// late (accel's own key; 0: not kept). Served by the agent that hosts
     /// the rendezvous, and by agent-only leaders on etcd.
@@ -162,6 +168,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is not a positive byte count (e.g. 1073741824 or 1GiB)"))
 }
 
+/// The default `outage_timeout`: a job rides out a control-plane outage of
+/// up to 15 minutes (a restart, a failover, an etcd quorum loss and repair).
+pub(super) const DEFAULT_OUTAGE_TIMEOUT: Duration = Duration::from_secs(900);
+
 impl Default for RdzvConf {
     fn default() -> Self {
         Self {
@@ -174,6 +184,7 @@ impl Default for RdzvConf {
             is_host: None,
             timeout: Duration::from_secs(900),
             reconnect_grace: Duration::from_secs(60),
+            outage_timeout: DEFAULT_OUTAGE_TIMEOUT,
             tombstone_ttl: rendezvous_server::Limits::default().tombstone_ttl,
             token_file: None,
             tls: Default::default(),
@@ -186,7 +197,7 @@ impl Default for RdzvConf {
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
+                         outage_timeout, tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
                          for --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, etcd_lease";
 
 impl RdzvConf {
@@ -211,6 +222,7 @@ impl RdzvConf {
                 "read_timeout" => c.read_timeout = dur(value)?,
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
+                "outage_timeout" => c.outage_timeout = dur(value)?,
                 "tombstone_ttl" => c.tombstone_ttl = dur(value)?,
                 "store_ports" => {
                     c.store_ports = Some(

@@ -28,6 +28,7 @@ fn round(node_rank: u32, nnodes: u32, world_size: u32, restart_count: u32) -> Ro
         master_addr: "h".into(),
         master_port: 1,
         segment: Default::default(),
+        peer_key: Vec::new(),
     }
 }
 

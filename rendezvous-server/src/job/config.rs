@@ -25,6 +25,13 @@ pub struct JobConfig {
     pub last_call: Duration,
     /// The worker exit code that ends the job at once (`--no-restart-exit-code`).
     pub no_restart_exit_code: Option<u8>,
+    /// How long its nodes keep their workers while most of a round cannot
+    /// reach the rendezvous (`outage_timeout`); `None`: agents without peer
+    /// fencing, which stop them at the drop limit (no mass-silence hold).
+    pub outage: Option<Duration>,
+    /// The nodes' keep-alive interval (a third of `dead_after` when the
+    /// agent did not say).
+    pub keep_alive: Option<Duration>,
 }
 
 impl JobConfig {
@@ -40,7 +47,19 @@ impl JobConfig {
             no_restart_exit_code: u8::try_from(req.no_restart_exit_code)
                 .ok()
                 .filter(|c| *c > 0),
+            outage: (req.outage_ms > 0).then(|| Duration::from_millis(req.outage_ms)),
+            keep_alive: (req.keep_alive_ms > 0).then(|| Duration::from_millis(req.keep_alive_ms)),
         }
+    }
+
+    /// How long a member of a round goes unheard before it counts as silent
+    /// when the server asks whether most of the round is (a mass silence):
+    /// one and a half keep-alive intervals, so a healthy node between two
+    /// keep-alives never counts. `None`: no drop limit.
+    pub fn silent_after(&self) -> Option<Duration> {
+        let dead_after = self.dead_after?;
+        let interval = self.keep_alive.unwrap_or(dead_after / 3);
+        Some((interval * 3 / 2).min(dead_after))
     }
 }
 
@@ -108,6 +127,8 @@ mod tests {
             dead_after: None,
             last_call: Duration::ZERO,
             no_restart_exit_code: None,
+            outage: None,
+            keep_alive: None,
         }
     }
 

@@ -95,6 +95,10 @@ fn complete_unless_unheard(
         None => None,
     });
     let blocking = match until {
+        // Most of the last round is silent: they may run their workers on
+        // their peers' word until the outage limit, so nothing forms
+        // without them meanwhile.
+        _ if job.held.is_some() => true,
         None => false,
         Some(Some(t)) => now < t,
         // No drop limit: a node never fences, so it is waited for.
@@ -110,6 +114,8 @@ fn complete_unless_unheard(
             .any(|m| m.rank.is_some() && m.ready.is_none() && !m.succeeded)
             || (bounded && replacement_pending(job)));
     match unheard {
+        // A hold ends at a liveness check, not at an instant known now.
+        true if job.held.is_some() => wait(None),
         true => wait(until.flatten()),
         false => Decision::Complete(rank_order(job)),
     }
@@ -167,12 +173,24 @@ pub(super) fn replacement_pending(job: &Job) -> bool {
 ///
 /// A relearned job's placeholders are lost after [`Job::placeholder_limit`]
 /// even when the job has no keep-alive limit.
+///
+/// # Mass silence
+/// When most of the last round that ran is silent at once ([`mass_silence`])
+/// the rendezvous itself is the likely one cut off (or it just woke up), and
+/// the round's nodes keep their workers while most of them see each other
+/// (the agent's peer hub). Their places are then held for the job's outage
+/// limit instead of the drop limit; when the silence ends, every node gets
+/// the whole drop limit from then ([`Job::tick`]). Checks run again as each
+/// member of the round would turn silent, so a mass silence is seen as it
+/// begins.
 pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
     if job.phase.is_terminal() || (job.config.dead_after.is_none() && job.absent == 0) {
         return (Vec::new(), None);
     }
+    let mass = job.held.is_some() || mass_silence(now, job);
     let mut lost = Vec::new();
     let mut next: Option<Instant> = None;
+    let mut consider = |at: Instant| next = Some(next.map_or(at, |n: Instant| n.min(at)));
     for (id, m) in &job.members {
         let dead_after = if id.starts_with(ABSENT) {
             job.placeholder_limit()
@@ -182,18 +200,63 @@ pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
                 None => continue,
             }
         };
-        if now.saturating_duration_since(m.last_seen) > dead_after {
+        let dead_after = match (mass, job.config.outage, m.rank) {
+            (true, Some(outage), Some(_)) => dead_after.max(outage),
+            _ => dead_after,
+        };
+        if let (Some(silent), Some(_), Some(_)) =
+            (job.config.silent_after(), job.config.outage, m.rank)
+        {
+            // When this member turns silent: a mass silence may begin.
+            let at = job.heard(m).checked_add(silent).unwrap_or(now);
+            if at > now {
+                consider(at);
+            }
+        }
+        let heard = job.heard(m);
+        if now.saturating_duration_since(heard) > dead_after {
             lost.push(id.clone());
         } else {
             // Lost strictly after the limit: check again just past it.
-            let at = m
-                .last_seen
+            let at = heard
                 .checked_add(dead_after + Duration::from_millis(1))
                 .unwrap_or(now);
-            next = Some(next.map_or(at, |n| n.min(at)));
+            consider(at);
         }
     }
+    if mass {
+        // Watch for its end.
+        let every = job.config.silent_after().unwrap_or(MASS_RECHECK) / 2;
+        consider(now.checked_add(every.max(MASS_RECHECK_MIN)).unwrap_or(now));
+    }
     (lost, next)
+}
+
+/// How often a held job checks whether its silence ended, when its
+/// keep-alive interval does not say.
+const MASS_RECHECK: Duration = Duration::from_secs(2);
+/// The least time between those checks.
+const MASS_RECHECK_MIN: Duration = Duration::from_millis(50);
+
+/// Whether most of the last round that ran (more than half of its node
+/// ranks, placeholders of a relearned job included) is silent at `now`:
+/// unheard for [`super::JobConfig::silent_after`]. Only for jobs whose
+/// agents keep workers through an outage (`outage` set); a departed node
+/// counts as heard (its workers are stopped). O(round).
+pub fn mass_silence(now: Instant, job: &Job) -> bool {
+    let (Some(silent), Some(_)) = (job.config.silent_after(), job.config.outage) else {
+        return false;
+    };
+    if job.phase.is_terminal() || job.participants.is_empty() {
+        return false;
+    }
+    let quiet = job
+        .participants
+        .iter()
+        .filter_map(|id| job.members.get(id))
+        .filter(|m| m.rank.is_some() && now.saturating_duration_since(job.heard(m)) > silent)
+        .count();
+    2 * quiet > job.participants.len()
 }
 
 /// Ready members in node-rank order, at most MAX (see the module docs of

@@ -207,8 +207,13 @@ impl Job {
         }
         self.members.insert(node_id, member);
         self.empty_since = None;
-        if let Some(limit) = self.config.dead_after {
-            // The newcomer can be lost no sooner than this.
+        let first_check = match self.config.outage {
+            // It may turn silent, and a mass silence begin, this soon.
+            Some(_) => self.config.silent_after(),
+            None => self.config.dead_after,
+        };
+        if let Some(limit) = first_check {
+            // The newcomer can be lost (or turn silent) no sooner than this.
             let t = now.checked_add(limit).unwrap_or(now);
             self.next_liveness = Some(self.next_liveness.map_or(t, |x| x.min(t)));
         }

@@ -233,6 +233,10 @@ impl Job {
             quarantine: super::Quarantine::default(),
             benched: 0,
             new_benches: Vec::new(),
+            // Not stored: the loading leader gives every node the whole
+            // drop limit, and sees a mass silence anew.
+            held: None,
+            vouched_all: None,
         };
         for (host, since, until, reason) in record.benched {
             job.quarantine

@@ -93,6 +93,9 @@ impl Job {
     }
 
     pub(super) fn complete(&mut self, now: Instant, order: Vec<String>) -> Vec<Outbound> {
+        // Vouches and holds were for the last round's nodes.
+        self.vouched_all = None;
+        self.held = None;
         let nnodes = order.len() as u32;
         let nproc = self.config.nproc_per_node;
         let (master_addr, master_port) = order
@@ -127,6 +130,8 @@ impl Job {
                     segment,
                     segment_first_node: first,
                     segment_nodes: len,
+                    // The registry fills it in (one per round, random).
+                    peer_key: Vec::new(),
                 }),
             });
         }

@@ -21,6 +21,8 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         topology: String::new(),
         no_restart_exit_code: 0,
         agent_version: String::new(),
+        outage_ms: 0,
+        keep_alive_ms: 0,
     }
 }
 
@@ -1539,4 +1541,134 @@ fn a_benched_node_without_a_rank_of_its_own_gets_none_in_a_static_job() {
     let r = ranks(&out);
     assert!(!r.contains_key("x"), "{r:?}");
     assert_eq!((r["s0"].0, r["s1"].0), (0, 1), "{r:?}");
+}
+
+/// A job whose agents ride out outages (`outage_timeout` 900 s, keep-alives
+/// every 5 s, drop limit 15 s), formed on `hosts`.
+fn riding(hosts: &[&str], t: Instant) -> Job {
+    let n = hosts.len() as u32;
+    let r = pb::JoinRequest {
+        outage_ms: 900_000,
+        keep_alive_ms: 5_000,
+        ..req("h", n, None)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&r));
+    for (i, h) in hosts.iter().enumerate() {
+        j.join(t, &format!("n{i}"), &pb::JoinRequest { hostname: (*h).into(), ..r.clone() }, S)
+            .expect("join");
+    }
+    for i in 0..hosts.len() {
+        j.ready(t, &format!("n{i}"), 0, (format!("addr{i}"), 1000 + i as u32), None);
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    j
+}
+
+#[test]
+fn a_round_gone_silent_at_once_is_held_not_dropped() {
+    let t = Instant::now();
+    let mut j = riding(&["a", "b", "c"], t);
+    let s = Duration::from_secs;
+    // Nothing heard from anyone (the server was cut off): at the drop limit
+    // the round is held, and the deadline follows the outage limit.
+    for at in [8, 16, 100, 899] {
+        assert!(j.tick(t + s(at)).is_empty(), "nothing happens at {at} s");
+    }
+    assert_eq!(j.members().len(), 3);
+    assert!(j.held_since().is_some());
+    // Past the outage limit the nodes have stopped their workers: dropped.
+    let out = j.tick(t + s(901));
+    assert!(j.members().is_empty(), "{out:?}");
+}
+
+#[test]
+fn when_the_silence_ends_every_node_gets_the_whole_drop_limit_again() {
+    let t = Instant::now();
+    let mut j = riding(&["a", "b", "c"], t);
+    let s = Duration::from_secs;
+    assert!(j.tick(t + s(20)).is_empty());
+    assert!(j.held_since().is_some());
+    // Two nodes reach the server again at 60 s; the third stays away.
+    j.keep_alive(t + s(60), "n0");
+    j.keep_alive(t + s(60), "n1");
+    assert!(j.tick(t + s(60)).is_empty(), "the silence ended: nobody dropped now");
+    assert_eq!(j.held_since(), None);
+    j.keep_alive(t + s(70), "n0");
+    j.keep_alive(t + s(70), "n1");
+    assert!(j.tick(t + s(74)).is_empty(), "n2 still has its drop limit");
+    assert!(j.members().contains_key("n2"));
+    j.keep_alive(t + s(75), "n0");
+    j.keep_alive(t + s(75), "n1");
+    let out = j.tick(t + s(76));
+    assert!(!j.members().contains_key("n2"), "dropped a drop limit after the silence ended");
+    assert!(out
+        .iter()
+        .any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
+}
+
+#[test]
+fn one_silent_node_of_three_is_dropped_at_the_drop_limit() {
+    let t = Instant::now();
+    let mut j = riding(&["a", "b", "c"], t);
+    let s = Duration::from_secs;
+    for at in [5, 10, 15] {
+        j.keep_alive(t + s(at), "n0");
+        j.keep_alive(t + s(at), "n1");
+        j.tick(t + s(at));
+    }
+    assert_eq!(j.held_since(), None);
+    j.tick(t + s(16));
+    assert!(!j.members().contains_key("n2"));
+}
+
+#[test]
+fn a_peer_s_vouch_keeps_a_node_cut_off_from_the_server() {
+    let t = Instant::now();
+    let mut j = riding(&["a", "b", "c"], t);
+    let s = Duration::from_secs;
+    for at in [5, 10, 15, 20] {
+        j.keep_alive(t + s(at), "n0");
+        j.keep_alive(t + s(at), "n1");
+        // n0 hears n2 through the hub.
+        assert_eq!(j.vouch(t + s(at), "n0", 0, &[0b100], false), 1);
+        assert!(j.tick(t + s(at)).is_empty());
+    }
+    assert!(j.members().contains_key("n2"));
+    // "All" costs O(1) and counts for every node of the round.
+    assert_eq!(j.vouch(t + s(25), "n1", 0, &[], true), 3);
+    assert!(j.tick(t + s(39)).is_empty());
+    // A vouch for another round, or from a stranger, counts for nothing.
+    assert_eq!(j.vouch(t + s(30), "n0", 1, &[], true), 0);
+    assert_eq!(j.vouch(t + s(30), "zz", 0, &[], true), 0);
+    // Ranks the round does not have are ignored.
+    assert_eq!(j.vouch(t + s(30), "n0", 0, &[0, 0xff], false), 0);
+}
+
+#[test]
+fn a_held_round_does_not_re_form_without_its_silent_nodes() {
+    let t = Instant::now();
+    let mut j = riding(&["a", "b", "c"], t);
+    let s = Duration::from_secs;
+    // n0 fails while n1 and n2 are cut off from the server (but may run).
+    j.keep_alive(t + s(4), "n0");
+    let out = j.failure(t + s(4), "n0", 0, "boom".into(), None);
+    assert!(!out.is_empty());
+    j.keep_alive(t + s(8), "n0");
+    j.tick(t + s(8));
+    assert!(j.held_since().is_some(), "two of three silent");
+    j.ready(t + s(9), "n0", 1, ("addr0".into(), 1000), None);
+    for at in [20, 40, 120] {
+        j.keep_alive(t + s(at), "n0");
+        j.tick(t + s(at));
+        assert_eq!(j.phase(), &Phase::Forming, "still waiting at {at} s");
+        assert_eq!(j.members().len(), 3);
+    }
+}
+
+#[test]
+fn jobs_of_older_agents_are_never_held() {
+    let t = Instant::now();
+    let (mut j, _) = formed(&["a", "b"], t);
+    j.tick(t + Duration::from_secs(16));
+    assert!(j.members().is_empty(), "agents that fence at the drop limit are dropped at it");
 }

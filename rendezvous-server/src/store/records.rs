@@ -198,6 +198,8 @@ pub fn encode(r: &JobRecord) -> Encoded {
         nproc_per_node: r.config.nproc_per_node,
         max_restarts: r.config.max_restarts,
         dead_after_us: r.config.dead_after.map_or(0, micros),
+        outage_us: r.config.outage.map_or(0, micros),
+        keep_alive_us: r.config.keep_alive.map_or(0, micros),
         last_call_us: micros(r.config.last_call),
         no_restart_exit_code: r.config.no_restart_exit_code.map_or(0, u32::from),
         phase,
@@ -353,6 +355,8 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             no_restart_exit_code: u8::try_from(meta.no_restart_exit_code)
                 .ok()
                 .filter(|c| *c > 0),
+            outage: (meta.outage_us > 0).then(|| Duration::from_micros(meta.outage_us)),
+            keep_alive: (meta.keep_alive_us > 0).then(|| Duration::from_micros(meta.keep_alive_us)),
         },
         phase,
         round: meta.round,

@@ -18,6 +18,7 @@ fn settings() -> Settings {
         shutdown_timeout: Duration::from_secs(30),
         reconnect_grace: Duration::from_secs(60),
         fence_after: Duration::from_secs(15),
+        outage_timeout: Duration::from_secs(900),
         fence: true,
         restart_backoff: crate::config::RestartBackoff::default(),
     }
@@ -140,7 +141,8 @@ fn a_worker_failure_is_reported_the_others_are_stopped_and_the_restart_followed(
             stream: false,
             rejoin: false,
             workers: false,
-            stop: true
+            stop: true,
+            peers: false,
         }
     );
     // The stop saw local rank 0 end by SIGTERM: it goes into the summary.
@@ -261,7 +263,8 @@ fn a_lost_rendezvous_keeps_the_workers_and_resumes_the_round() {
             stream: false,
             rejoin: true,
             workers: true,
-            stop: false
+            stop: false,
+            peers: true,
         }
     );
     // A worker succeeding meanwhile is just noted.
@@ -1375,4 +1378,67 @@ fn a_quarantined_node_waits_out_its_quarantine_then_join_timeout() {
     );
     let text = error(m.step(t0 + hour + 601 * SECOND, Event::Timer)).to_string();
     assert!(text.contains("did not form within"), "{text}");
+}
+
+#[test]
+fn the_peers_word_keeps_the_workers_through_an_outage_and_the_rejoin_goes_on() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: connection refused".into()));
+    assert_eq!(m.deadline(), Some(t0 + FENCE));
+    // Most of the round hears each other: the workers may run on.
+    assert!(m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND)).is_empty());
+    assert_eq!(m.deadline(), Some(t0 + 20 * SECOND), "the fence moved");
+    // An older word never moves it back.
+    assert!(m.step(t0 + 2 * SECOND, Event::Vouched(t0 + 10 * SECOND)).is_empty());
+    assert_eq!(m.deadline(), Some(t0 + 20 * SECOND));
+    assert!(m.step(t0 + 15 * SECOND, Event::Timer).is_empty(), "not fenced at the drop limit");
+    // The rejoin's grace ends meanwhile: it starts again, presenting the round.
+    let actions = m.step(
+        t0 + 16 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("the grace ended".into())),
+    );
+    assert!(
+        matches!(&actions[..], [Action::Rejoin { resume: Some(r) }] if r.round == 0),
+        "{actions:?}"
+    );
+    // Back: the round is still current, nothing was stopped or reported.
+    let actions = m.step(
+        t0 + 17 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    assert!(m.readiness().is_ok());
+}
+
+#[test]
+fn when_the_peers_word_runs_out_the_workers_are_fenced() {
+    let (mut m, t0) = running();
+    m.step(t0, Event::Lost("lost the rendezvous: connection refused".into()));
+    m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND));
+    let actions = m.step(t0 + 20 * SECOND, Event::Timer);
+    assert!(is_kill(&actions[0]), "{actions:?}");
+    // Its grace ending now is the end, as without peers.
+    m.step(t0 + 21 * SECOND, Event::Stopped(Vec::new()));
+    let actions = m.step(
+        t0 + 22 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("the grace ended".into())),
+    );
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let actions = m.step(t0 + 22 * SECOND, Event::Stopped(Vec::new()));
+    assert!(actions.iter().any(|a| matches!(a, Action::Exit(Err(_)))), "{actions:?}");
+}
+
+#[test]
+fn the_peers_word_means_nothing_to_a_node_that_is_not_recovering() {
+    let (mut m, t0) = running();
+    assert!(m.step(t0, Event::Vouched(t0 + 100 * SECOND)).is_empty());
+    assert_eq!(m.deadline(), None);
+    // A node whose presence lease lapsed is dropped whatever its peers say.
+    m.step(t0, Event::Dead("presence".into()));
+    assert_eq!(m.deadline(), Some(t0));
+    m.step(t0, Event::Vouched(t0 + 100 * SECOND));
+    assert_eq!(m.deadline(), Some(t0), "fenced at once all the same");
 }

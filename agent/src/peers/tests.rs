@@ -1,0 +1,211 @@
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn key() -> hmac::Key {
+    hmac::Key::new(hmac::HMAC_SHA256, &[7u8; 32])
+}
+
+fn default_timing(nnodes: u32) -> Timing {
+    let d = Duration::from_secs(15);
+    Timing::new(d, Duration::from_secs(5), Duration::from_secs(900), d - 200 * MS, nnodes)
+}
+
+#[test]
+fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
+    let t = default_timing(4);
+    assert_eq!(t.every, 250 * MS);
+    assert_eq!(t.fresh, 625 * MS);
+    // 7.5 s until the rendezvous counts a node silent, plus the hub's
+    // staleness and slack.
+    assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 625 + 50));
+    assert!(t.fence_in > t.lag, "a ping keeps workers {:?} longer", t.fence_in - t.lag);
+    // Tests' short limits: 3 s drop limit, 1 s keep-alives.
+    let short = Timing::new(Duration::from_secs(3), Duration::from_secs(1), Duration::from_secs(60), Duration::from_millis(2800), 2);
+    assert_eq!(short.every, 75 * MS);
+    assert!(short.fence_in > short.lag);
+    // Large rounds ping less often.
+    assert_eq!(default_timing(10_000).every, Duration::from_secs(1));
+}
+
+#[test]
+fn evidence_never_outlives_the_outage_limit_from_the_last_contact() {
+    let t = default_timing(2);
+    let contact = Instant::now();
+    // A ping right after the contact is worth less than the contact itself.
+    assert_eq!(t.keeps_until(contact + MS, contact), None);
+    let sent = contact + Duration::from_secs(60);
+    assert_eq!(t.keeps_until(sent, contact), Some(sent - t.lag + t.fence_in));
+    let late = contact + Duration::from_secs(2000);
+    assert_eq!(
+        t.keeps_until(late, contact),
+        Some(contact + t.outage),
+        "capped at the outage limit less the margin"
+    );
+    assert_eq!(t.outage, Duration::from_secs(900) - 200 * MS);
+}
+
+#[test]
+fn the_hub_counts_fresh_pings_and_refuses_replays_and_strangers() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(3, 500 * MS);
+    assert_eq!(hub.answer(0), (0, 1, Some(&[0u8][..])));
+    assert!(hub.ping(t0, 0, 1));
+    assert!(hub.ping(t0, 2, 1));
+    assert!(!hub.ping(t0, 2, 1), "a replayed sequence number");
+    assert!(!hub.ping(t0, 3, 9), "a rank the round does not have");
+    let (heard, version, map) = hub.answer(0);
+    assert_eq!((heard, map), (2, Some(&[0b101u8][..])));
+    // A node that has this version gets no bitmap.
+    assert_eq!(hub.answer(version), (2, version, None));
+    // Rank 2 goes quiet; rank 0 pings on.
+    assert!(hub.ping(t0 + 400 * MS, 0, 2));
+    hub.sweep(t0 + 600 * MS);
+    let (heard, v2, map) = hub.answer(version);
+    assert_eq!((heard, map), (1, Some(&[0b001u8][..])));
+    assert!(v2 > version);
+}
+
+#[test]
+fn a_majority_heard_through_the_hub_is_evidence_dated_by_the_ping() {
+    let t0 = Instant::now();
+    let fresh = 500 * MS;
+    // Node 1 of 3.
+    let mut view = View::new(1, 3, fresh);
+    let (seq, have) = view.ping(t0);
+    assert_eq!(have, 0);
+    // The hub hears nodes 0 and 1: two of three.
+    assert!(view.answer(t0 + 10 * MS, seq, 2, 5, Some(&[0b011])));
+    // Contact with the rendezvous after the run of answers began.
+    assert_eq!(view.majority(t0 + 20 * MS, t0 + 5 * MS), Some(t0));
+    assert_eq!(
+        view.vouch(t0 + 20 * MS, 7),
+        Some(Vouch { round: 7, ranks: vec![0b011], all: false })
+    );
+    // An answer to a ping never sent is ignored.
+    assert!(!view.answer(t0, 99, 3, 6, Some(&[0b111])));
+    // Every node heard: the vouch names them all at O(1) cost.
+    let (seq, have) = view.ping(t0 + 100 * MS);
+    assert_eq!(have, 5);
+    assert!(view.answer(t0 + 110 * MS, seq, 3, 6, Some(&[0b111])));
+    assert_eq!(view.vouch(t0 + 120 * MS, 7), Some(Vouch { round: 7, ranks: vec![], all: true }));
+    assert_eq!(view.majority(t0 + 120 * MS, t0 + 5 * MS), Some(t0 + 100 * MS));
+    // The answer ages: no vouch, and no evidence once the run is stale.
+    assert_eq!(view.vouch(t0 + 700 * MS, 7), None);
+    assert_eq!(view.majority(t0 + 1200 * MS, t0 + 5 * MS), None);
+}
+
+#[test]
+fn half_of_the_round_is_no_majority() {
+    let t0 = Instant::now();
+    let mut view = View::new(0, 2, 500 * MS);
+    let (seq, _) = view.ping(t0);
+    view.answer(t0, seq, 1, 2, Some(&[0b01]));
+    assert_eq!(view.majority(t0, t0), None, "1 of 2 nodes");
+    // A round of one node is a majority of itself.
+    let mut alone = View::new(0, 1, 500 * MS);
+    let (seq, _) = alone.ping(t0);
+    alone.answer(t0, seq, 1, 2, Some(&[0b1]));
+    assert_eq!(alone.majority(t0, t0), Some(t0));
+    // The hub hears a majority, but not this node: it is not in it.
+    let mut outside = View::new(2, 3, 500 * MS);
+    let (seq, _) = outside.ping(t0);
+    outside.answer(t0, seq, 2, 2, Some(&[0b011]));
+    assert_eq!(outside.majority(t0, t0), None);
+}
+
+#[test]
+fn a_break_in_the_hub_contact_voids_the_evidence_until_the_rendezvous_is_reached() {
+    let t0 = Instant::now();
+    let fresh = 500 * MS;
+    let mut view = View::new(0, 1, fresh);
+    let (seq, _) = view.ping(t0);
+    view.answer(t0, seq, 1, 2, Some(&[1]));
+    // Cut off from the hub for 2 s (more than `fresh`), then back.
+    let back = t0 + Duration::from_secs(2);
+    let (seq, _) = view.ping(back);
+    view.answer(back, seq, 1, 2, None);
+    assert_eq!(view.majority(back, t0 + 10 * MS), None, "the run began after the contact");
+    // Once the node reaches the rendezvous again, the new run counts.
+    assert_eq!(view.majority(back, back + MS), Some(back));
+}
+
+#[test]
+fn datagrams_round_trip_and_anything_else_is_dropped() {
+    let k = key();
+    let ping = encode_ping(&k, 4, 1, 9, 3);
+    assert_eq!(decode(&k, 4, &ping), Some(Datagram::Ping { rank: 1, seq: 9, version: 3 }));
+    assert_eq!(decode(&k, 5, &ping), None, "another round");
+    let other = hmac::Key::new(hmac::HMAC_SHA256, &[8u8; 32]);
+    assert_eq!(decode(&other, 4, &ping), None, "another key");
+    let mut tampered = ping.clone();
+    tampered[14] ^= 1;
+    assert_eq!(decode(&k, 4, &tampered), None);
+    let answer = encode_answer(&k, 4, 1, 9, 2, 6, Some(&[0b11]));
+    assert_eq!(
+        decode(&k, 4, &answer),
+        Some(Datagram::Answer { rank: 1, seq: 9, heard: 2, version: 6, map: Some(&[0b11][..]) })
+    );
+    let unchanged = encode_answer(&k, 4, 1, 9, 2, 6, None);
+    assert!(matches!(decode(&k, 4, &unchanged), Some(Datagram::Answer { map: None, .. })));
+    // Truncations and junk never panic.
+    for n in 0..answer.len() {
+        assert_eq!(decode(&k, 4, &answer[..n]), None);
+    }
+    assert_eq!(decode(&k, 4, &[0xff; 200]), None);
+}
+
+/// Three nodes' tasks on loopback, node 0 serving the hub: each hears a
+/// majority, vouches for all, and its evidence outlasts its contact.
+#[tokio::test]
+async fn three_nodes_hear_each_other_through_the_hub() {
+    let probe = std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port");
+    let port = probe.local_addr().expect("addr").port();
+    drop(probe);
+    let timing = Timing::new(
+        Duration::from_secs(3),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+        Duration::from_millis(2800),
+        3,
+    );
+    let contact = Instant::now();
+    let shared: Vec<Shared> = (0..3).map(|_| Shared::default()).collect();
+    let tasks: Vec<_> = (0..3u32)
+        .map(|rank| {
+            let peer = PeerRound {
+                round: 2,
+                node_rank: rank,
+                nnodes: 3,
+                key: vec![1; 32],
+                hub: format!("127.0.0.1:{port}"),
+                serve: (rank == 0).then(|| SocketAddr::from(([127, 0, 0, 1], port))),
+                timing,
+            };
+            // Each node reached the rendezvous a moment ago, after its first ping.
+            spawn(peer, shared[rank as usize].clone(), move || Some(contact + Duration::from_millis(300)))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = Instant::now();
+        let all = shared.iter().all(|s| {
+            s.vouch(now).is_some_and(|v| v.all && v.round == 2) && s.until().is_some()
+        });
+        if all {
+            break;
+        }
+        assert!(now < deadline, "the nodes did not hear each other");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Node 0 stops: the others lose their majority, and with it the vouch.
+    tasks[0].abort();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let now = Instant::now();
+    for s in &shared[1..] {
+        assert_eq!(s.vouch(now), None);
+    }
+    for t in tasks {
+        t.abort();
+    }
+}
