@@ -145,11 +145,25 @@ impl Job {
     ) -> Option<Vec<Outbound>> {
         // A static node's place is its requested rank: it claims only that one.
         let resume = req.resume.as_ref().filter(|r| {
-            self.phase == Phase::Running
-                && r.round == self.round
-                && req.node_rank.is_none_or(|n| n == r.node_rank)
+            req.node_rank.is_none_or(|n| n == r.node_rank)
+                && match self.phase {
+                    Phase::Running => r.round == self.round,
+                    // The relearned round restarted before this node came
+                    // back (another node's failure, reported once back):
+                    // it takes its place, and is told the job moved on, so
+                    // that the round forms with it at once instead of
+                    // waiting out the placeholder.
+                    Phase::Forming => r.round.checked_add(1) == Some(self.round),
+                    _ => false,
+                }
         })?;
-        let at = resume.node_rank as usize;
+        let placeholder_id = format!("{ABSENT}{}", resume.node_rank);
+        let at = match self.phase {
+            Phase::Running => resume.node_rank as usize,
+            // A restart keeps the last round's nodes in order, without
+            // those gone: the placeholder's index is no longer its rank.
+            _ => self.participants.iter().position(|p| *p == placeholder_id)?,
+        };
         let slot = self.participants.get(at)?;
         // Only a placeholder that still waits (a closed job's are gone from
         // the members), and only for a node that holds no other place in the
@@ -177,7 +191,8 @@ impl Job {
         // The placeholder went without its counts (its made-up host name
         // could even be benched): count again.
         self.recount_benched();
-        Some(vec![joined(node_id, self.round, true, fresh)])
+        let resumed = self.phase == Phase::Running;
+        Some(vec![joined(node_id, self.round, resumed, fresh)])
     }
 
     pub(super) fn insert(

@@ -1672,3 +1672,27 @@ fn jobs_of_older_agents_are_never_held() {
     j.tick(t + Duration::from_secs(16));
     assert!(j.members().is_empty(), "agents that fence at the drop limit are dropped at it");
 }
+
+#[test]
+fn a_node_back_after_its_relearned_round_restarted_takes_its_place_at_once() {
+    let t = Instant::now();
+    let (_, out) = formed(&["a", "b"], t);
+    let mut r0 = req("a", 2, None);
+    r0.resume = Some(resume_of(&out, "n0", 0, 0));
+    let mut j = Job::relearn(t, "j", &r0, r0.resume.as_ref().expect("resume"));
+    j.join(t, "n0", &r0, S).expect("first node back");
+    // It reports a failure it saw while the server was away: round 1 forms.
+    j.failure(t, "n0", 0, "exited 1".into(), None);
+    assert_eq!((j.phase(), j.round()), (&Phase::Forming, 1));
+    j.ready(t, "n0", 1, ("addr0".into(), 1000), None);
+    // n1 comes back presenting round 0: it takes its place, is told the
+    // job moved on, and the round forms as soon as it is ready.
+    let mut r1 = req("b", 2, None);
+    r1.resume = Some(resume_of(&out, "n1", 0, 0));
+    let back = j.join(t, "n1", &r1, S).expect("second node back");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1), "{back:?}");
+    assert_eq!(j.absent_count(), 0);
+    let out = j.ready(t, "n1", 1, ("addr1".into(), 1001), None);
+    assert_eq!(j.phase(), &Phase::Running, "no wait for a placeholder: {out:?}");
+    assert_eq!(round_of(&out, "n1").node_rank, 1);
+}
