@@ -38,10 +38,13 @@
 //! round is silent there. Two majorities always share a node, so there is no
 //! third case. The evidence is dated by the *send* time of the ping the hub
 //! answered, less [`Timing::lag`] (how stale a peer's vouch may be, and how
-//! long silence takes to count as a mass silence), and counts only while the
-//! node's contact with the hub has been unbroken since it last reached the
-//! rendezvous itself. It never extends past the outage limit from that
-//! contact, when a held place is given away.
+//! long silence takes to count as a mass silence), and counts only when the
+//! node's contact with the hub had been unbroken for that lag before the
+//! ping: then a peer the rendezvous heard in that while vouched for this
+//! node, or none was heard and the round was in a mass silence, held until
+//! a drop limit after it ends. It never extends past the outage limit from
+//! the node's last contact with the rendezvous, when a held place is given
+//! away.
 //!
 //! A node that hears at most half of its round (cut off from the hub, or
 //! the hub from most nodes) has no evidence and fences at the drop limit as
@@ -136,8 +139,9 @@ impl Timing {
         // the hub is at most `every + fresh` old; 50 ms of slack.
         let silent_after = (interval * 3 / 2).min(drop_limit);
         // The hub forgets a node at its next sweep (every `every`) past
-        // `fresh`.
-        let lag = silent_after + every * 2 + fresh + Duration::from_millis(50);
+        // `fresh`; the rendezvous notices a mass silence at its next tick
+        // (every 100 ms); 50 ms of slack.
+        let lag = silent_after + every * 2 + fresh + Duration::from_millis(150);
         let margin = drop_limit.saturating_sub(fence_in);
         Self {
             every,
@@ -404,13 +408,16 @@ impl View {
     }
 
     /// The send time of the last ping whose answer showed a majority, if
-    /// this node's contact with the hub has been unbroken since before
-    /// `contact` (its last answered call to the rendezvous) and still is
-    /// at `now`.
-    pub fn majority(&self, now: Instant, contact: Instant) -> Option<Instant> {
+    /// this node's contact with the hub was unbroken for at least `lag`
+    /// before that ping and still is at `now`: only then did every peer
+    /// the rendezvous heard in that while vouch for this node.
+    pub fn majority(&self, now: Instant, lag: Duration) -> Option<Instant> {
         let (first, last) = self.run?;
-        let unbroken = first <= contact && now.saturating_duration_since(last) <= self.fresh + self.fresh;
-        self.majority.filter(|_| unbroken)
+        if now.saturating_duration_since(last) > self.fresh + self.fresh {
+            return None;
+        }
+        self.majority
+            .filter(|m| *m >= first && m.saturating_duration_since(first) >= lag)
     }
 }
 
@@ -599,7 +606,7 @@ async fn run(
         let now = Instant::now();
         let vouch = view.vouch(now, peer.round).map(|v| (v, now, t.fresh));
         let until = contact().and_then(|c| {
-            view.majority(now, c)
+            view.majority(now, t.lag)
                 .and_then(|sent| t.keeps_until(sent, c))
         });
         shared.publish(vouch, until);

@@ -659,6 +659,10 @@ impl World {
             topology: n.topology.clone(),
             no_restart_exit_code: 0,
             agent_version: String::new(),
+            // The simulated nodes have no peer hub: they fence at the drop
+            // limit, and the server holds no round through a mass silence.
+            outage_ms: 0,
+            keep_alive_ms: 0,
         }
     }
 

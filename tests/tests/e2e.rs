@@ -17,6 +17,7 @@ mod logs;
 mod metrics;
 mod no_restart;
 mod numa;
+mod outage;
 mod pid_one;
 mod process_secrets;
 mod quarantine;

@@ -259,6 +259,10 @@ fn the_token_without_a_nodes_session_secret_cannot_act_for_it() {
                     job_id: "victim".into(),
                     node_id: node.clone(),
                     session: wrong.clone(),
+                    // A vouch for the whole round would keep its nodes.
+                    round: info.round,
+                    vouch_all: true,
+                    ..Default::default()
                 })
                 .await
                 .map(drop),

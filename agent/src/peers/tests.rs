@@ -18,7 +18,7 @@ fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
     assert_eq!(t.fresh, 625 * MS);
     // 7.5 s until the rendezvous counts a node silent, plus the hub's
     // staleness and slack.
-    assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 625 + 50));
+    assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 625 + 150));
     assert!(t.fence_in > t.lag, "a ping keeps workers {:?} longer", t.fence_in - t.lag);
     // Tests' short limits: 3 s drop limit, 1 s keep-alives.
     let short = Timing::new(Duration::from_secs(3), Duration::from_secs(1), Duration::from_secs(60), Duration::from_millis(2800), 2);
@@ -76,8 +76,9 @@ fn a_majority_heard_through_the_hub_is_evidence_dated_by_the_ping() {
     assert_eq!(have, 0);
     // The hub hears nodes 0 and 1: two of three.
     assert!(view.answer(t0 + 10 * MS, seq, 2, 5, Some(&[0b011])));
-    // Contact with the rendezvous after the run of answers began.
-    assert_eq!(view.majority(t0 + 20 * MS, t0 + 5 * MS), Some(t0));
+    // The run of answers is as old as the ping: worth nothing yet.
+    assert_eq!(view.majority(t0 + 20 * MS, 50 * MS), None);
+    assert_eq!(view.majority(t0 + 20 * MS, Duration::ZERO), Some(t0));
     assert_eq!(
         view.vouch(t0 + 20 * MS, 7),
         Some(Vouch { round: 7, ranks: vec![0b011], all: false })
@@ -89,10 +90,12 @@ fn a_majority_heard_through_the_hub_is_evidence_dated_by_the_ping() {
     assert_eq!(have, 5);
     assert!(view.answer(t0 + 110 * MS, seq, 3, 6, Some(&[0b111])));
     assert_eq!(view.vouch(t0 + 120 * MS, 7), Some(Vouch { round: 7, ranks: vec![], all: true }));
-    assert_eq!(view.majority(t0 + 120 * MS, t0 + 5 * MS), Some(t0 + 100 * MS));
+    // A run of 100 ms covers a lag of 100 ms.
+    assert_eq!(view.majority(t0 + 120 * MS, 100 * MS), Some(t0 + 100 * MS));
+    assert_eq!(view.majority(t0 + 120 * MS, 101 * MS), None);
     // The answer ages: no vouch, and no evidence once the run is stale.
     assert_eq!(view.vouch(t0 + 700 * MS, 7), None);
-    assert_eq!(view.majority(t0 + 1200 * MS, t0 + 5 * MS), None);
+    assert_eq!(view.majority(t0 + 1200 * MS, Duration::ZERO), None);
 }
 
 #[test]
@@ -101,33 +104,43 @@ fn half_of_the_round_is_no_majority() {
     let mut view = View::new(0, 2, 500 * MS);
     let (seq, _) = view.ping(t0);
     view.answer(t0, seq, 1, 2, Some(&[0b01]));
-    assert_eq!(view.majority(t0, t0), None, "1 of 2 nodes");
+    assert_eq!(view.majority(t0, Duration::ZERO), None, "1 of 2 nodes");
     // A round of one node is a majority of itself.
     let mut alone = View::new(0, 1, 500 * MS);
     let (seq, _) = alone.ping(t0);
     alone.answer(t0, seq, 1, 2, Some(&[0b1]));
-    assert_eq!(alone.majority(t0, t0), Some(t0));
+    assert_eq!(alone.majority(t0, Duration::ZERO), Some(t0));
     // The hub hears a majority, but not this node: it is not in it.
     let mut outside = View::new(2, 3, 500 * MS);
     let (seq, _) = outside.ping(t0);
     outside.answer(t0, seq, 2, 2, Some(&[0b011]));
-    assert_eq!(outside.majority(t0, t0), None);
+    assert_eq!(outside.majority(t0, Duration::ZERO), None);
 }
 
 #[test]
-fn a_break_in_the_hub_contact_voids_the_evidence_until_the_rendezvous_is_reached() {
+fn a_break_in_the_hub_contact_voids_the_evidence_until_a_new_run_is_a_lag_long() {
     let t0 = Instant::now();
     let fresh = 500 * MS;
+    let lag = Duration::from_secs(1);
     let mut view = View::new(0, 1, fresh);
-    let (seq, _) = view.ping(t0);
-    view.answer(t0, seq, 1, 2, Some(&[1]));
-    // Cut off from the hub for 2 s (more than `fresh`), then back.
-    let back = t0 + Duration::from_secs(2);
+    let mut at = t0;
+    while at <= t0 + 1500 * MS {
+        let (seq, _) = view.ping(at);
+        view.answer(at, seq, 1, 2, Some(&[1]));
+        at += 250 * MS;
+    }
+    assert_eq!(view.majority(t0 + 1500 * MS, lag), Some(t0 + 1500 * MS));
+    // Cut off from the hub for 2.5 s (more than `fresh`), then back.
+    let back = t0 + Duration::from_secs(4);
     let (seq, _) = view.ping(back);
     view.answer(back, seq, 1, 2, None);
-    assert_eq!(view.majority(back, t0 + 10 * MS), None, "the run began after the contact");
-    // Once the node reaches the rendezvous again, the new run counts.
-    assert_eq!(view.majority(back, back + MS), Some(back));
+    assert_eq!(view.majority(back, lag), None, "the new run is younger than the lag");
+    let later = back + lag;
+    let (seq, _) = view.ping(back + 500 * MS);
+    view.answer(back + 500 * MS, seq, 1, 2, None);
+    let (seq, _) = view.ping(later);
+    view.answer(later, seq, 1, 2, None);
+    assert_eq!(view.majority(later, lag), Some(later));
 }
 
 #[test]

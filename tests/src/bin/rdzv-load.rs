@@ -99,6 +99,9 @@ async fn agent(
         },
         no_restart_exit_code: 0,
         agent_version: env!("CARGO_PKG_VERSION").into(),
+        // As a current agent says (it rides out outages).
+        outage_ms: 900_000,
+        keep_alive_ms: 200_000,
     };
     let mut events = client
         .join(req)
