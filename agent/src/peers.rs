@@ -361,7 +361,14 @@ impl View {
 
     /// The hub's answer to ping `seq`: `heard` ranks, bitmap `version`
     /// (and the bitmap, if it changed). False if it answers no ping of ours.
-    pub fn answer(&mut self, now: Instant, seq: u64, heard: u32, version: u64, map: Option<&[u8]>) -> bool {
+    pub fn answer(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        heard: u32,
+        version: u64,
+        map: Option<&[u8]>,
+    ) -> bool {
         let Some(i) = self.pending.iter().position(|(s, _)| *s == seq) else {
             return false;
         };
@@ -488,8 +495,12 @@ fn decode<'a>(key: &hmac::Key, round: u64, b: &'a [u8]) -> Option<Datagram<'a>> 
         return None;
     }
     hmac::verify(key, body, tag).ok()?;
-    let u64_at = |i: usize| -> Option<u64> { Some(u64::from_be_bytes(body.get(i..i + 8)?.try_into().ok()?)) };
-    let u32_at = |i: usize| -> Option<u32> { Some(u32::from_be_bytes(body.get(i..i + 4)?.try_into().ok()?)) };
+    let u64_at = |i: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(body.get(i..i + 8)?.try_into().ok()?))
+    };
+    let u32_at = |i: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(body.get(i..i + 4)?.try_into().ok()?))
+    };
     if u64_at(5)? != round {
         return None;
     }

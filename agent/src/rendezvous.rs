@@ -113,6 +113,7 @@ fn embedded(
         replication: None,
         ends_with_job: false,
         metrics: Default::default(),
+        restarted: false,
     }
 }
 

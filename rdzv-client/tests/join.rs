@@ -24,6 +24,7 @@ async fn serve(token: &str) -> u16 {
         replication: None,
         ends_with_job: false,
         metrics: Default::default(),
+        restarted: false,
     };
     tokio::spawn(rendezvous_server::serve(
         listener,

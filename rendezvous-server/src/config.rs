@@ -142,6 +142,14 @@ pub struct ServerArgs {
     /// supervisor or script learns the port the system chose.
     #[arg(long, env = "RDZV_ADDRESS_FILE", value_name = "PATH")]
     pub address_file: Option<PathBuf>,
+    /// Where this server notes that it ran (default: systemd's
+    /// $STATE_DIRECTORY, if set). A server that follows an earlier one on
+    /// the same port, without etcd, forms no round of a job it does not know
+    /// for one drop limit after it starts, so that a job whose workers still
+    /// run is relearned from its nodes, not formed anew beside them. Without
+    /// it, a restart cannot be told from a first start.
+    #[arg(long, env = "RDZV_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Quarantine a host whose workers failed this many times within
     /// --quarantine-window: no round places it for --quarantine-for (it
     /// waits as a spare, told why). 0: never.

@@ -217,6 +217,9 @@ pub struct Job {
     /// drop limit later ([`decide`]). Not stored: a loaded job counts from
     /// its load.
     forming_since: Option<Instant>,
+    /// A job a store-less server started afresh within a drop limit of its
+    /// own start: no round completes before this instant ([`Job::hold_until`]).
+    held_until: Option<Instant>,
     /// When a node is benched (the server's `--quarantine-*`); `None`: never.
     /// Not stored: every replica has its own flags.
     quarantine_policy: Option<QuarantinePolicy>,
@@ -263,6 +266,7 @@ impl Job {
             empty_since: None,
             absent: 0,
             forming_since: None,
+            held_until: None,
             quarantine_policy: None,
             quarantine: Quarantine::default(),
             benched: 0,
@@ -504,7 +508,14 @@ impl Job {
     /// from a node outside the round, or naming ranks the round does not
     /// have counts for nothing. Returns how many nodes it refreshed; O(bits
     /// set).
-    pub fn vouch(&mut self, now: Instant, node_id: &str, round: u64, ranks: &[u8], all: bool) -> usize {
+    pub fn vouch(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        round: u64,
+        ranks: &[u8],
+        all: bool,
+    ) -> usize {
         let in_round = self.phase == Phase::Running
             && round == self.round
             && self.members.get(node_id).is_some_and(|m| m.rank.is_some());
@@ -832,6 +843,17 @@ impl Job {
             }
             _ => false,
         }
+    }
+
+    /// A server without a store that started at `started` cannot tell a
+    /// first start from a restart: nodes of an earlier instance of this job
+    /// may still run its workers until their fence, at most the drop limit
+    /// after the last call the lost server answered (before `started`). A
+    /// job it creates afresh therefore completes no round before
+    /// `started` + the drop limit (no limit: nothing is held).
+    pub fn hold_until(&mut self, now: Instant, started: Instant) {
+        let until = self.config.dead_after.and_then(|d| started.checked_add(d));
+        self.held_until = until.filter(|t| now < *t);
     }
 
     /// Ends the job for everyone (server shutdown); `may_rejoin`: the server

@@ -42,6 +42,7 @@ pub mod config;
 pub mod depose;
 pub mod error;
 pub mod ha;
+pub mod incarnation;
 pub mod job;
 pub mod lease;
 pub mod limits;
@@ -107,6 +108,10 @@ pub struct ServeOptions {
     /// What is counted for Prometheus (served with
     /// [`serve_with_metrics`]; counted regardless).
     pub metrics: metrics::ServerMetrics,
+    /// Without a store: this server follows an earlier one that may have
+    /// left workers running ([`incarnation`]), so a job it creates afresh
+    /// forms no round for one drop limit ([`Registry::holding_fresh_jobs`]).
+    pub restarted: bool,
 }
 
 /// Serves the rendezvous on `listener` until `shutdown` resolves; then tells
@@ -161,8 +166,14 @@ pub async fn serve_with_metrics(
                     }
                     registry
                 }
-                None => Registry::new(options.finished_job_ttl, options.limits)
-                    .with_metrics(counters.clone()),
+                None => {
+                    let registry = Registry::new(options.finished_job_ttl, options.limits);
+                    match options.restarted {
+                        true => registry.holding_fresh_jobs(),
+                        false => registry,
+                    }
+                    .with_metrics(counters.clone())
+                }
             };
             roles.send_replace(ha::Role::Leader(registry.clone()));
             counters.set_leader(true);

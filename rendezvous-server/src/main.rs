@@ -91,6 +91,26 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+        // A restart without etcd holds fresh jobs a drop limit (`incarnation`).
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or_else(|| std::env::var_os("STATE_DIRECTORY").map(std::path::PathBuf::from));
+        let restarted = match (&state_dir, &replication) {
+            (Some(dir), None) => match rendezvous_server::incarnation::Marker::take(dir, bound.port()) {
+                Ok((_, restarted)) => {
+                    if restarted {
+                        tracing::warn!(state_dir = %dir.display(), "an earlier rdzv-server ran on this port and may have left jobs running: a job this server does not know forms no round for one drop limit, so its running nodes are relearned first");
+                    }
+                    restarted
+                }
+                Err(e) => {
+                    eprintln!("rdzv-server: --state-dir {}: {e}", dir.display());
+                    return ExitCode::from(2);
+                }
+            },
+            _ => false,
+        };
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,
@@ -101,6 +121,7 @@ fn main() -> ExitCode {
             replication,
             ends_with_job: false,
             metrics: Default::default(),
+            restarted,
         };
         let shutdown = rendezvous_server::signal::shutdown();
         match rendezvous_server::serve_with_metrics(listener, metrics, options, shutdown).await {

@@ -164,6 +164,9 @@ pub struct Registry {
     flushing: Arc<tokio::sync::Mutex<()>>,
     /// Stack collections under way ([`crate::stacks`]).
     stacks: Arc<crate::stacks::Desk>,
+    /// When this registry started, if it holds the jobs it creates afresh
+    /// ([`Registry::holding_fresh_jobs`]).
+    started: Option<Instant>,
 }
 
 impl Registry {
@@ -185,12 +188,22 @@ impl Registry {
             metrics: ServerMetrics::default(),
             flushing: Arc::default(),
             stacks: Arc::default(),
+            started: None,
         }
     }
 
     /// The same, writing every change to `store` ([`Registry::flush`]).
     pub fn with_store(ttl: Duration, limits: Limits, store: Arc<dyn JobStore>) -> Self {
         Self::build(ttl, limits, Some(store))
+    }
+
+    /// The same, for a server without a store, which cannot tell its first
+    /// start from a restart: a job it creates afresh within a drop limit of
+    /// now completes no round until then ([`Job::hold_until`]), as workers
+    /// of the job's last instance may run until their fence.
+    pub fn holding_fresh_jobs(mut self) -> Self {
+        self.started = Some(Instant::now());
+        self
     }
 
     /// The same, refusing a node that resumes a job it does not hold
@@ -488,7 +501,13 @@ impl Registry {
                     info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
                     Job::relearn(now, req.job_id.clone(), req, resume)
                 }
-                None => Job::new(req.job_id.clone(), JobConfig::from_join(req)),
+                None => {
+                    let mut job = Job::new(req.job_id.clone(), JobConfig::from_join(req));
+                    if let Some(started) = self.started {
+                        job.hold_until(now, started);
+                    }
+                    job
+                }
             };
             let job = self.equip(jobs, job, now);
             jobs.map.insert(

@@ -249,6 +249,9 @@ struct Server {
     /// When the job's periodic work is due, as the registry schedules it:
     /// recomputed after every change, kept if earlier.
     scheduled: Option<Duration>,
+    /// When this incarnation started (the registry's `started`); `None`:
+    /// long before the job (the first server).
+    started: Option<Duration>,
 }
 
 /// A fake worker.
@@ -918,7 +921,12 @@ impl World {
                 }
                 None => {
                     self.checker.new_job(None);
-                    Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req))
+                    let mut job = Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req));
+                    if let (false, Some(t)) = (self.spec.failover, self.server.started) {
+                        // A store-less registry's fresh job (`Registry::join`).
+                        job.hold_until(now, self.std(t));
+                    }
+                    job
                 }
             };
             self.server.job = Some(job.with_quarantine(self.spec.quarantine));
@@ -1528,6 +1536,15 @@ impl World {
         );
     }
 
+    /// When node `i`'s fence falls: the send time of the last call its
+    /// server answered plus the fence (`None`: fencing off, or nothing
+    /// answered yet).
+    fn stop_fence(&self, i: usize) -> Option<Duration> {
+        let settings = self.settings(i);
+        let a = self.nodes[i].answered?;
+        settings.fence.then(|| a + settings.fence_in())
+    }
+
     /// The node took its server for silent: the old connection stays open
     /// until the fence deadline, and keep-alives stop.
     fn silent(&mut self, i: usize, since: Duration) {
@@ -1552,7 +1569,7 @@ impl World {
         at(self.server_deadline());
         at(self.schedule.first().map(|(t, _)| *t));
         let silence = self.spec.silence();
-        for n in &self.nodes {
+        for (i, n) in self.nodes.iter().enumerate() {
             if n.end.is_some() {
                 continue;
             }
@@ -1570,6 +1587,9 @@ impl World {
                 }));
             }
             at(n.stopping.as_ref().map(|s| s.0));
+            if n.stopping.is_some() {
+                at(self.stop_fence(i).map(|f| f.max(self.now)));
+            }
             at(n.hold.map(|h| h.0));
             if let (Some(cut), Some(_), None) = (n.cut, n.stream, &n.tripped) {
                 at(Some(cut + silence));
@@ -1691,6 +1711,25 @@ impl World {
                     self.checker.failures += 1;
                 }
                 self.worker_exit(i, pid, how);
+            }
+            // The fence holds while workers stop, too (the driver's stop
+            // task): past it, the stop's grace ends in SIGKILL.
+            if let Some(fence) = self.stop_fence(i).filter(|f| *f <= now) {
+                if let Some((at, exits)) = &mut self.nodes[i].stopping {
+                    if *at > now {
+                        *at = now;
+                        for e in exits.iter_mut() {
+                            if matches!(e.ended, Ended::Signaled(_)) {
+                                e.ended = Ended::Signaled(Signal::SIGKILL as i32);
+                            }
+                        }
+                        let name = self.nodes[i].name.clone();
+                        let f = fence.as_secs_f64();
+                        self.say(|| {
+                            format!("{name}: fence at {f:.3}s: kills its stopping workers")
+                        });
+                    }
+                }
             }
             if self.nodes[i].stopping.as_ref().is_some_and(|s| s.0 <= now) {
                 self.finish_stop(i);
@@ -1929,6 +1968,7 @@ impl World {
                 }
                 let now = self.std(self.now);
                 self.server.up = true;
+                self.server.started = Some(self.now);
                 if failover {
                     self.server.job = self.server.record.take().map(|r| {
                         // A replica has the same flags; the benches come

@@ -10,7 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use accel_tests::{alive, ensure_quiet_for, eventually, records, scratch, status_jobs, Agent, AgentCmd, Record, Server};
+use accel_tests::{
+    alive, ensure_quiet_for, eventually, records, scratch, status_jobs, Agent, AgentCmd, Record,
+    Server,
+};
 
 const LIMIT: Duration = Duration::from_secs(90);
 const CONF: &str = "keep_alive_interval=1,keep_alive_max_attempt=4";
@@ -57,14 +60,15 @@ fn all_alive_for(first: &[Record], window: Duration) {
 /// `round` with both nodes.
 fn running_again(endpoint: &str, job: &str, round: u64, back: Instant) -> Duration {
     assert!(
-        eventually(Duration::from_secs(20), || status_jobs(endpoint, &[]).is_ok_and(|jobs| {
-            jobs.iter().any(|j| {
-                j["job_id"] == job
-                    && j["phase"] == "running"
-                    && j["round"] == round
-                    && j["nodes"].as_array().is_some_and(|n| n.len() == 2)
-            })
-        })),
+        eventually(Duration::from_secs(20), || status_jobs(endpoint, &[])
+            .is_ok_and(|jobs| {
+                jobs.iter().any(|j| {
+                    j["job_id"] == job
+                        && j["phase"] == "running"
+                        && j["round"] == round
+                        && j["nodes"].as_array().is_some_and(|n| n.len() == 2)
+                })
+            })),
         "the job is running again in `rdzv-server status`"
     );
     back.elapsed()
@@ -81,7 +85,10 @@ fn a_paused_rendezvous_stops_no_worker() {
     server.signal("CONT");
     let back = Instant::now();
     let took = running_again(&server.addr, "pause", 0, back);
-    assert!(took < Duration::from_secs(2), "running again after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "running again after {took:?}"
+    );
     assert_eq!(records(&dir).len(), 4, "no worker was started again");
     drop(agents);
     eprintln!("paused {OUTAGE:?}: 0 workers stopped; running again {took:?} after the server woke");
@@ -100,7 +107,10 @@ fn a_killed_rendezvous_restarted_empty_stops_no_worker() {
     let restarted = Server::start_at(&addr);
     let back = Instant::now();
     let took = running_again(&restarted.addr, "kill", 0, back);
-    assert!(took < Duration::from_secs(2), "running again after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "running again after {took:?}"
+    );
     all_alive_for(&first, Duration::from_secs(2));
     assert_eq!(records(&dir).len(), 4, "no worker was started again");
     drop(agents);
@@ -115,19 +125,29 @@ fn a_worker_failure_during_the_outage_restarts_the_job_once_when_it_is_back() {
     let dir = scratch("outage-failure");
     // Rank 3 fails 4 s into its first attempt (while the server is gone);
     // the second attempt runs to its end.
-    let env = [("RUN_FOR", "30"), ("FAIL_RANKS", "3"), ("FAIL_UNTIL", "1"), ("FAIL_AFTER", "4")];
+    let env = [
+        ("RUN_FOR", "30"),
+        ("FAIL_RANKS", "3"),
+        ("FAIL_UNTIL", "1"),
+        ("FAIL_AFTER", "4"),
+    ];
     let agents = agents(&server.addr, &dir, "failure", &env);
     let first = running(&dir);
     server.signal("KILL");
     assert!(
-        eventually(OUTAGE, || first.iter().any(|r| r.rank == 3 && !alive(r.pid))),
+        eventually(OUTAGE, || first
+            .iter()
+            .any(|r| r.rank == 3 && !alive(r.pid))),
         "rank 3 failed"
     );
     // The failing node stops its own other worker; the other node's keep
     // running: nobody can restart the job until the rendezvous is back.
     let other: Vec<&Record> = first.iter().filter(|r| r.rank < 2).collect();
     std::thread::sleep(OUTAGE / 2);
-    assert!(other.iter().all(|r| alive(r.pid)), "node 0's workers still run");
+    assert!(
+        other.iter().all(|r| alive(r.pid)),
+        "node 0's workers still run"
+    );
     let restarted = Server::start_at(&addr);
     let back = Instant::now();
     let took = running_again(&restarted.addr, "failure", 1, back);

@@ -60,11 +60,24 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     Some(mut group) => {
                         let kill = Arc::new(Notify::new());
                         self.kill = Some(kill.clone());
+                        // The fence holds during a stop too: a grace that
+                        // outlasts it ends in SIGKILL there, before the
+                        // rendezvous may drop this node and re-form.
+                        let fence = self.machine.fence_within().zip(self.link.answered());
                         self.stopping = Some(tokio::spawn(async move {
+                            let fenced = async {
+                                match fence {
+                                    Some((within, answered)) => {
+                                        super::link::fence_falls(answered, within).await
+                                    }
+                                    None => std::future::pending().await,
+                                }
+                            };
                             let exits = tokio::select! {
                                 exits = group.stop(signal, grace) => exits,
                                 // Killing now also ends the wait for the grace.
                                 _ = kill.notified() => group.stop(Signal::SIGKILL, Duration::ZERO).await,
+                                () = fenced => group.stop(Signal::SIGKILL, Duration::ZERO).await,
                             };
                             (group, exits)
                         }));

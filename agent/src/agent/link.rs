@@ -118,6 +118,26 @@ pub(crate) trait Link: Send + Sized + 'static {
         &self,
         resume: Option<pb::Resume>,
     ) -> impl Future<Output = Result<(Self, pb::Joined), AgentError>> + Send + 'static;
+
+    /// The fence clock: the send time of the last call answered (`None`:
+    /// this link keeps none).
+    fn answered(&self) -> Option<Answered> {
+        None
+    }
+}
+
+/// Returns once the fence falls: `within` after the last call answered,
+/// read again after each wait (later answers move it); never while none was.
+pub(crate) async fn fence_falls(answered: Answered, within: Duration) {
+    loop {
+        let Some(due) = answered.get().and_then(|a| a.checked_add(within)) else {
+            return std::future::pending().await;
+        };
+        if Instant::now() >= due {
+            return;
+        }
+        tokio::time::sleep_until(due).await;
+    }
 }
 
 /// A worker failure as reported.
@@ -467,6 +487,10 @@ impl Answered {
 }
 
 impl Link for RdzvLink {
+    fn answered(&self) -> Option<Answered> {
+        Some(self.answered.clone())
+    }
+
     async fn ready(&mut self, round: u64, store: (String, u32)) -> Result<(), Status> {
         let mut client = self.client.clone();
         self.call("ready", client.ready(round, store)).await

@@ -513,6 +513,12 @@ impl NodeMachine {
         }
     }
 
+    /// How long after the last call answered this node's workers may run
+    /// (`None`: fencing is off).
+    pub fn fence_within(&self) -> Option<Duration> {
+        self.settings.fence.then(|| self.settings.fence_in())
+    }
+
     /// Whether the life is over.
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done)
@@ -1116,6 +1122,8 @@ impl NodeMachine {
                 // it: its round would otherwise never end), is the round's
                 // failure and spends the budget.
                 if let Some(exit) = pending.or(round.reported) {
+                    // Said again if this server is lost too.
+                    round.reported = Some(exit);
                     actions.push(Action::ReportFailure {
                         round: round.info.round,
                         exit,

@@ -8,7 +8,13 @@ fn key() -> hmac::Key {
 
 fn default_timing(nnodes: u32) -> Timing {
     let d = Duration::from_secs(15);
-    Timing::new(d, Duration::from_secs(5), Duration::from_secs(900), d - 200 * MS, nnodes)
+    Timing::new(
+        d,
+        Duration::from_secs(5),
+        Duration::from_secs(900),
+        d - 200 * MS,
+        nnodes,
+    )
 }
 
 #[test]
@@ -19,9 +25,19 @@ fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
     // 7.5 s until the rendezvous counts a node silent, plus the hub's
     // staleness and slack.
     assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 625 + 150));
-    assert!(t.fence_in > t.lag, "a ping keeps workers {:?} longer", t.fence_in - t.lag);
+    assert!(
+        t.fence_in > t.lag,
+        "a ping keeps workers {:?} longer",
+        t.fence_in - t.lag
+    );
     // Tests' short limits: 3 s drop limit, 1 s keep-alives.
-    let short = Timing::new(Duration::from_secs(3), Duration::from_secs(1), Duration::from_secs(60), Duration::from_millis(2800), 2);
+    let short = Timing::new(
+        Duration::from_secs(3),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+        Duration::from_millis(2800),
+        2,
+    );
     assert_eq!(short.every, 75 * MS);
     assert!(short.fence_in > short.lag);
     // Large rounds ping less often.
@@ -35,7 +51,10 @@ fn evidence_never_outlives_the_outage_limit_from_the_last_contact() {
     // A ping right after the contact is worth less than the contact itself.
     assert_eq!(t.keeps_until(contact + MS, contact), None);
     let sent = contact + Duration::from_secs(60);
-    assert_eq!(t.keeps_until(sent, contact), Some(sent - t.lag + t.fence_in));
+    assert_eq!(
+        t.keeps_until(sent, contact),
+        Some(sent - t.lag + t.fence_in)
+    );
     let late = contact + Duration::from_secs(2000);
     assert_eq!(
         t.keeps_until(late, contact),
@@ -81,7 +100,11 @@ fn a_majority_heard_through_the_hub_is_evidence_dated_by_the_ping() {
     assert_eq!(view.majority(t0 + 20 * MS, Duration::ZERO), Some(t0));
     assert_eq!(
         view.vouch(t0 + 20 * MS, 7),
-        Some(Vouch { round: 7, ranks: vec![0b011], all: false })
+        Some(Vouch {
+            round: 7,
+            ranks: vec![0b011],
+            all: false
+        })
     );
     // An answer to a ping never sent is ignored.
     assert!(!view.answer(t0, 99, 3, 6, Some(&[0b111])));
@@ -89,7 +112,14 @@ fn a_majority_heard_through_the_hub_is_evidence_dated_by_the_ping() {
     let (seq, have) = view.ping(t0 + 100 * MS);
     assert_eq!(have, 5);
     assert!(view.answer(t0 + 110 * MS, seq, 3, 6, Some(&[0b111])));
-    assert_eq!(view.vouch(t0 + 120 * MS, 7), Some(Vouch { round: 7, ranks: vec![], all: true }));
+    assert_eq!(
+        view.vouch(t0 + 120 * MS, 7),
+        Some(Vouch {
+            round: 7,
+            ranks: vec![],
+            all: true
+        })
+    );
     // A run of 100 ms covers a lag of 100 ms.
     assert_eq!(view.majority(t0 + 120 * MS, 100 * MS), Some(t0 + 100 * MS));
     assert_eq!(view.majority(t0 + 120 * MS, 101 * MS), None);
@@ -134,7 +164,11 @@ fn a_break_in_the_hub_contact_voids_the_evidence_until_a_new_run_is_a_lag_long()
     let back = t0 + Duration::from_secs(4);
     let (seq, _) = view.ping(back);
     view.answer(back, seq, 1, 2, None);
-    assert_eq!(view.majority(back, lag), None, "the new run is younger than the lag");
+    assert_eq!(
+        view.majority(back, lag),
+        None,
+        "the new run is younger than the lag"
+    );
     let later = back + lag;
     let (seq, _) = view.ping(back + 500 * MS);
     view.answer(back + 500 * MS, seq, 1, 2, None);
@@ -147,7 +181,14 @@ fn a_break_in_the_hub_contact_voids_the_evidence_until_a_new_run_is_a_lag_long()
 fn datagrams_round_trip_and_anything_else_is_dropped() {
     let k = key();
     let ping = encode_ping(&k, 4, 1, 9, 3);
-    assert_eq!(decode(&k, 4, &ping), Some(Datagram::Ping { rank: 1, seq: 9, version: 3 }));
+    assert_eq!(
+        decode(&k, 4, &ping),
+        Some(Datagram::Ping {
+            rank: 1,
+            seq: 9,
+            version: 3
+        })
+    );
     assert_eq!(decode(&k, 5, &ping), None, "another round");
     let other = hmac::Key::new(hmac::HMAC_SHA256, &[8u8; 32]);
     assert_eq!(decode(&other, 4, &ping), None, "another key");
@@ -157,10 +198,19 @@ fn datagrams_round_trip_and_anything_else_is_dropped() {
     let answer = encode_answer(&k, 4, 1, 9, 2, 6, Some(&[0b11]));
     assert_eq!(
         decode(&k, 4, &answer),
-        Some(Datagram::Answer { rank: 1, seq: 9, heard: 2, version: 6, map: Some(&[0b11][..]) })
+        Some(Datagram::Answer {
+            rank: 1,
+            seq: 9,
+            heard: 2,
+            version: 6,
+            map: Some(&[0b11][..])
+        })
     );
     let unchanged = encode_answer(&k, 4, 1, 9, 2, 6, None);
-    assert!(matches!(decode(&k, 4, &unchanged), Some(Datagram::Answer { map: None, .. })));
+    assert!(matches!(
+        decode(&k, 4, &unchanged),
+        Some(Datagram::Answer { map: None, .. })
+    ));
     // Truncations and junk never panic.
     for n in 0..answer.len() {
         assert_eq!(decode(&k, 4, &answer[..n]), None);
@@ -196,15 +246,17 @@ async fn three_nodes_hear_each_other_through_the_hub() {
                 timing,
             };
             // Each node reached the rendezvous a moment ago, after its first ping.
-            spawn(peer, shared[rank as usize].clone(), move || Some(contact + Duration::from_millis(300)))
+            spawn(peer, shared[rank as usize].clone(), move || {
+                Some(contact + Duration::from_millis(300))
+            })
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now = Instant::now();
-        let all = shared.iter().all(|s| {
-            s.vouch(now).is_some_and(|v| v.all && v.round == 2) && s.until().is_some()
-        });
+        let all = shared
+            .iter()
+            .all(|s| s.vouch(now).is_some_and(|v| v.all && v.round == 2) && s.until().is_some());
         if all {
             break;
         }

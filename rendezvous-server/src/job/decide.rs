@@ -90,6 +90,9 @@ fn complete_unless_unheard(
     job: &Job,
     wait: impl Fn(Option<Instant>) -> Decision,
 ) -> Decision {
+    if let Some(t) = job.held_until.filter(|t| now < *t) {
+        return wait(Some(t));
+    }
     let until = job.forming_since.map(|since| match job.config.dead_after {
         Some(d) => since.checked_add(d),
         None => None,

@@ -125,12 +125,22 @@ impl Job {
         let resumed = self.phase == Phase::Running
             && req.resume.as_ref().is_some_and(|r| r.round == self.round)
             && m.rank.is_some();
+        // Placed in the running round but not running it: it rejoined
+        // before that round's RoundComplete reached it (it went to the
+        // stream the rejoin replaced), and its offer for a running round is
+        // ignored. The round cannot go on without its ranks: re-form,
+        // spending nothing.
+        let stranded = self.phase == Phase::Running && m.rank.is_some() && !resumed;
         let mut out = vec![joined(node_id, self.round, resumed, session)];
         if renamed {
             // Its host may be benched, or no longer: the forming round may
             // complete now (found by the rdzv_job fuzz target).
             self.recount_benched();
             out.extend(self.step(now));
+        }
+        if stranded {
+            let reason = format!("host '{}' rejoined without its round", req.hostname);
+            out.extend(self.restart(now, reason, false));
         }
         out
     }
@@ -162,7 +172,10 @@ impl Job {
             Phase::Running => resume.node_rank as usize,
             // A restart keeps the last round's nodes in order, without
             // those gone: the placeholder's index is no longer its rank.
-            _ => self.participants.iter().position(|p| *p == placeholder_id)?,
+            _ => self
+                .participants
+                .iter()
+                .position(|p| *p == placeholder_id)?,
         };
         let slot = self.participants.get(at)?;
         // Only a placeholder that still waits (a closed job's are gone from

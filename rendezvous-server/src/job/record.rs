@@ -229,6 +229,7 @@ impl Job {
             absent: record.absent,
             // A node of the last round gets the drop limit from the load.
             forming_since: forming.then_some(now),
+            held_until: None,
             quarantine_policy: None,
             quarantine: super::Quarantine::default(),
             benched: 0,

@@ -1554,11 +1554,25 @@ fn riding(hosts: &[&str], t: Instant) -> Job {
     };
     let mut j = Job::new("j", JobConfig::from_join(&r));
     for (i, h) in hosts.iter().enumerate() {
-        j.join(t, &format!("n{i}"), &pb::JoinRequest { hostname: (*h).into(), ..r.clone() }, S)
-            .expect("join");
+        j.join(
+            t,
+            &format!("n{i}"),
+            &pb::JoinRequest {
+                hostname: (*h).into(),
+                ..r.clone()
+            },
+            S,
+        )
+        .expect("join");
     }
     for i in 0..hosts.len() {
-        j.ready(t, &format!("n{i}"), 0, (format!("addr{i}"), 1000 + i as u32), None);
+        j.ready(
+            t,
+            &format!("n{i}"),
+            0,
+            (format!("addr{i}"), 1000 + i as u32),
+            None,
+        );
     }
     assert_eq!(j.phase(), &Phase::Running);
     j
@@ -1591,7 +1605,10 @@ fn when_the_silence_ends_every_node_gets_the_whole_drop_limit_again() {
     // Two nodes reach the server again at 60 s; the third stays away.
     j.keep_alive(t + s(60), "n0");
     j.keep_alive(t + s(60), "n1");
-    assert!(j.tick(t + s(60)).is_empty(), "the silence ended: nobody dropped now");
+    assert!(
+        j.tick(t + s(60)).is_empty(),
+        "the silence ended: nobody dropped now"
+    );
     assert_eq!(j.held_since(), None);
     j.keep_alive(t + s(70), "n0");
     j.keep_alive(t + s(70), "n1");
@@ -1600,7 +1617,10 @@ fn when_the_silence_ends_every_node_gets_the_whole_drop_limit_again() {
     j.keep_alive(t + s(75), "n0");
     j.keep_alive(t + s(75), "n1");
     let out = j.tick(t + s(76));
-    assert!(!j.members().contains_key("n2"), "dropped a drop limit after the silence ended");
+    assert!(
+        !j.members().contains_key("n2"),
+        "dropped a drop limit after the silence ended"
+    );
     assert!(out
         .iter()
         .any(|o| o.to == "n0" && matches!(&o.event, Kind::RestartRequested(r) if !r.counted)));
@@ -1670,7 +1690,10 @@ fn jobs_of_older_agents_are_never_held() {
     let t = Instant::now();
     let (mut j, _) = formed(&["a", "b"], t);
     j.tick(t + Duration::from_secs(16));
-    assert!(j.members().is_empty(), "agents that fence at the drop limit are dropped at it");
+    assert!(
+        j.members().is_empty(),
+        "agents that fence at the drop limit are dropped at it"
+    );
 }
 
 #[test]
@@ -1690,9 +1713,16 @@ fn a_node_back_after_its_relearned_round_restarted_takes_its_place_at_once() {
     let mut r1 = req("b", 2, None);
     r1.resume = Some(resume_of(&out, "n1", 0, 0));
     let back = j.join(t, "n1", &r1, S).expect("second node back");
-    assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1), "{back:?}");
+    assert!(
+        matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1),
+        "{back:?}"
+    );
     assert_eq!(j.absent_count(), 0);
     let out = j.ready(t, "n1", 1, ("addr1".into(), 1001), None);
-    assert_eq!(j.phase(), &Phase::Running, "no wait for a placeholder: {out:?}");
+    assert_eq!(
+        j.phase(),
+        &Phase::Running,
+        "no wait for a placeholder: {out:?}"
+    );
     assert_eq!(round_of(&out, "n1").node_rank, 1);
 }

@@ -1383,15 +1383,25 @@ fn a_quarantined_node_waits_out_its_quarantine_then_join_timeout() {
 #[test]
 fn the_peers_word_keeps_the_workers_through_an_outage_and_the_rejoin_goes_on() {
     let (mut m, t0) = running();
-    m.step(t0, Event::Lost("lost the rendezvous: connection refused".into()));
+    m.step(
+        t0,
+        Event::Lost("lost the rendezvous: connection refused".into()),
+    );
     assert_eq!(m.deadline(), Some(t0 + FENCE));
     // Most of the round hears each other: the workers may run on.
-    assert!(m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND)).is_empty());
+    assert!(m
+        .step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND))
+        .is_empty());
     assert_eq!(m.deadline(), Some(t0 + 20 * SECOND), "the fence moved");
     // An older word never moves it back.
-    assert!(m.step(t0 + 2 * SECOND, Event::Vouched(t0 + 10 * SECOND)).is_empty());
+    assert!(m
+        .step(t0 + 2 * SECOND, Event::Vouched(t0 + 10 * SECOND))
+        .is_empty());
     assert_eq!(m.deadline(), Some(t0 + 20 * SECOND));
-    assert!(m.step(t0 + 15 * SECOND, Event::Timer).is_empty(), "not fenced at the drop limit");
+    assert!(
+        m.step(t0 + 15 * SECOND, Event::Timer).is_empty(),
+        "not fenced at the drop limit"
+    );
     // The rejoin's grace ends meanwhile: it starts again, presenting the round.
     let actions = m.step(
         t0 + 16 * SECOND,
@@ -1416,7 +1426,10 @@ fn the_peers_word_keeps_the_workers_through_an_outage_and_the_rejoin_goes_on() {
 #[test]
 fn when_the_peers_word_runs_out_the_workers_are_fenced() {
     let (mut m, t0) = running();
-    m.step(t0, Event::Lost("lost the rendezvous: connection refused".into()));
+    m.step(
+        t0,
+        Event::Lost("lost the rendezvous: connection refused".into()),
+    );
     m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND));
     let actions = m.step(t0 + 20 * SECOND, Event::Timer);
     assert!(is_kill(&actions[0]), "{actions:?}");
@@ -1428,7 +1441,10 @@ fn when_the_peers_word_runs_out_the_workers_are_fenced() {
     );
     assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
     let actions = m.step(t0 + 22 * SECOND, Event::Stopped(Vec::new()));
-    assert!(actions.iter().any(|a| matches!(a, Action::Exit(Err(_)))), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Exit(Err(_)))),
+        "{actions:?}"
+    );
 }
 
 #[test]
