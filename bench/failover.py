@@ -132,7 +132,7 @@ def worker_pids(agent_pid):
     return [int(p) for p in out.split()]
 
 
-def server_run(d, lease):
+def server_run(d, etcd_lease):
     etcd = Etcd(d)
     ports = lease(2)
     servers = []
@@ -140,7 +140,7 @@ def server_run(d, lease):
         log = open(os.path.join(d, f"s{i}.log"), "w")
         servers.append(subprocess.Popen(
             [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}", "--metrics-bind", "off",
-             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(lease)],
+             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(etcd_lease)],
             stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "info"}))
         if i == 0:
             wait_for("the first replica to lead", lambda: grep(os.path.join(d, "s0.log"), "leading"))
@@ -198,7 +198,7 @@ class Pause:
         server.send_signal(signal.SIGCONT)
 
 
-def pause_run(d, lease, cut=False):
+def pause_run(d, etcd_lease, cut=False):
     """Seconds from the pause (or cut) to every agent on the new leader, to every agent
     running the next round, and from the new leader's election to that (None: not within
     40 s)."""
@@ -210,7 +210,7 @@ def pause_run(d, lease, cut=False):
         log = open(logs[i], "w")
         servers.append(subprocess.Popen(
             [os.path.join(BIN, "rdzv-server"), "--bind", f"127.0.0.1:{port}", "--metrics-bind", "off",
-             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(lease)],
+             "--etcd-endpoints", etcd.urls(), "--etcd-lease", str(etcd_lease)],
             stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "info"}))
         if i == 0:
             wait_for("the first replica to lead", lambda: grep(logs[0], "leading"))
@@ -256,13 +256,13 @@ def pause_run(d, lease, cut=False):
     return since(moved, paused), since(formed, paused), since(formed, elected)
 
 
-def agents_run(d, lease):
+def agents_run(d, etcd_lease):
     etcd = Etcd(d)
     endpoints = etcd.urls().replace("http://", "")
     agents = [agent(d, f"a{n}", [
         "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "etcd",
         "--rdzv-endpoint", endpoints, "--rdzv-id", "f", "--local-addr", "127.0.0.1",
-        "--rdzv-conf", f"last_call_timeout=1,etcd_lease={lease}",
+        "--rdzv-conf", f"last_call_timeout=1,etcd_lease={etcd_lease}",
         "--no-python", "sleep", "120"]) for n in range(3)]
     wait_for("the workers", lambda: all(grep(e, "starting workers") for _, e in agents))
     time.sleep(1)
