@@ -110,6 +110,8 @@ fuzz_target!(|data: &[u8]| {
         max_restarts: 0,
         dead_after_ms: 0,
         last_call_ms: 0,
+        outage_ms: 0,
+        keep_alive_ms: 0,
     };
     let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
     while !input.done() {
@@ -129,6 +131,10 @@ fuzz_target!(|data: &[u8]| {
                         max_restarts: input.u32(),
                         dead_after_ms: input.u64(),
                         last_call_ms: input.u64(),
+                        // Agents that ride out outages (mass-silence holds),
+                        // or older ones.
+                        outage_ms: if flags & 64 == 64 { input.u64() } else { 0 },
+                        keep_alive_ms: if flags & 64 == 64 { input.u64() } else { 0 },
                     };
                 }
                 let node_rank = (flags & 2 != 0).then(|| input.u32());
@@ -158,6 +164,13 @@ fuzz_target!(|data: &[u8]| {
             2 => {
                 let node = input.node();
                 server.keep_alive(node);
+                let flags = input.byte();
+                if flags & 1 == 1 {
+                    // A vouch for peers: some ranks, or the whole round.
+                    let r = round(&mut input, &server);
+                    let ranks: Vec<u8> = (0..usize::from(flags >> 5)).map(|_| input.byte()).collect();
+                    server.vouch(node, r, &ranks, flags & 2 == 2);
+                }
                 (Vec::new(), false)
             }
             3 => {
@@ -316,6 +329,8 @@ struct Settings {
     max_restarts: u32,
     dead_after_ms: u64,
     last_call_ms: u64,
+    outage_ms: u64,
+    keep_alive_ms: u64,
 }
 
 impl Settings {
@@ -343,6 +358,8 @@ impl Settings {
             topology: String::new(),
             no_restart_exit_code: 0,
             agent_version: String::new(),
+            outage_ms: self.outage_ms,
+            keep_alive_ms: self.keep_alive_ms,
         }
     }
 }
@@ -416,6 +433,14 @@ impl Server {
         let now = self.now();
         if let Some(j) = self.job.as_mut() {
             j.keep_alive(now, node);
+        }
+    }
+
+    fn vouch(&mut self, node: &str, round: u64, ranks: &[u8], all: bool) {
+        let now = self.now();
+        if let Some(j) = self.job.as_mut() {
+            let n = j.vouch(now, node, round, ranks, all);
+            assert!(n <= j.participants().len(), "a vouch refreshed more nodes than the round has");
         }
     }
 

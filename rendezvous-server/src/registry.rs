@@ -116,6 +116,9 @@ struct Jobs {
     /// When this registry last ran (on the process's own clock): a gap
     /// of more than [`PAUSED`] means it did not watch its nodes meanwhile.
     awake: Option<Instant>,
+    /// When this registry started, if it holds the jobs it creates afresh
+    /// ([`Registry::holding_fresh_jobs`]).
+    started: Option<Instant>,
 }
 
 impl Jobs {
@@ -127,6 +130,7 @@ impl Jobs {
             commit: Commit::new(durable),
             graves: Graves::default(),
             awake: None,
+            started: None,
             benches: Quarantine::default(),
         }
     }
@@ -164,9 +168,6 @@ pub struct Registry {
     flushing: Arc<tokio::sync::Mutex<()>>,
     /// Stack collections under way ([`crate::stacks`]).
     stacks: Arc<crate::stacks::Desk>,
-    /// When this registry started, if it holds the jobs it creates afresh
-    /// ([`Registry::holding_fresh_jobs`]).
-    started: Option<Instant>,
 }
 
 impl Registry {
@@ -188,7 +189,6 @@ impl Registry {
             metrics: ServerMetrics::default(),
             flushing: Arc::default(),
             stacks: Arc::default(),
-            started: None,
         }
     }
 
@@ -201,8 +201,8 @@ impl Registry {
     /// start from a restart: a job it creates afresh within a drop limit of
     /// now completes no round until then ([`Job::hold_until`]), as workers
     /// of the job's last instance may run until their fence.
-    pub fn holding_fresh_jobs(mut self) -> Self {
-        self.started = Some(Instant::now());
+    pub fn holding_fresh_jobs(self) -> Self {
+        self.lock().started = Some(Instant::now());
         self
     }
 
@@ -503,7 +503,7 @@ impl Registry {
                 }
                 None => {
                     let mut job = Job::new(req.job_id.clone(), JobConfig::from_join(req));
-                    if let Some(started) = self.started {
+                    if let Some(started) = jobs.started {
                         job.hold_until(now, started);
                     }
                     job
