@@ -37,7 +37,8 @@
 //! - [`script`]: scenario scripts (`sim/scenarios/*.sim`), run by
 //!   `cargo test -p accel-sim` and `accel-sim run FILE`.
 //! - [`random`]: seeded fault schedules, run by the same tests
-//!   (10,000 seeds) and `accel-sim seeds 0..10000`; a failing seed prints
+//!   (as many seeds as fit in a minute, at least 10,000) and
+//!   `accel-sim seeds 0..1000000`; a failing seed prints
 //!   its plan and replays with `accel-sim seed N --trace`.
 //! - [`invariants`]: what every run must keep.
 //!

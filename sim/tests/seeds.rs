@@ -1,9 +1,16 @@
-//! Randomized mode in the test command: 10,000 seeds of small jobs under
-//! seeded fault schedules, every invariant checked after every step; and
-//! the planted bugs (fencing off; a server that ends every quarantine as
-//! soon as it begins) caught among the first seeds.
+//! Randomized mode in the test command: as many seeds of small jobs under
+//! seeded fault schedules as fit in a minute (at least 10,000, from seed 0
+//! up; `ACCEL_SIM_SECONDS` sets the minute), every invariant checked after
+//! every step; and the planted bugs (fencing off; a server that ends every
+//! quarantine as soon as it begins) caught among the first seeds.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Seeds every run covers, however short its time.
+const AT_LEAST: u64 = 10_000;
+/// Seeds a thread takes at a time.
+const CHUNK: u64 = 250;
 
 /// Runs `seeds` on every core; the reports of seeds that broke something.
 fn sweep(seeds: std::ops::Range<u64>, broken_fence: bool) -> Vec<accel_sim::random::Report> {
@@ -29,23 +36,64 @@ fn sweep(seeds: std::ops::Range<u64>, broken_fence: bool) -> Vec<accel_sim::rand
     })
 }
 
-#[test]
-fn ten_thousand_seeds_keep_every_invariant() {
+/// Runs seeds from 0 up on every core until `budget` has passed (and at
+/// least [`AT_LEAST`] ran): how many ran, and the reports of those that
+/// broke something.
+fn sweep_for(budget: Duration) -> (u64, Vec<accel_sim::random::Report>) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = AtomicU64::new(0);
     let started = Instant::now();
-    let bad = sweep(0..10_000, false);
+    let bad = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut bad = Vec::new();
+                    loop {
+                        let from = next.fetch_add(CHUNK, Ordering::Relaxed);
+                        if from >= AT_LEAST && started.elapsed() >= budget {
+                            return bad;
+                        }
+                        bad.extend(
+                            (from..from + CHUNK)
+                                .map(|seed| accel_sim::random::run(seed, false, false))
+                                .filter(|r| !r.violations.is_empty()),
+                        );
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a sweep thread"))
+            .collect::<Vec<_>>()
+    });
+    // Every chunk taken ran to its end; the last `threads` takes did not run.
+    let ran = next.load(Ordering::Relaxed) - CHUNK * threads as u64;
+    (ran, bad)
+}
+
+#[test]
+fn a_minute_of_seeds_keeps_every_invariant() {
+    let secs = std::env::var("ACCEL_SIM_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let started = Instant::now();
+    let (ran, mut bad) = sweep_for(Duration::from_secs(secs));
     let took = started.elapsed();
     eprintln!(
-        "10000 seeds in {:.1} s ({:.0} seeds/s)",
+        "{ran} seeds (0..{ran}) in {:.1} s ({:.0} seeds/s)",
         took.as_secs_f64(),
-        10_000.0 / took.as_secs_f64()
+        ran as f64 / took.as_secs_f64()
     );
+    bad.sort_by_key(|r| r.seed);
     if let Some(first) = bad.first() {
         // The first failure again, with its trace.
         let replay = accel_sim::random::run(first.seed, false, true);
         let trace = replay.trace.unwrap_or_default();
         let tail = &trace[trace.len().saturating_sub(80)..];
         panic!(
-            "{} of 10000 seeds broke an invariant; the first:\n{}{}\n{}\nreplay: cargo run -p accel-sim -- seed {} --trace",
+            "{} of {ran} seeds broke an invariant; the first:\n{}{}\n{}\nreplay: cargo run -p accel-sim -- seed {} --trace",
             bad.len(),
             first.summary,
             first
