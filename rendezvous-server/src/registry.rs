@@ -66,7 +66,7 @@ pub const STATUS_PAGE: (usize, usize) = (100, 1000);
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
 
 /// The longest the registry may go without running before it takes the
-/// gap for a pause of the process ([`Registry::woke`]); its ticker runs
+/// gap for a pause of the process (see `Registry::woke`); its ticker runs
 /// every 100 ms.
 pub const PAUSED: Duration = Duration::from_secs(1);
 

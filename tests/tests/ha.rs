@@ -1518,6 +1518,81 @@ mod replicas {
         );
     }
 
+    /// Every etcd member stopped for five drop limits (no replica can lead,
+    /// none can be elected): no worker stops, and once etcd is back the new
+    /// leader has the job running its round with both nodes.
+    #[test]
+    fn every_etcd_member_down_for_several_drop_limits_stops_no_worker() {
+        let dir = scratch("ha-etcd-down");
+        let (mut etcd, first, second) = replicas(&dir, "/etcd-down");
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(2)
+            .max_restarts(1)
+            .conf("keep_alive_interval=1,keep_alive_max_attempt=4");
+        let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "90")];
+        let agents: Vec<_> = (0..2)
+            .map(|i| {
+                let tag = format!("node-{i}");
+                cmd.clone()
+                    .recording(&dir, &tag)
+                    .envs(&env)
+                    .start(&dir, &tag)
+            })
+            .collect();
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || accel_tests::records(&dir).len()
+                == 4),
+            "the job runs"
+        );
+        let running = accel_tests::records(&dir);
+        for i in 0..3 {
+            etcd.kill(i);
+        }
+        // Nothing marks when a fence would have come: watch the whole outage.
+        accel_tests::ensure_quiet_for(
+            "no worker stops without etcd",
+            Duration::from_secs(20),
+            || match running.iter().find(|r| !accel_tests::alive(r.pid)) {
+                Some(r) => Err(format!("rank {} (pid {}) stopped", r.rank, r.pid)),
+                None => Ok(()),
+            },
+        );
+        for i in 0..3 {
+            etcd.restart(i);
+        }
+        etcd.wait_healthy(Duration::from_secs(30));
+        let back = Instant::now();
+        let serving = |addr: &str| {
+            accel_tests::status_jobs(addr, &[]).is_ok_and(|jobs| {
+                jobs.iter().any(|j| {
+                    j["phase"] == "running"
+                        && j["round"] == 0
+                        && j["nodes"].as_array().is_some_and(|n| {
+                            n.len() == 2 && n.iter().all(|x| x["state"] == "running")
+                        })
+                })
+            })
+        };
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || serving(&first.addr)
+                || serving(&second.addr)),
+            "a leader has the job running again"
+        );
+        eprintln!(
+            "etcd down 20 s: 0 workers stopped; job running again {:?} after etcd was healthy",
+            back.elapsed()
+        );
+        assert_eq!(
+            accel_tests::records(&dir).len(),
+            4,
+            "no worker was started again"
+        );
+        assert!(running.iter().all(|r| accel_tests::alive(r.pid)));
+        drop(agents);
+    }
+
     #[test]
     fn a_ddp_job_trains_through_a_leader_failover_to_the_same_parameters() {
         let _heavy = crate::heavy();
