@@ -593,7 +593,14 @@ async fn run(
             }
             got = socket.recv_from(&mut buf) => {
                 // Whoever sent it: the MAC says whether the hub did.
-                let (n, _) = got?;
+                let n = match got {
+                    Ok((n, _)) => n,
+                    Err(e) => {
+                        debug!(error = %e, "peer hub answer not read");
+                        tokio::time::sleep(t.every).await;
+                        continue;
+                    }
+                };
                 if let Some(Datagram::Answer { rank, seq, heard, version, map }) = decode(&key, peer.round, &buf[..n]) {
                     if rank == peer.node_rank {
                         view.answer(Instant::now(), seq, heard, version, map);
@@ -601,7 +608,14 @@ async fn run(
                 }
             }
             got = async { hub_socket.as_ref().expect("guarded").recv_from(&mut hub_buf).await }, if hub_socket.is_some() => {
-                let (n, from) = got?;
+                let (n, from) = match got {
+                    Ok(got) => got,
+                    Err(e) => {
+                        debug!(error = %e, "peer hub ping not read");
+                        tokio::time::sleep(t.every).await;
+                        continue;
+                    }
+                };
                 if let Some(Datagram::Ping { rank, seq, version }) = decode(&key, peer.round, &hub_buf[..n]) {
                     let now = Instant::now();
                     if hub.ping(now, rank, seq) {

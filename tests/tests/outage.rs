@@ -165,3 +165,80 @@ fn a_worker_failure_during_the_outage_restarts_the_job_once_when_it_is_back() {
     );
     eprintln!("a failure while the rendezvous was down: restarted once, running again {took:?} after it came back");
 }
+
+/// Three hosts on one segment; one host's packets to the rendezvous are
+/// dropped (its peers still reach it, and it reaches them): its workers run
+/// on, vouched for by its peers' keep-alives, and it resumes when the path
+/// heals. (A host cut off from everything is fenced: `elastic.rs`.)
+#[test]
+fn a_node_cut_off_from_the_rendezvous_alone_keeps_its_workers() {
+    let lan = accel_tests::Lan::create();
+    let hosts: Vec<accel_tests::Netns> = (2..5).map(|i| lan.host(i)).collect();
+    let token = "outage-test-token-0123456789";
+    let server = Server::start_with(&format!("{}:0", lan.gateway), &[], &[("RDZV_TOKEN", token)]);
+    let port = server.addr.rsplit(':').next().expect("port").to_owned();
+    let dir = scratch("outage-one-cut");
+    let agents: Vec<Agent> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let tag = format!("h{i}");
+            AgentCmd::c10d(&server.addr, "one-cut")
+                .local_addr(&h.addr)
+                .nnodes("3")
+                .nproc(1)
+                .conf(CONF)
+                .recording(&dir, &tag)
+                .env("RECORD_EACH_ROUND", "1")
+                .env("RUN_FOR", "60")
+                .env("ACCEL_RDZV_TOKEN", token)
+                .start_with(&h.exec(), &dir, &tag)
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(30), || records(&dir).len() == 3),
+        "the job runs"
+    );
+    let first = records(&dir);
+    let cut = &hosts[2];
+    let nft = |script: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &cut.name, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run nft (the test command installs nftables)");
+        child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("nft script");
+        assert!(child.wait().expect("nft").success(), "nft: {script}");
+    };
+    nft(&format!(
+        "table inet accel_cut {{\n  chain out {{\n    type filter hook output priority 0;\n    ip daddr {} tcp dport {port} drop\n  }}\n}}\n",
+        lan.gateway
+    ));
+    all_alive_for(&first, OUTAGE);
+    nft("delete table inet accel_cut\n");
+    let back = Instant::now();
+    let took = running_again_with(&server.addr, token, "one-cut", 0, 3, back);
+    assert_eq!(records(&dir).len(), 3, "no worker was started again");
+    all_alive_for(&first, Duration::from_secs(1));
+    drop(agents);
+    eprintln!("one host cut off from the rendezvous for {OUTAGE:?}: 0 workers stopped; running again {took:?} after the path healed");
+}
+
+/// [`running_again`] for a rendezvous that needs a token, with `nodes` nodes.
+fn running_again_with(endpoint: &str, token: &str, job: &str, round: u64, nodes: usize, back: Instant) -> Duration {
+    assert!(
+        eventually(Duration::from_secs(20), || status_jobs(endpoint, &[("ACCEL_RDZV_TOKEN", token)]).is_ok_and(|jobs| {
+            jobs.iter().any(|j| {
+                j["job_id"] == job
+                    && j["phase"] == "running"
+                    && j["round"] == round
+                    && j["nodes"].as_array().is_some_and(|n| {
+                        n.len() == nodes && n.iter().all(|x| x["state"] == "running")
+                    })
+            })
+        })),
+        "the job is running again in `rdzv-server status`"
+    );
+    back.elapsed()
+}
