@@ -164,6 +164,8 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
     }
     check_ms("dead_after_ms", req.dead_after_ms)?;
     check_ms("last_call_ms", req.last_call_ms)?;
+    check_ms("outage_ms", req.outage_ms)?;
+    check_ms("keep_alive_ms", req.keep_alive_ms)?;
     // A resume may make a restarted server relearn the job from it: it must
     // describe a round this job could have run.
     if let Some(r) = &req.resume {

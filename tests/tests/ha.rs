@@ -646,7 +646,17 @@ mod replicas {
     }
 
     async fn join(c: &mut Rdzv, id: &'static str, session: Vec<u8>) -> Node {
-        let mut req = join_request(id, None, None);
+        join_resuming(c, id, session, None).await
+    }
+
+    /// [`join`], presenting the round the node's workers run.
+    async fn join_resuming(
+        c: &mut Rdzv,
+        id: &'static str,
+        session: Vec<u8>,
+        resume: Option<pb::Resume>,
+    ) -> Node {
+        let mut req = join_request(id, resume, None);
         req.session = session;
         let mut events = c.join(req).await.expect("joins").into_inner();
         let session = match next(&mut events).await {
@@ -825,11 +835,18 @@ mod replicas {
             ("running", 1, 1, 2),
             "the job as the first leader left it"
         );
-        // The nodes come back with their secrets; the budget is counted
-        // across both leaders: one restart left of two.
+        // The nodes come back with their secrets, resuming round 1 (their
+        // workers run it); the budget is counted across both leaders: one
+        // restart left of two.
+        let resume = |node_rank| pb::Resume {
+            round: 1,
+            restart_count: 1,
+            node_rank,
+            nnodes: 2,
+        };
         let mut nodes = vec![
-            join(&mut c2, "a", nodes[0].session.clone()).await,
-            join(&mut c2, "b", nodes[1].session.clone()).await,
+            join_resuming(&mut c2, "a", nodes[0].session.clone(), Some(resume(0))).await,
+            join_resuming(&mut c2, "b", nodes[1].session.clone(), Some(resume(1))).await,
         ];
         fail(&mut c2, &nodes[0], 1).await;
         for n in nodes.iter_mut() {

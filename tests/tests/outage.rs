@@ -208,7 +208,12 @@ fn a_node_cut_off_from_the_rendezvous_alone_keeps_its_workers() {
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("run nft (the test command installs nftables)");
-        child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("nft script");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes())
+            .expect("nft script");
         assert!(child.wait().expect("nft").success(), "nft: {script}");
     };
     nft(&format!(
@@ -226,9 +231,20 @@ fn a_node_cut_off_from_the_rendezvous_alone_keeps_its_workers() {
 }
 
 /// [`running_again`] for a rendezvous that needs a token, with `nodes` nodes.
-fn running_again_with(endpoint: &str, token: &str, job: &str, round: u64, nodes: usize, back: Instant) -> Duration {
+fn running_again_with(
+    endpoint: &str,
+    token: &str,
+    job: &str,
+    round: u64,
+    nodes: usize,
+    back: Instant,
+) -> Duration {
     assert!(
-        eventually(Duration::from_secs(20), || status_jobs(endpoint, &[("ACCEL_RDZV_TOKEN", token)]).is_ok_and(|jobs| {
+        eventually(Duration::from_secs(20), || status_jobs(
+            endpoint,
+            &[("ACCEL_RDZV_TOKEN", token)]
+        )
+        .is_ok_and(|jobs| {
             jobs.iter().any(|j| {
                 j["job_id"] == job
                     && j["phase"] == "running"

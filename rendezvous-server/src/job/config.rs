@@ -47,8 +47,12 @@ impl JobConfig {
             no_restart_exit_code: u8::try_from(req.no_restart_exit_code)
                 .ok()
                 .filter(|c| *c > 0),
-            outage: (req.outage_ms > 0).then(|| Duration::from_millis(req.outage_ms)),
-            keep_alive: (req.keep_alive_ms > 0).then(|| Duration::from_millis(req.keep_alive_ms)),
+            // Bounded as the service bounds them (`limits::check_join`), so
+            // that a stored record holds them exactly.
+            outage: (req.outage_ms > 0)
+                .then(|| Duration::from_millis(req.outage_ms).min(accel_input::MAX_DURATION)),
+            keep_alive: (req.keep_alive_ms > 0)
+                .then(|| Duration::from_millis(req.keep_alive_ms).min(accel_input::MAX_DURATION)),
         }
     }
 

@@ -202,3 +202,29 @@ fn a_rejoin_that_ends_a_node_s_bench_decides_the_round() {
     );
     assert_eq!(job.phase(), &Phase::Running);
 }
+
+/// An outage limit and keep-alive interval of `u64::MAX` ms (agents send
+/// them; only the service's checks bounded them) did not survive the job
+/// store's microseconds: the stored record was another job. The config
+/// holds them at ten years, as every duration.
+#[test]
+fn an_outage_limit_beyond_ten_years_is_held_as_ten_years() {
+    let r = pb::JoinRequest {
+        outage_ms: u64::MAX,
+        keep_alive_ms: u64::MAX,
+        dead_after_ms: 122,
+        ..req(2, 2)
+    };
+    let config = JobConfig::from_join(&r);
+    assert_eq!(config.outage, Some(accel_input::MAX_DURATION));
+    assert_eq!(config.keep_alive, Some(accel_input::MAX_DURATION));
+    let t = Instant::now();
+    let job = Job::new("job", config);
+    let record = job.record(t);
+    let encoded = crate::store::records::encode(&record);
+    let decoded = crate::store::records::decode("job", &encoded).expect("decodes");
+    assert_eq!(
+        decoded.config, record.config,
+        "the stored form of a job is another job"
+    );
+}
