@@ -322,6 +322,8 @@ pub struct View {
     pending: std::collections::VecDeque<(u64, Instant)>,
     version: u64,
     map: Vec<u8>,
+    /// How many ranks the hub heard, as it last said (its bitmap's count).
+    heard: u32,
     /// When the current unbroken run of answers began (the send time of
     /// its first answered ping), and the send time of the last.
     run: Option<(Instant, Instant)>,
@@ -342,6 +344,7 @@ impl View {
             pending: Default::default(),
             version: 0,
             map: Vec::new(),
+            heard: 0,
             run: None,
             majority: None,
             answered: None,
@@ -379,6 +382,7 @@ impl View {
             self.map = map.to_vec();
         }
         self.version = version;
+        self.heard = heard;
         self.run = match self.run {
             Some((first, last)) if sent.saturating_duration_since(last) <= self.fresh => {
                 Some((first, sent.max(last)))
@@ -399,8 +403,7 @@ impl View {
         if now.saturating_duration_since(at) > self.fresh || self.map.is_empty() {
             return None;
         }
-        let heard = (0..self.nnodes).filter(|r| bit(&self.map, *r)).count() as u32;
-        Some(match heard == self.nnodes {
+        Some(match self.heard == self.nnodes {
             true => Vouch {
                 round,
                 ranks: Vec::new(),

@@ -29,13 +29,18 @@ pub struct Marker {
 }
 
 impl Marker {
-    /// Takes the marker of a server on `port` in `dir` (created 0700 if
-    /// missing): the marker, and whether an earlier server left one.
-    pub fn take(dir: &Path, port: u16) -> io::Result<(Self, bool)> {
-        std::fs::create_dir_all(dir)?;
+    /// Checks that `dir` can be the state directory (created if missing):
+    /// a directory only this user may write, since whoever deletes the
+    /// marker makes a restart look like a first start. A configuration
+    /// error, for the operator to fix.
+    pub fn usable(dir: &Path) -> io::Result<()> {
         #[cfg(unix)]
         {
-            use std::os::unix::fs::PermissionsExt;
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
             let mode = std::fs::metadata(dir)?.permissions().mode();
             if mode & 0o022 != 0 {
                 return Err(io::Error::other(format!(
@@ -45,6 +50,16 @@ impl Marker {
                 )));
             }
         }
+        #[cfg(not(unix))]
+        std::fs::create_dir_all(dir)?;
+        Ok(())
+    }
+
+    /// Takes the marker of a server on `port` in `dir` ([`Marker::usable`]):
+    /// the marker, and whether an earlier server left one. An error writing
+    /// it (a full or read-only disk) is the caller's to weigh.
+    pub fn take(dir: &Path, port: u16) -> io::Result<(Self, bool)> {
+        Self::usable(dir)?;
         let path = dir.join(format!("running-{port}"));
         let earlier = path.try_exists()?;
         let tmp = dir.join(format!(".running-{port}.{}", std::process::id()));
@@ -69,6 +84,15 @@ mod tests {
         let state = dir.path().join("state");
         let (first, earlier) = Marker::take(&state, 29400).expect("take");
         assert!(!earlier, "a first start");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&state)
+                .expect("state dir")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "created for this user alone");
+        }
         assert!(first.path().ends_with("running-29400"));
         // Killed, crashed or stopped: the marker stays.
         drop(first);

@@ -97,18 +97,26 @@ fn main() -> ExitCode {
             .clone()
             .or_else(|| std::env::var_os("STATE_DIRECTORY").map(std::path::PathBuf::from));
         let restarted = match (&state_dir, &replication) {
-            (Some(dir), None) => match rendezvous_server::incarnation::Marker::take(dir, bound.port()) {
-                Ok((_, restarted)) => {
-                    if restarted {
-                        tracing::warn!(state_dir = %dir.display(), "an earlier rdzv-server ran on this port and may have left jobs running: a job this server does not know forms no round for one drop limit, so its running nodes are relearned first");
-                    }
-                    restarted
-                }
-                Err(e) => {
+            (Some(dir), None) => {
+                use rendezvous_server::incarnation::Marker;
+                if let Err(e) = Marker::usable(dir) {
                     eprintln!("rdzv-server: --state-dir {}: {e}", dir.display());
                     return ExitCode::from(2);
                 }
-            },
+                // A full or read-only disk must not keep the rendezvous
+                // down: it serves, as after a restart (the safe side).
+                let restarted = match Marker::take(dir, bound.port()) {
+                    Ok((_, restarted)) => restarted,
+                    Err(e) => {
+                        tracing::warn!(state_dir = %dir.display(), error = %e, "cannot note this start in the state directory; serving as after a restart");
+                        true
+                    }
+                };
+                if restarted {
+                    tracing::warn!(state_dir = %dir.display(), "an earlier rdzv-server ran on this port and may have left jobs running: a job this server does not know forms no round for one drop limit, so its running nodes are relearned first");
+                }
+                restarted
+            }
             _ => false,
         };
         let options = rendezvous_server::ServeOptions {

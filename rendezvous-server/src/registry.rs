@@ -810,33 +810,24 @@ impl Registry {
         node_id: &str,
         session: &[u8],
     ) -> Result<bool, Error> {
-        self.acting()?;
-        let mut jobs = self.lock();
-        let entry = jobs
-            .map
-            .get_mut(job_id)
-            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
-        authorize(&entry.job, job_id, node_id, session)?;
-        Ok(entry.job.keep_alive(now, node_id))
+        self.keep_alive_vouching(now, job_id, node_id, session, None)
+            .map(|(member, _)| member)
     }
 
-    /// `node_id` (proven by `session`), a node of the running `round`,
-    /// vouches for the nodes of that round it hears through the round's
-    /// peer hub: `ranks`, a bitmap of node ranks, or `all` of them
-    /// ([`Job::vouch`]). A vouch for another round counts for nothing.
-    /// Nothing is delivered or marked for the store (as for a keep-alive),
-    /// but the job's liveness check moves with it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn vouch(
+    /// [`Registry::keep_alive`], and, with `vouch`, the node (a node of
+    /// the running round it names) vouches for the nodes of that round it
+    /// hears through the round's peer hub ([`Job::vouch`]), under the same
+    /// lock and check of its session. Whether it is a member, and how many
+    /// nodes the vouch refreshed. A vouch for another round counts for
+    /// nothing.
+    pub fn keep_alive_vouching(
         &self,
         now: Instant,
         job_id: &str,
         node_id: &str,
         session: &[u8],
-        round: u64,
-        ranks: &[u8],
-        all: bool,
-    ) -> Result<usize, Error> {
+        vouch: Option<&pb::KeepAliveRequest>,
+    ) -> Result<(bool, usize), Error> {
         self.acting()?;
         let mut jobs = self.lock();
         let entry = jobs
@@ -844,7 +835,13 @@ impl Registry {
             .get_mut(job_id)
             .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
         authorize(&entry.job, job_id, node_id, session)?;
-        Ok(entry.job.vouch(now, node_id, round, ranks, all))
+        let member = entry.job.keep_alive(now, node_id);
+        let vouched = vouch.map_or(0, |v| {
+            entry
+                .job
+                .vouch(now, node_id, v.round, &v.vouch, v.vouch_all)
+        });
+        Ok((member, vouched))
     }
 
     /// Periodic work: runs the jobs whose deadline is due, forgets expired

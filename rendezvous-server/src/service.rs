@@ -161,20 +161,14 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<pb::Ack>, Status> {
         let r = request.into_inner();
         limits::check_vouch(&r)?;
-        let registry = self.registry()?;
-        let now = Instant::now();
-        registry.keep_alive(now, &r.job_id, &r.node_id, &r.session)?;
-        if r.vouch_all || r.vouch.iter().any(|b| *b != 0) {
-            registry.vouch(
-                now,
-                &r.job_id,
-                &r.node_id,
-                &r.session,
-                r.round,
-                &r.vouch,
-                r.vouch_all,
-            )?;
-        }
+        let vouches = r.vouch_all || r.vouch.iter().any(|b| *b != 0);
+        self.registry()?.keep_alive_vouching(
+            Instant::now(),
+            &r.job_id,
+            &r.node_id,
+            &r.session,
+            vouches.then_some(&r),
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 

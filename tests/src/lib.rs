@@ -369,6 +369,39 @@ pub fn status_jobs(endpoint: &str, env: &[(&str, &str)]) -> Result<Vec<Value>, S
         .ok_or_else(|| format!("no jobs list in {v}"))
 }
 
+/// Whether the rendezvous at `endpoint` (with `env`, e.g. its token) has
+/// job `job` running round `round` with `nodes` nodes, each running.
+pub fn job_running(
+    endpoint: &str,
+    env: &[(&str, &str)],
+    job: &str,
+    round: u64,
+    nodes: usize,
+) -> bool {
+    status_jobs(endpoint, env).is_ok_and(|jobs| {
+        jobs.iter().any(|j| {
+            j["job_id"] == job
+                && j["phase"] == "running"
+                && j["round"] == round
+                && j["nodes"]
+                    .as_array()
+                    .is_some_and(|n| n.len() == nodes && n.iter().all(|x| x["state"] == "running"))
+        })
+    })
+}
+
+/// Asserts that every worker of `recs` stays alive for the whole of
+/// `window` (for a fault that must stop none of them; nothing marks the
+/// moment a fence would have come, so the whole window is watched).
+pub fn all_alive_for(recs: &[Record], window: Duration) {
+    ensure_quiet_for("every worker keeps running", window, || {
+        match recs.iter().find(|r| !alive(r.pid)) {
+            Some(r) => Err(format!("rank {} (pid {}) was stopped", r.rank, r.pid)),
+            None => Ok(()),
+        }
+    });
+}
+
 /// One TCP socket of this network namespace (`/proc/net/tcp` and `tcp6`):
 /// what the kernel knows about a connection that a test can wait on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -888,6 +921,24 @@ impl Netns {
         }
         c.args(args);
         c
+    }
+
+    /// Loads nftables `script` (`nft -f -`) in this namespace: a firewall
+    /// of the host's own, for a partition finer than [`Netns::cut`].
+    pub fn nft(&self, script: &str) {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("run nft (the test command installs nftables)");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes())
+            .expect("nft script");
+        assert!(child.wait().expect("nft").success(), "nft: {script}");
     }
 
     /// Cuts the link: packets stop, no connection is reset.

@@ -710,6 +710,21 @@ mod replicas {
         }
     }
 
+    /// Two agents of `cmd`, `node-0` and `node-1`, recording into `dir`
+    /// with `env`.
+    fn two_nodes(
+        cmd: &accel_tests::AgentCmd,
+        dir: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Vec<accel_tests::Agent> {
+        (0..2)
+            .map(|i| {
+                let tag = format!("node-{i}");
+                cmd.clone().recording(dir, &tag).envs(env).start(dir, &tag)
+            })
+            .collect()
+    }
+
     /// Two replicas (`--etcd-lease 2`) on a fresh three-member etcd, under
     /// `prefix`: `first` leads before `second` starts, so the test knows
     /// which one to kill.
@@ -890,15 +905,7 @@ mod replicas {
             ("FAIL_AFTER", "6"),
             ("RUN_FOR", "8"),
         ];
-        let agents: Vec<_> = (0..2)
-            .map(|i| {
-                let tag = format!("node-{i}");
-                cmd.clone()
-                    .recording(&dir, &tag)
-                    .envs(&env)
-                    .start(&dir, &tag)
-            })
-            .collect();
+        let agents = two_nodes(&cmd, &dir, &env);
         let started = |restart: u32| {
             accel_tests::records(&dir)
                 .into_iter()
@@ -985,33 +992,15 @@ mod replicas {
     /// sends still goes out. Its process runs on throughout.
     struct Deaf<'a>(&'a accel_tests::Netns);
 
-    impl Deaf<'_> {
-        fn nft(&self, script: &str) {
-            use std::io::Write;
-            let mut child = std::process::Command::new("ip")
-                .args(["netns", "exec", &self.0.name, "nft", "-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("run nft (the test command installs nftables)");
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(script.as_bytes())
-                .expect("nft script");
-            assert!(child.wait().expect("nft").success(), "nft: {script}");
-        }
-    }
-
     impl Silence for Deaf<'_> {
         fn start(&self) {
-            self.nft(&format!(
+            self.0.nft(&format!(
                 "table inet accel_deaf {{\n  chain in {{\n    type filter hook input priority 0;\n    iifname \"{}\" drop\n  }}\n}}\n",
                 self.0.iface
             ));
         }
         fn end(&self) {
-            self.nft("delete table inet accel_deaf\n");
+            self.0.nft("delete table inet accel_deaf\n");
         }
     }
 
@@ -1216,13 +1205,13 @@ mod replicas {
 
     impl Silence for CutOff<'_> {
         fn start(&self) {
-            Deaf(self.host).nft(&format!(
+            self.host.nft(&format!(
                 "table inet accel_cut {{\n  chain in {{\n    type filter hook input priority 0;\n    iifname \"{}\" tcp dport {} drop\n  }}\n}}\n",
                 self.host.iface, self.port
             ));
         }
         fn end(&self) {
-            Deaf(self.host).nft("delete table inet accel_cut\n");
+            self.host.nft("delete table inet accel_cut\n");
         }
     }
 
@@ -1454,15 +1443,7 @@ mod replicas {
             .max_restarts(1)
             .conf("keep_alive_max_attempt=6");
         let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "25")];
-        let agents: Vec<_> = (0..2)
-            .map(|i| {
-                let tag = format!("node-{i}");
-                cmd.clone()
-                    .recording(&dir, &tag)
-                    .envs(&env)
-                    .start(&dir, &tag)
-            })
-            .collect();
+        let agents = two_nodes(&cmd, &dir, &env);
         assert!(
             accel_tests::eventually(Duration::from_secs(30), || {
                 accel_tests::records(&dir).len() == 2
@@ -1549,15 +1530,7 @@ mod replicas {
             .max_restarts(1)
             .conf("keep_alive_interval=1,keep_alive_max_attempt=4");
         let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "90")];
-        let agents: Vec<_> = (0..2)
-            .map(|i| {
-                let tag = format!("node-{i}");
-                cmd.clone()
-                    .recording(&dir, &tag)
-                    .envs(&env)
-                    .start(&dir, &tag)
-            })
-            .collect();
+        let agents = two_nodes(&cmd, &dir, &env);
         assert!(
             accel_tests::eventually(Duration::from_secs(30), || accel_tests::records(&dir).len()
                 == 4),
@@ -1567,31 +1540,13 @@ mod replicas {
         for i in 0..3 {
             etcd.kill(i);
         }
-        // Nothing marks when a fence would have come: watch the whole outage.
-        accel_tests::ensure_quiet_for(
-            "no worker stops without etcd",
-            Duration::from_secs(20),
-            || match running.iter().find(|r| !accel_tests::alive(r.pid)) {
-                Some(r) => Err(format!("rank {} (pid {}) stopped", r.rank, r.pid)),
-                None => Ok(()),
-            },
-        );
+        accel_tests::all_alive_for(&running, Duration::from_secs(20));
         for i in 0..3 {
             etcd.restart(i);
         }
         etcd.wait_healthy(Duration::from_secs(30));
         let back = Instant::now();
-        let serving = |addr: &str| {
-            accel_tests::status_jobs(addr, &[]).is_ok_and(|jobs| {
-                jobs.iter().any(|j| {
-                    j["phase"] == "running"
-                        && j["round"] == 0
-                        && j["nodes"].as_array().is_some_and(|n| {
-                            n.len() == 2 && n.iter().all(|x| x["state"] == "running")
-                        })
-                })
-            })
-        };
+        let serving = |addr: &str| accel_tests::job_running(addr, &[], "team/job", 0, 2);
         assert!(
             accel_tests::eventually(Duration::from_secs(30), || serving(&first.addr)
                 || serving(&second.addr)),

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    alive, ensure_quiet_for, eventually, records, scratch, status_jobs, Agent, AgentCmd, Record,
+    alive, all_alive_for, eventually, job_running, records, scratch, Agent, AgentCmd, Record,
     Server,
 };
 
@@ -45,30 +45,20 @@ fn running(dir: &std::path::Path) -> Vec<Record> {
     records(dir)
 }
 
-/// Every worker of `first` is alive for the whole `window`.
-fn all_alive_for(first: &[Record], window: Duration) {
-    // Nothing marks when a fence would have come: watch the whole window.
-    ensure_quiet_for("every worker keeps running", window, || {
-        match first.iter().find(|r| !alive(r.pid)) {
-            Some(r) => Err(format!("rank {} (pid {}) was stopped", r.rank, r.pid)),
-            None => Ok(()),
-        }
-    });
-}
-
-/// How long after `back` the rendezvous reports the job running round
-/// `round` with both nodes.
-fn running_again(endpoint: &str, job: &str, round: u64, back: Instant) -> Duration {
+/// How long after `back` the rendezvous at `endpoint` (with `env`: its
+/// token) reports `job` running round `round` with `nodes` nodes again.
+fn running_again(
+    endpoint: &str,
+    env: &[(&str, &str)],
+    job: &str,
+    round: u64,
+    nodes: usize,
+    back: Instant,
+) -> Duration {
     assert!(
-        eventually(Duration::from_secs(20), || status_jobs(endpoint, &[])
-            .is_ok_and(|jobs| {
-                jobs.iter().any(|j| {
-                    j["job_id"] == job
-                        && j["phase"] == "running"
-                        && j["round"] == round
-                        && j["nodes"].as_array().is_some_and(|n| n.len() == 2)
-                })
-            })),
+        eventually(Duration::from_secs(20), || job_running(
+            endpoint, env, job, round, nodes
+        )),
         "the job is running again in `rdzv-server status`"
     );
     back.elapsed()
@@ -84,7 +74,7 @@ fn a_paused_rendezvous_stops_no_worker() {
     all_alive_for(&first, OUTAGE);
     server.signal("CONT");
     let back = Instant::now();
-    let took = running_again(&server.addr, "pause", 0, back);
+    let took = running_again(&server.addr, &[], "pause", 0, 2, back);
     assert!(
         took < Duration::from_secs(2),
         "running again after {took:?}"
@@ -106,7 +96,7 @@ fn a_killed_rendezvous_restarted_empty_stops_no_worker() {
     all_alive_for(&first, OUTAGE);
     let restarted = Server::start_at(&addr);
     let back = Instant::now();
-    let took = running_again(&restarted.addr, "kill", 0, back);
+    let took = running_again(&restarted.addr, &[], "kill", 0, 2, back);
     assert!(
         took < Duration::from_secs(2),
         "running again after {took:?}"
@@ -150,7 +140,7 @@ fn a_worker_failure_during_the_outage_restarts_the_job_once_when_it_is_back() {
     );
     let restarted = Server::start_at(&addr);
     let back = Instant::now();
-    let took = running_again(&restarted.addr, "failure", 1, back);
+    let took = running_again(&restarted.addr, &[], "failure", 1, 2, back);
     for a in agents {
         let out = a.wait(LIMIT);
         assert_eq!(out.code(), 0, "{}", out.stderr);
@@ -201,60 +191,23 @@ fn a_node_cut_off_from_the_rendezvous_alone_keeps_its_workers() {
     );
     let first = records(&dir);
     let cut = &hosts[2];
-    let nft = |script: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", &cut.name, "nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("run nft (the test command installs nftables)");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(script.as_bytes())
-            .expect("nft script");
-        assert!(child.wait().expect("nft").success(), "nft: {script}");
-    };
-    nft(&format!(
+    cut.nft(&format!(
         "table inet accel_cut {{\n  chain out {{\n    type filter hook output priority 0;\n    ip daddr {} tcp dport {port} drop\n  }}\n}}\n",
         lan.gateway
     ));
     all_alive_for(&first, OUTAGE);
-    nft("delete table inet accel_cut\n");
+    cut.nft("delete table inet accel_cut\n");
     let back = Instant::now();
-    let took = running_again_with(&server.addr, token, "one-cut", 0, 3, back);
+    let took = running_again(
+        &server.addr,
+        &[("ACCEL_RDZV_TOKEN", token)],
+        "one-cut",
+        0,
+        3,
+        back,
+    );
     assert_eq!(records(&dir).len(), 3, "no worker was started again");
     all_alive_for(&first, Duration::from_secs(1));
     drop(agents);
     eprintln!("one host cut off from the rendezvous for {OUTAGE:?}: 0 workers stopped; running again {took:?} after the path healed");
-}
-
-/// [`running_again`] for a rendezvous that needs a token, with `nodes` nodes.
-fn running_again_with(
-    endpoint: &str,
-    token: &str,
-    job: &str,
-    round: u64,
-    nodes: usize,
-    back: Instant,
-) -> Duration {
-    assert!(
-        eventually(Duration::from_secs(20), || status_jobs(
-            endpoint,
-            &[("ACCEL_RDZV_TOKEN", token)]
-        )
-        .is_ok_and(|jobs| {
-            jobs.iter().any(|j| {
-                j["job_id"] == job
-                    && j["phase"] == "running"
-                    && j["round"] == round
-                    && j["nodes"].as_array().is_some_and(|n| {
-                        n.len() == nodes && n.iter().all(|x| x["state"] == "running")
-                    })
-            })
-        })),
-        "the job is running again in `rdzv-server status`"
-    );
-    back.elapsed()
 }
