@@ -126,6 +126,17 @@ out="$(mktemp)"
       scripts/chaos.sh 600 "$1" --mode "$2" 2>/dev/null | grep -E '^(\||violations:)' || true
     done
     echo
+    echo "### Control-plane faults only"
+    echo "The same topology; every replica or one paused, killed or cut off from every node, etcd without quorum or"
+    echo "full, one outage at a time for 5 s to 5 min; invariant (g): no worker stopped or restarted."
+    echo "Command: \`scripts/chaos.sh 600 SEED --faults control-plane\`."
+    for seed in 1 2 3; do
+      echo
+      echo "Seed $seed:"
+      echo
+      scripts/chaos.sh 600 "$seed" --faults control-plane 2>/dev/null | grep -E '^(\||violations:)' || true
+    done
+    echo
   fi
   echo "## Where a target is not clearly met"
   echo "The worker store is at parity with PyTorch's libuv server rather than ahead of it. Both servers are"

@@ -163,11 +163,13 @@ lane_checks() {
   # selecting only the other packages would build their dependencies again
   # with other features).
   step integration cargo test --workspace --locked
-  # The chaos run, short (about 2 minutes, fixed seeds, both modes): faults
-  # injected into a three-node job, invariants checked on what its workers
-  # recorded; any violation fails the run (docs/src/fault-testing.md).
+  # The chaos run, short (about 3 minutes, fixed seeds, both modes, and
+  # control-plane outages alone): faults injected into a three-node job,
+  # invariants checked on what its workers recorded; any violation fails the
+  # run (docs/src/fault-testing.md).
   step chaos-server scripts/chaos.sh 40 1 --mode server
   step chaos-agents scripts/chaos.sh 30 2 --mode agents --no-ddp
+  step chaos-control-plane scripts/chaos.sh 40 4 --faults control-plane --no-ddp
 }
 
 lane_release() {

@@ -65,7 +65,7 @@ pub enum AgentError {
     /// The link to the rendezvous broke and rejoining failed within
     /// `reconnect_grace`; `source` is why the last rejoin failed.
     #[error(
-        "lost the rendezvous ({why}) and could not rejoin within reconnect_grace={:.0} s ({source}); this node stopped its workers",
+        "lost the rendezvous ({why}) and could not rejoin within {:.0} s (reconnect_grace, or outage_timeout for a node without workers; {source}); this node stopped its workers",
         grace.as_secs_f64()
     )]
     GaveUp {

@@ -401,6 +401,11 @@ pub async fn replicate(
     // etcd down or without quorum fails every attempt: said once, then
     // summed up every 10 s.
     let mut failing = Quiet::every(Duration::from_secs(10));
+    // Leases of earlier terms that could not be revoked (etcd was down):
+    // revoked first thing once etcd answers again, so this replica's old
+    // election key does not name it leader for a further lease after an
+    // etcd outage (etcd restores leases with a fresh TTL when it restarts).
+    let mut unrevoked: Vec<i64> = Vec::new();
     loop {
         let replica = Replica {
             o: &options,
@@ -410,7 +415,7 @@ pub async fn replicate(
             hearing: &hearing,
             led: AtomicBool::new(false),
         };
-        match term(&replica).await {
+        match term(&replica, &mut unrevoked).await {
             Ended::Shutdown => return,
             Ended::Lost(why) => {
                 if replica.led.load(Ordering::Relaxed) {
@@ -437,12 +442,24 @@ pub async fn replicate(
     }
 }
 
-async fn term(r: &Replica<'_>) -> Ended {
+async fn term(r: &Replica<'_>, unrevoked: &mut Vec<i64>) -> Ended {
     let lost = |what: &str, e: accel_etcd::Error| Ended::Lost(format!("{what}: {e}"));
     let client = match connect(r.o).await {
         Ok(c) => c,
         Err(e) => return lost("cannot reach etcd", e),
     };
+    let mut left = Vec::new();
+    for old in unrevoked.drain(..) {
+        match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(old)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.to_string().contains("lease not found") => {}
+            _ => left.push(old),
+        }
+    }
+    if !left.is_empty() {
+        *unrevoked = left;
+        return Ended::Lost("cannot revoke the lease of an earlier term".into());
+    }
     let granted = Instant::now();
     let lease = match client.lease_grant(r.o.lease_secs()).await {
         Ok(l) => l.id,
@@ -451,7 +468,11 @@ async fn term(r: &Replica<'_>) -> Ended {
     let ended = hold(r, &client, lease, granted).await;
     // However the term ended, its lease goes with it, so no key of this
     // replica outlives the term; its shared complaints neither.
-    let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.to_string().contains("lease not found") => {}
+        _ => unrevoked.push(lease),
+    }
     withdraw_complaints(&client, r.hearing).await;
     ended
 }

@@ -31,6 +31,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     /// An address clients reach the members at besides loopback.
     also: Option<String>,
+    /// `--quota-backend-bytes`, where a test fills etcd ([`fill`]).
+    quota: Option<u64>,
 }
 
 impl EtcdCluster {
@@ -42,6 +44,16 @@ impl EtcdCluster {
     /// The same, the members also serving clients at `also` (an address of
     /// this namespace, such as a [`crate::Lan`]'s gateway), on the same ports.
     pub fn start_also_at(dir: &Path, n: usize, also: Option<&str>) -> Self {
+        Self::start_with(dir, n, also, None)
+    }
+
+    /// Starts `n` members whose database may grow to `quota` bytes only
+    /// (`--quota-backend-bytes`), small enough for [`fill`] to reach it fast.
+    pub fn start_with_quota(dir: &Path, n: usize, quota: u64) -> Self {
+        Self::start_with(dir, n, None, Some(quota))
+    }
+
+    fn start_with(dir: &Path, n: usize, also: Option<&str>, quota: Option<u64>) -> Self {
         let dir = dir.join("etcd");
         fs::create_dir_all(&dir).expect("etcd dir");
         let members = (0..n)
@@ -57,6 +69,7 @@ impl EtcdCluster {
             dir,
             members,
             also: also.map(str::to_owned),
+            quota,
         };
         for i in 0..n {
             cluster.start_member(i);
@@ -115,6 +128,12 @@ impl EtcdCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `etcdctl ARGS` against every member: its stdout, or its
+    /// error's last line.
+    pub fn try_ctl(&self, args: &[&str]) -> Result<String, String> {
+        etcdctl(&self.endpoints(), args, None)
     }
 
     /// Waits until a quorum of members answers health checks.
@@ -184,12 +203,92 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             // Quicker leader elections than the defaults (100 ms / 1 s).
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(
+                self.quota
+                    .map(|q| vec!["--quota-backend-bytes".to_owned(), q.to_string()])
+                    .unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start etcd (the test command installs etcd-server)");
         self.members[i].child = Some(child);
     }
+}
+
+/// The prefix [`fill`] writes under.
+const FILL: &str = "/accel-test-fill/";
+
+/// `etcdctl` against `endpoints` (comma-separated) with `stdin`: its
+/// stdout, or its stderr's last line.
+fn etcdctl(endpoints: &str, args: &[&str], stdin: Option<&Path>) -> Result<String, String> {
+    let mut cmd = Command::new("etcdctl");
+    cmd.args(["--endpoints", endpoints, "--command-timeout", "10s"])
+        .args(args)
+        .env("ETCDCTL_API", "3")
+        .stdin(match stdin {
+            Some(p) => fs::File::open(p)
+                .map(Stdio::from)
+                .map_err(|e| format!("{}: {e}", p.display()))?,
+            None => Stdio::null(),
+        });
+    let out = cmd
+        .output()
+        .map_err(|e| format!("run etcdctl (the test command installs it): {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(err.lines().last().unwrap_or("failed").to_owned())
+    }
+}
+
+/// Fills the etcd at `endpoints` (started with a small
+/// `--quota-backend-bytes`) until it refuses writes: the NOSPACE alarm is
+/// raised and, until [`make_room`], etcd takes only reads and deletes (no
+/// puts, no new leases). `scratch` holds the value written. How many
+/// values it took.
+pub fn fill(endpoints: &str, scratch: &Path) -> Result<usize, String> {
+    let value = scratch.join("etcd-fill-value");
+    // Incompressible, 1 MB (under etcd's 1.5 MiB request limit).
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let bytes: Vec<u8> = (0..1_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fs::write(&value, bytes).map_err(|e| format!("{}: {e}", value.display()))?;
+    for i in 0..1000 {
+        match etcdctl(endpoints, &["put", &format!("{FILL}{i}")], Some(&value)) {
+            Ok(_) => {}
+            Err(e) if e.contains("database space exceeded") => return Ok(i),
+            Err(e) => return Err(format!("filling etcd: {e}")),
+        }
+    }
+    Err("etcd took 1000 MB without reaching its quota: start it with --quota-backend-bytes".into())
+}
+
+/// Undoes [`fill`] as an operator recovers from NOSPACE: deletes what it
+/// wrote, compacts, defragments every member and disarms the alarm.
+pub fn make_room(endpoints: &str) -> Result<(), String> {
+    etcdctl(endpoints, &["del", "--prefix", FILL], None)?;
+    let head = etcdctl(endpoints, &["get", FILL, "-w", "json"], None)?;
+    let rev = serde_json::from_str::<serde_json::Value>(&head)
+        .ok()
+        .and_then(|v| v["header"]["revision"].as_i64())
+        .ok_or_else(|| format!("no revision in {head}"))?;
+    if let Err(e) = etcdctl(endpoints, &["compact", &rev.to_string()], None) {
+        // Compacted already (a member did it): nothing to do.
+        if !e.contains("compacted") {
+            return Err(e);
+        }
+    }
+    etcdctl(endpoints, &["defrag"], None)?;
+    etcdctl(endpoints, &["alarm", "disarm"], None)?;
+    Ok(())
 }
 
 impl Drop for EtcdCluster {

@@ -729,7 +729,11 @@ mod replicas {
     /// `prefix`: `first` leads before `second` starts, so the test knows
     /// which one to kill.
     fn replicas(dir: &std::path::Path, prefix: &str) -> (EtcdCluster, Server, Server) {
-        let etcd = EtcdCluster::start(dir, 3);
+        replicas_on(EtcdCluster::start(dir, 3), prefix)
+    }
+
+    /// The same on `etcd`.
+    fn replicas_on(etcd: EtcdCluster, prefix: &str) -> (EtcdCluster, Server, Server) {
         let endpoints = etcd.endpoints();
         let args = [
             "--etcd-endpoints",
@@ -1563,6 +1567,134 @@ mod replicas {
         );
         assert!(running.iter().all(|r| accel_tests::alive(r.pid)));
         drop(agents);
+    }
+
+    /// etcd full (its space quota reached: the NOSPACE alarm, no writes
+    /// and no new leases) for five drop limits, then recovered as an
+    /// operator would (delete, compact, defragment, disarm): no worker
+    /// stops, and the job is running on a leader again.
+    #[test]
+    fn a_full_etcd_for_several_drop_limits_stops_no_worker() {
+        let dir = scratch("ha-etcd-full");
+        let etcd = EtcdCluster::start_with_quota(&dir, 3, 24 << 20);
+        let (etcd, first, second) = replicas_on(etcd, "/etcd-full");
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(2)
+            .max_restarts(1)
+            .conf("keep_alive_interval=1,keep_alive_max_attempt=4");
+        let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "90")];
+        let agents = two_nodes(&cmd, &dir, &env);
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || accel_tests::records(&dir).len()
+                == 4),
+            "the job runs"
+        );
+        let running = accel_tests::records(&dir);
+        let values = accel_tests::etcd::fill(&etcd.endpoints(), &dir).expect("fill etcd");
+        assert!(values > 0, "etcd took some values before its quota");
+        assert!(
+            etcd.try_ctl(&["put", "/etcd-full/probe", "x"])
+                .is_err_and(|e| e.contains("database space exceeded")),
+            "etcd is full"
+        );
+        accel_tests::all_alive_for(&running, Duration::from_secs(20));
+        accel_tests::etcd::make_room(&etcd.endpoints()).expect("recover etcd");
+        let back = Instant::now();
+        let serving = |addr: &str| accel_tests::job_running(addr, &[], "team/job", 0, 2);
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || serving(&first.addr)
+                || serving(&second.addr)),
+            "a leader has the job running"
+        );
+        eprintln!(
+            "etcd full 20 s: 0 workers stopped; job running {:?} after etcd had room",
+            back.elapsed()
+        );
+        accel_tests::all_alive_for(&running, Duration::from_secs(2));
+        assert_eq!(
+            accel_tests::records(&dir).len(),
+            4,
+            "no worker was started again"
+        );
+        drop(agents);
+    }
+
+    /// A worker fails while every etcd member is down (no leader can be
+    /// elected, so nobody can restart the job): the other node's workers
+    /// keep running, and once etcd is back the job restarts exactly once.
+    #[test]
+    fn a_worker_failure_while_etcd_is_down_restarts_the_job_once_when_it_is_back() {
+        let dir = scratch("ha-etcd-down-failure");
+        let (mut etcd, first, second) = replicas(&dir, "/etcd-down-failure");
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(2)
+            .max_restarts(3)
+            .conf("keep_alive_interval=1,keep_alive_max_attempt=4");
+        // Rank 3 fails 8 s into its first attempt (etcd is down by then);
+        // the second attempt runs to its end.
+        let env = [
+            ("RECORD_EACH_ROUND", "1"),
+            ("RUN_FOR", "30"),
+            ("FAIL_RANKS", "3"),
+            ("FAIL_UNTIL", "1"),
+            ("FAIL_AFTER", "8"),
+        ];
+        let agents = two_nodes(&cmd, &dir, &env);
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || accel_tests::records(&dir).len()
+                == 4),
+            "the job runs"
+        );
+        let running = accel_tests::records(&dir);
+        for i in 0..3 {
+            etcd.kill(i);
+        }
+        assert!(
+            accel_tests::eventually(Duration::from_secs(15), || running
+                .iter()
+                .any(|r| r.rank == 3 && !accel_tests::alive(r.pid))),
+            "rank 3 failed"
+        );
+        std::thread::sleep(Duration::from_secs(8));
+        assert!(
+            running
+                .iter()
+                .filter(|r| r.rank < 2)
+                .all(|r| accel_tests::alive(r.pid)),
+            "node 0's workers still run: nobody can restart the job without a leader"
+        );
+        assert_eq!(accel_tests::records(&dir).len(), 4, "not restarted yet");
+        for i in 0..3 {
+            etcd.restart(i);
+        }
+        etcd.wait_healthy(Duration::from_secs(30));
+        let back = Instant::now();
+        let serving = |addr: &str| accel_tests::job_running(addr, &[], "team/job", 1, 2);
+        assert!(
+            accel_tests::eventually(Duration::from_secs(30), || serving(&first.addr)
+                || serving(&second.addr)),
+            "a leader has the job running its next round"
+        );
+        eprintln!(
+            "a failure while etcd was down: restarted once, running again {:?} after etcd was healthy",
+            back.elapsed()
+        );
+        for a in agents {
+            let out = a.wait(Duration::from_secs(90));
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        let recs = accel_tests::records(&dir);
+        assert_eq!(recs.len(), 8, "one restart of the four workers: {recs:#?}");
+        assert!(
+            recs.iter()
+                .filter(|r| running.iter().all(|f| f.pid != r.pid))
+                .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "1"),
+            "the failure spent the budget once"
+        );
     }
 
     #[test]

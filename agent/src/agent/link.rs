@@ -157,6 +157,9 @@ pub(crate) struct Reach {
     tls: ClientTlsFiles,
     read_timeout: Duration,
     reconnect_grace: Duration,
+    /// How long a node with no workers running keeps rejoining
+    /// ([`idle_rejoin_grace`]).
+    idle_grace: Duration,
     keep_alive_interval: Duration,
     /// How long the server may leave a call or a PING unanswered.
     silence: Duration,
@@ -198,6 +201,17 @@ pub(crate) fn fence_margin(drop_limit: Duration) -> Duration {
     (drop_limit / 10).min(Duration::from_millis(200))
 }
 
+/// How long a node with no workers running (a spare, a node between
+/// rounds) keeps rejoining a rendezvous it cannot reach: `reconnect_grace`,
+/// but at least `outage_timeout`. It risks nothing by waiting (no rank of
+/// its runs), and giving up during a control-plane outage would end its
+/// agent (a failed pod, a lost spare) while the job's running nodes ride
+/// the outage out. A node with workers rejoins for `reconnect_grace`, and
+/// on for as long as its peers vouch for it (the machine's `Vouched`).
+pub(crate) fn idle_rejoin_grace(reconnect_grace: Duration, outage_timeout: Duration) -> Duration {
+    reconnect_grace.max(outage_timeout)
+}
+
 impl Reach {
     /// Reaching the rendezvous at `endpoints` as `cfg` says, joining with
     /// `join_req`.
@@ -215,6 +229,7 @@ impl Reach {
             tls: cfg.link_tls(),
             read_timeout: cfg.rdzv.read_timeout,
             reconnect_grace: cfg.reconnect_grace(),
+            idle_grace: idle_rejoin_grace(cfg.reconnect_grace(), cfg.rdzv.outage_timeout),
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
             silence: silence_bound(cfg.rdzv.dead_after()),
             drop_limit: cfg.rdzv.dead_after(),
@@ -597,7 +612,11 @@ impl Link for RdzvLink {
         // (and tried beside that); one that ended the session is tried first.
         let avoid = self.leaving.then(|| self.client.server().clone());
         async move {
-            let deadline = crate::deadline::after(reach.reconnect_grace);
+            let grace = match req.resume {
+                Some(_) => reach.reconnect_grace,
+                None => reach.idle_grace,
+            };
+            let deadline = crate::deadline::after(grace);
             reach.join(req, first, avoid, deadline).await
         }
     }

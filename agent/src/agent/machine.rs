@@ -805,7 +805,11 @@ impl NodeMachine {
 
     /// The rendezvous was lost with no workers running: rejoin.
     fn reconnect(&mut self, deadline: Instant, why: String, waiting: String) -> Vec<Action> {
-        warn!(reason = %why, grace_s = self.settings.reconnect_grace.as_secs_f64(), "lost the rendezvous; reconnecting");
+        let grace = super::link::idle_rejoin_grace(
+            self.settings.reconnect_grace,
+            self.settings.outage_timeout,
+        );
+        warn!(reason = %why, grace_s = grace.as_secs_f64(), "lost the rendezvous; reconnecting");
         self.phase = Phase::Reconnecting {
             deadline,
             why,
@@ -824,7 +828,11 @@ impl NodeMachine {
         match event {
             Event::Rejoined { round, .. } => self.form_again(deadline, round, waiting),
             Event::RejoinFailed(e) => {
-                let e = self.gave_up(why, e);
+                let grace = super::link::idle_rejoin_grace(
+                    self.settings.reconnect_grace,
+                    self.settings.outage_timeout,
+                );
+                let e = self.gave_up(why, e, grace);
                 self.exit(Err(e))
             }
             _ => {
@@ -1153,7 +1161,7 @@ impl NodeMachine {
                 self.go_on(now, round, actions)
             }
             Event::RejoinFailed(e) => {
-                let e = self.gave_up(why, e);
+                let e = self.gave_up(why, e, self.settings.reconnect_grace);
                 self.stop(Signal::SIGTERM, Then::Fail(e), false)
             }
             _ => {
@@ -1262,10 +1270,10 @@ impl NodeMachine {
         vec![Action::Exit(result)]
     }
 
-    fn gave_up(&self, why: String, e: AgentError) -> AgentError {
+    fn gave_up(&self, why: String, e: AgentError, grace: Duration) -> AgentError {
         AgentError::GaveUp {
             why,
-            grace: self.settings.reconnect_grace,
+            grace,
             source: Box::new(e),
         }
     }

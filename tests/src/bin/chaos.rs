@@ -3,13 +3,15 @@
 //! (`accel_tests::chaos`; the user guide's "Fault testing" page).
 //!
 //! ```text
-//! chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR]
-//!       [--scenario NAME] [--break-fence]
+//! chaos SECONDS [SEED] [--mode server|agents] [--faults all|control-plane]
+//!       [--no-ddp] [--net N] [--dir DIR] [--scenario NAME] [--break-fence]
 //! ```
 //!
-//! `--scenario NAME` runs a fixed schedule instead of the seed's
-//! (`schedule::scenario`: `fence`, `failure-while-cut-off`, `short-faults`), for SECONDS at
-//! least its own. `--break-fence` starts the agents with
+//! `--faults control-plane` draws control-plane outages only (replicas,
+//! etcd, their links; server mode), and checks that none stopped a worker
+//! (invariant (g)). `--scenario NAME` runs a fixed schedule instead of the seed's
+//! (`schedule::scenario`: `fence`, `failure-while-cut-off`, `short-faults`,
+//! `etcd-down`, `etcd-full`), for SECONDS at least its own. `--break-fence` starts the agents with
 //! `ACCEL_TEST_BREAK_FENCE=1`, the debug build's test-only switch that
 //! turns fencing off (`accel_agent::testing`): invariant (a) must catch it.
 //! The hosts' segment is a subnet leased machine-wide (`accel_tests::Subnet`),
@@ -27,9 +29,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use accel_tests::chaos::run::{self, Options};
-use accel_tests::chaos::schedule::{self, Mode};
+use accel_tests::chaos::schedule::{self, Class, Mode};
 
-const USAGE: &str = "usage: chaos SECONDS [SEED] [--mode server|agents] [--no-ddp] [--net N] [--dir DIR] [--scenario NAME] [--break-fence]";
+const USAGE: &str = "usage: chaos SECONDS [SEED] [--mode server|agents] [--faults all|control-plane] [--no-ddp] [--net N] [--dir DIR] [--scenario NAME] [--break-fence]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -46,9 +48,10 @@ fn main() -> ExitCode {
         None => format!("seed {}", opts.seed),
     };
     println!(
-        "chaos run: {} s, {what}, mode {}{}; scratch {}",
+        "chaos run: {} s, {what}, mode {}, faults {}{}; scratch {}",
         opts.seconds,
         opts.mode,
+        opts.faults,
         if opts.ddp { ", with the DDP job" } else { "" },
         opts.dir.display()
     );
@@ -80,6 +83,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut net = None;
     let mut dir = None;
     let mut scenario = None;
+    let mut faults = Class::All;
     let mut agent_env = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -88,6 +92,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--mode" => {
                 let v = value("--mode")?;
                 mode = Mode::parse(&v).ok_or(format!("unknown mode {v:?}"))?;
+            }
+            "--faults" => {
+                let v = value("--faults")?;
+                faults = Class::parse(&v).ok_or(format!(
+                    "unknown fault class {v:?} (known: all, control-plane)"
+                ))?;
             }
             "--no-ddp" => ddp = false,
             "--scenario" => {
@@ -125,6 +135,17 @@ fn parse(args: &[String]) -> Result<Options, String> {
             return Err(format!("this scenario needs SECONDS of at least {need}"));
         }
     }
+    let control_plane = faults == Class::ControlPlane
+        || scenario.as_ref().is_some_and(|(_, plan)| {
+            plan.iter().any(|p| p.fault == schedule::Fault::EtcdFull)
+                || plan.iter().all(|p| p.fault.control_plane())
+        });
+    if control_plane && mode == Mode::Agents {
+        return Err(
+            "control-plane faults need --mode server: an agent-only rendezvous (--rdzv-backend etcd) has no peer hub and fences at the drop limit when etcd is lost"
+                .into(),
+        );
+    }
     let seed: u64 = match pos.get(1) {
         Some(s) => s.parse().map_err(|e| format!("SEED: {e}"))?,
         None => 1,
@@ -144,6 +165,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         seed,
         mode,
         ddp,
+        faults,
         schedule: scenario.map(|(_, plan)| plan),
         dir,
         bins,

@@ -130,11 +130,21 @@ impl Cluster {
         self.ns(h).addr.clone()
     }
 
+    /// etcd's client URLs, comma-separated.
+    pub(crate) fn etcd_endpoints(&self) -> String {
+        (0..ETCD)
+            .map(|i| format!("http://{}:2379", self.addr(Host::Etcd(i))))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     pub(crate) fn proc(&mut self, d: Daemon) -> &mut Proc {
         self.procs.iter_mut().find(|p| p.who == d).expect("daemon")
     }
 
-    pub(crate) fn start(o: &Options) -> Cluster {
+    /// Builds the topology and starts every daemon; `etcd_quota`: etcd's
+    /// `--quota-backend-bytes` (a run that fills etcd gives a small one).
+    pub(crate) fn start(o: &Options, etcd_quota: Option<u64>) -> Cluster {
         let id = format!("chaos-{}-{}", std::process::id(), o.seed);
         let dir = o.dir.clone();
         fs::create_dir_all(&dir).expect("scratch dir");
@@ -185,7 +195,7 @@ impl Cluster {
         for i in 0..ETCD {
             let client = format!("http://{}:2379", c.addr(Host::Etcd(i)));
             let data = c.dir.join(format!("etcd{i}"));
-            let argv = vec![
+            let mut argv = vec![
                 "etcd".into(),
                 "--name".into(),
                 format!("e{i}"),
@@ -208,6 +218,9 @@ impl Cluster {
                 "--election-timeout".into(),
                 "500".into(),
             ];
+            if let Some(q) = etcd_quota {
+                argv.extend(["--quota-backend-bytes".into(), q.to_string()]);
+            }
             c.add(Daemon::Etcd(i), Host::Etcd(i), argv, Vec::new());
         }
         let etcd_eps: Vec<String> = (0..ETCD)

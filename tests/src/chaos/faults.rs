@@ -21,6 +21,7 @@ pub(crate) enum Undo {
     Tables(Vec<(Host, String)>),
     Unslow(Host),
     Unfill(PathBuf),
+    MakeRoom,
 }
 
 /// Live workers of `job`'s newest round now, by global rank.
@@ -252,6 +253,14 @@ pub(crate) fn inject(c: &mut Cluster, workers: &[Worker], p: &Planned) -> (Injec
             }
             Undo::Unfill(fill)
         }
+        Fault::EtcdFull => match crate::etcd::fill(&c.etcd_endpoints(), &c.dir) {
+            Ok(_) => Undo::MakeRoom,
+            Err(e) => {
+                inj.skipped = Some(e);
+                // What it wrote before the error goes at the heal all the same.
+                Undo::MakeRoom
+            }
+        },
     };
     (inj, undo)
 }
@@ -288,6 +297,18 @@ pub(crate) fn heal(c: &mut Cluster, undo: Undo) {
         }
         Undo::Unfill(f) => {
             let _ = fs::remove_file(f);
+        }
+        Undo::MakeRoom => {
+            // etcd may be busy electing or catching up: a few tries.
+            let mut last = String::new();
+            for _ in 0..10 {
+                match crate::etcd::make_room(&c.etcd_endpoints()) {
+                    Ok(()) => return,
+                    Err(e) => last = e,
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            eprintln!("chaos: cannot recover etcd from its full state: {last}");
         }
     }
 }

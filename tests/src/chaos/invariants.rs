@@ -25,6 +25,11 @@
 //! * (e) no process of the job is left once its agents are gone (the run
 //!   scans /proc for the job's mark in the environment).
 //! * (f) the DDP job's final parameters equal an uninterrupted run's.
+//! * (g) in a run whose faults are all of the control plane (replicas,
+//!   etcd, their links: `--faults control-plane` and the etcd scenarios),
+//!   no worker stopped or restarted: the recording job ran one round, every
+//!   worker of it until told to finish; each DDP rank's last process
+//!   trained from step 0 with restart count 0.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -405,6 +410,56 @@ pub fn same_parameters(through: &[Option<Value>], clean: &[Option<Value>]) -> Ve
     out
 }
 
+/// (g): no worker stopped or restarted. `workers`: the recording job's;
+/// `ddp`: each DDP rank's final record, where the DDP job ran.
+pub fn untouched(workers: &[Worker], ddp: &[Option<Value>]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let rounds = rounds(workers);
+    if rounds.len() > 1 {
+        out.push(Violation {
+            invariant: 'g',
+            what: format!(
+                "the recording job ran {} rounds under control-plane faults alone (one expected)",
+                rounds.len()
+            ),
+            slice: rounds
+                .values()
+                .filter_map(|ws| ws.first().map(|w| w.describe()))
+                .collect(),
+        });
+    }
+    let stopped: Vec<String> = workers
+        .iter()
+        .filter(|w| !w.ended)
+        .map(Worker::describe)
+        .collect();
+    if !stopped.is_empty() {
+        out.push(Violation {
+            invariant: 'g',
+            what: format!(
+                "{} worker(s) stopped before the job was told to finish, under control-plane faults alone",
+                stopped.len()
+            ),
+            slice: stopped,
+        });
+    }
+    for (rank, f) in ddp.iter().enumerate() {
+        if let Some(f) = f {
+            if f["restart"] != 0 || f["start"] != 0 {
+                out.push(Violation {
+                    invariant: 'g',
+                    what: format!(
+                        "DDP rank {rank} was restarted under control-plane faults alone (its last process: restart {}, resumed at step {})",
+                        f["restart"], f["start"]
+                    ),
+                    slice: Vec::new(),
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::history::Victim;
@@ -595,5 +650,22 @@ mod tests {
         assert_eq!(same_parameters(&[p("0x1p0")], &[p("0x1p0")]), []);
         assert_eq!(same_parameters(&[p("0x1p0")], &[p("0x1p1")]).len(), 1);
         assert_eq!(same_parameters(&[None], &[p("0x1p1")]).len(), 1);
+    }
+
+    #[test]
+    fn a_stopped_or_restarted_worker_breaks_g() {
+        let (ws, _) = clean();
+        // Two rounds, and the first round's workers never ended.
+        let found = untouched(&ws, &[]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|v| v.invariant == 'g'));
+        let one: Vec<Worker> = ws[4..].to_vec();
+        assert_eq!(untouched(&one, &[]), []);
+        let f = |restart: u32, start: u32| {
+            Some(serde_json::json!({"params": [], "restart": restart, "start": start}))
+        };
+        assert_eq!(untouched(&one, &[f(0, 0), f(0, 0), None]), []);
+        assert_eq!(untouched(&one, &[f(0, 0), f(1, 0)]).len(), 1);
+        assert_eq!(untouched(&one, &[f(0, 12)]).len(), 1);
     }
 }

@@ -19,7 +19,7 @@ use super::faults::{heal, inject, Undo};
 use super::history::{Exit, Injected, Parser, Worker};
 use super::invariants::{self, Ending, Violation};
 use super::report::{self, Effect};
-use super::schedule::{self, Daemon, Job, Mode, Planned};
+use super::schedule::{self, Class, Daemon, Fault, Job, Mode, Planned};
 
 /// Keep-alives: every second, three missed drop a node (the drop limit, 3 s).
 pub const KEEP_ALIVE: &str = "keep_alive_interval=1,keep_alive_max_attempt=3";
@@ -33,6 +33,9 @@ pub const FINISH_BOUND: f64 = 20.0;
 pub const DDP_BOUND: f64 = 150.0;
 /// Workers per node of the recording job.
 pub const NPROC: u32 = 2;
+/// etcd's space quota in a run that fills it (`Fault::EtcdFull`), bytes:
+/// room for the run's own records many times over, filled in seconds.
+pub const ETCD_QUOTA: u64 = 32 << 20;
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -45,6 +48,8 @@ pub struct Options {
     pub mode: Mode,
     /// Run the DDP job beside the recording job (and check (f)).
     pub ddp: bool,
+    /// Which faults the seed's schedule draws.
+    pub faults: Class,
     /// A schedule to use instead of the seed's (tests).
     pub schedule: Option<Vec<Planned>>,
     /// Scratch directory (histories, logs, etcd data).
@@ -111,8 +116,13 @@ pub fn run(o: &Options) -> Outcome {
     let plan = o
         .schedule
         .clone()
-        .unwrap_or_else(|| schedule::schedule(o.seed, o.seconds, o.mode, o.ddp));
-    let mut c = Cluster::start(o);
+        .unwrap_or_else(|| schedule::schedule_of(o.faults, o.seed, o.seconds, o.mode, o.ddp));
+    // etcd gets a small space quota where a fault fills it.
+    let quota = plan
+        .iter()
+        .any(|p| p.fault == Fault::EtcdFull)
+        .then_some(ETCD_QUOTA);
+    let mut c = Cluster::start(o, quota);
     let events = c.dir.join("events.log");
     let mut ev = fs::File::create(&events).expect("events log");
     let mut say = |line: String| {
@@ -391,6 +401,14 @@ fn finish(
     {
         violations.extend(ddp_parameters(o, &c.dir, say));
     }
+    if !plan.is_empty() && plan.iter().all(|p| p.fault.control_plane()) {
+        let finals = if o.ddp {
+            read_finals(&c.dir.join("ddp/out"))
+        } else {
+            Vec::new()
+        };
+        violations.extend(invariants::untouched(&workers, &finals));
+    }
     let effects = report::effects(&workers, &injected, told);
     let table = report::table(&injected, &effects, &violations);
     Outcome {
@@ -439,14 +457,16 @@ fn ddp_parameters(o: &Options, dir: &Path, say: &mut dyn FnMut(String)) -> Vec<V
             slice: Vec::new(),
         }];
     }
-    let read = |d: &Path| -> Vec<Option<Value>> {
-        (0..2)
-            .map(|r| {
-                fs::read_to_string(d.join(format!("final_{r}.json")))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok())
-            })
-            .collect()
-    };
-    invariants::same_parameters(&read(&dir.join("ddp/out")), &read(&out))
+    invariants::same_parameters(&read_finals(&dir.join("ddp/out")), &read_finals(&out))
+}
+
+/// The DDP job's final records (`final_<rank>.json`) in `out`, by rank.
+fn read_finals(out: &Path) -> Vec<Option<Value>> {
+    (0..2)
+        .map(|r| {
+            fs::read_to_string(out.join(format!("final_{r}.json")))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+        })
+        .collect()
 }

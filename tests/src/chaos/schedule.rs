@@ -45,6 +45,38 @@ impl fmt::Display for Mode {
     }
 }
 
+/// Which faults a seeded schedule draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Every kind: workers, agents, the control plane, the network, disks.
+    All,
+    /// The control plane only (server mode): every replica paused, killed
+    /// or cut off from every node, one replica paused, killed or cut off,
+    /// etcd without quorum or full, for 5 s to 5 min, one outage at a time.
+    /// No such fault alone may stop or restart a worker (invariant (g)).
+    ControlPlane,
+}
+
+impl Class {
+    /// `all` or `control-plane`.
+    pub fn parse(s: &str) -> Option<Class> {
+        match s {
+            "all" => Some(Class::All),
+            "control-plane" => Some(Class::ControlPlane),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Class::All => "all",
+            Class::ControlPlane => "control-plane",
+        })
+    }
+}
+
 /// Nodes (agent hosts) of the topology.
 pub const NODES: usize = 3;
 /// `rdzv-server` replicas in server mode.
@@ -150,6 +182,10 @@ pub enum Fault {
     Slow(Host),
     /// Node `i`'s agents' log directory (a small tmpfs) filled up until the heal.
     DiskFull(usize),
+    /// etcd filled to its space quota (the NOSPACE alarm: no writes, no
+    /// new leases) until the heal, which recovers it as an operator would
+    /// (delete, compact, defragment, disarm).
+    EtcdFull,
 }
 
 impl Fault {
@@ -173,6 +209,21 @@ impl Fault {
             Fault::Isolate(_) => "isolate host",
             Fault::Slow(_) => "slow link",
             Fault::DiskFull(_) => "log disk full",
+            Fault::EtcdFull => "etcd full",
+        }
+    }
+
+    /// A fault of the control plane alone: its processes (replicas, etcd
+    /// members) or its links (among them, or between them and the nodes).
+    /// Nothing of a node, its agents or workers is touched.
+    pub fn control_plane(&self) -> bool {
+        let cp = |h: &Host| !matches!(h, Host::Node(_));
+        match self {
+            Fault::Kill(d) | Fault::Stop(d) => !matches!(d, Daemon::Agent(..)),
+            Fault::Partition { from, to, .. } => cp(from) || cp(to),
+            Fault::Isolate(h) | Fault::Slow(h) => cp(h),
+            Fault::EtcdFull => true,
+            Fault::KillWorker { .. } | Fault::StopWorker { .. } | Fault::DiskFull(_) => false,
         }
     }
 }
@@ -194,6 +245,7 @@ impl fmt::Display for Fault {
             Fault::Isolate(h) => write!(f, "isolate {h}"),
             Fault::Slow(h) => write!(f, "slow link {h}"),
             Fault::DiskFull(i) => write!(f, "log disk full node{i}"),
+            Fault::EtcdFull => f.write_str("etcd full (space quota)"),
         }
     }
 }
@@ -261,6 +313,15 @@ impl Rng {
 /// links and full log disks the rest. `ddp`: the DDP job runs (its
 /// workers and agents are targets too).
 pub fn schedule(seed: u64, duration: f64, mode: Mode, ddp: bool) -> Vec<Planned> {
+    schedule_of(Class::All, seed, duration, mode, ddp)
+}
+
+/// The faults of a run of `class`: [`schedule`] for [`Class::All`];
+/// [`control_plane`] for [`Class::ControlPlane`].
+pub fn schedule_of(class: Class, seed: u64, duration: f64, mode: Mode, ddp: bool) -> Vec<Planned> {
+    if class == Class::ControlPlane {
+        return control_plane(seed, duration);
+    }
     let mut rng = Rng::new(
         seed ^ match mode {
             Mode::Server => 0,
@@ -345,6 +406,68 @@ fn pick(rng: &mut Rng, mode: Mode, ddp: bool) -> Fault {
     }
 }
 
+/// The control-plane outages of a server-mode run: starting 2 s in, one
+/// at a time with 3–15 s between them, each lasting 5 s to 5 min (log-uniform,
+/// so short and long ones both come up), all healed by `duration`. An
+/// outage is one or more faults with the same start and heal (every replica
+/// paused, every replica cut off from every node...).
+pub fn control_plane(seed: u64, duration: f64) -> Vec<Planned> {
+    let mut rng = Rng::new(seed ^ 0xc0_17a1);
+    let mut out = Vec::new();
+    let mut at = 2.0;
+    while at + 5.0 < duration - 1.0 {
+        let longest = (duration - 1.0 - at).min(300.0);
+        let span = (5.0 * (longest / 5.0).powf(rng.between(0.0, 1.0))).clamp(5.0, longest);
+        let heal = ((at + span) * 100.0).round() / 100.0;
+        for fault in outage(&mut rng) {
+            out.push(Planned { at, fault, heal });
+        }
+        at = heal + rng.between(3.0, 15.0);
+    }
+    out
+}
+
+/// One control-plane outage.
+fn outage(rng: &mut Rng) -> Vec<Fault> {
+    let replicas = || (0..REPLICAS).map(Daemon::Replica);
+    let members = |n: usize, rng: &mut Rng| {
+        let skip = rng.below(ETCD);
+        (0..ETCD)
+            .filter(move |&i| n == ETCD || i != skip)
+            .map(Daemon::Etcd)
+            .collect::<Vec<_>>()
+    };
+    let cut = |rs: Vec<usize>| {
+        rs.into_iter()
+            .flat_map(|r| {
+                (0..NODES).map(move |n| Fault::Partition {
+                    from: Host::Replica(r),
+                    to: Host::Node(n),
+                    both: true,
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    match rng.below(9) {
+        0 => replicas().map(Fault::Stop).collect(),
+        1 => replicas().map(Fault::Kill).collect(),
+        2 => vec![Fault::Stop(Daemon::Replica(rng.below(REPLICAS)))],
+        3 => vec![Fault::Kill(Daemon::Replica(rng.below(REPLICAS)))],
+        // Every member, or two of three (quorum lost).
+        4 => {
+            let n = if rng.below(2) == 0 { ETCD } else { ETCD - 1 };
+            members(n, rng).into_iter().map(Fault::Kill).collect()
+        }
+        5 => {
+            let n = if rng.below(2) == 0 { ETCD } else { ETCD - 1 };
+            members(n, rng).into_iter().map(Fault::Stop).collect()
+        }
+        6 => cut((0..REPLICAS).collect()),
+        7 => cut(vec![rng.below(REPLICAS)]),
+        _ => vec![Fault::EtcdFull],
+    }
+}
+
 fn daemon(rng: &mut Rng, mode: Mode, ddp: bool) -> Daemon {
     let job = if ddp && rng.below(4) == 0 {
         Job::Ddp
@@ -372,7 +495,9 @@ fn daemon(rng: &mut Rng, mode: Mode, ddp: bool) -> Daemon {
 /// its connection (the server would drop it on reading the close while
 /// its workers run), and a paused agent's guard must kill its workers
 /// before the server can drop the node, which counts from the node's last
-/// keep-alive, not its agent's last beat.
+/// keep-alive, not its agent's last beat; `etcd-down` kills every etcd
+/// member at 5 s for 120 s and `etcd-full` fills etcd to its quota at 5 s
+/// for 60 s: control-plane faults alone, so no worker may stop (g).
 pub fn scenario(name: &str) -> Option<(f64, Vec<Planned>)> {
     let p = |at, fault, heal| Planned { at, fault, heal };
     match name {
@@ -425,12 +550,25 @@ pub fn scenario(name: &str) -> Option<(f64, Vec<Planned>)> {
                 p(34.0, Fault::Stop(Daemon::Agent(0, Job::Rec)), 36.9),
             ],
         )),
+        "etcd-down" => Some((
+            135.0,
+            (0..ETCD)
+                .map(|i| p(5.0, Fault::Kill(Daemon::Etcd(i)), 125.0))
+                .collect(),
+        )),
+        "etcd-full" => Some((75.0, vec![p(5.0, Fault::EtcdFull, 65.0)])),
         _ => None,
     }
 }
 
 /// The names [`scenario`] knows.
-pub const SCENARIOS: [&str; 3] = ["fence", "failure-while-cut-off", "short-faults"];
+pub const SCENARIOS: [&str; 5] = [
+    "fence",
+    "failure-while-cut-off",
+    "short-faults",
+    "etcd-down",
+    "etcd-full",
+];
 
 #[cfg(test)]
 mod tests {
@@ -458,6 +596,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_control_plane_schedule_has_only_control_plane_outages_one_at_a_time() {
+        let mut kinds = std::collections::BTreeSet::new();
+        let (mut short, mut long) = (0, 0);
+        for seed in 0..60 {
+            let s = schedule_of(Class::ControlPlane, seed, 600.0, Mode::Server, true);
+            assert!(!s.is_empty());
+            let mut last_heal = -10.0;
+            let mut start = -1.0;
+            for p in &s {
+                assert!(p.fault.control_plane(), "{p}");
+                kinds.insert(p.fault.kind());
+                assert!(p.heal <= 599.0 && p.heal - p.at >= 4.99, "{p}");
+                assert!(p.heal - p.at <= 300.0, "{p}");
+                if p.at != start {
+                    assert!(p.at >= last_heal + 3.0, "one outage at a time: {p}");
+                    start = p.at;
+                    if p.heal - p.at < 30.0 {
+                        short += 1;
+                    } else if p.heal - p.at > 120.0 {
+                        long += 1;
+                    }
+                }
+                last_heal = p.heal;
+            }
+        }
+        assert!(short > 20 && long > 10, "short {short}, long {long}");
+        assert_eq!(kinds.len(), 6, "{kinds:?}");
+        for (_, plan) in ["etcd-down", "etcd-full"].map(|n| scenario(n).expect("known")) {
+            assert!(plan.iter().all(|p| p.fault.control_plane()));
+        }
+        assert!(!Fault::Isolate(Host::Node(0)).control_plane());
+        assert!(!Fault::Kill(Daemon::Agent(0, Job::Rec)).control_plane());
     }
 
     #[test]
