@@ -325,8 +325,19 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     pub preload: Vec<String>,
+    /// Print a completion script for SHELL (bash, zsh or tcsh: torchrun's
+    /// flag) and exit. `accel-agent completions SHELL` also has fish,
+    /// elvish and powershell.
+    #[arg(
+        long = "print-completion",
+        alias = "print_completion",
+        value_name = "SHELL",
+        value_parser = ["bash", "zsh", "tcsh"]
+    )]
+    pub print_completion: Option<String>,
     /// The training script (or program, with --no-python; or module, with -m).
-    pub training_script: String,
+    #[arg(required_unless_present = "print_completion")]
+    pub training_script: Option<String>,
     /// Arguments for the script; `${local_rank}` is replaced by each worker's local rank.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub training_script_args: Vec<String>,
@@ -390,7 +401,7 @@ impl From<AgentArgs> for LaunchOptions {
             exit_barrier_timeout: a.exit_barrier_timeout,
             virtual_local_rank: a.virtual_local_rank,
             numa_binding: a.numa_binding,
-            training_script: a.training_script,
+            training_script: a.training_script.unwrap_or_default(),
             training_script_args: a.training_script_args,
             metrics_bind: a.metrics_bind,
             fork_server_fd: a.fork_server_fd,

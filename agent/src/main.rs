@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     }
     // Usage errors exit 2 and quote only excerpts of the values.
     let (args, matches): (AgentArgs, _) = accel_input::parse_with_matches_or_exit();
+    if let Some(shell) = &args.print_completion {
+        return accel_input::print_completion::<AgentArgs>(shell);
+    }
     node::init_logs(args.log_format, node::DEFAULT_LOG_FILTER);
     let env = |k: &str| std::env::var(k).ok();
     let given = |id: &str| {

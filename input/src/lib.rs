@@ -245,6 +245,77 @@ pub fn generated<P: clap::CommandFactory>() -> Option<std::process::ExitCode> {
     Some(std::process::ExitCode::SUCCESS)
 }
 
+/// torchrun's `--print-completion SHELL`: prints `P`'s completion script
+/// for bash, zsh (clap's generators) or tcsh ([`tcsh_completion`]).
+pub fn print_completion<P: clap::CommandFactory>(shell: &str) -> std::process::ExitCode {
+    use std::io::Write as _;
+    let mut cmd = P::command();
+    let name = cmd.get_name().to_owned();
+    let script = match shell {
+        "tcsh" => tcsh_completion(&cmd).into_bytes(),
+        other => {
+            let Ok(shell) = other.parse::<clap_complete::Shell>() else {
+                eprintln!(
+                    "{name}: --print-completion: unknown shell '{}'; use bash, zsh or tcsh",
+                    excerpt(other)
+                );
+                return std::process::ExitCode::from(2);
+            };
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, name, &mut script);
+            script
+        }
+    };
+    // Written to a closed pipe (`| head`), it is not an error.
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&script);
+    let _ = out.flush();
+    std::process::ExitCode::SUCCESS
+}
+
+/// A tcsh `complete` command for `cmd`'s flags (clap has no tcsh
+/// generator): `--` completes to every long flag (both spellings), a flag
+/// with fixed values completes its value to them, anything else to files.
+pub fn tcsh_completion(cmd: &clap::Command) -> String {
+    let name = cmd.get_name();
+    let mut longs: Vec<String> = Vec::new();
+    let mut values: Vec<String> = Vec::new();
+    for arg in cmd.get_arguments() {
+        let mut spellings: Vec<&str> = arg.get_long().into_iter().collect();
+        spellings.extend(arg.get_all_aliases().unwrap_or_default());
+        // tcsh word lists are split on spaces; every flag is one word.
+        spellings.retain(|s| {
+            s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+        let choices: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .filter(|v| !v.is_hide_set())
+            .map(|v| v.get_name().to_owned())
+            .filter(|v| {
+                v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+            })
+            .collect();
+        for s in &spellings {
+            longs.push((*s).to_owned());
+            if arg.get_action().takes_values() && !choices.is_empty() {
+                values.push(format!("'n/--{s}/({})/'", choices.join(" ")));
+            }
+        }
+    }
+    longs.sort();
+    longs.dedup();
+    let mut line = format!("complete {name} 'c/--/({})/'", longs.join(" "));
+    for v in values {
+        line.push(' ');
+        line.push_str(&v);
+    }
+    line.push_str(" 'p/*/f/'\n");
+    line
+}
+
 /// Parses the process's arguments as `P`; on a usage error, prints clap's
 /// message with every long word (a quoted value) excerpted and exits with
 /// clap's code (2). `--help` and `--version` behave as usual.

@@ -102,6 +102,44 @@ fn retry_delays(max: Duration) -> impl Iterator<Item = Duration> {
         .build()
 }
 
+/// The timings of a join.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Deadline of each call.
+    pub read_timeout: Duration,
+    /// How long a connection may go without an answer (HTTP/2 PINGs)
+    /// before the server is taken for silent.
+    pub silence: Duration,
+    /// The longest wait (before jitter) between attempts at endpoints that
+    /// do not answer: [`Pace::RETRY_MAX`] unless set (the agent's
+    /// `cas_backoff_max_seconds`).
+    pub retry_max: Duration,
+}
+
+impl Pace {
+    /// The default longest wait between attempts.
+    pub const RETRY_MAX: Duration = Duration::from_secs(1);
+    /// The shortest it may be set to (attempts start 25 ms apart).
+    pub const RETRY_MIN: Duration = Duration::from_millis(25);
+
+    /// `read_timeout` and `silence`, with the default retry pace.
+    pub fn new(read_timeout: Duration, silence: Duration) -> Self {
+        Self {
+            read_timeout,
+            silence,
+            retry_max: Self::RETRY_MAX,
+        }
+    }
+
+    /// With `max` (at least [`Pace::RETRY_MIN`]) as the longest wait between attempts.
+    pub fn retrying_at_most(self, max: Duration) -> Self {
+        Self {
+            retry_max: max.max(Self::RETRY_MIN),
+            ..self
+        }
+    }
+}
+
 /// How long a connection to a leader named by this agent's replica may take
 /// (a loopback or LAN connect takes milliseconds).
 const PUBLISHED_CONNECT: Duration = Duration::from_secs(2);
@@ -167,8 +205,7 @@ impl RdzvClient {
         req: pb::JoinRequest,
         token: Option<&Token>,
         tls: &ClientTlsFiles,
-        read_timeout: Duration,
-        silence: Duration,
+        pace: Pace,
         avoid: Option<&(String, u16)>,
         deadline: Instant,
     ) -> Result<Taken, JoinError> {
@@ -188,8 +225,9 @@ impl RdzvClient {
             req: &req,
             token,
             tls,
-            read_timeout,
-            silence,
+            read_timeout: pace.read_timeout,
+            silence: pace.silence,
+            retry_max: pace.retry_max,
         };
         let walk = Self::walk(endpoints, leaders, how, avoid, deadline);
         let Some(silent) = avoid else {
@@ -276,7 +314,7 @@ impl RdzvClient {
         // Leaving a silent leader, a new one is found as soon as the
         // others name it.
         let mut delays = retry_delays(match (leaders, avoid) {
-            (Leaders::Listed, None) => Duration::from_secs(1),
+            (Leaders::Listed, None) => how.retry_max,
             (Leaders::Listed, Some(_)) => LEADER_RETRY,
             (Leaders::Published, _) => Duration::from_millis(100),
         });
@@ -591,6 +629,9 @@ struct How<'a> {
     read_timeout: Duration,
     /// How long a connection may go without an answer (HTTP/2 PINGs).
     silence: Duration,
+    /// The longest wait (before jitter) between attempts at endpoints that
+    /// do not answer.
+    retry_max: Duration,
 }
 
 impl How<'_> {

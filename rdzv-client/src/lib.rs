@@ -29,7 +29,7 @@ pub mod topology;
 use tonic::transport::Endpoint;
 
 pub use auth::{AttachToken, Token, TokenError};
-pub use client::{JoinError, Leaders, RdzvClient, Taken};
+pub use client::{JoinError, Leaders, Pace, RdzvClient, Taken};
 pub use tls::{ClientTlsFiles, TlsError};
 
 /// The response metadata in which a follower names the leader's address.

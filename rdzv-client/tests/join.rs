@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use accel_rdzv_client::{ClientTlsFiles, JoinError, Leaders, RdzvClient, Token};
+use accel_rdzv_client::{ClientTlsFiles, JoinError, Leaders, Pace, RdzvClient, Token};
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -79,8 +79,7 @@ async fn a_join_gives_a_paused_replica_up_after_the_silence_bound_or_at_once_whe
                 req,
                 Some(&token),
                 &ClientTlsFiles::default(),
-                Duration::from_secs(60),
-                silence,
+                Pace::new(Duration::from_secs(60), silence),
                 avoid.as_ref(),
                 Instant::now() + Duration::from_secs(30),
             )
@@ -113,8 +112,7 @@ async fn a_refusal_keeps_the_servers_status_code() {
             req,
             token.as_ref(),
             &ClientTlsFiles::default(),
-            Duration::from_secs(5),
-            Duration::from_secs(1),
+            Pace::new(Duration::from_secs(5), Duration::from_secs(1)),
             None,
             Instant::now() + Duration::from_secs(5),
         )

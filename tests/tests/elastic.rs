@@ -31,6 +31,31 @@ fn with_world(recs: &[Record], world: u32) -> Vec<&Record> {
         .collect()
 }
 
+/// torch 2.15's rdzv_conf key `cas_backoff_max_seconds` is taken (here:
+/// the longest wait between attempts to reach the rendezvous) and a job
+/// runs with it.
+#[test]
+fn a_job_runs_with_torch_2_15s_cas_backoff_max_seconds() {
+    let server = Server::start();
+    let dir = scratch("cas-backoff");
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            AgentCmd::c10d(&server.addr, "cas")
+                .nnodes("2")
+                .nproc(1)
+                .conf("cas_backoff_max_seconds=0.5")
+                .recording(&dir, n)
+                .start(&dir, n)
+        })
+        .collect();
+    for a in agents {
+        let out = a.wait(Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    assert_eq!(records(&dir).len(), 2);
+}
+
 #[test]
 fn a_late_joiner_scales_the_job_up_without_spending_restarts() {
     let server = Server::start();

@@ -156,6 +156,9 @@ pub(crate) struct Reach {
     token: Option<Token>,
     tls: ClientTlsFiles,
     read_timeout: Duration,
+    /// The longest wait between attempts at a rendezvous that does not
+    /// answer (`cas_backoff_max_seconds`; `None`: the client's default).
+    retry_max: Option<Duration>,
     reconnect_grace: Duration,
     /// How long a node with no workers running keeps rejoining
     /// ([`idle_rejoin_grace`]).
@@ -228,6 +231,7 @@ impl Reach {
             token: cfg.token.clone(),
             tls: cfg.link_tls(),
             read_timeout: cfg.rdzv.read_timeout,
+            retry_max: cfg.rdzv.cas_backoff_max,
             reconnect_grace: cfg.reconnect_grace(),
             idle_grace: idle_rejoin_grace(cfg.reconnect_grace(), cfg.rdzv.outage_timeout),
             keep_alive_interval: cfg.rdzv.keep_alive_interval,
@@ -304,8 +308,13 @@ impl Reach {
             req,
             self.token.as_ref(),
             &self.tls,
-            self.read_timeout,
-            self.silence,
+            {
+                let pace = accel_rdzv_client::Pace::new(self.read_timeout, self.silence);
+                match self.retry_max {
+                    Some(max) => pace.retrying_at_most(max),
+                    None => pace,
+                }
+            },
             avoid.as_ref(),
             deadline,
         )

@@ -37,6 +37,11 @@ pub struct RdzvConf {
     /// out (accel's own key; the rendezvous holds the round's places as
     /// long).
     pub outage_timeout: Duration,
+    /// torchrun 2.15's `cas_backoff_max_seconds` (its random wait after a
+    /// lost write to the shared rendezvous state): here, the longest wait
+    /// (before jitter) between attempts to reach a rendezvous that does
+    /// not answer. `None` (or torchrun's default, 0): accel's 1 s.
+    pub cas_backoff_max: Option<Duration>,
     /// How long a finished job's outcome is kept for nodes that come back
     /// late (accel's own key; 0: not kept). Served by the agent that hosts
     /// the rendezvous, and by agent-only leaders on etcd.
@@ -185,6 +190,7 @@ impl Default for RdzvConf {
             timeout: Duration::from_secs(900),
             reconnect_grace: Duration::from_secs(60),
             outage_timeout: DEFAULT_OUTAGE_TIMEOUT,
+            cas_backoff_max: None,
             tombstone_ttl: rendezvous_server::Limits::default().tombstone_ttl,
             token_file: None,
             tls: Default::default(),
@@ -197,7 +203,7 @@ impl Default for RdzvConf {
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         outage_timeout, tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
+                         outage_timeout, cas_backoff_max_seconds, tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
                          for --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, etcd_lease";
 
 impl RdzvConf {
@@ -223,6 +229,10 @@ impl RdzvConf {
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
                 "outage_timeout" => c.outage_timeout = dur(value)?,
+                "cas_backoff_max_seconds" => {
+                    let d = dur(value)?;
+                    c.cas_backoff_max = (!d.is_zero()).then_some(d);
+                }
                 "tombstone_ttl" => c.tombstone_ttl = dur(value)?,
                 "store_ports" => {
                     c.store_ports = Some(

@@ -149,6 +149,32 @@ fn rdzv_conf_values() {
 }
 
 #[test]
+fn torch_2_15s_cas_backoff_max_seconds_paces_the_attempts_to_reach_the_rendezvous() {
+    let c = RdzvConf::parse("cas_backoff_max_seconds=0.5").expect("valid");
+    assert_eq!(c.cas_backoff_max, Some(Duration::from_millis(500)));
+    // torchrun's default, 0, is "no extra wait": accel's own pace.
+    let c = RdzvConf::parse("cas_backoff_max_seconds=0").expect("valid");
+    assert_eq!(c.cas_backoff_max, None);
+    for bad in ["-1", "inf", "nan", "x"] {
+        let e = RdzvConf::parse(&format!("cas_backoff_max_seconds={bad}"))
+            .expect_err("must be finite and not negative");
+        assert!(e.to_string().contains("cas_backoff_max_seconds"), "{e}");
+    }
+}
+
+#[test]
+fn print_completion_needs_no_script_and_takes_torchruns_shells() {
+    let a = AgentArgs::try_parse_from(["accel-agent", "--print-completion", "tcsh"])
+        .expect("no script needed");
+    assert_eq!(a.print_completion.as_deref(), Some("tcsh"));
+    assert!(AgentArgs::try_parse_from(["accel-agent", "--print-completion", "fish"]).is_err());
+    assert!(
+        AgentArgs::try_parse_from(["accel-agent"]).is_err(),
+        "a script is needed otherwise"
+    );
+}
+
+#[test]
 fn endpoints() {
     assert_eq!(parse_endpoint("h:1", None), Ok(("h".into(), Some(1))));
     assert_eq!(parse_endpoint("h", Some(9)), Ok(("h".into(), Some(9))));
