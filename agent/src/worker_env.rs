@@ -70,16 +70,34 @@ pub(crate) fn worker_env(
         env.push(("OMP_NUM_THREADS", omp));
     }
     if cfg.virtual_local_rank {
-        let device = agent_env("CUDA_VISIBLE_DEVICES")
-            .and_then(|v| {
-                v.split(',')
-                    .nth(local_rank as usize)
-                    .map(|d| d.trim().to_owned())
-            })
+        let parent = parent_devices(agent_env);
+        let device = parent
+            .as_ref()
+            .and_then(|(_, list)| list.get(local_rank as usize).cloned())
             .unwrap_or_else(|| local_rank.to_string());
-        env.push(("CUDA_VISIBLE_DEVICES", device));
+        env.push(("CUDA_VISIBLE_DEVICES", device.clone()));
+        if matches!(parent, Some(("HIP_VISIBLE_DEVICES", _))) {
+            env.push(("HIP_VISIBLE_DEVICES", device));
+        }
     }
     env
+}
+
+/// `--virtual-local-rank`'s parent mapping, as torch 2.15 reads it: the
+/// agent's `HIP_VISIBLE_DEVICES` when set and not empty (on ROCm it takes
+/// precedence over `CUDA_VISIBLE_DEVICES`), else its `CUDA_VISIBLE_DEVICES`;
+/// the variable's name and its devices. `None`: no mapping (local rank `i`
+/// gets device `i`). Worker `i` gets the `i`-th device in
+/// `CUDA_VISIBLE_DEVICES`, and in `HIP_VISIBLE_DEVICES` too when that was
+/// the mapping.
+pub(crate) fn parent_devices(
+    agent_env: &dyn Fn(&str) -> Option<String>,
+) -> Option<(&'static str, Vec<String>)> {
+    let list = |v: String| v.split(',').map(|d| d.trim().to_owned()).collect();
+    match agent_env("HIP_VISIBLE_DEVICES") {
+        Some(v) if !v.is_empty() => Some(("HIP_VISIBLE_DEVICES", list(v))),
+        _ => agent_env("CUDA_VISIBLE_DEVICES").map(|v| ("CUDA_VISIBLE_DEVICES", list(v))),
+    }
 }
 
 /// Everything set for local rank `local_rank`: the configuration's base
@@ -352,6 +370,51 @@ mod tests {
         let w = worker_env(&c, &round(), 2, "", &env);
         assert_eq!(get(&w, "LOCAL_RANK"), Some("0"));
         assert_eq!(get(&w, "CUDA_VISIBLE_DEVICES"), Some("6"));
+    }
+
+    #[test]
+    fn virtual_local_rank_maps_through_hip_visible_devices_first_as_torch_2_15() {
+        let both = |k: &str| match k {
+            "HIP_VISIBLE_DEVICES" => Some("2, 3".to_owned()),
+            "CUDA_VISIBLE_DEVICES" => Some("0,1".to_owned()),
+            _ => None,
+        };
+        let args = [
+            "accel-agent",
+            "--nproc-per-node",
+            "2",
+            "--virtual-local-rank",
+            "t.py",
+        ];
+        let c = cfg(&args, &both);
+        let w = worker_env(&c, &round(), 1, "", &both);
+        assert_eq!(get(&w, "CUDA_VISIBLE_DEVICES"), Some("3"));
+        assert_eq!(get(&w, "HIP_VISIBLE_DEVICES"), Some("3"));
+        // An empty HIP_VISIBLE_DEVICES is no mapping: CUDA's is used, and
+        // HIP's is left as it was.
+        let empty_hip = |k: &str| match k {
+            "HIP_VISIBLE_DEVICES" => Some(String::new()),
+            "CUDA_VISIBLE_DEVICES" => Some("0,1".to_owned()),
+            _ => None,
+        };
+        let w = worker_env(&c, &round(), 1, "", &empty_hip);
+        assert_eq!(get(&w, "CUDA_VISIBLE_DEVICES"), Some("1"));
+        assert_eq!(get(&w, "HIP_VISIBLE_DEVICES"), None);
+        // No mapping at all: device i.
+        let none = |_: &str| None;
+        let w = worker_env(&c, &round(), 1, "", &none);
+        assert_eq!(get(&w, "CUDA_VISIBLE_DEVICES"), Some("1"));
+        assert_eq!(get(&w, "HIP_VISIBLE_DEVICES"), None);
+        // Fewer devices than workers: refused before anything runs.
+        let one = |k: &str| (k == "HIP_VISIBLE_DEVICES").then(|| "5".to_owned());
+        let args = AgentArgs::try_parse_from(args).expect("args parse");
+        let e = crate::config::LaunchOptions::from(args)
+            .build(&one)
+            .expect_err("two workers, one device");
+        assert!(
+            e.to_string().contains("HIP_VISIBLE_DEVICES='5' lists 1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -422,6 +422,19 @@ impl LaunchOptions {
             ),
             None => None,
         };
+        // torchrun fails each worker past the mapping at its start; the
+        // agent says so before anything runs.
+        if self.virtual_local_rank {
+            if let Some((var, devices)) = crate::worker_env::parent_devices(env) {
+                if (devices.len() as u64) < u64::from(nproc_per_node) {
+                    return Err(bad(format!(
+                        "--virtual-local-rank: --nproc-per-node {nproc_per_node} needs a device per worker, but {var}='{}' lists {}; list more devices or start fewer workers",
+                        excerpt(&devices.join(",")),
+                        devices.len()
+                    )));
+                }
+            }
+        }
         let preload = self.preload()?;
         // A one-node job has no ranks to order: nvidia-smi is not asked.
         let nvidia_smi = || match max_nodes {
