@@ -14,6 +14,9 @@
 #     cover ($VENV/accelerate-versions/X.Y.Z): its own accelerate, and the
 #     pinned venv's packages (torch, ...) through a .pth file, so torch is
 #     installed once. The tests find them there by version;
+#   - one venv per other torch release the conformance tests cover
+#     ($CACHE/venv-pyX.Y-torchX.Y.Z: torch and numpy alone, keyed by version,
+#     so a new pin does not download them again);
 #   - mdBook, pinned, under ~/.cache/accel/tools/ (the user guide's check).
 # Prints nothing else but what it installs. Safe to run again.
 set -euo pipefail
@@ -23,6 +26,10 @@ ACCELERATE_VERSION="1.15.0"
 # The other accelerate releases the parity tests run against: the oldest
 # supported (latest 1.10 patch) and the newest (tests/src/lib.rs names them too).
 EXTRA_ACCELERATE_VERSIONS="1.10.1 1.16.0"
+# The other torch releases the conformance tests run against: the oldest
+# supported and the newest, each with a numpy it was built for (tests/src/lib.rs
+# names them too).
+EXTRA_TORCH_VERSIONS="2.4.1:numpy==1.26.4 2.15.0:numpy==2.4.6"
 DEEPSPEED_VERSION="0.19.8"
 PY="$(command -v python3 || true)"
 CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
@@ -131,6 +138,18 @@ for v in $EXTRA_ACCELERATE_VERSIONS; do
   [ "$got" = "$v" ] || { echo "setup: $extra imports accelerate $got, not $v" >&2; exit 1; }
   head -1 "$extra/bin/accelerate" | grep -qF "$extra/bin/python" || { echo "setup: $extra/bin/accelerate is not its own" >&2; exit 1; }
   touch "$extra/.complete"
+done
+for pair in $EXTRA_TORCH_VERSIONS; do
+  v="${pair%%:*}" numpy="${pair#*:}"
+  tv="$CACHE/venv-py${pyver}-torch${v}"
+  [ -f "$tv/.complete" ] && continue
+  echo "setup: creating $tv (torch==$v, $numpy) for the conformance tests" >&2
+  rm -rf "$tv"
+  "$PY" -m venv "$tv"
+  "$tv/bin/pip" install -q --disable-pip-version-check "torch==$v" "$numpy"
+  got="$("$tv/bin/python" -c 'import torch, numpy; print(torch.__version__.split("+")[0])')"
+  [ "$got" = "$v" ] || { echo "setup: $tv imports torch $got, not $v" >&2; exit 1; }
+  touch "$tv/.complete"
 done
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

@@ -133,11 +133,20 @@ impl Timing {
             .clamp(Duration::from_millis(10), Duration::from_millis(250))
             .max(Duration::from_micros(100) * nnodes)
             .min(Duration::from_secs(2));
-        let fresh = every * 5 / 2;
         // The rendezvous counts a node silent after one and a half
         // keep-alive intervals (`JobConfig::silent_after`); a peer's view of
         // the hub is at most `every + fresh` old; 50 ms of slack.
         let silent_after = (interval * 3 / 2).min(drop_limit);
+        // How long the hub counts a ping, which is also the longest gap
+        // between two answered pings that keeps a node's run of contact
+        // unbroken (`View::majority`): two and a half pings, but up to
+        // 500 ms where the drop limit leaves room (at most half of what is
+        // left of the fence deadline after the rest of the lag), so a node
+        // whose agent stalls for a few pings (a loaded machine, the burst
+        // of work when the rendezvous goes away) keeps its evidence.
+        let rest = silent_after + every * 2 + Duration::from_millis(150);
+        let room = fence_in.saturating_sub(rest) / 2;
+        let fresh = (every * 5 / 2).max(room.min(Duration::from_millis(500)));
         // The hub forgets a node at its next sweep (every `every`) past
         // `fresh`; the rendezvous notices a mass silence at its next tick
         // (every 100 ms); 50 ms of slack.
@@ -181,6 +190,10 @@ struct State {
     /// long it counts.
     vouch: Option<(Vouch, Instant, Duration)>,
     until: Option<Instant>,
+    /// The latest `until` published since the round began: the machine's
+    /// fence never moves back, so whatever must outlast the workers (the
+    /// held connection of a silent server) follows this, not `until`.
+    latest: Option<Instant>,
 }
 
 impl Default for Shared {
@@ -210,6 +223,12 @@ impl Shared {
         self.state().until
     }
 
+    /// The latest [`Shared::until`] published in this round (never moves
+    /// back, even when the evidence lapses).
+    pub fn latest(&self) -> Option<Instant> {
+        self.state().latest
+    }
+
     /// Wakes whoever waits on [`Shared::watch`] when the evidence moves.
     pub fn watch(&self) -> watch::Receiver<Option<Instant>> {
         self.until.subscribe()
@@ -220,6 +239,10 @@ impl Shared {
             let mut s = self.state();
             s.vouch = vouch;
             s.until = until;
+            s.latest = match (s.latest, until) {
+                (Some(l), Some(u)) => Some(l.max(u)),
+                (l, u) => l.or(u),
+            };
         }
         self.until.send_if_modified(|u| {
             let changed = *u != until;
@@ -231,6 +254,7 @@ impl Shared {
     /// The round ended: nothing is vouched for or kept any more.
     pub fn clear(&self) {
         self.publish(None, None);
+        self.state().latest = None;
     }
 }
 

@@ -217,9 +217,14 @@ pub struct Job {
     /// drop limit later ([`decide`]). Not stored: a loaded job counts from
     /// its load.
     forming_since: Option<Instant>,
-    /// A job a store-less server started afresh within a drop limit of its
-    /// own start: no round completes before this instant ([`Job::hold_until`]).
+    /// A job a store-less server started afresh or relearned within a drop
+    /// limit (or the outage limit) of its own start: no round completes
+    /// before this instant ([`Job::hold_until`]), unless it was relearned
+    /// and every placeholder was claimed by its node.
     held_until: Option<Instant>,
+    /// A placeholder of this relearned job was dropped unclaimed: its node
+    /// may still run workers of a round this server never saw.
+    placeholder_lost: bool,
     /// When a node is benched (the server's `--quarantine-*`); `None`: never.
     /// Not stored: every replica has its own flags.
     quarantine_policy: Option<QuarantinePolicy>,
@@ -267,6 +272,7 @@ impl Job {
             absent: 0,
             forming_since: None,
             held_until: None,
+            placeholder_lost: false,
             quarantine_policy: None,
             quarantine: Quarantine::default(),
             benched: 0,
@@ -743,6 +749,7 @@ impl Job {
         let m = self.members.remove(node_id)?;
         if node_id.starts_with(ABSENT) {
             self.absent = self.absent.saturating_sub(1);
+            self.placeholder_lost = true;
         }
         if self.is_benched(&m) {
             self.benched = self.benched.saturating_sub(1);
@@ -848,11 +855,23 @@ impl Job {
     /// A server without a store that started at `started` cannot tell a
     /// first start from a restart: nodes of an earlier instance of this job
     /// may still run its workers until their fence, at most the drop limit
-    /// after the last call the lost server answered (before `started`). A
-    /// job it creates afresh therefore completes no round before
-    /// `started` + the drop limit (no limit: nothing is held).
+    /// after the last call the lost server answered (before `started`), or,
+    /// for agents that ride out outages on their peers' word (`outage`),
+    /// the outage limit after it: a round whose nodes hear each other (a
+    /// round of one node among them) keeps its workers through a restart
+    /// that forgot it. A job it creates afresh or relearns therefore
+    /// completes no round before `started` + the longer of the two (no drop
+    /// limit: nothing is held), unless, relearned, every node of the round
+    /// it was told of has come back (a node that has not may run a later
+    /// round the lost server formed). Found by the simulator
+    /// (sim/scenarios/storeless_restart_outage.sim; seed 911189 for a
+    /// relearned job).
     pub fn hold_until(&mut self, now: Instant, started: Instant) {
-        let until = self.config.dead_after.and_then(|d| started.checked_add(d));
+        let hold = self
+            .config
+            .dead_after
+            .map(|d| self.config.outage.map_or(d, |o| d.max(o)));
+        let until = hold.and_then(|d| started.checked_add(d));
         self.held_until = until.filter(|t| now < *t);
     }
 

@@ -198,9 +198,10 @@ impl Registry {
     }
 
     /// The same, for a server without a store, which cannot tell its first
-    /// start from a restart: a job it creates afresh within a drop limit of
-    /// now completes no round until then ([`Job::hold_until`]), as workers
-    /// of the job's last instance may run until their fence.
+    /// start from a restart: a job it creates afresh within a drop limit (or
+    /// the outage limit of agents that ride out outages) of now completes no
+    /// round until then ([`Job::hold_until`]), as workers of the job's last
+    /// instance may run until their fence.
     pub fn holding_fresh_jobs(self) -> Self {
         self.lock().started = Some(Instant::now());
         self
@@ -499,7 +500,14 @@ impl Registry {
                         )));
                     }
                     info!(job = %req.job_id, round = resume.round, "relearning a running job from a reconnecting node");
-                    Job::relearn(now, req.job_id.clone(), req, resume)
+                    let mut job = Job::relearn(now, req.job_id.clone(), req, resume);
+                    if let Some(started) = jobs.started {
+                        // Until every node of the round it was told of is
+                        // back: one that is not may run a later round this
+                        // server formed before it lost everything.
+                        job.hold_until(now, started);
+                    }
+                    job
                 }
                 None => {
                     let mut job = Job::new(req.job_id.clone(), JobConfig::from_join(req));

@@ -27,6 +27,15 @@
 //!   earlier that has neither run out nor been released since (a server
 //!   that forgets a bench does not excuse it; a job relearned without a
 //!   store starts without benches).
+//! * (g) **control plane**: in a run whose only faults are the
+//!   rendezvous's (paused, killed, restarted empty or failed over, cut off
+//!   from every node), each short enough for the nodes' outage limit (less
+//!   a keep-alive, the rejoin and the margins), at timings where the peers'
+//!   evidence reaches past its ping at all, of a job that never changes
+//!   size (no spare, no elastic range, no worker failure, no quarantine),
+//!   no agent stops a worker: each runs until it exits by itself (the peer
+//!   hub, and the server's mass-silence hold). The random mode marks such
+//!   runs ([`Checker::calm`]); a scenario says `expect stopped 0`.
 //!
 //! The chaos run checks the same properties on real processes' records
 //! (pids, timestamps written by the workers), where an overlap shorter than
@@ -130,6 +139,13 @@ pub struct Checker {
     pub started: u32,
     /// Hosts the job benched, until when (virtual time), as last seen.
     benches: BTreeMap<String, Duration>,
+    /// Live workers their agents stopped (fenced, re-formed, shut down), in
+    /// all.
+    pub stopped: u32,
+    /// The run's faults are control-plane ones only, each shorter than the
+    /// outage limit can ride out ([`crate::random`]): no agent may stop a
+    /// worker (invariant g).
+    pub calm: bool,
 }
 
 impl Checker {
@@ -268,6 +284,17 @@ impl Checker {
                 }
             );
             self.note('f', &what, at);
+        }
+    }
+
+    /// Node `node`'s agent stopped `count` live workers (a stop's end).
+    pub fn stopped(&mut self, node: &str, count: usize, at: Duration) {
+        self.stopped += count as u32;
+        if self.calm {
+            let what = format!(
+                "control plane: {node} stopped {count} worker(s), though the only faults were the rendezvous's, each shorter than the outage limit"
+            );
+            self.note('g', &what, at);
         }
     }
 

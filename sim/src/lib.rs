@@ -23,9 +23,13 @@
 //! after a restart, restoring it from its `JobRecord` on a failover), the
 //! agent's driver (which sources a phase listens to, the actions, the
 //! keep-alives, the silence bound, the fence clock, rejoining within the
-//! grace), workers as records with scripted exits, and the network (per
-//! link latency, extra delay, loss, partitions, crashes). See
-//! [`world`] for the details and simplifications.
+//! grace), the round's peer hub (the agent's `peers` module: the real
+//! `Hub`, `View` and `Timing`, pings on their own links, the vouch in the
+//! keep-alives, the evidence that keeps workers through an outage, and the
+//! server's mass-silence hold), workers as records with scripted exits, and
+//! the network (per link latency, extra delay, loss, partitions from the
+//! server, the peers or both, crashes, a paused server). See [`world`] for
+//! the details and simplifications.
 //!
 //! # What is not
 //! No real processes, signals, torch, TCPStore, etcd, TLS, tokens or

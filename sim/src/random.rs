@@ -1,7 +1,14 @@
 //! Randomized mode: a seed gives a small job and a schedule of faults
-//! (worker failures, agent crashes and restarts, partitions, server crashes
-//! with relearning or failover, link delays and losses), all healed by a
-//! known instant. About a third of the seeds run a server with a quarantine
+//! (worker failures, agent crashes and restarts, partitions, cuts from the
+//! server only or from the peer hub only, server crashes with relearning
+//! or failover, server pauses, the server cut off from every node, link
+//! delays and losses), all healed by a known instant. Most seeds' agents
+//! have a peer hub (an outage limit of 2 to 10 drop limits; a sixth have
+//! none). A third of the seeds fail the control plane only
+//! ([`control_plane`]): a fixed-size job, one or two outages of the server
+//! from a tenth of the drop limit to twice the outage limit; those whose
+//! outages the peers' evidence can ride out are *calm*, and no worker may
+//! stop in them (invariant g). About a third of the seeds run a server with a quarantine
 //! (`--quarantine-after` 1 or 2) and one flaky node, whose workers fail in
 //! several rounds in a row. The run goes on until every agent's life is over, or
 //! until a bound past the healing (a liveness violation), with the
@@ -40,8 +47,133 @@ fn ms(rng: &mut fastrand::Rng, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(rng.u64(lo..=hi))
 }
 
-/// The job, node count, fault schedule and healing instant of `seed`.
-pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
+/// What a seed runs: the job, how many agents, the faults by time, when
+/// the last heals, and whether only the control plane fails, briefly
+/// enough that no worker may be stopped ([`crate::invariants::Checker::calm`]).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The job.
+    pub spec: Spec,
+    /// Its agents.
+    pub nodes: usize,
+    /// The faults, by time.
+    pub faults: Vec<(Duration, Fault)>,
+    /// When the last fault heals.
+    pub healed: Duration,
+    /// Invariant (g) applies.
+    pub calm: bool,
+}
+
+/// The faults that take the server away from every node for `d` from
+/// `at`, one of four kinds: paused, killed and restarted (relearning or
+/// failing over), or cut off from every node.
+fn server_away(
+    rng: &mut fastrand::Rng,
+    at: Duration,
+    d: Duration,
+    nodes: usize,
+    failover: bool,
+) -> Vec<(Duration, Fault)> {
+    let back = at + d;
+    match rng.u8(..3) {
+        0 => vec![(at, Fault::PauseServer), (back, Fault::ResumeServer)],
+        1 => vec![
+            (at, Fault::CrashServer),
+            (back, Fault::RestartServer(failover)),
+        ],
+        _ => (0..nodes)
+            .flat_map(|i| [(at, Fault::CutServer(i)), (back, Fault::HealServer(i))])
+            .collect(),
+    }
+}
+
+/// How long the server may be away: from a tenth of the drop limit to
+/// twice the outage limit, often around the drop limit and the outage
+/// limit (where the rules change).
+fn away_for(rng: &mut fastrand::Rng, spec: &Spec) -> Duration {
+    let drop = spec.drop_limit().as_millis() as u64;
+    let outage = (spec.outage.as_millis() as u64).max(drop);
+    match rng.u8(..4) {
+        0 => ms(rng, drop / 10, drop),
+        1 => ms(rng, drop, 4 * drop),
+        2 => ms(rng, 4 * drop, outage.max(4 * drop)),
+        _ => ms(rng, outage / 2, 2 * outage),
+    }
+}
+
+/// A seed whose only faults are the control plane's: a fixed-size job
+/// (no spare, no elastic range, no quarantine, no worker failure) and one
+/// or two outages of the server, each from a tenth of the drop limit to
+/// twice the outage limit. The run is calm (invariant g) when the peers'
+/// evidence can keep workers at these timings and every outage is shorter
+/// than what it can ride out.
+fn control_plane(rng: &mut fastrand::Rng) -> Plan {
+    let n = rng.u32(2..=4);
+    let attempts = rng.u32(2..=3);
+    let mut spec = Spec {
+        min_nodes: n,
+        max_nodes: n,
+        nproc: rng.u32(1..=2),
+        max_restarts: rng.u32(0..=2),
+        keep_alive: ms(rng, 300, 1000),
+        attempts,
+        last_call: ms(rng, 0, 1500),
+        join_timeout: Duration::from_secs(120),
+        grace: Duration::from_secs(40),
+        barrier: Duration::from_secs(120),
+        shutdown: Duration::from_secs(5),
+        run: Some(ms(rng, 8000, 40_000)),
+        term: ms(rng, 0, 300),
+        latency: ms(rng, 0, 5),
+        failover: rng.bool(),
+        ..Spec::default()
+    };
+    spec.outage = spec.drop_limit() * rng.u32(4..=20);
+    let nodes = n as usize;
+    let mut faults = Vec::new();
+    let mut at = ms(rng, 4000, 8000);
+    let mut healed = Duration::ZERO;
+    let mut longest = Duration::ZERO;
+    for _ in 0..rng.usize(1..=2) {
+        let d = away_for(rng, &spec);
+        faults.extend(server_away(rng, at, d, nodes, spec.failover));
+        healed = at + d;
+        longest = longest.max(d);
+        // The next begins once the nodes are surely back.
+        at = healed + spec.drop_limit() * 2 + ms(rng, 1000, 5000);
+    }
+    faults.sort_by_key(|f| f.0);
+    // When the peers' evidence keeps workers at all: it is dated `lag`
+    // back and refreshed every ping, so it reaches past its ping by
+    // `fence_in - lag`, which must outlast a ping's round trip and period
+    // (small drop limits of two keep-alives leave nothing).
+    let calm = spec.timing(n).is_some_and(|t| {
+        let reach = t.fence_in.saturating_sub(t.lag);
+        let ride = t.outage.saturating_sub(
+            // The last answered keep-alive may be an interval before the
+            // outage; the nodes are back within a silence bound, a join
+            // retry and a round trip after it.
+            spec.keep_alive + spec.silence() + Duration::from_millis(500 + 200),
+        );
+        reach > t.every + spec.latency * 4 + Duration::from_millis(20) && longest < ride
+    });
+    Plan {
+        spec,
+        nodes,
+        faults,
+        healed,
+        calm,
+    }
+}
+
+/// The plan of `seed`.
+pub fn plan(seed: u64) -> Plan {
+    // A generator of its own decides the flavour, so that the general
+    // seeds' plans stay what they were.
+    let mut c = fastrand::Rng::with_seed(seed ^ 0xc0_9a7e);
+    if c.u8(..3) == 0 {
+        return control_plane(&mut c);
+    }
     let mut rng = fastrand::Rng::with_seed(seed);
     let n = rng.u32(2..=4);
     let elastic = rng.bool();
@@ -73,10 +205,41 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
         failover: rng.bool(),
         quarantine: None,
         broken_quarantine: false,
+        outage: Duration::ZERO,
     };
     let nodes = n as usize + usize::from(spare);
+    // The peer hub, from a generator of its own: a sixth of the seeds run
+    // agents without one (outage 0), the others an outage limit of 2 to 10
+    // drop limits; and the control plane's faults beside the others.
+    let mut p = fastrand::Rng::with_seed(seed ^ 0x9ee7_5ab0);
+    let mut spec = spec;
+    if p.u8(..6) != 0 {
+        spec.outage = spec.drop_limit() * p.u32(2..=10);
+    }
     let mut faults = Vec::new();
     let mut healed = Duration::ZERO;
+    for _ in 0..p.usize(0..=2) {
+        let at = ms(&mut p, 500, 14_000);
+        let node = p.usize(..nodes);
+        let back = at + ms(&mut p, 100, 12_000);
+        match p.u8(..4) {
+            0 => {
+                faults.push((at, Fault::CutServer(node)));
+                faults.push((back, Fault::HealServer(node)));
+                healed = healed.max(back);
+            }
+            1 => {
+                faults.push((at, Fault::CutPeers(node)));
+                faults.push((back, Fault::HealPeers(node)));
+                healed = healed.max(back);
+            }
+            _ => {
+                let d = away_for(&mut p, &spec);
+                faults.extend(server_away(&mut p, at, d, nodes, spec.failover));
+                healed = healed.max(at + d);
+            }
+        }
+    }
     for _ in 0..rng.usize(0..=4) {
         let at = ms(&mut rng, 500, 14_000);
         let node = rng.usize(..nodes);
@@ -128,7 +291,6 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
     // The quarantine from a generator of its own, so a seed's plan
     // otherwise (and every finding recorded by seed) is what it was before.
     let mut q = fastrand::Rng::with_seed(seed ^ 0x0a7a_9e17);
-    let mut spec = spec;
     if q.u8(..3) == 0 {
         spec.quarantine = Some(rendezvous_server::job::QuarantinePolicy {
             after: q.u32(1..=2),
@@ -139,7 +301,13 @@ pub fn plan(seed: u64) -> (Spec, usize, Vec<(Duration, Fault)>, Duration) {
         faults.push((at, Fault::Flaky(q.usize(..nodes), q.u32(1..=3))));
     }
     faults.sort_by_key(|f| f.0);
-    (spec, nodes, faults, healed)
+    Plan {
+        spec,
+        nodes,
+        faults,
+        healed,
+        calm: false,
+    }
 }
 
 /// Bugs planted in a run, to show the invariants catch them.
@@ -165,17 +333,25 @@ pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
 /// Runs `seed` with the `planted` bugs; `trace`: keep every trace line.
 pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
     let broken_fence = planted.fence;
-    let (mut spec, nodes, faults, healed) = plan(seed);
+    let Plan {
+        mut spec,
+        nodes,
+        faults,
+        healed,
+        calm,
+    } = plan(seed);
     spec.broken_quarantine = planted.quarantine;
     let (spec_static, nproc) = (spec.static_ranks, spec.nproc);
     let mut summary = format!(
-        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, run {:?}{}\n",
+        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, outage {:?}{}, run {:?}{}\n",
         spec.min_nodes,
         spec.max_nodes,
         nodes,
         spec.nproc,
         spec.max_restarts,
         spec.drop_limit(),
+        spec.outage,
+        if calm { " (calm: no worker may stop)" } else { "" },
         spec.run.unwrap_or_default(),
         match &spec.quarantine {
             Some(q) => format!(", quarantine after {} for {:?}", q.after, q.hold),
@@ -186,6 +362,8 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
         summary.push_str(&format!("  at {:.3}s: {f:?}\n", at.as_secs_f64()));
     }
     let mut w = World::new(spec, seed);
+    // Planted bugs stop workers on purpose.
+    w.checker.calm = calm && !planted.fence && !planted.quarantine;
     w.tracing = trace;
     if trace {
         w.full_trace = Some(Vec::new());

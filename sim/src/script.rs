@@ -22,7 +22,10 @@
 //!   (`restart-server` restores the job from its record),
 //!   `quarantine=AFTER:WINDOW:HOLD` (the server's `--quarantine-after`,
 //!   `--quarantine-window`, `--quarantine-for`), `broken-quarantine` (the
-//!   planted bug: the server ends every bench as soon as it begins), `seed`.
+//!   planted bug: the server ends every bench as soon as it begins),
+//!   `outage` (the agents' `outage_timeout`: how long the peer hub may keep
+//!   workers without the rendezvous; default five drop limits, `0`: agents
+//!   without a peer hub), `seed`.
 //! - `add-nodes N [broken-fence]`, `add-node [broken-fence] [nproc=K]
 //!   [rank=R] [topology=PATH]`: agents join now; `broken-fence` builds their
 //!   machine without fencing (the planted bug); `nproc`, `rank` (static) and
@@ -35,18 +38,27 @@
 //! - `release NODE`: an operator ends the bench of NODE's host.
 //! - `crash-node NODE`, `restart-node NODE` (a new node id, same host),
 //!   `signal NODE [TERM|INT|HUP|KILL]`.
-//! - `partition NODE`, `heal [NODE]`, `delay NODE|all DURATION`,
+//! - `partition NODE|all` (cut off from everything: the server and the
+//!   round's peer hub), `cut-server NODE|all` (from the server only; `all`:
+//!   the server is cut off from every node), `cut-peers NODE|all` (from the
+//!   peer hub only: its pings and the hub's answers are lost; a hub node
+//!   still hears its own), `heal [NODE|all]` (every link; default all),
+//!   `heal-server NODE|all`, `heal-peers NODE|all`, `delay NODE|all DURATION`,
 //!   `drop NODE|all PROBABILITY [answers]` (the node's calls are lost, so
 //!   never answered; with `answers`, the server's answers are lost: the
 //!   calls took effect).
-//! - `crash-server`, `restart-server [relearn|failover]`.
+//! - `crash-server`, `restart-server [relearn|failover]`, `pause-server`
+//!   (SIGSTOP: calls wait unread, nothing is answered or dropped),
+//!   `resume-server` (a pause over a second gives every node the whole drop
+//!   limit, as the registry's `woke`).
 //! - `tick DURATION`, `run-until CONDITIONS [within DURATION]` (default
 //!   within 600 s; fails if they never hold).
 //! - `expect CONDITIONS`.
 //!
 //! Conditions are `KEY VALUE` pairs (or `KEY=VALUE`; `KEY~TEXT`: contains):
 //! `phase` (forming, running, succeeded, failed), `round`, `world`,
-//! `restarts`, `members`, `started` (workers started in all), `benched`
+//! `restarts`, `members`, `started` (workers started in all), `stopped`
+//! (live workers their agents stopped, in all), `benched`
 //! (hosts the job benched, by name, comma-separated), `reason~TEXT`
 //! (the job's failure), `ranks contiguous` (the live workers are of the
 //! current round and hold exactly `0..world`), `done` (every agent's life is over), and per node
@@ -130,6 +142,7 @@ fn number<T: std::str::FromStr>(v: &str) -> Result<T, String> {
 fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
     let mut spec = Spec::default();
     let mut seed = 0;
+    let mut outage = None;
     for a in args {
         let (k, v) = a.split_once('=').unwrap_or((a.as_str(), ""));
         match k {
@@ -169,10 +182,13 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
                 });
             }
             "broken-quarantine" => spec.broken_quarantine = true,
+            "outage" => outage = Some(duration(v)?),
             "seed" => seed = number(v)?,
             _ => return Err(format!("unknown job setting `{k}`")),
         }
     }
+    // Five drop limits unless said (`0`: agents without a peer hub).
+    spec.outage = outage.unwrap_or(spec.drop_limit() * 5);
     if spec.min_nodes == 0 || spec.min_nodes > spec.max_nodes || spec.nproc == 0 {
         return Err("need 0 < MIN <= MAX and nproc > 0".into());
     }
@@ -233,6 +249,7 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
         }),
         "world" => w.world_size().to_string(),
         "started" => w.checker.started.to_string(),
+        "stopped" => w.checker.stopped.to_string(),
         "reason" => match w.outcome() {
             Some(Err(r)) => r,
             _ => job
@@ -385,7 +402,17 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
             let i = node(w, arg(0)?)?;
             w.inject(Fault::Signal(i, signal(args.get(1))?));
         }
-        "partition" => w.inject(Fault::Partition(node(w, arg(0)?)?)),
+        "partition" | "cut-server" | "cut-peers" | "heal-server" | "heal-peers" => {
+            for i in nodes(w, arg(0)?)? {
+                w.inject(match cmd {
+                    "partition" => Fault::Partition(i),
+                    "cut-server" => Fault::CutServer(i),
+                    "cut-peers" => Fault::CutPeers(i),
+                    "heal-server" => Fault::HealServer(i),
+                    _ => Fault::HealPeers(i),
+                });
+            }
+        }
         "heal" => {
             let which = match args.first() {
                 Some(n) => nodes(w, n)?,
@@ -395,6 +422,8 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
                 w.inject(Fault::Heal(i));
             }
         }
+        "pause-server" => w.inject(Fault::PauseServer),
+        "resume-server" => w.inject(Fault::ResumeServer),
         "delay" => {
             let d = duration(arg(1)?)?;
             for i in nodes(w, arg(0)?)? {

@@ -156,3 +156,25 @@ fn a_seed_replays_exactly() {
         assert_eq!(a.trace, b.trace, "seed {seed}");
     }
 }
+
+/// Seeds past the minute's range that found real bugs, kept as regressions:
+/// 442134 (a silent server's held connection ended when the peers'
+/// evidence lapsed, though the fence kept its latest word: `link::hold`
+/// follows `peers::Shared::latest`), 911189 (a store-less server restarted
+/// empty relearned a job from a node of an older round and formed a new
+/// round beside a node still running a later one: `Job::hold_until` holds
+/// relearned jobs too), and six more that failed with them.
+#[test]
+fn the_seeds_that_found_bugs_keep_every_invariant() {
+    let seeds = [
+        313327, 442134, 573663, 713067, 718725, 767454, 911189, 992399,
+    ];
+    for seed in seeds {
+        let r = accel_sim::random::run(seed, false, false);
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:?}\nreplay: cargo run -p accel-sim -- seed {seed} --trace",
+            r.violations
+        );
+    }
+}

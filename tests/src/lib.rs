@@ -82,6 +82,46 @@ pub fn venv_path() -> String {
     format!("{}:{old}", venv().join("bin").display())
 }
 
+/// The torch releases the conformance tests (worker store, worker
+/// environment, DDP resume, torchrun's flags) run against: the oldest
+/// supported, the pinned one (`ACCEL_VENV`'s) and the newest.
+/// `scripts/setup.sh` makes a venv for each but the pinned one.
+pub const TORCH_VERSIONS: [&str; 3] = ["2.4.1", PINNED_TORCH, "2.15.0"];
+
+/// The torch release of `ACCEL_VENV` (scripts/setup.sh's pin).
+pub const PINNED_TORCH: &str = "2.13.0";
+
+/// The venv with torch `version` (one of [`TORCH_VERSIONS`]): the pinned
+/// venv, or its sibling `venv-pyX.Y-torchVERSION` that scripts/setup.sh
+/// makes (torch alone, with its own `torchrun`).
+pub fn torch_venv(version: &str) -> PathBuf {
+    let pinned = venv();
+    if version == PINNED_TORCH {
+        return pinned;
+    }
+    let name = pinned
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let py = name.split("-torch").next().unwrap_or("venv");
+    let dir = pinned
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(format!("{py}-torch{version}"));
+    assert!(
+        dir.join(".complete").exists(),
+        "{} (torch {version}) is missing: run scripts/setup.sh",
+        dir.display()
+    );
+    dir
+}
+
+/// `PATH` with `venv`'s `bin/` first.
+pub fn path_with(venv: &Path) -> String {
+    let old = std::env::var("PATH").unwrap_or_default();
+    format!("{}:{old}", venv.join("bin").display())
+}
+
 /// The accelerate releases the parity tests run against: the oldest
 /// supported (1.10's latest patch), the pinned one (`ACCEL_VENV`'s) and the
 /// newest. `scripts/setup.sh` makes a venv for each but the pinned one.

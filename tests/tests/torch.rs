@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_tests::{
-    read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker, AgentCmd,
-    Finished, Port,
+    path_with, read_json, run_logged, scratch, torch_venv, venv, venv_path, with_private_hosts,
+    worker, AgentCmd, Finished, Port, PINNED_TORCH, TORCH_VERSIONS,
 };
 use serde_json::Value;
 
@@ -18,8 +18,13 @@ use crate::heavy;
 
 /// `accel-agent` as `cmd` says, with the venv first on `PATH`.
 fn accel(cmd: &AgentCmd) -> Command {
+    accel_in(cmd, &venv())
+}
+
+/// The same with `venv` (another torch release's) first on `PATH`.
+fn accel_in(cmd: &AgentCmd, venv: &Path) -> Command {
     let mut c = cmd.command();
-    c.env("PATH", venv_path());
+    c.env("PATH", path_with(venv));
     c
 }
 
@@ -56,10 +61,64 @@ fn assert_all_ok(outs: &[Finished], what: &str) {
 /// Two accel agents (static rendezvous) × 2 workers, each node's command
 /// line completed by `job` (its program, further flags, environment).
 fn accel_2x2(dir: &Path, tag: &str, job: impl Fn(AgentCmd) -> AgentCmd) -> Vec<Finished> {
+    accel_2x2_in(&venv(), dir, tag, job)
+}
+
+/// The same with `venv`'s python.
+fn accel_2x2_in(
+    venv: &Path,
+    dir: &Path,
+    tag: &str,
+    job: impl Fn(AgentCmd) -> AgentCmd,
+) -> Vec<Finished> {
     let port = Port::lease();
     run_nodes(dir, tag, 2, |node| {
-        accel(&job(AgentCmd::static_node(&port, node).nnodes(2).nproc(2)))
+        accel_in(
+            &job(AgentCmd::static_node(&port, node).nnodes(2).nproc(2)),
+            venv,
+        )
     })
+}
+
+/// On the oldest and the newest torch tested (the pinned one is compared
+/// with torchrun above): a DDP job whose rank fails at step 17 restarts
+/// once, job-wide, resumes from the step-15 checkpoint with the same
+/// parameters on every rank, and ends where the uninterrupted job does.
+#[test]
+fn ddp_job_restarts_from_its_checkpoint_on_the_oldest_and_newest_torch() {
+    let _heavy = heavy();
+    let script = worker("ddp_train.py");
+    for version in TORCH_VERSIONS.into_iter().filter(|v| *v != PINNED_TORCH) {
+        let tv = torch_venv(version);
+        let root = scratch(&format!("ddp-torch{version}"));
+        let (ck, out) = dirs(&root, "fail");
+        let outs = accel_2x2_in(&tv, &root, "fail", |c| {
+            c.max_restarts(1)
+                .program(&script, &[&ck, &out, "--fail-at", "17"])
+        });
+        assert_all_ok(&outs, &format!("torch {version} (failing)"));
+        let resumed = final_states(Path::new(&out));
+        let (ck, out) = dirs(&root, "clean");
+        let outs = accel_2x2_in(&tv, &root, "clean", |c| c.program(&script, &[&ck, &out]));
+        assert_all_ok(&outs, &format!("torch {version} (clean)"));
+        let clean = final_states(Path::new(&out));
+        for r in &resumed {
+            assert_eq!(r["restart"], 1, "torch {version}: one job-wide restart");
+            assert_eq!(r["start"], 15, "torch {version}: resumed at step 15");
+            assert_eq!(
+                r["params"], resumed[0]["params"],
+                "torch {version}: parameters identical on every rank"
+            );
+        }
+        let (l_resumed, l_clean) = (
+            resumed[0]["loss"].as_f64().expect("loss"),
+            clean[0]["loss"].as_f64().expect("loss"),
+        );
+        assert!(
+            (l_resumed - l_clean).abs() < 1e-5,
+            "torch {version}: final loss {l_resumed} vs uninterrupted {l_clean}"
+        );
+    }
 }
 
 #[test]
@@ -217,23 +276,35 @@ fn ddp_job_restarts_from_its_checkpoint_like_torchrun() {
     );
 }
 
+/// The torch release in `venv` (its version without a local part).
+fn torch_version(venv: &Path) -> String {
+    let out = Command::new(venv.join("bin/python"))
+        .args(["-c", "import torch; print(torch.__version__.split('+')[0])"])
+        .output()
+        .expect("run python");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 fn env_of(dir: &Path, rank: u32) -> BTreeMap<String, String> {
     serde_json::from_value(read_json(&dir.join(format!("env_{rank}.json")))).expect("env map")
 }
 
+/// On every torch release tested, against that release's torchrun.
 #[test]
 fn workers_see_the_environment_torchrun_gives() {
-    environment_matches_torchrun("envcmp", &[]);
+    for version in TORCH_VERSIONS {
+        environment_matches_torchrun(&format!("envcmp-{version}"), &[], &torch_venv(version));
+    }
 }
 
 #[test]
 fn hot_restarted_workers_see_the_environment_torchrun_gives() {
-    environment_matches_torchrun("envcmp-hot", &["--preload", "torch"]);
+    environment_matches_torchrun("envcmp-hot", &["--preload", "torch"], &venv());
 }
 
 /// torchrun's and accel's workers of the same job (accel with `flags`
-/// added) see the same environment.
-fn environment_matches_torchrun(name: &str, flags: &[&str]) {
+/// added), both with `venv`'s torch, see the same environment.
+fn environment_matches_torchrun(name: &str, flags: &[&str], venv: &Path) {
     let _heavy = heavy();
     let root = scratch(name);
     let (a_dir, t_dir) = (root.join("accel"), root.join("torchrun"));
@@ -249,18 +320,18 @@ fn environment_matches_torchrun(name: &str, flags: &[&str]) {
     // Both launchers get the same small environment and start in the same directory.
     let same_env = |cmd: &mut Command, record_dir: &Path| {
         cmd.env_clear()
-            .env("PATH", venv_path())
+            .env("PATH", path_with(venv))
             .env("HOME", std::env::var("HOME").unwrap_or_default())
             .env("LANG", "C.UTF-8")
             .env("RECORD_DIR", record_dir)
             .env("PWD", &root)
             .current_dir(&root);
     };
-    let mut cmd = accel(&job.clone().flags(flags));
+    let mut cmd = accel_in(&job.clone().flags(flags), venv);
     same_env(&mut cmd, &a_dir);
     let out = run_logged(cmd, &root, "accel", LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
-    let torchrun = venv().join("bin/torchrun");
+    let torchrun = venv.join("bin/torchrun");
     let args = job.args();
     let mut targs = vec![torchrun.to_str().expect("path")];
     targs.extend(args.iter().map(String::as_str));
@@ -269,6 +340,19 @@ fn environment_matches_torchrun(name: &str, flags: &[&str]) {
     let out = run_logged(cmd, &root, "torchrun", LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
 
+    // What torchrun of an older torch does not set yet and accel sets for
+    // every torch (ignored by a torch that does not read it).
+    // And what it sets otherwise: torch 2.4's torchrun has rank 0's worker
+    // host the workers' store (`TORCHELASTIC_USE_AGENT_STORE=False`); accel's
+    // agent always serves it, which torch 2.4's workers honour (they join
+    // it as clients: the DDP test on torch 2.4 runs that way).
+    let (lacks, values): (&[&str], &[(&str, &str, &str)]) = match torch_version(venv).as_str() {
+        "2.4.1" => (
+            &["TORCHELASTIC_SIGNALS_TO_HANDLE"],
+            &[("TORCHELASTIC_USE_AGENT_STORE", "True", "False")],
+        ),
+        _ => (&[], &[]),
+    };
     // Intended differences: per-run values (ports, run ids, paths), the test's own
     // RECORD_DIR, and MASTER_ADDR of a one-node job (accel: 127.0.0.1, no name lookup).
     let differ = [
@@ -283,12 +367,23 @@ fn environment_matches_torchrun(name: &str, flags: &[&str]) {
         let (a, t) = (env_of(&a_dir, rank), env_of(&t_dir, rank));
         let keys = |m: &BTreeMap<String, String>| {
             m.keys()
-                .filter(|k| !differ.contains(&k.as_str()))
+                .filter(|k| !differ.contains(&k.as_str()) && !lacks.contains(&k.as_str()))
                 .cloned()
                 .collect::<Vec<_>>()
         };
+        for k in lacks {
+            assert!(a.contains_key(*k), "accel sets {k} (rank {rank})");
+            assert!(
+                !t.contains_key(*k),
+                "this torchrun now sets {k}: drop it from `lacks`"
+            );
+        }
         assert_eq!(keys(&a), keys(&t), "same variables (rank {rank})");
         for k in keys(&a) {
+            if let Some((_, ours, theirs)) = values.iter().find(|(n, _, _)| *n == k) {
+                assert_eq!((a[&k].as_str(), t[&k].as_str()), (*ours, *theirs), "{k}");
+                continue;
+            }
             assert_eq!(a[&k], t[&k], "{k} of rank {rank}");
         }
         assert_eq!(a["MASTER_ADDR"], "127.0.0.1");
@@ -306,28 +401,39 @@ fn environment_matches_torchrun(name: &str, flags: &[&str]) {
     }
 }
 
+/// Every TCPStore command of every torch release tested (its client, and
+/// its own server for the comparison).
 #[test]
 fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
     let _heavy = heavy();
-    let dir = scratch("storeops");
+    for version in TORCH_VERSIONS {
+        store_answers_match(version, &torch_venv(version));
+    }
+}
+
+fn store_answers_match(version: &str, venv: &Path) {
+    let dir = scratch(&format!("storeops-{version}"));
     let script = worker("store_ops.py");
-    let python = venv().join("bin/python");
+    let python = venv.join("bin/python");
     let ours = dir.join("agent.json");
     let theirs = dir.join("torch.json");
     let out = run_logged(
-        accel(&AgentCmd::new().no_python(
-            &python,
-            &[
-                script.to_str().expect("path"),
-                ours.to_str().expect("path"),
-                "agent",
-            ],
-        )),
+        accel_in(
+            &AgentCmd::new().no_python(
+                &python,
+                &[
+                    script.to_str().expect("path"),
+                    ours.to_str().expect("path"),
+                    "agent",
+                ],
+            ),
+            venv,
+        ),
         &dir,
         "agent",
         LIMIT,
     );
-    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.status.success(), "torch {version}: {}", out.stderr);
     let mut c = with_private_hosts(
         &dir,
         &[
@@ -337,7 +443,7 @@ fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
             "torch",
         ],
     );
-    c.env("PATH", venv_path());
+    c.env("PATH", path_with(venv));
     let out = run_logged(c, &dir, "torch", LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
     let (ours, theirs) = (read_json(&ours), read_json(&theirs));
@@ -345,10 +451,10 @@ fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
         ours.as_array().expect("list"),
         theirs.as_array().expect("list"),
     );
-    assert!(theirs.len() > 40, "every operation ran");
+    assert!(theirs.len() > 40, "torch {version}: every operation ran");
     assert_eq!(ours.len(), theirs.len());
     for (o, t) in ours.iter().zip(theirs) {
-        assert_eq!(o, t, "operation {}", t[0]);
+        assert_eq!(o, t, "torch {version}: operation {}", t[0]);
     }
 }
 

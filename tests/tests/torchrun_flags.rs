@@ -76,11 +76,20 @@ fn respelled(flag: &str) -> String {
     format!("--{swapped}")
 }
 
+/// On every torch release tested: a flag torchrun has and accel-agent
+/// lacks (or takes differently) fails here.
 #[test]
 fn every_torchrun_flag_is_accepted_in_both_spellings() {
-    let out = Command::new(venv().join("bin/torchrun"))
+    for version in accel_tests::TORCH_VERSIONS {
+        torchrun_flags_are_accepted(version, &accel_tests::torch_venv(version));
+    }
+}
+
+fn torchrun_flags_are_accepted(version: &str, venv: &Path) {
+    eprintln!("torchrun of torch {version}");
+    let out = Command::new(venv.join("bin/torchrun"))
         .arg("--help")
-        .env("PATH", venv_path())
+        .env("PATH", accel_tests::path_with(venv))
         .output()
         .expect("run torchrun --help");
     assert!(out.status.success(), "torchrun --help: {out:?}");

@@ -73,9 +73,19 @@ op("get_missing_timeout", lambda: (s.set_timeout(datetime.timedelta(milliseconds
 s.set_timeout(T)
 
 
+# Clients made in threads stay open until the end: a SET has no reply, and
+# torch 2.4's client sends nothing that waits for one when it connects, so a
+# temporary client would close before the agent's store has checked who
+# owns the connection, and the store refuses connections it cannot
+# attribute (docs: compatibility.md, "The worker store and older torch").
+kept = []
+
+
 def later_set():
     time.sleep(0.3)
-    client().set("late", "here")
+    c = client()
+    kept.append(c)
+    c.set("late", "here")
 
 
 threading.Thread(target=later_set).start()

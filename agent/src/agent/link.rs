@@ -371,13 +371,18 @@ impl Drop for RdzvLink {
             .unwrap_or_else(|| since + Duration::from_secs(86_400));
         // The peers may keep the workers longer: the hold follows them, a
         // drop limit past their word (the server reads a close as a leave).
+        // Never back: the machine's fence keeps the latest word it had even
+        // when the evidence lapses later (the hub's node lost too), so the
+        // hold does, else the server would read the close as a leave while
+        // the workers still run (found by the simulator, seed 442134).
         let drop_limit = self.reach.drop_limit;
         let peers = self.reach.peers.clone();
+        let latest = std::cell::Cell::new(until);
         let until = move || {
-            peers
-                .until()
-                .and_then(|u| u.checked_add(drop_limit))
-                .map_or(until, |u| u.max(until))
+            if let Some(u) = peers.latest().and_then(|u| u.checked_add(drop_limit)) {
+                latest.set(latest.get().max(u));
+            }
+            latest.get()
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(hold(self.client.clone(), events, until));

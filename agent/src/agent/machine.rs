@@ -326,6 +326,8 @@ struct Round {
     reported: Option<Exit>,
     /// When its workers started.
     started: Instant,
+    /// When the rendezvous was lost, while recovering.
+    lost: Option<Instant>,
 }
 
 /// What happens when a stop completes.
@@ -670,6 +672,7 @@ impl NodeMachine {
                     dropped: false,
                     reported: None,
                     started: now,
+                    lost: None,
                 });
                 vec![Action::Start {
                     info,
@@ -805,11 +808,7 @@ impl NodeMachine {
 
     /// The rendezvous was lost with no workers running: rejoin.
     fn reconnect(&mut self, deadline: Instant, why: String, waiting: String) -> Vec<Action> {
-        let grace = super::link::idle_rejoin_grace(
-            self.settings.reconnect_grace,
-            self.settings.outage_timeout,
-        );
-        warn!(reason = %why, grace_s = grace.as_secs_f64(), "lost the rendezvous; reconnecting");
+        warn!(reason = %why, grace_s = self.idle_grace().as_secs_f64(), "lost the rendezvous; reconnecting");
         self.phase = Phase::Reconnecting {
             deadline,
             why,
@@ -828,11 +827,7 @@ impl NodeMachine {
         match event {
             Event::Rejoined { round, .. } => self.form_again(deadline, round, waiting),
             Event::RejoinFailed(e) => {
-                let grace = super::link::idle_rejoin_grace(
-                    self.settings.reconnect_grace,
-                    self.settings.outage_timeout,
-                );
-                let e = self.gave_up(why, e, grace);
+                let e = self.gave_up(why, e, self.idle_grace());
                 self.exit(Err(e))
             }
             _ => {
@@ -961,6 +956,7 @@ impl NodeMachine {
         round.fence = Some(after_from(now, self.settings.fence_in()));
         round.vouched = false;
         round.dropped = false;
+        round.lost = Some(now);
         let resume = resume_of(&round);
         self.phase = Phase::Recovering {
             round,
@@ -1160,8 +1156,31 @@ impl NodeMachine {
                 }
                 self.go_on(now, round, actions)
             }
+            // Its workers were fenced (all stopped): a node with nothing running keeps
+            // rejoining through a control-plane outage, as a spare does
+            // (`link::idle_rejoin_grace` from the loss).
+            Event::RejoinFailed(AgentError::JoinTimeout(_))
+                if round.fenced
+                    && round
+                        .lost
+                        .is_some_and(|lost| now < after_from(lost, self.idle_grace())) =>
+            {
+                let resume = resume_of(&round);
+                self.phase = Phase::Recovering {
+                    round,
+                    pending,
+                    why,
+                };
+                vec![Action::Rejoin {
+                    resume: Some(resume),
+                }]
+            }
             Event::RejoinFailed(e) => {
-                let e = self.gave_up(why, e, self.settings.reconnect_grace);
+                let grace = match round.fenced {
+                    true => self.idle_grace(),
+                    false => self.settings.reconnect_grace,
+                };
+                let e = self.gave_up(why, e, grace);
                 self.stop(Signal::SIGTERM, Then::Fail(e), false)
             }
             _ => {
@@ -1268,6 +1287,11 @@ impl NodeMachine {
     fn exit(&mut self, result: Result<Outcome, AgentError>) -> Vec<Action> {
         self.phase = Phase::Done;
         vec![Action::Exit(result)]
+    }
+
+    /// How long a node with no workers running keeps rejoining.
+    fn idle_grace(&self) -> Duration {
+        super::link::idle_rejoin_grace(self.settings.reconnect_grace, self.settings.outage_timeout)
     }
 
     fn gave_up(&self, why: String, e: AgentError, grace: Duration) -> AgentError {

@@ -40,6 +40,20 @@ fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
     );
     assert_eq!(short.every, 75 * MS);
     assert!(short.fence_in > short.lag);
+    // A stall of a few pings does not break a node's run of contact: the
+    // hub counts a ping for half a second where the limit leaves room...
+    assert_eq!(short.fresh, 500 * MS);
+    assert_eq!(short.lag, Duration::from_millis(1500 + 150 + 500 + 150));
+    // ...and two and a half pings where it does not.
+    let tight = Timing::new(
+        Duration::from_secs(1),
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+        Duration::from_millis(900),
+        2,
+    );
+    assert_eq!(tight.every, 25 * MS);
+    assert_eq!(tight.fresh, tight.every * 5 / 2);
     // Large rounds ping less often.
     assert_eq!(default_timing(10_000).every, Duration::from_secs(1));
 }
@@ -273,4 +287,22 @@ async fn three_nodes_hear_each_other_through_the_hub() {
     for t in tasks {
         t.abort();
     }
+}
+
+#[test]
+fn the_latest_word_never_moves_back_within_a_round() {
+    let s = Shared::default();
+    let t = Instant::now();
+    s.publish(None, Some(t + 10 * MS));
+    s.publish(None, Some(t + 30 * MS));
+    s.publish(None, Some(t + 20 * MS));
+    s.publish(None, None);
+    assert_eq!(s.until(), None, "the evidence lapsed");
+    assert_eq!(
+        s.latest(),
+        Some(t + 30 * MS),
+        "what the machine's fence may still hold"
+    );
+    s.clear();
+    assert_eq!(s.latest(), None, "a new round starts afresh");
 }

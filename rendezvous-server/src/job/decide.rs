@@ -68,8 +68,11 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     // may still run that round's workers (its other workers stop after its
     // failure report), so it is waited for as below.
     if !job.participants.is_empty() && ready as usize + job.benched as usize == job.members.len() {
-        return match job.benched {
-            0 => Decision::Complete(rank_order(job)),
+        // (A store-less server's held job waits all the same: a node of a
+        // round it never saw may be running: `Job::hold_until`.)
+        let held = job.held_until.is_some_and(|t| now < t);
+        return match (job.benched, held) {
+            (0, false) => Decision::Complete(rank_order(job)),
             _ => complete_unless_unheard(now, job, wait),
         };
     }
@@ -211,7 +214,14 @@ pub fn liveness(now: Instant, job: &Job) -> (Vec<String>, Option<Instant>) {
             (job.config.silent_after(), job.config.outage, m.rank)
         {
             // When this member turns silent: a mass silence may begin.
-            let at = job.heard(m).checked_add(silent).unwrap_or(now);
+            // Silent strictly after `silent` (as `mass_silence` counts),
+            // so check just past it: a check at `heard + silent` exactly
+            // neither counted it nor came again
+            // (sim/scenarios/mass_silence_boundary.sim).
+            let at = job
+                .heard(m)
+                .checked_add(silent + Duration::from_millis(1))
+                .unwrap_or(now);
             if at > now {
                 consider(at);
             }

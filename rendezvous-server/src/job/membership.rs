@@ -190,6 +190,11 @@ impl Job {
         let placeholder = std::mem::replace(&mut self.participants[at], node_id.to_owned());
         self.members.remove(&placeholder);
         self.absent = self.absent.saturating_sub(1);
+        if self.absent == 0 && !self.placeholder_lost {
+            // Every node of the relearned round is back: none of them can
+            // be running workers this server does not know of.
+            self.held_until = None;
+        }
         self.insert(
             now,
             node_id.to_owned(),

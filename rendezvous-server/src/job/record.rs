@@ -230,6 +230,7 @@ impl Job {
             // A node of the last round gets the drop limit from the load.
             forming_since: forming.then_some(now),
             held_until: None,
+            placeholder_lost: false,
             quarantine_policy: None,
             quarantine: super::Quarantine::default(),
             benched: 0,

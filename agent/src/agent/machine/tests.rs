@@ -493,6 +493,41 @@ fn a_fenced_node_whose_job_moved_on_gets_ready_for_the_next_round() {
 }
 
 #[test]
+fn a_fenced_node_keeps_rejoining_through_an_outage_as_long_as_a_spare_would() {
+    let (mut m, t0) = running();
+    m.step(
+        t0 + 15 * SECOND,
+        Event::Silent {
+            why: "no keep-alive answered for 15.0 s".into(),
+            since: t0,
+        },
+    );
+    let actions = m.step(t0 + 15 * SECOND, Event::Timer);
+    assert!(is_kill(&actions[0]), "{actions:?}");
+    m.step(t0 + 16 * SECOND, Event::Stopped(Vec::new()));
+    // reconnect_grace (60 s) over, nothing running: it tries again...
+    let actions = m.step(
+        t0 + 76 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
+    );
+    assert!(
+        matches!(actions[..], [Action::Rejoin { resume: Some(_) }]),
+        "{actions:?}"
+    );
+    // ...until outage_timeout (900 s) from the loss.
+    let actions = m.step(
+        t0 + 916 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
+    );
+    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    let e = error(m.step(t0 + 917 * SECOND, Event::Stopped(Vec::new())));
+    assert!(
+        matches!(&e, AgentError::GaveUp { grace, .. } if *grace == Duration::from_secs(900)),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn a_node_back_within_the_drop_limit_keeps_its_workers_unfenced() {
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
@@ -1435,14 +1470,23 @@ fn when_the_peers_word_runs_out_the_workers_are_fenced() {
     m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND));
     let actions = m.step(t0 + 20 * SECOND, Event::Timer);
     assert!(is_kill(&actions[0]), "{actions:?}");
-    // Its grace ending now is the end, as without peers.
+    // Fenced, it rejoins on (nothing of it runs) until outage_timeout
+    // from the loss, as without peers.
     m.step(t0 + 21 * SECOND, Event::Stopped(Vec::new()));
     let actions = m.step(
         t0 + 22 * SECOND,
         Event::RejoinFailed(AgentError::JoinTimeout("the grace ended".into())),
     );
+    assert!(
+        matches!(actions[..], [Action::Rejoin { .. }]),
+        "{actions:?}"
+    );
+    let actions = m.step(
+        t0 + 900 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("the grace ended".into())),
+    );
     assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
-    let actions = m.step(t0 + 22 * SECOND, Event::Stopped(Vec::new()));
+    let actions = m.step(t0 + 900 * SECOND, Event::Stopped(Vec::new()));
     assert!(
         actions.iter().any(|a| matches!(a, Action::Exit(Err(_)))),
         "{actions:?}"
