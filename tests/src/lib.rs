@@ -116,6 +116,26 @@ pub fn torch_venv(version: &str) -> PathBuf {
     dir
 }
 
+/// Every torch the conformance tests run against, with its venv: the
+/// [`TORCH_VERSIONS`], and the venv `ACCEL_NEWEST_VENV` names, if set
+/// (`scripts/newest.sh` sets it to a scratch venv of the newest torch and
+/// accelerate on the package registry).
+pub fn tested_torch() -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = TORCH_VERSIONS
+        .iter()
+        .map(|v| ((*v).to_owned(), torch_venv(v)))
+        .collect();
+    if let Some(extra) = std::env::var_os("ACCEL_NEWEST_VENV").map(PathBuf::from) {
+        assert!(
+            extra.join("bin/python").exists(),
+            "ACCEL_NEWEST_VENV={} has no bin/python",
+            extra.display()
+        );
+        out.push(("newest".to_owned(), extra));
+    }
+    out
+}
+
 /// `PATH` with `venv`'s `bin/` first.
 pub fn path_with(venv: &Path) -> String {
     let old = std::env::var("PATH").unwrap_or_default();

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use accel_tests::{
-    path_with, read_json, run_logged, scratch, torch_venv, venv, venv_path, with_private_hosts,
-    worker, AgentCmd, Finished, Port, PINNED_TORCH, TORCH_VERSIONS,
+    path_with, read_json, run_logged, scratch, tested_torch, venv, venv_path, with_private_hosts,
+    worker, AgentCmd, Finished, Port, PINNED_TORCH,
 };
 use serde_json::Value;
 
@@ -88,8 +88,10 @@ fn accel_2x2_in(
 fn ddp_job_restarts_from_its_checkpoint_on_the_oldest_and_newest_torch() {
     let _heavy = heavy();
     let script = worker("ddp_train.py");
-    for version in TORCH_VERSIONS.into_iter().filter(|v| *v != PINNED_TORCH) {
-        let tv = torch_venv(version);
+    for (version, tv) in tested_torch()
+        .into_iter()
+        .filter(|(v, _)| v != PINNED_TORCH)
+    {
         let root = scratch(&format!("ddp-torch{version}"));
         let (ck, out) = dirs(&root, "fail");
         let outs = accel_2x2_in(&tv, &root, "fail", |c| {
@@ -292,8 +294,8 @@ fn env_of(dir: &Path, rank: u32) -> BTreeMap<String, String> {
 /// On every torch release tested, against that release's torchrun.
 #[test]
 fn workers_see_the_environment_torchrun_gives() {
-    for version in TORCH_VERSIONS {
-        environment_matches_torchrun(&format!("envcmp-{version}"), &[], &torch_venv(version));
+    for (version, venv) in tested_torch() {
+        environment_matches_torchrun(&format!("envcmp-{version}"), &[], &venv);
     }
 }
 
@@ -406,8 +408,8 @@ fn environment_matches_torchrun(name: &str, flags: &[&str], venv: &Path) {
 #[test]
 fn pytorch_store_client_gets_the_same_answers_from_the_agent_store() {
     let _heavy = heavy();
-    for version in TORCH_VERSIONS {
-        store_answers_match(version, &torch_venv(version));
+    for (version, venv) in tested_torch() {
+        store_answers_match(&version, &venv);
     }
 }
 

@@ -80,8 +80,8 @@ fn respelled(flag: &str) -> String {
 /// lacks (or takes differently) fails here.
 #[test]
 fn every_torchrun_flag_is_accepted_in_both_spellings() {
-    for version in accel_tests::TORCH_VERSIONS {
-        torchrun_flags_are_accepted(version, &accel_tests::torch_venv(version));
+    for (version, venv) in accel_tests::tested_torch() {
+        torchrun_flags_are_accepted(&version, &venv);
     }
 }
 

@@ -203,7 +203,7 @@ impl Default for RdzvConf {
 
 const RDZV_KEYS: &str = "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, \
                          keep_alive_max_attempt, read_timeout, is_host, timeout, reconnect_grace, \
-                         outage_timeout, cas_backoff_max_seconds, tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
+                         outage_timeout, cas_backoff_max_seconds, store_type, tombstone_ttl, token_file, tls_ca, tls_cert, tls_key, store_ports, store_max_bytes; \
                          for --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, etcd_lease";
 
 impl RdzvConf {
@@ -229,6 +229,18 @@ impl RdzvConf {
                 "timeout" => c.timeout = dur(value)?,
                 "reconnect_grace" => c.reconnect_grace = dur(value)?,
                 "outage_timeout" => c.outage_timeout = dur(value)?,
+                // torch's c10d backend keeps its state in a TCPStore
+                // (`tcp`, its default) or a FileStore (`file`); accel's
+                // rendezvous is its own server, reached over TCP.
+                "store_type" => match value.to_ascii_lowercase().as_str() {
+                    "tcp" => {}
+                    other => {
+                        return Err(bad(format!(
+                            "--rdzv-conf store_type '{}' is not supported: accel's c10d rendezvous is an rdzv-server (or the agent hosting one) reached over TCP; use store_type=tcp or leave it out",
+                            excerpt(other)
+                        )))
+                    }
+                },
                 "cas_backoff_max_seconds" => {
                     let d = dur(value)?;
                     c.cas_backoff_max = (!d.is_zero()).then_some(d);

@@ -163,6 +163,17 @@ fn torch_2_15s_cas_backoff_max_seconds_paces_the_attempts_to_reach_the_rendezvou
 }
 
 #[test]
+fn torchs_store_type_is_taken_as_tcp_and_file_is_refused_with_the_fix() {
+    assert!(RdzvConf::parse("store_type=tcp").is_ok());
+    assert!(RdzvConf::parse("store_type=TCP").is_ok());
+    let e = RdzvConf::parse("store_type=file").expect_err("no FileStore");
+    assert!(
+        e.to_string().contains("use store_type=tcp or leave it out"),
+        "{e}"
+    );
+}
+
+#[test]
 fn print_completion_needs_no_script_and_takes_torchruns_shells() {
     let a = AgentArgs::try_parse_from(["accel-agent", "--print-completion", "tcsh"])
         .expect("no script needed");
