@@ -401,10 +401,15 @@ impl Job {
     /// were dropped for silence, or left), `ttl` after that but no sooner
     /// than [`RECONNECT_WINDOW`]: its nodes may be cut off from a leader
     /// that went silent and come back to resume within their
-    /// `reconnect_grace` (60 s by default), and must find their job.
+    /// `reconnect_grace` (60 s by default), and must find their job. A job
+    /// that never ran a round has nothing to resume: `ttl` after its last
+    /// member went (agents killed while it formed, abandoned joins), so
+    /// churn cannot fill the server's job table with empty jobs.
     fn expires_at(&self, ttl: Duration) -> Option<Instant> {
         let (since, keep) = if self.phase.is_terminal() {
             (self.finished_at, ttl)
+        } else if self.members.is_empty() && self.round == 0 && self.phase == Phase::Forming {
+            (self.empty_since, ttl)
         } else if self.members.is_empty() {
             (self.empty_since, ttl.max(RECONNECT_WINDOW))
         } else {

@@ -22,7 +22,11 @@ fn main() -> ExitCode {
     if let Some(command) = &args.command {
         return match runtime.block_on(rendezvous_server::status::run(command, &env)) {
             Ok(text) => {
-                print!("{text}");
+                // A reader that went away (`rdzv-server stacks J | head`)
+                // is not a failure, and never a panic.
+                use std::io::Write as _;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
                 ExitCode::SUCCESS
             }
             Err(e) => {

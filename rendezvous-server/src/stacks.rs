@@ -78,7 +78,8 @@ pub fn agent_budget(timeout: Duration) -> Duration {
 /// A stack as grouped and shown: `py-spy dump`'s text without what differs
 /// from one process to the next though the code is in the same place (the
 /// `Process` and `Python v...` header lines, thread ids and states, blank
-/// lines). `Thread 4242 (idle): "MainThread"` becomes `Thread "MainThread"`.
+/// lines). `Thread 4242 (idle): "MainThread"` becomes `Thread "MainThread"`,
+/// and `Thread 4243 (idle)` (no name) `Thread`.
 pub fn normalize(stack: &str) -> String {
     let mut out = String::with_capacity(stack.len());
     for line in stack.lines() {
@@ -90,6 +91,9 @@ pub fn normalize(stack: &str) -> String {
         let line = match trimmed.strip_prefix("Thread ") {
             Some(rest) => match rest.find(": ") {
                 Some(at) => format!("Thread {}", &rest[at + 2..]),
+                // A thread without a name (py-spy 0.4 prints `Thread 4242
+                // (idle)`): its id and state differ between processes too.
+                None if rest.starts_with(|c: char| c.is_ascii_digit()) => "Thread".to_owned(),
                 None => trimmed.to_owned(),
             },
             None => trimmed.to_owned(),

@@ -460,6 +460,57 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
     );
 }
 
+/// Agents killed while their jobs form (preempted pods) leave no job
+/// behind: a job that never ran a round is forgotten `--finished-job-ttl`
+/// after its last member went, so churn cannot fill the job table.
+#[test]
+fn jobs_whose_agents_were_killed_while_forming_are_forgotten() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--finished-job-ttl", "1"],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let dir = scratch("sec-abandoned");
+    let agents: Vec<Agent> = (0..20)
+        .map(|i| {
+            AgentCmd::c10d_no_local_addr(&server.addr, &format!("ab-{i}"))
+                .nnodes(2)
+                .nproc(1)
+                .no_python("true", &[])
+                .env("ACCEL_RDZV_TOKEN", TOKEN)
+                .start(&dir, &format!("ab-{i}"))
+        })
+        .collect();
+    let env = [("ACCEL_RDZV_TOKEN", TOKEN)];
+    accel_tests::poll_until("20 forming jobs", Duration::from_secs(30), || {
+        let jobs = accel_tests::status_jobs(&server.addr, &env)?;
+        match jobs.len() {
+            20 => Ok(()),
+            n => Err(format!("{n} jobs")),
+        }
+    });
+    for a in &agents {
+        a.signal("KILL");
+    }
+    let killed = Instant::now();
+    accel_tests::poll_until(
+        "the abandoned jobs forgotten",
+        Duration::from_secs(20),
+        || {
+            let jobs = accel_tests::status_jobs(&server.addr, &env)?;
+            match jobs.is_empty() {
+                true => Ok(()),
+                false => Err(format!("{} jobs left: {:?}", jobs.len(), jobs.first())),
+            }
+        },
+    );
+    eprintln!(
+        "20 abandoned forming jobs forgotten {:?} after their agents were killed",
+        killed.elapsed()
+    );
+    drop(agents);
+}
+
 #[test]
 fn a_thousand_agents_are_a_few_log_lines_not_a_thousand() {
     let dir = scratch("sec-logs");

@@ -178,3 +178,24 @@ fn a_file_timer_hang_reports_every_ranks_stacks_grouped() {
         );
     }
 }
+
+/// `rdzv-server status` (or `stacks`) into a reader that went away, as
+/// `| head` does: exit 0, no panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let server = accel_tests::Server::start();
+    let bin = accel_tests::bin("rdzv-server");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "'{}' status --rdzv-endpoint '{}' | (exec 0<&-; sleep 1); echo \"rc=${{PIPESTATUS[0]}}\"",
+            bin.display(),
+            server.addr
+        ))
+        .output()
+        .expect("bash");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("rc=0"), "{said} {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

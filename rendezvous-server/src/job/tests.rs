@@ -518,15 +518,28 @@ fn finished_jobs_and_jobs_without_members_expire_after_the_ttl() {
     // A job whose every node left before it finished: kept for the
     // reconnect window (its nodes may come back to resume it), or the TTL
     // if that is longer.
-    let mut j = job(2);
-    j.join(t, "n0", &req("a", 2, None), S).expect("join");
-    assert!(!j.expired(t + ttl * 10, ttl), "a member is there");
+    let (mut j, _) = formed(&["a", "b"], t);
+    assert!(!j.expired(t + ttl * 10, ttl), "members are there");
     j.leave(t, "n0", "gone");
+    j.leave(t, "n1", "gone");
+    assert!(j.members().is_empty());
     assert!(!j.expired(t + ttl, ttl));
     assert!(!j.expired(t + Duration::from_secs(59), ttl));
     assert!(j.expired(t + RECONNECT_WINDOW, ttl));
     assert!(j.expired(t + ttl * 3, ttl * 3), "a longer TTL is kept");
     assert!(!j.expired(t + ttl * 3 - Duration::from_secs(1), ttl * 3));
+    // A job that never ran a round has nothing to resume: the TTL alone
+    // (agents killed while it formed must not pile up empty jobs).
+    let mut j = job(2);
+    j.join(t, "n0", &req("a", 2, None), S).expect("join");
+    assert!(!j.expired(t + ttl * 10, ttl), "a member is there");
+    j.leave(t, "n0", "gone");
+    assert!(!j.expired(t + ttl - Duration::from_secs(1), ttl));
+    assert!(j.expired(t + ttl, ttl));
+    assert!(
+        j.next_deadline(t, ttl).is_some_and(|d| d <= t + ttl),
+        "the tick that forgets it comes"
+    );
 }
 
 #[test]

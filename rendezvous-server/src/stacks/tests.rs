@@ -308,3 +308,11 @@ async fn an_answer_a_moment_old_stands_in_for_a_new_collection_and_a_forgotten_j
     assert_eq!(desk.latest("j"), Latest::None);
     assert!(matches!(desk.begin("j", 1), Ok(Begin::New(_))));
 }
+
+#[test]
+fn a_thread_without_a_name_groups_whatever_its_id_and_state() {
+    let a = "Thread 4242 (idle)\n    wait (threading.py:320)\n";
+    let b = "Thread 977 (active)\n    wait (threading.py:320)\n";
+    assert_eq!(normalize(a), normalize(b));
+    assert_eq!(normalize(a), "Thread\n    wait (threading.py:320)\n");
+}
