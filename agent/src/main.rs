@@ -8,6 +8,11 @@ use accel_agent::node;
 
 fn main() -> ExitCode {
     node::abort_on_panic();
+    // Before anything reads the token or runs a probe (nvidia-smi while the
+    // configuration is built): other processes of this user cannot read
+    // this one's environment or memory from here on. The token's variables
+    // are removed once it is read (`node::run`).
+    node::hide_early();
     if let Some(code) = accel_input::generated::<AgentArgs>() {
         return code;
     }

@@ -99,6 +99,14 @@ pub fn protect_secrets() {
     }
 }
 
+/// The first step of [`protect_secrets`], for the very start of `main`:
+/// the process becomes non-dumpable before the configuration (which reads
+/// the token and may run `nvidia-smi` for a few seconds) is built. Silent:
+/// [`protect_secrets`] warns if it cannot.
+pub fn hide_early() {
+    let _ = accel_process::sys::not_dumpable();
+}
+
 /// Runs the agent for `cfg` to its outcome, on a runtime of its own. Call it
 /// while the process has one thread: it forks the guard first.
 pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {

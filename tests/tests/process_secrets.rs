@@ -101,3 +101,75 @@ fn a_worker_of_accel_launch_cannot_read_its_environment_either() {
         &["launch", "--num_processes", "1", "--no_python"],
     );
 }
+
+/// The configuration is built (and `nvidia-smi -q` asked for the topology
+/// of a multi-node job) before the agent starts anything: by then the agent
+/// is already non-dumpable, and the probe runs without the token in its
+/// environment (a process of the agent's user reads neither).
+#[test]
+fn the_nvidia_smi_probe_sees_no_token_and_cannot_read_the_agents_environment() {
+    let dir = scratch("smi-environ");
+    open_to_all(&dir);
+    let program = runnable_copy(&dir, "accel-agent");
+    let fake = dir.join("bin");
+    std::fs::create_dir(&fake).expect("mkdir");
+    open_to_all(&fake);
+    // Where the probe, as the other user, writes what it saw.
+    let out = dir.join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let said = out.join("probe.out");
+    let smi = fake.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!(
+            r#"#!/bin/sh
+{{
+if cat /proc/$PPID/environ >/dev/null 2>&1; then echo "agent environ: readable"; else echo "agent environ: denied"; fi
+if env | grep -q {TOKEN}; then echo "probe env: token"; else echo "probe env: clean"; fi
+}} > {said}.tmp
+mv {said}.tmp {said}
+exit 1
+"#,
+            said = said.display()
+        ),
+    )
+    .expect("fake nvidia-smi");
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut cmd = Command::new(&program);
+    as_other_user(&mut cmd)
+        .current_dir(&dir)
+        .env("ACCEL_RDZV_TOKEN", TOKEN)
+        .env("PATH", format!("{}:/usr/bin:/bin", fake.display()))
+        .args([
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:1",
+            "--rdzv-id",
+            "smi",
+            "--nproc-per-node",
+            "1",
+            "--no-python",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("start the agent as the other user");
+    poll_until("the probe ran", Duration::from_secs(30), || {
+        std::fs::read_to_string(&said)
+            .map_err(|e| e.to_string())
+            .and_then(|t| match t.contains("probe env") {
+                true => Ok(()),
+                false => Err(t),
+            })
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&said).expect("probe output");
+    assert!(text.contains("agent environ: denied"), "{text}");
+    assert!(text.contains("probe env: clean"), "{text}");
+}

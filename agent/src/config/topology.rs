@@ -143,12 +143,50 @@ pub(super) fn resolve(
     }
 }
 
+/// Reads the topology file as an agent may read a file a flag names
+/// (the agent may run as root and publishes what it reads): not through a
+/// symbolic link (a planted link to a secret would publish the secret), a
+/// regular file only (a FIFO would hang the agent), owned by the agent's
+/// user or root and writable by no one else, at most [`MAX_FILE_BYTES`].
 fn read_file(file: &Path) -> Result<String, String> {
     use std::io::Read as _;
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let name = || format!("--topology-file {}", file.display());
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        // Not followed, and a FIFO does not block the open.
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(file)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => format!(
+                "{}: is a symbolic link; name the file itself (links are not followed, so a planted one cannot point the agent at another file)",
+                name()
+            ),
+            _ => format!("{}: {e}", name()),
+        })?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", name()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", name()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "{}: owned by uid {}, not this agent's user or root; the agent reads only files that no other user controls",
+            name(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{}: other users may write it (mode {:o}); chmod go-w it",
+            name(),
+            meta.mode() & 0o7777
+        ));
+    }
     let mut text = String::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
-        .map_err(|e| format!("--topology-file {}: {e}", file.display()))?;
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", name()))?;
     if text.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
             "--topology-file {}: more than {MAX_FILE_BYTES} bytes; it should hold one path, like zone-a/rack-3/nvl-0",
@@ -401,7 +439,13 @@ fn run_bounded(
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
     let deadline = Instant::now() + timeout;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    // The probe needs no secret: its environment (readable by this user's
+    // processes) carries none.
+    for secret in crate::supervisor::SECRET_VARIABLES {
+        command.env_remove(secret);
+    }
+    let mut child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -933,6 +977,30 @@ mod tests {
             Ok("")
         );
         assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn a_topology_file_is_read_only_when_no_one_else_controls_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let none = env_of(&[]);
+        let mut w = Vec::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret = dir.path().join("token");
+        std::fs::write(&secret, "0123456789abcdef\n").expect("write");
+        // A planted link to a secret: not followed.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&secret, &link).expect("symlink");
+        let e = resolve(None, Some(&link), &none, &no_smi, &mut w).expect_err("a link");
+        assert!(e.contains("symbolic link") && !e.contains("0123"), "{e}");
+        // A FIFO: refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        let e = resolve(None, Some(&fifo), &none, &no_smi, &mut w).expect_err("a fifo");
+        assert!(e.contains("not a regular file"), "{e}");
+        // Writable by others: refused with the fix.
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let e = resolve(None, Some(&secret), &none, &no_smi, &mut w).expect_err("writable");
+        assert!(e.contains("chmod go-w"), "{e}");
     }
 
     #[test]
