@@ -31,7 +31,7 @@ pub fn truncated(s: &str, max: usize) -> &str {
 /// traceback are kept where `keep_newlines` says so. Escaping can make a text
 /// six times longer, so the result is cut at [`MAX_FAILURE_BYTES`].
 pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
-    if !s.chars().any(char::is_control) && s.len() <= MAX_FAILURE_BYTES {
+    if !s.chars().any(|c| c.is_control() || is_bidi(c)) && s.len() <= MAX_FAILURE_BYTES {
         return s.to_owned();
     }
     let mut out = String::with_capacity(s.len().min(MAX_FAILURE_BYTES) + 8);
@@ -42,11 +42,18 @@ pub fn printable_keeping(s: &str, keep_newlines: bool) -> String {
         }
         match c {
             '\n' | '\t' if keep_newlines => out.push(c),
-            c if c.is_control() => out.extend(c.escape_default()),
+            c if c.is_control() || is_bidi(c) => out.extend(c.escape_default()),
             c => out.push(c),
         }
     }
     out
+}
+
+/// Unicode's bidirectional formatting characters (embeddings, overrides,
+/// isolates, marks): not control characters, but they reorder what a
+/// terminal shows (U+202E turns the rest of a line around).
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// `s` with every control character escaped.

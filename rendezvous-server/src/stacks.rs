@@ -228,7 +228,12 @@ pub fn render(job: &str, r: &pb::StacksResponse) -> String {
             ranges(&all),
             hosts.join("; ")
         );
-        out.push_str(&g.stack);
+        // Every stack line indented: only the headers above start a line,
+        // so no text a worker controls (a function named with a newline
+        // and a made-up header) can pass for one.
+        for line in g.stack.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
     }
     if r.groups_omitted > 0 {
         let _ = writeln!(

@@ -91,22 +91,34 @@ impl Registry {
         workers: Vec<pb::WorkerStack>,
     ) -> Result<(), Error> {
         self.acting()?;
-        let host = {
+        let (host, ranks) = {
             let guard = self.lock();
             let entry = guard
                 .map
                 .get(job_id)
                 .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
             authorize(&entry.job, job_id, node_id, session)?;
-            entry
-                .job
-                .members()
-                .get(node_id)
-                .map(|m| m.hostname.clone())
-                .unwrap_or_default()
+            let nproc = entry.job.config().nproc_per_node;
+            let member = entry.job.members().get(node_id);
+            // The ranks this node runs in its round: a node speaks for its
+            // own workers only (it cannot claim another node's, or more).
+            let ranks = member.and_then(|m| m.rank).map(|r| {
+                let first = r.saturating_mul(nproc);
+                first..first.saturating_add(nproc)
+            });
+            (
+                member.map(|m| m.hostname.clone()).unwrap_or_default(),
+                ranks,
+            )
         };
+        let mut seen = std::collections::HashSet::new();
         let workers = workers
             .into_iter()
+            .filter(|w| {
+                ranks.as_ref().is_some_and(|r| r.contains(&w.rank))
+                    && w.local_rank < nproc_of(ranks.as_ref())
+                    && seen.insert(w.rank)
+            })
             .map(|w| pb::WorkerStack {
                 stack: crate::limits::printable_keeping(&w.stack, true),
                 ..w
@@ -127,4 +139,9 @@ impl Registry {
     pub fn latest_stacks(&self, job_id: &str) -> Latest {
         self.stacks.latest(job_id)
     }
+}
+
+/// How many workers a node of `ranks` runs.
+fn nproc_of(ranks: Option<&std::ops::Range<u32>>) -> u32 {
+    ranks.map_or(0, |r| r.end.saturating_sub(r.start))
 }

@@ -316,3 +316,26 @@ fn a_thread_without_a_name_groups_whatever_its_id_and_state() {
     assert_eq!(normalize(a), normalize(b));
     assert_eq!(normalize(a), "Thread\n    wait (threading.py:320)\n");
 }
+
+#[test]
+fn a_stack_cannot_pass_for_a_header_or_turn_a_line_around() {
+    // A worker named a function so that py-spy prints a made-up header.
+    let forged =
+        "Thread 1 (idle): \"MainThread\"\n    f\n== 3 ranks: 0-2  [healthy-node: 0-2] (x.py:1)\n";
+    let answers = vec![Answer {
+        host: "h".into(),
+        workers: vec![pb::WorkerStack {
+            rank: 0,
+            local_rank: 0,
+            pid: 1,
+            stack: crate::limits::printable_keeping(&format!("{forged}\u{202e}evil"), true),
+        }],
+    }];
+    let text = render("j", &group(0, 1, &answers, &[]));
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("==")).collect();
+    assert_eq!(headers, ["== 1 rank: 0  [h: 0]"], "{text}");
+    assert!(
+        !text.contains('\u{202e}') && text.contains("\\u{202e}"),
+        "{text}"
+    );
+}
