@@ -140,13 +140,14 @@ impl Timing {
         // How long the hub counts a ping, which is also the longest gap
         // between two answered pings that keeps a node's run of contact
         // unbroken (`View::majority`): two and a half pings, but up to
-        // 500 ms where the drop limit leaves room (at most half of what is
-        // left of the fence deadline after the rest of the lag), so a node
-        // whose agent stalls for a few pings (a loaded machine, the burst
-        // of work when the rendezvous goes away) keeps its evidence.
+        // 2 s where the drop limit leaves room (two thirds of what is left
+        // of the fence deadline after the rest of the lag: the evidence
+        // still counts for the last third), so a node whose agent stalls
+        // (a loaded machine, the burst of work when the rendezvous goes
+        // away, the hub's own node busy) keeps its evidence.
         let rest = silent_after + every * 2 + Duration::from_millis(150);
-        let room = fence_in.saturating_sub(rest) / 2;
-        let fresh = (every * 5 / 2).max(room.min(Duration::from_millis(500)));
+        let room = fence_in.saturating_sub(rest) * 2 / 3;
+        let fresh = (every * 5 / 2).max(room.min(Duration::from_secs(2)));
         // The hub forgets a node at its next sweep (every `every`) past
         // `fresh`; the rendezvous notices a mass silence at its next tick
         // (every 100 ms); 50 ms of slack.

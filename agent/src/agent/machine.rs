@@ -1156,11 +1156,14 @@ impl NodeMachine {
                 }
                 self.go_on(now, round, actions)
             }
-            // Its workers were fenced (all stopped): a node with nothing running keeps
-            // rejoining through a control-plane outage, as a spare does
-            // (`link::idle_rejoin_grace` from the loss).
+            // Nothing of this node runs any more (its workers were fenced,
+            // or ended during the outage: succeeded, or failed and the rest
+            // stopped): it keeps rejoining through a control-plane outage,
+            // as a spare does (`link::idle_rejoin_grace` from the loss), to
+            // report how its round ended; giving up would end a finished
+            // job's agent with 1, or lose a failure the job must restart on.
             Event::RejoinFailed(AgentError::JoinTimeout(_))
-                if round.fenced
+                if (round.fenced || round.live == 0)
                     && round
                         .lost
                         .is_some_and(|lost| now < after_from(lost, self.idle_grace())) =>
@@ -1176,7 +1179,7 @@ impl NodeMachine {
                 }]
             }
             Event::RejoinFailed(e) => {
-                let grace = match round.fenced {
+                let grace = match round.fenced || round.live == 0 {
                     true => self.idle_grace(),
                     false => self.settings.reconnect_grace,
                 };

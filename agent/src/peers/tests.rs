@@ -21,10 +21,11 @@ fn default_timing(nnodes: u32) -> Timing {
 fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
     let t = default_timing(4);
     assert_eq!(t.every, 250 * MS);
-    assert_eq!(t.fresh, 625 * MS);
+    // A stall of up to 2 s keeps a node's run of contact.
+    assert_eq!(t.fresh, 2000 * MS);
     // 7.5 s until the rendezvous counts a node silent, plus the hub's
     // staleness and slack.
-    assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 625 + 150));
+    assert_eq!(t.lag, Duration::from_millis(7500 + 500 + 2000 + 150));
     assert!(
         t.fence_in > t.lag,
         "a ping keeps workers {:?} longer",
@@ -41,9 +42,9 @@ fn the_timing_follows_the_drop_limit_and_leaves_evidence_worth_having() {
     assert_eq!(short.every, 75 * MS);
     assert!(short.fence_in > short.lag);
     // A stall of a few pings does not break a node's run of contact: the
-    // hub counts a ping for half a second where the limit leaves room...
-    assert_eq!(short.fresh, 500 * MS);
-    assert_eq!(short.lag, Duration::from_millis(1500 + 150 + 500 + 150));
+    // hub counts a ping for two thirds of the room the limit leaves...
+    assert_eq!(short.fresh, Duration::from_nanos(666_666_666));
+    assert!(short.fence_in - short.lag > 300 * MS);
     // ...and two and a half pings where it does not.
     let tight = Timing::new(
         Duration::from_secs(1),

@@ -528,6 +528,42 @@ fn a_fenced_node_keeps_rejoining_through_an_outage_as_long_as_a_spare_would() {
 }
 
 #[test]
+fn a_node_whose_workers_succeeded_during_an_outage_waits_to_report_it() {
+    let (mut m, t0) = running();
+    m.step(
+        t0,
+        Event::Lost("lost the rendezvous: connection refused".into()),
+    );
+    m.step(t0 + SECOND, Event::Vouched(t0 + 20 * SECOND));
+    // Training ends while the rendezvous is still away.
+    m.step(t0 + 10 * SECOND, Event::Exited(exit(0, 0)));
+    m.step(t0 + 10 * SECOND, Event::Exited(exit(1, 0)));
+    // reconnect_grace over: it tries again rather than exit 1...
+    let actions = m.step(
+        t0 + 60 * SECOND,
+        Event::RejoinFailed(AgentError::JoinTimeout("no answer".into())),
+    );
+    assert!(
+        matches!(actions[..], [Action::Rejoin { .. }]),
+        "{actions:?}"
+    );
+    // ...and reports the success once it is back.
+    let actions = m.step(
+        t0 + 120 * SECOND,
+        Event::Rejoined {
+            round: 0,
+            resumed: true,
+        },
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::ReportSuccess { round: 0 })),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn a_node_back_within_the_drop_limit_keeps_its_workers_unfenced() {
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
