@@ -24,7 +24,9 @@
 //! the page asks for it once and keeps it in the tab's session storage),
 //! unless the server has no token (then the gRPC port is open too) or the
 //! caller is on this host (loopback: an SSH or `kubectl port-forward`
-//! tunnel). No secrets are in it: session secrets and the token never are,
+//! tunnel). A caller on this host must name it (`localhost` or an address)
+//! in its `Host` header, token or not: a browser page of another site that
+//! re-points its own name at 127.0.0.1 (DNS rebinding) names that site. No secrets are in it: session secrets and the token never are,
 //! command lines are not known to the server.
 
 use std::net::IpAddr;
@@ -108,9 +110,14 @@ pub fn admitted(
         IpAddr::V4(a) => a.is_loopback(),
         IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
     };
+    let named_here = host.is_some_and(names_this_host);
     match token {
-        None => true,
-        Some(t) => t.admits_bytes(authorization) || (local && host.is_some_and(names_this_host)),
+        // Without a token the gRPC port is open as well; but a browser on
+        // this host that a page of another site re-pointed at 127.0.0.1
+        // (DNS rebinding) is no caller of this server's: its requests name
+        // that site, and are refused.
+        None => !local || named_here,
+        Some(t) => t.admits_bytes(authorization) || (local && named_here),
     }
 }
 
@@ -355,8 +362,12 @@ mod tests {
             Some(&t)
         ));
         assert!(!admitted(near, None, None, Some(&t)));
-        // Without a token the gRPC port is open as well.
+        // Without a token the gRPC port is open as well...
         assert!(admitted(far, None, None, None));
+        assert!(admitted(near, here, None, None));
+        // ...but DNS rebinding on this host is refused all the same.
+        assert!(!admitted(near, Some(b"evil.example:29401"), None, None));
+        assert!(!admitted(near, None, None, None));
     }
 
     #[test]

@@ -468,3 +468,38 @@ fn headless_chromium_shows_a_hang_s_restart_root_cause_and_grouped_stacks() {
         let _ = a.wait(LIMIT);
     }
 }
+
+/// A server without a token, on loopback: a browser on this host that a
+/// page of another site re-pointed at 127.0.0.1 (DNS rebinding) gets no
+/// job and starts no stack dump; the same requests naming this host do.
+#[test]
+fn a_tokenless_loopback_server_refuses_requests_that_name_another_site() {
+    use std::io::{Read, Write};
+    let server = Server::start();
+    let page = server.metrics.clone().expect("metrics listener");
+    let ask = |method: &str, path: &str, host: &str| -> u16 {
+        let mut s = std::net::TcpStream::connect(&page).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nX-Accel-Request: stacks\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut raw = String::new();
+        let _ = s.read_to_string(&mut raw);
+        raw.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(ask("GET", "/api/jobs", &page), 200, "this host, named so");
+    assert_eq!(ask("GET", "/api/jobs", "localhost"), 200);
+    for (method, path) in [("GET", "/api/jobs"), ("POST", "/api/stacks?job=j")] {
+        let code = ask(method, path, "evil.example:29401");
+        assert!(
+            code == 401 || code == 403,
+            "{method} {path} naming another site: {code}"
+        );
+    }
+}
