@@ -102,6 +102,7 @@ fn route(
 /// that site, so they are refused.
 pub fn admitted(
     peer: IpAddr,
+    own_user: bool,
     host: Option<&[u8]>,
     authorization: Option<&[u8]>,
     token: Option<&Token>,
@@ -117,7 +118,10 @@ pub fn admitted(
         // (DNS rebinding) is no caller of this server's: its requests name
         // that site, and are refused.
         None => !local || named_here,
-        Some(t) => t.admits_bytes(authorization) || (local && named_here),
+        // On a shared node every local user's processes come from
+        // loopback too: only the server's own user (or root), as the
+        // kernel says, is taken for an operator's tunnel.
+        Some(t) => t.admits_bytes(authorization) || (local && named_here && own_user),
     }
 }
 
@@ -173,7 +177,9 @@ fn leader(
 ) -> Result<crate::registry::Registry, Box<Reply>> {
     let authorization = page.headers.get("authorization").map(|v| v.as_bytes());
     let host = page.headers.get("host").map(|v| v.as_bytes());
-    if !admitted(page.peer, host, authorization, token) {
+    let me = nix::unistd::geteuid().as_raw();
+    let own_user = page.peer_uid.is_some_and(|u| u == me || u == 0);
+    if !admitted(page.peer, own_user, host, authorization, token) {
         let body = error_json(
             "this rendezvous requires its token: give it to the page (or send \
              Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
@@ -335,39 +341,69 @@ mod tests {
         let near: IpAddr = "127.0.0.1".parse().expect("ip");
         let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
         let here = Some(b"127.0.0.1:29401".as_slice());
-        assert!(!admitted(far, here, None, Some(&t)));
+        assert!(!admitted(far, true, here, None, Some(&t)));
         assert!(!admitted(
             far,
+            true,
             here,
             Some(b"Bearer wrong-token-value-000"),
             Some(&t)
         ));
         assert!(admitted(
             far,
+            true,
             Some(b"evil.example:29401"),
             Some(b"Bearer 0123456789abcdef0123"),
             Some(&t)
         ));
-        assert!(admitted(near, here, None, Some(&t)));
-        assert!(admitted(near, Some(b"localhost:29401"), None, Some(&t)));
-        assert!(admitted(near, Some(b"[::1]:29401"), None, Some(&t)));
-        assert!(admitted(mapped, Some(b"localhost"), None, Some(&t)));
+        assert!(admitted(near, true, here, None, Some(&t)));
+        assert!(admitted(
+            near,
+            true,
+            Some(b"localhost:29401"),
+            None,
+            Some(&t)
+        ));
+        assert!(admitted(near, true, Some(b"[::1]:29401"), None, Some(&t)));
+        assert!(admitted(mapped, true, Some(b"localhost"), None, Some(&t)));
         // A page of another site whose name now points at 127.0.0.1 (DNS
         // rebinding through a tunnel), or no Host at all: the token is needed.
-        assert!(!admitted(near, Some(b"evil.example:29401"), None, Some(&t)));
         assert!(!admitted(
             near,
+            true,
+            Some(b"evil.example:29401"),
+            None,
+            Some(&t)
+        ));
+        assert!(!admitted(
+            near,
+            true,
             Some(b"localhost.evil.example"),
             None,
             Some(&t)
         ));
-        assert!(!admitted(near, None, None, Some(&t)));
+        assert!(!admitted(near, true, None, None, Some(&t)));
+        // Another local user (a shared node): the token, even from loopback.
+        assert!(!admitted(near, false, here, None, Some(&t)));
+        assert!(admitted(
+            near,
+            false,
+            here,
+            Some(b"Bearer 0123456789abcdef0123"),
+            Some(&t)
+        ));
         // Without a token the gRPC port is open as well...
-        assert!(admitted(far, None, None, None));
-        assert!(admitted(near, here, None, None));
+        assert!(admitted(far, true, None, None, None));
+        assert!(admitted(near, true, here, None, None));
         // ...but DNS rebinding on this host is refused all the same.
-        assert!(!admitted(near, Some(b"evil.example:29401"), None, None));
-        assert!(!admitted(near, None, None, None));
+        assert!(!admitted(
+            near,
+            true,
+            Some(b"evil.example:29401"),
+            None,
+            None
+        ));
+        assert!(!admitted(near, true, None, None, None));
     }
 
     #[test]

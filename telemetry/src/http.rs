@@ -78,6 +78,10 @@ pub struct Page<'a> {
     pub headers: &'a hyper::HeaderMap,
     /// The address the connection came from.
     pub peer: IpAddr,
+    /// Who owns the connection's other end, when it is a socket on this
+    /// host the kernel knows ([`crate::peer::Owners`]): `None` for a remote
+    /// peer, or one whose socket is already closed.
+    pub peer_uid: Option<u32>,
 }
 
 /// An answer.
@@ -193,7 +197,12 @@ impl Endpoint {
 
     /// The answer to `req` from `peer`: the program's pages first, then
     /// [`Endpoint::respond`].
-    pub fn answer<B>(&self, req: &Request<B>, peer: IpAddr) -> Response<Full<Bytes>> {
+    pub fn answer<B>(
+        &self,
+        req: &Request<B>,
+        peer: IpAddr,
+        peer_uid: Option<u32>,
+    ) -> Response<Full<Bytes>> {
         let (method, path) = (req.method(), req.uri().path());
         let own = matches!(path, "/metrics" | "/healthz" | "/livez" | "/readyz");
         if let (Some(pages), false, true) = (
@@ -207,6 +216,7 @@ impl Endpoint {
                 query: req.uri().query().unwrap_or_default(),
                 headers: req.headers(),
                 peer,
+                peer_uid,
             };
             if let Some(r) = pages(&page) {
                 return r;
@@ -282,6 +292,9 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 /// in progress are then dropped (a scrape is cheap to repeat).
 pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: CancellationToken) {
     let slots = Slots::default();
+    // Who is at the other end of a connection from this host: the pages
+    // serve some answers without the token only to the server's own user.
+    let owners = Arc::new(crate::peer::Owners::open());
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -302,12 +315,21 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
         };
         let endpoint = endpoint.clone();
         let stop = stop.clone();
+        let owners = owners.clone();
         tokio::spawn(async move {
+            // Asked once per connection (one netlink round trip), and only
+            // for a peer on this host: a remote one has no socket here.
+            let peer_uid = match stream.local_addr() {
+                Ok(local) if crate::peer::on_this_host(peer.ip(), local.ip()) => {
+                    owners.peer_uid(peer, local)
+                }
+                _ => None,
+            };
             let evicted = slot.evicted.clone();
             let requested = Slot::clone(&slot);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 requested.requested();
-                let r = endpoint.answer(&req, peer.ip());
+                let r = endpoint.answer(&req, peer.ip(), peer_uid);
                 async move { Ok::<_, Infallible>(r) }
             });
             let conn = hyper::server::conn::http1::Builder::new()

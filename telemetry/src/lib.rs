@@ -13,6 +13,7 @@
 
 pub mod http;
 pub mod logging;
+pub mod peer;
 pub mod quiet;
 
 pub use http::{Bind, Endpoint, Readiness};

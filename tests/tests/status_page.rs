@@ -503,3 +503,36 @@ fn a_tokenless_loopback_server_refuses_requests_that_name_another_site() {
         );
     }
 }
+
+/// On a shared node every local user's processes connect from loopback:
+/// the jobs and the stacks go without the token only to the server's own
+/// user (or root), as the kernel says; another local user gets 401, as a
+/// remote caller does.
+#[test]
+fn another_local_user_gets_no_job_and_starts_no_stack_dump_without_the_token() {
+    let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
+    let page = server.metrics.clone().expect("metrics listener");
+    let (host, port) = page.rsplit_once(':').expect("host:port");
+    let ask = |other: bool, method: &str, path: &str| -> String {
+        let script = format!(
+            "exec 3<>/dev/tcp/{host}/{port} && printf '{method} {path} HTTP/1.1\\r\\nHost: {page}\\r\\nX-Accel-Request: stacks\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n' >&3 && head -1 <&3"
+        );
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args(["-c", &script]);
+        if other {
+            accel_tests::as_other_user(&mut cmd);
+        }
+        let out = cmd.output().expect("bash");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        ask(false, "GET", "/api/jobs").contains(" 200 "),
+        "the server's own user"
+    );
+    let jobs = ask(true, "GET", "/api/jobs");
+    assert!(jobs.contains(" 401 "), "another user: {jobs}");
+    let stacks = ask(true, "POST", "/api/stacks?job=j");
+    assert!(stacks.contains(" 401 "), "another user: {stacks}");
+    // The page itself (no data) is for anyone.
+    assert!(ask(true, "GET", "/").contains(" 200 "));
+}

@@ -66,14 +66,7 @@ impl Default for Admit {
     }
 }
 
-/// An IPv4 address in IPv6 clothing (`::ffff:a.b.c.d`, how a dual-stack
-/// socket shows an IPv4 peer) as the IPv4 address.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
-}
+pub use accel_telemetry::peer::canonical;
 
 /// An entry as an IP literal (`10.0.0.1`, `fd00::1`, `[fd00::1]`), if it is one.
 pub fn literal(entry: &str) -> Option<IpAddr> {

@@ -68,7 +68,7 @@ pub mod admission;
 mod budget;
 mod conn;
 pub mod metrics;
-mod owner;
+use accel_telemetry::peer as owner;
 pub mod reply;
 pub mod state;
 mod sys;

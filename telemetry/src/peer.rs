@@ -33,7 +33,21 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use super::admission::canonical;
+/// An IPv4 address in IPv6 clothing (`::ffff:a.b.c.d`, how a dual-stack
+/// socket shows an IPv4 peer) as the IPv4 address.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether a connection from `peer` to `local` comes from this host: a
+/// loopback address, or the address it was made to.
+pub fn on_this_host(peer: IpAddr, local: IpAddr) -> bool {
+    let peer = canonical(peer);
+    peer.is_loopback() || peer == canonical(local)
+}
 
 /// `SOCK_DIAG_BY_FAMILY`, the netlink message type of a socket lookup.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -46,7 +60,7 @@ const DIAG_UID_AT: usize = 4 + 48 + 12;
 
 /// Asks the kernel who owns the other end of a connection.
 #[derive(Debug)]
-pub(crate) struct Owners {
+pub struct Owners {
     /// The netlink socket and the last request's sequence number (`None`:
     /// netlink is unavailable, `/proc/net/tcp` is read instead).
     diag: Option<Mutex<(OwnedFd, u32)>>,
@@ -54,7 +68,7 @@ pub(crate) struct Owners {
 
 impl Owners {
     /// Opens the netlink socket lookups use.
-    pub(crate) fn open() -> Self {
+    pub fn open() -> Self {
         use nix::sys::socket::{socket, AddressFamily, SockFlag, SockProtocol, SockType};
         let diag = socket(
             AddressFamily::Netlink,
@@ -70,7 +84,7 @@ impl Owners {
     /// The owner of the socket at `peer` connected to `local`, or `None` if
     /// the kernel knows no such socket (closed, or not on this host), or
     /// cannot be asked.
-    pub(crate) fn peer_uid(&self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    pub fn peer_uid(&self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
         let peer = SocketAddr::new(canonical(peer.ip()), peer.port());
         let local = SocketAddr::new(canonical(local.ip()), local.port());
         let asked = self.diag.as_ref().map(|d| {
@@ -88,7 +102,7 @@ impl Owners {
 
 /// The `inet_diag` request for the socket whose local end is `src` and
 /// remote end `dst` (a netlink message, header included).
-pub(crate) fn diag_request(src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8> {
+pub fn diag_request(src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8> {
     let family = match (src.ip(), dst.ip()) {
         (IpAddr::V4(_), IpAddr::V4(_)) => nix::libc::AF_INET,
         _ => nix::libc::AF_INET6,
@@ -126,7 +140,7 @@ pub(crate) fn diag_request(src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8
 /// The owner in the reply to request `seq`: `Ok(Some(uid))`, `Ok(None)` if
 /// the kernel has no such socket, `Err(())` if the reply says nothing usable.
 #[allow(clippy::result_unit_err)]
-pub(crate) fn parse_diag_reply(reply: &[u8], seq: u32) -> Result<Option<u32>, ()> {
+pub fn parse_diag_reply(reply: &[u8], seq: u32) -> Result<Option<u32>, ()> {
     let u32_at = |at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(reply.get(at..at + 4)?.try_into().ok()?))
     };
@@ -205,7 +219,7 @@ fn proc_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 /// local address is `src` and remote address `dst` (IPv4 rows match IPv4
 /// addresses; IPv6 rows match IPv6 addresses and the mapped forms of IPv4
 /// ones), if its socket still has an inode (is not closed).
-pub(crate) fn parse_proc_net_tcp(table: &str, src: SocketAddr, dst: SocketAddr) -> Option<u32> {
+pub fn parse_proc_net_tcp(table: &str, src: SocketAddr, dst: SocketAddr) -> Option<u32> {
     table.lines().skip(1).find_map(|row| {
         let f: Vec<&str> = row.split_whitespace().collect();
         let (l, r, uid, inode) = (f.get(1)?, f.get(2)?, f.get(7)?, f.get(9)?);
