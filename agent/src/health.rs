@@ -74,9 +74,6 @@ impl HealthCheck {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot run the health check: {e}"))?;
-        // The check and whatever it started go when the check is over, or
-        // when a signal drops it half-way.
-        let group = child.id().map(|p| KillGroup(p as i32));
         // Both streams at once (a check that fills one pipe while the other
         // is read would block); past the cap the oldest output is dropped.
         let (out, err) = (child.stdout.take(), child.stderr.take());
@@ -89,6 +86,14 @@ impl HealthCheck {
         .into_iter()
         .flatten()
         .collect();
+        // The check and whatever it started go when the check is over, or
+        // when it is dropped half-way (the agent stopped mid-check): its
+        // group, and whatever left the group (`setsid`) holding its output.
+        let mut leftovers = Leftovers {
+            group: child.id().map(|p| p as i32),
+            pipes,
+            output_ended: false,
+        };
         // Read into buffers that outlive the reads: a read given up on
         // keeps what it had.
         let (mut text, mut more) = (Vec::new(), Vec::new());
@@ -112,15 +117,8 @@ impl HealthCheck {
             status
         };
         let status = tokio::time::timeout(self.timeout, collect).await;
-        drop(group);
-        if !ended {
-            // Whatever still holds the output is the check's, out of its
-            // group (`setsid`): it goes too.
-            let killed = accel_process::sys::kill_pipe_holders(&pipes);
-            if !killed.is_empty() {
-                tracing::debug!(pids = ?killed, "killed processes the health check left outside its process group");
-            }
-        }
+        leftovers.output_ended = ended;
+        drop(leftovers);
         text.extend_from_slice(&more);
         match status {
             Ok(Ok(status)) if status.success() => Ok(()),
@@ -138,12 +136,26 @@ impl HealthCheck {
     }
 }
 
-/// Kills a process group when dropped.
-struct KillGroup(i32);
+/// What a check leaves behind, killed when dropped: its process group,
+/// and, unless its output was read to the end, whatever still holds that
+/// output out of the group (`setsid`).
+struct Leftovers {
+    group: Option<i32>,
+    pipes: Vec<u64>,
+    output_ended: bool,
+}
 
-impl Drop for KillGroup {
+impl Drop for Leftovers {
     fn drop(&mut self) {
-        accel_process::sys::killpg(self.0, nix::sys::signal::Signal::SIGKILL);
+        if let Some(g) = self.group {
+            accel_process::sys::killpg(g, nix::sys::signal::Signal::SIGKILL);
+        }
+        if !self.output_ended {
+            let killed = accel_process::sys::kill_pipe_holders(&self.pipes);
+            if !killed.is_empty() {
+                tracing::debug!(pids = ?killed, "killed processes the health check left outside its process group");
+            }
+        }
     }
 }
 
@@ -344,6 +356,30 @@ mod tests {
             .expect_err("too slow");
         assert!(e.contains("did not finish within"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        for f in [&a, &b] {
+            let pid = read_pid(f);
+            assert!(
+                gone_within(pid, Duration::from_secs(5)).await,
+                "{pid} of {}",
+                f.display()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_dropped_half_way_takes_its_setsid_child_with_it() {
+        // The agent stopped mid-check (a signal ends its run): the check's
+        // future is dropped, and what it started goes, outside its group too.
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let cmd = format!(
+            "sleep 300 & echo $! > {}; setsid sleep 300 & echo $! > {}; sleep 300",
+            a.display(),
+            b.display()
+        );
+        let c = check(&cmd, Duration::from_secs(60));
+        let started = tokio::time::timeout(Duration::from_secs(1), c.run()).await;
+        assert!(started.is_err(), "still running when dropped");
         for f in [&a, &b] {
             let pid = read_pid(f);
             assert!(
