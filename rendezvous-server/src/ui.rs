@@ -66,10 +66,18 @@ const JOBS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// The last `/api/jobs` body and when it was made.
 type Fresh = std::sync::Mutex<Option<(std::time::Instant, bytes::Bytes)>>;
 
+/// The last stacks answer's body, for that job and collection: every
+/// caller is served the same bytes (shared, not copied), so many readers
+/// of a large answer, slow or stalled, hold one copy between them.
+type Rendered = std::sync::Mutex<Option<(String, u64, bytes::Bytes)>>;
+
 /// The status page's routes, for the metrics listener.
 pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
     let fresh = Fresh::default();
-    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, token.as_ref(), &fresh))
+    let rendered = Rendered::default();
+    std::sync::Arc::new(move |page: &Page<'_>| {
+        route(page, &seat, token.as_ref(), &fresh, &rendered)
+    })
 }
 
 fn route(
@@ -77,9 +85,10 @@ fn route(
     seat: &watch::Receiver<Role>,
     token: Option<&Token>,
     fresh: &Fresh,
+    rendered: &Rendered,
 ) -> Option<Reply> {
     if page.path == "/api/stacks" {
-        return Some(stacks(page, seat, token));
+        return Some(stacks(page, seat, token, rendered));
     }
     if page.method == http::Method::POST {
         // Refused as for any other path that takes no POST.
@@ -236,7 +245,12 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// `/api/stacks?job=ID`: `POST` begins a collection, `GET` gives the last.
-fn stacks(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) -> Reply {
+fn stacks(
+    page: &Page<'_>,
+    seat: &watch::Receiver<Role>,
+    token: Option<&Token>,
+    rendered: &Rendered,
+) -> Reply {
     let registry = match leader(page, seat, token) {
         Ok(r) => r,
         Err(refused) => return *refused,
@@ -286,11 +300,21 @@ fn stacks(page: &Page<'_>, seat: &watch::Receiver<Role>, token: Option<&Token>) 
         ),
         Latest::Collecting => collecting(),
         Latest::Done(at, r) => {
-            let mut body = crate::stacks::json(&job, &r);
-            body["state"] = "done".into();
-            body["at_unix_ms"] = at.into();
-            body["text"] = crate::stacks::render(&job, &r).into();
-            reply(200, JSON, body.to_string() + "\n", &[])
+            let mut kept = rendered.lock().unwrap_or_else(|e| e.into_inner());
+            let body = match kept.as_ref() {
+                Some((j, t, b)) if *j == job && *t == at => b.clone(),
+                _ => {
+                    let mut body = crate::stacks::json(&job, &r);
+                    body["state"] = "done".into();
+                    body["at_unix_ms"] = at.into();
+                    body["text"] = crate::stacks::render(&job, &r).into();
+                    let b = bytes::Bytes::from(body.to_string() + "\n");
+                    *kept = Some((job.clone(), at, b.clone()));
+                    b
+                }
+            };
+            drop(kept);
+            reply(200, JSON, body, &[])
         }
     }
 }

@@ -32,7 +32,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -366,19 +366,28 @@ struct Table {
 #[derive(Debug)]
 struct Held {
     ip: IpAddr,
-    requested: bool,
+    /// When it sent its request (`None`: idle so far).
+    requested: Option<Instant>,
     evict: CancellationToken,
 }
+
+/// How long a connection that sent its request may take to read the
+/// answer before a newer connection may take its place when the endpoint
+/// is full: a client that never reads (a flood of large answers) keeps no
+/// place from a probe.
+const WRITE_GRACE: Duration = Duration::from_secs(2);
 
 impl Table {
     /// Admits a connection from `ip`, closing idle ones to make room:
     /// its id, or `None` (refused: every candidate has sent its request).
-    fn admit(&mut self, ip: IpAddr, evict: CancellationToken) -> Option<u64> {
+    fn admit(&mut self, now: Instant, ip: IpAddr, evict: CancellationToken) -> Option<u64> {
         let ip = ip.to_canonical();
+        // Idle, or stuck on an answer it does not read.
+        let spare = |h: &Held| h.requested.is_none_or(|at| now >= at + WRITE_GRACE);
         let idle_of = |t: &Self, only: Option<IpAddr>| {
             t.held
                 .iter()
-                .find(|(_, h)| !h.requested && only.is_none_or(|ip| h.ip == ip))
+                .find(|(_, h)| spare(h) && only.is_none_or(|ip| h.ip == ip))
                 .map(|(id, _)| *id)
         };
         // Decide before closing anything: a refused connection displaces
@@ -391,7 +400,7 @@ impl Table {
             let oldest = self
                 .held
                 .iter()
-                .find(|(id, h)| !h.requested && !out.contains(id))
+                .find(|(id, h)| spare(h) && !out.contains(id))
                 .map(|(id, _)| *id)?;
             out.push(oldest);
         }
@@ -406,16 +415,16 @@ impl Table {
             id,
             Held {
                 ip,
-                requested: false,
+                requested: None,
                 evict,
             },
         );
         Some(id)
     }
 
-    fn requested(&mut self, id: u64) {
+    fn requested(&mut self, now: Instant, id: u64) {
         if let Some(h) = self.held.get_mut(&id) {
-            h.requested = true;
+            h.requested = Some(now);
         }
     }
 
@@ -440,7 +449,7 @@ impl Slots {
 
     fn admit(&self, ip: IpAddr) -> Option<SlotGuard> {
         let evicted = CancellationToken::new();
-        let id = self.lock().admit(ip, evicted.clone())?;
+        let id = self.lock().admit(Instant::now(), ip, evicted.clone())?;
         Some(SlotGuard(Slot {
             slots: self.clone(),
             id,
@@ -452,7 +461,7 @@ impl Slots {
 impl Slot {
     /// The connection's request head is complete: it is no longer idle.
     fn requested(&self) {
-        self.slots.lock().requested(self.id);
+        self.slots.lock().requested(Instant::now(), self.id);
     }
 }
 
@@ -477,6 +486,12 @@ impl Drop for SlotGuard {
 mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
+
+    /// One instant for the slot tables' tests (no time passes in them).
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
 
     fn endpoint(ready: Result<(), String>) -> (Endpoint, Counter) {
         let mut registry = Registry::default();
@@ -555,10 +570,10 @@ mod tests {
             .collect();
         // One address: its share, then each newer one displaces its oldest idle.
         for id in 0..MAX_PER_IP as u64 {
-            assert_eq!(t.admit(ip(1), tokens[id as usize].clone()), Some(id));
+            assert_eq!(t.admit(t0(), ip(1), tokens[id as usize].clone()), Some(id));
         }
-        t.requested(0); // connection 0 has sent its request: not idle
-        let id = t.admit(ip(1), tokens[4].clone()).expect("admitted");
+        t.requested(t0(), 0); // connection 0 has sent its request: not idle
+        let id = t.admit(t0(), ip(1), tokens[4].clone()).expect("admitted");
         assert!(
             !tokens[0].is_cancelled(),
             "busy connections are never closed"
@@ -572,28 +587,49 @@ mod tests {
         let others: Vec<u64> = (0..(MAX_CONNECTIONS - MAX_PER_IP))
             .map(|i| {
                 let addr = ip(2 + (i / MAX_PER_IP) as u8);
-                t.admit(addr, CancellationToken::new()).expect("room")
+                t.admit(t0(), addr, CancellationToken::new()).expect("room")
             })
             .collect();
         assert_eq!(t.held.len(), MAX_CONNECTIONS);
         // ...and a new address displaces the oldest idle connection of all
         // (address 1's second-oldest, as 0 is busy and 1 is gone).
-        t.admit(ip(99), tokens[5].clone()).expect("room made");
+        t.admit(t0(), ip(99), tokens[5].clone()).expect("room made");
         assert!(tokens[2].is_cancelled());
         assert_eq!(t.held.len(), MAX_CONNECTIONS);
         // When every connection has sent its request, a new one is refused
         // and nobody is displaced.
         let ids: Vec<u64> = t.held.keys().copied().collect();
         for id in ids {
-            t.requested(id);
+            t.requested(t0(), id);
         }
-        assert_eq!(t.admit(ip(100), tokens[6].clone()), None);
+        assert_eq!(t.admit(t0(), ip(100), tokens[6].clone()), None);
         assert_eq!(t.held.len(), MAX_CONNECTIONS);
         // Released places are free again.
         t.release(id);
         t.release(others[0]);
-        assert!(t.admit(ip(100), tokens[7].clone()).is_some());
+        assert!(t.admit(t0(), ip(100), tokens[7].clone()).is_some());
         assert_eq!(t.held.len(), MAX_CONNECTIONS - 1);
+    }
+
+    #[test]
+    fn a_connection_that_does_not_read_its_answer_gives_its_place_up() {
+        let mut t = Table::default();
+        let tokens: Vec<CancellationToken> = (0..MAX_CONNECTIONS)
+            .map(|_| CancellationToken::new())
+            .collect();
+        for (i, tok) in tokens.iter().enumerate() {
+            let id = t
+                .admit(t0(), ip(1 + (i / MAX_PER_IP) as u8), tok.clone())
+                .expect("room");
+            t.requested(t0(), id);
+        }
+        // Full of connections busy with their answers: a probe waits...
+        assert_eq!(t.admit(t0(), ip(200), CancellationToken::new()), None);
+        // ...until the oldest has not read its answer for the grace.
+        let later = t0() + WRITE_GRACE;
+        assert!(t.admit(later, ip(200), CancellationToken::new()).is_some());
+        assert!(tokens[0].is_cancelled(), "the oldest stuck one");
+        assert!(tokens[1..].iter().all(|t| !t.is_cancelled()));
     }
 
     #[test]
@@ -602,17 +638,17 @@ mod tests {
         let tokens: Vec<CancellationToken> =
             (0..MAX_PER_IP).map(|_| CancellationToken::new()).collect();
         for (i, tok) in tokens.iter().enumerate() {
-            let id = t.admit(ip(1), tok.clone()).expect("room");
+            let id = t.admit(t0(), ip(1), tok.clone()).expect("room");
             if i > 0 {
-                t.requested(id);
+                t.requested(t0(), id);
             }
         }
         // The address's only idle connection is 0; the endpoint is not full.
-        assert!(t.admit(ip(1), CancellationToken::new()).is_some());
+        assert!(t.admit(t0(), ip(1), CancellationToken::new()).is_some());
         assert!(tokens[0].is_cancelled());
-        t.requested(MAX_PER_IP as u64);
+        t.requested(t0(), MAX_PER_IP as u64);
         // Now all of the address's connections are busy: refused.
-        assert_eq!(t.admit(ip(1), CancellationToken::new()), None);
+        assert_eq!(t.admit(t0(), ip(1), CancellationToken::new()), None);
         assert!(tokens[1..].iter().all(|t| !t.is_cancelled()));
     }
 
