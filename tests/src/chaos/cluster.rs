@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use super::run::{Options, ETCD_LEASE, KEEP_ALIVE, NPROC};
+use super::run::{Options, ETCD_LEASE, NPROC};
 use super::schedule::{Daemon, Host, Job, Mode, ETCD, NODES, REPLICAS};
 use crate::{Lan, Netns};
 
@@ -143,8 +143,9 @@ impl Cluster {
     }
 
     /// Builds the topology and starts every daemon; `etcd_quota`: etcd's
-    /// `--quota-backend-bytes` (a run that fills etcd gives a small one).
-    pub(crate) fn start(o: &Options, etcd_quota: Option<u64>) -> Cluster {
+    /// `--quota-backend-bytes` (a run that fills etcd gives a small one);
+    /// `keep_alive`: the agents' keep-alive settings (`--rdzv-conf`).
+    pub(crate) fn start(o: &Options, etcd_quota: Option<u64>, keep_alive: &str) -> Cluster {
         let id = format!("chaos-{}-{}", std::process::id(), o.seed);
         let dir = o.dir.clone();
         fs::create_dir_all(&dir).expect("scratch dir");
@@ -330,7 +331,7 @@ impl Cluster {
                     "--local-addr".into(),
                     addr.clone(),
                     "--rdzv-conf".into(),
-                    format!("{KEEP_ALIVE},last_call_timeout=1,token_file={token}{extra}"),
+                    format!("{keep_alive},last_call_timeout=1,token_file={token}{extra}"),
                     "--log-dir".into(),
                     logs.join(job.id()).to_string_lossy().into_owned(),
                     "--redirects".into(),

@@ -23,6 +23,13 @@ use super::schedule::{self, Class, Daemon, Fault, Job, Mode, Planned};
 
 /// Keep-alives: every second, three missed drop a node (the drop limit, 3 s).
 pub const KEEP_ALIVE: &str = "keep_alive_interval=1,keep_alive_max_attempt=3";
+/// Keep-alives of a run whose faults are all of the control plane: every
+/// second, five missed (a 5 s drop limit). The round's peer hub keeps
+/// workers past the drop limit only from evidence at least its lag old
+/// (the rendezvous's silence bound, one and a half keep-alives, plus the
+/// hub's staleness), so with a 3 s limit its word would come within a
+/// third of a second of the fence; the default limit, 15 s, leaves 4.6 s.
+pub const KEEP_ALIVE_CONTROL_PLANE: &str = "keep_alive_interval=1,keep_alive_max_attempt=5";
 /// The etcd lease of the replicas' (or agents') election, seconds.
 pub const ETCD_LEASE: u32 = 2;
 /// Invariant (d): the recording job runs again within this many seconds of the last heal.
@@ -122,7 +129,12 @@ pub fn run(o: &Options) -> Outcome {
         .iter()
         .any(|p| p.fault == Fault::EtcdFull)
         .then_some(ETCD_QUOTA);
-    let mut c = Cluster::start(o, quota);
+    let control_plane = !plan.is_empty() && plan.iter().all(|p| p.fault.control_plane());
+    let keep_alive = match control_plane {
+        true => KEEP_ALIVE_CONTROL_PLANE,
+        false => KEEP_ALIVE,
+    };
+    let mut c = Cluster::start(o, quota, keep_alive);
     let events = c.dir.join("events.log");
     let mut ev = fs::File::create(&events).expect("events log");
     let mut say = |line: String| {
