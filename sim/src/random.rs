@@ -5,7 +5,7 @@
 //! delays and losses), all healed by a known instant. Most seeds' agents
 //! have a peer hub (an outage limit of 2 to 10 drop limits; a sixth have
 //! none). A third of the seeds fail the control plane only
-//! ([`control_plane`]): a fixed-size job, one or two outages of the server
+//! (`control_plane`): a fixed-size job, one or two outages of the server
 //! from a tenth of the drop limit to twice the outage limit; those whose
 //! outages the peers' evidence can ride out are *calm*, and no worker may
 //! stop in them (invariant g). About a third of the seeds run a server with a quarantine

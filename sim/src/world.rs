@@ -121,7 +121,7 @@ pub struct Spec {
     /// it begins, so rounds place benched hosts.
     pub broken_quarantine: bool,
     /// `outage_timeout`: how long the nodes keep their workers without a
-    /// rendezvous on their peers' word (the peer hub, [`Peer`]), and how
+    /// rendezvous on their peers' word (the peer hub, `Peer`), and how
     /// long the server holds a round through a mass silence. Zero: agents
     /// without a peer hub (they fence at the drop limit, and the server
     /// holds nothing).
