@@ -1050,11 +1050,9 @@ impl NodeMachine {
                 };
                 Vec::new()
             }
-            // The rejoin gave up (its grace ended) while the peers keep the
-            // workers: an outage is not the end of a healthy job; try again.
-            Event::RejoinFailed(AgentError::JoinTimeout(_))
-                if round.vouched && round.live > 0 && round.fence.is_some_and(|f| f > now) =>
-            {
+            // The rejoin gave up (its grace ended) but the outage is not the
+            // end of this node: try again (`rejoins_on`).
+            Event::RejoinFailed(AgentError::JoinTimeout(_)) if self.rejoins_on(now, &round) => {
                 let resume = resume_of(&round);
                 self.phase = Phase::Recovering {
                     round,
@@ -1155,28 +1153,6 @@ impl NodeMachine {
                     });
                 }
                 self.go_on(now, round, actions)
-            }
-            // Nothing of this node runs any more (its workers were fenced,
-            // or ended during the outage: succeeded, or failed and the rest
-            // stopped): it keeps rejoining through a control-plane outage,
-            // as a spare does (`link::idle_rejoin_grace` from the loss), to
-            // report how its round ended; giving up would end a finished
-            // job's agent with 1, or lose a failure the job must restart on.
-            Event::RejoinFailed(AgentError::JoinTimeout(_))
-                if (round.fenced || round.live == 0)
-                    && round
-                        .lost
-                        .is_some_and(|lost| now < after_from(lost, self.idle_grace())) =>
-            {
-                let resume = resume_of(&round);
-                self.phase = Phase::Recovering {
-                    round,
-                    pending,
-                    why,
-                };
-                vec![Action::Rejoin {
-                    resume: Some(resume),
-                }]
             }
             Event::RejoinFailed(e) => {
                 let grace = match round.fenced || round.live == 0 {
@@ -1290,6 +1266,24 @@ impl NodeMachine {
     fn exit(&mut self, result: Result<Outcome, AgentError>) -> Vec<Action> {
         self.phase = Phase::Done;
         vec![Action::Exit(result)]
+    }
+
+    /// Whether a recovering node whose rejoin timed out tries again:
+    /// - its peers keep its workers: an outage is not the end of a healthy
+    ///   job;
+    /// - nothing of it runs any more (its workers were fenced, or ended
+    ///   during the outage: succeeded, or failed and the rest stopped): it
+    ///   keeps rejoining through a control-plane outage, as a spare does
+    ///   ([`super::link::idle_rejoin_grace`] from the loss), to report how
+    ///   its round ended; giving up would end a finished job's agent with 1,
+    ///   or lose a failure the job must restart on.
+    fn rejoins_on(&self, now: Instant, round: &Round) -> bool {
+        let vouched = round.vouched && round.live > 0 && round.fence.is_some_and(|f| f > now);
+        let idle = (round.fenced || round.live == 0)
+            && round
+                .lost
+                .is_some_and(|lost| now < after_from(lost, self.idle_grace()));
+        vouched || idle
     }
 
     /// How long a node with no workers running keeps rejoining.
