@@ -510,6 +510,13 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
         },
         Err(e) => return lost("the campaign failed", e),
     };
+    // A shutdown that began while the campaign was being won (the last
+    // leader resigned as its own node finished) takes nothing over: this
+    // node is leaving too.
+    if r.stop.is_cancelled() {
+        resign(client, key).await;
+        return Ended::Shutdown;
+    }
     let fence = Fence {
         key: key.key.clone(),
         revision: key.rev,
@@ -528,6 +535,10 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
             return Ended::Lost(format!("cannot load the jobs: {e}"));
         }
     };
+    if r.stop.is_cancelled() {
+        resign(client, key).await;
+        return Ended::Shutdown;
+    }
     info!(jobs = loaded, advertise = %r.o.advertise, "leading: serving the rendezvous");
     r.led.store(true, Ordering::Relaxed);
     r.roles.send_replace(Role::Leader(registry.clone()));
