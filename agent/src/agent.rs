@@ -142,6 +142,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     let zygote = (!cfg.preload.is_empty())
         .then(|| Arc::new(accel_process::zygote::Zygote::start(zygote_spec(&cfg))));
     let run_started = Instant::now();
+    // Tells the rendezvous whether this agent is a late node of a job that
+    // has finished (started before its end) or a new run of its id.
+    let started_unix_ms = rendezvous_server::tombstone::unix_ms(std::time::SystemTime::now());
     let events = Arc::new(std::sync::Mutex::new(EventLog::new(
         cfg.event_log_handler,
         std::env::var("LOGLEVEL").ok().as_deref(),
@@ -225,6 +228,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     false => 0,
                 },
                 keep_alive_ms: crate::deadline::millis(cfg.rdzv.keep_alive_interval),
+                started_unix_ms,
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).
@@ -265,6 +269,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     _ => error!("{line}"),
                 }
                 return Ok(outcome);
+            }
+            if let Some(previous) = &first.previous {
+                info!("{}", machine::new_run_line(&cfg.run_id, previous));
             }
             let (machine, first_actions) =
                 NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);

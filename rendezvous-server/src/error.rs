@@ -29,7 +29,7 @@ pub enum Error {
     #[error("job '{0}' is not in the rendezvous's store: it ended while this node was cut off, longer ago than its outcome is kept (tombstone_ttl; the other nodes' logs have it), or it never got that far")]
     JobGone(String),
     /// The job is over (its tombstone says so) and this node took no part in it.
-    #[error("job '{job}' already {outcome} at {at}, and this node took no part in it; start a new job with another --rdzv-id (this one is refused until {until})")]
+    #[error("job '{job}' already {outcome} at {at}, and this agent, started before it ended, took no part in it; to run it again, start the agents again (an agent started after the end starts a new run of the id), or use another --rdzv-id (this one refuses late agents until {until})")]
     Over {
         /// The job id.
         job: String,

@@ -918,6 +918,7 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
 pub fn is_placeholder(node_id: &str) -> bool {
     node_id.starts_with(ABSENT)
 }
+            previous: None,
 
 /// A placeholder's secret: never handed out, and [`Job::authorize`] refuses
 /// placeholder ids whatever is presented.

@@ -459,8 +459,30 @@ impl Registry {
             // Its jobs were closed for the server that continues them.
             return Err(Error::ShuttingDown);
         }
-        if let Some(t) = self.tombstone_for(jobs, &req.job_id) {
-            return self.over(t, req);
+        let mut previous = None;
+        if let Some((t, running)) = self.tombstone_for(jobs, &req.job_id) {
+            let new_run = t.starts_new_run(&req.node_id, req.resume.is_some(), req.started_unix_ms);
+            if running {
+                // A new run of the id goes on: the earlier run's own nodes
+                // are told that run's outcome; anyone else joins the new one.
+                if t.took_part(&req.node_id) {
+                    return self.over(t, req);
+                }
+            } else if !new_run {
+                return self.over(t, req);
+            } else {
+                // The same command typed again after the job ended: a new
+                // run of the id. The finished job makes room (its tombstone
+                // stays, for the earlier run's own nodes).
+                if jobs.map.remove(&req.job_id).is_some() {
+                    jobs.commit.mark(&req.job_id);
+                    self.stacks.forget(&req.job_id);
+                }
+                info!(job = %req.job_id, earlier = t.outcome(), finished = %t.finished_text(), "a new run of a finished job's id");
+            }
+            if new_run {
+                previous = Some(t.over());
+            }
         }
         let created = !jobs.map.contains_key(&req.job_id);
         let newcomer = jobs
@@ -561,6 +583,14 @@ impl Registry {
             }
         };
         entry.job.seen_from(&req.node_id, from);
+        let mut out = out;
+        if let Some(previous) = previous {
+            for o in out.iter_mut().filter(|o| o.to == req.node_id) {
+                if let Kind::Joined(j) = &mut o.event {
+                    j.previous = Some(previous.clone());
+                }
+            }
+        }
         if entry.joined.len() < crate::tombstone::MAX_NODES {
             entry
                 .joined
@@ -655,17 +685,19 @@ impl Registry {
         self.spread_benches(jobs, job_id, now);
     }
 
-    /// The tombstone that answers a join of `job_id`: the job's own if it
-    /// is over (or one made from it), none while it is not.
-    fn tombstone_for(&self, jobs: &Jobs, job_id: &str) -> Option<Tombstone> {
+    /// The tombstone of `job_id`'s last finished run: the job's own if it
+    /// is over (or one made from it), with `false`; while a new run of the
+    /// id goes on, the earlier run's, with `true`.
+    fn tombstone_for(&self, jobs: &Jobs, job_id: &str) -> Option<(Tombstone, bool)> {
         let now_ms = unix_ms(SystemTime::now());
         let laid = jobs.graves.live(job_id, now_ms, &self.limits);
         match jobs.map.get(job_id) {
             Some(e) if e.job.phase().is_terminal() => laid
                 .cloned()
-                .or_else(|| Tombstone::of(&e.job, now_ms, &e.joined)),
-            Some(_) => None,
-            None => laid.cloned(),
+                .or_else(|| Tombstone::of(&e.job, now_ms, &e.joined))
+                .map(|t| (t, false)),
+            Some(_) => laid.map(|t| (t.clone(), true)),
+            None => laid.map(|t| (t.clone(), false)),
         }
     }
 
@@ -692,6 +724,7 @@ impl Registry {
             resumed: false,
             session: Vec::new(),
             over: Some(t.over()),
+            previous: None,
         }));
         drop(tx);
         Ok(NodeStream {

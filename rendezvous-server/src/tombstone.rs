@@ -14,11 +14,23 @@
 //! replica, or in agent-only mode the next agent to lead) knows it too.
 //!
 //! A node joining a tombstoned job is answered at once:
-//! - a node of the job (its node id, or a node on a host that took part:
-//!   a restarted agent has a new node id) gets `Joined` carrying the outcome
+//! - a node of the job (its node id) gets `Joined` carrying the outcome
 //!   and exits with the job's result (0 when it succeeded);
-//! - any other node is refused, naming the job, its outcome and the fix
-//!   (another `--rdzv-id`, or waiting for the tombstone to expire).
+//! - an agent started after the job finished is a new run of the id (a
+//!   user who fixed a bug and typed the same command again, as torchrun
+//!   users do): the finished job makes room for a new one, and the agent is
+//!   told the earlier run's outcome only to say so. The earlier run's own
+//!   nodes are still told its outcome while the new run goes on;
+//! - an agent started before the job finished is a late node of that run:
+//!   on a host that took part (a node restarted by its supervisor while the
+//!   job ran) it is told the outcome; elsewhere it is refused, naming the
+//!   job, its outcome and the fix (another `--rdzv-id`, or running the
+//!   command again). Agents that send no start time are taken as late.
+//!
+//! "Started" is the agent's wall clock, compared with the server's: clocks
+//! more apart than the time between a job's end and a re-run blur the
+//! line, which only matters for an agent started within that skew of the
+//! end.
 //!
 //! Who took part: the members at the end, the last round's participants,
 //! and every node that joined through this server (a spare or member
@@ -135,13 +147,26 @@ impl Tombstone {
 
     /// Whether the node `node_id` on `hostname` took part in the job.
     pub fn belongs(&self, node_id: &str, hostname: &str) -> bool {
-        self.nodes
-            .binary_search_by(|n| n.as_str().cmp(node_id))
-            .is_ok()
+        self.took_part(node_id)
             || self
                 .hosts
                 .binary_search_by(|h| h.as_str().cmp(hostname))
                 .is_ok()
+    }
+
+    /// Whether the node `node_id` itself took part (not merely its host).
+    pub fn took_part(&self, node_id: &str) -> bool {
+        self.nodes
+            .binary_search_by(|n| n.as_str().cmp(node_id))
+            .is_ok()
+    }
+
+    /// Whether a fresh join (no `resume`) by `node_id`, from an agent that
+    /// started at wall-clock `started_ms` (0: unknown), is a new run of the
+    /// id rather than a late node of this one: the agent started after the
+    /// job finished and the node took no part in it.
+    pub fn starts_new_run(&self, node_id: &str, resuming: bool, started_ms: u64) -> bool {
+        !resuming && started_ms > self.finished_ms && !self.took_part(node_id)
     }
 
     /// `succeeded` or `failed`.
@@ -283,11 +308,35 @@ mod tests {
         assert!(t.belongs("a-1", "elsewhere"));
         assert!(
             t.belongs("a-9", "b"),
-            "a restarted agent on a host of the job"
+            "a late (restarted) agent on a host of the job"
         );
         assert!(!t.belongs("c-3", "c"));
         assert!(Tombstone::decode(b"{\"job\":\"x\"}").is_none());
         assert!(Tombstone::decode(b"\xff").is_none());
+    }
+
+    #[test]
+    fn an_agent_started_after_the_end_is_a_new_run_and_one_before_is_late() {
+        let t = stone();
+        let end = t.finished_ms;
+        assert!(
+            t.starts_new_run("c-3", false, end + 1),
+            "the command typed again"
+        );
+        assert!(
+            t.starts_new_run("a-9", false, end + 1),
+            "on a host of the job too"
+        );
+        assert!(
+            !t.starts_new_run("a-1", false, end + 1),
+            "a node of the run"
+        );
+        assert!(
+            !t.starts_new_run("a-9", false, end),
+            "started before the end"
+        );
+        assert!(!t.starts_new_run("c-3", true, end + 1), "a resuming node");
+        assert!(!t.starts_new_run("c-3", false, 0), "no start time: late");
     }
 
     #[test]

@@ -804,6 +804,9 @@ impl World {
             // peer hub.
             outage_ms: s.outage.as_millis() as u64,
             keep_alive_ms: s.keep_alive.as_millis() as u64,
+            // Every simulated agent starts with its job: none is a new run
+            // of a finished one (unknown reads as "started before the end").
+            started_unix_ms: 0,
         }
     }
 
@@ -1233,6 +1236,7 @@ impl World {
                         resumed: false,
                         session: Vec::new(),
                         over: Some(t.over()),
+                        previous: None,
                     },
                 )),
                 false => Err(format!(

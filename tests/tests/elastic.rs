@@ -472,8 +472,10 @@ fn a_node_failing_its_health_check_stays_out_and_the_job_runs_without_it() {
 /// past the drop limit, so the server drops it) while the job succeeds comes
 /// back to a job that is over. It belonged to the job, so it is told the
 /// outcome and exits 0 at once (it used to exit 1, "has already
-/// succeeded"). A node that never belonged (another host) is refused, with
-/// the outcome and the fix; a restarted agent of the job's host exits 0.
+/// succeeded"). Agents started before the end that join after it (held back
+/// by a slow health check): one on the job's host exits 0, told the outcome;
+/// one of another host is refused, with the outcome and the fix. Agents
+/// started after the end (the same command typed again) run the job anew.
 #[test]
 fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     let server = Server::start();
@@ -488,6 +490,14 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
             .recording(&dir, name)
             .envs(&env)
     };
+    // Started now, joining once `go` exists: late nodes of this run.
+    let go = dir.join("go");
+    let slow = format!("while [ ! -e {} ]; do sleep 0.1; done", go.display());
+    let late = agent("d").flag("--health-check", &slow).start(&dir, "d");
+    let stranger =
+        agent("e")
+            .flag("--health-check", &slow)
+            .start_with(&accel_tests::STRANGER_HOST, &dir, "e");
     let a = agent("a").start(&dir, "a");
     let b = agent("b").start(&dir, "b");
     assert!(
@@ -526,15 +536,14 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
     );
     assert_eq!(records(&dir).len(), 2, "no worker started again");
 
-    // A restarted agent of a host of the job: a new node id, same host.
-    let out = agent("d").run(&dir, "d", Duration::from_secs(30));
+    std::fs::write(&go, b"").expect("go");
+    // A late agent of a host of the job (a new node id, same host).
+    let out = late.wait(Duration::from_secs(30));
     assert_eq!(out.code(), 0, "{}", out.stderr);
     assert!(out.stderr.contains("nothing to do"), "{}", out.stderr);
 
     // Another host (its own UTS namespace) never belonged: refused.
-    let out = agent("e")
-        .start_with(&accel_tests::STRANGER_HOST, &dir, "e")
-        .wait(Duration::from_secs(30));
+    let out = stranger.wait(Duration::from_secs(30));
     assert_ne!(out.code(), 0, "{}", out.stderr);
     assert!(
         out.stderr.contains("job 'tomb' already succeeded at")
@@ -544,6 +553,26 @@ fn a_spare_cut_off_when_the_job_succeeded_exits_0_and_a_stranger_is_refused() {
         out.stderr
     );
     assert_eq!(records(&dir).len(), 2, "no worker started again");
+
+    // The same command again, on this host and another: a new run.
+    let first: Vec<u32> = records(&dir).iter().map(|r| r.pid).collect();
+    let f = agent("f").start(&dir, "f");
+    let g = agent("g").start_with(&accel_tests::STRANGER_HOST, &dir, "g");
+    for (n, out) in [("f", f.wait(LIMIT)), ("g", g.wait(LIMIT))] {
+        assert_eq!(out.code(), 0, "{n}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'tomb' succeeded at")
+                && out.stderr.contains("starting a new run"),
+            "{n}: {}",
+            out.stderr
+        );
+    }
+    let again = records(&dir);
+    assert!(
+        again.len() == 2 && again.iter().all(|r| !first.contains(&r.pid)),
+        "the new run's two workers ran (the earlier run's were {first:?}): {:?}",
+        again.iter().map(|r| r.pid).collect::<Vec<_>>()
+    );
 }
 
 /// Kubernetes node loss, as far as one host can play it: a node of a

@@ -1941,10 +1941,12 @@ mod agent_only {
     }
 
     /// F7 of the chaos run: a finished agent-only job's records are deleted
-    /// as its last agent leaves. A late or restarted agent of the job then
-    /// led an empty job and waited alone until `join_timeout`. Now the job's
-    /// tombstone tells it the outcome at once, and it exits with the job's
-    /// result; an agent of another host is refused, naming the fix.
+    /// as its last agent leaves. A late agent of the job (started before its
+    /// end; here held back by a slow health check) then led an empty job and
+    /// waited alone until `join_timeout`. Now the job's tombstone tells it
+    /// the outcome at once, and it exits with the job's result; a late agent
+    /// of another host is refused, naming the fix. The same command started
+    /// after the end runs the job anew, after a success or a failure.
     #[test]
     fn a_late_agent_of_a_finished_agent_only_job_is_told_its_outcome_at_once() {
         let dir = scratch("ha-agent-only-late");
@@ -1974,20 +1976,46 @@ mod agent_only {
             .find(|l| l.starts_with("\"Lease\""))
             .unwrap_or_else(|| panic!("no lease field: {fields}"));
         assert!(!lease.trim_end().ends_with(": 0"), "{fields}");
-        let t = Instant::now();
-        let out = job("team/late", "true").run(&dir, "late", Duration::from_secs(60));
+        // The same command again: a new run, told of the earlier one.
+        let out = job("team/late", "true").run(&dir, "again", Duration::from_secs(60));
         assert_eq!(out.code(), 0, "{}", out.stderr);
         assert!(
-            out.stderr.contains("job 'team/late' already succeeded at")
+            out.stderr.contains("job 'team/late' succeeded at")
+                && out.stderr.contains("starting a new run")
+                && out.stderr.contains("round formed"),
+            "{}",
+            out.stderr
+        );
+        only_the_tombstone_is_left(&etcd, "/late", "team%2Flate");
+
+        // Late agents: started before the job ends, joining after it.
+        let go = dir.join("go");
+        let slow = format!("while [ ! -e {} ]; do sleep 0.1; done", go.display());
+        let late = |id: &str, program: &str| job(id, program).flag("--health-check", &slow);
+        let ok_late = late("team/slow", "true").start(&dir, "slow-late");
+        let stranger = late("team/slow", "true").start_with(
+            &accel_tests::STRANGER_HOST,
+            &dir,
+            "slow-stranger",
+        );
+        let failed_late = late("team/failed", "true").start(&dir, "failed-late");
+        let out = job("team/slow", "true").run(&dir, "slow", Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        let out = job("team/failed", "false").run(&dir, "failed", Duration::from_secs(60));
+        assert_eq!(out.code(), 1, "{}", out.stderr);
+        std::fs::write(&go, b"").expect("go");
+        let t = Instant::now();
+        let out = ok_late.wait(Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'team/slow' already succeeded at")
                 && out.stderr.contains("nothing to do"),
             "{}",
             out.stderr
         );
         assert!(t.elapsed() < Duration::from_secs(20), "told at once");
         // A failed job's late agent exits 1, with the job's reason.
-        let out = job("team/failed", "false").run(&dir, "failed", Duration::from_secs(60));
-        assert_eq!(out.code(), 1, "{}", out.stderr);
-        let out = job("team/failed", "true").run(&dir, "failed-late", Duration::from_secs(60));
+        let out = failed_late.wait(Duration::from_secs(60));
         assert_eq!(out.code(), 1, "{}", out.stderr);
         assert!(
             out.stderr.contains("job 'team/failed' already failed at"),
@@ -1995,13 +2023,20 @@ mod agent_only {
             out.stderr
         );
         // Another host never belonged: refused, with the outcome and the fix.
-        let out = job("team/late", "true")
-            .start_with(&accel_tests::STRANGER_HOST, &dir, "stranger")
-            .wait(Duration::from_secs(60));
+        let out = stranger.wait(Duration::from_secs(60));
         assert_ne!(out.code(), 0, "{}", out.stderr);
         assert!(
-            out.stderr.contains("job 'team/late' already succeeded at")
+            out.stderr.contains("job 'team/slow' already succeeded at")
                 && out.stderr.contains("another --rdzv-id"),
+            "{}",
+            out.stderr
+        );
+        // After the bug is fixed, the same command trains again.
+        let out = job("team/failed", "true").run(&dir, "fixed", Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("job 'team/failed' failed at")
+                && out.stderr.contains("starting a new run"),
             "{}",
             out.stderr
         );

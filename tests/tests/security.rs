@@ -428,12 +428,13 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
         .env("ACCEL_RDZV_TOKEN", TOKEN);
     let run = |tag: &str| job.run(&dir, tag, Duration::from_secs(30));
     assert_eq!(run("first").code(), 0);
-    // Within the TTL the job is remembered: an agent of its host (as a
-    // restarted one would be) is told it is over, and runs nothing.
+    // Within the TTL the job is remembered: the same command again is a
+    // new run, told of the earlier one.
     let early = run("early");
     assert_eq!(early.code(), 0, "{}", early.stderr);
     assert!(
-        early.stderr.contains("already succeeded") && early.stderr.contains("nothing to do"),
+        early.stderr.contains("job 'again' succeeded at")
+            && early.stderr.contains("starting a new run"),
         "{}",
         early.stderr
     );
@@ -454,8 +455,8 @@ fn a_finished_jobs_id_is_reusable_after_the_ttl() {
     let again = run("again");
     assert_eq!(again.code(), 0, "{}", again.stderr);
     assert!(
-        !again.stderr.contains("nothing to do"),
-        "after both TTLs the id starts a new job: {}",
+        !again.stderr.contains("starting a new run") && again.stderr.contains("round formed"),
+        "after both TTLs the id is unknown and starts afresh: {}",
         again.stderr
     );
 }

@@ -1317,13 +1317,20 @@ pub(crate) fn outcome_of(o: &pb::JobOver) -> Outcome {
 pub(crate) fn over_line(job: &str, o: &pb::JobOver) -> String {
     let at = rendezvous_server::tombstone::utc(o.finished_unix_ms);
     if o.succeeded {
-        format!("job '{job}' already succeeded at {at}; nothing to do")
+        format!("job '{job}' already succeeded at {at}; nothing to do (the same command run again starts a new run)")
     } else {
         format!(
-            "job '{job}' already failed at {at} (round {}): {}; exiting {}",
+            "job '{job}' already failed at {at} (round {}): {}; exiting {} (the same command run again starts a new run)",
             o.round, o.reason, o.exit_code
         )
     }
+}
+
+/// The line an agent that starts a new run of a finished job's id prints.
+pub(crate) fn new_run_line(job: &str, o: &pb::JobOver) -> String {
+    let at = rendezvous_server::tombstone::utc(o.finished_unix_ms);
+    let outcome = if o.succeeded { "succeeded" } else { "failed" };
+    format!("job '{job}' {outcome} at {at}; starting a new run")
 }
 
 fn closed(c: &pb::JobClosed) -> AgentError {

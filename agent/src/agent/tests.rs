@@ -556,6 +556,7 @@ async fn a_lost_link_rejoins_and_a_resumed_round_keeps_its_workers() {
                 resumed: true,
                 session: Vec::new(),
                 over: None,
+                previous: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -589,6 +590,7 @@ async fn a_rejoin_into_a_reformed_job_stops_the_workers_and_offers_for_its_round
                 resumed: false,
                 session: Vec::new(),
                 over: None,
+                previous: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -621,6 +623,7 @@ async fn fenced_workers_re_form_the_round_without_a_failure_or_a_counted_restart
                 resumed: true,
                 session: Vec::new(),
                 over: None,
+                previous: None,
             }));
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
@@ -707,6 +710,7 @@ async fn an_offer_the_rendezvous_leaves_unanswered_rejoins_and_offers_again() {
                 resumed: false,
                 session: Vec::new(),
                 over: None,
+                previous: None,
             }));
         h.script.say(0, restart(0, 1));
         assert_eq!(h.next().await, Call::Ready(0, 1));

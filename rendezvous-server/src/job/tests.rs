@@ -23,6 +23,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         agent_version: String::new(),
         outage_ms: 0,
         keep_alive_ms: 0,
+        started_unix_ms: 0,
     }
 }
 

@@ -31,9 +31,12 @@ impl Graves {
         }
         commit.put_tombstone(&t);
         let id = t.job_id.clone();
-        if self.by_job.insert(id.clone(), t).is_none() {
-            self.order.push_back(id);
+        // A later run of the same id replaces the earlier run's tombstone,
+        // and is the newest now.
+        if self.by_job.insert(id.clone(), t).is_some() {
+            self.order.retain(|o| *o != id);
         }
+        self.order.push_back(id);
         self.trim(limits, commit);
     }
 

@@ -236,6 +236,60 @@ async fn a_late_node_of_a_finished_job_is_told_its_outcome_and_a_stranger_is_ref
     }
 }
 
+/// The same command typed again after the job ended: agents started after
+/// the end start a new run of the id; the earlier run's own nodes are still
+/// told its outcome meanwhile.
+#[tokio::test]
+async fn an_agent_started_after_the_end_starts_a_new_run_of_the_id() {
+    // While the finished job is still held, and once it is forgotten (its
+    // tombstone is not).
+    for forgotten in [false, true] {
+        let registry = Registry::new(Duration::from_secs(60), Limits::default());
+        succeeded(&registry).await;
+        let later = crate::tombstone::unix_ms(std::time::SystemTime::now()) + 1;
+        // Started before the end (no start time is taken so): a late node.
+        let over = answer(&registry, "b-restarted", "host-b")
+            .await
+            .expect("told");
+        assert!(over.succeeded, "{over:?}");
+        if forgotten {
+            assert_eq!(registry.forget_finished(), 1);
+        }
+        let mut req = join_req("job", "again", "host-a");
+        req.started_unix_ms = later;
+        let mut again = registry
+            .join(Instant::now(), &req, None, session(7))
+            .expect("a new run");
+        match next(&mut again).await {
+            Some(Kind::Joined(j)) => {
+                assert!(j.over.is_none(), "{j:?}");
+                let previous = j.previous.expect("told of the earlier run");
+                assert!(previous.succeeded && previous.round == 0, "{previous:?}");
+            }
+            other => panic!("expected Joined, got {other:?}"),
+        }
+        let jobs = registry.status("job", 1, "").expect("listed").jobs;
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].phase, "forming", "the new run: {:?}", jobs[0]);
+        // A node of the earlier run is told that run's outcome, not taken
+        // into the new one.
+        let over = answer(&registry, "a", "host-a").await.expect("told");
+        assert!(over.succeeded && over.round == 0, "{over:?}");
+        // Another agent of the new run joins it, and is told too.
+        let mut req = join_req("job", "again-2", "host-c");
+        req.started_unix_ms = later;
+        let mut second = registry
+            .join(Instant::now(), &req, None, session(8))
+            .expect("joins the new run");
+        match next(&mut second).await {
+            Some(Kind::Joined(j)) => assert!(j.previous.is_some() && j.over.is_none(), "{j:?}"),
+            other => panic!("expected Joined, got {other:?}"),
+        }
+        let jobs = registry.status("job", 1, "").expect("listed").jobs;
+        assert_eq!(jobs[0].node_count, 2, "{:?}", jobs[0]);
+    }
+}
+
 #[tokio::test]
 async fn a_failed_jobs_tombstone_says_so_and_the_agents_exit_code() {
     let registry = Registry::new(Duration::from_secs(60), Limits::default());

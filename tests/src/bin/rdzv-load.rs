@@ -102,6 +102,7 @@ async fn agent(
         // As a current agent says (it rides out outages).
         outage_ms: 900_000,
         keep_alive_ms: 200_000,
+        started_unix_ms: 0,
     };
     let mut events = client
         .join(req)

@@ -1373,7 +1373,20 @@ fn a_node_back_after_its_job_ended_ends_with_the_jobs_result() {
     );
     assert_eq!(
         line,
-        "job 'j' already succeeded at 2026-12-05 12:21:36 UTC; nothing to do"
+        "job 'j' already succeeded at 2026-12-05 12:21:36 UTC; nothing to do (the same command run again starts a new run)"
+    );
+    let line = new_run_line(
+        "j",
+        &pb::JobOver {
+            succeeded: false,
+            exit_code: 1,
+            finished_unix_ms: 1_796_473_296_000,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        line,
+        "job 'j' failed at 2026-12-05 12:21:36 UTC; starting a new run"
     );
 }
 
