@@ -146,7 +146,7 @@ pub(crate) async fn locate_rendezvous(
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();
             if options.token.is_none() && !addr.ip().is_loopback() {
-                warn!(port, "this agent serves the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
+                warn!(port, "this agent serves the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN (notebook_launcher: rdzv_conf={{\"token_file\": PATH}})");
             }
             let task = tokio::spawn(async move {
                 let shutdown = async move { stop.cancelled().await };
@@ -284,7 +284,7 @@ async fn serve_replica(
     });
     let replication = options.replication.clone();
     if options.token.is_none() && !bind.ip().is_loopback() {
-        warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN");
+        warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN (notebook_launcher: rdzv_conf={{\"token_file\": PATH}})");
     }
     let link_tls = cfg.link_tls().enabled();
     if !etcd.https && !link_tls && !bind.ip().is_loopback() {

@@ -762,7 +762,7 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
             // Only the server's own verdicts are final; transport trouble (a
             // server going down, a reset connection, a follower) is retried.
             Err(s) if !is_refusal(s.code()) => Err(Attempt::Retry(Retry::of(&s))),
-            Err(s) => Err(Attempt::Refused(s.code(), s.message().to_owned())),
+            Err(s) => Err(Attempt::Refused(s.code(), refusal(&s))),
         }
     };
     let taken = tokio::select! {
@@ -840,7 +840,7 @@ fn first_event(message: Result<Option<pb::Event>, Status>) -> First {
             format!("unexpected first event from the rendezvous: {other:?}"),
         )),
         Err(s) if !is_refusal(s.code()) => First::Attempt(Attempt::Retry(Retry::of(&s))),
-        Err(s) => First::Attempt(Attempt::Refused(s.code(), s.message().to_owned())),
+        Err(s) => First::Attempt(Attempt::Refused(s.code(), refusal(&s))),
     }
 }
 
@@ -902,6 +902,18 @@ fn fit_failure(reason: String, failure: Option<pb::Failure>) -> (String, Option<
         f
     });
     (reason, failure)
+}
+
+/// What the agent says of a refusal: the server's words, and for a missing
+/// or wrong token how an agent takes it.
+fn refusal(s: &tonic::Status) -> String {
+    match s.code() {
+        Code::Unauthenticated => format!(
+            "{}; give the agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN (notebook_launcher: rdzv_conf={{\"token_file\": PATH}})",
+            s.message()
+        ),
+        _ => s.message().to_owned(),
+    }
 }
 
 /// Whether a status is the rendezvous refusing this node (not worth retrying).

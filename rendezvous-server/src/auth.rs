@@ -45,12 +45,15 @@ impl Interceptor for RequireToken {
             }
             return Ok(request);
         }
-        Err(Status::unauthenticated(
-            "this rendezvous requires its token: give the agent --rdzv-conf token_file=PATH \
-                 or ACCEL_RDZV_TOKEN (the same token as rdzv-server's --token-file / RDZV_TOKEN)",
-        ))
+        // Each client says how *it* takes the token (an agent, `rdzv-server
+        // status`, a notebook): see `accel_rdzv_client::auth::GIVE_AGENT_TOKEN`.
+        Err(Status::unauthenticated(UNAUTHENTICATED))
     }
 }
+
+/// What a call without the server's token is told.
+pub const UNAUTHENTICATED: &str =
+    "this rendezvous requires its token (the one rdzv-server has from --token-file or RDZV_TOKEN)";
 
 /// A new random session secret, from the operating system's random source.
 pub fn new_session() -> Result<Session, Status> {

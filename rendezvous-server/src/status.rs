@@ -48,9 +48,17 @@ pub use accel_rdzv_client::error_chain;
 
 /// The error of a call the server at `endpoint` answered with `status`.
 fn answered(endpoint: &str) -> impl Fn(tonic::Status) -> StatusError + '_ {
-    move |s| StatusError::Call {
+    move |s| {
+        StatusError::Call {
         endpoint: endpoint.to_owned(),
-        message: s.message().to_owned(),
+        message: match s.code() {
+            tonic::Code::Unauthenticated => format!(
+                "{}; give this command --token-file PATH (or ACCEL_RDZV_TOKEN / RDZV_TOKEN) with that token",
+                s.message()
+            ),
+            _ => s.message().to_owned(),
+        },
+    }
     }
 }
 

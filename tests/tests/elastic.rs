@@ -212,7 +212,8 @@ fn min_never_reached_names_who_joined_and_what_is_missing() {
     assert_eq!(out.code(), 1, "{}", out.stderr);
     assert!(out.stderr.contains("did not form"), "{}", out.stderr);
     assert!(
-        out.stderr.contains("1 of 2..3 nodes ready, 1 missing"),
+        out.stderr
+            .contains("1 of 2..3 nodes ready, waiting for 1 more to join"),
         "{}",
         out.stderr
     );

@@ -211,3 +211,26 @@ fn a_100_mb_line_without_newline_does_not_grow_the_agent() {
         104_857_600 + 1600 * ("[default0]:".len() as u64 + 1)
     );
 }
+
+/// What a newcomer reads of a plain one-node run: where `--log-dir` put
+/// the logs (as torchrun says), and no progress line that cannot be acted
+/// on (`0 of 1 nodes ready, 1 missing`).
+#[test]
+fn a_one_node_run_says_where_its_logs_are_and_no_idle_progress() {
+    let dir = scratch("log-where");
+    let logs = dir.join("logs");
+    let out = AgentCmd::new()
+        .nproc(2)
+        .log_dir(&logs)
+        .no_python("true", &[])
+        .run(&dir, "agent", LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let run = run_dir(&logs);
+    assert!(
+        out.stderr.contains("worker logs and error files go to")
+            && out.stderr.contains(&run.display().to_string()),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("nodes ready"), "{}", out.stderr);
+}

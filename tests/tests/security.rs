@@ -706,3 +706,33 @@ fn an_agent_of_another_release_line_is_refused_naming_both_versions() {
     let e = rt.block_on(c.join(garbage)).expect_err("refused");
     assert!(e.message().contains("MAJOR.MINOR.PATCH"), "{}", e.message());
 }
+
+/// A missing token is named as each client takes it: `rdzv-server status`
+/// its `--token-file`, an agent its `--rdzv-conf token_file` (the server
+/// used to tell both the agent's).
+#[test]
+fn a_missing_token_is_named_as_each_client_takes_it() {
+    let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
+    let dir = scratch("sec-named");
+    let e = accel_tests::status_jobs(&server.addr, &[]).expect_err("refused");
+    assert!(
+        e.contains("requires its token")
+            && e.contains("give this command --token-file PATH")
+            && !e.contains("--rdzv-conf"),
+        "{e}"
+    );
+    let out = AgentCmd::c10d_no_local_addr(&server.addr, "no-token")
+        .nnodes(1)
+        .nproc(1)
+        .no_python("true", &[])
+        .run(&dir, "agent", Duration::from_secs(30));
+    assert_ne!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("requires its token")
+            && out
+                .stderr
+                .contains("give the agent --rdzv-conf token_file=PATH"),
+        "{}",
+        out.stderr
+    );
+}

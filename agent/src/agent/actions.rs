@@ -345,6 +345,14 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             Some(d) => d.clone(),
             None => {
                 let d = crate::files::run_dir(self.cfg.log_dir.as_deref(), &self.cfg.run_id)?;
+                // As torchrun: where the workers' files go (attempt_N/RANK/
+                // below it), said once; without --log-dir or redirection it
+                // holds only error files, and is not news.
+                let logged = self.cfg.logs.redirects != crate::logs::StdSpec::default()
+                    || self.cfg.logs.tee != crate::logs::StdSpec::default();
+                if self.cfg.log_dir.is_some() || logged {
+                    tracing::info!(dir = %d.path().display(), "worker logs and error files go to attempt_N/LOCAL_RANK/ in this directory");
+                }
                 self.run_dir = Some(d.clone());
                 d
             }

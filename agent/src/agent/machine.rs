@@ -395,6 +395,9 @@ pub struct NodeMachine {
     /// The last progress line printed while forming (without its
     /// countdown), and when.
     said: Option<(String, Instant)>,
+    /// A transient progress line not printed yet (every node has joined and
+    /// is getting ready: a one-node run's first report), and since when.
+    held: Option<(String, Instant)>,
     /// Failures in a row that restarted the job within the backoff window.
     crashes: u32,
 }
@@ -409,6 +412,7 @@ impl NodeMachine {
             settings,
             phase: Phase::Done,
             said: None,
+            held: None,
             crashes: 0,
         };
         let actions = machine.form(now, round);
@@ -729,6 +733,26 @@ impl NodeMachine {
                 ..w.clone()
             })
         );
+        // Every node has joined and is getting ready: nothing to wait for
+        // but the round itself, which normally follows at once. Said only
+        // if it lasts.
+        let transient = w.members >= w.min_nodes
+            && w.ready < w.members
+            && w.last_call_ms.is_none()
+            && !w.spare
+            && w.quarantine.is_empty();
+        if transient {
+            let since = match &self.held {
+                Some((held, since)) if *held == key => *since,
+                _ => {
+                    self.held = Some((key.clone(), now));
+                    now
+                }
+            };
+            if now.saturating_duration_since(since) < PROGRESS_EVERY {
+                return;
+            }
+        }
         let news = match &self.said {
             Some((said, at)) => {
                 *said != key || now.saturating_duration_since(*at) >= PROGRESS_EVERY
@@ -1371,8 +1395,17 @@ pub(super) fn describe_waiting(w: &pb::Waiting) -> String {
         format!("{}..{}", w.min_nodes, w.max_nodes)
     };
     let mut s = format!("{} of {range} nodes ready", w.ready);
-    if w.ready < w.min_nodes {
-        s.push_str(&format!(", {} missing", w.min_nodes - w.ready));
+    if w.members < w.min_nodes {
+        s.push_str(&format!(
+            ", waiting for {} more to join",
+            w.min_nodes - w.members
+        ));
+    }
+    if w.members > w.ready {
+        s.push_str(&format!(
+            ", {} joined and getting ready",
+            w.members - w.ready
+        ));
     }
     if let Some(ms) = w.last_call_ms {
         s.push_str(&format!(

@@ -16,7 +16,10 @@
 //! When the offered name resolves to no usable address here (a host whose
 //! `/etc/hosts` maps its own name to `127.0.1.1`, while other nodes resolve
 //! it through DNS), the store binds every interface as before and the agent
-//! warns once, suggesting `--local-addr`; address admission still applies.
+//! says so once (at info level when the name is a loopback address here, as
+//! on most Debian and Ubuntu hosts; a warning when it does not resolve to
+//! this host at all), naming `--local-addr`; address admission still
+//! applies.
 //!
 //! # Admission
 //! Node rank 0 admits to its store the addresses the rendezvous reports for
@@ -40,7 +43,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::round::RoundInfo;
 use crate::config::{Config, PortRange, Rendezvous};
@@ -160,6 +163,7 @@ impl StoreBinder {
                 .map(|a| a.map(|a| a.ip()).collect())
                 .unwrap_or_default();
         let mut candidates: Vec<IpAddr> = Vec::new();
+        let only_loopback = !found.is_empty() && found.iter().all(IpAddr::is_loopback);
         for ip in found {
             if (loopback_job || !ip.is_loopback()) && !candidates.contains(&ip) {
                 candidates.push(ip);
@@ -174,10 +178,20 @@ impl StoreBinder {
         }
         if !self.warned_any {
             self.warned_any = true;
-            warn!(
-                name,
-                "the worker store listens on every interface: '{name}', the address this node offers as MASTER_ADDR, resolves to no non-loopback address of this host; pass --local-addr with this node's address to bind only that (connections are admitted by address either way)"
-            );
+            if only_loopback {
+                // The usual /etc/hosts of a Debian or Ubuntu host (its own
+                // name on 127.0.1.1): nothing is wrong, and other hosts
+                // reach the store by the name's DNS address.
+                info!(
+                    name,
+                    "'{name}' (MASTER_ADDR) is a loopback address here, so the worker store listens on every interface for the job's other hosts and admits only the job's addresses; --local-addr binds one address instead"
+                );
+            } else {
+                warn!(
+                    name,
+                    "the worker store listens on every interface: '{name}', the address this node offers as MASTER_ADDR, resolves to no address of this host; pass --local-addr with this node's address to bind only that (connections are admitted by address either way)"
+                );
+            }
         }
         let any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
         self.bind_ip(any).await.map_err(|e| match e.kind() {

@@ -758,7 +758,7 @@ fn a_round_that_does_not_form_in_time_ends_the_agent_with_the_last_progress() {
     );
     let text = error(m.step(t0 + 600 * SECOND, Event::Timer)).to_string();
     assert!(
-        text.contains("1 of 2 nodes ready, 1 missing (joined: a)"),
+        text.contains("1 of 2 nodes ready, waiting for 1 more to join (joined: a)"),
         "{text}"
     );
 }
@@ -1063,7 +1063,10 @@ fn a_reconnect_keeps_the_last_progress_for_the_timeout_message() {
         },
     );
     let text = error(m.step(t0 + Duration::from_secs(600), Event::Timer)).to_string();
-    assert!(text.contains("1 of 3 nodes ready, 2 missing"), "{text}");
+    assert!(
+        text.contains("1 of 3 nodes ready, waiting for 1 more to join, 1 joined and getting ready"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -1126,6 +1129,54 @@ fn unchanged_progress_is_printed_at_most_every_ten_seconds() {
     assert_eq!(m.last_progress().map(|p| p.1), Some(t0 + 10 * SECOND));
     m.step(t0 + 12 * SECOND, waiting(2, None));
     assert_eq!(m.last_progress().map(|p| p.1), Some(t0 + 12 * SECOND));
+}
+
+/// A one-node run's first report ("0 of 1 nodes ready") and any other
+/// where every node has joined and is getting ready are not news: said
+/// only if that lasts.
+#[test]
+fn every_node_joined_and_getting_ready_is_said_only_if_it_lasts() {
+    let (mut m, t0) = joined();
+    let waiting = |ready: u32, members: u32| {
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: 0,
+            ready,
+            min_nodes: 1,
+            max_nodes: 2,
+            members,
+            hosts: vec!["a".into(), "b".into()],
+            ..Default::default()
+        }))
+    };
+    m.step(t0, waiting(0, 1));
+    m.step(t0 + 9 * SECOND, waiting(0, 1));
+    assert_eq!(m.last_progress(), None, "not said at once");
+    m.step(t0 + 10 * SECOND, waiting(0, 1));
+    let (line, _) = m.last_progress().cloned().expect("said once it lasts");
+    assert!(
+        line.contains("0 of 1..2 nodes ready, 1 joined and getting ready"),
+        "{line}"
+    );
+    // Nodes that have not joined are news at once.
+    let (mut m, t0) = joined();
+    m.step(
+        t0,
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: 0,
+            ready: 1,
+            min_nodes: 3,
+            max_nodes: 3,
+            members: 2,
+            hosts: vec!["a".into(), "b".into()],
+            ..Default::default()
+        })),
+    );
+    let (line, _) = m.last_progress().cloned().expect("said");
+    assert_eq!(
+        line,
+        "0 1 of 3 nodes ready, waiting for 1 more to join, 1 joined and getting ready (joined: a, b)",
+        "round, then the line"
+    );
 }
 
 #[test]
