@@ -153,5 +153,16 @@ pub fn execute(cfg: Config) -> Result<Outcome, AgentError> {
         .enable_all()
         .build()
         .map_err(|e| AgentError::io("cannot start the async runtime", e))?;
-    runtime.block_on(crate::agent::run(cfg, guard))
+    let guard_pid = guard.as_ref().map(|g| g.pid());
+    let result = runtime.block_on(crate::agent::run(cfg, guard));
+    // Every handle to the guard's pipe goes with the runtime's tasks; the
+    // guard sees the end and exits, and is reaped here rather than left a
+    // zombie in this process group.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    if let Some(pid) = guard_pid {
+        if !accel_process::guard::reap(pid, std::time::Duration::from_secs(1)) {
+            tracing::debug!(%pid, "the guard process did not exit within 1 s; leaving it");
+        }
+    }
+    result
 }

@@ -94,6 +94,8 @@ pub struct Guard {
     lost: std::sync::atomic::AtomicBool,
     /// How often [`Guard::beat`] is due ([`beat_every`] of the limit).
     every: Duration,
+    /// The guard process.
+    pid: nix::unistd::Pid,
 }
 
 impl Guard {
@@ -105,13 +107,19 @@ impl Guard {
         let pipe = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
         let back =
             nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(io::Error::from)?;
-        let (write, back) = sys::fork_guard(guard_main, pipe, back, limit)?;
+        let (write, back, pid) = sys::fork_guard(guard_main, pipe, back, limit)?;
         Ok(Self {
             pipe: File::from(write),
             back: File::from(back),
             lost: std::sync::atomic::AtomicBool::new(false),
             every: beat_every(limit),
+            pid,
         })
+    }
+
+    /// The guard process, for [`reap`] once every `Guard` is dropped.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        self.pid
     }
 
     /// Whether the guard killed the workers since this was last asked: the
@@ -164,6 +172,27 @@ impl Guard {
                 tracing::warn!(error = %e, "cannot reach the guard process; workers may outlive a crashed agent");
             }
         }
+    }
+}
+
+/// Waits up to `limit` for the guard `pid` to exit and reaps it. Call once
+/// every [`Guard`] is dropped: the guard sees its pipe end, kills what it
+/// still watches and exits. An agent that returned without this would
+/// leave it behind, a zombie for whatever adopts orphans.
+pub fn reap(pid: nix::unistd::Pid, limit: Duration) -> bool {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let until = Instant::now() + limit;
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(_) => return true,
+            // Not our child any more, or already reaped.
+            Err(_) => return true,
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -182,17 +182,17 @@ pub(crate) fn fork_guard(
     (read, write): (OwnedFd, OwnedFd),
     (back_read, back_write): (OwnedFd, OwnedFd),
     limit: Option<std::time::Duration>,
-) -> io::Result<(OwnedFd, OwnedFd)> {
+) -> io::Result<(OwnedFd, OwnedFd, Pid)> {
     match fork_single_threaded().map_err(io::Error::from)? {
         None => {
             drop(write);
             drop(back_read);
             child(read, back_write, limit)
         }
-        Some(_) => {
+        Some(pid) => {
             drop(read);
             drop(back_write);
-            Ok((write, back_read))
+            Ok((write, back_read, pid))
         }
     }
 }

@@ -303,3 +303,42 @@ fn an_agent_whose_log_reader_is_gone_still_runs_and_stops_in_order() {
         assert!(!alive(r.pid));
     }
 }
+
+/// The agent reaps its guard before it exits: nothing of it is left in its
+/// process group (not even a zombie for whatever adopts orphans), run
+/// after run.
+#[test]
+fn an_agent_that_returned_leaves_nothing_in_its_process_group() {
+    use std::os::unix::process::CommandExt;
+    let dir = scratch("guard-reaped");
+    for run in 0..3 {
+        let status = AgentCmd::new()
+            .nproc(4)
+            .no_python("true", &[])
+            .command()
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .current_dir(&dir)
+            .spawn()
+            .map(|mut child| (child.id(), child.wait()))
+            .expect("agent");
+        let (pgid, exit) = status;
+        assert!(exit.expect("waited").success(), "run {run}");
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // pid (comm) state ppid pgrp ...
+                let rest = &stat[stat.rfind(')')? + 2..];
+                let fields: Vec<&str> = rest.split(' ').collect();
+                (fields.get(2)?.parse::<u32>().ok()? == pgid).then(|| stat.clone())
+            })
+            .collect();
+        assert!(
+            left.is_empty(),
+            "run {run}: left in the agent's group: {left:?}"
+        );
+    }
+}
