@@ -58,6 +58,10 @@ pub enum Planned {
 /// Why a launch cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    /// A flag cannot be parsed (a value of the wrong type, a missing
+    /// value, an unknown flag): a usage error, exit 2 as argparse's.
+    #[error("accel launch: {0}")]
+    Usage(String),
     /// The flags or the configuration do not make a launch.
     #[error("accel launch: {0}")]
     Invalid(String),
@@ -74,7 +78,7 @@ pub fn plan(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Planned, LaunchError> {
     let on_path = |p: &str| crate::find_program(p, env).is_some();
-    let ns = match flags::parse(args, &on_path, release).map_err(LaunchError::Invalid)? {
+    let ns = match flags::parse(args, &on_path, release).map_err(LaunchError::Usage)? {
         Parsed::Help => return Ok(Planned::Help(flags::help(release))),
         Parsed::Launch(ns) => ns,
     };

@@ -164,6 +164,16 @@ pub enum AccelError {
     Test(#[from] test_cmd::TestError),
 }
 
+impl AccelError {
+    /// What `accel` exits with: 2 for a usage error (as argparse), else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AccelError::Launch(launch::LaunchError::Usage(_)) => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// Runs `accel` with parsed arguments; `env` reads the environment.
 pub fn run(args: AccelArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Action, AccelError> {
     let print = |s: String| Ok(Action::Print(s));

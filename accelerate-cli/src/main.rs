@@ -39,7 +39,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             node::say(&format!("accel: error: {e}"));
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -221,7 +221,12 @@ impl Rendezvous for RendezvousService {
         )?;
         if counted {
             if let Ok(registry) = self.registry() {
-                registry.metrics().failure(r.exit_code);
+                // The request's code is 128 + N for a signal, which an exit
+                // code can equal; the failure detail's is torchrun's (minus
+                // the signal number).
+                registry
+                    .metrics()
+                    .failure(r.failure.as_ref().map_or(r.exit_code, |f| f.exitcode));
             }
         }
         Ok(Response::new(pb::Ack {}))

@@ -436,3 +436,19 @@ fn the_address_file_names_what_the_server_bound_and_an_unwritable_one_stops_it()
     let out = run_logged(cmd, &dir, "unwritable", LIMIT);
     assert_refused(&out, 2, "cannot write --address-file");
 }
+
+/// `accel launch --machine_rank $RANK` with RANK unset takes the script for
+/// the rank: a usage error, exit 2 as accelerate's argparse, naming the
+/// flag; a launch that the flags parse but cannot make still exits 1.
+#[test]
+fn an_accel_launch_flag_of_the_wrong_type_exits_2_as_argparse() {
+    let dir = scratch("launch-usage");
+    let mut cmd = Command::new(bin("accel"));
+    cmd.args(["launch", "--machine_rank", "train.py"]);
+    let out = run_logged(cmd, &dir, "rank", LIMIT);
+    assert_refused(&out, 2, "--machine_rank: invalid int value 'train.py'");
+    let mut cmd = Command::new(bin("accel"));
+    cmd.args(["launch", "--num_processes"]);
+    let out = run_logged(cmd, &dir, "missing", LIMIT);
+    assert_refused(&out, 2, "--num_processes expects a value");
+}

@@ -175,6 +175,20 @@ fn both_endpoints_count_a_failure_and_a_restart_while_the_job_runs() {
         "rank 3's exit is counted once, by its own node"
     );
 
+    // A worker of the second round SIGKILLed: a failure by signal (its
+    // report's code, 128 + 9, is not taken for an exit code).
+    let victim = accel_tests::records(&dir)
+        .into_iter()
+        .find(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "1")
+        .expect("a worker of the second round");
+    accel_tests::signal(victim.pid, "KILL");
+    let text = until_sample(&metrics, "accel_rdzv_failures_total{kind=\"signal\"}", 1.0);
+    assert_eq!(
+        sample(&text, "accel_rdzv_failures_total{kind=\"exit\"}"),
+        Some(1.0),
+        "{text}"
+    );
+
     for a in agents {
         let out = a.wait(LIMIT);
         assert_eq!(out.code(), 0, "{}", out.stderr);
