@@ -66,10 +66,65 @@ const JOBS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// The last `/api/jobs` body and when it was made.
 type Fresh = std::sync::Mutex<Option<(std::time::Instant, bytes::Bytes)>>;
 
-/// The last stacks answer's body, for that job and collection: every
-/// caller is served the same bytes (shared, not copied), so many readers
-/// of a large answer, slow or stalled, hold one copy between them.
-type Rendered = std::sync::Mutex<Option<(String, u64, bytes::Bytes)>>;
+/// Stack answers (`GET /api/stacks` of a finished collection, megabytes for
+/// a large job) served per second at most, after a burst of as many: a
+/// flood of them costs the server this much rendering and sending, and the
+/// rest is told to retry (`429`). The listener bounds their bytes in flight
+/// too ([`accel_telemetry::http::MAX_BYTES_IN_FLIGHT`]).
+pub const STACK_ANSWERS_PER_SECOND: f64 = 4.0;
+
+/// The stack answers' state, behind one lock.
+type Rendered = std::sync::Mutex<StackAnswers>;
+
+/// The last stacks answer's body, for that job and collection (every
+/// caller is served the same bytes, shared, not copied, so many readers of
+/// a large answer, slow or stalled, hold one copy between them), and the
+/// answers' pace.
+#[derive(Debug)]
+struct StackAnswers {
+    last: Option<(String, u64, bytes::Bytes)>,
+    pace: Pace,
+}
+
+impl Default for StackAnswers {
+    fn default() -> Self {
+        Self {
+            last: None,
+            pace: Pace::new(STACK_ANSWERS_PER_SECOND, std::time::Instant::now()),
+        }
+    }
+}
+
+/// A token bucket: `rate` a second, at most `rate` saved up.
+#[derive(Debug)]
+struct Pace {
+    rate: f64,
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Pace {
+    fn new(rate: f64, now: std::time::Instant) -> Self {
+        Self {
+            rate,
+            tokens: rate,
+            at: now,
+        }
+    }
+
+    /// Whether one more may go at `now`.
+    fn take(&mut self, now: std::time::Instant) -> bool {
+        let gained = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + gained).min(self.rate);
+        self.at = now.max(self.at);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// The status page's routes, for the metrics listener.
 pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
@@ -301,7 +356,13 @@ fn stacks(
         Latest::Collecting => collecting(),
         Latest::Done(at, r) => {
             let mut kept = rendered.lock().unwrap_or_else(|e| e.into_inner());
-            let body = match kept.as_ref() {
+            if !kept.pace.take(std::time::Instant::now()) {
+                let body = error_json(&format!(
+                    "too many stack answers: at most {STACK_ANSWERS_PER_SECOND} a second are served; retry in a second"
+                ));
+                return reply(429, JSON, body, &[("retry-after", "1")]);
+            }
+            let body = match kept.last.as_ref() {
                 Some((j, t, b)) if *j == job && *t == at => b.clone(),
                 _ => {
                     let mut body = crate::stacks::json(&job, &r);
@@ -309,7 +370,7 @@ fn stacks(
                     body["at_unix_ms"] = at.into();
                     body["text"] = crate::stacks::render(&job, &r).into();
                     let b = bytes::Bytes::from(body.to_string() + "\n");
-                    *kept = Some((job.clone(), at, b.clone()));
+                    kept.last = Some((job.clone(), at, b.clone()));
                     b
                 }
             };
@@ -357,6 +418,18 @@ fn error_json(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stack_answers_are_paced_after_a_burst() {
+        let t = std::time::Instant::now();
+        let mut pace = Pace::new(4.0, t);
+        assert_eq!((0..10).filter(|_| pace.take(t)).count(), 4, "the burst");
+        assert!(!pace.take(t + std::time::Duration::from_millis(200)));
+        assert!(pace.take(t + std::time::Duration::from_millis(250)));
+        // Idle time saves up at most one second's worth.
+        let later = t + std::time::Duration::from_secs(60);
+        assert_eq!((0..10).filter(|_| pace.take(later)).count(), 4);
+    }
 
     #[test]
     fn the_jobs_need_the_token_unless_the_caller_is_on_this_host() {

@@ -26,6 +26,16 @@
 //! ever displace each other; closing the oldest first means a flood would
 //! have to open every slot's worth of connections between a probe's
 //! connect and its request to displace it.
+//!
+//! Large answers (a job's stacks, megabytes) are bounded in total: each
+//! answer of at least [`LARGE_ANSWER`] bytes holds its size against
+//! [`MAX_BYTES_IN_FLIGHT`] until its connection ends (counted per answer,
+//! whether or not answers share their bytes, so the bound holds whatever a
+//! page does). One that would exceed it is answered `503` with
+//! `Retry-After: 1` instead, at once; small answers (`/readyz`, `/healthz`,
+//! a scrape) never wait on large ones. Clients that ask for large answers
+//! and never read them hold at most that much between them, for at most
+//! [`CONNECTION_LIFETIME`] (or until a probe needs their place).
 
 use std::convert::Infallible;
 use std::fmt;
@@ -56,6 +66,10 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(15);
 /// The smallest read buffer hyper allows: request heads are small.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Answers of at least this many bytes count against [`MAX_BYTES_IN_FLIGHT`].
+pub const LARGE_ANSWER: usize = 64 * 1024;
+/// Bytes of large answers held by connections at once (see the module docs).
+pub const MAX_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 /// Pause after a failed accept (out of descriptors): the server's other
 /// work goes on meanwhile.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -292,6 +306,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 /// in progress are then dropped (a scrape is cheap to repeat).
 pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: CancellationToken) {
     let slots = Slots::default();
+    let flight = InFlight::default();
     // Who is at the other end of a connection from this host: the pages
     // serve some answers without the token only to the server's own user.
     let owners = Arc::new(crate::peer::Owners::open());
@@ -316,6 +331,7 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
         let endpoint = endpoint.clone();
         let stop = stop.clone();
         let owners = owners.clone();
+        let flight = flight.clone();
         tokio::spawn(async move {
             // Asked once per connection (one netlink round trip), and only
             // for a peer on this host: a remote one has no socket here.
@@ -327,9 +343,13 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
             };
             let evicted = slot.evicted.clone();
             let requested = Slot::clone(&slot);
+            // A large answer's share of the budget, given back when the
+            // connection ends (its bytes written or abandoned).
+            let held: Arc<Mutex<Option<Share>>> = Arc::default();
+            let holding = held.clone();
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 requested.requested();
-                let r = endpoint.answer(&req, peer.ip(), peer_uid);
+                let r = flight.admit(endpoint.answer(&req, peer.ip(), peer_uid), &holding);
                 async move { Ok::<_, Infallible>(r) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -345,7 +365,74 @@ pub async fn serve(listener: TcpListener, endpoint: Endpoint, stop: Cancellation
                 _ = stop.cancelled() => {}
             }
             drop(slot);
+            drop(held);
         });
+    }
+}
+
+/// Bytes of large answers held by connections ([`MAX_BYTES_IN_FLIGHT`]).
+#[derive(Debug, Clone, Default)]
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+/// One answer's part of [`InFlight`], given back on drop.
+#[derive(Debug)]
+struct Share {
+    flight: InFlight,
+    bytes: usize,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.flight
+            .0
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl InFlight {
+    /// Takes `bytes` of the budget, or `None` when that would exceed it.
+    fn take(&self, bytes: usize) -> Option<Share> {
+        use std::sync::atomic::Ordering;
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes)
+                    .filter(|&n| n <= MAX_BYTES_IN_FLIGHT)
+            })
+            .ok()?;
+        Some(Share {
+            flight: self.clone(),
+            bytes,
+        })
+    }
+
+    /// `r` if it is small or fits the budget (its share then kept in
+    /// `held`), else a `503` asking to retry.
+    fn admit(&self, r: Reply, held: &Mutex<Option<Share>>) -> Reply {
+        use hyper::body::Body;
+        let size = r.body().size_hint().exact().unwrap_or(0);
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size < LARGE_ANSWER {
+            return r;
+        }
+        match self.take(size) {
+            Some(share) => {
+                *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(share);
+                r
+            }
+            None => {
+                let mut busy = text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "busy: {} MiB of large answers are being sent (at most {} MiB at once); retry in a second\n",
+                        self.0.load(std::sync::atomic::Ordering::Acquire) >> 20,
+                        MAX_BYTES_IN_FLIGHT >> 20
+                    ),
+                );
+                busy.headers_mut()
+                    .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                busy
+            }
+        }
     }
 }
 
@@ -544,6 +631,31 @@ mod tests {
         let r = e.respond(&Method::POST, "/metrics");
         assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(r.headers()[ALLOW], "GET, HEAD");
+    }
+
+    #[tokio::test]
+    async fn large_answers_share_a_budget_and_small_ones_never_wait() {
+        let flight = InFlight::default();
+        let large = |n: usize| reply(200, "text/plain", vec![b'x'; n], &[]);
+        let held: Vec<Mutex<Option<Share>>> = (0..5).map(|_| Mutex::default()).collect();
+        let quarter = MAX_BYTES_IN_FLIGHT / 4;
+        for h in &held[..4] {
+            assert_eq!(flight.admit(large(quarter), h).status(), StatusCode::OK);
+        }
+        let refused = flight.admit(large(LARGE_ANSWER), &held[4]);
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()[hyper::header::RETRY_AFTER], "1");
+        assert!(body(refused).await.contains("at most 64 MiB at once"));
+        // A probe's answer is small: never refused.
+        let (e, _) = endpoint(Ok(()));
+        let probe = flight.admit(e.respond(&Method::GET, "/readyz"), &held[4]);
+        assert_eq!(probe.status(), StatusCode::OK);
+        // A connection that ends gives its share back.
+        drop(held[0].lock().expect("lock").take());
+        assert_eq!(
+            flight.admit(large(quarter), &held[4]).status(),
+            StatusCode::OK
+        );
     }
 
     #[test]

@@ -150,6 +150,17 @@ pub const ACCELERATE_VERSIONS: [&str; 3] = ["1.10.1", PINNED_ACCELERATE, "1.16.0
 /// The accelerate release of `ACCEL_VENV` (scripts/setup.sh's pin).
 pub const PINNED_ACCELERATE: &str = "1.15.0";
 
+/// The newest accelerate release the launch parity test runs against:
+/// [`ACCELERATE_VERSIONS`]' newest, or the release `ACCEL_NEWEST_ACCELERATE`
+/// names (`scripts/newest.sh` sets it to the newest on the package registry,
+/// after making its venv beside the others with scripts/setup.sh).
+pub fn newest_accelerate() -> &'static str {
+    match std::env::var("ACCEL_NEWEST_ACCELERATE") {
+        Ok(v) if !v.is_empty() => Box::leak(v.into_boxed_str()),
+        _ => ACCELERATE_VERSIONS[2],
+    }
+}
+
 /// A Python environment with one accelerate release (and the pinned torch).
 #[derive(Debug, Clone)]
 pub struct AccelerateVenv {
@@ -761,6 +772,11 @@ impl Server {
     /// Sends `sig` to the server.
     pub fn signal(&self, sig: &str) {
         signal(self.child.id(), sig);
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits for the server to exit.

@@ -536,3 +536,154 @@ fn another_local_user_gets_no_job_and_starts_no_stack_dump_without_the_token() {
     // The page itself (no data) is for anyone.
     assert!(ask(true, "GET", "/").contains(" 200 "));
 }
+
+/// The server's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// A client that asks for `path` and never reads the answer, through a
+/// receive buffer of a few KiB, so the server's side of the answer stalls.
+fn stalled_client(addr: &str, path: &str) -> std::net::TcpStream {
+    use nix::sys::socket::{
+        connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let to: std::net::SocketAddrV4 = addr.parse().expect("an IPv4 address");
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    setsockopt(&fd, sockopt::RcvBuf, &4096).expect("SO_RCVBUF");
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to)).expect("connect");
+    let mut s = std::net::TcpStream::from(fd);
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("request");
+    s
+}
+
+/// A flood of stack answers nobody reads (64 clients, a large job's
+/// stacks each): the listener holds a bounded number of bytes for them,
+/// paces the answers, and every probe meanwhile is answered; the server's
+/// memory is back within 64 MiB of where it was once they are gone.
+#[test]
+fn a_flood_of_unread_stack_answers_keeps_probes_answered_and_memory_bounded() {
+    let _heavy = crate::heavy();
+    let server = Server::start();
+    let metrics = server.metrics.clone().expect("metrics");
+    let dir = accel_tests::scratch("status-page-flood");
+    let place = dir.join("place");
+    std::fs::create_dir_all(&place).expect("place dir");
+    let agent = AgentCmd::c10d(&server.addr, "deep")
+        .nnodes(1)
+        .nproc(8)
+        .env("PLACE_DIR", place.display())
+        .script(accel_tests::worker("deep_stacks.py"))
+        .start(&dir, "agent");
+    poll_until("every rank at the bottom of its stack", LIMIT, || {
+        let n = std::fs::read_dir(&place).map_or(0, |d| d.count());
+        if n == 8 {
+            Ok(())
+        } else {
+            Err(format!("{n} of 8"))
+        }
+    });
+    let origin = format!("http://{metrics}");
+    let headers = [("X-Accel-Request", "stacks"), ("Origin", origin.as_str())];
+    let (status, _, body) =
+        accel_tests::http_request(&metrics, "POST", "/api/stacks?job=deep", &headers)
+            .expect("answer");
+    assert_eq!(status, 202, "{body}");
+    poll_until("the collection answered", LIMIT, || {
+        stacks_at(&metrics, "deep")
+    });
+    // A first reader, then a pause: the answers' pace is full again.
+    let (_, _, answer) = http_get_with(&metrics, "/api/stacks?job=deep", &[]).expect("answer");
+    assert!(
+        answer.len() > accel_telemetry::http::LARGE_ANSWER,
+        "a large answer: {} bytes: {}",
+        answer.len(),
+        &answer[..answer.len().min(3000)]
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let baseline = rss(server.pid());
+
+    let mut flood = Vec::new();
+    let mut answered = 0;
+    let flooding = std::time::Instant::now();
+    for i in 0..64 {
+        flood.push(stalled_client(&metrics, "/api/stacks?job=deep"));
+        // A probe between every third connection of the flood, each
+        // answered within a second.
+        if i % 3 == 2 && answered < 20 {
+            let t = std::time::Instant::now();
+            let probe = http_get_with(&metrics, "/readyz", &[]);
+            if probe.as_ref().is_some_and(|p| p.0 == 200) && t.elapsed() < Duration::from_secs(1) {
+                answered += 1;
+            } else {
+                panic!(
+                    "probe {answered} during the flood: {probe:?} in {:?}",
+                    t.elapsed()
+                );
+            }
+        }
+    }
+    while answered < 20 {
+        let probe = http_get_with(&metrics, "/readyz", &[]);
+        assert_eq!(probe.map(|p| p.0), Some(200), "probe {answered}");
+        answered += 1;
+    }
+    let during = rss(server.pid());
+    let took = flooding.elapsed().as_secs_f64();
+    // What the flood was answered (the first bytes of each answer): a
+    // paced few stack answers; the rest told to retry, or closed (one
+    // address holds a few connections at most; a newer one takes the
+    // place of one that does not read).
+    let (mut served, mut refused, mut closed) = (0, 0, 0);
+    for s in &mut flood {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut head = [0u8; 12];
+        match s.read_exact(&mut head).map(|()| head) {
+            Ok(h) if &h == b"HTTP/1.1 200" => served += 1,
+            Ok(h) if &h == b"HTTP/1.1 429" || &h == b"HTTP/1.1 503" => refused += 1,
+            Ok(h) => panic!("{:?}", String::from_utf8_lossy(&h)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => panic!("no answer: {e}"),
+            Err(_) => closed += 1,
+        }
+    }
+    eprintln!("flood: {served} served, {refused} told to retry, {closed} closed");
+    let paced = 4.0 + 4.0 * took.ceil();
+    assert!(
+        served as f64 <= paced && served < 64,
+        "{served} stack answers in {took:.1} s"
+    );
+    drop(flood);
+    std::thread::sleep(Duration::from_secs(2));
+    let after = rss(server.pid());
+    eprintln!(
+        "flood: server RSS {} MiB before, {} MiB during, {} MiB after; answer {} KiB",
+        baseline >> 20,
+        during >> 20,
+        after >> 20,
+        answer.len() >> 10
+    );
+    assert!(
+        after <= baseline + (64 << 20),
+        "RSS {} MiB after the flood, {} MiB before",
+        after >> 20,
+        baseline >> 20
+    );
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+}
