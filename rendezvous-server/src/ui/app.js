@@ -56,11 +56,13 @@ async function fetchStacks(id) {
   try {
     for (;;) {
       const r = await fetch("/api/stacks?job=" + encodeURIComponent(id), { headers: headers(), cache: "no-store" });
-      const doc = await r.json();
-      if (r.status === 202) {
+      // Still collecting (202), or the server paces large answers (429,
+      // 503 with Retry-After: 1): ask again in a second.
+      if (r.status === 202 || ((r.status === 429 || r.status === 503) && r.headers.get("Retry-After"))) {
         await sleep(1000);
         continue;
       }
+      const doc = await r.json();
       if (r.ok) {
         s.at = doc.at_unix_ms;
         s.text = doc.text;
