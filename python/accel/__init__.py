@@ -1,6 +1,6 @@
 """accel: launch distributed PyTorch training with a Rust agent.
 
-The wheel (``pip install accel-launch``) puts ``accel-agent`` (torchrun's
+The wheel accel-launch (``pip install .`` in a checkout of accel) puts ``accel-agent`` (torchrun's
 drop-in), ``rdzv-server`` and ``accel`` (``accelerate launch``'s) on the
 environment's PATH. This package adds accelerate's Python launchers::
 

@@ -39,6 +39,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _forkserver
 
+# What a launch needs, imported with this module as accelerate's import
+# does: a notebook's import cell pays for torch (and accelerate's CUDA
+# checks) once, and the launcher call itself starts at once. Without
+# torch the import still works; the call then says what to install.
+try:
+    import torch as _TORCH
+except ImportError:
+    _TORCH = None
+try:
+    from accelerate.utils import check_cuda_p2p_ib_support as _CHECK_P2P_IB
+except ImportError:
+    _CHECK_P2P_IB = None
+
 __all__ = ["notebook_launcher", "debug_launcher"]
 
 _PRECISIONS = ("no", "fp8", "fp16", "bf16")
@@ -281,11 +294,9 @@ def _positive(name: str, value: int) -> None:
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError as e:
-        raise RuntimeError("accel's launchers need PyTorch in this environment: pip install torch") from e
-    return torch
+    if _TORCH is None:
+        raise RuntimeError("accel's launchers need PyTorch in this environment: pip install torch")
+    return _TORCH
 
 
 def _single(torch) -> None:
@@ -325,11 +336,9 @@ def _refuse_initialised(torch) -> None:
 
 
 def _p2p_ib_supported() -> bool:
-    try:
-        from accelerate.utils import check_cuda_p2p_ib_support
-    except ImportError:
+    if _CHECK_P2P_IB is None:
         return True
-    return bool(check_cuda_p2p_ib_support())
+    return bool(_CHECK_P2P_IB())
 
 
 def _conf_value(v: Any) -> str:
@@ -375,7 +384,10 @@ def _agent() -> str:
     found = shutil.which("accel-agent")
     if found:
         return found
-    raise RuntimeError("accel-agent is not installed in this environment: pip install accel-launch")
+    raise RuntimeError(
+        "accel-agent is not installed in this environment: run `pip install .` in a checkout of accel "
+        "(it builds the wheel accel-launch), or set ACCEL_AGENT to an accel-agent binary"
+    )
 
 
 def _prepared(function: Callable[..., Any], args: Sequence[Any], debug: bool) -> None:

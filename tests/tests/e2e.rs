@@ -6,6 +6,7 @@ mod bad_input;
 mod chaos;
 mod elastic;
 mod errors;
+mod guide;
 mod ha;
 mod hangs;
 mod health_check;
