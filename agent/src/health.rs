@@ -4,14 +4,18 @@
 //!
 //! The command runs with `sh -c`, the agent's environment (without the
 //! rendezvous token) and no stdin; it
-//! passes by exiting 0 within `--health-check-timeout`. It runs in its own
-//! process group, which is killed as a whole when the check is over (it
-//! exited, timed out, or a signal cancelled it), so nothing it started
-//! outlives it. A process that left the group (`setsid`) and still holds
-//! the check's output is found by its pipe and killed too; the output is
-//! read for at most `OUTPUT_AFTER_EXIT` after the check exits, so such a
-//! process never holds the agent up. (One that left the group and closed
-//! its output is beyond reach, as for workers.)
+//! passes by exiting 0 within `--health-check-timeout`. It runs under a
+//! *keeper* (`accel_process::sys::keeper`): a process of the agent's that
+//! leads a session and a process group of its own and is a child
+//! subreaper, so every process the check starts stays below it, even one
+//! that leaves the group or the session (`setsid`). When the check is over
+//! (it exited, timed out, or a signal cancelled it: the keeper gets
+//! SIGTERM) and when the agent dies, however it dies (`kill -9` included:
+//! the keeper's parent-death signal), the keeper kills all of them, so
+//! nothing the check started outlives it. As a second net, a process still
+//! holding the check's output is found by its pipe and killed too; the
+//! output is read for at most `OUTPUT_AFTER_EXIT` after the check exits,
+//! so such a process never holds the agent up.
 //!
 //! A failure quotes the end of the output (the last `OUTPUT_TAIL`
 //! characters of the last 64 KiB of each stream: the reason is usually
@@ -64,14 +68,15 @@ impl HealthCheck {
         for secret in crate::supervisor::SECRET_VARIABLES {
             cmd.env_remove(secret);
         }
-        let mut child = cmd
-            .arg("-c")
+        cmd.arg("-c")
             .arg(&self.command)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
+            .stderr(Stdio::piped());
+        // Not killed on drop: SIGKILL would keep the keeper from taking the
+        // check's processes along (`Leftovers` stops it with SIGTERM).
+        accel_process::sys::run_under_keeper(&mut cmd);
+        let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot run the health check: {e}"))?;
         // Both streams at once (a check that fills one pipe while the other
@@ -86,11 +91,12 @@ impl HealthCheck {
         .into_iter()
         .flatten()
         .collect();
-        // The check and whatever it started go when the check is over, or
-        // when it is dropped half-way (the agent stopped mid-check): its
-        // group, and whatever left the group (`setsid`) holding its output.
+        // The check and whatever it started go when the check is over (the
+        // keeper sees to it), or when it is dropped half-way (the agent
+        // stopped mid-check: the keeper is told), and so does whatever
+        // still holds its output.
         let mut leftovers = Leftovers {
-            group: child.id().map(|p| p as i32),
+            keeper: child.id().map(|p| p as i32),
             pipes,
             output_ended: false,
         };
@@ -117,6 +123,11 @@ impl HealthCheck {
             status
         };
         let status = tokio::time::timeout(self.timeout, collect).await;
+        if matches!(status, Ok(Ok(_))) {
+            // The keeper exited, its subtree gone, and was reaped: its pid
+            // may be another process's by now.
+            leftovers.keeper = None;
+        }
         leftovers.output_ended = ended;
         drop(leftovers);
         text.extend_from_slice(&more);
@@ -136,19 +147,23 @@ impl HealthCheck {
     }
 }
 
-/// What a check leaves behind, killed when dropped: its process group,
-/// and, unless its output was read to the end, whatever still holds that
-/// output out of the group (`setsid`).
+/// What a check leaves behind, stopped when dropped: its keeper, if it
+/// still runs (told with SIGTERM, it kills every process below it and
+/// exits), and, unless its output was read to the end, whatever still
+/// holds that output.
 struct Leftovers {
-    group: Option<i32>,
+    keeper: Option<i32>,
     pipes: Vec<u64>,
     output_ended: bool,
 }
 
 impl Drop for Leftovers {
     fn drop(&mut self) {
-        if let Some(g) = self.group {
-            accel_process::sys::killpg(g, nix::sys::signal::Signal::SIGKILL);
+        if let Some(k) = self.keeper {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(k),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
         if !self.output_ended {
             let killed = accel_process::sys::kill_pipe_holders(&self.pipes);
@@ -234,6 +249,18 @@ mod tests {
             .await
             .expect_err("too slow");
         assert!(e.contains("did not finish within"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_keeper_ends_as_the_check_did() {
+        let long = Duration::from_secs(10);
+        let e = check("kill -USR1 $$", long)
+            .run()
+            .await
+            .expect_err("killed");
+        assert!(e.contains("was killed by SIGUSR1 (exit code 138)"), "{e}");
+        let e = check("exit 255", long).run().await.expect_err("failed");
+        assert!(e.contains("exited with code 255"), "{e}");
     }
 
     #[tokio::test]
@@ -384,6 +411,69 @@ mod tests {
             let pid = read_pid(f);
             assert!(
                 gone_within(pid, Duration::from_secs(5)).await,
+                "{pid} of {}",
+                f.display()
+            );
+        }
+    }
+
+    #[test]
+    fn a_check_whose_agent_dies_half_way_takes_its_setsid_child_with_it() {
+        // As `kill -9` of the agent: no destructor runs; the thread that
+        // spawned the check ends, and the keeper's parent-death signal
+        // is all that is left.
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        let cmd = format!(
+            "sleep 300 & echo $! > {}; setsid sh -c '(setsid sleep 300 & echo $! > {}); sleep 300' & \
+             echo $$ > {}; sleep 300",
+            a.display(),
+            b.display(),
+            c.display()
+        );
+        let check = check(&cmd, Duration::from_secs(60));
+        let started = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let mut run = Box::pin(check.run());
+            let done = rt.block_on(async {
+                for _ in 0..100 {
+                    if tokio::time::timeout(Duration::from_millis(50), &mut run)
+                        .await
+                        .is_ok()
+                    {
+                        return true;
+                    }
+                    if b.exists() && std::fs::read_to_string(&b).is_ok_and(|t| t.ends_with('\n')) {
+                        return false;
+                    }
+                }
+                true
+            });
+            std::mem::forget(run);
+            done
+        })
+        .join()
+        .expect("the thread");
+        assert!(!started, "still running when its thread ended");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        for f in [
+            &dir.path().join("a"),
+            &dir.path().join("b"),
+            &dir.path().join("c"),
+        ] {
+            let pid = read_pid(f);
+            assert!(
+                rt.block_on(gone_within(pid, Duration::from_secs(5))),
                 "{pid} of {}",
                 f.display()
             );

@@ -11,7 +11,8 @@
 //! the guard sends SIGKILL to every group it was told about, then exits.
 //!
 //! Workers that leave their process group on purpose (`setsid`) are outside
-//! this net.
+//! this net. The health check is not the guard's: it runs under a keeper of
+//! its own ([`crate::sys::keeper`]), which no process of the check can leave.
 //!
 //! The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: a terminal's Ctrl-C or a
 //! service manager's stop reaches the agent, which stops the workers in

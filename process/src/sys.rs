@@ -1,7 +1,8 @@
 //! The process layer's only `unsafe` code and raw process calls: the
 //! worker's pre-exec hooks, forking the guard, signalling process groups,
 //! making the process non-dumpable and blanking its token in its
-//! environment block, finding the processes that hold a pipe.
+//! environment block, finding the processes that hold a pipe, and the
+//! health check's keeper ([`keeper`]).
 //!
 //! Everything here is a thin wrapper; the policy lives in the agent's
 //! supervisor and in [`crate::guard`].
@@ -29,6 +30,25 @@ pub fn kill_with_parent(cmd: &mut tokio::process::Command) {
             }
             Ok(())
         });
+    }
+}
+
+pub mod keeper;
+
+/// Runs the spawned command under a keeper ([`keeper`]): the spawned
+/// process (the one the caller waits for, and signals) leads a session
+/// and process group of its own, forks the command, and when the command
+/// exits (or on SIGTERM, or when the spawning thread of this process dies,
+/// `kill -9` included) kills every process below it, those that left its
+/// group or session included, and exits as the command did. Stop it with
+/// SIGTERM, never SIGKILL: killed, it cannot take the command's processes
+/// along. Do not combine with `process_group`.
+pub fn run_under_keeper(cmd: &mut tokio::process::Command) {
+    let agent = getpid();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls on stack buffers (see `keeper`).
+    unsafe {
+        cmd.pre_exec(move || keeper::split(agent));
     }
 }
 

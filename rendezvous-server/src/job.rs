@@ -75,7 +75,7 @@ pub use error::{AuthError, JoinError};
 pub use placement::{natural_cmp, topology_cmp};
 pub use quarantine::{
     Bench, Quarantine, QuarantinePolicy, QuarantineScope, QuarantineSettings,
-    MAX_HOSTS as MAX_QUARANTINED,
+    MAX_HOSTS as MAX_QUARANTINED, RAN_FOR,
 };
 pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
@@ -236,6 +236,12 @@ pub struct Job {
     /// Hosts this job benched since [`Job::take_new_benches`] last ran, for
     /// a server-wide quarantine.
     new_benches: Vec<String>,
+    /// Since when the running round runs (`None` while none does). Not
+    /// stored: a loaded job counts from its load.
+    running_since: Option<Instant>,
+    /// One of this job's rounds ran for [`quarantine::RAN_FOR`]
+    /// ([`Job::ran`]). Not stored, as `running_since`.
+    ran: bool,
     /// Since when most of the last round that ran has been silent at once
     /// (a mass silence, as a tick last saw it): their places are held for
     /// the job's outage limit, not the drop limit. Not stored: a loaded job
@@ -277,6 +283,8 @@ impl Job {
             quarantine: Quarantine::default(),
             benched: 0,
             new_benches: Vec::new(),
+            running_since: None,
+            ran: false,
             held: None,
             vouched_all: None,
         }
@@ -304,6 +312,7 @@ impl Job {
     ) -> Self {
         let mut job = Self::new(id, JobConfig::from_join(req));
         job.phase = Phase::Running;
+        job.running_since = Some(now);
         job.round = resume.round;
         job.restart_count = resume.restart_count;
         let nnodes = resume
@@ -909,6 +918,7 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
             resumed,
             session: session.to_vec(),
             over: None,
+            previous: None,
         }),
     }
 }
@@ -918,7 +928,6 @@ fn joined(node_id: &str, round: u64, resumed: bool, session: Session) -> Outboun
 pub fn is_placeholder(node_id: &str) -> bool {
     node_id.starts_with(ABSENT)
 }
-            previous: None,
 
 /// A placeholder's secret: never handed out, and [`Job::authorize`] refuses
 /// placeholder ids whatever is presented.

@@ -38,10 +38,20 @@ use crate::ha::Role;
 /// Running jobs whose restart gauges are exported (the first, by id).
 pub const JOB_SERIES: usize = 1000;
 
+/// Why a server-wide quarantine got no place or lost it: the labels of
+/// `accel_rdzv_quarantines_refused_total`.
+pub const QUARANTINE_REFUSALS: [&str; 3] = ["job_share", "full", "evicted"];
+
 /// One label, from a fixed vocabulary.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Kind {
     kind: &'static str,
+}
+
+/// Why, from a fixed vocabulary.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,6 +80,7 @@ struct Counters {
     leader: Gauge,
     leaders_deposed: Counter,
     quarantines: Counter,
+    quarantines_refused: Family<Reason, Counter>,
 }
 
 impl Default for Counters {
@@ -92,6 +103,7 @@ impl Default for Counters {
             leader: Gauge::default(),
             leaders_deposed: Counter::default(),
             quarantines: Counter::default(),
+            quarantines_refused: Family::default(),
         }
     }
 }
@@ -136,6 +148,9 @@ impl ServerMetrics {
             for kind in kinds {
                 let _ = family.get_or_create(&Kind { kind });
             }
+        }
+        for reason in QUARANTINE_REFUSALS {
+            let _ = c.quarantines_refused.get_or_create(&Reason { reason });
         }
         registry.register(
             "accel_rdzv_rounds_formed",
@@ -209,11 +224,26 @@ impl ServerMetrics {
             "Hosts quarantined because their workers failed --quarantine-after times within --quarantine-window",
             c.quarantines.clone(),
         );
+        registry.register(
+            "accel_rdzv_quarantines_refused",
+            "Quarantines that got no place in the server-wide table (--quarantine-scope server), or lost it, by reason (job_share: the job holds its share of the table; full: every place holds a quarantine from a job that ran; evicted: a quarantine from a job that had not run gave its place to a newer one); each still holds in the job that made it",
+            c.quarantines_refused.clone(),
+        );
     }
 
     /// A job quarantined a host.
     pub fn quarantined(&self) {
         self.0.quarantines.inc();
+    }
+
+    /// A server-wide quarantine got no place, or lost it, for `reason` (one
+    /// of [`QUARANTINE_REFUSALS`]).
+    pub fn quarantine_refused(&self, reason: &'static str) {
+        debug_assert!(QUARANTINE_REFUSALS.contains(&reason), "{reason}");
+        self.0
+            .quarantines_refused
+            .get_or_create(&Reason { reason })
+            .inc();
     }
 
     /// A round formed, `took` after its rendezvous or re-form began (if the
@@ -347,6 +377,9 @@ pub struct Summary {
     pub nodes: Vec<(&'static str, u64)>,
     /// Hosts quarantined now (server-wide ones once, else per job).
     pub quarantined_hosts: u64,
+    /// Places left in the server-wide quarantine table (all of them with
+    /// `--quarantine-scope job`, which does not use it).
+    pub quarantine_free: u64,
     /// Running (not finished) jobs, the first [`JOB_SERIES`] by id: id,
     /// restarts used, restarts allowed.
     pub restarts: Vec<(String, u32, u32)>,
@@ -475,7 +508,14 @@ impl Collector for States {
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(count(summary.quarantined_hosts)).encode(e)
+        ConstGauge::new(count(summary.quarantined_hosts)).encode(e)?;
+        let e = encoder.encode_descriptor(
+            "accel_rdzv_quarantine_table_free",
+            "Places left in the server-wide quarantine table (--quarantine-scope server; 256 hosts, all free with job scope): at 0, a new quarantine takes the place of the least recent one from a job that had not run, or is refused",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(count(summary.quarantine_free)).encode(e)
     }
 }
 

@@ -43,7 +43,7 @@ use self::deadlines::Deadlines;
 use self::graves::Graves;
 use self::tally::Tallies;
 use crate::error::Error;
-use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Quarantine, Session};
+use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::lease::LeaseClock;
 use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
@@ -112,7 +112,7 @@ struct Jobs {
     /// Finished jobs' tombstones.
     graves: Graves,
     /// Hosts benched in every job (`--quarantine-scope server`).
-    benches: Quarantine,
+    benches: quarantine::ServerBenches,
     /// When this registry last ran (on the process's own clock): a gap
     /// of more than [`PAUSED`] means it did not watch its nodes meanwhile.
     awake: Option<Instant>,
@@ -131,7 +131,7 @@ impl Jobs {
             graves: Graves::default(),
             awake: None,
             started: None,
-            benches: Quarantine::default(),
+            benches: quarantine::ServerBenches::default(),
         }
     }
 }
@@ -827,6 +827,7 @@ impl Registry {
             jobs: phases.into_iter().collect(),
             nodes: states.into_iter().collect(),
             quarantined_hosts,
+            quarantine_free: self.quarantine_free_in(&jobs),
             restarts,
         }
     }

@@ -273,3 +273,182 @@ fn a_host_failing_its_health_check_is_quarantined_when_it_passes_again() {
         "after the release a round of two ran, with no restart counted for it: {recs:#?}"
     );
 }
+
+/// A token holder's one-node job on made-up host `host`: it joins, is
+/// placed, and reports one worker failure (issue 50, B6).
+async fn fail_once_as(
+    c: &mut accel_proto::v1::rendezvous_client::RendezvousClient<tonic::transport::Channel>,
+    job: &str,
+    host: &str,
+) -> Result<(), String> {
+    use accel_proto::v1 as pb;
+    use pb::event::Kind;
+    let join = pb::JoinRequest {
+        job_id: job.into(),
+        node_id: "n".into(),
+        hostname: host.into(),
+        min_nodes: 1,
+        max_nodes: 1,
+        nproc_per_node: 1,
+        max_restarts: 0,
+        dead_after_ms: 60_000,
+        ..Default::default()
+    };
+    async fn next(events: &mut tonic::Streaming<pb::Event>, job: &str) -> Result<Kind, String> {
+        match events.message().await {
+            Ok(Some(pb::Event { kind: Some(k) })) => Ok(k),
+            other => Err(format!("{job}: {other:?}")),
+        }
+    }
+    let mut events = c.join(join).await.map_err(|e| e.to_string())?.into_inner();
+    let Kind::Joined(joined) = next(&mut events, job).await? else {
+        return Err(format!("{job}: not joined"));
+    };
+    c.ready(pb::ReadyRequest {
+        job_id: job.into(),
+        node_id: "n".into(),
+        round: joined.round,
+        master_addr: "127.0.0.1".into(),
+        master_port: 1,
+        session: joined.session.clone(),
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let round = loop {
+        if let Kind::RoundComplete(r) = next(&mut events, job).await? {
+            break r.round;
+        }
+    };
+    c.report_failure(pb::ReportFailureRequest {
+        job_id: job.into(),
+        node_id: "n".into(),
+        round,
+        exit_code: 1,
+        reason: "worker 0 exited with code 1".into(),
+        session: joined.session,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Issue 50, B6: 256 one-node jobs on made-up host names whose worker
+/// fails once fill the server-wide quarantine; a real host whose worker
+/// fails afterwards is still quarantined (in its job and server-wide),
+/// the least recent made-up host giving its place, and the refusal is
+/// counted.
+#[test]
+fn made_up_hosts_filling_the_server_wide_quarantine_do_not_stop_a_real_hosts() {
+    const TABLE: usize = 256;
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--quarantine-after",
+            "1",
+            "--quarantine-for",
+            "10m",
+            "--quarantine-scope",
+            "server",
+        ],
+        &[],
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut c = accel_proto::v1::rendezvous_client::RendezvousClient::new(channel);
+        for i in 0..TABLE {
+            fail_once_as(&mut c, &format!("fake-job-{i}"), &format!("fake-{i}"))
+                .await
+                .expect("a made-up job fails once");
+        }
+    });
+    let list = |server: &Server| {
+        let (ok, out, err) = quarantine(server, &["list", "--json"]);
+        let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out} {err}"))?;
+        match ok {
+            true => Ok(v["hosts"].as_array().cloned().unwrap_or_default()),
+            false => Err(err),
+        }
+    };
+    let fakes = list(&server).expect("list");
+    assert_eq!(fakes.len(), TABLE, "the table is full of made-up hosts");
+
+    // A real job afterwards: "bad"'s worker fails once, "good" goes on alone.
+    let dir = scratch("quarantine-full");
+    let start = |host: &str, failing: bool| {
+        let mut cmd = AgentCmd::c10d(&server.addr, "real")
+            .nnodes("1:2")
+            .nproc(1)
+            .max_restarts(3)
+            .conf("last_call_timeout=30")
+            .recording(&dir, host)
+            .env("RECORD_EACH_ROUND", "1")
+            .env("RUN_FOR_WORLD", "2:600")
+            .env("RUN_FOR", "1");
+        if failing {
+            cmd = cmd
+                .env("FAIL_RANKS", "0,1")
+                .env("FAIL_UNTIL", "1")
+                .env("FAIL_AFTER", "0.3");
+        }
+        let prefix = as_host(host);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        cmd.start_with(&prefix, &dir, host)
+    };
+    let agents = [("good", start("good", false)), ("bad", start("bad", true))];
+    let listed = poll_until("the real host quarantined server-wide", LIMIT, || {
+        let hosts = list(&server)?;
+        let bad = hosts
+            .iter()
+            .any(|h| h["host"] == "bad" && h["job_id"].is_null());
+        match bad {
+            true => Ok(hosts),
+            false => Err(format!("{} hosts, none of them 'bad'", hosts.len())),
+        }
+    });
+    assert_eq!(listed.len(), TABLE);
+    assert!(
+        !listed.iter().any(|h| h["host"] == "fake-0"),
+        "the least recent made-up host gave its place"
+    );
+    let metrics = server.metrics.as_deref().expect("metrics");
+    let text = http_get(metrics, "/metrics").expect("scrape").1;
+    assert_eq!(
+        sample(&text, "accel_rdzv_quarantined_hosts"),
+        Some(TABLE as f64),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "accel_rdzv_quarantines_refused_total{reason=\"evicted\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "accel_rdzv_quarantine_table_free"),
+        Some(0.0),
+        "{text}"
+    );
+    // The job ran on without it: a round of one, on "good".
+    for (host, a) in agents {
+        let done = a.wait(LIMIT);
+        assert_eq!(done.code(), 0, "{host}: {}", done.stderr);
+    }
+    let recs = records(&dir);
+    let one = of_world(&recs, "1");
+    assert!(!one.is_empty(), "{recs:#?}");
+    assert!(
+        one.iter().all(|r| r.var("AGENT_TAG") == "good"),
+        "{recs:#?}"
+    );
+}

@@ -24,11 +24,30 @@
 //! ignored, as for the budget). Only dynamic rendezvous benches nodes: with
 //! static ranks a node's place cannot go to another.
 //!
+//! # Own benches and copies
+//! With `--quarantine-scope server` a job also holds *copies* of the
+//! benches other jobs made (the registry's `quarantine` module). A copy
+//! only takes a free place; a bench of the job's own (its workers'
+//! failures, its health check) takes the place of the least recent copy
+//! when the table is full. So other jobs, whatever they bench (a token
+//! holder's made-up hosts included), can never keep a job from benching a
+//! host that fails in it.
+//!
+//! # Whether a job ran
+//! A job *ran* once one of its rounds has been running for [`RAN_FOR`]:
+//! its workers got past their start (imports, the process group, a
+//! checkpoint), so what fails there later is the host as much as the
+//! script. The server-wide table holds benches from such jobs firmly and
+//! the others only while there is room (the registry's `quarantine`
+//! module): a one-node job that fails at once says little about its host,
+//! and anyone with the token can start one under any host name. Not
+//! stored: a job a replica loads counts its running time from the load.
+//!
 //! # Bounds
-//! At most [`MAX_HOSTS`] hosts are tracked (counts and benches each);
-//! counts older than the window are forgotten. A network caller cannot grow
-//! either: only a member of a running round can report a failure, and a
-//! member's host name is bounded at join.
+//! At most [`MAX_HOSTS`] hosts are tracked (counts and benches each, copies
+//! included); counts older than the window are forgotten. A network caller
+//! cannot grow either: only a member of a running round can report a
+//! failure, and a member's host name is bounded at join.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -46,6 +65,9 @@ use super::{Job, Member, Outbound, Phase};
 pub const MAX_HOSTS: usize = 256;
 /// Most bytes of a bench's reason.
 pub(super) const MAX_REASON_BYTES: usize = 256;
+/// How long one of its rounds must have run before a job counts as one
+/// that ran (see the module docs).
+pub const RAN_FOR: Duration = Duration::from_secs(600);
 
 /// When a node is benched, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +120,10 @@ pub struct Bench {
     pub until: Instant,
     /// Why, in words.
     pub reason: String,
+    /// A copy of another job's bench (a server-wide quarantine), not one
+    /// of this job's own: it gives its place to an own bench when the
+    /// table is full.
+    pub shared: bool,
 }
 
 /// Per-host failure counts and benches: pure, clock-injected.
@@ -162,26 +188,87 @@ impl Quarantine {
             .flatten()
     }
 
-    /// Benches `host` until `until`, for `reason`; false if it is already
-    /// benched (the later release time is kept) or [`MAX_HOSTS`] are.
+    /// Benches `host` until `until`, for `reason`, as one of this job's own
+    /// benches: true if that is new (a copy of another job's bench of it
+    /// becomes the job's own). False if the job benched it already (the
+    /// later release time is kept) or [`MAX_HOSTS`] own benches are held.
+    /// A full table gives up its least recent copy for it.
     pub fn bench(&mut self, now: Instant, host: &str, until: Instant, reason: String) -> bool {
+        self.insert(now, host, until, reason, false)
+    }
+
+    /// Holds a copy of another job's bench of `host` (a server-wide
+    /// quarantine): true if it is new here. A copy takes only a free place;
+    /// a host benched here already keeps its bench, with the later end.
+    pub fn share(&mut self, now: Instant, host: &str, until: Instant, reason: String) -> bool {
+        self.insert(now, host, until, reason, true)
+    }
+
+    /// A bench as a record keeps it: own or a copy.
+    pub fn restore_bench(
+        &mut self,
+        since: Instant,
+        host: &str,
+        until: Instant,
+        reason: String,
+        shared: bool,
+    ) {
+        self.insert(since, host, until, reason, shared);
+    }
+
+    fn insert(
+        &mut self,
+        now: Instant,
+        host: &str,
+        until: Instant,
+        reason: String,
+        shared: bool,
+    ) -> bool {
+        let reason = || crate::limits::truncated(&reason, MAX_REASON_BYTES).to_owned();
         if let Some(b) = self.benched.get_mut(host) {
             b.until = b.until.max(until);
+            if shared || !b.shared {
+                return false;
+            }
+            // The job's own evidence now: it holds the bench whatever
+            // becomes of the copy.
+            b.shared = false;
+            b.reason = reason();
+            return true;
+        }
+        if self.benched.len() >= MAX_HOSTS && (shared || !self.drop_least_recent_copy()) {
             return false;
         }
-        if self.benched.len() >= MAX_HOSTS {
-            return false;
-        }
-        let reason = crate::limits::truncated(&reason, MAX_REASON_BYTES).to_owned();
         self.benched.insert(
             host.to_owned(),
             Bench {
                 since: now,
                 until,
-                reason,
+                reason: reason(),
+                shared,
             },
         );
         true
+    }
+
+    /// Makes room for an own bench: drops the copy benched longest ago.
+    fn drop_least_recent_copy(&mut self) -> bool {
+        let oldest = self
+            .benched
+            .iter()
+            .filter(|(_, b)| b.shared)
+            .min_by_key(|(_, b)| b.since)
+            .map(|(h, _)| h.clone());
+        oldest.is_some_and(|h| self.benched.remove(&h).is_some())
+    }
+
+    /// Ends `host`'s bench if it is a copy (the server-wide table gave the
+    /// host's place to another); `None`: it is not a copy here.
+    pub fn unshare(&mut self, host: &str) -> Option<Bench> {
+        match self.benched.get(host) {
+            Some(b) if b.shared => self.benched.remove(host),
+            _ => None,
+        }
     }
 
     /// Ends `host`'s bench now (and forgets its count); `None`: it was not
@@ -318,11 +405,11 @@ impl Job {
         }
     }
 
-    /// Benches `host` until `until` (a server-wide quarantine, or an
-    /// operator): a forming round goes on without its nodes; a running
-    /// round keeps them until it ends. Its nodes that wait are told why.
-    /// `None`: nothing changed (the job is over, or the host was benched
-    /// already).
+    /// Holds a copy of another job's bench of `host`, until `until` (a
+    /// server-wide quarantine): a forming round goes on without its nodes;
+    /// a running round keeps them until it ends. Its nodes that wait are
+    /// told why. `None`: nothing changed (the job is over, the host was
+    /// benched already, or the table has no free place for a copy).
     pub fn bench_host(
         &mut self,
         now: Instant,
@@ -338,9 +425,9 @@ impl Job {
         Some(out)
     }
 
-    /// Benches `host` without deciding anything or telling anyone: for a
-    /// job being created or loaded, whose first tick decides its round.
-    /// False if nothing changed.
+    /// Holds a copy of another job's bench of `host` without deciding
+    /// anything or telling anyone: for a job being created or loaded, whose
+    /// first tick decides its round. False if nothing changed.
     pub fn bench_quietly(
         &mut self,
         now: Instant,
@@ -348,11 +435,43 @@ impl Job {
         until: Instant,
         reason: String,
     ) -> bool {
-        if self.phase.is_terminal() || !self.quarantine.bench(now, host, until, reason) {
+        if self.phase.is_terminal() || !self.quarantine.share(now, host, until, reason) {
             return false;
         }
         self.recount_benched();
         true
+    }
+
+    /// Ends the copy of another job's bench of `host` (the server-wide
+    /// table gave its place to a newer bench): its nodes count again. The
+    /// job's own bench of it stays. `None`: the job holds no copy of it.
+    pub fn drop_shared(&mut self, now: Instant, host: &str) -> Option<Vec<Outbound>> {
+        if self.phase.is_terminal() {
+            return None;
+        }
+        self.quarantine.unshare(host)?;
+        Some(self.unbenched(
+            now,
+            host,
+            "its server-wide quarantine gave its place to a newer one",
+        ))
+    }
+
+    /// Whether this job ran: one of its rounds has been running for
+    /// [`RAN_FOR`] (the running one, by `now`, included).
+    pub fn ran(&self, now: Instant) -> bool {
+        self.ran
+            || self
+                .running_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= RAN_FOR)
+    }
+
+    /// The running round ends at `now` (a restart, or the job's end):
+    /// remembers whether it ran long enough for the job to count as one
+    /// that ran.
+    pub(super) fn round_ended(&mut self, now: Instant) {
+        self.ran = self.ran(now);
+        self.running_since = None;
     }
 
     /// Ends `host`'s bench now (an operator's release); `None`: it was not
@@ -522,6 +641,52 @@ mod tests {
         // The newest are kept.
         assert!(q.counts().any(|(h, _)| h == &format!("h{}", MAX_HOSTS + 9)));
         assert!(!q.counts().any(|(h, _)| h == "h0"));
+    }
+
+    #[test]
+    fn a_jobs_own_bench_takes_the_place_of_the_least_recent_copy_and_a_copy_takes_none() {
+        let t = Instant::now();
+        let s = |n: u64| t + Duration::from_secs(n);
+        let mut q = Quarantine::default();
+        // Full of copies of other jobs' benches (a token holder's fakes).
+        for i in 0..MAX_HOSTS {
+            assert!(q.share(s(i as u64), &format!("fake{i}"), s(600), "theirs".into()));
+        }
+        assert!(!q.share(s(300), "one-more", s(600), "theirs".into()));
+        assert!(q.get("one-more").is_none(), "a copy displaces nothing");
+        // The job's own bench still holds: the least recent copy goes.
+        let p = policy(1);
+        let b = q.failure(s(301), "real", &p).expect("benched").clone();
+        assert!(!b.shared, "{b:?}");
+        assert!(q.get("fake0").is_none() && q.get("fake1").is_some());
+        assert_eq!(q.benched().count(), MAX_HOSTS);
+        // Own benches never give their place to one another, nor to copies.
+        let mut own = Quarantine::default();
+        for i in 0..MAX_HOSTS {
+            assert!(own.bench(t, &format!("h{i}"), s(600), "ours".into()));
+        }
+        assert!(!own.bench(t, "h-more", s(600), "ours".into()));
+        assert!(!own.share(t, "h-copy", s(600), "theirs".into()));
+    }
+
+    #[test]
+    fn only_copies_are_unshared_and_a_copy_the_job_benches_itself_becomes_its_own() {
+        let t = Instant::now();
+        let later = t + Duration::from_secs(600);
+        let mut q = Quarantine::default();
+        assert!(q.bench(t, "mine", later, "ours".into()));
+        assert!(q.share(t, "theirs", later, "theirs".into()));
+        assert!(!q.share(t, "mine", later, "theirs".into()), "held already");
+        assert!(q.unshare("mine").is_none());
+        assert!(q
+            .get("mine")
+            .is_some_and(|b| !b.shared && b.reason == "ours"));
+        // Benched here too (a failed health check): the job's own now.
+        assert!(q.bench(t, "theirs", later, "its check failed".into()));
+        assert!(q.unshare("theirs").is_none());
+        assert!(q.share(t, "copy", later, "theirs".into()));
+        assert_eq!(q.unshare("copy").map(|b| b.shared), Some(true));
+        assert!(q.get("copy").is_none());
     }
 
     #[test]

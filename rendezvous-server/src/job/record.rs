@@ -92,8 +92,9 @@ pub struct JobRecord {
     pub empty_since: Option<Offset>,
     /// Placeholders of a relearned job not claimed yet.
     pub absent: u32,
-    /// Benched hosts: host, since, until, why.
-    pub benched: Vec<(String, Offset, Offset, String)>,
+    /// Benched hosts: host, since, until, why, and whether it is a copy of
+    /// another job's bench (a server-wide quarantine).
+    pub benched: Vec<(String, Offset, Offset, String, bool)>,
     /// Hosts' failures counted towards a bench, oldest first.
     pub failure_counts: Vec<(String, Vec<Offset>)>,
     /// A store found the job's last change half-written (its leader stopped
@@ -168,7 +169,7 @@ impl Job {
                 .benched()
                 .map(|(h, b)| {
                     let (since, until) = (offset(b.since, now), offset(b.until, now));
-                    (h.clone(), since, until, b.reason.clone())
+                    (h.clone(), since, until, b.reason.clone(), b.shared)
                 })
                 .collect(),
             failure_counts: self
@@ -206,6 +207,7 @@ impl Job {
             })
             .collect();
         let forming = record.phase == super::Phase::Forming;
+        let running = record.phase == super::Phase::Running;
         let mut job = Self {
             id: record.id,
             config: record.config,
@@ -235,14 +237,21 @@ impl Job {
             quarantine: super::Quarantine::default(),
             benched: 0,
             new_benches: Vec::new(),
+            running_since: running.then_some(now),
+            ran: false,
             // Not stored: the loading leader gives every node the whole
             // drop limit, and sees a mass silence anew.
             held: None,
             vouched_all: None,
         };
-        for (host, since, until, reason) in record.benched {
-            job.quarantine
-                .bench(instant(since, now), &host, instant(until, now), reason);
+        for (host, since, until, reason, shared) in record.benched {
+            job.quarantine.restore_bench(
+                instant(since, now),
+                &host,
+                instant(until, now),
+                reason,
+                shared,
+            );
         }
         for (host, at) in record.failure_counts {
             let at = at.into_iter().map(|t| instant(t, now)).collect();

@@ -157,6 +157,7 @@ impl Job {
         self.slot_topologies = topologies.into_iter().map(Some).collect();
         self.succeeded = 0;
         self.phase = Phase::Running;
+        self.running_since = Some(now);
         self.min_ready_since = None;
         self.progress_sent = None;
         let waiting = self.waiting(now, true);
@@ -200,6 +201,7 @@ impl Job {
 
     pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
+        self.round_ended(now);
         self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);
         self.phase = Phase::Forming;
@@ -230,6 +232,7 @@ impl Job {
             }),
             _ => Kind::JobSucceeded(pb::JobSucceeded { round: self.round }),
         };
+        self.round_ended(now);
         self.phase = phase;
         self.finished_at = Some(now);
         self.broadcast(event)

@@ -1740,3 +1740,26 @@ fn a_node_back_after_its_relearned_round_restarted_takes_its_place_at_once() {
     );
     assert_eq!(round_of(&out, "n1").node_rank, 1);
 }
+
+/// Whether a job ran (a server-wide quarantine holds its benches firmly):
+/// one of its rounds ran for `RAN_FOR`; a restart does not undo it.
+#[test]
+fn a_job_ran_once_one_of_its_rounds_ran_for_ran_for() {
+    let t = Instant::now();
+    let nodes = [("a", "n1", ""), ("b", "n2", "")];
+    let mut j = topo_job(t, 2, 2, &nodes).with_quarantine(Some(three_strikes()));
+    assert!(!j.ran(t + RAN_FOR), "no round ran");
+    let _ = ready_all(&mut j, t, 0);
+    let short = t + RAN_FOR - Duration::from_secs(1);
+    assert!(!j.ran(short) && j.ran(t + RAN_FOR));
+    // Restarted just short of it: the forming round does not count, and
+    // the next round counts from its own start.
+    let _ = j.failure(short, "a", 0, "worker 0 exited with 1".into(), None);
+    assert!(!j.ran(short + RAN_FOR));
+    let _ = ready_all(&mut j, short, 1);
+    assert!(!j.ran(short + RAN_FOR - Duration::from_secs(1)));
+    let long = short + RAN_FOR;
+    assert!(j.ran(long));
+    let _ = j.failure(long, "b", 1, "worker 0 exited with 1".into(), None);
+    assert!(j.ran(long), "kept after the restart");
+}

@@ -221,11 +221,12 @@ pub fn encode(r: &JobRecord) -> Encoded {
         benched: r
             .benched
             .iter()
-            .map(|(host, since, until, reason)| st::Benched {
+            .map(|(host, since, until, reason, shared)| st::Benched {
                 host: host.clone(),
                 since: *since,
                 until: *until,
                 reason: reason.clone(),
+                shared: *shared,
             })
             .collect(),
         failure_counts: r
@@ -383,7 +384,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             .take(crate::job::MAX_QUARANTINED)
             .map(|b| {
                 let reason = accel_input::clip_message(&b.reason);
-                (b.host, b.since, b.until, reason)
+                (b.host, b.since, b.until, reason, b.shared)
             })
             .collect(),
         failure_counts: meta
