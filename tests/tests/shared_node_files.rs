@@ -343,3 +343,49 @@ fn an_agent_stays_responsive_after_a_worker_error_file_was_a_fifo() {
         sent.elapsed()
     );
 }
+
+/// A root agent given a `--topology-file` in a directory others share: a
+/// link another user planted there (pointing at a root-only secret) is not
+/// followed, and a file another user owns (and could rewrite) is not read;
+/// the secret never appears in what the agent prints.
+#[test]
+fn a_root_agent_refuses_a_topology_file_another_user_planted_or_owns() {
+    let dir = scratch("topology-planted");
+    // A shared directory, as /tmp is: anyone may create in it.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let secret = dir.join("token");
+    std::fs::write(&secret, "0123456789abcdef-topology-secret\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let link = dir.join("topology");
+    let theirs = dir.join("theirs");
+    let planted = as_other_user(&mut Command::new("sh"))
+        .args([
+            "-c",
+            "ln -s \"$0\" \"$1\" && echo dc/rack-1 > \"$2\"",
+            &secret.display().to_string(),
+            &link.display().to_string(),
+            &theirs.display().to_string(),
+        ])
+        .status()
+        .expect("run as the other user");
+    assert!(planted.success(), "the other user planted the files");
+    for (name, file, says) in [
+        ("link", &link, "symbolic link"),
+        ("theirs", &theirs, "not this agent's user or root"),
+    ] {
+        let out = harmless_job()
+            .flag("--topology-file", file.display())
+            .run(&dir, name, LIMIT);
+        assert_ne!(out.code(), 0, "{name}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--topology-file") && out.stderr.contains(says),
+            "{name}: names the flag and the problem: {}",
+            out.stderr
+        );
+        assert!(
+            !out.stderr.contains("topology-secret") && !out.stdout.contains("topology-secret"),
+            "{name}: the secret stays out of the output"
+        );
+        assert!(!out.stdout.contains("hello"), "{name}: no worker ran");
+    }
+}
