@@ -199,3 +199,52 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(said.contains("rc=0"), "{said} {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A worker cannot forge what `rdzv-server stacks` prints: a function
+/// name holding a newline and a fake group header stays inside its own
+/// group's indented stack, and a right-to-left override is escaped.
+#[test]
+fn a_frame_name_cannot_pass_for_a_group_header_or_turn_text_around() {
+    let _heavy = heavy();
+    let server = Server::start();
+    let dir = scratch("stacks-forged");
+    let place = dir.join("place");
+    std::fs::create_dir_all(&place).expect("place dir");
+    let agent = AgentCmd::c10d(&server.addr, "forged")
+        .nnodes(1)
+        .nproc(2)
+        .env("PLACE_DIR", place.display())
+        .script(worker("forged_stacks.py"))
+        .start(&dir, "agent");
+    poll_until("both ranks asleep", LIMIT, || {
+        let n = std::fs::read_dir(&place).map_or(0, Iterator::count);
+        if n == 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} of 2"))
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, text, err) = stacks(&server, &["forged"]);
+    assert!(ok, "{err}");
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("==")).collect();
+    assert_eq!(
+        headers.len(),
+        2,
+        "one header per rank, none forged:\n{text}"
+    );
+    assert!(
+        headers.iter().all(|h| h.starts_with("== 1 rank: ")),
+        "{headers:?}\n{text}"
+    );
+    assert!(
+        !text.contains('\u{202e}'),
+        "the override is escaped:\n{text}"
+    );
+    assert!(
+        text.contains("healthy-node"),
+        "the forged text is still shown, as data:\n{text}"
+    );
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+}
