@@ -119,6 +119,28 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
         Some(fd) => Some(Arc::new(start_fork_server(fd)?)),
     };
     let watched = crate::file_timer::Workers::default();
+    // The workers' progress reports (`accel.progress(step)`): a socket each
+    // worker is told of, read into `progress` for the keep-alives and the
+    // failure reports.
+    let mut progress = crate::progress::Progress::default();
+    let mut cfg = cfg;
+    let _progress_socket = match crate::progress::ProgressSocket::start(
+        &std::env::temp_dir(),
+        &mut progress,
+        watched.clone(),
+    ) {
+        Ok(socket) => {
+            cfg.base_env.push((
+                crate::progress::ENV.into(),
+                socket.path().to_string_lossy().into_owned(),
+            ));
+            Some(socket)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot create the progress socket; accel.progress() reports go nowhere");
+            None
+        }
+    };
     // The rendezvous this node reaches, for a hang's job-wide stacks.
     let job_stacks = crate::stacks::JobStacks::default();
     let _file_timer = match &cfg.file_timer {
@@ -229,6 +251,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 },
                 keep_alive_ms: crate::deadline::millis(cfg.rdzv.keep_alive_interval),
                 started_unix_ms,
+                max_no_progress_restarts: cfg.max_no_progress_restarts,
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).
@@ -240,6 +263,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     .with_presence(presence.as_ref().map(|p| p.held()))
                     .with_answered(answered.clone())
                     .with_peers(peers.clone())
+                    .with_progress(progress.clone())
                     .with_stacks(watched.clone(), job_stacks.clone()),
             );
             let joined = tokio::select! {
@@ -285,6 +309,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 metrics.clone(),
                 watched.clone(),
             );
+            session.progress = progress.clone();
             session.events = Some(events.clone());
             if rides_outages(&cfg) {
                 session.peers = Some(Peers {
@@ -493,6 +518,9 @@ struct Session<'a, L: Link, S: Spawner> {
     lapse_said: bool,
     /// The round's peer hub (`None`: this node fences at the drop limit).
     peers: Option<Peers>,
+    /// The workers' progress reports (the `progress` module); empty in the
+    /// driver's unit tests.
+    progress: crate::progress::Progress,
 }
 
 /// How a session with the rendezvous ended.
@@ -595,6 +623,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             presence: None,
             lapse_said: false,
             peers: None,
+            progress: crate::progress::Progress::default(),
         }
     }
 

@@ -302,6 +302,14 @@ pub struct AgentArgs {
     #[arg(long = "no-restart-exit-code", env = "PET_NO_RESTART_EXIT_CODE", value_name = "CODE",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub no_restart_exit_code: Option<u8>,
+    /// End the job when this many restarts in a row did not take training past the best step it reached (workers report steps with `accel.progress(step)`; the job then fails with --no-restart-exit-code, else 1, naming the step). 0, the default: never.
+    #[arg(
+        long = "max-no-progress-restarts",
+        env = "PET_MAX_NO_PROGRESS_RESTARTS",
+        value_name = "N",
+        default_value = "0"
+    )]
+    pub max_no_progress_restarts: u32,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -408,6 +416,7 @@ impl From<AgentArgs> for LaunchOptions {
             preload: a.preload,
             gpu_free_timeout: a.gpu_free_timeout,
             no_restart_exit_code: a.no_restart_exit_code,
+            max_no_progress_restarts: a.max_no_progress_restarts,
             health_check: a
                 .health_check
                 .filter(|c| !c.trim().is_empty())

@@ -165,6 +165,9 @@ pub struct Config {
     /// `--no-restart-exit-code`: a worker exiting with it ends the job at
     /// once (its failure report says so).
     pub no_restart_exit_code: Option<i32>,
+    /// `--max-no-progress-restarts`: restarts in a row without progress
+    /// that end the job (0: never; the rendezvous decides).
+    pub max_no_progress_restarts: u32,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

@@ -561,7 +561,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The worker `pid` belongs to: the one whose process group it is in.
-fn owner(pid: i32, watched: &[Watched]) -> Option<&Watched> {
+pub(crate) fn owner(pid: i32, watched: &[Watched]) -> Option<&Watched> {
     let pgid = nix::unistd::getpgid(Some(Pid::from_raw(pid))).ok()?;
     watched.iter().find(|w| w.pid == pgid.as_raw())
 }

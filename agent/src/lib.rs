@@ -64,6 +64,7 @@ pub mod node;
 pub mod numa;
 pub mod peers;
 pub mod probe;
+pub mod progress;
 mod rendezvous;
 pub(crate) mod signal;
 pub mod stacks;

@@ -483,9 +483,14 @@ impl RdzvClient {
         self.inner.ready(req).await.map(drop)
     }
 
-    /// Proves this node is alive, and vouches for the nodes of its round
-    /// that it hears through the round's peer hub, if any.
-    pub async fn keep_alive(&mut self, vouch: Option<Vouch>) -> Result<(), Status> {
+    /// Proves this node is alive, vouches for the nodes of its round that
+    /// it hears through the round's peer hub, if any, and says how far its
+    /// workers got (`progress`), if they report it.
+    pub async fn keep_alive(
+        &mut self,
+        vouch: Option<Vouch>,
+        progress: Option<pb::Progress>,
+    ) -> Result<(), Status> {
         let vouch = vouch.unwrap_or_default();
         let req = self.request(pb::KeepAliveRequest {
             job_id: self.job_id.clone(),
@@ -494,6 +499,7 @@ impl RdzvClient {
             round: vouch.round,
             vouch: vouch.ranks,
             vouch_all: vouch.all,
+            progress,
         });
         self.inner.keep_alive(req).await.map(drop)
     }
@@ -513,6 +519,7 @@ impl RdzvClient {
             session: self.session.clone(),
             fenced: false,
             no_restart: f.no_restart,
+            progress: f.progress,
         });
         self.inner.report_failure(req).await.map(drop)
     }
@@ -960,6 +967,8 @@ pub struct WorkerFailure {
     /// `exit_code` is the one the agent was told means "do not restart"
     /// (`--no-restart-exit-code`): the job ends at once.
     pub no_restart: bool,
+    /// How far the node's workers got in the round, if they report it.
+    pub progress: Option<pb::Progress>,
 }
 
 #[cfg(test)]

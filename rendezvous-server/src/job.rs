@@ -56,6 +56,7 @@ mod error;
 pub mod fuzzing;
 mod membership;
 mod placement;
+mod progress;
 mod quarantine;
 mod record;
 mod rounds;
@@ -73,6 +74,7 @@ pub use config::JobConfig;
 pub use decide::{decide, liveness, mass_silence, rank_order, Decision};
 pub use error::{AuthError, JoinError};
 pub use placement::{natural_cmp, topology_cmp};
+pub use progress::{Progress, Stuck};
 pub use quarantine::{
     Bench, Quarantine, QuarantinePolicy, QuarantineScope, QuarantineSettings,
     MAX_HOSTS as MAX_QUARANTINED, RAN_FOR,
@@ -250,6 +252,9 @@ pub struct Job {
     /// When a node of the running round last vouched for all of it (see
     /// [`Job::vouch`]); counts as a sign of life of each of its nodes.
     vouched_all: Option<Instant>,
+    /// The training progress its nodes report, and the no-progress count
+    /// (the `progress` module).
+    progress: progress::Progress,
 }
 
 impl Job {
@@ -287,6 +292,7 @@ impl Job {
             ran: false,
             held: None,
             vouched_all: None,
+            progress: progress::Progress::default(),
         }
     }
 
@@ -664,6 +670,20 @@ impl Job {
             Some(benched) => format!("{reason}; {benched}"),
             None => reason,
         };
+        let limit = self.config.max_no_progress_restarts;
+        if let Some(stuck) = self.progress.failed(limit) {
+            self.exit_code = self.config.no_restart_exit_code.map(i32::from);
+            let reason = format!(
+                "{reason}; no progress: the job reached step {} at best and failed {} times in a row \
+                 after restarts without passing it (--max-no-progress-restarts {limit}): it ends \
+                 without a restart ({} of --max-restarts {} left unused)",
+                stuck.best,
+                stuck.stalled,
+                self.config.max_restarts.saturating_sub(self.restart_count),
+                self.config.max_restarts
+            );
+            return self.finish(now, Phase::Failed(reason));
+        }
         if self.restart_count < self.config.max_restarts {
             self.restart_count = self.restart_count.saturating_add(1);
             return self.restart(now, reason, true);
@@ -673,6 +693,23 @@ impl Job {
             self.restart_count, self.config.max_restarts
         );
         self.finish(now, Phase::Failed(reason))
+    }
+
+    /// `node_id`, a node of the running round, reports its workers'
+    /// progress (with a keep-alive or a failure report).
+    pub fn report_progress(&mut self, node_id: &str, p: &pb::Progress) {
+        if self.phase != Phase::Running
+            || self.members.get(node_id).is_none_or(|m| m.rank.is_none())
+        {
+            return;
+        }
+        self.progress.report(self.round, node_id, p);
+    }
+
+    /// The best step the job's rounds reached so far, and the current
+    /// round's (`None`: none reported).
+    pub fn steps(&self) -> (Option<u64>, Option<u64>) {
+        (self.progress.best, self.progress.reached())
     }
 
     /// `node_id` stopped its workers in `round` itself, not because one

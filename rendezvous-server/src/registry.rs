@@ -859,9 +859,10 @@ impl Registry {
     /// [`Registry::keep_alive`], and, with `vouch`, the node (a node of
     /// the running round it names) vouches for the nodes of that round it
     /// hears through the round's peer hub ([`Job::vouch`]), under the same
-    /// lock and check of its session. Whether it is a member, and how many
-    /// nodes the vouch refreshed. A vouch for another round counts for
-    /// nothing.
+    /// lock and check of its session, and its workers' progress, if the
+    /// request carries it ([`Job::report_progress`]). Whether it is a
+    /// member, and how many nodes the vouch refreshed. A vouch for another
+    /// round counts for nothing.
     pub fn keep_alive_vouching(
         &self,
         now: Instant,
@@ -879,9 +880,19 @@ impl Registry {
         authorize(&entry.job, job_id, node_id, session)?;
         let member = entry.job.keep_alive(now, node_id);
         let vouched = vouch.map_or(0, |v| {
-            entry
-                .job
-                .vouch(now, node_id, v.round, &v.vouch, v.vouch_all)
+            let vouched = match v.vouch_all || v.vouch.iter().any(|b| *b != 0) {
+                true => entry
+                    .job
+                    .vouch(now, node_id, v.round, &v.vouch, v.vouch_all),
+                false => 0,
+            };
+            // Kept in memory, and written with the job's next change: a
+            // store write per keep-alive would cost more than a lost
+            // report (a failure report carries the failing node's anyway).
+            if let Some(p) = &v.progress {
+                entry.job.report_progress(node_id, p);
+            }
+            vouched
         });
         Ok((member, vouched))
     }

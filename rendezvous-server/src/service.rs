@@ -167,7 +167,7 @@ impl Rendezvous for RendezvousService {
             &r.job_id,
             &r.node_id,
             &r.session,
-            vouches.then_some(&r),
+            (vouches || r.progress.is_some()).then_some(&r),
         )?;
         Ok(Response::new(pb::Ack {}))
     }
@@ -209,6 +209,9 @@ impl Rendezvous for RendezvousService {
                     host,
                     printable(&r.reason)
                 );
+                if let Some(p) = &r.progress {
+                    job.report_progress(&r.node_id, p);
+                }
                 let out = match r.no_restart {
                     true => {
                         job.fatal_failure(now, &r.node_id, r.round, reason, detail, r.exit_code)

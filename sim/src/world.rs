@@ -807,6 +807,7 @@ impl World {
             // Every simulated agent starts with its job: none is a new run
             // of a finished one (unknown reads as "started before the end").
             started_unix_ms: 0,
+            max_no_progress_restarts: 0,
         }
     }
 

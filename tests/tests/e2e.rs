@@ -21,6 +21,7 @@ mod numa;
 mod outage;
 mod pid_one;
 mod process_secrets;
+mod progress;
 mod quarantine;
 mod restart;
 mod security;

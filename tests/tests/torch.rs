@@ -356,8 +356,10 @@ fn environment_matches_torchrun(name: &str, flags: &[&str], venv: &Path) {
         _ => (&[], &[]),
     };
     // Intended differences: per-run values (ports, run ids, paths), the test's own
-    // RECORD_DIR, and MASTER_ADDR of a one-node job (accel: 127.0.0.1, no name lookup).
+    // RECORD_DIR, MASTER_ADDR of a one-node job (accel: 127.0.0.1, no name lookup),
+    // and accel's progress socket (`accel.progress`; torchrun has none).
     let differ = [
+        "ACCEL_PROGRESS_SOCKET",
         "MASTER_PORT",
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_ERROR_FILE",

@@ -49,6 +49,8 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                 }
             }
             Action::Start { info, members } => {
+                // The round's progress starts from nothing.
+                self.progress.new_round(info.round);
                 if let Some(failed) = self.start(info, members).await? {
                     queue.push_back(failed);
                 }
@@ -107,6 +109,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                             reason: message,
                             failure: None,
                             no_restart: false,
+                            progress: self.progress.summary_now(&self.watched),
                         },
                     )
                     .await

@@ -174,6 +174,8 @@ pub(crate) struct Reach {
     /// What the round's peer hub says: the vouch for the keep-alives, and
     /// how long the workers may run without a rendezvous.
     peers: crate::peers::Shared,
+    /// The workers' progress, which the keep-alives carry.
+    progress: crate::progress::Progress,
     /// Agent-only rendezvous: this node's presence key, which must be in
     /// etcd before it joins (the leader drops a member without one).
     presence: Option<rendezvous_server::presence::Held>,
@@ -239,6 +241,7 @@ impl Reach {
             drop_limit: cfg.rdzv.dead_after(),
             answered: Answered::default(),
             peers: crate::peers::Shared::default(),
+            progress: crate::progress::Progress::default(),
             presence: None,
             workers: crate::file_timer::Workers::default(),
             job_stacks: crate::stacks::JobStacks::default(),
@@ -259,6 +262,12 @@ impl Reach {
 
     /// The same, vouching in every keep-alive for the nodes the round's
     /// peer hub hears, and holding a silent server's connection for as long
+    /// Keep-alives carry the workers' progress (`progress`: the agent's).
+    pub(crate) fn with_progress(mut self, progress: crate::progress::Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
     /// as the peers keep the workers (`peers`: the agent's one).
     pub(crate) fn with_peers(mut self, peers: crate::peers::Shared) -> Self {
         self.peers = peers;
@@ -429,6 +438,7 @@ impl RdzvLink {
             reach.silence,
             answered.clone(),
             reach.peers.clone(),
+            reach.progress.clone(),
         );
         Self {
             client,
@@ -665,6 +675,7 @@ fn spawn_keep_alive(
     silence: Duration,
     answered: Answered,
     peers: crate::peers::Shared,
+    progress: crate::progress::Progress,
 ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Silence>) {
     let (tx, rx) = mpsc::channel(1);
     let task = tokio::spawn(async move {
@@ -674,7 +685,8 @@ fn spawn_keep_alive(
             tick.tick().await;
             let sent = Instant::now();
             let vouch = peers.vouch(sent);
-            let why = match tokio::time::timeout(silence, client.keep_alive(vouch)).await {
+            let said = client.keep_alive(vouch, progress.summary());
+            let why = match tokio::time::timeout(silence, said).await {
                 Ok(Ok(())) => {
                     answered.note(sent);
                     continue;

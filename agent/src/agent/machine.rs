@@ -1279,8 +1279,10 @@ impl NodeMachine {
             }),
             Outcome::Succeeded => info!("job succeeded"),
             Outcome::Failed(reason) => error!(%reason, "job failed"),
+            // The reason says which: a worker's no-restart code, or no
+            // progress (--max-no-progress-restarts).
             Outcome::NoRestart { reason, code } => {
-                error!(%reason, exit_code = code, "job failed: a worker exited with the no-restart code")
+                error!(%reason, exit_code = code, "job failed without a restart")
             }
         }
         pre.extend(self.exit(Ok(outcome)));

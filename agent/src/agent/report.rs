@@ -34,6 +34,9 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                         exit.ended,
                         Ended::Exited(c) if self.cfg.no_restart_exit_code == Some(c)
                     ),
+                    // Read now, so the steps the worker reported just
+                    // before it failed count.
+                    progress: self.progress.summary_now(&self.watched),
                 },
             )
             .await;

@@ -322,6 +322,8 @@ pub struct LaunchOptions {
     pub gpu_free_timeout: Duration,
     /// `--no-restart-exit-code`.
     pub no_restart_exit_code: Option<u8>,
+    /// `--max-no-progress-restarts` (0: never).
+    pub max_no_progress_restarts: u32,
     /// `--numa-binding`: how workers are bound to the CPUs near their GPUs.
     pub numa_binding: Option<crate::numa::AffinityMode>,
 }
@@ -374,6 +376,7 @@ impl LaunchOptions {
             health_check: None,
             gpu_free_timeout: Duration::from_secs(30),
             no_restart_exit_code: None,
+            max_no_progress_restarts: 0,
             numa_binding: None,
         }
     }
@@ -558,6 +561,7 @@ impl LaunchOptions {
             health_check: self.health_check.clone(),
             gpu_free_timeout: self.gpu_free_timeout,
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
+            max_no_progress_restarts: self.max_no_progress_restarts,
             numa_binding,
         })
     }

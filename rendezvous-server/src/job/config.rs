@@ -32,6 +32,9 @@ pub struct JobConfig {
     /// The nodes' keep-alive interval (a third of `dead_after` when the
     /// agent did not say).
     pub keep_alive: Option<Duration>,
+    /// Restarts in a row without progress that end the job
+    /// (`--max-no-progress-restarts`; 0: never; see the `progress` module).
+    pub max_no_progress_restarts: u32,
 }
 
 impl JobConfig {
@@ -53,6 +56,7 @@ impl JobConfig {
                 .then(|| Duration::from_millis(req.outage_ms).min(accel_input::MAX_DURATION)),
             keep_alive: (req.keep_alive_ms > 0)
                 .then(|| Duration::from_millis(req.keep_alive_ms).min(accel_input::MAX_DURATION)),
+            max_no_progress_restarts: req.max_no_progress_restarts,
         }
     }
 
@@ -106,6 +110,11 @@ impl JobConfig {
                 code(self.no_restart_exit_code),
                 code(node.no_restart_exit_code),
             ),
+            (
+                "--max-no-progress-restarts",
+                self.max_no_progress_restarts.to_string(),
+                node.max_no_progress_restarts.to_string(),
+            ),
         ];
         checks
             .into_iter()
@@ -133,6 +142,7 @@ mod tests {
             no_restart_exit_code: None,
             outage: None,
             keep_alive: None,
+            max_no_progress_restarts: 0,
         }
     }
 

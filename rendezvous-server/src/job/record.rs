@@ -97,6 +97,8 @@ pub struct JobRecord {
     pub benched: Vec<(String, Offset, Offset, String, bool)>,
     /// Hosts' failures counted towards a bench, oldest first.
     pub failure_counts: Vec<(String, Vec<Offset>)>,
+    /// The training progress reported, and the no-progress count.
+    pub progress: super::progress::Progress,
     /// A store found the job's last change half-written (its leader stopped
     /// between two transactions of it): some values are from before that
     /// change, some after. Never set by [`Job::record`].
@@ -177,6 +179,7 @@ impl Job {
                 .counts()
                 .map(|(h, at)| (h.clone(), at.iter().map(|t| offset(*t, now)).collect()))
                 .collect(),
+            progress: self.progress.clone(),
             torn: false,
         }
     }
@@ -243,6 +246,7 @@ impl Job {
             // drop limit, and sees a mass silence anew.
             held: None,
             vouched_all: None,
+            progress: record.progress,
         };
         for (host, since, until, reason, shared) in record.benched {
             job.quarantine.restore_bench(

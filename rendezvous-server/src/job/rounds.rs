@@ -201,6 +201,10 @@ impl Job {
 
     pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
+        if !counted {
+            // A counted restart's round was judged in `worker_failed`.
+            self.progress.reformed();
+        }
         self.round_ended(now);
         self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);

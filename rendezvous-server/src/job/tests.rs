@@ -24,6 +24,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         outage_ms: 0,
         keep_alive_ms: 0,
         started_unix_ms: 0,
+        max_no_progress_restarts: 0,
     }
 }
 

@@ -200,6 +200,9 @@ pub fn encode(r: &JobRecord) -> Encoded {
         dead_after_us: r.config.dead_after.map_or(0, micros),
         outage_us: r.config.outage.map_or(0, micros),
         keep_alive_us: r.config.keep_alive.map_or(0, micros),
+        max_no_progress_restarts: r.config.max_no_progress_restarts,
+        best_step: r.progress.best,
+        no_progress_restarts: r.progress.stalled,
         last_call_us: micros(r.config.last_call),
         no_restart_exit_code: r.config.no_restart_exit_code.map_or(0, u32::from),
         phase,
@@ -358,6 +361,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
                 .filter(|c| *c > 0),
             outage: (meta.outage_us > 0).then(|| Duration::from_micros(meta.outage_us)),
             keep_alive: (meta.keep_alive_us > 0).then(|| Duration::from_micros(meta.keep_alive_us)),
+            max_no_progress_restarts: meta.max_no_progress_restarts,
         },
         phase,
         round: meta.round,
@@ -393,6 +397,13 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             .take(crate::job::MAX_QUARANTINED)
             .map(|c| (c.host, c.at.into_iter().take(MAX_COUNTED).collect()))
             .collect(),
+        // The current round's reports are heard again (the `progress`
+        // module).
+        progress: crate::job::Progress {
+            best: meta.best_step,
+            round: Default::default(),
+            stalled: meta.no_progress_restarts,
+        },
         torn: e.writing,
     })
 }

@@ -103,6 +103,7 @@ async fn agent(
         outage_ms: 900_000,
         keep_alive_ms: 200_000,
         started_unix_ms: 0,
+        max_no_progress_restarts: 0,
     };
     let mut events = client
         .join(req)

@@ -1,0 +1,400 @@
+//! Training progress, as the workers report it: `accel.progress(step)` and
+//! `accel.checkpointed(step)` in Python (or any program that writes the
+//! same datagrams), summed up per node for the rendezvous.
+//!
+//! # Transport
+//! Each worker gets `ACCEL_PROGRESS_SOCKET`, the path of a Unix datagram
+//! socket in a directory private to the agent's user (0700). A report is one
+//! datagram of ASCII text: `p STEP` (a step done, optionally `p STEP
+//! SAMPLES`) or `c STEP` (a checkpoint of that step is saved). A datagram
+//! is sent without waiting (a full queue drops it), so reporting never
+//! slows a step: one `sendto` of a few bytes, a few microseconds.
+//!
+//! # Whose reports count
+//! The socket is created with `SO_PASSCRED`: the kernel attaches the
+//! sender's pid to every datagram, which the sender cannot forge. A report
+//! counts for the worker whose process group the sender is in (the worker,
+//! or a process it started); anything else, and anything malformed, is
+//! dropped. Steps and samples are bounded integers; a datagram is at most
+//! [`MAX_DATAGRAM`] bytes.
+//!
+//! # What the rendezvous gets
+//! Per node and round: how many ranks reported, the least and the most
+//! steps among them, and the step every reporting rank last checkpointed
+//! (when all of them did): a [`pb::Progress`], sent with each keep-alive
+//! and with a failure report (after reading whatever the workers sent up
+//! to then), so the step a failing round reached counts. A new round
+//! starts from nothing.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use accel_proto::v1 as pb;
+use tokio::io::Interest;
+use tokio::net::UnixDatagram;
+
+use crate::file_timer::{Watched, Workers};
+
+/// The variable that names the socket, in every worker's environment.
+pub const ENV: &str = "ACCEL_PROGRESS_SOCKET";
+/// The longest report read; longer datagrams are dropped.
+pub const MAX_DATAGRAM: usize = 64;
+/// Datagrams read in one go before the task yields.
+const BATCH: usize = 256;
+/// Datagrams a failure report reads at most (a socket's default queue
+/// holds far fewer).
+const QUEUED_AT_MOST: usize = 4096;
+
+/// One rank's reports in the current round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Rank {
+    step: u64,
+    checkpoint: Option<u64>,
+}
+
+/// The node's reports: per local rank, for one round.
+#[derive(Debug, Default)]
+struct Table {
+    round: u64,
+    ranks: HashMap<u32, Rank>,
+    /// Reports dropped (not a worker's, or malformed) since the start.
+    dropped: u64,
+}
+
+/// What one datagram says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// A step is done.
+    Step(u64),
+    /// A checkpoint of this step is saved.
+    Checkpointed(u64),
+}
+
+/// Reads one datagram: `p STEP [SAMPLES]` or `c STEP`.
+pub fn parse(datagram: &[u8]) -> Option<Report> {
+    let text = std::str::from_utf8(datagram).ok()?.trim_end_matches('\n');
+    let mut words = text.split(' ');
+    let kind = words.next()?;
+    let step: u64 = words.next()?.parse().ok()?;
+    match (kind, words.next(), words.next()) {
+        ("p", None, None) => Some(Report::Step(step)),
+        // Samples are accepted (and not used yet) when they are a number.
+        ("p", Some(samples), None) => samples.parse::<u64>().ok().map(|_| Report::Step(step)),
+        ("c", None, None) => Some(Report::Checkpointed(step)),
+        _ => None,
+    }
+}
+
+/// The node's progress, shared by the socket's reader, the keep-alives and
+/// the failure reports.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    table: Arc<Mutex<Table>>,
+    socket: Option<Arc<UnixDatagram>>,
+}
+
+impl Progress {
+    /// A new round's workers start: reports begin from nothing.
+    pub fn new_round(&self, round: u64) {
+        let mut t = lock(&self.table);
+        t.round = round;
+        t.ranks.clear();
+    }
+
+    /// Applies `report` from the worker of local rank `local_rank`.
+    fn apply(&self, local_rank: u32, report: Report) {
+        let mut t = lock(&self.table);
+        let r = t.ranks.entry(local_rank).or_default();
+        match report {
+            Report::Step(s) => r.step = r.step.max(s),
+            Report::Checkpointed(s) => {
+                r.checkpoint = Some(r.checkpoint.map_or(s, |c| c.max(s)));
+                r.step = r.step.max(s);
+            }
+        }
+    }
+
+    fn drop_one(&self) {
+        lock(&self.table).dropped += 1;
+    }
+
+    /// Reports dropped so far.
+    pub fn dropped(&self) -> u64 {
+        lock(&self.table).dropped
+    }
+
+    /// The node's progress in the current round, or `None` when no worker
+    /// reported any.
+    pub fn summary(&self) -> Option<pb::Progress> {
+        let t = lock(&self.table);
+        if t.ranks.is_empty() {
+            return None;
+        }
+        let steps = t.ranks.values().map(|r| r.step);
+        let checkpoints: Option<Vec<u64>> = t.ranks.values().map(|r| r.checkpoint).collect();
+        Some(pb::Progress {
+            round: t.round,
+            ranks: u32::try_from(t.ranks.len()).unwrap_or(u32::MAX),
+            min_step: steps.clone().min().unwrap_or(0),
+            max_step: steps.max().unwrap_or(0),
+            checkpoint_step: checkpoints.and_then(|c| c.into_iter().min()),
+        })
+    }
+
+    /// Reads every datagram already waiting (without waiting for more),
+    /// then [`Progress::summary`]: what a failure report carries, so the
+    /// steps a worker reported just before it died count.
+    pub fn summary_now(&self, workers: &Workers) -> Option<pb::Progress> {
+        if let Some(socket) = &self.socket {
+            let watched = lock(workers).clone();
+            // What is queued, bounded: a worker writing as fast as this
+            // reads cannot hold the failure report.
+            for _ in 0..QUEUED_AT_MOST {
+                let Ok(got) = receive_now(socket) else { break };
+                self.take(got, &watched);
+            }
+        }
+        self.summary()
+    }
+
+    fn take(&self, got: Received, watched: &[Watched]) {
+        let (pid, bytes) = match got {
+            Received::Datagram { pid, bytes } => (pid, bytes),
+            Received::Dropped => return self.drop_one(),
+        };
+        let worker = crate::file_timer::owner(pid, watched);
+        match (worker, parse(&bytes)) {
+            (Some(w), Some(report)) => self.apply(w.local_rank, report),
+            _ => self.drop_one(),
+        }
+    }
+}
+
+/// The socket's directory and path, removed when dropped.
+#[derive(Debug)]
+pub struct ProgressSocket {
+    dir: PathBuf,
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ProgressSocket {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+impl ProgressSocket {
+    /// Creates the socket in a new private directory under `base` (the
+    /// temporary directory) and reads it into `progress`, counting reports
+    /// of `workers` only.
+    pub fn start(base: &Path, progress: &mut Progress, workers: Workers) -> io::Result<Self> {
+        use nix::sys::socket::{bind, setsockopt, socket, sockopt, AddressFamily, SockFlag};
+        use nix::sys::socket::{SockType, UnixAddr};
+        let dir = tempfile::Builder::new()
+            .prefix("accel-progress-")
+            .tempdir_in(base)?
+            .keep();
+        let path = dir.join("s");
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(io::Error::from)?;
+        let cleanup = |e: io::Error| {
+            let _ = std::fs::remove_dir(&dir);
+            e
+        };
+        setsockopt(&fd, sockopt::PassCred, &true)
+            .map_err(io::Error::from)
+            .map_err(cleanup)?;
+        let addr = UnixAddr::new(&path)
+            .map_err(io::Error::from)
+            .map_err(cleanup)?;
+        bind(fd.as_raw_fd(), &addr)
+            .map_err(io::Error::from)
+            .map_err(cleanup)?;
+        let socket = std::os::unix::net::UnixDatagram::from(fd);
+        let socket = Arc::new(UnixDatagram::from_std(socket).map_err(cleanup)?);
+        progress.socket = Some(socket.clone());
+        let reader = progress.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if socket.readable().await.is_err() {
+                    return;
+                }
+                let watched = lock(&workers).clone();
+                let mut n = 0;
+                while let Some(got) = receive(&socket) {
+                    reader.take(got, &watched);
+                    n += 1;
+                    if n == BATCH {
+                        break;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        Ok(Self { dir, path, task })
+    }
+
+    /// The socket's path (the workers' `ACCEL_PROGRESS_SOCKET`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// One datagram read.
+enum Received {
+    Datagram {
+        pid: i32,
+        bytes: Vec<u8>,
+    },
+    /// Too long, or without credentials.
+    Dropped,
+}
+
+/// Reads one datagram without waiting, for the reader task; `None` when
+/// none is waiting (or the socket failed). Through tokio's `try_io`, so a
+/// read that finds nothing clears the socket's readiness.
+fn receive(socket: &UnixDatagram) -> Option<Received> {
+    socket
+        .try_io(Interest::READABLE, || receive_now(socket))
+        .ok()
+}
+
+/// Reads one datagram without waiting, whatever tokio last saw of the
+/// socket: a failure report's reading of what is already queued.
+fn receive_now(socket: &UnixDatagram) -> io::Result<Received> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixCredentials};
+    let mut buf = [0u8; MAX_DATAGRAM + 1];
+    let mut cmsg = nix::cmsg_space!(UnixCredentials);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let len = msg.bytes;
+    let truncated = msg.flags.contains(MsgFlags::MSG_TRUNC) || len > MAX_DATAGRAM;
+    let pid = msg.cmsgs().ok().and_then(|mut c| {
+        c.find_map(|c| match c {
+            ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+            _ => None,
+        })
+    });
+    Ok(match (pid, truncated) {
+        (Some(pid), false) => Received::Datagram {
+            pid,
+            bytes: buf[..len].to_vec(),
+        },
+        _ => Received::Dropped,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_parse_and_anything_else_is_refused() {
+        assert_eq!(parse(b"p 40"), Some(Report::Step(40)));
+        assert_eq!(parse(b"p 40 1280\n"), Some(Report::Step(40)));
+        assert_eq!(parse(b"c 30"), Some(Report::Checkpointed(30)));
+        for bad in [
+            &b""[..],
+            b"p",
+            b"p -1",
+            b"p 1.5",
+            b"p 40 x",
+            b"p 40 1 2",
+            b"c 30 1",
+            b"x 1",
+            b"p 99999999999999999999999",
+            b"\xff 1",
+        ] {
+            assert_eq!(parse(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_summary_spans_the_ranks_and_a_round_starts_from_nothing() {
+        let p = Progress::default();
+        assert_eq!(p.summary(), None);
+        p.new_round(3);
+        p.apply(0, Report::Step(40));
+        p.apply(1, Report::Step(38));
+        p.apply(1, Report::Step(37)); // late and out of order: kept at 38
+        p.apply(0, Report::Checkpointed(30));
+        assert_eq!(
+            p.summary(),
+            Some(pb::Progress {
+                round: 3,
+                ranks: 2,
+                min_step: 38,
+                max_step: 40,
+                checkpoint_step: None,
+            }),
+            "rank 1 has not checkpointed"
+        );
+        p.apply(1, Report::Checkpointed(30));
+        assert_eq!(p.summary().and_then(|s| s.checkpoint_step), Some(30));
+        p.new_round(4);
+        assert_eq!(p.summary(), None);
+    }
+
+    #[tokio::test]
+    async fn a_workers_datagrams_count_and_a_strangers_do_not() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let workers: Workers = Arc::default();
+        let mut progress = Progress::default();
+        let socket =
+            ProgressSocket::start(base.path(), &mut progress, workers.clone()).expect("socket");
+        let send = |text: &str| {
+            let s = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+            s.send_to(text.as_bytes(), socket.path()).expect("send");
+        };
+        // This process is no worker yet: dropped.
+        send("p 5");
+        assert_eq!(progress.summary_now(&workers), None);
+        assert_eq!(progress.dropped(), 1);
+        // Now this process's group is a worker's (local rank 1).
+        let me = nix::unistd::getpgid(None).expect("pgid").as_raw();
+        let dir = Arc::new(crate::files::Dir::open_base(base.path(), "test").expect("dir"));
+        workers.lock().expect("lock").push(Watched {
+            pid: me,
+            rank: 5,
+            local_rank: 1,
+            error_file: crate::files::FileAt::new(dir, "error.json"),
+        });
+        progress.new_round(2);
+        send("p 7");
+        send("c 6");
+        send("p 8 512");
+        send("p x");
+        let s = progress.summary_now(&workers).expect("reported");
+        assert_eq!((s.round, s.ranks, s.max_step), (2, 1, 8));
+        assert_eq!(s.checkpoint_step, Some(6));
+        assert_eq!(
+            progress.dropped(),
+            2,
+            "the stranger's and the malformed one"
+        );
+        let path = socket.path().to_owned();
+        drop(socket);
+        assert!(!path.exists(), "the socket goes with the agent");
+    }
+}

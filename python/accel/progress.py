@@ -1,0 +1,65 @@
+"""Training progress for the agent: ``accel.progress(step)`` after each step,
+``accel.checkpointed(step)`` once a checkpoint of that step is saved.
+
+The agent (``accel-agent``, or ``accel launch``) gives each worker
+``ACCEL_PROGRESS_SOCKET``; a report is one datagram on it, sent without
+waiting (a full queue drops it), so a call costs a few microseconds and
+never blocks a step. Outside accel (no such variable) both calls do nothing,
+so a script that reports runs unchanged under torchrun.
+
+The agent sums the reports up per node and the rendezvous per job: with
+``--max-no-progress-restarts N``, N restarts in a row that did not take the
+job past the best step it reached end it, naming that step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+__all__ = ["progress", "checkpointed"]
+
+_ENV = "ACCEL_PROGRESS_SOCKET"
+# (path, socket) of the last send: a worker's environment does not change,
+# but a forked process gets a socket of its own.
+_sock: Optional[socket.socket] = None
+_path: Optional[str] = None
+_pid: Optional[int] = None
+
+
+def _send(text: str) -> None:
+    global _sock, _path, _pid
+    path = os.environ.get(_ENV)
+    if not path:
+        return
+    pid = os.getpid()
+    if _sock is None or _path != path or _pid != pid:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        _sock, _path, _pid = s, path, pid
+    try:
+        _sock.sendto(text.encode("ascii"), path)
+    except OSError:
+        # A full queue, or no agent (it stopped): progress is best effort.
+        pass
+
+
+def _step(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number of 0 or more, not {value!r}")
+    return value
+
+
+def progress(step: int, samples: Optional[int] = None) -> None:
+    """Says that training step ``step`` is done (``samples``: samples seen so far)."""
+    step = _step("step", step)
+    if samples is None:
+        _send(f"p {step}")
+    else:
+        _send(f"p {step} {_step('samples', samples)}")
+
+
+def checkpointed(step: int) -> None:
+    """Says that a checkpoint of step ``step`` is saved."""
+    _send(f"c {_step('step', step)}")

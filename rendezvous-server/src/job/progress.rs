@@ -1,0 +1,201 @@
+//! Whether a job is getting anywhere: the training progress its nodes
+//! report (`accel.progress(step)` in the workers, summed up per node by the
+//! agent), and the no-progress verdict.
+//!
+//! A job that crashes at step 40 after every restart from its step-30
+//! checkpoint spends its whole restart budget, and the cluster's time,
+//! learning nothing. With `--max-no-progress-restarts N`, N restarts in a
+//! row after which the best step the job ever reported did not advance end
+//! it, failed, with its `--no-restart-exit-code` (else 1) and a reason that
+//! names the step it keeps dying at. A round's step is the furthest any of
+//! its ranks reported; the verdict is taken when a worker failure would
+//! restart the job, so the failing node's report (sent with the failure)
+//! counts. A job whose workers never report progress is never judged.
+//!
+//! Steps are counted per round: a report of an earlier round (late, or from
+//! a node that did not hear the restart) changes nothing. A round reached
+//! the step every reporting rank reached: the least of the nodes' least
+//! steps (in synchronous training the ranks move together; a rank that ran
+//! ahead of one that failed did not take the job with it).
+//!
+//! A store keeps the best step and the count, not the current round's
+//! reports: a replica that takes the job over mid-round hears them again
+//! with the next keep-alives.
+
+use std::collections::BTreeMap;
+
+use accel_proto::v1 as pb;
+
+/// A job's progress so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The furthest step an earlier round reached (`None`: none reported).
+    pub best: Option<u64>,
+    /// The current round's reports: each reporting node's least step.
+    pub round: BTreeMap<String, u64>,
+    /// Restarts in a row after which the best step did not advance.
+    pub stalled: u32,
+}
+
+/// The verdict on a job whose worker failed: it makes no progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stuck {
+    /// The furthest step it reached.
+    pub best: u64,
+    /// Failures in a row that did not pass it.
+    pub stalled: u32,
+}
+
+impl Progress {
+    /// `node_id`'s report, the job's current round being `current`: kept
+    /// if it is of the current round (a node's steps only grow).
+    pub fn report(&mut self, current: u64, node_id: &str, p: &pb::Progress) {
+        if p.round != current || p.ranks == 0 {
+            return;
+        }
+        let least = self.round.entry(node_id.to_owned()).or_insert(p.min_step);
+        *least = (*least).max(p.min_step);
+    }
+
+    /// The step the current round reached: every reporting rank's.
+    pub fn reached(&self) -> Option<u64> {
+        self.round.values().copied().min()
+    }
+
+    /// The running round ended in a worker failure that would restart the
+    /// job: whether the job is stuck, with `limit` the job's
+    /// `--max-no-progress-restarts` (0: never). Either way the round's step
+    /// is folded into the best, and the next round counts from nothing.
+    pub fn failed(&mut self, limit: u32) -> Option<Stuck> {
+        let reached = self.reached();
+        self.round.clear();
+        let advanced = match (reached, self.best) {
+            (Some(r), Some(b)) => r > b,
+            (Some(_), None) => true,
+            // Nothing reported this round: it did not get past the best.
+            (None, Some(_)) => false,
+            // Nothing ever reported: nothing to judge.
+            (None, None) => return None,
+        };
+        self.best = self.best.max(reached);
+        self.stalled = if advanced {
+            0
+        } else {
+            self.stalled.saturating_add(1)
+        };
+        let best = self.best?;
+        (limit > 0 && self.stalled >= limit).then_some(Stuck {
+            best,
+            stalled: self.stalled,
+        })
+    }
+
+    /// A restart that was not a worker failure (a node left, or fenced
+    /// itself): the round's step counts towards the best (a step past it is
+    /// progress, and starts the count again); otherwise the count is left
+    /// as it is.
+    pub fn reformed(&mut self) {
+        let reached = self.reached();
+        self.round.clear();
+        if reached > self.best {
+            self.best = reached;
+            self.stalled = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(round: u64, min_step: u64) -> pb::Progress {
+        pb::Progress {
+            round,
+            ranks: 2,
+            min_step,
+            max_step: min_step + 8,
+            checkpoint_step: None,
+        }
+    }
+
+    #[test]
+    fn dying_at_the_same_step_after_every_restart_is_stuck_after_the_limit() {
+        let mut p = Progress::default();
+        // Round 0 reaches step 40 and fails: progress (the first ever).
+        p.report(0, "a", &at(0, 35));
+        p.report(0, "a", &at(0, 40));
+        assert_eq!(p.failed(2), None);
+        assert_eq!((p.best, p.stalled), (Some(40), 0));
+        // Rounds 1 and 2 restart from the step-30 checkpoint and die at 40.
+        p.report(1, "a", &at(1, 40));
+        assert_eq!(p.failed(2), None, "one restart without progress");
+        p.report(2, "a", &at(2, 39));
+        assert_eq!(
+            p.failed(2),
+            Some(Stuck {
+                best: 40,
+                stalled: 2
+            })
+        );
+    }
+
+    #[test]
+    fn a_step_past_the_best_starts_the_count_again() {
+        let mut p = Progress::default();
+        p.report(0, "a", &at(0, 40));
+        assert_eq!(p.failed(2), None);
+        p.report(1, "a", &at(1, 40));
+        assert_eq!(p.failed(2), None);
+        p.report(2, "a", &at(2, 41));
+        assert_eq!(p.failed(2), None, "41 passed 40");
+        assert_eq!(p.stalled, 0);
+        // A round that reports nothing did not pass the best.
+        assert_eq!(p.failed(2), None);
+        assert_eq!(
+            p.failed(2),
+            Some(Stuck {
+                best: 41,
+                stalled: 2
+            })
+        );
+    }
+
+    #[test]
+    fn a_round_reached_what_every_reporting_node_reached() {
+        let mut p = Progress::default();
+        p.report(0, "a", &at(0, 40));
+        p.report(0, "b", &at(0, 35));
+        p.report(0, "b", &at(0, 30)); // late: b's steps only grow
+        assert_eq!(p.reached(), Some(35));
+    }
+
+    #[test]
+    fn no_limit_no_reports_or_stale_reports_judge_nothing() {
+        let mut p = Progress::default();
+        assert_eq!(p.failed(1), None, "never reported");
+        p.report(3, "a", &at(2, 100));
+        assert_eq!(p.reached(), None, "a report of an earlier round");
+        p.report(
+            3,
+            "a",
+            &pb::Progress {
+                ranks: 0,
+                ..at(3, 7)
+            },
+        );
+        assert_eq!(p.reached(), None, "no rank reported");
+        p.report(3, "a", &at(3, 10));
+        assert_eq!(p.failed(0), None);
+        p.report(4, "a", &at(4, 10));
+        assert_eq!(p.failed(0), None, "0: never");
+        assert_eq!(p.stalled, 1);
+        // A re-formation (a node left) folds the round in: past the best,
+        // the count starts again; short of it, the count is kept.
+        p.report(5, "a", &at(5, 9));
+        p.reformed();
+        assert_eq!((p.best, p.stalled), (Some(10), 1));
+        p.report(6, "a", &at(6, 12));
+        p.reformed();
+        assert_eq!((p.best, p.stalled), (Some(12), 0));
+    }
+}
