@@ -706,10 +706,15 @@ impl Job {
         self.progress.report(self.round, node_id, p);
     }
 
-    /// The best step the job's rounds reached so far, and the current
+    /// The best step the job's earlier rounds reached, and the current
     /// round's (`None`: none reported).
     pub fn steps(&self) -> (Option<u64>, Option<u64>) {
         (self.progress.best, self.progress.reached())
+    }
+
+    /// Worker-failure restarts in a row that did not pass the best step.
+    pub fn no_progress_restarts(&self) -> u32 {
+        self.progress.stalled
     }
 
     /// `node_id` stopped its workers in `round` itself, not because one

@@ -1385,6 +1385,9 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
         stacks_unix_ms: None,
         timeline: Vec::new(),
         world_size: (job.participants().len() as u32).saturating_mul(c.nproc_per_node),
+        step: job.steps().1,
+        best_step: job.steps().0,
+        no_progress_restarts: job.no_progress_restarts(),
     }
 }
 

@@ -185,6 +185,9 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                 })),
                 "stacks_unix_ms": j.stacks_unix_ms,
                 "world_size": j.world_size,
+                "step": j.step,
+                "best_step": j.best_step,
+                "no_progress_restarts": j.no_progress_restarts,
                 "timeline": j.timeline.iter().map(|e| serde_json::json!({
                     "unix_ms": e.unix_ms,
                     "kind": e.kind,
@@ -222,6 +225,23 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
             j.node_count,
             j.world_size
         );
+        if j.step.is_some() || j.best_step.is_some() {
+            let at = |s: Option<u64>| s.map_or_else(|| "-".to_owned(), |s| s.to_string());
+            let _ = write!(
+                out,
+                "  step {}  best before {}",
+                at(j.step),
+                at(j.best_step)
+            );
+            if j.no_progress_restarts > 0 {
+                let _ = write!(
+                    out,
+                    "  ({} restarts without passing it)",
+                    j.no_progress_restarts
+                );
+            }
+            out.push('\n');
+        }
         let now = crate::tombstone::unix_ms(std::time::SystemTime::now());
         for e in j.timeline.iter().rev().take(3).rev() {
             let ago =

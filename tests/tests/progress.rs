@@ -69,3 +69,40 @@ fn a_job_that_gets_further_each_time_keeps_its_restarts() {
     );
     assert_eq!(attempts(&dir), 6);
 }
+
+/// The running round's step, as the workers report it, is in
+/// `rdzv-server status` (text and JSON) while the job runs.
+#[test]
+fn the_running_rounds_step_is_in_status() {
+    let server = accel_tests::Server::start();
+    let dir = scratch("progress-status");
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let agent = AgentCmd::c10d(&server.addr, "stepping")
+        .nnodes(1)
+        .nproc(2)
+        .conf("keep_alive_interval=0.5")
+        .env("CKPT_DIR", dir.display())
+        .env("FAIL_AT", 1_000_000)
+        .env("STEPS", 1_000_000)
+        .env("PYTHONPATH", python.display())
+        .script(worker("progress_job.py"))
+        .start(&dir, "agent");
+    accel_tests::poll_until("status shows the step", LIMIT, || {
+        let jobs = accel_tests::status_jobs(&server.addr, &[])?;
+        match jobs.first().and_then(|j| j["step"].as_u64()) {
+            Some(s) if s >= 20 => Ok(()),
+            other => Err(format!("{other:?}: {jobs:?}")),
+        }
+    });
+    let text = std::process::Command::new(accel_tests::bin("rdzv-server"))
+        .args(["status", "--rdzv-endpoint", &server.addr])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("  step ") && text.contains("best before -"),
+        "{text}"
+    );
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
+}
