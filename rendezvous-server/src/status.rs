@@ -482,6 +482,9 @@ mod tests {
             }),
             stacks_unix_ms: None,
             world_size: 4,
+            step: Some(41),
+            best_step: Some(40),
+            no_progress_restarts: 1,
             timeline: vec![
                 pb::TimelineEvent {
                     unix_ms: 1_000,
