@@ -34,6 +34,10 @@
 //! # }
 //! ```
 //!
+//! A rank reports training progress to the agent as Python's
+//! `accel.progress(step)` does with [`Progress`] (`Progress::from_env()`,
+//! then `step(n)` and `checkpointed(n)`), for `--max-no-progress-restarts`.
+//!
 //! A program can also start its own ranks: [`Launcher`] runs a function in
 //! N processes of the current binary through accel's agent code (the
 //! counterpart of accelerate's `notebook_launcher`; [`debug_launch`] is its
@@ -52,6 +56,7 @@ pub mod error_file;
 mod ffi;
 pub mod group;
 pub mod launcher;
+pub mod progress;
 pub mod timer;
 
 pub use env::{EnvError, Topology, WorkerEnv};
@@ -59,4 +64,5 @@ pub use error::{FailureKind, GroupError};
 pub use error_file::record_error;
 pub use group::{GroupOptions, ProcessGroup, ReduceOp, DEFAULT_TIMEOUT};
 pub use launcher::{debug_launch, LaunchError, Launcher};
+pub use progress::Progress;
 pub use timer::{FileTimer, TimerError};
