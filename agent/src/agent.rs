@@ -141,6 +141,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             None
         }
     };
+    let _checkpoint_file = cfg.checkpoint_iteration_file.clone().map(|path| {
+        AbortOnDrop(Some(progress.watch_file(
+            path,
+            cfg.nproc_per_node,
+            Duration::from_secs(1),
+        )))
+    });
     // The rendezvous this node reaches, for a hang's job-wide stacks.
     let job_stacks = crate::stacks::JobStacks::default();
     let _file_timer = match &cfg.file_timer {

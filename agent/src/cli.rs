@@ -310,6 +310,13 @@ pub struct AgentArgs {
         default_value = "0"
     )]
     pub max_no_progress_restarts: u32,
+    /// A file holding the iteration of the job's last checkpoint (as NVIDIA's resiliency extension's --ft-checkpoint-iteration-file and Megatron-LM's latest_checkpointed_iteration.txt): read every second as progress of every worker, so --max-no-progress-restarts works without accel.progress() in the script.
+    #[arg(
+        long = "checkpoint-iteration-file",
+        env = "PET_CHECKPOINT_ITERATION_FILE",
+        value_name = "FILE"
+    )]
+    pub checkpoint_iteration_file: Option<PathBuf>,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -417,6 +424,7 @@ impl From<AgentArgs> for LaunchOptions {
             gpu_free_timeout: a.gpu_free_timeout,
             no_restart_exit_code: a.no_restart_exit_code,
             max_no_progress_restarts: a.max_no_progress_restarts,
+            checkpoint_iteration_file: a.checkpoint_iteration_file,
             health_check: a
                 .health_check
                 .filter(|c| !c.trim().is_empty())

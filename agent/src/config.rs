@@ -168,6 +168,9 @@ pub struct Config {
     /// `--max-no-progress-restarts`: restarts in a row without progress
     /// that end the job (0: never; the rendezvous decides).
     pub max_no_progress_restarts: u32,
+    /// `--checkpoint-iteration-file`: read every second as every worker's
+    /// checkpointed step (the `progress` module).
+    pub checkpoint_iteration_file: Option<PathBuf>,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

@@ -173,6 +173,62 @@ impl Progress {
     }
 }
 
+/// `--checkpoint-iteration-file`: the number at the start of `text` (the
+/// iteration of the last checkpoint, as NVIDIA's resiliency extension and
+/// Megatron-LM write it: `1200`, `1200\n`, or a word after it), or `None`.
+pub fn parse_iteration(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?.trim_start();
+    let digits: &str = &text[..text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len())];
+    digits.parse().ok()
+}
+
+/// Reads the checkpoint-iteration file without following a link or waiting
+/// on a FIFO, at most [`MAX_DATAGRAM`] bytes of a regular file.
+fn read_iteration(path: &Path) -> Option<u64> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(MAX_DATAGRAM);
+    f.take(MAX_DATAGRAM as u64).read_to_end(&mut buf).ok()?;
+    parse_iteration(&buf)
+}
+
+impl Progress {
+    /// Watches `path` (`--checkpoint-iteration-file`) every `every`: its
+    /// iteration counts as a checkpoint of that step by each of the
+    /// node's `nproc` ranks, so a job reports progress without a code
+    /// change. A file that is missing, a link or not a number is skipped.
+    pub fn watch_file(
+        &self,
+        path: PathBuf,
+        nproc: u32,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let progress = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Some(n) = read_iteration(&path) {
+                    for rank in 0..nproc {
+                        progress.apply(rank, Report::Checkpointed(n));
+                    }
+                }
+            }
+        })
+    }
+}
+
 /// The socket's directory and path, removed when dropped.
 #[derive(Debug)]
 pub struct ProgressSocket {
@@ -328,6 +384,24 @@ mod tests {
         ] {
             assert_eq!(parse(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn a_checkpoint_iteration_is_the_number_the_file_starts_with() {
+        assert_eq!(parse_iteration(b"1200"), Some(1200));
+        assert_eq!(parse_iteration(b" 1200\n"), Some(1200));
+        assert_eq!(parse_iteration(b"1200 release"), Some(1200));
+        assert_eq!(parse_iteration(b"release"), None);
+        assert_eq!(parse_iteration(b""), None);
+        assert_eq!(parse_iteration(b"-3"), None);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("latest");
+        std::fs::write(&file, "30\n").expect("write");
+        assert_eq!(read_iteration(&file), Some(30));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        assert_eq!(read_iteration(&link), None, "a link is not followed");
+        assert_eq!(read_iteration(&dir.path().join("missing")), None);
     }
 
     #[test]

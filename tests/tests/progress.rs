@@ -106,3 +106,23 @@ fn the_running_rounds_step_is_in_status() {
     agent.signal("TERM");
     let _ = agent.wait(LIMIT);
 }
+
+/// Without a code change: the agent reads the checkpoint-iteration file the
+/// script writes (`--checkpoint-iteration-file`), and a job that never
+/// checkpoints past step 30 ends after the no-progress limit.
+#[test]
+fn a_checkpoint_iteration_file_is_progress_without_a_code_change() {
+    let dir = scratch("no-progress-file");
+    let out = job(&dir, 40, 0)
+        .env("REPORT", 0)
+        .flag("--checkpoint-iteration-file", dir.join("step").display())
+        .run(&dir, "agent", LIMIT);
+    assert_eq!(out.code(), 42, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no progress: the job reached step 30 at best"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(attempts(&dir), 3);
+}

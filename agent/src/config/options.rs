@@ -324,6 +324,8 @@ pub struct LaunchOptions {
     pub no_restart_exit_code: Option<u8>,
     /// `--max-no-progress-restarts` (0: never).
     pub max_no_progress_restarts: u32,
+    /// `--checkpoint-iteration-file`.
+    pub checkpoint_iteration_file: Option<PathBuf>,
     /// `--numa-binding`: how workers are bound to the CPUs near their GPUs.
     pub numa_binding: Option<crate::numa::AffinityMode>,
 }
@@ -377,6 +379,7 @@ impl LaunchOptions {
             gpu_free_timeout: Duration::from_secs(30),
             no_restart_exit_code: None,
             max_no_progress_restarts: 0,
+            checkpoint_iteration_file: None,
             numa_binding: None,
         }
     }
@@ -562,6 +565,7 @@ impl LaunchOptions {
             gpu_free_timeout: self.gpu_free_timeout,
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             max_no_progress_restarts: self.max_no_progress_restarts,
+            checkpoint_iteration_file: self.checkpoint_iteration_file.clone(),
             numa_binding,
         })
     }
