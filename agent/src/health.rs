@@ -114,6 +114,12 @@ impl HealthCheck {
                     child.wait().await
                 }
             };
+            if status.is_ok() {
+                // The keeper exited, its subtree gone, and was reaped: its
+                // pid may be another process's by now, even if the rest of
+                // the output outlasts the timeout or this run is dropped.
+                leftovers.keeper = None;
+            }
             // A background process of a finished check may hold the pipes.
             if !ended {
                 ended = tokio::time::timeout(OUTPUT_AFTER_EXIT, drains)
@@ -123,11 +129,6 @@ impl HealthCheck {
             status
         };
         let status = tokio::time::timeout(self.timeout, collect).await;
-        if matches!(status, Ok(Ok(_))) {
-            // The keeper exited, its subtree gone, and was reaped: its pid
-            // may be another process's by now.
-            leftovers.keeper = None;
-        }
         leftovers.output_ended = ended;
         drop(leftovers);
         text.extend_from_slice(&more);
@@ -391,6 +392,70 @@ mod tests {
                 f.display()
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_check_that_signals_its_own_group_is_not_taken_for_cancelled() {
+        // `kill 0` reaches the check's process group, not its keeper (which
+        // would take the SIGTERM for the agent's and end the check).
+        let long = Duration::from_secs(20);
+        assert_eq!(
+            check("trap '' TERM; sleep 300 & kill 0; exit 0", long)
+                .run()
+                .await,
+            Ok(())
+        );
+        assert_eq!(
+            check("trap '' TERM; kill -- -$$ && exit 0", long)
+                .run()
+                .await,
+            Ok(()),
+            "the check leads its process group"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_process_whose_main_thread_ended_does_not_outlive_the_check() {
+        // Such a process shows as a zombie in /proc while its other
+        // threads run.
+        let dir = tempfile::tempdir().expect("dir");
+        let pid_file = dir.path().join("pid");
+        let cmd = format!(
+            "command -v python3 >/dev/null || exit 0
+             python3 -c 'import ctypes, os, sys, threading, time
+def later():
+    time.sleep(0.2)
+    open(sys.argv[1], \"w\").write(str(os.getpid()))
+    time.sleep(300)
+threading.Thread(target=later).start()
+ctypes.CDLL(None).pthread_exit(None)' {p} &
+             until [ -s {p} ]; do sleep 0.05; done",
+            p = pid_file.display()
+        );
+        assert_eq!(check(&cmd, Duration::from_secs(20)).run().await, Ok(()));
+        if !pid_file.exists() {
+            eprintln!("no python3: skipped");
+            return;
+        }
+        let pid = read_pid(&pid_file);
+        let runs = || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+                tasks.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                        !s.rsplit(')')
+                            .next()
+                            .unwrap_or("")
+                            .trim_start()
+                            .starts_with('Z')
+                    })
+                })
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while runs() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!runs(), "a thread of {pid} still runs");
     }
 
     #[tokio::test]

@@ -266,21 +266,40 @@ pub fn pipe_inode(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
     nix::sys::stat::fstat(fd).ok().map(|st| st.st_ino)
 }
 
-/// SIGKILLs every other process that holds an end of one of the pipes
-/// `inodes` (found in `/proc/*/fd`; only the processes this one may
-/// inspect, those of its user), and the process group each leads, unless it
-/// is this process's own. Returns the pids killed.
+/// SIGKILLs every other process that holds the write end of one of the
+/// pipes `inodes` (found in `/proc/*/fd` and `/proc/*/fdinfo`; only the
+/// processes this one may inspect, those of its user), and the process
+/// group each leads, unless it is this process's own. Returns the pids
+/// killed.
+///
+/// Only the write end keeps the reader from its end of file. A holder of
+/// the read end is a fork of this process that has not yet reached its
+/// `exec` (another spawn's child, a health check's keeper): it holds a copy
+/// of every descriptor of this process for a moment, and is no business of
+/// the pipe's.
 pub fn kill_pipe_holders(inodes: &[u64]) -> Vec<i32> {
     let me = std::process::id() as i32;
     let names: Vec<String> = inodes.iter().map(|i| format!("pipe:[{i}]")).collect();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    // `flags:` in fdinfo is octal; the write end of a pipe is O_WRONLY.
+    let writes = |pid: i32, fd: &std::ffi::OsStr| {
+        std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy())).is_ok_and(
+            |info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("flags:"))
+                    .and_then(|f| i32::from_str_radix(f.trim(), 8).ok())
+                    .is_some_and(|f| f & nix::libc::O_ACCMODE == nix::libc::O_WRONLY)
+            },
+        )
+    };
     let holds = |pid: i32| {
         std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
             fds.flatten().any(|fd| {
                 std::fs::read_link(fd.path())
                     .is_ok_and(|link| names.iter().any(|n| link.as_os_str() == n.as_str()))
+                    && writes(pid, &fd.file_name())
             })
         })
     };
@@ -416,6 +435,31 @@ mod tests {
         assert!(scrub_environment(&["ACCEL_TEST_SCRUB_ME"]).is_err());
         assert_eq!(std::env::var("ACCEL_TEST_SCRUB_ME").as_deref(), Ok("1"));
         other.join().expect("join");
+    }
+
+    #[test]
+    fn only_a_writer_of_the_pipe_is_killed() {
+        use std::os::fd::AsFd;
+        use std::process::{Command, Stdio};
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let inode = pipe_inode(read.as_fd()).expect("inode");
+        let mut writer = Command::new("sleep")
+            .arg("300")
+            .stdout(Stdio::from(write))
+            .spawn()
+            .expect("writer");
+        // As a fork of this process before its exec: the read end only.
+        let mut reader = Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::from(read))
+            .spawn()
+            .expect("reader");
+        let killed = kill_pipe_holders(&[inode]);
+        let _ = reader.kill();
+        let _ = reader.wait();
+        let _ = writer.kill();
+        let _ = writer.wait();
+        assert_eq!(killed, [writer.id() as i32], "the reader {}", reader.id());
     }
 
     #[test]

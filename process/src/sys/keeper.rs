@@ -18,12 +18,18 @@
 //! forked child (the keeper, `C`), before anything else:
 //! 1. `setsid`: the keeper leads a session and a process group of its own
 //!    (no terminal signal reaches the check);
-//! 2. it becomes a child subreaper, blocks every signal, and asks for
-//!    SIGTERM when the agent's thread that spawned it dies
-//!    (`PR_SET_PDEATHSIG`; checked against a death before the call);
-//! 3. it forks the check (`G`), which restores the signal mask, asks for
-//!    SIGKILL if the keeper dies, and returns from the hook: the spawn goes
-//!    on to `exec` the command in `G`;
+//! 2. it becomes a child subreaper, blocks every signal, gives every
+//!    signal its default disposition (what the agent ignores, the check
+//!    should not; and with SIGCHLD ignored the kernel would reap the check
+//!    before the keeper could read its status), and asks for SIGTERM when
+//!    the agent's thread that spawned it dies (`PR_SET_PDEATHSIG`; checked
+//!    against a death before the call);
+//! 3. it forks the check (`G`), which leads a process group of its own
+//!    (as a check did before the keeper: its `kill 0` or `kill -- -$$`
+//!    reaches its own processes, never the keeper, which would take a
+//!    SIGTERM for the agent's), restores the signal mask, asks for SIGKILL
+//!    if the keeper dies, and returns from the hook: the spawn goes on to
+//!    `exec` the command in `G`;
 //! 4. the keeper closes every descriptor it holds (so the agent's spawn,
 //!    and its reads of the check's output, do not wait for it) and waits
 //!    for signals: SIGCHLD reaps; when `G` exits, the keeper kills its
@@ -33,8 +39,17 @@
 //!
 //! The subtree is killed by walking `/proc`: every process whose chain of
 //! parents reaches the keeper gets SIGKILL, pass after pass (a process
-//! killed in one pass may have forked in between), until a pass finds
-//! none, at most `SWEEPS` (200) passes.
+//! killed in one pass may have forked in between), until a pass kills no
+//! running one, at most `SWEEPS` (200) passes. Details that matter:
+//! - the signal goes through a pidfd opened *before* the chain is read
+//!   (Linux 5.3; plain `kill` before that): a process that exits and is
+//!   reaped by its own parent between the read and the signal cannot have
+//!   its pid, taken by an unrelated process, killed instead;
+//! - a process shown as a zombie is killed too: a process whose main
+//!   thread ended while others run shows as one (`Z`), and lives on;
+//! - only a signal that was delivered counts as a kill: a process of
+//!   another user (a set-user-ID program) cannot be killed, and does not
+//!   keep the passes going.
 //!
 //! # Async-signal safety
 //! The keeper is a fork of the agent, which has threads: until it would
@@ -68,6 +83,7 @@ pub(super) fn split(agent: Pid) -> io::Result<()> {
         Some(&SigSet::all()),
         Some(&mut before),
     )?;
+    default_dispositions();
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
     if getppid() != agent {
         // The agent died before the death signal was asked for.
@@ -78,6 +94,7 @@ pub(super) fn split(agent: Pid) -> io::Result<()> {
     // check only makes async-signal-safe calls until its exec.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
+            nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if getppid() != keeper {
                 let _ = nix::sys::signal::raise(Signal::SIGKILL);
@@ -86,6 +103,22 @@ pub(super) fn split(agent: Pid) -> io::Result<()> {
             Ok(())
         }
         nix::unistd::ForkResult::Parent { child } => keep(child),
+    }
+}
+
+/// Gives every signal but SIGKILL and SIGSTOP (refused) its default
+/// disposition. Called with every signal blocked: none is lost (only a
+/// pending signal whose default is to be ignored would be, and the keeper
+/// has no child yet).
+fn default_dispositions() {
+    // SAFETY: an all-zero `sigaction` is SIG_DFL with an empty mask and no
+    // flags; a number that is no signal (or one the C library keeps for
+    // itself) is refused, and nothing else changes.
+    unsafe {
+        let default: libc::sigaction = std::mem::zeroed();
+        for sig in 1..=libc::SIGRTMAX() {
+            libc::sigaction(sig, &default, std::ptr::null_mut());
+        }
     }
 }
 
@@ -131,9 +164,8 @@ fn sweep() {
     for _ in 0..SWEEPS {
         let mut found = false;
         each_process(|pid| {
-            if pid != me && descends_from(pid, me) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-                found = true;
+            if pid != me {
+                found |= kill_if_below(pid, me);
             }
         });
         let _ = reap(Pid::from_raw(-1));
@@ -149,28 +181,59 @@ fn sweep() {
     }
 }
 
-/// Whether `pid` runs (is not a zombie) and its chain of parents reaches
-/// `keeper`.
-fn descends_from(pid: i32, keeper: i32) -> bool {
-    let Some((state, mut parent)) = stat(pid) else {
+/// SIGKILLs `pid` if its chain of parents reaches `keeper` (see the module
+/// docs): whether it was a running process (not a zombie) and the signal
+/// was delivered.
+fn kill_if_below(pid: i32, keeper: i32) -> bool {
+    if below(pid, keeper).is_none() {
+        return false;
+    }
+    // SAFETY: pidfd_open with a pid and no flags; a descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) } as i32;
+    if pidfd < 0 && nix::errno::Errno::last() == nix::errno::Errno::ESRCH {
+        return false;
+    }
+    // Read again now that the pidfd holds this very process: if the pid
+    // was taken by another since, the chain read is that other's.
+    let Some(state) = below(pid, keeper) else {
+        if pidfd >= 0 {
+            close(pidfd);
+        }
         return false;
     };
-    if matches!(state, b'Z' | b'X' | b'x') {
-        return false;
-    }
+    let killed = if pidfd >= 0 {
+        // SAFETY: pidfd_send_signal on the pidfd just opened, no siginfo.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            )
+        } == 0;
+        close(pidfd);
+        sent
+    } else {
+        // No pidfds (before Linux 5.3, or refused by a seccomp filter).
+        kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+    };
+    killed && !matches!(state, b'Z' | b'X' | b'x')
+}
+
+/// The state letter of `pid` if its chain of parents reaches `keeper`.
+fn below(pid: i32, keeper: i32) -> Option<u8> {
+    let (state, mut parent) = stat(pid)?;
     for _ in 0..DEPTH {
         if parent == keeper {
-            return true;
+            return Some(state);
         }
         if parent <= 1 {
-            return false;
+            return None;
         }
-        match stat(parent) {
-            Some((_, p)) => parent = p,
-            None => return false,
-        }
+        parent = stat(parent)?.1;
     }
-    false
+    None
 }
 
 /// Calls `f` with the pid of every process in `/proc`.
@@ -317,6 +380,10 @@ fn exit_as(status: WaitStatus) -> ! {
         WaitStatus::Exited(_, code) => exit_now(code),
         WaitStatus::Signaled(_, sig, _) => {
             use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+            // No core file of the keeper for a check that dumped one (or
+            // died of SIGQUIT, SIGABRT): the keeper's memory is a copy of the
+            // agent's, and a core collector would report an agent crash.
+            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
             let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
             // SAFETY: the default disposition runs no handler code.
             let _ = unsafe { sigaction(sig, &default) };
@@ -376,7 +443,91 @@ mod tests {
         each_process(|pid| seen |= pid == me);
         assert!(seen, "/proc lists this process");
         let parent = std::os::unix::process::parent_id() as i32;
-        assert!(descends_from(me, parent));
-        assert!(!descends_from(parent, me));
+        assert!(below(me, parent).is_some());
+        assert!(below(parent, me).is_none());
+    }
+
+    #[test]
+    fn the_command_leads_its_group_with_no_signal_blocked_or_ignored() {
+        use std::os::unix::process::CommandExt;
+        // As an agent started in the background by a shell (SIGINT and
+        // SIGQUIT ignored): a signal this process ignores (one that nothing
+        // else here uses). And one this thread blocks: the spawn empties
+        // the mask in the child, and the keeper, which blocks them all,
+        // must hand the command that empty mask.
+        let ignored = libc::SIGRTMIN() + 7;
+        // SAFETY: SIG_IGN runs no handler code.
+        unsafe { libc::signal(ignored, libc::SIG_IGN) };
+        let mut blocked = SigSet::empty();
+        blocked.add(Signal::SIGUSR2);
+        let mut before = SigSet::empty();
+        sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), Some(&mut before)).expect("mask");
+        let agent = getpid();
+        let mut cmd = std::process::Command::new("/bin/sh");
+        // pgrp and session are fields 5 and 6 of /proc/PID/stat, after the
+        // parent (the keeper) in 4.
+        cmd.args([
+            "-c",
+            "set -- $(cat /proc/$$/stat); [ \"$5\" = $$ ] && [ \"$6\" = \"$4\" ] || echo group $*; \
+             grep -E '^Sig(Blk|Ign)' /proc/self/status",
+        ]);
+        // SAFETY: the hook makes only async-signal-safe calls (module docs).
+        unsafe { cmd.pre_exec(move || split(agent)) };
+        let out = cmd.output().expect("run");
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&before), None).expect("mask");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{:?}: {text}", out.status);
+        assert!(
+            !text.contains("group"),
+            "its own group, the keeper's session: {text}"
+        );
+        let mask = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .unwrap_or_else(|| panic!("{name} in {text}"))
+        };
+        assert_eq!(mask("SigBlk:"), 0, "{text}");
+        // The C library's own signals (32 to 34) are left as they were.
+        let ign = mask("SigIgn:");
+        assert_eq!(ign & 0x7fff_ffff, 0, "{text}");
+        assert_eq!(ign & (1 << (ignored - 1)), 0, "{text}");
+    }
+
+    #[test]
+    fn only_a_process_below_is_killed() {
+        use std::process::{Command, Stdio};
+        // A grandchild of this process, and a child beside it.
+        let mut sh = Command::new("/bin/sh")
+            .args(["-c", "sleep 300 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut other = Command::new("sleep").arg("300").spawn().expect("sleep");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("the pid");
+        let grandchild: i32 = line.trim().parse().expect("a pid");
+        let me = std::process::id() as i32;
+        assert!(
+            !kill_if_below(grandchild, other.id() as i32),
+            "not below the other child"
+        );
+        assert!(
+            matches!(stat(grandchild), Some((s, _)) if s != b'Z'),
+            "left alone"
+        );
+        assert!(kill_if_below(grandchild, me), "below this process");
+        let status = sh.wait().expect("sh ends");
+        assert!(
+            status.success(),
+            "sh waited for its killed child: {status:?}"
+        );
+        assert!(stat(grandchild).is_none(), "killed and reaped");
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }
