@@ -90,6 +90,9 @@ pub(super) fn split(agent: Pid) -> io::Result<()> {
         exit_now(1);
     }
     let keeper = getpid();
+    // Its own name, not the agent's: `pkill accel-agent` (and a reader of
+    // `ps`) tells the two apart. A syscall on a static string.
+    let _ = nix::sys::prctl::set_name(c"accel-keeper");
     // SAFETY: fork in a single-threaded process (this forked child); the
     // check only makes async-signal-safe calls until its exec.
     match unsafe { nix::unistd::fork() }? {
