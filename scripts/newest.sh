@@ -10,8 +10,9 @@
 #   - the worker store (every TCPStore command of that client, against its
 #     own server);
 #   - a DDP job that fails once and resumes from its checkpoint;
-#   - `accel launch` against that `accelerate launch` (the parity tests' launch
-#     configurations).
+#   - `accel launch` against that `accelerate launch`, in every launch
+#     configuration of the parity tests (that accelerate over the pinned
+#     torch, in a venv beside the tested releases' that scripts/setup.sh makes).
 # Not part of the test command: its answer depends on the day. Its last
 # output is kept in docs/src/compatibility.md with the date.
 # Usage: scripts/newest.sh            (needs what scripts/setup.sh installs)
@@ -36,6 +37,10 @@ acc="$("$NEW/bin/python" -c 'import accelerate; print(accelerate.__version__)')"
 echo "newest on $(date -u +%F): torch $torch, accelerate $acc"
 echo "tested: torch 2.4.1, 2.13.0 (pinned), 2.15.0; accelerate 1.10.1, 1.15.0 (pinned), 1.16.0"
 echo
+# The launch parity test takes accelerate's venv from beside the tested ones:
+# setup.sh makes it for a release newer than those (accelerate alone, over
+# the pinned torch).
+ACCEL_NEWEST_ACCELERATE="$acc" scripts/setup.sh >/dev/null || exit 2
 
 # rdzv_conf keys: those torch's c10d rendezvous handler reads, against accel-agent's.
 keys="$("$NEW/bin/python" - <<'EOF'
@@ -65,18 +70,26 @@ echo
 status=0
 run() {
   local what="$1"; shift
-  if ACCEL_NEWEST_VENV="$NEW" cargo test --quiet --locked -p accel-tests --test e2e -- "$@" >"$CACHE/newest-$what.log" 2>&1; then
+  if ACCEL_NEWEST_VENV="$NEW" ACCEL_NEWEST_ACCELERATE="$acc" \
+    cargo test --quiet --locked -p accel-tests --test e2e -- "$@" >"$CACHE/newest-$what.log" 2>&1; then
     echo "$what: same"
   else
     status=1
     echo "$what: DIFFERS (see $CACHE/newest-$what.log):"
-    grep -E "panicked at|left:|right:|not found|refused|differ" "$CACHE/newest-$what.log" | head -8 | sed 's/^/    /'
+    grep -E "panicked at|left:|right:|not found|refused|differ|disagree|failed" "$CACHE/newest-$what.log" | head -8 | sed 's/^/    /'
   fi
 }
 run flags every_torchrun_flag_is_accepted
 run environment workers_see_the_environment_torchrun_gives
 run store pytorch_store_client_gets_the_same_answers
 run ddp ddp_job_restarts_from_its_checkpoint_on_the_oldest_and_newest
+run "accelerate-launch-$acc" launch_matches_newest_accelerate
+if [ "${torch%%+*}" != "2.15.0" ]; then
+  echo "torch ${torch%%+*} is newer than the newest tested (2.15.0): add it to EXTRA_TORCH_VERSIONS and TORCH_VERSIONS"
+  status=1
+else
+  echo "torch: the newest is tested (2.15.0)"
+fi
 if [ "$acc" != "1.16.0" ]; then
   echo "accelerate $acc is newer than the newest tested (1.16.0): add it to EXTRA_ACCELERATE_VERSIONS and ACCELERATE_VERSIONS"
   status=1

@@ -24,8 +24,9 @@ set -euo pipefail
 TORCH_VERSION="2.13.0"
 ACCELERATE_VERSION="1.15.0"
 # The other accelerate releases the parity tests run against: the oldest
-# supported (latest 1.10 patch) and the newest (tests/src/lib.rs names them too).
-EXTRA_ACCELERATE_VERSIONS="1.10.1 1.16.0"
+# supported (latest 1.10 patch) and the newest (tests/src/lib.rs names them too);
+# scripts/newest.sh adds the package registry's newest (ACCEL_NEWEST_ACCELERATE).
+EXTRA_ACCELERATE_VERSIONS="1.10.1 1.16.0 ${ACCEL_NEWEST_ACCELERATE:-}"
 # The other torch releases the conformance tests run against: the oldest
 # supported and the newest, each with a numpy it was built for (tests/src/lib.rs
 # names them too).

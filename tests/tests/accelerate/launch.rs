@@ -4,11 +4,12 @@
 //! records the accelerate variables it sees and the state `Accelerator()`
 //! builds (`tests/workers/accel_state.py`); the records must match, ports,
 //! run ids and accel's documented fixes aside. accel finds the release
-//! itself, from the venv first on `PATH`. The pinned release runs every
-//! configuration; the oldest and newest run the five (fp16 on one
+//! itself, from the venv first on `PATH`. The pinned and the newest release
+//! run every configuration; the oldest runs the five (fp16 on one
 //! process, `--cpu`, multi-GPU bf16 with dynamo, FSDP, and a plain one),
 //! which cover every variable the release table changes that a CPU machine
-//! can show.
+//! can show. The newest is [`newest_accelerate`]: 1.16.0, or the release
+//! `scripts/newest.sh` found on the package registry.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -18,8 +19,9 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    bin, kill_tree, read_json, run_logged, scratch, venv, venv_path, with_private_hosts, worker,
-    AccelerateVenv, Finished, Port, ACCELERATE_VERSIONS, PINNED_ACCELERATE,
+    bin, kill_tree, newest_accelerate, read_json, run_logged, scratch, venv, venv_path,
+    with_private_hosts, worker, AccelerateVenv, Finished, Port, ACCELERATE_VERSIONS,
+    PINNED_ACCELERATE,
 };
 use serde_json::Value;
 
@@ -326,9 +328,11 @@ fn launch_matches_oldest_supported_accelerate() {
     matrix(ACCELERATE_VERSIONS[0], Some(FIVE));
 }
 
+/// Every configuration, as the pinned release: the newest is what a new
+/// user installs.
 #[test]
 fn launch_matches_newest_accelerate() {
-    matrix(ACCELERATE_VERSIONS[2], Some(FIVE));
+    matrix(newest_accelerate(), None);
 }
 
 /// One machine of a two-machine launch, with a private hosts file (torch's
