@@ -112,6 +112,7 @@ fuzz_target!(|data: &[u8]| {
         last_call_ms: 0,
         outage_ms: 0,
         keep_alive_ms: 0,
+        max_no_progress_restarts: 0,
     };
     let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
     while !input.done() {
@@ -135,6 +136,8 @@ fuzz_target!(|data: &[u8]| {
                         // or older ones.
                         outage_ms: if flags & 64 == 64 { input.u64() } else { 0 },
                         keep_alive_ms: if flags & 64 == 64 { input.u64() } else { 0 },
+                        // Ended after this many restarts without progress.
+                        max_no_progress_restarts: u32::from(flags >> 7) * 2,
                     };
                 }
                 let node_rank = (flags & 2 != 0).then(|| input.u32());
@@ -171,6 +174,12 @@ fuzz_target!(|data: &[u8]| {
                     let ranks: Vec<u8> = (0..usize::from(flags >> 5)).map(|_| input.byte()).collect();
                     server.vouch(node, r, &ranks, flags & 2 == 2);
                 }
+                if flags & 4 == 4 {
+                    // Its workers' progress (`accel.progress`).
+                    let r = round(&mut input, &server);
+                    let step = u64::from(input.u32() % 64);
+                    server.progress(node, r, step);
+                }
                 (Vec::new(), false)
             }
             3 => {
@@ -206,6 +215,15 @@ fuzz_target!(|data: &[u8]| {
                         );
                     }
                     let agreed = server.job.as_ref().is_some_and(|j| j.config().no_restart_exit_code == Some(93));
+                    // No progress ends the job without spending a restart.
+                    let stuck = out.iter().any(|o| matches!(&o.event, Kind::JobFailed(f) if f.reason.contains("; no progress: ")));
+                    if stuck {
+                        assert_eq!(
+                            server.job.as_ref().map(Job::restart_count),
+                            before.job.as_ref().map(|b| b.restart_count),
+                            "a no-progress verdict spent the restart budget"
+                        );
+                    }
                     if fatal.is_some() && agreed && out.iter().any(|o| matches!(o.event, Kind::JobFailed(_))) {
                         let j = server.job.as_ref().expect("a job failed");
                         assert_eq!(j.exit_code(), 93, "a no-restart failure lost its code");
@@ -331,6 +349,7 @@ struct Settings {
     last_call_ms: u64,
     outage_ms: u64,
     keep_alive_ms: u64,
+    max_no_progress_restarts: u32,
 }
 
 impl Settings {
@@ -360,6 +379,8 @@ impl Settings {
             agent_version: String::new(),
             outage_ms: self.outage_ms,
             keep_alive_ms: self.keep_alive_ms,
+            started_unix_ms: 0,
+            max_no_progress_restarts: self.max_no_progress_restarts,
         }
     }
 }
@@ -433,6 +454,23 @@ impl Server {
         let now = self.now();
         if let Some(j) = self.job.as_mut() {
             j.keep_alive(now, node);
+        }
+    }
+
+    fn progress(&mut self, node: &str, round: u64, step: u64) {
+        if let Some(j) = self.job.as_mut() {
+            let before = j.steps();
+            j.report_progress(
+                node,
+                &pb::Progress {
+                    round,
+                    ranks: 1,
+                    min_step: step,
+                    max_step: step,
+                    checkpoint_step: None,
+                },
+            );
+            assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");
         }
     }
 
