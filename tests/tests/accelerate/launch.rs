@@ -5,11 +5,12 @@
 //! builds (`tests/workers/accel_state.py`); the records must match, ports,
 //! run ids and accel's documented fixes aside. accel finds the release
 //! itself, from the venv first on `PATH`. The pinned and the newest release
-//! run every configuration; the oldest runs the five (fp16 on one
-//! process, `--cpu`, multi-GPU bf16 with dynamo, FSDP, and a plain one),
-//! which cover every variable the release table changes that a CPU machine
-//! can show. The newest is [`newest_accelerate`]: 1.16.0, or the release
-//! `scripts/newest.sh` found on the package registry.
+//! run every configuration, two machines included; the oldest runs the
+//! issue's five (fp16 on one process, `--cpu`, multi-GPU bf16 with dynamo,
+//! FSDP, and a plain one), which cover every variable the release table
+//! changes that a CPU machine can show. The newest is
+//! [`newest_accelerate`]: 1.16.0, or the release `scripts/newest.sh` found
+//! on the package registry.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -19,7 +20,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use accel_tests::{
-    bin, kill_tree, newest_accelerate, read_json, run_logged, scratch, venv, venv_path,
+    bin, kill_tree, newest_accelerate, read_json, run_logged, scratch, venv_path,
     with_private_hosts, worker, AccelerateVenv, Finished, Port, ACCELERATE_VERSIONS,
     PINNED_ACCELERATE,
 };
@@ -335,9 +336,11 @@ fn launch_matches_newest_accelerate() {
     matrix(newest_accelerate(), None);
 }
 
-/// One machine of a two-machine launch, with a private hosts file (torch's
-/// TCPStore reverse-resolves peers; see accel-tests) in its own process group.
+/// One machine of a two-machine launch under `v`'s accelerate, with a
+/// private hosts file (torch's TCPStore reverse-resolves peers; see
+/// accel-tests) in its own process group.
 fn start_machine(
+    v: &AccelerateVenv,
     tool: &str,
     dir: &Path,
     config: &Path,
@@ -346,7 +349,7 @@ fn start_machine(
     rank: &str,
 ) -> Child {
     let program = match tool {
-        "accelerate" => venv().join("bin/accelerate"),
+        "accelerate" => v.bin("accelerate"),
         _ => bin("accel"),
     };
     let argv = [
@@ -361,7 +364,7 @@ fn start_machine(
     let name = format!("{tool}-{attempt}-{rank}");
     let mut c = with_private_hosts(dir, &argv);
     c.arg(&script)
-        .env("PATH", venv_path())
+        .env("PATH", v.path())
         .env("HF_HOME", dir.join("none"))
         .env("STATE_DIR", out)
         .env_remove("OMP_NUM_THREADS")
@@ -407,8 +410,20 @@ fn both_succeed(mut children: Vec<Child>, limit: Duration) -> bool {
 /// as failed; accel's gets one, and its records must match as they are.
 #[test]
 fn two_machines_match_accelerate() {
+    two_machines(PINNED_ACCELERATE);
+}
+
+/// The same with the newest accelerate ([`newest_accelerate`]).
+#[test]
+fn two_machines_match_newest_accelerate() {
+    two_machines(newest_accelerate());
+}
+
+/// Two machines under accelerate `version` and under accel, compared.
+fn two_machines(version: &'static str) {
     let _heavy = heavy();
-    let dir = scratch("accel-launch-two");
+    let v = AccelerateVenv::of(version);
+    let dir = scratch(&format!("accel-launch-two-{version}"));
     let mut results = Vec::new();
     for (tool, tries) in [("accelerate", 3), ("accel", 1)] {
         let mut recs = None;
@@ -426,7 +441,7 @@ fn two_machines_match_accelerate() {
             fs::create_dir_all(&out).expect("out");
             let machines = ["0", "1"]
                 .iter()
-                .map(|rank| start_machine(tool, &dir, &config, &out, attempt, rank))
+                .map(|rank| start_machine(&v, tool, &dir, &config, &out, attempt, rank))
                 .collect();
             if !both_succeed(machines, Duration::from_secs(150)) {
                 continue;
@@ -450,21 +465,28 @@ fn two_machines_match_accelerate() {
         }
         let recs = recs.unwrap_or_else(|| {
             panic!(
-                "{tool}: the two-machine launch failed {tries} time(s); logs in {}",
+                "{tool}@{version}: the two-machine launch failed {tries} time(s); logs in {}",
                 dir.display()
             )
         });
+        for rec in recs.values() {
+            assert_eq!(
+                rec.get("accelerate").and_then(Value::as_str),
+                Some(version),
+                "{tool}@{version}: a worker imported another accelerate release than the venv's"
+            );
+        }
         results.push(recs);
     }
     assert_eq!(
         results[0].len(),
         4,
-        "four ranks under accelerate: {:?}",
+        "four ranks under accelerate {version}: {:?}",
         results[0].keys()
     );
     assert!(
         results[1] == results[0],
-        "accel (second) and accelerate (first) disagree:\n{}\n{}",
+        "accel (second) and accelerate {version} (first) disagree:\n{}\n{}",
         canonical(&results[1]),
         canonical(&results[0])
     );
