@@ -179,7 +179,12 @@ impl Job {
                 .counts()
                 .map(|(h, at)| (h.clone(), at.iter().map(|t| offset(*t, now)).collect()))
                 .collect(),
-            progress: self.progress.clone(),
+            // The best step and the count; the current round's reports
+            // are heard again by whoever continues the job.
+            progress: super::progress::Progress {
+                round: Default::default(),
+                ..self.progress.clone()
+            },
             torn: false,
         }
     }
