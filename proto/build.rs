@@ -11,8 +11,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let descriptors = protox::compile(files, ["proto"])?;
     // The generated code uses the crate's small-buffer codec (see `codec`).
+    // A job's end carries its goodput accounting; boxed, so every event on
+    // an agent's stream is not as large as the largest.
     tonic_prost_build::configure()
         .codec_path("crate::codec::CompactCodec")
+        .boxed(".accel.rendezvous.v1.JobSucceeded.goodput")
+        .boxed(".accel.rendezvous.v1.JobFailed.goodput")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -31,6 +31,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use accel_proto::v1 as pb;
 use tokio::io::Interest;
@@ -60,6 +61,10 @@ struct Rank {
 struct Table {
     round: u64,
     ranks: HashMap<u32, Rank>,
+    /// When the round's first step was reported (any rank's).
+    first_step: Option<Instant>,
+    /// The least step over the ranks, and when it last grew.
+    least: Option<(u64, Instant)>,
     /// Reports dropped (not a worker's, or malformed) since the start.
     dropped: u64,
 }
@@ -102,10 +107,13 @@ impl Progress {
         let mut t = lock(&self.table);
         t.round = round;
         t.ranks.clear();
+        t.first_step = None;
+        t.least = None;
     }
 
     /// Applies `report` from the worker of local rank `local_rank`.
     fn apply(&self, local_rank: u32, report: Report) {
+        let now = Instant::now();
         let mut t = lock(&self.table);
         let r = t.ranks.entry(local_rank).or_default();
         match report {
@@ -114,6 +122,12 @@ impl Progress {
                 r.checkpoint = Some(r.checkpoint.map_or(s, |c| c.max(s)));
                 r.step = r.step.max(s);
             }
+        }
+        t.first_step.get_or_insert(now);
+        // O(ranks of one node): a handful.
+        let least = t.ranks.values().map(|r| r.step).min().unwrap_or(0);
+        if t.least.is_none_or(|(l, _)| least > l) {
+            t.least = Some((least, now));
         }
     }
 
@@ -135,12 +149,19 @@ impl Progress {
         }
         let steps = t.ranks.values().map(|r| r.step);
         let checkpoints: Option<Vec<u64>> = t.ranks.values().map(|r| r.checkpoint).collect();
+        let ago = |at: Option<Instant>| {
+            at.map_or(0, |at| {
+                u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)
+            })
+        };
         Some(pb::Progress {
             round: t.round,
             ranks: u32::try_from(t.ranks.len()).unwrap_or(u32::MAX),
             min_step: steps.clone().min().unwrap_or(0),
             max_step: steps.max().unwrap_or(0),
             checkpoint_step: checkpoints.and_then(|c| c.into_iter().min()),
+            first_step_ms_ago: ago(t.first_step),
+            min_step_ms_ago: ago(t.least.map(|(_, at)| at)),
         })
     }
 
@@ -413,17 +434,28 @@ mod tests {
         p.apply(1, Report::Step(38));
         p.apply(1, Report::Step(37)); // late and out of order: kept at 38
         p.apply(0, Report::Checkpointed(30));
+        let timeless = |s: Option<pb::Progress>| {
+            s.map(|s| pb::Progress {
+                first_step_ms_ago: 0,
+                min_step_ms_ago: 0,
+                ..s
+            })
+        };
         assert_eq!(
-            p.summary(),
+            timeless(p.summary()),
             Some(pb::Progress {
                 round: 3,
                 ranks: 2,
                 min_step: 38,
                 max_step: 40,
                 checkpoint_step: None,
+                first_step_ms_ago: 0,
+                min_step_ms_ago: 0,
             }),
             "rank 1 has not checkpointed"
         );
+        let s = p.summary().expect("summary");
+        assert!(s.first_step_ms_ago >= s.min_step_ms_ago, "{s:?}");
         p.apply(1, Report::Checkpointed(30));
         assert_eq!(p.summary().and_then(|s| s.checkpoint_step), Some(30));
         p.new_round(4);

@@ -63,7 +63,8 @@ use libfuzzer_sys::fuzz_target;
 use pb::event::Kind;
 use rendezvous_server::store::records;
 use rendezvous_server::job::{
-    decide, fuzzing, Decision, Job, Member, Outbound, Phase, QuarantinePolicy, Session, SESSION_BYTES,
+    decide, fuzzing, Category, Decision, Job, Member, Outbound, Phase, QuarantinePolicy, Session, Spent,
+    SESSION_BYTES,
 };
 
 /// The most nodes a job may have here: the service's default limits
@@ -178,7 +179,10 @@ fuzz_target!(|data: &[u8]| {
                     // Its workers' progress (`accel.progress`).
                     let r = round(&mut input, &server);
                     let step = u64::from(input.u32() % 64);
-                    server.progress(node, r, step);
+                    // A checkpoint, and when the steps were (ms ago, any).
+                    let saved = (flags & 8 == 8).then(|| step.saturating_sub(u64::from(input.byte() % 16)));
+                    let ago = (u64::from(input.u32()), u64::from(input.u32()));
+                    server.progress(node, r, step, saved, ago);
                 }
                 (Vec::new(), false)
             }
@@ -457,17 +461,21 @@ impl Server {
         }
     }
 
-    fn progress(&mut self, node: &str, round: u64, step: u64) {
+    fn progress(&mut self, node: &str, round: u64, step: u64, saved: Option<u64>, ago: (u64, u64)) {
+        let now = self.now();
         if let Some(j) = self.job.as_mut() {
             let before = j.steps();
             j.report_progress(
+                now,
                 node,
                 &pb::Progress {
                     round,
                     ranks: 1,
                     min_step: step,
                     max_step: step,
-                    checkpoint_step: None,
+                    checkpoint_step: saved,
+                    first_step_ms_ago: ago.0,
+                    min_step_ms_ago: ago.1,
                 },
             );
             assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");
@@ -577,6 +585,9 @@ impl Server {
                 restart_count: j.restart_count(),
                 phase: j.phase().clone(),
                 members: j.members().keys().cloned().collect(),
+                spent: j.time_spent(self.now()),
+                closed: j.goodput().spent,
+                at: self.now(),
             }),
         }
     }
@@ -607,6 +618,10 @@ struct JobSnapshot {
     restart_count: u32,
     phase: Phase,
     members: BTreeSet<String>,
+    /// Where its time went by `at`: so far, and closed.
+    spent: Spent,
+    closed: Spent,
+    at: Instant,
 }
 
 fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
@@ -637,6 +652,21 @@ fn check(server: &Server, before: &Snapshot, out: &[Outbound], decides: bool) {
         assert!(job.restart_count() >= p.restart_count, "restart_count went back");
         if p.phase.is_terminal() {
             assert_eq!(job.phase(), &p.phase, "a finished job changed its outcome");
+        }
+        // Goodput: every instant is in one category, closed time never
+        // goes back, and a job that formed throughout gained no productive
+        // time (a late report may still show that a stretch before a
+        // restart was productive).
+        let now = server.now();
+        let spent = job.time_spent(now);
+        let passed = if p.phase.is_terminal() { Duration::ZERO } else { now - p.at };
+        assert_eq!(spent.total(), p.spent.total() + passed, "goodput categories do not add up to the wall time");
+        if p.phase == Phase::Forming && job.phase() == &Phase::Forming {
+            let productive = |s: &Spent| s.of(Category::Productive);
+            assert_eq!(productive(&spent), productive(&p.spent), "a forming job counted productive time");
+        }
+        for c in Category::ALL {
+            assert!(job.goodput().spent.of(c) >= p.closed.of(c), "closed {} time went back", c.name());
         }
     }
     check_events(job, prev, out);

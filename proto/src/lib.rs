@@ -72,3 +72,102 @@ pub mod store {
         tonic::include_proto!("accel.rendezvous.store.v1");
     }
 }
+
+/// Where a job's time went ([`v1::Goodput`]), in words, the same for
+/// `rdzv-server status`, the status page's text and the agents' end line.
+pub mod goodput {
+    use super::v1::Goodput;
+
+    /// A duration of `ms` milliseconds, short: `850ms`, `4.2s`, `3m07s`,
+    /// `2h05m`.
+    pub fn short(ms: u64) -> String {
+        match ms {
+            0..1_000 => format!("{ms}ms"),
+            1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+            60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+            _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+        }
+    }
+
+    impl Goodput {
+        /// The categories, named, in milliseconds.
+        pub fn categories(&self) -> [(&'static str, u64); 5] {
+            [
+                ("productive", self.productive_ms),
+                ("recomputation", self.recomputation_ms),
+                ("recovery", self.recovery_ms),
+                ("start-up", self.start_up_ms),
+                ("waiting", self.waiting_ms),
+            ]
+        }
+
+        /// All of them: the job's wall time.
+        pub fn wall_ms(&self) -> u64 {
+            self.categories()
+                .iter()
+                .fold(0u64, |a, (_, ms)| a.saturating_add(*ms))
+        }
+
+        /// Productive time over wall time, in percent (`None`: no time yet).
+        pub fn percent(&self) -> Option<f64> {
+            let wall = self.wall_ms();
+            (wall > 0).then(|| self.productive_ms as f64 * 100.0 / wall as f64)
+        }
+
+        /// One line: `goodput 91.2 % of 1m54s: productive 1m44s,
+        /// recomputation 4.0s (5 steps), recovery 4.1s (1 restart),
+        /// start-up 3.0s, waiting 1.2s`; categories at 0 are left out.
+        pub fn line(&self) -> String {
+            let wall = self.wall_ms();
+            let mut out = match self.percent() {
+                Some(p) => format!("goodput {p:.1} % of {}:", short(wall)),
+                None => return "goodput: no time yet".to_owned(),
+            };
+            let mut first = true;
+            for (name, ms) in self.categories() {
+                if ms == 0 {
+                    continue;
+                }
+                out.push_str(if first { " " } else { ", " });
+                first = false;
+                out.push_str(&format!("{name} {}", short(ms)));
+                if name == "recomputation" && self.lost_steps > 0 {
+                    let s = if self.lost_steps == 1 { "" } else { "s" };
+                    out.push_str(&format!(" ({} step{s})", self.lost_steps));
+                }
+                if name == "recovery" && self.restarts > 0 {
+                    let s = if self.restarts == 1 { "" } else { "s" };
+                    out.push_str(&format!(" ({} restart{s})", self.restarts));
+                }
+            }
+            out
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_line_names_each_category_spent_and_the_share_that_was_productive() {
+            let g = Goodput {
+                productive_ms: 104_000,
+                recomputation_ms: 4_000,
+                recovery_ms: 4_100,
+                start_up_ms: 3_000,
+                waiting_ms: 0,
+                restarts: 1,
+                lost_steps: 5,
+                ..Default::default()
+            };
+            assert_eq!(
+                g.line(),
+                "goodput 90.4 % of 1m55s: productive 1m44s, recomputation 4.0s (5 steps), \
+                 recovery 4.1s (1 restart), start-up 3.0s"
+            );
+            assert_eq!(Goodput::default().line(), "goodput: no time yet");
+            assert_eq!(short(7_500_000), "2h05m");
+            assert_eq!(short(999), "999ms");
+        }
+    }
+}

@@ -54,6 +54,7 @@ mod decide;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod goodput;
 mod membership;
 mod placement;
 mod progress;
@@ -73,6 +74,10 @@ use pb::event::Kind;
 pub use config::JobConfig;
 pub use decide::{decide, liveness, mass_silence, rank_order, Decision};
 pub use error::{AuthError, JoinError};
+pub use goodput::{
+    clip as clip_cause, Category, Goodput, Loss, Spent, Stored as StoredGoodput, StoredLoss,
+    MAX_LOSSES,
+};
 pub use placement::{natural_cmp, topology_cmp};
 pub use progress::{Progress, Stuck};
 pub use quarantine::{
@@ -255,6 +260,8 @@ pub struct Job {
     /// The training progress its nodes report, and the no-progress count
     /// (the `progress` module).
     progress: progress::Progress,
+    /// Where the job's time went (the `goodput` module).
+    goodput: goodput::Goodput,
 }
 
 impl Job {
@@ -293,6 +300,7 @@ impl Job {
             held: None,
             vouched_all: None,
             progress: progress::Progress::default(),
+            goodput: goodput::Goodput::default(),
         }
     }
 
@@ -319,6 +327,10 @@ impl Job {
         let mut job = Self::new(id, JobConfig::from_join(req));
         job.phase = Phase::Running;
         job.running_since = Some(now);
+        // The job's time before the restart is not known; from now it
+        // steps, from a step its reports will say.
+        job.goodput.open = Some(goodput::Open::Stepping(None));
+        job.goodput.mark = Some(now);
         job.round = resume.round;
         job.restart_count = resume.restart_count;
         let nnodes = resume
@@ -696,14 +708,75 @@ impl Job {
     }
 
     /// `node_id`, a node of the running round, reports its workers'
-    /// progress (with a keep-alive or a failure report).
-    pub fn report_progress(&mut self, node_id: &str, p: &pb::Progress) {
+    /// progress at `now` (with a keep-alive or a failure report).
+    pub fn report_progress(&mut self, now: Instant, node_id: &str, p: &pb::Progress) {
         if self.phase != Phase::Running
             || self.members.get(node_id).is_none_or(|m| m.rank.is_none())
         {
             return;
         }
         self.progress.report(self.round, node_id, p);
+        if let Some(step) = self.progress.reached() {
+            let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
+            self.goodput.stepped(
+                now,
+                ago(p.first_step_ms_ago),
+                ago(p.min_step_ms_ago),
+                step,
+                self.progress.best,
+                self.progress.resumed(),
+            );
+        }
+    }
+
+    /// Where the job's time went by `now` (the open stretch included).
+    pub fn time_spent(&self, now: Instant) -> Spent {
+        self.goodput.spent_by(now, self.progress.best)
+    }
+
+    /// The goodput accounting: the losses, the restarts.
+    pub fn goodput(&self) -> &Goodput {
+        &self.goodput
+    }
+
+    /// The accounting at `now` as a message; `now_unix_ms`: the wall clock
+    /// at `now` (0: the losses are left out).
+    pub fn goodput_message(&self, now: Instant, now_unix_ms: u64) -> pb::Goodput {
+        let spent = self.time_spent(now);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let losses = match now_unix_ms {
+            0 => Vec::new(),
+            _ => self
+                .goodput
+                .losses
+                .iter()
+                .map(|l| pb::Loss {
+                    round: l.round,
+                    unix_ms: now_unix_ms.saturating_sub(ms(now.saturating_duration_since(l.at))),
+                    cause: l.cause.clone(),
+                    step: l.step,
+                    checkpoint: l.checkpoint,
+                    lost_steps: l.lost_steps(),
+                    recovery_ms: ms(l.recovery),
+                    recomputation_ms: ms(l.recomputation),
+                })
+                .collect(),
+        };
+        pb::Goodput {
+            productive_ms: ms(spent.of(Category::Productive)),
+            recomputation_ms: ms(spent.of(Category::Recomputation)),
+            recovery_ms: ms(spent.of(Category::Recovery)),
+            start_up_ms: ms(spent.of(Category::StartUp)),
+            waiting_ms: ms(spent.of(Category::Waiting)),
+            now: self
+                .goodput
+                .now_in(self.progress.best)
+                .map_or("", Category::name)
+                .to_owned(),
+            restarts: self.goodput.restarts,
+            lost_steps: self.goodput.lost_steps,
+            losses,
+        }
     }
 
     /// The best step the job's earlier rounds reached, and the current

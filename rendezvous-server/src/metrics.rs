@@ -73,6 +73,7 @@ struct Counters {
     nodes_joined: Family<Kind, Counter>,
     nodes_left: Counter,
     jobs_ended: Family<Kind, Counter>,
+    job_time: Family<CategoryLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     rpcs: Family<Rpc, Counter>,
     store_writes: Family<Kind, Counter>,
     rendezvous: Histogram,
@@ -96,6 +97,7 @@ impl Default for Counters {
             nodes_joined: Family::default(),
             nodes_left: Counter::default(),
             jobs_ended: Family::default(),
+            job_time: Family::default(),
             rpcs: Family::default(),
             store_writes: Family::default(),
             rendezvous: buckets(),
@@ -149,6 +151,9 @@ impl ServerMetrics {
                 let _ = family.get_or_create(&Kind { kind });
             }
         }
+        for category in CATEGORIES {
+            let _ = c.job_time.get_or_create(&CategoryLabel { category });
+        }
         for reason in QUARANTINE_REFUSALS {
             let _ = c.quarantines_refused.get_or_create(&Reason { reason });
         }
@@ -186,6 +191,11 @@ impl ServerMetrics {
             "accel_rdzv_jobs_ended",
             "Jobs that ended, by outcome",
             c.jobs_ended.clone(),
+        );
+        registry.register(
+            "accel_rdzv_job_time_seconds",
+            "Time of the jobs that ended, by category of rdzv-server's goodput accounting (productive: steps past the best reached before; recomputation: steps redone after a restart; recovery: from a restart to the next first step; start-up: the first round to its first step; waiting: forming the first round, or short of nodes); the categories of a job add up to its wall time",
+            c.job_time.clone(),
         );
         registry.register(
             "accel_rdzv_rpcs",
@@ -274,10 +284,16 @@ impl ServerMetrics {
         self.0.failures.get_or_create(&Kind { kind }).inc();
     }
 
-    /// A job ended.
-    pub fn job_ended(&self, succeeded: bool) {
+    /// A job ended, its time spent as `goodput` says.
+    pub fn job_ended(&self, succeeded: bool, goodput: Option<&accel_proto::v1::Goodput>) {
         let kind = if succeeded { "succeeded" } else { "failed" };
         self.0.jobs_ended.get_or_create(&Kind { kind }).inc();
+        for (category, ms) in goodput.map(|g| g.categories()).unwrap_or_default() {
+            self.0
+                .job_time
+                .get_or_create(&CategoryLabel { category })
+                .inc_by(ms as f64 / 1000.0);
+        }
     }
 
     /// Members that came and went.
@@ -383,6 +399,29 @@ pub struct Summary {
     /// Running (not finished) jobs, the first [`JOB_SERIES`] by id: id,
     /// restarts used, restarts allowed.
     pub restarts: Vec<(String, u32, u32)>,
+    /// Jobs the server holds (finished ones too), the first [`JOB_SERIES`]
+    /// by id: id, milliseconds per category ([`CATEGORIES`]' order).
+    pub time: Vec<(String, [u64; 5])>,
+}
+
+/// The goodput categories, as labels (`crate::job::Category`).
+pub const CATEGORIES: [&str; 5] = [
+    "productive",
+    "recomputation",
+    "recovery",
+    "start-up",
+    "waiting",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CategoryLabel {
+    category: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobCategory {
+    rdzv_id: String,
+    category: &'static str,
 }
 
 /// How long one summary of the registry answers scrapes: however many
@@ -502,6 +541,21 @@ impl Collector for States {
                 .iter()
                 .map(|(id, used, max)| (job(id), i64::from(max.saturating_sub(*used)))),
         )?;
+        let mut e = encoder.encode_descriptor(
+            "accel_rdzv_job_seconds",
+            "Where each job's time went so far, by category of the goodput accounting (see accel_rdzv_job_time_seconds_total); the categories add up to the job's wall time",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (id, ms) in &summary.time {
+            for (category, ms) in CATEGORIES.into_iter().zip(ms) {
+                let labels = JobCategory {
+                    rdzv_id: id.clone(),
+                    category,
+                };
+                ConstGauge::new(*ms as f64 / 1000.0).encode(e.encode_family(&labels)?)?;
+            }
+        }
         let e = encoder.encode_descriptor(
             "accel_rdzv_quarantined_hosts",
             "Hosts quarantined now (--quarantine-after): no round places them until their quarantine ends",
@@ -598,7 +652,7 @@ mod tests {
         m.restart(true);
         m.failure(1);
         m.failure(-9);
-        m.job_ended(false);
+        m.job_ended(false, None);
         m.movements(&Movements {
             joined: 3,
             silent: 1,

@@ -170,16 +170,25 @@ mod tests {
             tx.send(waiting(i)).expect("progress never overflows");
         }
         assert_eq!(tx.len(), 1, "only the latest progress is kept");
-        tx.send(Kind::JobSucceeded(pb::JobSucceeded { round: 1 }))
-            .expect("room");
+        tx.send(Kind::JobSucceeded(pb::JobSucceeded {
+            round: 1,
+            goodput: None,
+        }))
+        .expect("room");
         let first = rx.next().await.expect("event").expect("ok");
         assert!(matches!(first.kind, Some(Kind::Waiting(w)) if w.ready == 999));
         for _ in 1..MAX_QUEUED {
-            tx.send(Kind::JobSucceeded(pb::JobSucceeded { round: 1 }))
-                .expect("room");
+            tx.send(Kind::JobSucceeded(pb::JobSucceeded {
+                round: 1,
+                goodput: None,
+            }))
+            .expect("room");
         }
         assert_eq!(
-            tx.send(Kind::JobSucceeded(pb::JobSucceeded { round: 1 })),
+            tx.send(Kind::JobSucceeded(pb::JobSucceeded {
+                round: 1,
+                goodput: None
+            })),
             Err(Overflow)
         );
         let end = rx.next().await.expect("error item");
@@ -193,8 +202,11 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_outbox_ends_the_stream_after_its_events() {
         let (tx, mut rx) = outbox();
-        tx.send(Kind::JobSucceeded(pb::JobSucceeded { round: 3 }))
-            .expect("room");
+        tx.send(Kind::JobSucceeded(pb::JobSucceeded {
+            round: 3,
+            goodput: None,
+        }))
+        .expect("room");
         drop(tx);
         assert!(rx.next().await.expect("event").is_ok());
         assert!(rx.next().await.is_none());

@@ -772,11 +772,11 @@ impl Registry {
                     event(kind, r.round, &r.reason)
                 }
                 Kind::JobSucceeded(r) => {
-                    m.job_ended(true);
+                    m.job_ended(true, r.goodput.as_deref());
                     event("succeeded", r.round, "")
                 }
                 Kind::JobFailed(r) => {
-                    m.job_ended(false);
+                    m.job_ended(false, r.goodput.as_deref());
                     event("failed", r.round, &r.reason)
                 }
                 _ => continue,
@@ -812,6 +812,8 @@ impl Registry {
         .map(|p| (p, 0))
         .collect();
         let mut restarts = Vec::new();
+        let mut time = Vec::new();
+        let now = Instant::now();
         for (id, e) in &jobs.map {
             let job = &e.job;
             *phases.entry(job.phase().name()).or_default() += 1;
@@ -821,6 +823,12 @@ impl Registry {
             if !job.phase().is_terminal() && restarts.len() < JOB_SERIES {
                 restarts.push((id.clone(), job.restart_count(), job.config().max_restarts));
             }
+            if time.len() < JOB_SERIES {
+                let spent = job.time_spent(now);
+                let ms = crate::job::Category::ALL
+                    .map(|c| u64::try_from(spent.of(c).as_millis()).unwrap_or(u64::MAX));
+                time.push((id.clone(), ms));
+            }
         }
         let quarantined_hosts = self.quarantined_in(&jobs);
         Summary {
@@ -829,6 +837,7 @@ impl Registry {
             quarantined_hosts,
             quarantine_free: self.quarantine_free_in(&jobs),
             restarts,
+            time,
         }
     }
 
@@ -890,7 +899,7 @@ impl Registry {
             // store write per keep-alive would cost more than a lost
             // report (a failure report carries the failing node's anyway).
             if let Some(p) = &v.progress {
-                entry.job.report_progress(node_id, p);
+                entry.job.report_progress(now, node_id, p);
             }
             vouched
         });
@@ -1388,6 +1397,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
         step: job.steps().1,
         best_step: job.steps().0,
         no_progress_restarts: job.no_progress_restarts(),
+        goodput: Some(job.goodput_message(now, unix_ms(SystemTime::now()))),
     }
 }
 

@@ -210,7 +210,7 @@ impl Rendezvous for RendezvousService {
                     printable(&r.reason)
                 );
                 if let Some(p) = &r.progress {
-                    job.report_progress(&r.node_id, p);
+                    job.report_progress(now, &r.node_id, p);
                 }
                 let out = match r.no_restart {
                     true => {

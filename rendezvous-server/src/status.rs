@@ -188,6 +188,7 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                 "step": j.step,
                 "best_step": j.best_step,
                 "no_progress_restarts": j.no_progress_restarts,
+                "goodput": j.goodput.as_ref().map(goodput_json),
                 "timeline": j.timeline.iter().map(|e| serde_json::json!({
                     "unix_ms": e.unix_ms,
                     "kind": e.kind,
@@ -199,6 +200,59 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
             })
         })
         .collect()
+}
+
+/// A job's [`pb::Goodput`] for `--json`: seconds per category, their sum
+/// (`wall_s`), and each kept restart's cost.
+fn goodput_json(g: &pb::Goodput) -> serde_json::Value {
+    let s = |ms: u64| ms as f64 / 1000.0;
+    serde_json::json!({
+        "productive_s": s(g.productive_ms),
+        "recomputation_s": s(g.recomputation_ms),
+        "recovery_s": s(g.recovery_ms),
+        "start_up_s": s(g.start_up_ms),
+        "waiting_s": s(g.waiting_ms),
+        "wall_s": s(g.wall_ms()),
+        "goodput_percent": g.percent(),
+        "now": (!g.now.is_empty()).then_some(&g.now),
+        "restarts": g.restarts,
+        "lost_steps": g.lost_steps,
+        "losses": g.losses.iter().map(|l| serde_json::json!({
+            "round": l.round,
+            "unix_ms": l.unix_ms,
+            "cause": l.cause,
+            "step": l.step,
+            "checkpoint": l.checkpoint,
+            "lost_steps": l.lost_steps,
+            "recovery_s": s(l.recovery_ms),
+            "recomputation_s": s(l.recomputation_ms),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// What the job's last restart cost, in words.
+fn loss_line(l: &pb::Loss) -> String {
+    use accel_proto::goodput::short;
+    let mut out = format!(
+        "restart of round {} cost {} recovery",
+        l.round,
+        short(l.recovery_ms)
+    );
+    if l.lost_steps > 0 || l.recomputation_ms > 0 {
+        let _ = write!(out, " + {} recomputation", short(l.recomputation_ms));
+    }
+    match (l.checkpoint, l.step) {
+        (_, Some(step)) if l.lost_steps > 0 => {
+            let from = l.checkpoint.unwrap_or(0);
+            let _ = write!(out, " ({} steps, {from}->{step})", l.lost_steps);
+        }
+        (Some(c), Some(step)) => {
+            let _ = write!(out, " (at step {step}, checkpoint {c})");
+        }
+        _ => {}
+    }
+    let _ = write!(out, ": {}", l.cause);
+    out
 }
 
 /// One block per job: a summary line, then one line per node.
@@ -241,6 +295,14 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
                 );
             }
             out.push('\n');
+        }
+        if let Some(g) = &j.goodput {
+            if g.wall_ms() > 0 {
+                let _ = writeln!(out, "  {}", g.line());
+            }
+            if let Some(l) = g.losses.last() {
+                let _ = writeln!(out, "  last {}", loss_line(l));
+            }
         }
         let now = crate::tombstone::unix_ms(std::time::SystemTime::now());
         for e in j.timeline.iter().rev().take(3).rev() {
@@ -485,6 +547,24 @@ mod tests {
             step: Some(41),
             best_step: Some(40),
             no_progress_restarts: 1,
+            goodput: Some(pb::Goodput {
+                productive_ms: 50_000,
+                recovery_ms: 2_500,
+                recomputation_ms: 5_000,
+                restarts: 1,
+                lost_steps: 5,
+                losses: vec![pb::Loss {
+                    round: 0,
+                    step: Some(35),
+                    checkpoint: Some(30),
+                    lost_steps: 5,
+                    recovery_ms: 2_500,
+                    recomputation_ms: 5_000,
+                    cause: "worker rank 3 failed".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             timeline: vec![
                 pb::TimelineEvent {
                     unix_ms: 1_000,
@@ -549,5 +629,16 @@ mod tests {
         assert_eq!(j["nodes"][0]["topology"], "rack-1");
         assert!(j["nodes"][1]["node_rank"].is_null());
         assert_eq!(render_json(&[]), "{\"jobs\":[]}\n");
+        assert_eq!(j["goodput"]["wall_s"], 57.5);
+        assert_eq!(j["goodput"]["losses"][0]["lost_steps"], 5);
+        assert!(j["goodput"]["now"].is_null());
+        assert!(
+            text.contains("  goodput 87.0 % of 57.5s: productive 50.0s, recomputation 5.0s (5 steps), recovery 2.5s (1 restart)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  last restart of round 0 cost 2.5s recovery + 5.0s recomputation (5 steps, 30->35): worker rank 3 failed\n"),
+            "{text}"
+        );
     }
 }

@@ -36,6 +36,11 @@
 //!   no agent stops a worker: each runs until it exits by itself (the peer
 //!   hub, and the server's mass-silence hold). The random mode marks such
 //!   runs ([`Checker::calm`]); a scenario says `expect stopped 0`.
+//! * (h) **goodput**: the categories of the server's goodput accounting
+//!   add up to the time that passed (every instant in exactly one), and a
+//!   forming job never gains productive time (a restart is never
+//!   productive); compared for one job while the server holds it (a
+//!   restored job's accounting elides the failover, as its records do).
 //!
 //! The chaos run checks the same properties on real processes' records
 //! (pids, timestamps written by the workers), where an overlap shorter than
@@ -137,6 +142,9 @@ pub struct Checker {
     pub violations: Vec<Violation>,
     /// Workers started in all.
     pub started: u32,
+    /// The held job's accounting at the last step: which job, when, its
+    /// time so far, and whether it was over.
+    goodput: Option<(u64, Duration, rendezvous_server::job::Spent, Phase)>,
     /// Hosts the job benched, until when (virtual time), as last seen.
     benches: BTreeMap<String, Duration>,
     /// Live workers their agents stopped (fenced, re-formed, shut down), in
@@ -338,6 +346,7 @@ impl Checker {
             if let Some(what) = split_segment(job) {
                 self.note('e', &what, at);
             }
+            self.goodput(w, job, at);
             if job.restart_count() > self.max_restarts || job.restart_count() > self.failures {
                 let what = format!(
                     "budget: the job counts {} restart(s) after {} worker failure(s) (--max-restarts {})",
@@ -348,6 +357,42 @@ impl Checker {
                 self.note('b', &what, at);
             }
         }
+    }
+
+    /// (h): the job's time adds up, and a forming job is not productive.
+    fn goodput(&mut self, w: &World, job: &rendezvous_server::job::Job, at: Duration) {
+        use rendezvous_server::job::Category;
+        let now = w.instant(at);
+        let spent = job.time_spent(now);
+        let epoch = w.job_epoch();
+        if let Some((e, then, before, was)) = self.goodput.take() {
+            if e == epoch {
+                let passed = match was.is_terminal() {
+                    true => Duration::ZERO,
+                    false => at.saturating_sub(then),
+                };
+                if spent.total() != before.total() + passed {
+                    let what = format!(
+                        "goodput: the categories grew by {:?} in {passed:?} ({before:?} -> {spent:?})",
+                        spent.total().saturating_sub(before.total())
+                    );
+                    self.note('h', &what, at);
+                }
+                let productive = |s: &rendezvous_server::job::Spent| s.of(Category::Productive);
+                // A late report may show a stretch before a restart was
+                // productive after all; a job that formed throughout may not.
+                let formed = was == Phase::Forming && *job.phase() == Phase::Forming;
+                if formed && productive(&spent) != productive(&before) {
+                    let what = format!(
+                        "goodput: a forming job gained productive time ({:?} -> {:?})",
+                        productive(&before),
+                        productive(&spent)
+                    );
+                    self.note('h', &what, at);
+                }
+            }
+        }
+        self.goodput = Some((epoch, at, spent, job.phase().clone()));
     }
 
     /// At the end of a run whose faults healed at `healed`: liveness and

@@ -8,6 +8,9 @@
 //! ```
 
 use std::process::ExitCode;
+use std::time::Duration;
+
+use rendezvous_server::job::Category;
 
 const USAGE: &str = "usage: accel-sim run FILE.sim... | seeds A..B [--broken-fence] [--broken-quarantine] | seed N [--trace] [--broken-fence] [--broken-quarantine]";
 
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
             let mut bad = 0u64;
             let (mut ok, mut failed, mut never, mut faulted) = (0u64, 0u64, 0u64, 0u64);
             let mut virtual_s = 0.0;
+            let mut spent = [Duration::ZERO; 5];
             for seed in a..b {
                 let r = accel_sim::random::run_with(seed, planted, false);
                 match r.outcome {
@@ -61,6 +65,9 @@ fn main() -> ExitCode {
                 }
                 faulted += u64::from(r.faults > 0);
                 virtual_s += r.took.as_secs_f64();
+                for (c, t) in Category::ALL.iter().zip(&mut spent) {
+                    *t += r.goodput.map_or(Duration::ZERO, |g| g.of(*c));
+                }
                 if !r.violations.is_empty() {
                     bad += 1;
                     eprint!("{}", r.summary);
@@ -79,6 +86,20 @@ fn main() -> ExitCode {
                 }
             }
             let took = started.elapsed();
+            let total: Duration = spent.iter().sum();
+            let shares: Vec<String> = Category::ALL
+                .iter()
+                .zip(&spent)
+                .map(|(c, t)| {
+                    let share = t.as_secs_f64() * 100.0 / total.as_secs_f64().max(1e-9);
+                    format!("{} {share:.1} %", c.name())
+                })
+                .collect();
+            println!(
+                "goodput of the jobs held at the end: {} of {:.0} s",
+                shares.join(", "),
+                total.as_secs_f64()
+            );
             println!(
                 "jobs: {ok} succeeded, {failed} failed, {never} never ended; {faulted} runs with faults; {virtual_s:.0} s of virtual time"
             );

@@ -41,6 +41,9 @@ pub struct Report {
     pub faults: usize,
     /// Virtual time the run took.
     pub took: Duration,
+    /// Where the job's time went (the server's accounting of the job it
+    /// holds at the end; `None`: it holds none).
+    pub goodput: Option<rendezvous_server::job::Spent>,
 }
 
 fn ms(rng: &mut fastrand::Rng, lo: u64, hi: u64) -> Duration {
@@ -401,5 +404,6 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
         outcome: w.checker.outcome.as_ref().map(Result::is_ok),
         faults: fault_count,
         took: w.now(),
+        goodput: w.job().map(|j| j.time_spent(w.instant(w.now()))),
     }
 }

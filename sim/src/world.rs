@@ -283,11 +283,12 @@ type Vouch = (u64, Vec<u8>, bool);
 enum Call {
     Join(Box<pb::JoinRequest>, u64),
     Ready(u64),
-    KeepAlive(Option<Vouch>),
+    KeepAlive(Option<Vouch>, Option<pb::Progress>),
     Failure {
         round: u64,
         reason: String,
         detail: pb::Failure,
+        progress: Option<pb::Progress>,
     },
     Fenced(u64, String),
     Success(u64),
@@ -304,7 +305,7 @@ impl Call {
         match self {
             Call::Join(..) => "join",
             Call::Ready(_) => "ready",
-            Call::KeepAlive(_) => "keep-alive",
+            Call::KeepAlive(..) => "keep-alive",
             Call::Failure { .. } => "the failure report",
             Call::Fenced(..) => "the fenced report",
             Call::Success(_) => "the success report",
@@ -315,6 +316,13 @@ impl Call {
     }
 }
 
+/// A worker's first step, after its start (loading, the first batch).
+pub const FIRST_STEP: Duration = Duration::from_millis(1500);
+/// Each later step.
+pub const STEP: Duration = Duration::from_millis(500);
+/// Steps between checkpoints.
+pub const CHECKPOINT_EVERY: u64 = 10;
+
 /// The rendezvous server.
 #[derive(Debug, Default)]
 struct Server {
@@ -323,6 +331,9 @@ struct Server {
     /// incarnation is lost.
     epoch: u64,
     job: Option<Job>,
+    /// Bumped whenever `job` is replaced (a new job, a restored one): the
+    /// goodput invariant compares a job only with itself.
+    pub job_epoch: u64,
     /// Each node's current stream.
     streams: BTreeMap<String, u64>,
     /// The stream each join attempt opened: attempt → (node id, stream).
@@ -381,6 +392,10 @@ pub struct Worker {
     pub alive: bool,
     /// When it exits by itself, and how.
     ends: Option<(Duration, Ended)>,
+    /// When it started, and the step it resumed from (its training: a
+    /// first step [`FIRST_STEP`] after the start, then one per [`STEP`]).
+    started: Duration,
+    resumed: u64,
 }
 
 /// A join in progress.
@@ -586,6 +601,9 @@ pub struct World {
     pub full_trace: Option<Vec<String>>,
     /// The invariants' bookkeeping.
     pub checker: Checker,
+    /// The last checkpoint the workers saved (every rank of a node, as its
+    /// reports say): where new workers resume.
+    saved: u64,
     /// Scheduled faults, by time.
     pub schedule: Vec<(Duration, Fault)>,
 }
@@ -621,7 +639,54 @@ impl World {
             full_trace: None,
             checker,
             schedule: Vec::new(),
+            saved: 0,
         }
+    }
+
+    /// Node `i`'s workers' progress now, as its agent would report it
+    /// (`accel_agent::progress`): its live workers, and `dying`, the one
+    /// whose failure it reports. A worker steps every [`STEP`] from
+    /// [`FIRST_STEP`] after its start, and saves a checkpoint every
+    /// [`CHECKPOINT_EVERY`] steps.
+    fn progress(&mut self, i: usize, dying: Option<u32>) -> Option<pb::Progress> {
+        let now = self.now;
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let mut ranks = Vec::new();
+        for w in &self.nodes[i].workers {
+            if !(w.alive || Some(w.pid) == dying) {
+                continue;
+            }
+            let Some(stepping) = now.checked_sub(w.started + FIRST_STEP) else {
+                continue;
+            };
+            let steps = ms(stepping) / ms(STEP);
+            let step = w.resumed + steps + 1;
+            let first = w.started + FIRST_STEP;
+            let last = first + STEP * u32::try_from(steps).unwrap_or(u32::MAX);
+            let saved = step / CHECKPOINT_EVERY * CHECKPOINT_EVERY;
+            ranks.push((
+                w.round,
+                step,
+                (saved > w.resumed).then_some(saved),
+                first,
+                last,
+            ));
+        }
+        let (round, ..) = *ranks.first()?;
+        let least = ranks.iter().min_by_key(|r| r.1)?;
+        let checkpoint = ranks.iter().map(|r| r.2).collect::<Option<Vec<u64>>>();
+        let checkpoint = checkpoint.and_then(|c| c.into_iter().min());
+        self.saved = self.saved.max(checkpoint.unwrap_or(0));
+        let first = ranks.iter().map(|r| r.3).min()?;
+        Some(pb::Progress {
+            round,
+            ranks: ranks.len() as u32,
+            min_step: least.1,
+            max_step: ranks.iter().map(|r| r.1).max().unwrap_or(0),
+            checkpoint_step: checkpoint,
+            first_step_ms_ago: ms(now.saturating_sub(first)),
+            min_step_ms_ago: ms(now.saturating_sub(least.4)),
+        })
     }
 
     /// Virtual time since the start.
@@ -631,6 +696,11 @@ impl World {
 
     fn std(&self, at: Duration) -> std::time::Instant {
         self.base + at
+    }
+
+    /// The server's clock at virtual time `at`.
+    pub fn instant(&self, at: Duration) -> std::time::Instant {
+        self.std(at)
     }
 
     fn tk(&self, at: Duration) -> tokio::time::Instant {
@@ -688,6 +758,11 @@ impl World {
     /// The last round's world size.
     pub fn world_size(&self) -> u32 {
         self.server.world
+    }
+
+    /// Which job the server holds: bumped whenever it is replaced.
+    pub fn job_epoch(&self) -> u64 {
+        self.server.job_epoch
     }
 
     /// Whether the server runs.
@@ -1175,13 +1250,16 @@ impl World {
         let auth = job.authorize(node_id, session);
         let out = match (auth, &body) {
             (Err(AuthError::WrongSession), _) => return self.reply(from, id, Err(Refusal::Denied)),
-            (Err(_), Call::KeepAlive(_)) => return self.reply(from, id, Err(Refusal::NotFound)),
+            (Err(_), Call::KeepAlive(..)) => return self.reply(from, id, Err(Refusal::NotFound)),
             (Err(_), _) => return self.reply(from, id, Ok(())),
-            (Ok(()), Call::KeepAlive(vouch)) => {
+            (Ok(()), Call::KeepAlive(vouch, progress)) => {
                 // `Registry::keep_alive_vouching`.
                 job.keep_alive(now, node_id);
                 if let Some((round, ranks, all)) = vouch {
                     job.vouch(now, node_id, *round, ranks, *all);
+                }
+                if let Some(p) = progress {
+                    job.report_progress(now, node_id, p);
                 }
                 Vec::new()
             }
@@ -1198,8 +1276,12 @@ impl World {
                     round,
                     reason,
                     detail,
+                    progress,
                 },
             ) => {
+                if let Some(p) = progress {
+                    job.report_progress(now, node_id, p);
+                }
                 let host = job
                     .members()
                     .get(node_id)
@@ -1279,6 +1361,7 @@ impl World {
                 }
             };
             self.server.job = Some(job.with_quarantine(self.spec.quarantine));
+            self.server.job_epoch += 1;
         }
         let fresh = Session::from_bytes(session_bytes(&mut self.rng));
         let Some(job) = &mut self.server.job else {
@@ -1490,7 +1573,7 @@ impl World {
         let (_, sent, call, stream) = n.outstanding.remove(at);
         match ok {
             Ok(()) => n.answered = Some(n.answered.map_or(sent, |a| a.max(sent))),
-            Err(Refusal::NotFound) if matches!(call, Call::KeepAlive(_)) => {
+            Err(Refusal::NotFound) if matches!(call, Call::KeepAlive(..)) => {
                 if n.stream == stream && n.lost.is_none() {
                     n.lost = Some((
                         "the rendezvous no longer knows this node: keep-alive refused".into(),
@@ -1654,6 +1737,8 @@ impl World {
                             pid: self.next_pid,
                             alive: true,
                             ends,
+                            started: self.now,
+                            resumed: self.saved,
                         };
                         started.push(w);
                     }
@@ -1713,12 +1798,14 @@ impl World {
                         ..pb::Failure::default()
                     };
                     let reason = exit.ended.to_string();
+                    let progress = self.progress(i, Some(exit.pid));
                     self.call(
                         i,
                         Call::Failure {
                             round,
                             reason,
                             detail,
+                            progress,
                         },
                     );
                 }
@@ -1741,6 +1828,7 @@ impl World {
                             round,
                             reason: message,
                             detail,
+                            progress: None,
                         },
                     );
                 }
@@ -2150,7 +2238,7 @@ impl World {
             n.outstanding.retain(|c| {
                 let late = c.1 + silence <= now;
                 if late {
-                    expired.push((c.2.name(), c.3, matches!(c.2, Call::KeepAlive(_))));
+                    expired.push((c.2.name(), c.3, matches!(c.2, Call::KeepAlive(..))));
                 }
                 !late
             });
@@ -2182,7 +2270,8 @@ impl World {
                     .as_ref()
                     .filter(|(_, at, fresh)| now.saturating_sub(*at) <= *fresh)
                     .map(|(v, _, _)| v.clone());
-                self.call(i, Call::KeepAlive(vouch));
+                let progress = self.progress(i, None);
+                self.call(i, Call::KeepAlive(vouch, progress));
             }
             self.join_step(i);
         }
@@ -2446,6 +2535,7 @@ impl World {
                 let now = self.std(self.now);
                 self.server.up = true;
                 self.server.started = Some(self.now);
+                self.server.job_epoch += 1;
                 if failover {
                     self.server.job = self.server.record.take().map(|r| {
                         // A replica has the same flags; the benches come

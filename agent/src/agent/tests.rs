@@ -429,7 +429,10 @@ fn restart(round: u64, next_round: u64) -> Heard {
 }
 
 fn succeeded(round: u64) -> Heard {
-    Heard::Message(Kind::JobSucceeded(pb::JobSucceeded { round }))
+    Heard::Message(Kind::JobSucceeded(pb::JobSucceeded {
+        round,
+        goodput: None,
+    }))
 }
 
 fn outcome(end: Result<SessionEnd, AgentError>) -> Outcome {
@@ -781,6 +784,7 @@ async fn a_worker_that_cannot_start_is_reported_with_exit_code_127() {
                 reason: "the restart budget is spent".into(),
                 root_cause: None,
                 exit_code: None,
+                goodput: None,
             })),
         );
     })

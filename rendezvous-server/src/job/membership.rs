@@ -26,6 +26,8 @@ impl Job {
             Phase::Failed(_) => return Err(self.finished("failed")),
             _ => {}
         }
+        // The job's time counts from its first join.
+        self.goodput.start(now);
         if let Some(m) = self.config.mismatch(&JobConfig::from_join(req)) {
             return Err(JoinError::Mismatch {
                 job: self.id.clone(),

@@ -35,6 +35,14 @@ pub struct Progress {
     pub round: BTreeMap<String, u64>,
     /// Restarts in a row after which the best step did not advance.
     pub stalled: u32,
+    /// The current round's checkpoints: each reporting node's last step
+    /// every one of its ranks saved.
+    pub checkpoints: BTreeMap<String, u64>,
+    /// The last checkpoint a whole round saved: where a restarted job
+    /// resumes (`None`: none reported).
+    pub checkpoint: Option<u64>,
+    /// The step the last round that ended reached (not stored).
+    pub ended_at: Option<u64>,
 }
 
 /// The verdict on a job whose worker failed: it makes no progress.
@@ -55,6 +63,36 @@ impl Progress {
         }
         let least = self.round.entry(node_id.to_owned()).or_insert(p.min_step);
         *least = (*least).max(p.min_step);
+        if let Some(c) = p.checkpoint_step {
+            let saved = self.checkpoints.entry(node_id.to_owned()).or_insert(c);
+            *saved = (*saved).max(c);
+        }
+    }
+
+    /// The step the current round saved a checkpoint of: every reporting
+    /// node's (`None`: one of them has none).
+    pub fn saved(&self) -> Option<u64> {
+        if self.checkpoints.len() < self.round.len() {
+            return None;
+        }
+        self.checkpoints.values().copied().min()
+    }
+
+    /// Where the running round resumed from: the last checkpoint an
+    /// earlier round saved (0: none).
+    pub fn resumed(&self) -> u64 {
+        self.checkpoint.unwrap_or(0)
+    }
+
+    /// The round ends: its step and checkpoint are folded in, and the
+    /// next round counts from nothing. Its step.
+    fn end_round(&mut self) -> Option<u64> {
+        let reached = self.reached();
+        self.checkpoint = self.checkpoint.max(self.saved());
+        self.round.clear();
+        self.checkpoints.clear();
+        self.ended_at = reached;
+        reached
     }
 
     /// The step the current round reached: every reporting rank's.
@@ -67,8 +105,7 @@ impl Progress {
     /// `--max-no-progress-restarts` (0: never). Either way the round's step
     /// is folded into the best, and the next round counts from nothing.
     pub fn failed(&mut self, limit: u32) -> Option<Stuck> {
-        let reached = self.reached();
-        self.round.clear();
+        let reached = self.end_round();
         let advanced = match (reached, self.best) {
             (Some(r), Some(b)) => r > b,
             (Some(_), None) => true,
@@ -95,8 +132,7 @@ impl Progress {
     /// progress, and starts the count again); otherwise the count is left
     /// as it is.
     pub fn reformed(&mut self) {
-        let reached = self.reached();
-        self.round.clear();
+        let reached = self.end_round();
         if reached > self.best {
             self.best = reached;
             self.stalled = 0;
@@ -115,6 +151,8 @@ mod tests {
             min_step,
             max_step: min_step + 8,
             checkpoint_step: None,
+            first_step_ms_ago: 0,
+            min_step_ms_ago: 0,
         }
     }
 
@@ -158,6 +196,30 @@ mod tests {
                 stalled: 2
             })
         );
+    }
+
+    #[test]
+    fn a_round_saved_the_checkpoint_every_reporting_node_saved() {
+        let mut p = Progress::default();
+        let saved = |round, step, c| pb::Progress {
+            checkpoint_step: Some(c),
+            ..at(round, step)
+        };
+        p.report(0, "a", &saved(0, 35, 30));
+        p.report(0, "b", &at(0, 35));
+        assert_eq!(p.saved(), None, "b saved none");
+        p.report(0, "b", &saved(0, 35, 20));
+        p.report(0, "b", &saved(0, 36, 30));
+        assert_eq!(p.saved(), Some(30));
+        assert_eq!(p.failed(0), None);
+        assert_eq!(
+            (p.checkpoint, p.ended_at, p.resumed()),
+            (Some(30), Some(35), 30)
+        );
+        // A round that saved nothing leaves the last checkpoint.
+        p.report(1, "a", &at(1, 33));
+        p.reformed();
+        assert_eq!((p.checkpoint, p.ended_at), (Some(30), Some(33)));
     }
 
     #[test]

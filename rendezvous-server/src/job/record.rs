@@ -99,13 +99,15 @@ pub struct JobRecord {
     pub failure_counts: Vec<(String, Vec<Offset>)>,
     /// The training progress reported, and the no-progress count.
     pub progress: super::progress::Progress,
+    /// Where the job's time went.
+    pub goodput: super::goodput::Stored,
     /// A store found the job's last change half-written (its leader stopped
     /// between two transactions of it): some values are from before that
     /// change, some after. Never set by [`Job::record`].
     pub torn: bool,
 }
 
-fn offset(at: Instant, now: Instant) -> Offset {
+pub(super) fn offset(at: Instant, now: Instant) -> Offset {
     let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
     match at.checked_duration_since(now) {
         Some(ahead) => micros(ahead),
@@ -113,7 +115,7 @@ fn offset(at: Instant, now: Instant) -> Offset {
     }
 }
 
-fn instant(offset: Offset, now: Instant) -> Instant {
+pub(super) fn instant(offset: Offset, now: Instant) -> Instant {
     let by = Duration::from_micros(offset.unsigned_abs());
     let at = match offset >= 0 {
         true => now.checked_add(by),
@@ -183,8 +185,11 @@ impl Job {
             // are heard again by whoever continues the job.
             progress: super::progress::Progress {
                 round: Default::default(),
+                checkpoints: Default::default(),
+                ended_at: None,
                 ..self.progress.clone()
             },
+            goodput: self.goodput.store(now),
             torn: false,
         }
     }
@@ -252,6 +257,7 @@ impl Job {
             held: None,
             vouched_all: None,
             progress: record.progress,
+            goodput: super::goodput::Goodput::restore(record.goodput, now),
         };
         for (host, since, until, reason, shared) in record.benched {
             job.quarantine.restore_bench(

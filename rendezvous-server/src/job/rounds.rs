@@ -22,6 +22,11 @@ impl Job {
     /// Applies [`decide`]: completes the round, or reports progress when due.
     pub(super) fn step(&mut self, now: Instant) -> Vec<Outbound> {
         self.track_min_ready(now);
+        if self.phase == Phase::Forming {
+            let present = self.members.len().saturating_sub(self.benched as usize);
+            let short = present < self.config.min_nodes as usize;
+            self.goodput.forming(now, short);
+        }
         match decide(now, self) {
             Decision::Complete(order) => self.complete(now, order),
             Decision::Wait { .. } if self.progress_due(now) => {
@@ -158,6 +163,7 @@ impl Job {
         self.succeeded = 0;
         self.phase = Phase::Running;
         self.running_since = Some(now);
+        self.goodput.round_started(now);
         self.min_ready_since = None;
         self.progress_sent = None;
         let waiting = self.waiting(now, true);
@@ -205,6 +211,13 @@ impl Job {
             // A counted restart's round was judged in `worker_failed`.
             self.progress.reformed();
         }
+        self.goodput.restarted(
+            now,
+            old,
+            &reason,
+            self.progress.ended_at,
+            self.progress.checkpoint,
+        );
         self.round_ended(now);
         self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);
@@ -227,14 +240,21 @@ impl Job {
     }
 
     pub(super) fn finish(&mut self, now: Instant, phase: Phase) -> Vec<Outbound> {
+        let succeeded = !matches!(phase, Phase::Failed(_));
+        self.goodput.finished(now, succeeded, self.progress.best);
+        let goodput = Some(Box::new(self.goodput_message(now, 0)));
         let event = match &phase {
             Phase::Failed(reason) => Kind::JobFailed(pb::JobFailed {
                 round: self.round,
                 reason: reason.clone(),
                 root_cause: self.root_cause.clone(),
                 exit_code: self.exit_code,
+                goodput,
             }),
-            _ => Kind::JobSucceeded(pb::JobSucceeded { round: self.round }),
+            _ => Kind::JobSucceeded(pb::JobSucceeded {
+                round: self.round,
+                goodput,
+            }),
         };
         self.round_ended(now);
         self.phase = phase;

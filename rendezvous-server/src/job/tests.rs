@@ -1764,3 +1764,84 @@ fn a_job_ran_once_one_of_its_rounds_ran_for_ran_for() {
     let _ = j.failure(long, "b", 1, "worker 0 exited with 1".into(), None);
     assert!(j.ran(long), "kept after the restart");
 }
+
+/// The goodput acceptance scenario through the job's own calls: two nodes
+/// step once a second, checkpoint every 10 steps, a worker dies at step 35
+/// and the job resumes from step 30.
+#[test]
+fn goodput_accounts_a_failure_at_35_as_recovery_and_5_steps_redone() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut j = job(2);
+    j.join(t0, "n0", &req("a", 2, None), S).expect("join");
+    j.join(at(500), "n1", &req("b", 2, None), S).expect("join");
+    j.ready(at(1000), "n0", 0, ("a".into(), 1), None);
+    let out = j.ready(at(2000), "n1", 0, ("b".into(), 1), None);
+    round_of(&out, "n0");
+    let report = |round, step, checkpoint, first_ago, step_ago| pb::Progress {
+        round,
+        ranks: 2,
+        min_step: step,
+        max_step: step,
+        checkpoint_step: checkpoint,
+        first_step_ms_ago: first_ago,
+        min_step_ms_ago: step_ago,
+    };
+    // First step at 5 s (3 s of start-up), then one a second; heard late.
+    for node in ["n0", "n1"] {
+        j.report_progress(at(7000), node, &report(0, 3, None, 2000, 0));
+        j.report_progress(at(37500), node, &report(0, 33, Some(30), 32500, 500));
+        j.report_progress(at(40000), node, &report(0, 35, Some(30), 35000, 0));
+    }
+    assert_eq!(j.steps(), (None, Some(35)));
+    // A worker of n1 dies at 40.5 s.
+    let out = j.failure(at(40500), "n1", 0, "exited 1".into(), None);
+    assert!(!out.is_empty());
+    j.ready(at(41000), "n0", 1, ("a".into(), 1), None);
+    let out = j.ready(at(41000), "n1", 1, ("b".into(), 1), None);
+    round_of(&out, "n0");
+    // Back at 44 s (resumed from 30); 35 at 48 s; 40 at 53 s.
+    for node in ["n0", "n1"] {
+        j.report_progress(at(45000), node, &report(1, 32, None, 1000, 0));
+        j.report_progress(at(48000), node, &report(1, 35, None, 4000, 0));
+        j.report_progress(at(53000), node, &report(1, 40, Some(40), 9000, 0));
+    }
+    let spent = j.time_spent(at(54000));
+    assert_eq!(
+        spent.total(),
+        Duration::from_secs(54),
+        "every instant in one category"
+    );
+    assert_eq!(spent.of(Category::Waiting), Duration::from_secs(2));
+    assert_eq!(spent.of(Category::StartUp), Duration::from_secs(3));
+    assert_eq!(spent.of(Category::Recovery), Duration::from_secs(4));
+    assert_eq!(spent.of(Category::Recomputation), Duration::from_secs(4));
+    assert_eq!(spent.of(Category::Productive), Duration::from_secs(41));
+    let g = j.goodput_message(at(54000), 1_000_000);
+    assert_eq!(
+        (g.restarts, g.lost_steps, g.now.as_str()),
+        (1, 5, "productive")
+    );
+    let l = &g.losses[0];
+    assert_eq!(
+        (l.step, l.checkpoint, l.lost_steps),
+        (Some(35), Some(30), 5)
+    );
+    assert_eq!((l.recovery_ms, l.recomputation_ms), (4000, 4000));
+    assert_eq!(l.unix_ms, 1_000_000 - 13_500);
+    assert!(l.cause.contains("exited 1"), "{}", l.cause);
+    // The job's end closes the accounting; its agents are told.
+    j.success(at(60000), "n0", 1);
+    let out = j.success(at(60000), "n1", 1);
+    let Some(Kind::JobSucceeded(done)) = kinds_for(&out, "n0").first().cloned() else {
+        panic!("{out:?}");
+    };
+    let g = done.goodput.clone().expect("goodput");
+    assert_eq!(
+        (g.wall_ms(), g.productive_ms, g.now.as_str()),
+        (60_000, 47_000, "")
+    );
+    // A record keeps it: a replica that takes the job over has the same.
+    let restored = Job::restore(j.record(at(61000)), at(61000));
+    assert_eq!(restored.time_spent(at(99000)), j.time_spent(at(61000)));
+}

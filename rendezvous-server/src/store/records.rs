@@ -203,6 +203,8 @@ pub fn encode(r: &JobRecord) -> Encoded {
         max_no_progress_restarts: r.config.max_no_progress_restarts,
         best_step: r.progress.best,
         no_progress_restarts: r.progress.stalled,
+        checkpoint_step: r.progress.checkpoint,
+        goodput: Some(stored_goodput(&r.goodput)),
         last_call_us: micros(r.config.last_call),
         no_restart_exit_code: r.config.no_restart_exit_code.map_or(0, u32::from),
         phase,
@@ -403,9 +405,68 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             best: meta.best_step,
             round: Default::default(),
             stalled: meta.no_progress_restarts,
+            checkpoints: Default::default(),
+            checkpoint: meta.checkpoint_step,
+            ended_at: None,
         },
+        goodput: meta.goodput.map(goodput_of).unwrap_or_default(),
         torn: e.writing,
     })
+}
+
+fn stored_goodput(g: &crate::job::StoredGoodput) -> st::Goodput {
+    st::Goodput {
+        spent_us: g.spent_us.to_vec(),
+        open: g.open,
+        open_step: g.open_step,
+        mark: g.mark,
+        losses: g
+            .losses
+            .iter()
+            .map(|l| st::Loss {
+                round: l.round,
+                at: l.at,
+                cause: l.cause.clone(),
+                step: l.step,
+                checkpoint: l.checkpoint,
+                recovery_us: l.recovery_us,
+                recomputation_us: l.recomputation_us,
+            })
+            .collect(),
+        restarts: g.restarts,
+        lost_steps: g.lost_steps,
+    }
+}
+
+/// A stored accounting, bounded as the job bounds it.
+fn goodput_of(g: st::Goodput) -> crate::job::StoredGoodput {
+    let mut spent_us = [0; 5];
+    for (to, from) in spent_us.iter_mut().zip(g.spent_us) {
+        *to = from;
+    }
+    let skip = g.losses.len().saturating_sub(crate::job::MAX_LOSSES);
+    crate::job::StoredGoodput {
+        spent_us,
+        open: g.open.min(5),
+        open_step: g.open_step,
+        mark: g.mark,
+        losses: g
+            .losses
+            .into_iter()
+            .skip(skip)
+            .map(|l| crate::job::StoredLoss {
+                round: l.round,
+                at: l.at,
+                cause: crate::job::clip_cause(&l.cause),
+                step: l.step,
+                checkpoint: l.checkpoint,
+                recovery_us: l.recovery_us,
+                recomputation_us: l.recomputation_us,
+            })
+            .collect(),
+        restarts: g.restarts,
+        lost_steps: g.lost_steps,
+    }
 }
 
 /// A change to one value of a store.

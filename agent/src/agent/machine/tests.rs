@@ -93,11 +93,15 @@ fn job_failed() -> Event {
             ..Default::default()
         }),
         exit_code: None,
+        goodput: None,
     }))
 }
 
 fn succeeded() -> Event {
-    Event::Message(Kind::JobSucceeded(pb::JobSucceeded { round: 0 }))
+    Event::Message(Kind::JobSucceeded(pb::JobSucceeded {
+        round: 0,
+        goodput: None,
+    }))
 }
 
 fn is_stop(a: &Action, sig: Signal) -> bool {
