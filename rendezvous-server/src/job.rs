@@ -683,7 +683,7 @@ impl Job {
             None => reason,
         };
         let limit = self.config.max_no_progress_restarts;
-        if let Some(stuck) = self.progress.failed(limit) {
+        if let Some(stuck) = self.progress.failed(limit, node_id) {
             self.exit_code = self.config.no_restart_exit_code.map(i32::from);
             let reason = format!(
                 "{reason}; no progress: the job reached step {} at best and failed {} times in a row \
@@ -715,18 +715,21 @@ impl Job {
         {
             return;
         }
-        self.progress.report(self.round, node_id, p);
-        if let Some(step) = self.progress.reached() {
-            let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
-            self.goodput.stepped(
-                now,
-                ago(p.first_step_ms_ago),
-                ago(p.min_step_ms_ago),
-                step,
-                self.progress.best,
-                self.progress.resumed(),
-            );
+        if !self.progress.report(self.round, node_id, p) {
+            return;
         }
+        // The job's time follows the freshest report: each node's comes
+        // with its keep-alive (or its failure), the latest is of now, and
+        // in synchronous training every node is at the same step.
+        let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
+        self.goodput.stepped(
+            now,
+            ago(p.first_step_ms_ago),
+            ago(p.min_step_ms_ago),
+            p.min_step,
+            self.progress.best,
+            self.progress.resumed(),
+        );
     }
 
     /// Where the job's time went by `now` (the open stretch included).
@@ -744,6 +747,7 @@ impl Job {
     pub fn goodput_message(&self, now: Instant, now_unix_ms: u64) -> pb::Goodput {
         let spent = self.time_spent(now);
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let unix = |at: Instant| now_unix_ms.saturating_sub(ms(now.saturating_duration_since(at)));
         let losses = match now_unix_ms {
             0 => Vec::new(),
             _ => self
@@ -752,7 +756,7 @@ impl Job {
                 .iter()
                 .map(|l| pb::Loss {
                     round: l.round,
-                    unix_ms: now_unix_ms.saturating_sub(ms(now.saturating_duration_since(l.at))),
+                    unix_ms: unix(l.at),
                     cause: l.cause.clone(),
                     step: l.step,
                     checkpoint: l.checkpoint,
@@ -762,7 +766,33 @@ impl Job {
                 })
                 .collect(),
         };
+        let mut segments: Vec<pb::Segment> = match now_unix_ms {
+            0 => Vec::new(),
+            _ => self
+                .goodput
+                .segments
+                .iter()
+                .map(|s| pb::Segment {
+                    category: s.category.name().to_owned(),
+                    unix_ms: unix(s.from),
+                    ms: ms(s.length),
+                })
+                .collect(),
+        };
+        // The stretch going on now.
+        if let (Some(c), Some(mark), true) = (
+            self.goodput.now_in(self.progress.best),
+            self.goodput.mark,
+            now_unix_ms > 0,
+        ) {
+            segments.push(pb::Segment {
+                category: c.name().to_owned(),
+                unix_ms: unix(mark),
+                ms: ms(now.saturating_duration_since(mark)),
+            });
+        }
         pb::Goodput {
+            segments,
             productive_ms: ms(spent.of(Category::Productive)),
             recomputation_ms: ms(spent.of(Category::Recomputation)),
             recovery_ms: ms(spent.of(Category::Recovery)),

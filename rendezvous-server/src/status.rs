@@ -227,6 +227,11 @@ fn goodput_json(g: &pb::Goodput) -> serde_json::Value {
             "recovery_s": s(l.recovery_ms),
             "recomputation_s": s(l.recomputation_ms),
         })).collect::<Vec<_>>(),
+        "segments": g.segments.iter().map(|x| serde_json::json!({
+            "category": x.category,
+            "unix_ms": x.unix_ms,
+            "ms": x.ms,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -126,3 +126,150 @@ fn a_checkpoint_iteration_file_is_progress_without_a_code_change() {
     );
     assert_eq!(attempts(&dir), 3);
 }
+
+/// Goodput: a 2x2 gloo DDP job that reports its steps and checkpoints
+/// every 10, one rank killed at step 35. The rendezvous charges the 5 steps
+/// redone (30 -> 35) to recomputation, the time from the kill to the next
+/// first step to recovery, the rest to productive, start-up and waiting;
+/// the categories add up to the job's wall time (the server's exactly, the
+/// test's own clock within 1 %). The same numbers in `status --json`, the
+/// text status, the metrics, the status page (headless Chromium) and each
+/// agent's end line.
+#[test]
+fn a_ddp_job_killed_at_step_35_is_charged_5_recomputed_steps_and_its_recovery() {
+    let _heavy = crate::heavy();
+    let server = accel_tests::Server::start();
+    let metrics = server.metrics.clone().expect("metrics");
+    let dir = scratch("goodput-ddp");
+    let (ck, out) = (dir.join("ckpt"), dir.join("out"));
+    for d in [&ck, &out] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let (ck, out) = (ck.display().to_string(), out.display().to_string());
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let script = worker("ddp_train.py");
+    let args = [
+        &ck,
+        &out,
+        "--steps",
+        "80",
+        "--ckpt-every",
+        "10",
+        "--fail-at",
+        "35",
+        "--fail-kill",
+        "--step-sleep",
+        "0.1",
+        "--progress",
+    ];
+    let started = std::time::Instant::now();
+    let agents: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            AgentCmd::c10d(&server.addr, "goodput")
+                .nnodes(2)
+                .nproc(2)
+                .max_restarts(2)
+                .conf("keep_alive_interval=0.5")
+                .env("PYTHONPATH", python.display())
+                .program(&script, &args)
+                .start(&dir, name)
+        })
+        .collect();
+    let outs: Vec<_> = agents.into_iter().map(|a| a.wait(LIMIT)).collect();
+    let observed = started.elapsed().as_secs_f64();
+    for o in &outs {
+        assert_eq!(o.code(), 0, "{}", o.stderr);
+        assert!(
+            o.stderr.contains("job time: goodput ")
+                && o.stderr.contains("recomputation ")
+                && o.stderr.contains("(5 steps)")
+                && o.stderr.contains("(1 restart)"),
+            "each agent says where the job's time went: {}",
+            o.stderr
+        );
+    }
+    let jobs = accel_tests::status_jobs(&server.addr, &[]).expect("status");
+    let g = &jobs[0]["goodput"];
+    let s = |k: &str| g[k].as_f64().unwrap_or_else(|| panic!("{k}: {g}"));
+    let categories = [
+        "productive_s",
+        "recomputation_s",
+        "recovery_s",
+        "start_up_s",
+        "waiting_s",
+    ];
+    let sum: f64 = categories.iter().map(|k| s(k)).sum();
+    assert!((sum - s("wall_s")).abs() < 0.006, "{g}");
+    assert!(
+        (sum - observed).abs() <= 0.01 * observed,
+        "the categories ({sum:.3} s) add up to the job's wall time ({observed:.3} s) within 1 %: {g}"
+    );
+    let loss = &g["losses"][0];
+    assert_eq!(
+        (&loss["step"], &loss["checkpoint"], &loss["lost_steps"]),
+        (&35.into(), &30.into(), &5.into()),
+        "{g}"
+    );
+    assert_eq!((&g["restarts"], &g["lost_steps"]), (&1.into(), &5.into()));
+    // 5 steps of 0.1 s (and their arithmetic), but not whole seconds.
+    let recomputation = s("recomputation_s");
+    assert!((0.4..2.5).contains(&recomputation), "{g}");
+    assert_eq!(loss["recomputation_s"].as_f64(), Some(recomputation), "{g}");
+    // The new workers' start (a Python with torch, gloo, the checkpoint).
+    assert!(
+        s("recovery_s") > 0.5 && loss["recovery_s"].as_f64() == Some(s("recovery_s")),
+        "{g}"
+    );
+    // 80 steps done once, 0.1 s each at least.
+    assert!(s("productive_s") >= 8.0 && s("start_up_s") > 0.5, "{g}");
+    // The same in the text status.
+    let text = std::process::Command::new(accel_tests::bin("rdzv-server"))
+        .args(["status", "--rdzv-endpoint", &server.addr])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("  goodput ")
+            && text.contains("(5 steps)")
+            && text.contains("(5 steps, 30->35): worker rank "),
+        "{text}"
+    );
+    // The same in the metrics.
+    let (_, exposition) = accel_tests::http_get(&metrics, "/metrics").expect("metrics");
+    for (key, category) in categories.iter().zip([
+        "productive",
+        "recomputation",
+        "recovery",
+        "start-up",
+        "waiting",
+    ]) {
+        let series =
+            format!("accel_rdzv_job_seconds{{rdzv_id=\"goodput\",category=\"{category}\"}}");
+        let got = accel_tests::sample(&exposition, &series)
+            .unwrap_or_else(|| panic!("{series}: {exposition}"));
+        assert!((got - s(key)).abs() < 0.002, "{series} {got} vs {}", s(key));
+        let total = format!("accel_rdzv_job_time_seconds_total{{category=\"{category}\"}}");
+        let got = accel_tests::sample(&exposition, &total)
+            .unwrap_or_else(|| panic!("{total}: {exposition}"));
+        assert!((got - s(key)).abs() < 0.002, "{total} {got} vs {}", s(key));
+    }
+    // The same on the status page: the time bar, its totals, the restart.
+    let dom = crate::status_page::dump_dom(&dir, &format!("http://{metrics}/"), 3000);
+    for (key, category) in categories.iter().zip([
+        "productive",
+        "recomputation",
+        "recovery",
+        "start-up",
+        "waiting",
+    ]) {
+        let shown = format!(
+            "class=\"key key-{category}\" data-category=\"{category}\" data-ms=\"{}\"",
+            (s(key) * 1000.0).round()
+        );
+        assert!(dom.contains(&shown), "{shown}: {dom}");
+    }
+    assert!(dom.contains("class=\"seg seg-recomputation\""), "{dom}");
+    assert!(dom.contains("class=\"loss\" data-round=\"0\""), "{dom}");
+    assert!(dom.contains("(5 steps, 30→35)"), "{dom}");
+}

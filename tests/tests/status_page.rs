@@ -204,7 +204,7 @@ fn chromium(profile: &std::path::Path, args: &[String]) -> std::process::Output 
 
 /// Headless Chromium's DOM of the page at `url` after `budget_ms` of the
 /// page's clock.
-fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
+pub(crate) fn dump_dom(dir: &std::path::Path, url: &str, budget_ms: u32) -> String {
     let out = chromium(
         &dir.join("chromium-profile"),
         &[

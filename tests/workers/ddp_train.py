@@ -1,17 +1,19 @@
 """A small, deterministic DDP job (CPU, gloo) with checkpoints.
 
   ddp_train.py CKPT_DIR OUT_DIR [--steps 30] [--ckpt-every 5] [--fail-at 17] [--fail-rank 3]
-               [--step-sleep 0.2] [--stamps DIR]
+               [--fail-kill] [--step-sleep 0.2] [--stamps DIR] [--progress]
 
 Every rank draws its batch from a generator seeded by (step, rank), so a run
 resumed from a checkpoint computes what an uninterrupted run would. Rank 0
 saves model and optimizer every `ckpt-every` steps; on start every rank loads
 the newest checkpoint. With --fail-at, rank --fail-rank exits 13 at that step
-in the first attempt only; --step-sleep makes each step last that much longer
+in the first attempt only (--fail-kill: it is killed by SIGKILL instead); --step-sleep makes each step last that much longer
 (the arithmetic is unchanged), so a test can act while the job trains. With --stamps, the
 failing rank appends `fail TIME` to DIR/stamps just before it exits, and every rank appends
 `loop RANK RESTART TIME` when it enters the training loop (checkpoint loaded, DDP built):
-what `bench/ddp_recovery.py` measures. At the end every rank writes its parameters
+what `bench/ddp_recovery.py` measures. With --progress, every rank reports each step done
+(`accel.progress`) and each checkpoint saved (`accel.checkpointed`, after the save's barrier).
+At the end every rank writes its parameters
 (exact, as float.hex) and the last step's mean loss to OUT_DIR/final_<rank>.json.
 """
 import argparse
@@ -33,6 +35,8 @@ ap.add_argument("--fail-at", type=int, default=-1)
 ap.add_argument("--fail-rank", type=int, default=3)
 ap.add_argument("--step-sleep", type=float, default=0.0)
 ap.add_argument("--stamps", default=None)
+ap.add_argument("--fail-kill", action="store_true")
+ap.add_argument("--progress", action="store_true")
 a = ap.parse_args()
 
 
@@ -43,6 +47,9 @@ def stamp(line):
         with open(os.path.join(a.stamps, "stamps"), "a") as f:
             f.write(f"{line} {time.time():.6f}\n")
 
+
+if a.progress:
+    import accel
 
 torch.use_deterministic_algorithms(True)
 dist.init_process_group("gloo")
@@ -69,6 +76,10 @@ for step in range(start, a.steps):
         time.sleep(a.step_sleep)
     if step == a.fail_at and rank == a.fail_rank and restart == 0:
         stamp("fail")
+        if a.fail_kill:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(13)
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 8, generator=g)
@@ -78,12 +89,16 @@ for step in range(start, a.steps):
     loss.backward()
     opt.step()
     done = step + 1
+    if a.progress:
+        accel.progress(done)
     if done % a.ckpt_every == 0:
         if rank == 0:
             tmp = os.path.join(a.ckpt_dir, f".tmp_{done}.pt")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done}, tmp)
             os.replace(tmp, os.path.join(a.ckpt_dir, f"ckpt_{done}.pt"))
         dist.barrier()
+        if a.progress:
+            accel.checkpointed(done)
 
 mean_loss = loss.detach().clone()
 dist.all_reduce(mean_loss)

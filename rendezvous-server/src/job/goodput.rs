@@ -25,7 +25,10 @@
 //! rendezvous with the agents' keep-alives (every 5 s by default): each
 //! report says how long ago its node's first step of the round and its
 //! latest step were, so the first step is placed when it happened, not when
-//! it was heard. A job whose workers do not report steps spends its running
+//! it was heard. The job's step is the freshest report's least step (each
+//! node reports at its own keep-alive, and in synchronous training every
+//! node is at the same step); a smaller step from an older report moves
+//! nothing back. A job whose workers do not report steps spends its running
 //! rounds in start-up and recovery.
 //!
 //! Each restart is a [`Loss`]: its cause, the step it interrupted, the
@@ -37,6 +40,9 @@ use std::time::{Duration, Instant};
 
 /// The losses a job keeps, newest last (older ones stay in the totals).
 pub const MAX_LOSSES: usize = 16;
+/// The stretches a job keeps for its time bar, newest last (older ones
+/// stay in the totals).
+pub(super) const MAX_SEGMENTS: usize = 96;
 /// The longest cause kept, in bytes.
 pub(super) const MAX_CAUSE: usize = 256;
 
@@ -162,6 +168,21 @@ pub struct Goodput {
     pub restarts: u32,
     /// Steps lost to restarts, all of them.
     pub lost_steps: u64,
+    /// The latest closed stretches, oldest first, adjacent ones of one
+    /// category merged (at most [`MAX_SEGMENTS`]): the status page's time
+    /// bar. Not stored: a replica that takes the job over draws from then.
+    pub segments: VecDeque<Segment>,
+}
+
+/// A closed stretch of a job's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// What it was spent on.
+    pub category: Category,
+    /// From when.
+    pub from: Instant,
+    /// How long.
+    pub length: Duration,
 }
 
 /// A cause, cut to at most [`MAX_CAUSE`] bytes (on a character boundary).
@@ -211,6 +232,7 @@ impl Goodput {
         let mark = self.begin(to);
         let d = to.saturating_duration_since(mark);
         self.spent.add(c, d);
+        self.segment(c, mark, d);
         if c == Category::Recovery {
             if let Some(l) = self.losses.back_mut() {
                 l.recovery = l.recovery.saturating_add(d);
@@ -226,10 +248,34 @@ impl Goodput {
         let (productive, redo) = split(d, from, to_step, best);
         self.spent.add(Category::Productive, productive);
         self.spent.add(Category::Recomputation, redo);
+        // The redone steps come first, then the new ones.
+        self.segment(Category::Recomputation, mark, redo);
+        self.segment(Category::Productive, mark + redo, productive);
         if let Some(l) = self.losses.back_mut() {
             l.recomputation = l.recomputation.saturating_add(redo);
         }
         self.mark = Some(to.max(mark));
+    }
+
+    /// Keeps a closed stretch for the time bar.
+    fn segment(&mut self, category: Category, from: Instant, length: Duration) {
+        if length.is_zero() {
+            return;
+        }
+        if let Some(last) = self.segments.back_mut() {
+            if last.category == category && last.from + last.length == from {
+                last.length += length;
+                return;
+            }
+        }
+        if self.segments.len() == MAX_SEGMENTS {
+            self.segments.pop_front();
+        }
+        self.segments.push_back(Segment {
+            category,
+            from,
+            length,
+        });
     }
 
     /// The category the open time is in.
@@ -487,6 +533,7 @@ impl Goodput {
             losses,
             restarts: s.restarts,
             lost_steps: s.lost_steps,
+            segments: VecDeque::new(),
         }
     }
 }
@@ -545,6 +592,29 @@ mod tests {
         assert_eq!(loss.recovery, s(4));
         assert_eq!(loss.recomputation, s(4));
         assert_eq!((g.restarts, g.lost_steps), (1, 5));
+        // The time bar: in order, merged, covering the whole job.
+        let bar: Vec<(Category, u64)> = g
+            .segments
+            .iter()
+            .map(|s| (s.category, s.length.as_millis() as u64))
+            .collect();
+        use Category::*;
+        assert_eq!(
+            bar,
+            [
+                (Waiting, 2000),
+                (StartUp, 3000),
+                (Productive, 35000),
+                (Recovery, 4000),
+                (Recomputation, 4000),
+                (Productive, 6000)
+            ]
+        );
+        let mut at = t0;
+        for s in &g.segments {
+            assert_eq!(s.from, at, "segments are contiguous");
+            at = s.from + s.length;
+        }
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //! a node that did not hear the restart) changes nothing. A round reached
 //! the step every reporting rank reached: the least of the nodes' least
 //! steps (in synchronous training the ranks move together; a rank that ran
-//! ahead of one that failed did not take the job with it).
+//! ahead of one that failed did not take the job with it), or, when a
+//! worker failure ends it, the failing node's least step if that is
+//! further: its report, sent with the failure, is of that moment, the
+//! others' are up to a keep-alive old.
 //!
 //! A store keeps the best step and the count, not the current round's
 //! reports: a replica that takes the job over mid-round hears them again
@@ -57,9 +60,10 @@ pub struct Stuck {
 impl Progress {
     /// `node_id`'s report, the job's current round being `current`: kept
     /// if it is of the current round (a node's steps only grow).
-    pub fn report(&mut self, current: u64, node_id: &str, p: &pb::Progress) {
+    /// Whether it was kept.
+    pub fn report(&mut self, current: u64, node_id: &str, p: &pb::Progress) -> bool {
         if p.round != current || p.ranks == 0 {
-            return;
+            return false;
         }
         let least = self.round.entry(node_id.to_owned()).or_insert(p.min_step);
         *least = (*least).max(p.min_step);
@@ -67,6 +71,7 @@ impl Progress {
             let saved = self.checkpoints.entry(node_id.to_owned()).or_insert(c);
             *saved = (*saved).max(c);
         }
+        true
     }
 
     /// The step the current round saved a checkpoint of: every reporting
@@ -85,9 +90,14 @@ impl Progress {
     }
 
     /// The round ends: its step and checkpoint are folded in, and the
-    /// next round counts from nothing. Its step.
-    fn end_round(&mut self) -> Option<u64> {
-        let reached = self.reached();
+    /// next round counts from nothing. Its step: every reporting node's, or
+    /// `fresh`'s when that is further (the node whose failure ended it: its
+    /// report, sent with the failure, is the only one of that moment; the
+    /// others' are up to a keep-alive old, and in synchronous training the
+    /// ranks are at the same step).
+    fn end_round(&mut self, fresh: Option<&str>) -> Option<u64> {
+        let fresh = fresh.and_then(|n| self.round.get(n).copied());
+        let reached = self.reached().max(fresh);
         self.checkpoint = self.checkpoint.max(self.saved());
         self.round.clear();
         self.checkpoints.clear();
@@ -100,12 +110,12 @@ impl Progress {
         self.round.values().copied().min()
     }
 
-    /// The running round ended in a worker failure that would restart the
-    /// job: whether the job is stuck, with `limit` the job's
+    /// The running round ended in a worker failure of node `failing` that
+    /// would restart the job: whether the job is stuck, with `limit` the job's
     /// `--max-no-progress-restarts` (0: never). Either way the round's step
     /// is folded into the best, and the next round counts from nothing.
-    pub fn failed(&mut self, limit: u32) -> Option<Stuck> {
-        let reached = self.end_round();
+    pub fn failed(&mut self, limit: u32, failing: &str) -> Option<Stuck> {
+        let reached = self.end_round(Some(failing));
         let advanced = match (reached, self.best) {
             (Some(r), Some(b)) => r > b,
             (Some(_), None) => true,
@@ -132,7 +142,7 @@ impl Progress {
     /// progress, and starts the count again); otherwise the count is left
     /// as it is.
     pub fn reformed(&mut self) {
-        let reached = self.end_round();
+        let reached = self.end_round(None);
         if reached > self.best {
             self.best = reached;
             self.stalled = 0;
@@ -162,14 +172,14 @@ mod tests {
         // Round 0 reaches step 40 and fails: progress (the first ever).
         p.report(0, "a", &at(0, 35));
         p.report(0, "a", &at(0, 40));
-        assert_eq!(p.failed(2), None);
+        assert_eq!(p.failed(2, "a"), None);
         assert_eq!((p.best, p.stalled), (Some(40), 0));
         // Rounds 1 and 2 restart from the step-30 checkpoint and die at 40.
         p.report(1, "a", &at(1, 40));
-        assert_eq!(p.failed(2), None, "one restart without progress");
+        assert_eq!(p.failed(2, "a"), None, "one restart without progress");
         p.report(2, "a", &at(2, 39));
         assert_eq!(
-            p.failed(2),
+            p.failed(2, "a"),
             Some(Stuck {
                 best: 40,
                 stalled: 2
@@ -181,16 +191,16 @@ mod tests {
     fn a_step_past_the_best_starts_the_count_again() {
         let mut p = Progress::default();
         p.report(0, "a", &at(0, 40));
-        assert_eq!(p.failed(2), None);
+        assert_eq!(p.failed(2, "a"), None);
         p.report(1, "a", &at(1, 40));
-        assert_eq!(p.failed(2), None);
+        assert_eq!(p.failed(2, "a"), None);
         p.report(2, "a", &at(2, 41));
-        assert_eq!(p.failed(2), None, "41 passed 40");
+        assert_eq!(p.failed(2, "a"), None, "41 passed 40");
         assert_eq!(p.stalled, 0);
         // A round that reports nothing did not pass the best.
-        assert_eq!(p.failed(2), None);
+        assert_eq!(p.failed(2, "a"), None);
         assert_eq!(
-            p.failed(2),
+            p.failed(2, "a"),
             Some(Stuck {
                 best: 41,
                 stalled: 2
@@ -211,7 +221,7 @@ mod tests {
         p.report(0, "b", &saved(0, 35, 20));
         p.report(0, "b", &saved(0, 36, 30));
         assert_eq!(p.saved(), Some(30));
-        assert_eq!(p.failed(0), None);
+        assert_eq!(p.failed(0, "a"), None);
         assert_eq!(
             (p.checkpoint, p.ended_at, p.resumed()),
             (Some(30), Some(35), 30)
@@ -220,6 +230,21 @@ mod tests {
         p.report(1, "a", &at(1, 33));
         p.reformed();
         assert_eq!((p.checkpoint, p.ended_at), (Some(30), Some(33)));
+    }
+
+    #[test]
+    fn a_failing_nodes_fresh_report_counts_over_the_others_older_ones() {
+        let mut p = Progress::default();
+        // b's report is a keep-alive old; a's came with its failure.
+        p.report(0, "b", &at(0, 33));
+        p.report(0, "a", &at(0, 35));
+        assert_eq!(p.reached(), Some(33));
+        assert_eq!(p.failed(0, "a"), None);
+        assert_eq!(p.best, Some(35));
+        // A failing node that had reported nothing changes nothing.
+        p.report(1, "b", &at(1, 36));
+        assert_eq!(p.failed(0, "c"), None);
+        assert_eq!(p.best, Some(36));
     }
 
     #[test]
@@ -234,7 +259,7 @@ mod tests {
     #[test]
     fn no_limit_no_reports_or_stale_reports_judge_nothing() {
         let mut p = Progress::default();
-        assert_eq!(p.failed(1), None, "never reported");
+        assert_eq!(p.failed(1, "a"), None, "never reported");
         p.report(3, "a", &at(2, 100));
         assert_eq!(p.reached(), None, "a report of an earlier round");
         p.report(
@@ -247,9 +272,9 @@ mod tests {
         );
         assert_eq!(p.reached(), None, "no rank reported");
         p.report(3, "a", &at(3, 10));
-        assert_eq!(p.failed(0), None);
+        assert_eq!(p.failed(0, "a"), None);
         p.report(4, "a", &at(4, 10));
-        assert_eq!(p.failed(0), None, "0: never");
+        assert_eq!(p.failed(0, "a"), None, "0: never");
         assert_eq!(p.stalled, 1);
         // A re-formation (a node left) folds the round in: past the best,
         // the count starts again; short of it, the count is kept.

@@ -12,7 +12,8 @@ const KEY = "accel-rdzv-token";
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") e.className = v; else e.setAttribute(k, v);
+    // A style through the CSSOM: the page's policy allows no inline style.
+    if (k === "class") e.className = v; else if (k === "style") Object.assign(e.style, v); else e.setAttribute(k, v);
   }
   for (const c of children) {
     if (c === null || c === undefined) continue;
@@ -130,6 +131,56 @@ function timeline(events) {
   return el("details", { class: "timeline", open: "" }, el("summary", {}, "timeline"), el("ol", {}, ...items));
 }
 
+const CATEGORIES = ["productive", "recomputation", "recovery", "start-up", "waiting"];
+
+function seconds(ms) {
+  if (ms < 60000) return (ms / 1000).toFixed(1) + " s";
+  if (ms < 3600000) return Math.floor(ms / 60000) + " min " + Math.round((ms % 60000) / 1000) + " s";
+  return (ms / 3600000).toFixed(1) + " h";
+}
+
+// Where the job's time went: a bar in time order, one color per category,
+// a mark at each restart, and the totals under it.
+function timeBar(g) {
+  const wall = CATEGORIES.reduce((a, c) => a + (g[c.replace("-", "_") + "_s"] || 0), 0) * 1000;
+  if (!(wall > 0)) return null;
+  const segs = g.segments || [];
+  const from = segs.length ? segs[0].unix_ms : 0;
+  const to = segs.length ? segs[segs.length - 1].unix_ms + segs[segs.length - 1].ms : 0;
+  const span = Math.max(1, to - from);
+  const pct = (x) => (Math.max(0, Math.min(1, x)) * 100).toFixed(3) + "%";
+  const bar = el("div", { class: "timebar", "data-goodput": (g.goodput_percent || 0).toFixed(1) },
+    ...segs.map((s) => el("span", {
+      class: "seg seg-" + s.category,
+      "data-category": s.category,
+      "data-ms": s.ms,
+      style: { left: pct((s.unix_ms - from) / span), width: pct(s.ms / span) },
+      title: s.category + " " + seconds(s.ms) + " from " + new Date(s.unix_ms).toLocaleTimeString(),
+    })),
+    ...(g.losses || []).filter((l) => l.unix_ms >= from).map((l) => el("i", {
+      class: "loss",
+      "data-round": l.round,
+      style: { left: pct((l.unix_ms - from) / span) },
+      title: "restart of round " + l.round + (l.step !== null ? " at step " + l.step : "") + ": " + l.cause,
+    })));
+  const legend = el("div", { class: "legend" },
+    el("b", {}, "goodput " + (g.goodput_percent || 0).toFixed(1) + " %"), " of " + seconds(wall) + ": ",
+    ...CATEGORIES.map((c) => {
+      const ms = (g[c.replace("-", "_") + "_s"] || 0) * 1000;
+      let what = c + " " + seconds(ms);
+      if (c === "recomputation" && g.lost_steps) what += " (" + g.lost_steps + " steps)";
+      if (c === "recovery" && g.restarts) what += " (" + g.restarts + (g.restarts === 1 ? " restart)" : " restarts)");
+      return el("span", { class: "key key-" + c, "data-category": c, "data-ms": Math.round(ms) }, what);
+    }));
+  const last = (g.losses || []).slice(-1)[0];
+  const cost = last ? el("div", { class: "loss-cost" },
+    "last restart (round " + last.round + ") cost " + seconds(last.recovery_s * 1000) + " recovery" +
+    (last.lost_steps ? " + " + seconds(last.recomputation_s * 1000) + " recomputation (" + last.lost_steps +
+      " steps, " + (last.checkpoint === null ? 0 : last.checkpoint) + "→" + last.step + ")" : "") +
+    ": " + last.cause) : null;
+  return el("div", { class: "goodput" }, bar, legend, cost);
+}
+
 function rootCause(f) {
   const exit = f.exitcode < 0 ? "signal " + (-f.exitcode) : "exit code " + f.exitcode;
   return el("div", { class: "root-cause", title: "root cause: the first failure reported in its round" },
@@ -178,6 +229,10 @@ function jobCard(j) {
     card.append(el("div", { class: "failure", title: "last failure" }, j.last_failure));
   }
   if (j.root_cause) card.append(rootCause(j.root_cause));
+  if (j.goodput) {
+    const bar = timeBar(j.goodput);
+    if (bar) card.append(bar);
+  }
   // Stacks the server kept that this page has not fetched (a hang's, or
   // another operator's): fetched once.
   const s = stacksOf(j.job_id);
