@@ -123,6 +123,9 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // worker is told of, read into `progress` for the keep-alives and the
     // failure reports.
     let mut progress = crate::progress::Progress::default();
+    if let Some(settings) = cfg.hang {
+        progress = progress.with_hangs(settings, cfg.nproc_per_node);
+    }
     let mut cfg = cfg;
     let _progress_socket = match crate::progress::ProgressSocket::start(
         &std::env::temp_dir(),
@@ -150,6 +153,16 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     });
     // The rendezvous this node reaches, for a hang's job-wide stacks.
     let job_stacks = crate::stacks::JobStacks::default();
+    // Checked ten times per least timeout (at least every 20 ms, at most
+    // every second).
+    let _hangs = cfg.hang.map(|h| {
+        let every = (h.floor / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        AbortOnDrop(Some(progress.watch_hangs(
+            watched.clone(),
+            job_stacks.clone(),
+            every,
+        )))
+    });
     let _file_timer = match &cfg.file_timer {
         None => None,
         Some(path) => Some(

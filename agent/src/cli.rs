@@ -317,6 +317,25 @@ pub struct AgentArgs {
         value_name = "FILE"
     )]
     pub checkpoint_iteration_file: Option<PathBuf>,
+    /// Hangs without a guessed timeout: a worker that reports its steps (`accel.progress(step)`) and then makes no progress for --hang-safety-factor times its own 99th-percentile step time (within --hang-timeout-floor and --hang-timeout-cap; --first-step-timeout before a round's first steps; `with accel.section(name):` blocks learn their own) hung: every rank's stacks go to its error file, it is killed and the job restarts, as for an expired FileTimer.
+    #[arg(long = "learned-hang-timeouts", env = "PET_LEARNED_HANG_TIMEOUTS", value_parser = BoolishValueParser::new(), default_missing_value = "true", num_args = 0..=1, require_equals = true)]
+    pub learned_hang_timeouts: bool,
+    /// --learned-hang-timeouts: the timeout is this many times the learned step (or section) time.
+    #[arg(long = "hang-safety-factor", env = "PET_HANG_SAFETY_FACTOR", value_name = "F",
+          default_value = "3", value_parser = parse_factor)]
+    pub hang_safety_factor: f64,
+    /// --learned-hang-timeouts: the least timeout.
+    #[arg(long = "hang-timeout-floor", env = "PET_HANG_TIMEOUT_FLOOR",
+          default_value = "30", value_parser = DurationParser)]
+    pub hang_timeout_floor: Duration,
+    /// --learned-hang-timeouts: the largest timeout, and a section's the first time it runs.
+    #[arg(long = "hang-timeout-cap", env = "PET_HANG_TIMEOUT_CAP",
+          default_value = "3600", value_parser = DurationParser)]
+    pub hang_timeout_cap: Duration,
+    /// --learned-hang-timeouts: how long a round's workers may take to their first steps (start-up, loading a checkpoint, compiling).
+    #[arg(long = "first-step-timeout", env = "PET_FIRST_STEP_TIMEOUT",
+          default_value = "1800", value_parser = DurationParser)]
+    pub first_step_timeout: Duration,
     /// Crash loops: the wait before a restart when the job failed within
     /// --restart-backoff-window of its round's start for the second time in
     /// a row: BASE, doubling for each further quick failure, at most MAX
@@ -425,6 +444,12 @@ impl From<AgentArgs> for LaunchOptions {
             no_restart_exit_code: a.no_restart_exit_code,
             max_no_progress_restarts: a.max_no_progress_restarts,
             checkpoint_iteration_file: a.checkpoint_iteration_file,
+            hang: a.learned_hang_timeouts.then_some(crate::hang::Settings {
+                factor: a.hang_safety_factor,
+                floor: a.hang_timeout_floor,
+                cap: a.hang_timeout_cap,
+                first_step: a.first_step_timeout,
+            }),
             health_check: a
                 .health_check
                 .filter(|c| !c.trim().is_empty())
@@ -439,5 +464,15 @@ impl From<AgentArgs> for LaunchOptions {
             },
             ..LaunchOptions::new(String::new())
         }
+    }
+}
+
+/// `--hang-safety-factor`: a finite number from 1 to 1000.
+fn parse_factor(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && (1.0..=1000.0).contains(&f) => Ok(f),
+        _ => Err(format!(
+            "'{s}' is not a safety factor: write a number from 1 to 1000 (e.g. 3: three times the learned step time)"
+        )),
     }
 }

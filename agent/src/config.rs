@@ -171,6 +171,9 @@ pub struct Config {
     /// `--checkpoint-iteration-file`: read every second as every worker's
     /// checkpointed step (the `progress` module).
     pub checkpoint_iteration_file: Option<PathBuf>,
+    /// `--learned-hang-timeouts`: hangs judged by timeouts learned from the
+    /// workers' step times (the `hang` module; `None`: off).
+    pub hang: Option<crate::hang::Settings>,
     /// `--preload`: the modules a zygote imports, whose forks the workers
     /// are (empty: workers are executed).
     pub preload: Vec<String>,

@@ -575,18 +575,10 @@ async fn act(e: &Expired, worker: &Watched, workers: &Workers, job: &crate::stac
         return;
     }
     warn!(pid = e.pid, rank = worker.rank, scopes = %scopes, "a FileTimer expired: the worker hung; collecting its stacks, then stopping it");
-    let stacks = hung_stacks(e.pid, worker.rank, job).await;
     let message = format!(
         "FileTimer '{scopes}' expired: rank {} (pid {}) hung past its expires(after=...)",
         worker.rank, e.pid
     );
-    if let Err(err) = write_error_file(&worker.error_file, &message, &stacks) {
-        warn!(file = %worker.error_file.path().display(), error = %err, "cannot write the hung worker's error file");
-    }
-    // Still that worker's process after the dump (not a reused pid)?
-    if owner(e.pid, &lock(workers).clone()).is_none_or(|w| w.pid != worker.pid) {
-        return;
-    }
     let sig = Signal::try_from(e.signal).unwrap_or_else(|_| {
         warn!(
             signal = e.signal,
@@ -594,7 +586,29 @@ async fn act(e: &Expired, worker: &Watched, workers: &Workers, job: &crate::stac
         );
         Signal::SIGKILL
     });
-    let _ = nix::sys::signal::kill(Pid::from_raw(e.pid), sig);
+    stop_hung(e.pid, worker, &message, sig, workers, job).await;
+}
+
+/// A hung process `pid` of `worker`'s group (a FileTimer's, or a learned
+/// timeout's, `crate::hang`): every rank's stacks and `message` into the
+/// worker's error file, then `sig`, if `workers` still lists it.
+pub(crate) async fn stop_hung(
+    pid: i32,
+    worker: &Watched,
+    message: &str,
+    sig: Signal,
+    workers: &Workers,
+    job: &crate::stacks::JobStacks,
+) {
+    let stacks = hung_stacks(pid, worker.rank, job).await;
+    if let Err(err) = write_error_file(&worker.error_file, message, &stacks) {
+        warn!(file = %worker.error_file.path().display(), error = %err, "cannot write the hung worker's error file");
+    }
+    // Still that worker's process after the dump (not a reused pid)?
+    if owner(pid, &lock(workers).clone()).is_none_or(|w| w.pid != worker.pid) {
+        return;
+    }
+    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
 }
 
 /// The hung worker's stacks, then every rank's, grouped, as the

@@ -57,6 +57,7 @@ pub(crate) mod failure;
 pub mod file_timer;
 pub(crate) mod files;
 pub(crate) mod gpu;
+pub mod hang;
 pub mod health;
 pub mod logs;
 pub(crate) mod metrics;

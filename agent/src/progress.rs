@@ -70,19 +70,40 @@ struct Table {
 }
 
 /// What one datagram says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
     /// A step is done.
     Step(u64),
     /// A checkpoint of this step is saved.
     Checkpointed(u64),
+    /// A named section (`accel.section(name)`) begins.
+    Begin(String),
+    /// It ends.
+    End(String),
 }
 
-/// Reads one datagram: `p STEP [SAMPLES]` or `c STEP`.
+/// Reads one datagram: `p STEP [SAMPLES]`, `c STEP`, `s NAME` or `e NAME`
+/// (a name of at most [`crate::hang::MAX_SECTION_NAME`] letters, digits,
+/// `_`, `-` and `.`).
 pub fn parse(datagram: &[u8]) -> Option<Report> {
     let text = std::str::from_utf8(datagram).ok()?.trim_end_matches('\n');
     let mut words = text.split(' ');
     let kind = words.next()?;
+    if kind == "s" || kind == "e" {
+        let name = words.next()?;
+        let fine = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+        if words.next().is_some()
+            || name.is_empty()
+            || name.len() > crate::hang::MAX_SECTION_NAME
+            || !name.chars().all(fine)
+        {
+            return None;
+        }
+        return Some(match kind {
+            "s" => Report::Begin(name.to_owned()),
+            _ => Report::End(name.to_owned()),
+        });
+    }
     let step: u64 = words.next()?.parse().ok()?;
     match (kind, words.next(), words.next()) {
         ("p", None, None) => Some(Report::Step(step)),
@@ -99,6 +120,9 @@ pub fn parse(datagram: &[u8]) -> Option<Report> {
 pub struct Progress {
     table: Arc<Mutex<Table>>,
     socket: Option<Arc<UnixDatagram>>,
+    /// `--learned-hang-timeouts`: the ranks' clocks (the `hang` module),
+    /// and the node's number of ranks.
+    hangs: Option<(Arc<Mutex<crate::hang::Watch>>, u32)>,
 }
 
 impl Progress {
@@ -109,11 +133,51 @@ impl Progress {
         t.ranks.clear();
         t.first_step = None;
         t.least = None;
+        if let Some((watch, nproc)) = &self.hangs {
+            lock(watch).new_round(Instant::now(), *nproc);
+        }
+    }
+
+    /// Judges the node's `nproc` ranks for hangs by timeouts learned from
+    /// their step times (`--learned-hang-timeouts`).
+    pub fn with_hangs(mut self, settings: crate::hang::Settings, nproc: u32) -> Self {
+        self.hangs = Some((
+            Arc::new(Mutex::new(crate::hang::Watch::new(settings))),
+            nproc,
+        ));
+        self
+    }
+
+    /// The round's workers are stopping: no hang is judged until the next.
+    pub fn stopped(&self) {
+        if let Some((watch, _)) = &self.hangs {
+            lock(watch).stopped();
+        }
+    }
+
+    /// The round's hang at `now`, once (the `hang` module).
+    pub fn hang(&self, now: Instant) -> Option<crate::hang::Hang> {
+        self.hangs.as_ref().and_then(|(w, _)| lock(w).expired(now))
     }
 
     /// Applies `report` from the worker of local rank `local_rank`.
     fn apply(&self, local_rank: u32, report: Report) {
         let now = Instant::now();
+        if let Some((watch, _)) = &self.hangs {
+            let event = match &report {
+                Report::Step(_) => Some(crate::hang::Event::Step),
+                Report::Begin(n) => Some(crate::hang::Event::Begin(n.clone())),
+                Report::End(n) => Some(crate::hang::Event::End(n.clone())),
+                Report::Checkpointed(_) => None,
+            };
+            if let Some(e) = event {
+                lock(watch).observe(now, local_rank, e);
+            }
+        }
+        let report = match report {
+            Report::Begin(_) | Report::End(_) => return,
+            r => r,
+        };
         let mut t = lock(&self.table);
         let r = t.ranks.entry(local_rank).or_default();
         match report {
@@ -122,6 +186,7 @@ impl Progress {
                 r.checkpoint = Some(r.checkpoint.map_or(s, |c| c.max(s)));
                 r.step = r.step.max(s);
             }
+            Report::Begin(_) | Report::End(_) => {}
         }
         t.first_step.get_or_insert(now);
         // O(ranks of one node): a handful.
@@ -162,6 +227,11 @@ impl Progress {
             checkpoint_step: checkpoints.and_then(|c| c.into_iter().min()),
             first_step_ms_ago: ago(t.first_step),
             min_step_ms_ago: ago(t.least.map(|(_, at)| at)),
+            hang_timeout_ms: self
+                .hangs
+                .as_ref()
+                .and_then(|(w, _)| lock(w).learned())
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         })
     }
 
@@ -191,6 +261,51 @@ impl Progress {
             (Some(w), Some(report)) => self.apply(w.local_rank, report),
             _ => self.drop_one(),
         }
+    }
+}
+
+impl Progress {
+    /// `--learned-hang-timeouts`: checks the ranks every `every` and stops
+    /// the round's hung worker as an expired FileTimer's (its stacks and
+    /// every rank's into its error file, then SIGKILL), so the job
+    /// restarts; `job` collects the stacks.
+    pub fn watch_hangs(
+        &self,
+        workers: Workers,
+        job: crate::stacks::JobStacks,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let progress = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(hang) = progress.hang(Instant::now()) else {
+                    continue;
+                };
+                let worker = lock(&workers)
+                    .iter()
+                    .find(|w| w.local_rank == hang.local_rank)
+                    .cloned();
+                let Some(worker) = worker else { continue };
+                let message = hang.message(worker.rank);
+                tracing::warn!(
+                    rank = worker.rank,
+                    pid = worker.pid,
+                    "{message}; collecting every rank's stacks, then stopping it"
+                );
+                crate::file_timer::stop_hung(
+                    worker.pid,
+                    &worker,
+                    &message,
+                    nix::sys::signal::Signal::SIGKILL,
+                    &workers,
+                    &job,
+                )
+                .await;
+            }
+        })
     }
 }
 
@@ -438,6 +553,7 @@ mod tests {
             s.map(|s| pb::Progress {
                 first_step_ms_ago: 0,
                 min_step_ms_ago: 0,
+                hang_timeout_ms: 0,
                 ..s
             })
         };
@@ -451,6 +567,7 @@ mod tests {
                 checkpoint_step: None,
                 first_step_ms_ago: 0,
                 min_step_ms_ago: 0,
+                hang_timeout_ms: 0,
             }),
             "rank 1 has not checkpointed"
         );

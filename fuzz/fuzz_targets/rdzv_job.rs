@@ -476,6 +476,7 @@ impl Server {
                     checkpoint_step: saved,
                     first_step_ms_ago: ago.0,
                     min_step_ms_ago: ago.1,
+                    hang_timeout_ms: 0,
                 },
             );
             assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");

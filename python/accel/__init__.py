@@ -11,6 +11,8 @@ accelerate's Python launchers, and progress reports for the agent::
     import accel
     accel.progress(step)                  # in the training loop
     accel.checkpointed(step)              # once a checkpoint is saved
+    with accel.section("checkpoint"):     # work that is not a step
+        save()
 
 The launchers (and PyTorch with them) are imported on first use, so a
 worker that only reports progress does not pay for them.
@@ -19,9 +21,9 @@ Note: the import name ``accel`` is also used by an unrelated PyPI project
 named ``accel``; install only one of the two in an environment.
 """
 
-from .progress import checkpointed, progress
+from .progress import checkpointed, progress, section
 
-__all__ = ["notebook_launcher", "debug_launcher", "progress", "checkpointed"]
+__all__ = ["notebook_launcher", "debug_launcher", "progress", "checkpointed", "section"]
 
 try:
     from importlib.metadata import version as _version

@@ -9,16 +9,22 @@ so a script that reports runs unchanged under torchrun.
 
 The agent sums the reports up per node and the rendezvous per job: with
 ``--max-no-progress-restarts N``, N restarts in a row that did not take the
-job past the best step it reached end it, naming that step.
+job past the best step it reached end it, naming that step. With
+``--learned-hang-timeouts``, the agent learns each rank's step time and
+takes a rank silent for much longer for hung; ``with accel.section(name):``
+marks work that is not a step (saving a checkpoint, evaluating), which
+learns a timeout of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import socket
-from typing import Optional
+from typing import Iterator, Optional
 
-__all__ = ["progress", "checkpointed"]
+__all__ = ["progress", "checkpointed", "section"]
 
 _ENV = "ACCEL_PROGRESS_SOCKET"
 # (path, socket) of the last send: a worker's environment does not change,
@@ -63,3 +69,22 @@ def progress(step: int, samples: Optional[int] = None) -> None:
 def checkpointed(step: int) -> None:
     """Says that a checkpoint of step ``step`` is saved."""
     _send(f"c {_step('step', step)}")
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+@contextlib.contextmanager
+def section(name: str) -> Iterator[None]:
+    """Marks a block that is not a training step (``with accel.section("checkpoint"):``):
+    with ``--learned-hang-timeouts`` the agent judges it by the longest
+    earlier run of the same section, not by the step time."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"a section name is 1 to 32 letters, digits, '_', '-' or '.', not {name!r}"
+        )
+    _send(f"s {name}")
+    try:
+        yield
+    finally:
+        _send(f"e {name}")

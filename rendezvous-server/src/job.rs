@@ -815,6 +815,11 @@ impl Job {
         (self.progress.best, self.progress.reached())
     }
 
+    /// The longest hang timeout the running round's nodes learned, ms.
+    pub fn hang_timeout_ms(&self) -> Option<u64> {
+        self.progress.hang_timeout()
+    }
+
     /// Worker-failure restarts in a row that did not pass the best step.
     pub fn no_progress_restarts(&self) -> u32 {
         self.progress.stalled

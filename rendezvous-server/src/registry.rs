@@ -1398,6 +1398,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
         best_step: job.steps().0,
         no_progress_restarts: job.no_progress_restarts(),
         goodput: Some(job.goodput_message(now, unix_ms(SystemTime::now()))),
+        hang_timeout_ms: job.hang_timeout_ms(),
     }
 }
 

@@ -189,6 +189,7 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                 "best_step": j.best_step,
                 "no_progress_restarts": j.no_progress_restarts,
                 "goodput": j.goodput.as_ref().map(goodput_json),
+                "hang_timeout_ms": j.hang_timeout_ms,
                 "timeline": j.timeline.iter().map(|e| serde_json::json!({
                     "unix_ms": e.unix_ms,
                     "kind": e.kind,
@@ -297,6 +298,13 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
                     out,
                     "  ({} restarts without passing it)",
                     j.no_progress_restarts
+                );
+            }
+            if let Some(ms) = j.hang_timeout_ms {
+                let _ = write!(
+                    out,
+                    "  hang timeout {} (learned)",
+                    accel_proto::goodput::short(ms)
                 );
             }
             out.push('\n');
@@ -552,6 +560,7 @@ mod tests {
             step: Some(41),
             best_step: Some(40),
             no_progress_restarts: 1,
+            hang_timeout_ms: Some(1500),
             goodput: Some(pb::Goodput {
                 productive_ms: 50_000,
                 recovery_ms: 2_500,
@@ -635,6 +644,8 @@ mod tests {
         assert!(j["nodes"][1]["node_rank"].is_null());
         assert_eq!(render_json(&[]), "{\"jobs\":[]}\n");
         assert_eq!(j["goodput"]["wall_s"], 57.5);
+        assert_eq!(j["hang_timeout_ms"], 1500);
+        assert!(text.contains("  hang timeout 1.5s (learned)\n"), "{text}");
         assert_eq!(j["goodput"]["losses"][0]["lost_steps"], 5);
         assert!(j["goodput"]["now"].is_null());
         assert!(

@@ -686,6 +686,7 @@ impl World {
             checkpoint_step: checkpoint,
             first_step_ms_ago: ms(now.saturating_sub(first)),
             min_step_ms_ago: ms(now.saturating_sub(least.4)),
+            hang_timeout_ms: 0,
         })
     }
 

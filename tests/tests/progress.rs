@@ -71,7 +71,8 @@ fn a_job_that_gets_further_each_time_keeps_its_restarts() {
 }
 
 /// The running round's step, as the workers report it, is in
-/// `rdzv-server status` (text and JSON) while the job runs.
+/// `rdzv-server status` (text and JSON) while the job runs, with the hang
+/// timeout its ranks learned.
 #[test]
 fn the_running_rounds_step_is_in_status() {
     let server = accel_tests::Server::start();
@@ -81,6 +82,8 @@ fn the_running_rounds_step_is_in_status() {
         .nnodes(1)
         .nproc(2)
         .conf("keep_alive_interval=0.5")
+        .arg("--learned-hang-timeouts")
+        .flag("--hang-timeout-floor", 2)
         .env("CKPT_DIR", dir.display())
         .env("FAIL_AT", 1_000_000)
         .env("STEPS", 1_000_000)
@@ -103,6 +106,8 @@ fn the_running_rounds_step_is_in_status() {
         text.contains("  step ") && text.contains("best before -"),
         "{text}"
     );
+    // Its steps (5 ms) learned a timeout: the floor, 2 s.
+    assert!(text.contains("  hang timeout 2.0s (learned)"), "{text}");
     agent.signal("TERM");
     let _ = agent.wait(LIMIT);
 }
@@ -272,4 +277,105 @@ fn a_ddp_job_killed_at_step_35_is_charged_5_recomputed_steps_and_its_recovery() 
     assert!(dom.contains("class=\"seg seg-recomputation\""), "{dom}");
     assert!(dom.contains("class=\"loss\" data-round=\"0\""), "{dom}");
     assert!(dom.contains("(5 steps, 30→35)"), "{dom}");
+}
+
+/// A two-worker job of `steps` jittery steps (`STEP_S` +/- 50 %) with
+/// `--learned-hang-timeouts` (a floor of 1 s).
+fn jittery(dir: &Path, steps: u32, step_s: f64) -> AgentCmd {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    AgentCmd::new()
+        .nproc(2)
+        .max_restarts(1)
+        .arg("--learned-hang-timeouts")
+        .flag("--hang-timeout-floor", 1)
+        .flag("--first-step-timeout", 60)
+        .env("CKPT_DIR", dir.display())
+        .env("STEPS", steps)
+        .env("STEP_S", step_s)
+        .env("PYTHONPATH", python.display())
+        .script(worker("hang_job.py"))
+}
+
+/// A rank that stops making progress is caught by the timeout learned
+/// from its steps (here the floor, 1 s, as 3 x its ~30 ms steps is less),
+/// its stacks (py-spy's, where it sleeps) are in the failure report, and
+/// the job restarts and finishes.
+#[test]
+fn a_rank_that_stops_stepping_is_caught_by_its_learned_timeout_and_the_job_restarts() {
+    let dir = scratch("learned-hang");
+    let logs = dir.join("logs");
+    let out = jittery(&dir, 200, 0.02)
+        .env("HANG_AT", 100)
+        .log_dir(&logs)
+        .run(&dir, "agent", LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert_eq!(attempts(&dir), 2, "one restart: {}", out.stderr);
+    let verdict = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("rank 0 made no progress for "))
+        .unwrap_or_else(|| panic!("no verdict: {}", out.stderr));
+    // `made no progress for S (timeout T, learned from its step times ...`
+    let secs = |after: &str| -> f64 {
+        let rest = &verdict[verdict.find(after).expect(after) + after.len()..];
+        rest[..rest.find('s').expect("s")].parse().expect("seconds")
+    };
+    let (silent, timeout) = (secs("made no progress for "), secs("(timeout "));
+    assert!((timeout - 1.0).abs() < 1e-9, "the floor applies: {verdict}");
+    assert!(
+        silent <= timeout + 0.5,
+        "caught within a check or two of its timeout: {verdict}"
+    );
+    assert!(verdict.contains("learned from its step times"), "{verdict}");
+    // The failure report (the hung rank's error file, torch's format):
+    // the verdict, its stacks (py-spy's, where it sleeps), every rank's.
+    let reports: Vec<String> = files_named(&logs, "error.json")
+        .iter()
+        .map(|f| std::fs::read_to_string(f).expect("error file"))
+        .collect();
+    assert!(
+        reports
+            .iter()
+            .any(|r| r.contains("rank 0 made no progress for ")
+                && r.contains("stuck_between_steps (hang_job.py:")
+                && r.contains("Every rank's stacks when rank 0 hung")),
+        "the hung rank's stacks are in its failure report: {reports:?}"
+    );
+    assert!(
+        out.stdout.contains("rank 0 attempt 1 done"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// No false hang: 1,000 steps of 20 ms +/- 50 % (and checkpoints of 1.5 s,
+/// longer than the floor, in `accel.section("checkpoint")`) run through
+/// without a restart.
+#[test]
+fn a_thousand_jittery_steps_and_long_checkpoints_are_no_hang() {
+    let dir = scratch("learned-no-hang");
+    let out = jittery(&dir, 1000, 0.02)
+        .env("CKPT_EVERY", 400)
+        .env("SAVE_S", 1.5)
+        .run(&dir, "agent", LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("made no progress"), "{}", out.stderr);
+    assert_eq!(attempts(&dir), 1, "{}", out.stderr);
+}
+
+/// Every file named `name` under `dir`.
+fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == name) {
+                found.push(p);
+            }
+        }
+    }
+    found
 }

@@ -58,6 +58,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
             Action::Stop { signal, grace } => {
                 // Stopping workers are no longer watched for hangs.
                 self.watch(Vec::new());
+                self.progress.stopped();
                 match self.group.take() {
                     Some(mut group) => {
                         let kill = Arc::new(Notify::new());

@@ -326,6 +326,8 @@ pub struct LaunchOptions {
     pub max_no_progress_restarts: u32,
     /// `--checkpoint-iteration-file`.
     pub checkpoint_iteration_file: Option<PathBuf>,
+    /// `--learned-hang-timeouts` and its settings (`None`: off).
+    pub hang: Option<crate::hang::Settings>,
     /// `--numa-binding`: how workers are bound to the CPUs near their GPUs.
     pub numa_binding: Option<crate::numa::AffinityMode>,
 }
@@ -380,6 +382,7 @@ impl LaunchOptions {
             no_restart_exit_code: None,
             max_no_progress_restarts: 0,
             checkpoint_iteration_file: None,
+            hang: None,
             numa_binding: None,
         }
     }
@@ -566,6 +569,7 @@ impl LaunchOptions {
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             max_no_progress_restarts: self.max_no_progress_restarts,
             checkpoint_iteration_file: self.checkpoint_iteration_file.clone(),
+            hang: self.hang,
             numa_binding,
         })
     }

@@ -46,6 +46,9 @@ pub struct Progress {
     pub checkpoint: Option<u64>,
     /// The step the last round that ended reached (not stored).
     pub ended_at: Option<u64>,
+    /// The current round's learned hang timeouts, per reporting node, ms
+    /// (not stored: heard again).
+    pub hang_timeouts: BTreeMap<String, u64>,
 }
 
 /// The verdict on a job whose worker failed: it makes no progress.
@@ -67,6 +70,10 @@ impl Progress {
         }
         let least = self.round.entry(node_id.to_owned()).or_insert(p.min_step);
         *least = (*least).max(p.min_step);
+        if p.hang_timeout_ms > 0 {
+            self.hang_timeouts
+                .insert(node_id.to_owned(), p.hang_timeout_ms);
+        }
         if let Some(c) = p.checkpoint_step {
             let saved = self.checkpoints.entry(node_id.to_owned()).or_insert(c);
             *saved = (*saved).max(c);
@@ -81,6 +88,11 @@ impl Progress {
             return None;
         }
         self.checkpoints.values().copied().min()
+    }
+
+    /// The longest hang timeout the round's nodes learned, ms.
+    pub fn hang_timeout(&self) -> Option<u64> {
+        self.hang_timeouts.values().copied().max()
     }
 
     /// Where the running round resumed from: the last checkpoint an
@@ -101,6 +113,7 @@ impl Progress {
         self.checkpoint = self.checkpoint.max(self.saved());
         self.round.clear();
         self.checkpoints.clear();
+        self.hang_timeouts.clear();
         self.ended_at = reached;
         reached
     }
@@ -163,6 +176,7 @@ mod tests {
             checkpoint_step: None,
             first_step_ms_ago: 0,
             min_step_ms_ago: 0,
+            hang_timeout_ms: 0,
         }
     }
 

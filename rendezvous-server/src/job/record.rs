@@ -187,6 +187,7 @@ impl Job {
                 round: Default::default(),
                 checkpoints: Default::default(),
                 ended_at: None,
+                hang_timeouts: Default::default(),
                 ..self.progress.clone()
             },
             goodput: self.goodput.store(now),

@@ -408,6 +408,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             checkpoints: Default::default(),
             checkpoint: meta.checkpoint_step,
             ended_at: None,
+            hang_timeouts: Default::default(),
         },
         goodput: meta.goodput.map(goodput_of).unwrap_or_default(),
         torn: e.writing,

@@ -16,6 +16,10 @@
 //!                            e.g. to profile the server in that state)
 //!        [--topology]   (each agent joins with a topology path: zones of 4,096
 //!                        nodes, racks of 64, NVLink domains of 16)
+//!        [--keep-alives K [--progress]]   (then every agent sends K keep-alives,
+//!                        vouching for its whole round, with its workers'
+//!                        progress: the server's CPU per keep-alive is printed
+//!                        on a line of its own)
 //! The peak-RSS column is the server's high-water mark since it started minus
 //! its RSS before this size: exact for a server that serves one size.
 
@@ -70,13 +74,48 @@ fn cpu_seconds(pid: &str) -> f64 {
 
 /// One simulated agent; returns its event stream, still open (the node stays
 /// connected, as a real agent does while its workers run).
+/// A simulated agent in its running round.
+struct Joined {
+    events: tonic::Streaming<pb::Event>,
+    client: Client,
+    /// Its keep-alive, as a current agent sends it in the steady state.
+    keep_alive: pb::KeepAliveRequest,
+}
+
+/// `k` keep-alives of one agent, one after the other, with its 8 workers'
+/// progress (a step further each time) when `progress`.
+async fn keep_alives(
+    mut client: Client,
+    mut req: pb::KeepAliveRequest,
+    k: u32,
+    progress: bool,
+) -> Result<(), String> {
+    for step in 1..=u64::from(k) {
+        req.progress = progress.then(|| pb::Progress {
+            round: req.round,
+            ranks: 8,
+            min_step: step * 100,
+            max_step: step * 100 + 1,
+            checkpoint_step: Some(step * 100 / 1000 * 1000),
+            first_step_ms_ago: step * 5000,
+            min_step_ms_ago: 10,
+            hang_timeout_ms: 0,
+        });
+        client
+            .keep_alive(req.clone())
+            .await
+            .map_err(|s| s.to_string())?;
+    }
+    Ok(())
+}
+
 async fn agent(
     mut client: Client,
     job: String,
     i: usize,
     n: u32,
     topology: bool,
-) -> Result<tonic::Streaming<pb::Event>, String> {
+) -> Result<Joined, String> {
     let node_id = format!("load-{i}");
     let req = pb::JoinRequest {
         job_id: job.clone(),
@@ -105,6 +144,7 @@ async fn agent(
         started_unix_ms: 0,
         max_no_progress_restarts: 0,
     };
+    let mut session = Vec::new();
     let mut events = client
         .join(req)
         .await
@@ -118,6 +158,7 @@ async fn agent(
             .and_then(|e| e.kind)
         {
             Some(Kind::Joined(j)) => {
+                session = j.session.clone();
                 let ready = pb::ReadyRequest {
                     job_id: job.clone(),
                     node_id: node_id.clone(),
@@ -128,7 +169,21 @@ async fn agent(
                 };
                 client.ready(ready).await.map_err(|s| s.to_string())?;
             }
-            Some(Kind::RoundComplete(r)) if r.nnodes == n => return Ok(events),
+            Some(Kind::RoundComplete(r)) if r.nnodes == n => {
+                return Ok(Joined {
+                    events,
+                    client,
+                    keep_alive: pb::KeepAliveRequest {
+                        job_id: job,
+                        node_id,
+                        session,
+                        round: r.round,
+                        vouch: Vec::new(),
+                        vouch_all: true,
+                        progress: None,
+                    },
+                })
+            }
             Some(_) => {}
             None => return Err("stream ended".into()),
         }
@@ -158,13 +213,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max(1);
     let topology = std::env::args().any(|a| a == "--topology");
     let hold = Duration::from_secs_f64(arg("--hold").map_or(Ok(0.0), |s| s.parse())?);
+    let beats: u32 = arg("--keep-alives").map_or(Ok(0), |k| k.parse())?;
+    let progress = std::env::args().any(|a| a == "--progress");
     let rt = tokio::runtime::Runtime::new()?;
     if !std::env::args().any(|a| a == "--no-header") {
         println!("| agents | link | rendezvous wall time | server CPU | server CPU per agent | server peak RSS per agent | server RSS per connected agent |");
         println!("|---|---|---|---|---|---|---|");
     }
     for (k, n) in sizes.into_iter().enumerate() {
-        let (wall, cpu, peak, steady) = rt.block_on(async {
+        let (wall, cpu, peak, steady, per_beat) = rt.block_on(async {
             let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
             let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
@@ -215,9 +272,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Every node still connected, the round running: what a job costs
             // while it runs (the peak adds every node joining at once).
             let steady = status_kib(&server_pid, "VmRSS:") - rss0;
+            let mut per_beat = None;
+            if beats > 0 {
+                let cpu0 = cpu_seconds(&server_pid);
+                let t0 = Instant::now();
+                let tasks: Vec<_> = open
+                    .iter()
+                    .map(|a| {
+                        tokio::spawn(keep_alives(
+                            a.client.clone(),
+                            a.keep_alive.clone(),
+                            beats,
+                            progress,
+                        ))
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await??;
+                }
+                let took = t0.elapsed();
+                let cpu = cpu_seconds(&server_pid) - cpu0;
+                per_beat = Some((took, cpu / f64::from(n * beats) * 1e6));
+            }
             tokio::time::sleep(hold).await;
-            drop(open);
-            Ok::<_, Box<dyn std::error::Error>>((wall, cpu, peak, steady))
+            drop(open.into_iter().map(|a| a.events).collect::<Vec<_>>());
+            Ok::<_, Box<dyn std::error::Error>>((wall, cpu, peak, steady, per_beat))
         })?;
         println!(
             "| {n} | {label} | {:.3} s | {:.2} s | {:.0} µs | {:.1} KiB | {:.1} KiB |",
@@ -227,6 +306,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             peak / f64::from(n),
             steady / f64::from(n)
         );
+        if let Some((took, micros)) = per_beat {
+            let what = if progress {
+                "with progress"
+            } else {
+                "without progress"
+            };
+            println!(
+                "keep-alives: {n} agents x {beats} ({what}) in {:.3} s: server CPU {micros:.1} µs per keep-alive",
+                took.as_secs_f64()
+            );
+        }
     }
     Ok(())
 }
