@@ -8,7 +8,10 @@
 //! datagram of ASCII text: `p STEP` (a step done, optionally `p STEP
 //! SAMPLES`) or `c STEP` (a checkpoint of that step is saved). A datagram
 //! is sent without waiting (a full queue drops it), so reporting never
-//! slows a step: one `sendto` of a few bytes, a few microseconds.
+//! slows a step; step reports less than 10 ms apart are folded into the
+//! next by the sender (`accel.progress`, the Rust worker runtime), so a
+//! worker sends at most about 100 a second. The agent polls the socket
+//! every [`READ_EVERY`] instead of being woken for each datagram.
 //!
 //! # Whose reports count
 //! The socket is created with `SO_PASSCRED`: the kernel attaches the
@@ -34,8 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use accel_proto::v1 as pb;
-use tokio::io::Interest;
-use tokio::net::UnixDatagram;
+use std::os::unix::net::UnixDatagram;
 
 use crate::file_timer::{Watched, Workers};
 
@@ -45,6 +47,14 @@ pub const ENV: &str = "ACCEL_PROGRESS_SOCKET";
 pub const MAX_DATAGRAM: usize = 64;
 /// Datagrams read in one go before the task yields.
 const BATCH: usize = 256;
+/// The reader drains the queue every this often, polling a non-blocking
+/// socket that is not registered for readiness: a worker reporting every
+/// step at 1,000 steps/s would otherwise wake the agent's runtime 1,000
+/// times a second per rank, and each wake-up costs the node's CPUs (which
+/// the workers use) far more than reading one more datagram. The queue
+/// holds a few hundred datagrams; a step is heard at most this much later
+/// (a failure report reads the queue at once).
+const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
 /// Datagrams a failure report reads at most (a socket's default queue
 /// holds far fewer).
 const QUEUED_AT_MOST: usize = 4096;
@@ -227,6 +237,7 @@ impl Progress {
             checkpoint_step: checkpoints.and_then(|c| c.into_iter().min()),
             first_step_ms_ago: ago(t.first_step),
             min_step_ms_ago: ago(t.least.map(|(_, at)| at)),
+            failing_step: None,
             hang_timeout_ms: self
                 .hangs
                 .as_ref()
@@ -237,8 +248,9 @@ impl Progress {
 
     /// Reads every datagram already waiting (without waiting for more),
     /// then [`Progress::summary`]: what a failure report carries, so the
-    /// steps a worker reported just before it died count.
-    pub fn summary_now(&self, workers: &Workers) -> Option<pb::Progress> {
+    /// steps a worker reported just before it died count, with the step of
+    /// `failing` (the local rank that failed) on its own.
+    pub fn summary_now(&self, workers: &Workers, failing: Option<u32>) -> Option<pb::Progress> {
         if let Some(socket) = &self.socket {
             let watched = lock(workers).clone();
             // What is queued, bounded: a worker writing as fast as this
@@ -248,7 +260,10 @@ impl Progress {
                 self.take(got, &watched);
             }
         }
-        self.summary()
+        let mut summary = self.summary()?;
+        summary.failing_step =
+            failing.and_then(|r| lock(&self.table).ranks.get(&r).map(|r| r.step));
+        Some(summary)
     }
 
     fn take(&self, got: Received, watched: &[Watched]) {
@@ -413,25 +428,28 @@ impl ProgressSocket {
         bind(fd.as_raw_fd(), &addr)
             .map_err(io::Error::from)
             .map_err(cleanup)?;
-        let socket = std::os::unix::net::UnixDatagram::from(fd);
-        let socket = Arc::new(UnixDatagram::from_std(socket).map_err(cleanup)?);
+        let socket = Arc::new(UnixDatagram::from(fd));
         progress.socket = Some(socket.clone());
         let reader = progress.clone();
         let task = tokio::spawn(async move {
             loop {
-                if socket.readable().await.is_err() {
-                    return;
-                }
+                tokio::time::sleep(READ_EVERY).await;
+                // Nothing queued (the usual poll): nothing else to do.
+                let Some(first) = receive(&socket) else {
+                    continue;
+                };
                 let watched = lock(&workers).clone();
-                let mut n = 0;
+                reader.take(first, &watched);
+                let mut n = 1;
                 while let Some(got) = receive(&socket) {
                     reader.take(got, &watched);
                     n += 1;
                     if n == BATCH {
-                        break;
+                        // More waits: read on after the others had their turn.
+                        tokio::task::yield_now().await;
+                        n = 0;
                     }
                 }
-                tokio::task::yield_now().await;
             }
         });
         Ok(Self { dir, path, task })
@@ -457,9 +475,7 @@ enum Received {
 /// none is waiting (or the socket failed). Through tokio's `try_io`, so a
 /// read that finds nothing clears the socket's readiness.
 fn receive(socket: &UnixDatagram) -> Option<Received> {
-    socket
-        .try_io(Interest::READABLE, || receive_now(socket))
-        .ok()
+    receive_now(socket).ok()
 }
 
 /// Reads one datagram without waiting, whatever tokio last saw of the
@@ -554,6 +570,7 @@ mod tests {
                 first_step_ms_ago: 0,
                 min_step_ms_ago: 0,
                 hang_timeout_ms: 0,
+                failing_step: None,
                 ..s
             })
         };
@@ -568,6 +585,7 @@ mod tests {
                 first_step_ms_ago: 0,
                 min_step_ms_ago: 0,
                 hang_timeout_ms: 0,
+                failing_step: None,
             }),
             "rank 1 has not checkpointed"
         );
@@ -592,7 +610,7 @@ mod tests {
         };
         // This process is no worker yet: dropped.
         send("p 5");
-        assert_eq!(progress.summary_now(&workers), None);
+        assert_eq!(progress.summary_now(&workers, None), None);
         assert_eq!(progress.dropped(), 1);
         // Now this process's group is a worker's (local rank 1).
         let me = nix::unistd::getpgid(None).expect("pgid").as_raw();
@@ -608,7 +626,7 @@ mod tests {
         send("c 6");
         send("p 8 512");
         send("p x");
-        let s = progress.summary_now(&workers).expect("reported");
+        let s = progress.summary_now(&workers, None).expect("reported");
         assert_eq!((s.round, s.ranks, s.max_step), (2, 1, 8));
         assert_eq!(s.checkpoint_step, Some(6));
         assert_eq!(

@@ -477,6 +477,7 @@ impl Server {
                     first_step_ms_ago: ago.0,
                     min_step_ms_ago: ago.1,
                     hang_timeout_ms: 0,
+                    failing_step: None,
                 },
             );
             assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");

@@ -726,7 +726,7 @@ impl Job {
             now,
             ago(p.first_step_ms_ago),
             ago(p.min_step_ms_ago),
-            p.min_step,
+            p.failing_step.unwrap_or(p.min_step),
             self.progress.best,
             self.progress.resumed(),
         );

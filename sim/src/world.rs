@@ -687,6 +687,7 @@ impl World {
             first_step_ms_ago: ms(now.saturating_sub(first)),
             min_step_ms_ago: ms(now.saturating_sub(least.4)),
             hang_timeout_ms: 0,
+            failing_step: None,
         })
     }
 

@@ -110,7 +110,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                             reason: message,
                             failure: None,
                             no_restart: false,
-                            progress: self.progress.summary_now(&self.watched),
+                            progress: self.progress.summary_now(&self.watched, Some(local_rank)),
                         },
                     )
                     .await

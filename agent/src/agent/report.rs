@@ -36,7 +36,9 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     ),
                     // Read now, so the steps the worker reported just
                     // before it failed count.
-                    progress: self.progress.summary_now(&self.watched),
+                    progress: self
+                        .progress
+                        .summary_now(&self.watched, Some(exit.local_rank)),
                 },
             )
             .await;

@@ -34,7 +34,7 @@ use crate::sys::Ended;
 enum Call {
     /// On link `n` (0: the first; each rejoin makes the next).
     Ready(u32, u64),
-    Failure(u32, u64, Failed),
+    Failure(u32, u64, Box<Failed>),
     /// The workers of this round were fenced (no worker failed).
     Fenced(u32, u64),
     Success(u32, u64),
@@ -155,7 +155,7 @@ impl Link for FakeLink {
     }
 
     async fn report_failure(&mut self, round: u64, failed: Failed) {
-        self.call(Call::Failure(self.n, round, failed));
+        self.call(Call::Failure(self.n, round, Box::new(failed)));
     }
 
     async fn report_fenced(&mut self, round: u64, reason: String) {

@@ -49,6 +49,9 @@ pub struct Progress {
     /// The current round's learned hang timeouts, per reporting node, ms
     /// (not stored: heard again).
     pub hang_timeouts: BTreeMap<String, u64>,
+    /// The step the failing rank of a failure report reported, and its
+    /// node (not stored: the round ends with it).
+    pub failing: Option<(String, u64)>,
 }
 
 /// The verdict on a job whose worker failed: it makes no progress.
@@ -68,15 +71,35 @@ impl Progress {
         if p.round != current || p.ranks == 0 {
             return false;
         }
-        let least = self.round.entry(node_id.to_owned()).or_insert(p.min_step);
-        *least = (*least).max(p.min_step);
+        // Every keep-alive of every node comes here: the node's id is
+        // copied only the first time it reports in a round.
+        fn keep(
+            map: &mut BTreeMap<String, u64>,
+            node_id: &str,
+            value: u64,
+            merge: fn(u64, u64) -> u64,
+        ) {
+            match map.get_mut(node_id) {
+                Some(v) => *v = merge(*v, value),
+                None => {
+                    map.insert(node_id.to_owned(), value);
+                }
+            }
+        }
+        keep(&mut self.round, node_id, p.min_step, u64::max);
+        if let Some(step) = p.failing_step {
+            self.failing = Some((node_id.to_owned(), step));
+        }
         if p.hang_timeout_ms > 0 {
-            self.hang_timeouts
-                .insert(node_id.to_owned(), p.hang_timeout_ms);
+            keep(
+                &mut self.hang_timeouts,
+                node_id,
+                p.hang_timeout_ms,
+                |_, new| new,
+            );
         }
         if let Some(c) = p.checkpoint_step {
-            let saved = self.checkpoints.entry(node_id.to_owned()).or_insert(c);
-            *saved = (*saved).max(c);
+            keep(&mut self.checkpoints, node_id, c, u64::max);
         }
         true
     }
@@ -104,11 +127,17 @@ impl Progress {
     /// The round ends: its step and checkpoint are folded in, and the
     /// next round counts from nothing. Its step: every reporting node's, or
     /// `fresh`'s when that is further (the node whose failure ended it: its
-    /// report, sent with the failure, is the only one of that moment; the
-    /// others' are up to a keep-alive old, and in synchronous training the
-    /// ranks are at the same step).
+    /// report, sent with the failure, is the only one of that moment, and
+    /// it says the failing rank's own step; the others' are up to a
+    /// keep-alive old, and in synchronous training the ranks are at the
+    /// same step).
     fn end_round(&mut self, fresh: Option<&str>) -> Option<u64> {
-        let fresh = fresh.and_then(|n| self.round.get(n).copied());
+        // The failing rank's own step, else its node's least.
+        let fresh = fresh.and_then(|n| match self.failing.take() {
+            Some((node, step)) if node == n => Some(step),
+            _ => self.round.get(n).copied(),
+        });
+        self.failing = None;
         let reached = self.reached().max(fresh);
         self.checkpoint = self.checkpoint.max(self.saved());
         self.round.clear();
@@ -177,6 +206,7 @@ mod tests {
             first_step_ms_ago: 0,
             min_step_ms_ago: 0,
             hang_timeout_ms: 0,
+            failing_step: None,
         }
     }
 
@@ -255,10 +285,22 @@ mod tests {
         assert_eq!(p.reached(), Some(33));
         assert_eq!(p.failed(0, "a"), None);
         assert_eq!(p.best, Some(35));
+        // The failing rank's own step, with its failure, counts over its
+        // node's least (another rank's report may be a few ms old).
+        p.report(
+            1,
+            "a",
+            &pb::Progress {
+                failing_step: Some(38),
+                ..at(1, 36)
+            },
+        );
+        assert_eq!(p.failed(0, "a"), None);
+        assert_eq!(p.best, Some(38));
         // A failing node that had reported nothing changes nothing.
-        p.report(1, "b", &at(1, 36));
+        p.report(2, "b", &at(2, 39));
         assert_eq!(p.failed(0, "c"), None);
-        assert_eq!(p.best, Some(36));
+        assert_eq!(p.best, Some(39));
     }
 
     #[test]

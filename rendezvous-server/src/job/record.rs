@@ -188,6 +188,7 @@ impl Job {
                 checkpoints: Default::default(),
                 ended_at: None,
                 hang_timeouts: Default::default(),
+                failing: None,
                 ..self.progress.clone()
             },
             goodput: self.goodput.store(now),

@@ -1787,6 +1787,7 @@ fn goodput_accounts_a_failure_at_35_as_recovery_and_5_steps_redone() {
         first_step_ms_ago: first_ago,
         min_step_ms_ago: step_ago,
         hang_timeout_ms: 0,
+        failing_step: None,
     };
     // First step at 5 s (3 s of start-up), then one a second; heard late.
     for node in ["n0", "n1"] {

@@ -409,6 +409,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             checkpoint: meta.checkpoint_step,
             ended_at: None,
             hang_timeouts: Default::default(),
+            failing: None,
         },
         goodput: meta.goodput.map(goodput_of).unwrap_or_default(),
         torn: e.writing,

@@ -100,6 +100,7 @@ async fn keep_alives(
             first_step_ms_ago: step * 5000,
             min_step_ms_ago: 10,
             hang_timeout_ms: 0,
+            failing_step: None,
         });
         client
             .keep_alive(req.clone())
