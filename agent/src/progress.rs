@@ -59,11 +59,46 @@ const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
 /// holds far fewer).
 const QUEUED_AT_MOST: usize = 4096;
 
+/// Per-step times a rank keeps (the median goes to the rendezvous).
+const STEP_TIMES: usize = 10;
+/// Ranks whose step times a report carries.
+const MAX_RANK_TIMES: usize = 64;
+
 /// One rank's reports in the current round.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Rank {
     step: u64,
     checkpoint: Option<u64>,
+    /// Its last step report: the step, and when it was read.
+    at: Option<(u64, Instant)>,
+    /// Its time per step between its last reports, µs, oldest first.
+    per_step: std::collections::VecDeque<u64>,
+}
+
+impl Rank {
+    fn stepped(&mut self, now: Instant, step: u64) {
+        if let Some((s0, t0)) = self.at {
+            if step <= s0 {
+                return;
+            }
+            let us = u64::try_from(now.duration_since(t0).as_micros()).unwrap_or(u64::MAX);
+            if self.per_step.len() == STEP_TIMES {
+                self.per_step.pop_front();
+            }
+            self.per_step.push_back(us / (step - s0));
+        }
+        self.at = Some((step, now));
+    }
+
+    /// The median of its per-step times (`None`: fewer than 3).
+    fn step_us(&self) -> Option<u64> {
+        if self.per_step.len() < 3 {
+            return None;
+        }
+        let mut v: Vec<u64> = self.per_step.iter().copied().collect();
+        v.sort_unstable();
+        Some(v[v.len() / 2])
+    }
 }
 
 /// The node's reports: per local rank, for one round.
@@ -191,7 +226,10 @@ impl Progress {
         let mut t = lock(&self.table);
         let r = t.ranks.entry(local_rank).or_default();
         match report {
-            Report::Step(s) => r.step = r.step.max(s),
+            Report::Step(s) => {
+                r.stepped(now, s);
+                r.step = r.step.max(s);
+            }
             Report::Checkpointed(s) => {
                 r.checkpoint = Some(r.checkpoint.map_or(s, |c| c.max(s)));
                 r.step = r.step.max(s);
@@ -238,6 +276,21 @@ impl Progress {
             first_step_ms_ago: ago(t.first_step),
             min_step_ms_ago: ago(t.least.map(|(_, at)| at)),
             failing_step: None,
+            rank_times: {
+                let mut times: Vec<pb::RankTime> = t
+                    .ranks
+                    .iter()
+                    .filter_map(|(r, k)| {
+                        k.step_us().map(|step_us| pb::RankTime {
+                            local_rank: *r,
+                            step_us,
+                        })
+                    })
+                    .collect();
+                times.sort_unstable_by_key(|t| t.local_rank);
+                times.truncate(MAX_RANK_TIMES);
+                times
+            },
             hang_timeout_ms: self
                 .hangs
                 .as_ref()
@@ -571,6 +624,7 @@ mod tests {
                 min_step_ms_ago: 0,
                 hang_timeout_ms: 0,
                 failing_step: None,
+                rank_times: Vec::new(),
                 ..s
             })
         };
@@ -586,6 +640,7 @@ mod tests {
                 min_step_ms_ago: 0,
                 hang_timeout_ms: 0,
                 failing_step: None,
+                rank_times: Vec::new(),
             }),
             "rank 1 has not checkpointed"
         );

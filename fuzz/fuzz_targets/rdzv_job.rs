@@ -478,6 +478,7 @@ impl Server {
                     min_step_ms_ago: ago.1,
                     hang_timeout_ms: 0,
                     failing_step: None,
+                    rank_times: Vec::new(),
                 },
             );
             assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");

@@ -62,6 +62,7 @@ mod quarantine;
 mod record;
 mod rounds;
 mod session;
+mod stragglers;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -86,6 +87,7 @@ pub use quarantine::{
 };
 pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
+pub use stragglers::Straggler;
 
 /// How often at most every member of a forming round is sent its progress
 /// (for jobs of up to [`PROGRESS_NODES`] members; larger jobs less often).
@@ -262,6 +264,9 @@ pub struct Job {
     progress: progress::Progress,
     /// Where the job's time went (the `goodput` module).
     goodput: goodput::Goodput,
+    /// The running round's ranks' step times and stragglers (the
+    /// `stragglers` module). Not stored: heard again.
+    stragglers: stragglers::Stragglers,
 }
 
 impl Job {
@@ -301,6 +306,7 @@ impl Job {
             vouched_all: None,
             progress: progress::Progress::default(),
             goodput: goodput::Goodput::default(),
+            stragglers: stragglers::Stragglers::default(),
         }
     }
 
@@ -718,6 +724,7 @@ impl Job {
         if !self.progress.report(self.round, node_id, p) {
             return;
         }
+        self.stragglers.report(now, node_id, &p.rank_times);
         // The job's time follows the freshest report: each node's comes
         // with its keep-alive (or its failure), the latest is of now, and
         // in synchronous training every node is at the same step.
@@ -813,6 +820,11 @@ impl Job {
     /// round's (`None`: none reported).
     pub fn steps(&self) -> (Option<u64>, Option<u64>) {
         (self.progress.best, self.progress.reached())
+    }
+
+    /// The running round's stragglers, slowest first.
+    pub fn stragglers(&self) -> &[Straggler] {
+        self.stragglers.flagged()
     }
 
     /// The longest hang timeout the running round's nodes learned, ms.

@@ -402,6 +402,9 @@ pub struct Summary {
     /// Jobs the server holds (finished ones too), the first [`JOB_SERIES`]
     /// by id: id, milliseconds per category ([`CATEGORIES`]' order).
     pub time: Vec<(String, [u64; 5])>,
+    /// The running jobs' stragglers (of the first [`JOB_SERIES`] jobs): job,
+    /// host, global rank, its time per step and the job's median (µs).
+    pub stragglers: Vec<(String, String, u32, u64, u64)>,
 }
 
 /// The goodput categories, as labels (`crate::job::Category`).
@@ -416,6 +419,13 @@ pub const CATEGORIES: [&str; 5] = [
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CategoryLabel {
     category: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StragglerLabel {
+    rdzv_id: String,
+    host: String,
+    rank: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -555,6 +565,21 @@ impl Collector for States {
                 };
                 ConstGauge::new(*ms as f64 / 1000.0).encode(e.encode_family(&labels)?)?;
             }
+        }
+        let mut e = encoder.encode_descriptor(
+            "accel_rdzv_straggler_slowdown",
+            "Ranks of running jobs persistently slower per step than their job's median (by more than 25 %), with their host: their time per step over the median (at most 16 per job)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (id, host, rank, step_us, median_us) in &summary.stragglers {
+            let ratio = *step_us as f64 / (*median_us).max(1) as f64;
+            let labels = StragglerLabel {
+                rdzv_id: id.clone(),
+                host: host.clone(),
+                rank: *rank,
+            };
+            ConstGauge::new(ratio).encode(e.encode_family(&labels)?)?;
         }
         let e = encoder.encode_descriptor(
             "accel_rdzv_quarantined_hosts",

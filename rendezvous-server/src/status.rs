@@ -190,6 +190,13 @@ pub fn jobs_json(jobs: &[pb::JobInfo]) -> Vec<serde_json::Value> {
                 "no_progress_restarts": j.no_progress_restarts,
                 "goodput": j.goodput.as_ref().map(goodput_json),
                 "hang_timeout_ms": j.hang_timeout_ms,
+                "stragglers": j.stragglers.iter().map(|s| serde_json::json!({
+                    "rank": s.rank,
+                    "host": s.host,
+                    "node_id": s.node_id,
+                    "step_us": s.step_us,
+                    "median_us": s.median_us,
+                })).collect::<Vec<_>>(),
                 "timeline": j.timeline.iter().map(|e| serde_json::json!({
                     "unix_ms": e.unix_ms,
                     "kind": e.kind,
@@ -234,6 +241,19 @@ fn goodput_json(g: &pb::Goodput) -> serde_json::Value {
             "ms": x.ms,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// A straggler, in words.
+fn straggler_line(s: &pb::Straggler) -> String {
+    let ms = |us: u64| accel_proto::goodput::short(us / 1000);
+    format!(
+        "straggler: rank {} on host '{}' takes {:.2}x the job's median step ({} against {})",
+        s.rank,
+        s.host,
+        s.step_us as f64 / s.median_us.max(1) as f64,
+        ms(s.step_us),
+        ms(s.median_us)
+    )
 }
 
 /// What the job's last restart cost, in words.
@@ -308,6 +328,9 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
                 );
             }
             out.push('\n');
+        }
+        for s in &j.stragglers {
+            let _ = writeln!(out, "  {}", straggler_line(s));
         }
         if let Some(g) = &j.goodput {
             if g.wall_ms() > 0 {
@@ -561,6 +584,13 @@ mod tests {
             best_step: Some(40),
             no_progress_restarts: 1,
             hang_timeout_ms: Some(1500),
+            stragglers: vec![pb::Straggler {
+                rank: 3,
+                host: "h2".into(),
+                node_id: "b".into(),
+                step_us: 140_000,
+                median_us: 100_000,
+            }],
             goodput: Some(pb::Goodput {
                 productive_ms: 50_000,
                 recovery_ms: 2_500,
@@ -646,6 +676,11 @@ mod tests {
         assert_eq!(j["goodput"]["wall_s"], 57.5);
         assert_eq!(j["hang_timeout_ms"], 1500);
         assert!(text.contains("  hang timeout 1.5s (learned)\n"), "{text}");
+        assert!(
+            text.contains("  straggler: rank 3 on host 'h2' takes 1.40x the job's median step (140ms against 100ms)\n"),
+            "{text}"
+        );
+        assert_eq!(j["stragglers"][0]["host"], "h2");
         assert_eq!(j["goodput"]["losses"][0]["lost_steps"], 5);
         assert!(j["goodput"]["now"].is_null());
         assert!(

@@ -688,6 +688,7 @@ impl World {
             min_step_ms_ago: ms(now.saturating_sub(least.4)),
             hang_timeout_ms: 0,
             failing_step: None,
+            rank_times: Vec::new(),
         })
     }
 

@@ -379,3 +379,94 @@ fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// Two nodes of two workers, 40 steps of 0.2 s (+/- 10 %) each, reporting
+/// progress every 0.25 s; `slow`: global rank 3 sleeps 40 % more per step.
+/// Returns the stragglers `rdzv-server status --json` showed, polled while
+/// the job ran, with the job's reported step when each was first seen.
+fn straggler_run(name: &str, slow: bool) -> Vec<(serde_json::Value, u64)> {
+    let server = accel_tests::Server::start();
+    let dir = scratch(name);
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let agents: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            AgentCmd::c10d(&server.addr, name)
+                .nnodes(2)
+                .nproc(2)
+                .conf("keep_alive_interval=0.25")
+                .env("CKPT_DIR", dir.display())
+                .env("STEPS", 40)
+                .env("STEP_S", 0.2)
+                .env("JITTER", 0.1)
+                .env("SLOW_RANK", if slow { 3 } else { -1 })
+                .env("SLOW", 0.4)
+                .env("PYTHONPATH", python.display())
+                .script(worker("hang_job.py"))
+                .start(&dir, n)
+        })
+        .collect();
+    let mut seen: Vec<(serde_json::Value, u64)> = Vec::new();
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let jobs = accel_tests::status_jobs(&server.addr, &[]).unwrap_or_default();
+        let Some(job) = jobs.first() else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let step = job["step"].as_u64().unwrap_or(0);
+        for s in job["stragglers"].as_array().into_iter().flatten() {
+            if !seen.iter().any(|(k, _)| k["rank"] == s["rank"]) {
+                seen.push((s.clone(), step));
+                // The same in the metrics and on the status page.
+                let metrics = server.metrics.clone().expect("metrics");
+                let (_, exposition) = accel_tests::http_get(&metrics, "/metrics").expect("metrics");
+                let series = format!(
+                    "accel_rdzv_straggler_slowdown{{rdzv_id=\"{name}\",host=\"{}\",rank=\"{}\"}}",
+                    s["host"].as_str().unwrap_or_default(),
+                    s["rank"]
+                );
+                assert!(
+                    accel_tests::sample(&exposition, &series).is_some_and(|r| r > 1.25),
+                    "{series}: {exposition}"
+                );
+                let dom = crate::status_page::dump_dom(&dir, &format!("http://{metrics}/"), 2500);
+                assert!(
+                    dom.contains(&format!("data-straggler-rank=\"{}\"", s["rank"])),
+                    "{dom}"
+                );
+            }
+        }
+        if job["phase"] != "running" && job["phase"] != "forming" {
+            assert_eq!(job["phase"], "succeeded", "{job}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{job}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    seen
+}
+
+/// A rank slowed by 40 % (it sleeps more per step) is flagged as a straggler,
+/// with its host, within 20 steps; the same job unslowed flags none. The
+/// workers step on their own (no collective): where ranks wait for each
+/// other every step, a slow rank's time is in everyone's steps.
+#[test]
+fn a_rank_slowed_by_40_percent_is_flagged_as_a_straggler_and_an_unslowed_job_flags_none() {
+    let seen = straggler_run("straggler", true);
+    assert_eq!(seen.len(), 1, "only rank 3: {seen:?}");
+    let (s, step) = &seen[0];
+    assert_eq!(s["rank"], 3, "{s}");
+    assert!(s["host"].as_str().is_some_and(|h| !h.is_empty()), "{s}");
+    let ratio = s["step_us"].as_f64().unwrap_or(0.0) / s["median_us"].as_f64().unwrap_or(1.0);
+    assert!((1.3..1.5).contains(&ratio), "about 1.4x: {s}");
+    assert!(
+        *step <= 20,
+        "flagged by step {step} (the job's reported step): {s}"
+    );
+    assert_eq!(straggler_run("no-straggler", false), Vec::new());
+}

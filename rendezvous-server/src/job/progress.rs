@@ -207,6 +207,7 @@ mod tests {
             min_step_ms_ago: 0,
             hang_timeout_ms: 0,
             failing_step: None,
+            rank_times: Vec::new(),
         }
     }
 
@@ -292,6 +293,7 @@ mod tests {
             "a",
             &pb::Progress {
                 failing_step: Some(38),
+                rank_times: Vec::new(),
                 ..at(1, 36)
             },
         );

@@ -260,6 +260,7 @@ impl Job {
             vouched_all: None,
             progress: record.progress,
             goodput: super::goodput::Goodput::restore(record.goodput, now),
+            stragglers: Default::default(),
         };
         for (host, since, until, reason, shared) in record.benched {
             job.quarantine.restore_bench(

@@ -219,6 +219,7 @@ impl Job {
             self.progress.checkpoint,
         );
         self.round_ended(now);
+        self.stragglers = Default::default();
         self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);
         self.phase = Phase::Forming;
@@ -257,6 +258,7 @@ impl Job {
             }),
         };
         self.round_ended(now);
+        self.stragglers = Default::default();
         self.phase = phase;
         self.finished_at = Some(now);
         self.broadcast(event)

@@ -1788,6 +1788,7 @@ fn goodput_accounts_a_failure_at_35_as_recovery_and_5_steps_redone() {
         min_step_ms_ago: step_ago,
         hang_timeout_ms: 0,
         failing_step: None,
+        rank_times: Vec::new(),
     };
     // First step at 5 s (3 s of start-up), then one a second; heard late.
     for node in ["n0", "n1"] {

@@ -233,6 +233,12 @@ function jobCard(j) {
     const bar = timeBar(j.goodput);
     if (bar) card.append(bar);
   }
+  for (const s of j.stragglers || []) {
+    card.append(el("div", { class: "straggler", "data-straggler-rank": s.rank, title: "a rank persistently slower per step than the job's median" },
+      el("b", {}, "straggler "), "rank " + s.rank + " on " + s.host + ": " +
+      (s.step_us / Math.max(1, s.median_us)).toFixed(2) + "x the job's median step (" +
+      (s.step_us / 1000).toFixed(1) + " ms against " + (s.median_us / 1000).toFixed(1) + " ms)"));
+  }
   // Stacks the server kept that this page has not fetched (a hang's, or
   // another operator's): fetched once.
   const s = stacksOf(j.job_id);

@@ -101,6 +101,7 @@ async fn keep_alives(
             min_step_ms_ago: 10,
             hang_timeout_ms: 0,
             failing_step: None,
+            rank_times: Vec::new(),
         });
         client
             .keep_alive(req.clone())
