@@ -11,7 +11,7 @@
 //! slows a step; step reports less than 10 ms apart are folded into the
 //! next by the sender (`accel.progress`, the Rust worker runtime), so a
 //! worker sends at most about 100 a second. The agent polls the socket
-//! every [`READ_EVERY`] instead of being woken for each datagram.
+//! every 5 ms instead of being woken for each datagram.
 //!
 //! # Whose reports count
 //! The socket is created with `SO_PASSCRED`: the kernel attaches the

@@ -131,7 +131,7 @@ pub struct Loss {
     pub round: u64,
     /// When.
     pub at: Instant,
-    /// Why (the restart's reason, at most [`MAX_CAUSE`] bytes).
+    /// Why (the restart's reason, at most 256 bytes).
     pub cause: String,
     /// The step the round had reached (`None`: none reported).
     pub step: Option<u64>,
@@ -169,7 +169,7 @@ pub struct Goodput {
     /// Steps lost to restarts, all of them.
     pub lost_steps: u64,
     /// The latest closed stretches, oldest first, adjacent ones of one
-    /// category merged (at most [`MAX_SEGMENTS`]): the status page's time
+    /// category merged (at most 96): the status page's time
     /// bar. Not stored: a replica that takes the job over draws from then.
     pub segments: VecDeque<Segment>,
 }
@@ -185,7 +185,7 @@ pub struct Segment {
     pub length: Duration,
 }
 
-/// A cause, cut to at most [`MAX_CAUSE`] bytes (on a character boundary).
+/// A cause, cut to at most 256 bytes (on a character boundary).
 pub fn clip(cause: &str) -> String {
     let mut end = cause.len().min(MAX_CAUSE);
     while !cause.is_char_boundary(end) {
