@@ -87,7 +87,6 @@ pub use quarantine::{
 };
 pub use record::{JobRecord, MemberRecord, Offset};
 pub use session::{constant_time_eq, Session, SESSION_BYTES};
-pub use stragglers::Straggler;
 
 /// How often at most every member of a forming round is sent its progress
 /// (for jobs of up to [`PROGRESS_NODES`] members; larger jobs less often).
@@ -822,9 +821,24 @@ impl Job {
         (self.progress.best, self.progress.reached())
     }
 
-    /// The running round's stragglers, slowest first.
-    pub fn stragglers(&self) -> &[Straggler] {
-        self.stragglers.flagged()
+    /// The running round's stragglers, slowest first, as status shows
+    /// them: each with its global rank (node rank x nproc + local rank)
+    /// and its node's host.
+    pub fn straggler_info(&self) -> impl Iterator<Item = pb::Straggler> + '_ {
+        self.stragglers.flagged().iter().map(|s| {
+            let m = self.members.get(&s.node_id);
+            pb::Straggler {
+                rank: m
+                    .and_then(|m| m.rank)
+                    .unwrap_or(0)
+                    .saturating_mul(self.config.nproc_per_node)
+                    .saturating_add(s.local_rank),
+                host: m.map(|m| m.hostname.clone()).unwrap_or_default(),
+                node_id: s.node_id.clone(),
+                step_us: s.step_us,
+                median_us: s.median_us,
+            }
+        })
     }
 
     /// The longest hang timeout the running round's nodes learned, ms.

@@ -825,15 +825,8 @@ impl Registry {
                 restarts.push((id.clone(), job.restart_count(), job.config().max_restarts));
             }
             if time.len() < JOB_SERIES {
-                for s in job.stragglers() {
-                    let m = job.members().get(&s.node_id);
-                    let rank = m
-                        .and_then(|m| m.rank)
-                        .unwrap_or(0)
-                        .saturating_mul(job.config().nproc_per_node)
-                        .saturating_add(s.local_rank);
-                    let host = m.map(|m| m.hostname.clone()).unwrap_or_default();
-                    stragglers.push((id.clone(), host, rank, s.step_us, s.median_us));
+                for s in job.straggler_info() {
+                    stragglers.push((id.clone(), s.host, s.rank, s.step_us, s.median_us));
                 }
                 let spent = job.time_spent(now);
                 let ms = crate::job::Category::ALL
@@ -1411,24 +1404,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
         no_progress_restarts: job.no_progress_restarts(),
         goodput: Some(job.goodput_message(now, unix_ms(SystemTime::now()))),
         hang_timeout_ms: job.hang_timeout_ms(),
-        stragglers: job
-            .stragglers()
-            .iter()
-            .map(|s| {
-                let m = members.get(&s.node_id);
-                pb::Straggler {
-                    rank: m
-                        .and_then(|m| m.rank)
-                        .unwrap_or(0)
-                        .saturating_mul(c.nproc_per_node)
-                        .saturating_add(s.local_rank),
-                    host: m.map(|m| m.hostname.clone()).unwrap_or_default(),
-                    node_id: s.node_id.clone(),
-                    step_us: s.step_us,
-                    median_us: s.median_us,
-                }
-            })
-            .collect(),
+        stragglers: job.straggler_info().collect(),
     }
 }
 

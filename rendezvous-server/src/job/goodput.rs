@@ -97,9 +97,12 @@ impl Spent {
         self.0[c.index()]
     }
 
-    /// All of it: the job's wall time.
+    /// All of it: the job's wall time (saturating: a restored record's
+    /// values are not trusted to add up without overflow).
     pub fn total(&self) -> Duration {
-        self.0.iter().sum()
+        self.0
+            .iter()
+            .fold(Duration::ZERO, |a, d| a.saturating_add(*d))
     }
 
     fn add(&mut self, c: Category, d: Duration) {

@@ -47,7 +47,7 @@ struct Timed {
 /// A straggler: a node's local rank, its time per step and the job's
 /// median, µs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Straggler {
+pub(super) struct Straggler {
     /// The node.
     pub node_id: String,
     /// Its local rank.
