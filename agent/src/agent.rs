@@ -730,6 +730,8 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
             Event::Exited(exit) => {
                 self.note_failure(exit);
                 self.metrics.exited(&exit.ended);
+                // An exited worker's silence is no hang (`crate::hang`).
+                self.progress.exited(exit.local_rank);
                 if exit.ended != crate::Ended::Exited(0) {
                     self.failed_at.get_or_insert(now);
                 }

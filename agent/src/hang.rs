@@ -200,6 +200,14 @@ impl Watch {
         }
     }
 
+    /// Rank `local_rank`'s worker exited (its workers' others may run on):
+    /// its silence is no hang.
+    pub fn exited(&mut self, local_rank: u32) {
+        if let Some(c) = self.ranks.get_mut(&local_rank) {
+            c.since = None;
+        }
+    }
+
     /// Rank `local_rank` reports `event` at `now`.
     pub fn observe(&mut self, now: Instant, local_rank: u32, event: Event) {
         let Some(c) = self.ranks.get_mut(&local_rank) else {
@@ -437,6 +445,13 @@ mod tests {
         assert_eq!(w.expired(t0 + ms(100_000)), None, "no round");
         w.new_round(t0, 1);
         w.observe(t0, 5, Event::Step);
+        w.stopped();
+        assert_eq!(w.expired(t0 + ms(100_000)), None, "stopped");
+        // A rank whose worker exited (done before the others) is not hung.
+        w.new_round(t0, 2);
+        w.exited(1);
+        w.observe(t0 + ms(99_000), 0, Event::Step);
+        assert_eq!(w.expired(t0 + ms(100_000)), None, "exited");
         w.stopped();
         assert_eq!(w.expired(t0 + ms(100_000)), None, "stopped");
         w.new_round(t0, 1);

@@ -200,6 +200,13 @@ impl Progress {
         }
     }
 
+    /// The worker of `local_rank` exited: its silence is no hang.
+    pub fn exited(&self, local_rank: u32) {
+        if let Some((watch, _)) = &self.hangs {
+            lock(watch).exited(local_rank);
+        }
+    }
+
     /// The round's hang at `now`, once (the `hang` module).
     pub fn hang(&self, now: Instant) -> Option<crate::hang::Hang> {
         self.hangs.as_ref().and_then(|(w, _)| lock(w).expired(now))

@@ -363,6 +363,19 @@ fn a_thousand_jittery_steps_and_long_checkpoints_are_no_hang() {
     assert_eq!(attempts(&dir), 1, "{}", out.stderr);
 }
 
+/// A rank that finishes (exits 0) while another goes on for longer than
+/// the timeout is done, not hung.
+#[test]
+fn a_rank_that_finished_early_is_not_hung() {
+    let dir = scratch("learned-early");
+    let out = jittery(&dir, 150, 0.02)
+        .env("EARLY_STEPS", 20)
+        .run(&dir, "agent", LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("made no progress"), "{}", out.stderr);
+    assert_eq!(attempts(&dir), 1, "{}", out.stderr);
+}
+
 /// Every file named `name` under `dir`.
 fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();

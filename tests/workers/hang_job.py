@@ -8,7 +8,8 @@ steps (default 50) it saves a checkpoint inside accel.section("checkpoint")
 taking SAVE_S seconds. Each attempt of rank 0 leaves CKPT_DIR/attempt-N;
 at the end each rank prints `rank R attempt N done`.
 
-  hang_job.py   (CKPT_DIR, STEPS, STEP_S; JITTER; SLOW_RANK, SLOW; HANG_AT; CKPT_EVERY; SAVE_S)
+  hang_job.py   (CKPT_DIR, STEPS, STEP_S; JITTER; SLOW_RANK, SLOW; HANG_AT; CKPT_EVERY; SAVE_S;
+                 EARLY_STEPS: rank 1 does only this many steps, then exits 0)
 """
 import os
 import random
@@ -20,6 +21,8 @@ ckpt = os.environ["CKPT_DIR"]
 rank = int(os.environ["RANK"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 steps = int(os.environ["STEPS"])
+if rank == 1 and "EARLY_STEPS" in os.environ:
+    steps = int(os.environ["EARLY_STEPS"])
 step_s = float(os.environ["STEP_S"])
 hang_at = int(os.environ.get("HANG_AT", "-1"))
 every = int(os.environ.get("CKPT_EVERY", "50"))
