@@ -175,6 +175,7 @@ fuzz_target!(|data: &[u8]| {
                     let ranks: Vec<u8> = (0..usize::from(flags >> 5)).map(|_| input.byte()).collect();
                     server.vouch(node, r, &ranks, flags & 2 == 2);
                 }
+                let mut out = Vec::new();
                 if flags & 4 == 4 {
                     // Its workers' progress (`accel.progress`).
                     let r = round(&mut input, &server);
@@ -182,9 +183,11 @@ fuzz_target!(|data: &[u8]| {
                     // A checkpoint, and when the steps were (ms ago, any).
                     let saved = (flags & 8 == 8).then(|| step.saturating_sub(u64::from(input.byte() % 16)));
                     let ago = (u64::from(input.u32()), u64::from(input.u32()));
-                    server.progress(node, r, step, saved, ago);
+                    // Its ranks' times per step (a straggler's, a quarantine's).
+                    let times: Vec<u64> = (0..usize::from((flags >> 4) & 1) * 2).map(|_| 100_000 + u64::from(input.byte()) * 1000).collect();
+                    out = server.progress(node, r, step, saved, ago, &times);
                 }
-                (Vec::new(), false)
+                (out, false)
             }
             3 => {
                 let node = input.node();
@@ -264,7 +267,8 @@ fuzz_target!(|data: &[u8]| {
                 let after = u32::from(input.byte() % 4);
                 let window = Duration::from_millis(u64::from(input.u32()));
                 let hold = Duration::from_millis(u64::from(input.u32()));
-                server.set_quarantine((after > 0).then_some(QuarantinePolicy { after, window, hold }));
+                let stragglers = input.byte() & 1 == 1;
+                server.set_quarantine((after > 0).then_some(QuarantinePolicy { after, window, hold, stragglers }));
                 (Vec::new(), false)
             }
             11 => {
@@ -461,28 +465,33 @@ impl Server {
         }
     }
 
-    fn progress(&mut self, node: &str, round: u64, step: u64, saved: Option<u64>, ago: (u64, u64)) {
+    fn progress(&mut self, node: &str, round: u64, step: u64, saved: Option<u64>, ago: (u64, u64), times: &[u64]) -> Vec<Outbound> {
         let now = self.now();
-        if let Some(j) = self.job.as_mut() {
-            let before = j.steps();
-            j.report_progress(
-                now,
-                node,
-                &pb::Progress {
-                    round,
-                    ranks: 1,
-                    min_step: step,
-                    max_step: step,
-                    checkpoint_step: saved,
-                    first_step_ms_ago: ago.0,
-                    min_step_ms_ago: ago.1,
-                    hang_timeout_ms: 0,
-                    failing_step: None,
-                    rank_times: Vec::new(),
-                },
-            );
+        let Some(j) = self.job.as_mut() else {
+            return Vec::new();
+        };
+        let (before, restarts) = (j.steps(), j.restart_count());
+        let out = j.report_progress(
+            now,
+            node,
+            &pb::Progress {
+                round,
+                ranks: 1,
+                min_step: step,
+                max_step: step,
+                checkpoint_step: saved,
+                first_step_ms_ago: ago.0,
+                min_step_ms_ago: ago.1,
+                hang_timeout_ms: 0,
+                failing_step: None,
+                rank_times: times.iter().enumerate().map(|(r, us)| pb::RankTime { local_rank: r as u32, step_us: *us }).collect(),
+            },
+        );
+        if out.is_empty() {
             assert_eq!(j.steps().0, before.0, "a report changed the best of earlier rounds");
         }
+        assert_eq!(j.restart_count(), restarts, "a progress report spent the restart budget");
+        out
     }
 
     fn vouch(&mut self, node: &str, round: u64, ranks: &[u8], all: bool) {

@@ -164,6 +164,12 @@ pub struct ServerArgs {
     #[arg(long, env = "RDZV_QUARANTINE_FOR", default_value = "1h",
           value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
     pub quarantine_for: Duration,
+    /// Count a straggler (a rank persistently slower per step than the
+    /// job's median) against its host as a worker failure, once a round; a
+    /// host this quarantines leaves the running round at once when the job
+    /// can form without it. Needs --quarantine-after.
+    #[arg(long, env = "RDZV_STRAGGLER_QUARANTINE", requires = "quarantine_after")]
+    pub straggler_quarantine: bool,
     /// Where a quarantine applies: `job`, the job whose rounds the host
     /// failed; `server`, every job of this server.
     #[arg(long, env = "RDZV_QUARANTINE_SCOPE", default_value = "job", value_enum)]
@@ -419,6 +425,7 @@ impl ServerArgs {
                     after: self.quarantine_after,
                     window: self.quarantine_window,
                     hold: self.quarantine_for,
+                    stragglers: self.straggler_quarantine,
                 },
                 scope: self.quarantine_scope,
             }),

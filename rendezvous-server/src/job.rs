@@ -713,17 +713,25 @@ impl Job {
     }
 
     /// `node_id`, a node of the running round, reports its workers'
-    /// progress at `now` (with a keep-alive or a failure report).
-    pub fn report_progress(&mut self, now: Instant, node_id: &str, p: &pb::Progress) {
+    /// progress at `now` (with a keep-alive or a failure report). Nothing
+    /// to send, unless `--straggler-quarantine` benches a straggler's host
+    /// and the round re-forms without it
+    /// ([`Job::quarantine_stragglers`](Job)).
+    pub fn report_progress(
+        &mut self,
+        now: Instant,
+        node_id: &str,
+        p: &pb::Progress,
+    ) -> Vec<Outbound> {
         if self.phase != Phase::Running
             || self.members.get(node_id).is_none_or(|m| m.rank.is_none())
         {
-            return;
+            return Vec::new();
         }
         if !self.progress.report(self.round, node_id, p) {
-            return;
+            return Vec::new();
         }
-        self.stragglers.report(now, node_id, &p.rank_times);
+        let judged = self.stragglers.report(now, node_id, &p.rank_times);
         // The job's time follows the freshest report: each node's comes
         // with its keep-alive (or its failure), the latest is of now, and
         // in synchronous training every node is at the same step.
@@ -736,6 +744,10 @@ impl Job {
             self.progress.best,
             self.progress.resumed(),
         );
+        match judged {
+            true => self.quarantine_stragglers(now),
+            false => Vec::new(),
+        }
     }
 
     /// Where the job's time went by `now` (the open stretch included).
@@ -825,20 +837,23 @@ impl Job {
     /// them: each with its global rank (node rank x nproc + local rank)
     /// and its node's host.
     pub fn straggler_info(&self) -> impl Iterator<Item = pb::Straggler> + '_ {
-        self.stragglers.flagged().iter().map(|s| {
-            let m = self.members.get(&s.node_id);
-            pb::Straggler {
-                rank: m
-                    .and_then(|m| m.rank)
-                    .unwrap_or(0)
-                    .saturating_mul(self.config.nproc_per_node)
-                    .saturating_add(s.local_rank),
-                host: m.map(|m| m.hostname.clone()).unwrap_or_default(),
-                node_id: s.node_id.clone(),
-                step_us: s.step_us,
-                median_us: s.median_us,
-            }
-        })
+        self.stragglers.flagged().iter().map(|s| self.straggler(s))
+    }
+
+    /// A straggler with its global rank and host.
+    fn straggler(&self, s: &stragglers::Straggler) -> pb::Straggler {
+        let m = self.members.get(&s.node_id);
+        pb::Straggler {
+            rank: m
+                .and_then(|m| m.rank)
+                .unwrap_or(0)
+                .saturating_mul(self.config.nproc_per_node)
+                .saturating_add(s.local_rank),
+            host: m.map(|m| m.hostname.clone()).unwrap_or_default(),
+            node_id: s.node_id.clone(),
+            step_us: s.step_us,
+            median_us: s.median_us,
+        }
     }
 
     /// The longest hang timeout the running round's nodes learned, ms.

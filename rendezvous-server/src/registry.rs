@@ -893,6 +893,7 @@ impl Registry {
             .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
         authorize(&entry.job, job_id, node_id, session)?;
         let member = entry.job.keep_alive(now, node_id);
+        let mut out = Vec::new();
         let vouched = vouch.map_or(0, |v| {
             let vouched = match v.vouch_all || v.vouch.iter().any(|b| *b != 0) {
                 true => entry
@@ -904,10 +905,15 @@ impl Registry {
             // store write per keep-alive would cost more than a lost
             // report (a failure report carries the failing node's anyway).
             if let Some(p) = &v.progress {
-                entry.job.report_progress(now, node_id, p);
+                out = entry.job.report_progress(now, node_id, p);
             }
             vouched
         });
+        if !out.is_empty() {
+            // A straggler's host quarantined (--straggler-quarantine): the
+            // round re-forms, durably, as for any change.
+            self.after(&mut jobs, job_id, now, out);
+        }
         Ok((member, vouched))
     }
 

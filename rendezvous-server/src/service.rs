@@ -209,16 +209,20 @@ impl Rendezvous for RendezvousService {
                     host,
                     printable(&r.reason)
                 );
-                if let Some(p) = &r.progress {
-                    job.report_progress(now, &r.node_id, p);
-                }
-                let out = match r.no_restart {
+                // A report that re-forms the round (a straggler's host
+                // quarantined) makes the failure one of an earlier round.
+                let mut out = match &r.progress {
+                    Some(p) => job.report_progress(now, &r.node_id, p),
+                    None => Vec::new(),
+                };
+                let failed = match r.no_restart {
                     true => {
                         job.fatal_failure(now, &r.node_id, r.round, reason, detail, r.exit_code)
                     }
                     false => job.failure(now, &r.node_id, r.round, reason, detail),
                 };
-                counted = !out.is_empty();
+                counted = !failed.is_empty();
+                out.extend(failed);
                 ((), out)
             }),
         )?;

@@ -207,6 +207,7 @@ pub fn plan(seed: u64) -> Plan {
         static_ranks: false,
         failover: rng.bool(),
         quarantine: None,
+        slow: None,
         broken_quarantine: false,
         outage: Duration::ZERO,
     };
@@ -299,9 +300,17 @@ pub fn plan(seed: u64) -> Plan {
             after: q.u32(1..=2),
             window: Duration::from_secs(60),
             hold: ms(&mut q, 500, 8000),
+            stragglers: false,
         });
         let at = ms(&mut q, 500, 8000);
         faults.push((at, Fault::Flaky(q.usize(..nodes), q.u32(1..=3))));
+        // A straggler, counted or not (--straggler-quarantine).
+        if q.bool() {
+            spec.slow = Some(q.usize(..nodes));
+            if let Some(p) = spec.quarantine.as_mut() {
+                p.stragglers = q.bool();
+            }
+        }
     }
     faults.sort_by_key(|f| f.0);
     Plan {

@@ -20,8 +20,10 @@
 //!   `term` (how long a worker takes to stop on SIGTERM), `latency`,
 //!   `static` (node `nK` asks for node rank K-1), `failover`
 //!   (`restart-server` restores the job from its record),
-//!   `quarantine=AFTER:WINDOW:HOLD` (the server's `--quarantine-after`,
-//!   `--quarantine-window`, `--quarantine-for`), `broken-quarantine` (the
+//!   `quarantine=AFTER:WINDOW:HOLD[:stragglers]` (the server's
+//!   `--quarantine-after`, `--quarantine-window`, `--quarantine-for`, and
+//!   `--straggler-quarantine`), `slow=nK` (node K's ranks report half as
+//!   much time again per step: a straggler), `broken-quarantine` (the
 //!   planted bug: the server ends every bench as soon as it begins),
 //!   `outage` (the agents' `outage_timeout`: how long the peer hub may keep
 //!   workers without the rendezvous; default five drop limits, `0`: agents
@@ -174,12 +176,21 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
             "failover" => spec.failover = true,
             "quarantine" => {
                 let mut parts = v.split(':');
-                let mut next = || parts.next().ok_or("quarantine=AFTER:WINDOW:HOLD");
+                let mut next = || {
+                    parts
+                        .next()
+                        .ok_or("quarantine=AFTER:WINDOW:HOLD[:stragglers]")
+                };
                 spec.quarantine = Some(rendezvous_server::job::QuarantinePolicy {
                     after: number(next()?)?,
                     window: duration(next()?)?,
                     hold: duration(next()?)?,
+                    stragglers: parts.next() == Some("stragglers"),
                 });
+            }
+            "slow" => {
+                let k: usize = number(v.trim_start_matches('n'))?;
+                spec.slow = Some(k.checked_sub(1).ok_or("slow=nK, K from 1")?);
             }
             "broken-quarantine" => spec.broken_quarantine = true,
             "outage" => outage = Some(duration(v)?),

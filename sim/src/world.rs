@@ -117,6 +117,10 @@ pub struct Spec {
     pub failover: bool,
     /// The server's `--quarantine-after/-window/-for` (`None`: off).
     pub quarantine: Option<QuarantinePolicy>,
+    /// A node whose ranks report half as much time again per step as the
+    /// others' (a straggler; `--straggler-quarantine` is
+    /// [`QuarantinePolicy::stragglers`]).
+    pub slow: Option<usize>,
     /// The planted quarantine bug: the server ends every bench as soon as
     /// it begins, so rounds place benched hosts.
     pub broken_quarantine: bool,
@@ -153,6 +157,7 @@ impl Default for Spec {
             static_ranks: false,
             failover: false,
             quarantine: None,
+            slow: None,
             broken_quarantine: false,
             // Five drop limits of the default timings.
             outage: Duration::from_secs(15),
@@ -678,6 +683,16 @@ impl World {
         let checkpoint = checkpoint.and_then(|c| c.into_iter().min());
         self.saved = self.saved.max(checkpoint.unwrap_or(0));
         let first = ranks.iter().map(|r| r.3).min()?;
+        let step_us = match self.spec.slow == Some(i) {
+            true => ms(STEP) * 1500,
+            false => ms(STEP) * 1000,
+        };
+        let rank_times = (0..ranks.len() as u32)
+            .map(|local_rank| pb::RankTime {
+                local_rank,
+                step_us,
+            })
+            .collect();
         Some(pb::Progress {
             round,
             ranks: ranks.len() as u32,
@@ -688,7 +703,7 @@ impl World {
             min_step_ms_ago: ms(now.saturating_sub(least.4)),
             hang_timeout_ms: 0,
             failing_step: None,
-            rank_times: Vec::new(),
+            rank_times,
         })
     }
 
@@ -1261,10 +1276,10 @@ impl World {
                 if let Some((round, ranks, all)) = vouch {
                     job.vouch(now, node_id, *round, ranks, *all);
                 }
-                if let Some(p) = progress {
-                    job.report_progress(now, node_id, p);
+                match progress {
+                    Some(p) => job.report_progress(now, node_id, p),
+                    None => Vec::new(),
                 }
-                Vec::new()
             }
             (Ok(()), Call::Ready(round)) => job.ready(
                 now,
@@ -1282,9 +1297,10 @@ impl World {
                     progress,
                 },
             ) => {
-                if let Some(p) = progress {
-                    job.report_progress(now, node_id, p);
-                }
+                let mut out = match progress {
+                    Some(p) => job.report_progress(now, node_id, p),
+                    None => Vec::new(),
+                };
                 let host = job
                     .members()
                     .get(node_id)
@@ -1294,7 +1310,8 @@ impl World {
                     "worker rank {} (local rank {}) on host '{host}' {reason}",
                     detail.rank, detail.local_rank
                 );
-                job.failure(now, node_id, *round, reason, Some(detail.clone()))
+                out.extend(job.failure(now, node_id, *round, reason, Some(detail.clone())));
+                out
             }
             (Ok(()), Call::Fenced(round, reason)) => job.fenced(now, node_id, *round, reason),
             (Ok(()), Call::Success(round)) => job.success(now, node_id, *round),

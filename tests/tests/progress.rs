@@ -483,3 +483,109 @@ fn a_rank_slowed_by_40_percent_is_flagged_as_a_straggler_and_an_unslowed_job_fla
     );
     assert_eq!(straggler_run("no-straggler", false), Vec::new());
 }
+
+/// `rdzv-server --quarantine-after 1 --straggler-quarantine`: a node whose
+/// rank is 40 % slower is found a straggler, its host is quarantined and
+/// the job re-forms at once with the spare in its place, spending nothing
+/// of the budget (`--max-restarts 0`: a counted restart would end the job);
+/// the job then runs to its end. Each agent runs as its own host.
+#[test]
+fn a_quarantined_straggler_gives_its_place_to_the_spare() {
+    let server = accel_tests::Server::start_with(
+        "127.0.0.1:0",
+        &["--quarantine-after", "1", "--straggler-quarantine"],
+        &[],
+    );
+    let name = "straggler-quarantine";
+    let dir = scratch(name);
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let agent = |host: &str| {
+        let mut cmd = AgentCmd::c10d(&server.addr, name)
+            .nnodes(2)
+            .nproc(2)
+            .max_restarts(0)
+            .conf("keep_alive_interval=0.25")
+            .env("CKPT_DIR", dir.display())
+            .env("STEPS", 60)
+            .env("STEP_S", 0.1)
+            .env("JITTER", 0.1)
+            .env("SLOW", 0.4)
+            .env("PYTHONPATH", python.display())
+            .script(worker("hang_job.py"));
+        if host == "slow" {
+            cmd = cmd.env("SLOW_LOCAL_RANK", 1);
+        }
+        let prefix = accel_tests::as_host(host);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        cmd.start_with(&prefix, &dir, host)
+    };
+    let nodes = |job: &serde_json::Value| -> Vec<(String, String)> {
+        job["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                let s = |k: &str| n[k].as_str().unwrap_or_default().to_owned();
+                (s("hostname"), s("state"))
+            })
+            .collect()
+    };
+    let job_now = || {
+        accel_tests::status_jobs(&server.addr, &[])
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+    };
+    let (slow, fast) = (agent("slow"), agent("fast"));
+    accel_tests::poll_until("the first round runs", LIMIT, || {
+        job_now()
+            .filter(|j| j["phase"] == "running")
+            .ok_or_else(|| format!("{:?}", job_now()))
+    });
+    let spare = agent("spare");
+    let reformed = accel_tests::poll_until("the job re-forms", LIMIT, || {
+        job_now()
+            .filter(|j| j["round"].as_u64() >= Some(1) && j["phase"] == "running")
+            .ok_or_else(|| format!("{:?}", job_now()))
+    });
+    let states = nodes(&reformed);
+    assert!(
+        states.contains(&("slow".into(), "quarantined".into()))
+            && states.contains(&("spare".into(), "running".into()))
+            && states.contains(&("fast".into(), "running".into())),
+        "{reformed}"
+    );
+    assert_eq!(reformed["restart_count"], 0, "{reformed}");
+    let (ok, list, err) = {
+        let out = std::process::Command::new(accel_tests::bin("rdzv-server"))
+            .args(["quarantine", "list", "--rdzv-endpoint", &server.addr])
+            .output()
+            .expect("quarantine list");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert!(ok, "{err}");
+    assert!(
+        list.contains("slow") && list.contains("straggler finding"),
+        "{list}"
+    );
+    for a in [fast, spare, slow] {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        if out.stderr.contains("re-forming") || out.stderr.contains("restart") {
+            assert!(
+                !out.stderr.contains("restart budget"),
+                "nothing spent: {}",
+                out.stderr
+            );
+        }
+    }
+    let log = server.stderr();
+    assert!(
+        log.contains("is a straggler (1.") && log.contains("host 'slow' is quarantined"),
+        "{log}"
+    );
+}

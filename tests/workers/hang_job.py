@@ -1,14 +1,15 @@
 """A training loop whose steps take STEP_S seconds +/- JITTER (a share,
 default 0.5; uniform, seeded by rank and attempt), reporting each with
-accel.progress(step); rank SLOW_RANK (global) sleeps SLOW (a share of
-STEP_S) more per step; with
+accel.progress(step); rank SLOW_RANK (global), or SLOW_LOCAL_RANK (local:
+one node's), sleeps SLOW (a share of STEP_S) more per step; with
 HANG_AT, rank 0 of the first attempt stops making progress at that step
 (it sleeps in `stuck_between_steps`) until it is killed; every CKPT_EVERY
 steps (default 50) it saves a checkpoint inside accel.section("checkpoint")
 taking SAVE_S seconds. Each attempt of rank 0 leaves CKPT_DIR/attempt-N;
 at the end each rank prints `rank R attempt N done`.
 
-  hang_job.py   (CKPT_DIR, STEPS, STEP_S; JITTER; SLOW_RANK, SLOW; HANG_AT; CKPT_EVERY; SAVE_S;
+  hang_job.py   (CKPT_DIR, STEPS, STEP_S; JITTER; SLOW_RANK or SLOW_LOCAL_RANK, SLOW; HANG_AT;
+                 CKPT_EVERY; SAVE_S;
                  EARLY_STEPS: rank 1 does only this many steps, then exits 0)
 """
 import os
@@ -28,7 +29,10 @@ hang_at = int(os.environ.get("HANG_AT", "-1"))
 every = int(os.environ.get("CKPT_EVERY", "50"))
 save_s = float(os.environ.get("SAVE_S", "0"))
 jitter = float(os.environ.get("JITTER", "0.5"))
-extra = step_s * float(os.environ.get("SLOW", "0")) if rank == int(os.environ.get("SLOW_RANK", "-1")) else 0.0
+slow = rank == int(os.environ.get("SLOW_RANK", "-1")) or os.environ["LOCAL_RANK"] == os.environ.get(
+    "SLOW_LOCAL_RANK"
+)
+extra = step_s * float(os.environ.get("SLOW", "0")) if slow else 0.0
 rng = random.Random(1000 * attempt + rank)
 if rank == 0:
     open(os.path.join(ckpt, f"attempt-{attempt}"), "w").close()

@@ -78,17 +78,27 @@ pub struct QuarantinePolicy {
     pub window: Duration,
     /// How long a host stays benched.
     pub hold: Duration,
+    /// Whether a straggler counts as a failure of its host, once a round
+    /// (`--straggler-quarantine`; the `stragglers` module finds them).
+    pub stragglers: bool,
 }
 
 impl QuarantinePolicy {
     /// The policy in words, for reasons and logs.
     pub fn describe(&self) -> String {
-        format!(
-            "{} worker failure{} within {} (--quarantine-after, --quarantine-window)",
-            self.after,
-            if self.after == 1 { "" } else { "s" },
-            accel_input::duration_words(self.window)
-        )
+        let s = if self.after == 1 { "" } else { "s" };
+        let window = accel_input::duration_words(self.window);
+        match self.stragglers {
+            false => format!(
+                "{} worker failure{s} within {window} (--quarantine-after, --quarantine-window)",
+                self.after
+            ),
+            true => format!(
+                "{} worker failure{s} or straggler finding{s} within {window} \
+                 (--quarantine-after, --quarantine-window, --straggler-quarantine)",
+                self.after
+            ),
+        }
     }
 }
 
@@ -357,8 +367,10 @@ impl Job {
         std::mem::take(&mut self.new_benches)
     }
 
-    /// Counts a failure of `node_id`'s workers against its host; `Some`
-    /// with words for the restart's reason if this benches the host.
+    /// Counts a failure of `node_id`'s workers (or, with
+    /// `--straggler-quarantine`, its finding as a straggler) against its
+    /// host; `Some` with words for the restart's reason if this benches the
+    /// host.
     pub(super) fn count_failure(&mut self, now: Instant, node_id: &str) -> Option<String> {
         let policy = self.quarantine_policy?;
         let m = self.members.get(node_id)?;
@@ -373,6 +385,52 @@ impl Job {
         }
         self.recount_benched();
         Some(words)
+    }
+
+    /// With `--straggler-quarantine`, after an evaluation of the step
+    /// times: each node newly found straggling this round counts once
+    /// against its host, as a failure of its workers would. If that benches
+    /// a host and a spare waits (a member outside the round, not benched),
+    /// the running round re-forms at once with the spare in its place, as
+    /// for a membership change (nothing of the restart budget: the
+    /// straggler did not fail). Without a spare the round goes on: a round
+    /// a third slower beats a smaller world plus a restart, and re-forming
+    /// smaller would take the host back (a restart again) each time its
+    /// bench ends; the bench applies from the next round.
+    pub(super) fn quarantine_stragglers(&mut self, now: Instant) -> Vec<Outbound> {
+        if !self.quarantine_policy.is_some_and(|p| p.stragglers) || self.phase != Phase::Running {
+            return Vec::new();
+        }
+        let mut benched = None;
+        for s in self.stragglers.take_new() {
+            if let Some(words) = self.count_failure(now, &s.node_id) {
+                benched.get_or_insert((s, words));
+            }
+        }
+        let Some((s, words)) = benched else {
+            return Vec::new();
+        };
+        let spare = self
+            .members
+            .iter()
+            .any(|(id, m)| m.rank.is_none() && !super::is_placeholder(id) && !self.is_benched(m));
+        if !spare {
+            return Vec::new();
+        }
+        let s = self.straggler(&s);
+        let ms = |us: u64| accel_proto::goodput::short(us / 1000);
+        self.restart(
+            now,
+            format!(
+                "rank {} on host '{}' is a straggler ({:.2}x the job's median step, {} against {}); {words}",
+                s.rank,
+                s.host,
+                s.step_us as f64 / s.median_us.max(1) as f64,
+                ms(s.step_us),
+                ms(s.median_us)
+            ),
+            false,
+        )
     }
 
     /// `node_id` leaves because its health check failed (`why`): with a
@@ -570,6 +628,7 @@ mod tests {
             after,
             window: Duration::from_secs(60),
             hold: Duration::from_secs(600),
+            stragglers: false,
         }
     }
 

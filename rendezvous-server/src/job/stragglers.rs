@@ -20,7 +20,7 @@
 //! copying the node's id (after its first report of the round); an
 //! evaluation is O(ranks), at most once per [`EVERY`] per job.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
@@ -65,20 +65,22 @@ pub(super) struct Stragglers {
     times: BTreeMap<String, Vec<Option<Timed>>>,
     flagged: Vec<Straggler>,
     evaluated: Option<Instant>,
+    /// Nodes [`Stragglers::take_new`] returned this round.
+    taken: BTreeSet<String>,
 }
 
 impl Stragglers {
     /// `node_id`'s ranks' times per step at `now`; evaluates the job when
-    /// one is due.
-    pub(super) fn report(&mut self, now: Instant, node_id: &str, times: &[pb::RankTime]) {
+    /// one is due, and then says so.
+    pub(super) fn report(&mut self, now: Instant, node_id: &str, times: &[pb::RankTime]) -> bool {
         if times.is_empty() {
-            return;
+            return false;
         }
         if !self.times.contains_key(node_id) {
             self.times.insert(node_id.to_owned(), Vec::new());
         }
         let Some(ranks) = self.times.get_mut(node_id) else {
-            return;
+            return false;
         };
         for t in times {
             let r = t.local_rank as usize;
@@ -96,7 +98,9 @@ impl Stragglers {
             .is_none_or(|e| now.saturating_duration_since(e) >= EVERY)
         {
             self.evaluate(now);
+            return true;
         }
+        false
     }
 
     /// Compares every rank with the job's median.
@@ -142,6 +146,20 @@ impl Stragglers {
     pub(super) fn flagged(&self) -> &[Straggler] {
         &self.flagged
     }
+
+    /// The stragglers of the last evaluation on nodes not returned before
+    /// this round: each node once a round (a node's slowest rank), however
+    /// long it stays slow.
+    pub(super) fn take_new(&mut self) -> Vec<Straggler> {
+        let mut new = Vec::new();
+        for s in &self.flagged {
+            if !self.taken.contains(&s.node_id) {
+                self.taken.insert(s.node_id.clone());
+                new.push(s.clone());
+            }
+        }
+        new
+    }
 }
 
 #[cfg(test)]
@@ -177,8 +195,13 @@ mod tests {
                 median_us: 101_000,
             }]
         );
+        assert_eq!(s.take_new().len(), 1);
+        // Still slow at the next evaluation: not new.
+        assert!(s.report(t0 + EVERY * 3, "b", &times(&[99_000, 142_000])));
+        assert_eq!(s.flagged().len(), 1);
+        assert!(s.take_new().is_empty(), "a node is taken once a round");
         // Back to speed: no longer flagged at the next evaluation.
-        s.report(t0 + EVERY * 3, "b", &times(&[99_000, 102_000]));
+        s.report(t0 + EVERY * 4, "b", &times(&[99_000, 102_000]));
         assert!(s.flagged().is_empty());
     }
 

@@ -1244,6 +1244,7 @@ fn three_strikes() -> QuarantinePolicy {
         after: 3,
         window: Duration::from_secs(60),
         hold: Duration::from_secs(600),
+        stragglers: false,
     }
 }
 
@@ -1847,4 +1848,123 @@ fn goodput_accounts_a_failure_at_35_as_recovery_and_5_steps_redone() {
     // A record keeps it: a replica that takes the job over has the same.
     let restored = Job::restore(j.record(at(61000)), at(61000));
     assert_eq!(restored.time_spent(at(99000)), j.time_spent(at(61000)));
+}
+
+// ---- stragglers ----------------------------------------------------------
+
+/// Each node reports its two ranks' time per step at `at`: c's rank 1
+/// takes `slow_us`, every other rank 100 ms.
+fn step_times(j: &mut Job, at: Instant, round: u64, slow_us: u64) -> Vec<Outbound> {
+    let mut out = Vec::new();
+    for node in ["a", "b", "c"] {
+        let times = [100_000, if node == "c" { slow_us } else { 100_000 }];
+        let p = pb::Progress {
+            round,
+            ranks: 2,
+            min_step: 10,
+            max_step: 10,
+            rank_times: times
+                .iter()
+                .enumerate()
+                .map(|(r, us)| pb::RankTime {
+                    local_rank: r as u32,
+                    step_us: *us,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        out.extend(j.report_progress(at, node, &p));
+    }
+    out
+}
+
+fn straggler_policy(stragglers: bool) -> QuarantinePolicy {
+    QuarantinePolicy {
+        after: 1,
+        stragglers,
+        ..three_strikes()
+    }
+}
+
+/// `--straggler-quarantine`: a node slower than the median at two
+/// evaluations counts against its host; with one failure enough, its host
+/// is benched and, a spare waiting, the round re-forms at once with the
+/// spare in its place, without spending the budget.
+#[test]
+fn a_straggler_is_quarantined_and_a_spare_takes_its_place() {
+    let t = Instant::now();
+    let nodes = [
+        ("a", "n1", ""),
+        ("b", "n2", ""),
+        ("c", "n3", ""),
+        ("d", "n4", ""),
+    ];
+    let mut j = topo_job(t, 2, 3, &nodes).with_quarantine(Some(straggler_policy(true)));
+    let first = ranks(&ready_all(&mut j, t, 0));
+    assert_eq!(
+        (first["a"].0, first["b"].0, first["c"].0, first.get("d")),
+        (0, 1, 2, None),
+        "{first:?}"
+    );
+    let second = Duration::from_secs(1);
+    // Evaluated once a second at most: slow at t + 1 s, again at t + 2 s.
+    for k in 0..2 {
+        assert!(step_times(&mut j, t + second * k, 0, 140_000).is_empty());
+    }
+    let out = step_times(&mut j, t + second * 2, 0, 140_000);
+    let restart = restart_of(&out).expect("the round re-forms");
+    assert!(!restart.counted, "not a failure: {restart:?}");
+    assert_eq!(j.restart_count(), 0);
+    assert!(
+        restart
+            .reason
+            .contains("rank 5 on host 'n3' is a straggler (1.40x")
+            && restart.reason.contains("host 'n3' is quarantined")
+            && restart.reason.contains("--straggler-quarantine"),
+        "{}",
+        restart.reason
+    );
+    assert!(j.is_benched(&j.members()["c"]));
+    // The next round takes a, b and the spare d in c's place; c waits,
+    // told why.
+    let out = ready_all(&mut j, t + second, 1);
+    let r = ranks(&out);
+    assert_eq!((r.len(), r["d"].0), (3, 2), "{r:?}");
+    assert!(!r.contains_key("c"));
+    let w = waiting_of(&out, "c").expect("c told");
+    assert!(w.quarantine.contains("straggler"), "{w:?}");
+}
+
+/// Without a spare the round goes on, slowly, even where `MIN:MAX` would
+/// allow a smaller one; the bench applies from the job's next round.
+/// Without the flag, a straggler counts for nothing.
+#[test]
+fn a_straggler_without_a_spare_stays_and_without_the_flag_counts_nothing() {
+    let t = Instant::now();
+    let second = Duration::from_secs(1);
+    let nodes = [("a", "n1", ""), ("b", "n2", ""), ("c", "n3", "")];
+    let mut j = topo_job(t, 2, 3, &nodes).with_quarantine(Some(straggler_policy(true)));
+    ranks(&ready_all(&mut j, t, 0));
+    for k in 0..5 {
+        let out = step_times(&mut j, t + second * k, 0, 140_000);
+        assert!(out.is_empty(), "{out:?}");
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    assert!(j.quarantine().get("n3").is_some(), "benched for later");
+    assert_eq!(j.straggler_info().count(), 1);
+    // A failure restarts the job (c's own, not counted again: its host is
+    // benched): the next round forms without c.
+    let out = j.failure(t + second * 5, "c", 0, "exited 1".into(), None);
+    assert!(restart_of(&out).is_some_and(|r| r.counted));
+    let r = ranks(&ready_all(&mut j, t + second * 5, 1));
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert!(!r.contains_key("c"));
+
+    let mut j = topo_job(t, 2, 3, &nodes).with_quarantine(Some(straggler_policy(false)));
+    ranks(&ready_all(&mut j, t, 0));
+    for k in 0..5 {
+        assert!(step_times(&mut j, t + second * k, 0, 140_000).is_empty());
+    }
+    assert!(j.quarantine().is_empty());
+    assert_eq!(j.straggler_info().count(), 1, "still shown");
 }

@@ -545,6 +545,7 @@ mod tests {
                     after: 1,
                     window: Duration::from_secs(600),
                     hold: Duration::from_secs(7200),
+                    stragglers: false,
                 },
                 scope: QuarantineScope::Server,
             }),

@@ -490,6 +490,7 @@ async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere()
                 after: 1,
                 window: Duration::from_secs(600),
                 hold: Duration::from_secs(600),
+                stragglers: false,
             },
             scope: QuarantineScope::Server,
         }),
