@@ -90,7 +90,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let now = tokio::time::Instant::now();
+                let now = Instant::now().into_std();
                 let own = answered.get().and_then(|a| a.checked_add(before));
                 let vouched = peers.until().and_then(|u| u.checked_add(half));
                 g.beat(own.max(vouched).map(|d| d.saturating_duration_since(now)));
@@ -287,7 +287,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                     .with_stacks(watched.clone(), job_stacks.clone()),
             );
             let joined = tokio::select! {
-                r = reach.join(reach.join_req.clone(), 0, None, deadline) => r.map(Ok),
+                r = reach.join(reach.join_req.clone(), 0, None, deadline.into()) => r.map(Ok),
                 sig = signals.recv() => Ok(Err(sig)),
             };
             let (link, first) = match joined {
@@ -318,7 +318,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 info!("{}", machine::new_run_line(&cfg.run_id, previous));
             }
             let (machine, first_actions) =
-                NodeMachine::new(Settings::of(&cfg), Instant::now(), first.round);
+                NodeMachine::new(Settings::of(&cfg), Instant::now().into_std(), first.round);
             let mut session = Session::new(
                 &cfg,
                 machine,
@@ -381,7 +381,7 @@ struct Peers {
     /// What the round's task publishes.
     shared: crate::peers::Shared,
     /// Wakes the driver when the evidence moves.
-    watch: tokio::sync::watch::Receiver<Option<Instant>>,
+    watch: tokio::sync::watch::Receiver<Option<std::time::Instant>>,
     /// The running round's task.
     task: AbortOnDrop,
     /// The agent's fence clock: its last contact with the rendezvous.
@@ -519,7 +519,7 @@ struct Session<'a, L: Link, S: Spawner> {
     /// When this node first offered itself for the forming round.
     offered_at: Option<Instant>,
     /// When a failure stopped the last round (this node's or another's).
-    failed_at: Option<Instant>,
+    failed_at: Option<std::time::Instant>,
     /// The running round's workers, for the FileTimer server.
     watched: crate::file_timer::Workers,
     /// Whether `--health-check` passed since the last offer (it did just
@@ -693,7 +693,9 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                     }
                 },
             };
-            let now = Instant::now();
+            // The deciders' clock is std's; the runtime's reads the same
+            // clock (and follows a paused test runtime).
+            let now = Instant::now().into_std();
             self.observe(now, &event);
             actions = self.machine.step(now, event);
             self.metrics.set_ready(self.machine.readiness());
@@ -725,7 +727,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
     }
 
     /// Counts what an event says for the metrics.
-    fn observe(&mut self, now: Instant, event: &Event) {
+    fn observe(&mut self, now: std::time::Instant, event: &Event) {
         match event {
             Event::Exited(exit) => {
                 self.note_failure(exit);
@@ -825,7 +827,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
                 }
             }
             sig = signals.recv() => Woke::Event(Event::Signal(sig)),
-            _ = async { sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Woke::Event(Event::Timer),
+            _ = async { sleep_until(deadline.expect("guarded").into()).await }, if deadline.is_some() => Woke::Event(Event::Timer),
         }
     }
 }

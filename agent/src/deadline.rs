@@ -9,16 +9,15 @@
 //! product such as `keep_alive_interval × keep_alive_max_attempt`) or a
 //! future bound cannot bring that back.
 
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 /// About thirty years: "never" for any deadline this agent waits on.
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
 
-/// The instant `d` from now, or a far future one when that does not fit.
-pub(crate) fn after(d: Duration) -> Instant {
-    after_from(Instant::now(), d)
+/// The instant `d` from now on the runtime's clock (for a timer), or a
+/// far future one when that does not fit.
+pub(crate) fn after(d: Duration) -> tokio::time::Instant {
+    after_from(tokio::time::Instant::now().into_std(), d).into()
 }
 
 /// The instant `d` after `now`, or a far future one when that does not fit.
@@ -42,7 +41,7 @@ mod tests {
 
     #[test]
     fn deadlines_saturate() {
-        let now = Instant::now();
+        let now = tokio::time::Instant::now();
         let five = after(Duration::from_secs(5)) - now;
         assert!(five >= Duration::from_secs(5) && five < Duration::from_secs(6));
         let far = after(Duration::MAX);

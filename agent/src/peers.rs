@@ -59,9 +59,9 @@ use std::time::Duration;
 
 use accel_rdzv_client::client::Vouch;
 use ring::hmac;
+use std::time::Instant;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// The first bytes of every datagram: "accel peer", version 1.

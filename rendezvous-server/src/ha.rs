@@ -275,8 +275,9 @@ impl EtcdOptions {
 /// What this replica is now, as the service sees it.
 #[derive(Debug, Clone)]
 pub enum Role {
-    /// It serves the rendezvous with this registry.
-    Leader(Registry),
+    /// It serves the rendezvous with this registry (boxed: a registry
+    /// is many handles, a follower one address).
+    Leader(Box<Registry>),
     /// Another replica serves (at `leader`, once known).
     Follower {
         /// The leader's address.
@@ -541,7 +542,7 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     }
     info!(jobs = loaded, advertise = %r.o.advertise, "leading: serving the rendezvous");
     r.led.store(true, Ordering::Relaxed);
-    r.roles.send_replace(Role::Leader(registry.clone()));
+    r.roles.send_replace(Role::Leader(Box::new(registry.clone())));
     let fenced = CancellationToken::new();
     let ticker = tokio::spawn(crate::tick_and_flush(
         registry.clone(),

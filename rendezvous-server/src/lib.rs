@@ -38,6 +38,7 @@
 pub mod accept;
 pub mod admission;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod depose;
 pub mod error;
@@ -62,7 +63,7 @@ pub mod version;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use accel_proto::v1::rendezvous_server::RendezvousServer;
 use tokio::net::TcpListener;
@@ -175,7 +176,7 @@ pub async fn serve_with_metrics(
                     .with_metrics(counters.clone())
                 }
             };
-            roles.send_replace(ha::Role::Leader(registry.clone()));
+            roles.send_replace(ha::Role::Leader(Box::new(registry.clone())));
             counters.set_leader(true);
             health_reporter
                 .set_serving::<RendezvousServer<RendezvousService>>()
@@ -315,7 +316,7 @@ pub(crate) async fn tick_and_flush(
     let mut failing = accel_telemetry::quiet::Quiet::every(Duration::from_secs(10));
     loop {
         tokio::select! {
-            _ = interval.tick() => registry.tick(Instant::now()),
+            _ = interval.tick() => registry.tick(registry.now().at),
             // With a store, changes are written (and their events
             // sent) at once, not at the next tick.
             _ = registry.changes() => {}

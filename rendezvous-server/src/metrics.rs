@@ -461,7 +461,7 @@ impl States {
     fn summary(&self) -> Option<Summary> {
         // Cloned out, so the role is not held while the jobs are counted.
         let registry = match &*self.seat.borrow() {
-            Role::Leader(registry) => registry.clone(),
+            Role::Leader(registry) => crate::Registry::clone(registry),
             Role::Follower { .. } => return None,
         };
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());

@@ -32,7 +32,7 @@
 //! meanwhile is another membership, which the drop leaves alone.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use accel_etcd::{prefix_end, Client, EventType, GetOptions};
 use tokio::sync::watch;
@@ -337,7 +337,7 @@ pub async fn check(
         .take(NAMED)
         .map(|m| m.node_id.as_str())
         .collect();
-    let n = registry.drop_expired(Instant::now(), &gone, EXPIRED);
+    let n = registry.drop_expired(registry.now().at, &gone, EXPIRED);
     if n > 0 {
         info!(
             nodes = n,

@@ -27,10 +27,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
@@ -42,6 +41,7 @@ use self::commit::Commit;
 use self::deadlines::Deadlines;
 use self::graves::Graves;
 use self::tally::Tallies;
+use crate::clock::{Now, SharedClock, SystemClock};
 use crate::error::Error;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::lease::LeaseClock;
@@ -49,7 +49,7 @@ use crate::limits::{truncated, Limits};
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
 use crate::store::{JobStore, StoreError};
-use crate::tombstone::{unix_ms, Tombstone};
+use crate::tombstone::Tombstone;
 use accel_input::excerpt;
 
 /// Most bytes of the last failure in a status answer (per job).
@@ -62,8 +62,6 @@ const TIMELINE_REASON: usize = 256;
 pub const STATUS_NODES: usize = 1000;
 /// Jobs per status answer when the caller does not say, and at most.
 pub const STATUS_PAGE: (usize, usize) = (100, 1000);
-
-static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
 
 /// The longest the registry may go without running before it takes the
 /// gap for a pause of the process (see `Registry::woke`); its ticker runs
@@ -119,6 +117,9 @@ struct Jobs {
     /// When this registry started, if it holds the jobs it creates afresh
     /// ([`Registry::holding_fresh_jobs`]).
     started: Option<Instant>,
+    /// The number the next node stream gets: streams numbered below a
+    /// decision's horizon existed when it was taken.
+    next_stream: u64,
 }
 
 impl Jobs {
@@ -131,6 +132,7 @@ impl Jobs {
             graves: Graves::default(),
             awake: None,
             started: None,
+            next_stream: 1,
             benches: quarantine::ServerBenches::default(),
         }
     }
@@ -168,6 +170,8 @@ pub struct Registry {
     flushing: Arc<tokio::sync::Mutex<()>>,
     /// Stack collections under way ([`crate::stacks`]).
     stacks: Arc<crate::stacks::Desk>,
+    /// Where the time comes from where no caller gives it ([`crate::clock`]).
+    clock: SharedClock,
 }
 
 impl Registry {
@@ -189,7 +193,22 @@ impl Registry {
             metrics: ServerMetrics::default(),
             flushing: Arc::default(),
             stacks: Arc::default(),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The same, reading the time from `clock` (a test's, the simulator's)
+    /// instead of the system's. Give it before [`Registry::holding_fresh_jobs`],
+    /// which reads it.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The time now, on this registry's clock: what its callers pass as
+    /// `now`.
+    pub fn now(&self) -> Now {
+        self.clock.now()
     }
 
     /// The same, writing every change to `store` ([`Registry::flush`]).
@@ -203,7 +222,8 @@ impl Registry {
     /// round until then ([`Job::hold_until`]), as workers of the job's last
     /// instance may run until their fence.
     pub fn holding_fresh_jobs(self) -> Self {
-        self.lock().started = Some(Instant::now());
+        let now = self.clock.now().at;
+        self.lock().started = Some(now);
         self
     }
 
@@ -228,7 +248,7 @@ impl Registry {
     /// Whether this registry may act now (see [`Registry::with_lease`]).
     fn acting(&self) -> Result<(), Error> {
         match &self.lease {
-            Some(lease) if !lease.may_act(Instant::now()) => {
+            Some(lease) if !lease.may_act(self.clock.now().at) => {
                 if !self.lock().commit.closing() {
                     warn!(
                         "this replica's etcd lease may have lapsed (the process was paused, or cut off from etcd): it no longer leads; ending every node's stream"
@@ -260,7 +280,8 @@ impl Registry {
         };
         let records = store.load().await?;
         let stones = store.tombstones().await?;
-        let now = Instant::now();
+        let clock = self.clock.now();
+        let now = clock.at;
         self.acting()
             .map_err(|e| StoreError::Fenced(e.to_string()))?;
         let mut guard = self.lock();
@@ -315,9 +336,8 @@ impl Registry {
         if jobs.map.len() > self.limits.max_jobs {
             warn!(jobs = jobs.map.len(), max_jobs = self.limits.max_jobs, "the job store holds more jobs than --max-jobs; no new job is admitted until some end");
         }
-        let now_ms = unix_ms(SystemTime::now());
         jobs.graves
-            .lay_loaded(stones, now_ms, &self.limits, &mut jobs.commit);
+            .lay_loaded(stones, clock.unix_ms, &self.limits, &mut jobs.commit);
         Ok(loaded)
     }
 
@@ -337,7 +357,7 @@ impl Registry {
             let Some(pending) = jobs.commit.take() else {
                 return Ok(0);
             };
-            let now = Instant::now();
+            let now = self.clock.now().at;
             let (mut put, mut removed) = (Vec::new(), Vec::new());
             for id in &pending.ids {
                 match jobs.map.get(id) {
@@ -398,9 +418,9 @@ impl Registry {
         // A poisoned lock means a handler panicked mid-update; the state machine
         // methods do not panic, so keep serving with what is there.
         let mut jobs = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        // The process's own clock, not a caller's `now`: what counts is
+        // The registry's clock, not a caller's `now`: what counts is
         // whether this process ran.
-        let ran = Instant::now();
+        let ran = self.clock.now().at;
         let last = jobs.awake.replace(ran);
         if let Some(gap) = last.map(|l| ran.saturating_duration_since(l)) {
             if gap > PAUSED {
@@ -596,7 +616,8 @@ impl Registry {
                 .joined
                 .insert(req.node_id.clone(), req.hostname.clone());
         }
-        let stream = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
+        let stream = jobs.next_stream;
+        jobs.next_stream = stream.saturating_add(1);
         let (tx, rx) = outbox();
         // A replaced stream (the node reconnected) ends when its outbox drops.
         entry.streams.insert(req.node_id.clone(), (stream, tx));
@@ -651,7 +672,7 @@ impl Registry {
         self.count_transitions(entry, &out, now);
         if !entry.buried && entry.job.phase().is_terminal() {
             entry.buried = true;
-            let now_ms = unix_ms(SystemTime::now());
+            let now_ms = self.clock.now().unix_ms;
             if let Some(t) = Tombstone::of(&entry.job, now_ms, &entry.joined) {
                 jobs.graves.lay(t, &self.limits, &mut jobs.commit);
             }
@@ -663,7 +684,7 @@ impl Registry {
         // Nobody acts on a change before it is durable: a leader that dies
         // before the write took no decision its successor lacks.
         let over = entry.job.phase().is_terminal();
-        let horizon = NEXT_STREAM.load(Ordering::Relaxed);
+        let horizon = jobs.next_stream;
         match jobs.commit.decided(job_id, out, over, horizon) {
             Some(now) => {
                 let (_, out, horizon) = now.into_parts();
@@ -689,7 +710,7 @@ impl Registry {
     /// is over (or one made from it), with `false`; while a new run of the
     /// id goes on, the earlier run's, with `true`.
     fn tombstone_for(&self, jobs: &Jobs, job_id: &str) -> Option<(Tombstone, bool)> {
-        let now_ms = unix_ms(SystemTime::now());
+        let now_ms = self.clock.now().unix_ms;
         let laid = jobs.graves.live(job_id, now_ms, &self.limits);
         match jobs.map.get(job_id) {
             Some(e) if e.job.phase().is_terminal() => laid
@@ -746,9 +767,10 @@ impl Registry {
     /// restart, the job's end.
     fn count_transitions(&self, entry: &mut Entry, out: &[Outbound], now: Instant) {
         let m = &self.metrics;
+        let unix_ms = self.clock.now().unix_ms;
         for o in out {
             let event = |kind: &str, round: u64, reason: &str| pb::TimelineEvent {
-                unix_ms: unix_ms(SystemTime::now()),
+                unix_ms,
                 kind: kind.to_owned(),
                 round,
                 reason: truncated(reason, TIMELINE_REASON).to_owned(),
@@ -814,7 +836,7 @@ impl Registry {
         let mut restarts = Vec::new();
         let mut time = Vec::new();
         let mut stragglers = Vec::new();
-        let now = Instant::now();
+        let now = self.clock.now().at;
         for (id, e) in &jobs.map {
             let job = &e.job;
             *phases.entry(job.phase().name()).or_default() += 1;
@@ -947,7 +969,7 @@ impl Registry {
             }
             self.after(jobs, &id, now, out);
         }
-        let now_ms = unix_ms(SystemTime::now());
+        let now_ms = self.clock.now().unix_ms;
         jobs.graves.expire(now_ms, &self.limits, &mut jobs.commit);
         let live = jobs
             .map
@@ -1034,7 +1056,7 @@ impl Registry {
     /// more: the jobs were not closed for the server that continues them, so
     /// it starts from the last batch (flush first to make that the latest).
     pub fn close_all(&self, reason: &str, may_rejoin: bool) {
-        let now = Instant::now();
+        let now = self.clock.now().at;
         let mut jobs = self.lock();
         // Not durable, so never decided: the server that continues the jobs
         // decides again.
@@ -1154,14 +1176,14 @@ impl Registry {
                 .map
                 .get(job_id)
                 .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
-            let mut info = entry_info(e, Instant::now(), nodes);
+            let mut info = entry_info(e, self.clock.now(), nodes);
             info.stacks_unix_ms = self.stacks.kept_at(job_id);
             return Ok(pb::JobStatusResponse {
                 jobs: vec![info],
                 next_page_token: String::new(),
             });
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         let size = match page_size as usize {
             0 => STATUS_PAGE.0,
             n => n.min(STATUS_PAGE.1),
@@ -1335,7 +1357,7 @@ impl Drop for NodeStream {
     fn drop(&mut self) {
         let why = "its connection to the rendezvous ended";
         self.registry.depart(
-            Instant::now(),
+            self.registry.clock.now().at,
             &self.job_id,
             &self.node_id,
             why,
@@ -1357,7 +1379,7 @@ fn node_state(job: &Job, m: &Member) -> &'static str {
 }
 
 /// A job's status with what the registry adds: its timeline.
-fn entry_info(e: &Entry, now: Instant, nodes: usize) -> pb::JobInfo {
+fn entry_info(e: &Entry, now: Now, nodes: usize) -> pb::JobInfo {
     pb::JobInfo {
         timeline: e.timeline.iter().cloned().collect(),
         ..job_info(&e.job, now, nodes)
@@ -1365,7 +1387,7 @@ fn entry_info(e: &Entry, now: Instant, nodes: usize) -> pb::JobInfo {
 }
 
 /// A job's status: its nodes in node-rank order first, at most `listed`.
-fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
+fn job_info(job: &Job, now: Now, listed: usize) -> pb::JobInfo {
     let c = job.config();
     let members = job.members();
     let in_round = job
@@ -1382,7 +1404,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
             node_rank: m.rank,
             state: node_state(job, m).to_owned(),
             topology: m.topology.to_string(),
-            last_seen_ms: u64::try_from(now.saturating_duration_since(job.heard(m)).as_millis())
+            last_seen_ms: u64::try_from(now.at.saturating_duration_since(job.heard(m)).as_millis())
                 .unwrap_or(u64::MAX),
         })
         .collect();
@@ -1408,7 +1430,7 @@ fn job_info(job: &Job, now: Instant, listed: usize) -> pb::JobInfo {
         step: job.steps().1,
         best_step: job.steps().0,
         no_progress_restarts: job.no_progress_restarts(),
-        goodput: Some(job.goodput_message(now, unix_ms(SystemTime::now()))),
+        goodput: Some(job.goodput_message(now.at, now.unix_ms)),
         hang_timeout_ms: job.hang_timeout_ms(),
         stragglers: job.straggler_info().collect(),
     }

@@ -41,7 +41,7 @@ pub struct RendezvousService {
 impl RendezvousService {
     /// A service over `registry`, for good.
     pub fn new(registry: Registry) -> Self {
-        Self::seated(watch::channel(Role::Leader(registry)).1)
+        Self::seated(watch::channel(Role::Leader(Box::new(registry))).1)
     }
 
     /// A service for a replica whose role changes ([`crate::ha`]).
@@ -96,10 +96,9 @@ impl RendezvousService {
         session: &[u8],
         f: impl FnOnce(&mut Job, Instant) -> (R, Vec<crate::job::Outbound>),
     ) -> Result<R, Error> {
-        let now = Instant::now();
-        self.registry()
-            .map_err(Error::Redirect)?
-            .for_node(now, job_id, node_id, session, |job| f(job, now))
+        let registry = self.registry().map_err(Error::Redirect)?;
+        let now = registry.now().at;
+        registry.for_node(now, job_id, node_id, session, |job| f(job, now))
     }
 }
 
@@ -138,7 +137,7 @@ impl Rendezvous for RendezvousService {
         };
         limits::check_join(&req, registry.limits())?;
         crate::version::check_agent(&req.agent_version).map_err(Error::Incompatible)?;
-        let stream = registry.join(Instant::now(), &req, from, new_session()?)?;
+        let stream = registry.join(registry.now().at, &req, from, new_session()?)?;
         Ok(Response::new(stream))
     }
 
@@ -162,8 +161,9 @@ impl Rendezvous for RendezvousService {
         let r = request.into_inner();
         limits::check_vouch(&r)?;
         let vouches = r.vouch_all || r.vouch.iter().any(|b| *b != 0);
-        self.registry()?.keep_alive_vouching(
-            Instant::now(),
+        let registry = self.registry()?;
+        registry.keep_alive_vouching(
+            registry.now().at,
             &r.job_id,
             &r.node_id,
             &r.session,
@@ -259,8 +259,9 @@ impl Rendezvous for RendezvousService {
         limits::check_reason(&r.reason)?;
         // Only the node itself may take itself out of the job; the secret is
         // checked under the same lock as the departure.
-        self.registry()?.leave(
-            Instant::now(),
+        let registry = self.registry()?;
+        registry.leave(
+            registry.now().at,
             &r.job_id,
             &r.node_id,
             &r.session,
@@ -301,8 +302,9 @@ impl Rendezvous for RendezvousService {
         if !r.release.is_empty() {
             limits::check_name("release", &r.release)?;
         }
-        Ok(Response::new(self.registry()?.quarantine(
-            Instant::now(),
+        let registry = self.registry()?;
+        Ok(Response::new(registry.quarantine(
+            registry.now().at,
             &r.job_id,
             &r.release,
         )?))

@@ -504,17 +504,18 @@ impl Collection {
         self.done.subscribe()
     }
 
-    /// Waits for the answers of `asked` (node id, host) until `deadline`,
-    /// then publishes the groups. `unreachable`: hosts of the round that
-    /// could not be asked.
+    /// Waits for the answers of `asked` (node id, host) for `timeout` (on
+    /// the runtime's clock), then publishes the groups. `unreachable`:
+    /// hosts of the round that could not be asked.
     pub async fn run(
         mut self,
         desk: Arc<Desk>,
         round: u64,
         asked: Vec<(String, String)>,
         unreachable: Vec<String>,
-        deadline: Instant,
+        timeout: Duration,
     ) {
+        let deadline = Instant::now() + timeout;
         let mut answers = Vec::with_capacity(asked.len());
         let mut heard = HashSet::with_capacity(asked.len());
         while heard.len() < asked.len() {

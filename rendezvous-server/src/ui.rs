@@ -256,7 +256,7 @@ fn leader(
         )));
     }
     match &*seat.borrow() {
-        Role::Leader(registry) => Ok(registry.clone()),
+        Role::Leader(registry) => Ok(crate::Registry::clone(registry)),
         Role::Follower { leader } => {
             let at = leader.as_deref().unwrap_or("not known yet");
             let body = error_json(&format!(

@@ -490,7 +490,7 @@ pub struct Node {
     stopping: Option<(Duration, Vec<Exit>)>,
     queue: VecDeque<Event>,
     /// The last deadline a timer event was given for.
-    timer_for: Option<tokio::time::Instant>,
+    timer_for: Option<std::time::Instant>,
     /// Cut off from the server since.
     pub cut: Option<Duration>,
     delay: Duration,
@@ -721,12 +721,8 @@ impl World {
         self.std(at)
     }
 
-    fn tk(&self, at: Duration) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.base + at)
-    }
-
-    fn since(&self, t: tokio::time::Instant) -> Duration {
-        t.into_std().saturating_duration_since(self.base)
+    fn since(&self, t: std::time::Instant) -> Duration {
+        t.saturating_duration_since(self.base)
     }
 
     /// Adds a trace line (when tracing).
@@ -1070,7 +1066,7 @@ impl World {
 
     /// A ping or an answer arrives, as the agent's `peers::run` reads it.
     fn peer_arrive(&mut self, msg: Msg) {
-        let now = self.tk(self.now);
+        let now = self.std(self.now);
         match msg {
             Msg::Ping {
                 from,
@@ -1132,7 +1128,7 @@ impl World {
     /// Node `i`'s peer task ticks: a ping to the hub, and the hub's sweep.
     fn peer_tick(&mut self, i: usize) {
         let now = self.now;
-        let tk = self.tk(now);
+        let tk = self.std(now);
         let Some(p) = self.nodes[i].peer.as_mut().filter(|p| p.next <= now) else {
             return;
         };
@@ -1159,7 +1155,7 @@ impl World {
     /// vouch for the keep-alives, and the evidence's deadline given the
     /// node's last contact with the rendezvous (its fence clock).
     fn publish(&mut self, i: usize) {
-        let now = self.tk(self.now);
+        let now = self.std(self.now);
         let base = self.base;
         let n = &mut self.nodes[i];
         let Some(p) = &n.peer else { return };
@@ -1168,14 +1164,14 @@ impl World {
             .view
             .vouch(now, p.round)
             .map(|v| ((v.round, v.ranks, v.all), self.now, t.fresh));
-        let contact = n.answered.map(|a| tokio::time::Instant::from_std(base + a));
+        let contact = n.answered.map(|a| base + a);
         let until = contact
             .and_then(|c| {
                 p.view
                     .majority(now, t.lag)
                     .and_then(|sent| t.keeps_until(sent, c))
             })
-            .map(|u| u.into_std().saturating_duration_since(base));
+            .map(|u| u.saturating_duration_since(base));
         if until != n.peers_until {
             n.peers_until = until;
             n.peers_moved = true;
@@ -1666,7 +1662,7 @@ impl World {
                     true => {
                         let settings = self.settings(to);
                         let (machine, actions) =
-                            NodeMachine::new(settings, self.tk(self.now), joined.round);
+                            NodeMachine::new(settings, self.std(self.now), joined.round);
                         self.nodes[to].machine = Some(machine);
                         self.perform(to, actions);
                     }
@@ -1925,8 +1921,7 @@ impl World {
                 ready[3] =
                     src.stream && (!n.inbox.is_empty() || n.tripped.is_some() || n.lost.is_some());
                 let due = deadline.filter(|d| {
-                    d.into_std().saturating_duration_since(self.base) <= now
-                        && n.timer_for != Some(*d)
+                    d.saturating_duration_since(self.base) <= now && n.timer_for != Some(*d)
                 });
                 ready[4] = due.is_some();
                 // [5]: the peers' evidence moved (the driver's watch).
@@ -1970,7 +1965,7 @@ impl World {
                             self.silent(i, since);
                             Event::Silent {
                                 why,
-                                since: self.tk(since),
+                                since: self.std(since),
                             }
                         } else if let Some(kind) = n.inbox.pop_front() {
                             Event::Message(kind)
@@ -1981,7 +1976,7 @@ impl World {
                                     self.silent(i, since);
                                     Event::Silent {
                                         why,
-                                        since: self.tk(since),
+                                        since: self.std(since),
                                     }
                                 }
                                 false => {
@@ -1999,7 +1994,7 @@ impl World {
                     5 => {
                         n.peers_moved = false;
                         match n.peers_until {
-                            Some(until) => Event::Vouched(self.tk(until)),
+                            Some(until) => Event::Vouched(self.std(until)),
                             None => continue,
                         }
                     }
@@ -2012,7 +2007,7 @@ impl World {
             let name = self.nodes[i].name.clone();
             let base = self.base;
             self.say(|| format!("{name} <- {}", event_name(&event, base)));
-            let now = self.tk(self.now);
+            let now = self.std(self.now);
             let Some(machine) = &mut self.nodes[i].machine else {
                 return;
             };
@@ -2660,18 +2655,12 @@ fn event_name(e: &Event, base: std::time::Instant) -> String {
     match e {
         Event::Silent { why, since } => format!(
             "silent since {:.3}s: {why}",
-            since
-                .into_std()
-                .saturating_duration_since(base)
-                .as_secs_f64()
+            since.saturating_duration_since(base).as_secs_f64()
         ),
         Event::Message(k) => kind_name(k),
         Event::Vouched(until) => format!(
             "vouched until {:.3}s",
-            until
-                .into_std()
-                .saturating_duration_since(base)
-                .as_secs_f64()
+            until.saturating_duration_since(base).as_secs_f64()
         ),
         Event::Exited(x) => format!("worker {} {}", x.global_rank, x.ended),
         Event::Stopped(x) => format!("stopped {} worker(s)", x.len()),

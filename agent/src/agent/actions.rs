@@ -266,7 +266,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                     self.metrics.formed(now - t);
                 }
                 if let Some(t) = self.failed_at.take() {
-                    self.metrics.recovered(now - t);
+                    self.metrics.recovered(now.into_std() - t);
                 }
                 Ok(None)
             }

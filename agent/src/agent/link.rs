@@ -52,8 +52,8 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 use accel_rdzv_client::tls::ClientTlsFiles;
 use accel_rdzv_client::Token;
+use std::time::Instant;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tonic::{Status, Streaming};
 use tonic_health::pb::HealthCheckResponse;
 use tracing::warn;
@@ -136,7 +136,7 @@ pub(crate) async fn fence_falls(answered: Answered, within: Duration) {
         if Instant::now() >= due {
             return;
         }
-        tokio::time::sleep_until(due).await;
+        tokio::time::sleep_until(due.into()).await;
     }
 }
 
@@ -301,7 +301,7 @@ impl Reach {
         deadline: Instant,
     ) -> Result<(RdzvLink, pb::Joined), AgentError> {
         if let Some(held) = &self.presence {
-            if !held.wait(deadline).await {
+            if !held.wait(deadline.into()).await {
                 return Err(AgentError::JoinTimeout(
                     "this node's presence key could not be written to etcd in time (the rendezvous drops a node without one); is etcd reachable from this node?".into(),
                 ));
@@ -325,7 +325,7 @@ impl Reach {
                 }
             },
             avoid.as_ref(),
-            deadline,
+            deadline.into(),
         )
         .await?;
         // `at` counts from the endpoint tried first.
@@ -412,7 +412,10 @@ async fn hold(client: RdzvClient, mut events: Streaming<pb::Event>, until: impl 
     tokio::pin!(read);
     loop {
         let deadline = until();
-        if tokio::time::timeout_at(deadline, &mut read).await.is_ok() {
+        if tokio::time::timeout_at(deadline.into(), &mut read)
+            .await
+            .is_ok()
+        {
             return;
         }
         if until() <= deadline {
@@ -430,7 +433,7 @@ impl RdzvLink {
         reach: Arc<Reach>,
     ) -> Self {
         let answered = reach.answered.clone();
-        answered.note(client.sent());
+        answered.note(client.sent().into());
         reach.job_stacks.serve(client.clone());
         let (keep_alive, silent) = spawn_keep_alive(
             client.clone(),
@@ -456,7 +459,9 @@ impl RdzvLink {
     }
 
     fn since(&self) -> Instant {
-        self.answered.get().unwrap_or_else(|| self.client.sent())
+        self.answered
+            .get()
+            .unwrap_or_else(|| self.client.sent().into())
     }
 
     /// Runs one call of the driver's: an answer moves the keep-alive
@@ -641,7 +646,7 @@ impl Link for RdzvLink {
                 None => reach.idle_grace,
             };
             let deadline = crate::deadline::after(grace);
-            reach.join(req, first, avoid, deadline).await
+            reach.join(req, first, avoid, deadline.into()).await
         }
     }
 }

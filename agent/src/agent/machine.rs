@@ -55,7 +55,7 @@ use std::time::Duration;
 use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;
 use pb::event::Kind;
-use tokio::time::Instant;
+use std::time::Instant;
 use tracing::{error, info, warn};
 
 use super::round::{Exit, RoundInfo, Segment};

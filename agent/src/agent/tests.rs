@@ -377,7 +377,7 @@ where
     let (calls_tx, calls) = unbounded_channel();
     let (signals_tx, mut signals) = Signals::channel();
     let release = Arc::new(tokio::sync::Notify::new());
-    let (machine, first) = NodeMachine::new(Settings::of(&cfg), Instant::now(), 0);
+    let (machine, first) = NodeMachine::new(Settings::of(&cfg), Instant::now().into_std(), 0);
     let spawner = FakeSpawner {
         calls: calls_tx.clone(),
         script: script.clone(),
@@ -743,7 +743,7 @@ async fn a_rejoin_that_gives_up_stops_the_workers_and_ends_the_agent() {
             0,
             Heard::Silent {
                 why: "no keep-alive answered for 30.0 s".into(),
-                since: Instant::now(),
+                since: Instant::now().into_std(),
             },
         );
         assert!(matches!(h.next().await, Call::Rejoin(0, Some(_))));

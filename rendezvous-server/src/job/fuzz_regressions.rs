@@ -22,7 +22,7 @@ fn req(min: u32, max: u32) -> pb::JoinRequest {
 /// one node completed for nnodes 2.
 #[test]
 fn close_leaves_no_ready_count_behind() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut job = Job::new("job", JobConfig::from_join(&req(2, 2)));
     job.join(t, "n0", &req(2, 2), S).expect("join n0");
     job.join(t, "n1", &req(2, 2), S).expect("join n1");
@@ -44,7 +44,7 @@ fn close_leaves_no_ready_count_behind() {
 /// for nnodes 1, or with a requested rank another placeholder held.
 #[test]
 fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let resuming = |node_rank, rank| pb::JoinRequest {
         node_rank: Some(node_rank),
         resume: Some(pb::Resume {
@@ -86,7 +86,7 @@ fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
 /// next, so the survivor started a round that was restarted at once.
 #[test]
 fn a_tick_drops_every_lost_node_before_it_decides() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let elastic = pb::JoinRequest {
         dead_after_ms: 1_000,
         last_call_ms: 200,
@@ -118,7 +118,7 @@ fn a_tick_drops_every_lost_node_before_it_decides() {
 /// record disagreed with itself (found by the record round trip).
 #[test]
 fn close_leaves_no_placeholder_count_behind() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut join = req(1, 206);
     let resume = pb::Resume {
         round: 1,
@@ -141,7 +141,7 @@ fn close_leaves_no_placeholder_count_behind() {
 /// so it took part twice (found by the fuzzer's participant check).
 #[test]
 fn a_closed_relearned_job_hands_out_no_placeholder() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut join = req(1, 236);
     let resume = |node_rank| pb::Resume {
         round: 5,
@@ -180,7 +180,7 @@ fn a_closed_relearned_job_hands_out_no_placeholder() {
 /// (found by the fuzzer's "ready for a round of at most MAX" check).
 #[test]
 fn a_rejoin_that_ends_a_node_s_bench_decides_the_round() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let on = |host: &str| pb::JoinRequest {
         hostname: host.into(),
         session: S.to_vec(),
@@ -218,7 +218,7 @@ fn an_outage_limit_beyond_ten_years_is_held_as_ten_years() {
     let config = JobConfig::from_join(&r);
     assert_eq!(config.outage, Some(accel_input::MAX_DURATION));
     assert_eq!(config.keep_alive, Some(accel_input::MAX_DURATION));
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let job = Job::new("job", config);
     let record = job.record(t);
     let encoded = crate::store::records::encode(&record);

@@ -553,7 +553,7 @@ mod tests {
     /// steps, a failure at step 35, resumed from step 30.
     #[test]
     fn a_failure_at_35_after_a_checkpoint_at_30_costs_recovery_and_5_steps_of_recomputation() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let at = |secs: u64| t0 + s(secs);
         let mut g = Goodput::default();
         g.forming(at(0), true);
@@ -631,7 +631,7 @@ mod tests {
 
     #[test]
     fn a_restart_never_counts_as_productive() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let mut g = Goodput::default();
         g.round_started(t0);
         g.stepped(t0 + s(2), t0 + s(1), t0 + s(2), 10, None, 0);
@@ -654,7 +654,7 @@ mod tests {
 
     #[test]
     fn a_job_without_reports_starts_up_and_recovers() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let mut g = Goodput::default();
         g.forming(t0, false);
         g.round_started(t0 + s(1));
@@ -674,7 +674,7 @@ mod tests {
 
     #[test]
     fn reports_out_of_order_or_from_before_the_mark_are_clamped() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let mut g = Goodput::default();
         g.round_started(t0 + s(10));
         // A first step "before" the round started: clamped to the start.

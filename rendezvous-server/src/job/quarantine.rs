@@ -634,7 +634,7 @@ mod tests {
 
     #[test]
     fn the_third_failure_within_the_window_benches_the_host() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut q = Quarantine::default();
         let p = policy(3);
         assert!(q.failure(t, "node1", &p).is_none());
@@ -665,7 +665,7 @@ mod tests {
 
     #[test]
     fn failures_older_than_the_window_do_not_count() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut q = Quarantine::default();
         let p = policy(2);
         assert!(q.failure(t, "n", &p).is_none());
@@ -675,7 +675,7 @@ mod tests {
 
     #[test]
     fn benches_end_when_their_time_is_up_or_on_release() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut q = Quarantine::default();
         assert!(q.bench(t, "a", t + Duration::from_secs(5), "why".into()));
         assert!(q.bench(t, "b", t + Duration::from_secs(9), "why".into()));
@@ -690,7 +690,7 @@ mod tests {
 
     #[test]
     fn counts_stay_bounded() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut q = Quarantine::default();
         let p = policy(2);
         for i in 0..MAX_HOSTS + 10 {
@@ -704,7 +704,7 @@ mod tests {
 
     #[test]
     fn a_jobs_own_bench_takes_the_place_of_the_least_recent_copy_and_a_copy_takes_none() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let s = |n: u64| t + Duration::from_secs(n);
         let mut q = Quarantine::default();
         // Full of copies of other jobs' benches (a token holder's fakes).
@@ -730,7 +730,7 @@ mod tests {
 
     #[test]
     fn only_copies_are_unshared_and_a_copy_the_job_benches_itself_becomes_its_own() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let later = t + Duration::from_secs(600);
         let mut q = Quarantine::default();
         assert!(q.bench(t, "mine", later, "ours".into()));
@@ -751,7 +751,7 @@ mod tests {
     #[test]
     fn off_with_a_count_of_zero() {
         let mut q = Quarantine::default();
-        assert!(q.failure(Instant::now(), "n", &policy(0)).is_none());
+        assert!(q.failure(crate::clock::epoch(), "n", &policy(0)).is_none());
         assert!(q.is_empty());
     }
 }

@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_rank_persistently_40_percent_slower_is_a_straggler() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let mut s = Stragglers::default();
         s.report(t0, "a", &times(&[100_000, 101_000]));
         // Evaluated at most once per EVERY: heard, not judged yet.
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn jitter_within_the_margin_and_junk_flag_nobody() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::epoch();
         let mut s = Stragglers::default();
         // Up to 20 % apart, differently at every report.
         let mut x: u64 = 3;

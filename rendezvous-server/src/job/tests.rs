@@ -79,7 +79,7 @@ fn formed(hosts: &[&str], t: Instant) -> (Job, Vec<Outbound>) {
 
 #[test]
 fn round_completes_only_when_every_node_is_ready() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = job(2);
     j.join(t, "a", &req("host-a", 2, None), S).expect("join a");
     j.join(t, "b", &req("host-b", 2, None), S).expect("join b");
@@ -105,7 +105,7 @@ fn round_completes_only_when_every_node_is_ready() {
 
 #[test]
 fn dynamic_ranks_follow_host_names_then_stay_put() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, out) = formed(&["zeta", "alpha", "mid"], t);
     assert_eq!(round_of(&out, "n1").node_rank, 0);
     assert_eq!(round_of(&out, "n2").node_rank, 1);
@@ -124,7 +124,7 @@ fn dynamic_ranks_follow_host_names_then_stay_put() {
 
 #[test]
 fn static_ranks_are_the_requested_ones_and_unique() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(1))));
     j.join(t, "b", &req("host-b", 2, Some(1)), S)
         .expect("join b");
@@ -150,7 +150,7 @@ fn static_ranks_are_the_requested_ones_and_unique() {
 
 #[test]
 fn disagreeing_settings_are_rejected_naming_both_values() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = job(2);
     let e = j
         .join(t, "x", &req("h", 3, None), S)
@@ -174,7 +174,7 @@ fn disagreeing_settings_are_rejected_naming_both_values() {
 
 #[test]
 fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     let out = j
         .join(t, "n9", &req("c", 2, None), S)
@@ -199,7 +199,7 @@ fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
 
 #[test]
 fn a_first_round_waits_out_the_last_call_after_min() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b"] {
         j.join(t, n, &elastic(n, 2, 3), S).expect("join");
@@ -225,7 +225,7 @@ fn a_first_round_waits_out_the_last_call_after_min() {
 
 #[test]
 fn max_nodes_complete_a_round_before_the_last_call() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b", "c"] {
         j.join(t, n, &elastic(n, 2, 3), S).expect("join");
@@ -238,7 +238,7 @@ fn max_nodes_complete_a_round_before_the_last_call() {
 
 #[test]
 fn a_late_joiner_scales_the_job_up_for_free_and_ranks_stay() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["b", "c"] {
         j.join(t, n, &elastic(n, 2, 3), S).expect("join");
@@ -263,7 +263,7 @@ fn a_late_joiner_scales_the_job_up_for_free_and_ranks_stay() {
 
 #[test]
 fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b", "c"] {
         j.join(t, n, &elastic(n, 2, 3), S).expect("join");
@@ -286,7 +286,7 @@ fn survivors_of_a_lost_node_re_form_at_once_while_min_remain() {
 
 #[test]
 fn failures_restart_everyone_until_the_job_budget_is_spent() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     let out = j.failure(t, "n1", 0, "exited 3".into(), None);
     assert_eq!(out.len(), 2, "both nodes are told");
@@ -320,7 +320,7 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
 
 #[test]
 fn a_fenced_node_re_forms_the_job_without_spending_the_budget() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let no_budget = |h: &str| pb::JoinRequest {
         max_restarts: 0,
         ..req(h, 2, None)
@@ -356,7 +356,7 @@ fn a_fenced_node_re_forms_the_job_without_spending_the_budget() {
 
 #[test]
 fn a_fence_report_outside_the_running_round_changes_nothing() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     let why = "stopped its workers (fencing)";
     assert!(j.fenced(t, "n0", 1, why).is_empty(), "a future round");
@@ -377,7 +377,7 @@ fn a_fence_report_outside_the_running_round_changes_nothing() {
 
 #[test]
 fn dropped_nodes_go_together_before_the_round_is_decided() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 2, 3)));
     for n in ["a", "b", "c"] {
         j.join(t, n, &elastic(n, 2, 3), S).expect("join");
@@ -426,7 +426,7 @@ fn dropped_nodes_go_together_before_the_round_is_decided() {
 
 #[test]
 fn a_membership_has_its_own_number() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&elastic("h", 1, 3)));
     j.join(t, "a", &elastic("a", 1, 3), S).expect("join");
     j.join(t, "b", &elastic("b", 1, 3), S).expect("join");
@@ -439,7 +439,7 @@ fn a_membership_has_its_own_number() {
 
 #[test]
 fn success_needs_every_node_of_the_round() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     assert!(j.success(t, "n0", 0).is_empty());
     // A node whose workers succeeded may leave without disturbing the others.
@@ -452,7 +452,7 @@ fn success_needs_every_node_of_the_round() {
 
 #[test]
 fn a_running_node_leaving_restarts_the_rest_for_free() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     let out = j.leave(t, "n1", "SIGTERM");
     assert!(
@@ -474,7 +474,7 @@ fn a_running_node_leaving_restarts_the_rest_for_free() {
 
 #[test]
 fn silent_nodes_are_lost_on_the_servers_clock() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     let later = t + Duration::from_secs(10);
     j.keep_alive(later, "n0");
@@ -496,7 +496,7 @@ fn silent_nodes_are_lost_on_the_servers_clock() {
 
 #[test]
 fn stale_reports_are_ignored() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     assert!(j.failure(t, "n0", 7, "late".into(), None).is_empty());
     assert!(j.success(t, "n0", 7).is_empty());
@@ -509,7 +509,7 @@ fn stale_reports_are_ignored() {
 
 #[test]
 fn finished_jobs_and_jobs_without_members_expire_after_the_ttl() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let ttl = Duration::from_secs(30);
     let (mut j, _) = formed(&["a"], t);
     j.success(t, "n0", 0);
@@ -546,7 +546,7 @@ fn finished_jobs_and_jobs_without_members_expire_after_the_ttl() {
 
 #[test]
 fn every_node_dropped_for_silence_keeps_the_job_for_the_reconnect_window() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let ttl = Duration::from_secs(5);
     let (mut j, _) = formed(&["a", "b"], t);
     // Both nodes kept a leader alive that this one never heard from.
@@ -578,7 +578,7 @@ fn every_node_dropped_for_silence_keeps_the_job_for_the_reconnect_window() {
 
 #[test]
 fn a_new_leader_counts_silence_from_when_it_took_the_job_over() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (j, _) = formed(&["a", "b"], t);
     // The last leader heard both at t and wrote the job 10 s later; the
     // record is loaded after a pause: without the handover both would be
@@ -607,7 +607,7 @@ fn a_new_leader_counts_silence_from_when_it_took_the_job_over() {
 
 #[test]
 fn only_the_node_itself_presents_its_session() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (j, out) = formed(&["a", "b"], t);
     let joined_secret = |node: &str| {
         let mut j2 = job(2);
@@ -637,7 +637,7 @@ fn only_the_node_itself_presents_its_session() {
 
 #[test]
 fn deadlines_follow_liveness_last_call_and_progress() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let ttl = Duration::from_secs(30);
     let mut j = Job::new("j", JobConfig::from_join(&elastic("a", 2, 3)));
     assert_eq!(
@@ -674,7 +674,7 @@ fn deadlines_follow_liveness_last_call_and_progress() {
 
 #[test]
 fn a_relearned_job_holds_at_most_its_max_nodes_placeholders() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut r = req("a", 4, None);
     r.resume = Some(pb::Resume {
         round: 3,
@@ -704,7 +704,7 @@ fn resume_of(out: &[Outbound], node: &str, round: u64, restart_count: u32) -> pb
 
 #[test]
 fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, out) = formed(&["a", "b"], t);
     let mut again = req("a", 2, None);
     again.resume = Some(resume_of(&out, "n0", 0, 0));
@@ -730,7 +730,7 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
 
 #[test]
 fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (_, out) = formed(&["a", "b", "c"], t);
     let mut r = req("a", 3, None);
     r.resume = Some(resume_of(&out, "n0", 4, 2));
@@ -758,7 +758,7 @@ fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
 
 #[test]
 fn a_spare_cannot_fail_the_running_round() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     // A third node joins the full job: it waits as a spare, with its own secret.
     j.join(t, "spare", &req("c", 2, None), S)
@@ -769,7 +769,7 @@ fn a_spare_cannot_fail_the_running_round() {
 
 #[test]
 fn placeholders_expire_even_without_a_keep_alive_limit() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut r = req("a", 3, None);
     r.dead_after_ms = 0;
     r.resume = Some(pb::Resume {
@@ -794,7 +794,7 @@ fn placeholders_expire_even_without_a_keep_alive_limit() {
 
 #[test]
 fn a_member_reconnects_with_its_secret_even_without_resume() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = job(2);
     j.join(t, "n0", &req("a", 2, None), S).expect("join");
     let mut again = req("a", 2, None);
@@ -814,7 +814,7 @@ fn a_round_never_forms_while_a_node_of_the_last_one_may_not_have_heard_the_resta
     // ready for round 1, but c has not said it stopped: if it is cut off
     // from the server's events, its workers still hold ranks the new round
     // would give away, until it fences them within the drop limit (15 s).
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let quick = |h: &str, min, max| pb::JoinRequest {
         last_call_ms: 1_000,
         max_restarts: 5,
@@ -933,7 +933,7 @@ fn ready_all(j: &mut Job, t: Instant, round: u64) -> Vec<Outbound> {
 
 #[test]
 fn first_ranks_group_segments_and_compare_numbers_as_numbers() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = topo_job(
         t,
         6,
@@ -963,7 +963,7 @@ fn first_ranks_group_segments_and_compare_numbers_as_numbers() {
 
 #[test]
 fn a_departed_node_s_rank_goes_to_a_spare_of_its_segment() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     // 4 places, 2 racks of 2, and a spare in each rack.
     let mut j = topo_job(
         t,
@@ -1001,7 +1001,7 @@ fn a_departed_node_s_rank_goes_to_a_spare_of_its_segment() {
 
 #[test]
 fn without_a_spare_of_its_segment_the_place_closes_and_newcomers_join_their_run() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = topo_job(
         t,
         1,
@@ -1038,7 +1038,7 @@ fn without_a_spare_of_its_segment_the_place_closes_and_newcomers_join_their_run(
 
 #[test]
 fn ranks_stay_put_across_restarts_while_membership_holds() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = topo_job(
         t,
         4,
@@ -1060,7 +1060,7 @@ fn ranks_stay_put_across_restarts_while_membership_holds() {
 
 #[test]
 fn newcomers_never_push_a_node_that_keeps_its_place_out_at_max() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = topo_job(
         t,
         4,
@@ -1087,7 +1087,7 @@ fn newcomers_never_push_a_node_that_keeps_its_place_out_at_max() {
 
 #[test]
 fn a_restored_job_knows_the_segments_of_the_places_its_nodes_hold() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&at("h", "", 1, 6)));
     let nodes = [("a", "r1"), ("b", "r2"), ("c", "r3"), ("d", "r4")];
     for (id, topo) in nodes {
@@ -1116,7 +1116,7 @@ fn a_restored_job_knows_the_segments_of_the_places_its_nodes_hold() {
 
 #[test]
 fn the_round_waits_for_the_spare_of_a_departed_node_s_segment() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = topo_job(
         t,
         4,
@@ -1164,7 +1164,7 @@ fn the_round_waits_for_the_spare_of_a_departed_node_s_segment() {
 
 #[test]
 fn a_no_restart_exit_code_ends_the_job_at_once_with_that_code() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let fatal = |host: &str| pb::JoinRequest {
         no_restart_exit_code: 93,
         max_restarts: 5,
@@ -1224,7 +1224,7 @@ fn a_no_restart_exit_code_ends_the_job_at_once_with_that_code() {
 fn a_ready_spare_of_the_segment_is_enough_the_round_does_not_wait_for_another() {
     // Found by the rdzv_job fuzz target: MAX 1, two spares of the departed
     // node's (empty) segment; the first ready one takes the place at once.
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = job(1);
     for n in ["n0", "n1", "n2"] {
         j.join(t, n, &req(n, 1, None), S).expect("join");
@@ -1284,7 +1284,7 @@ fn restart_of(out: &[Outbound]) -> Option<pb::RestartRequested> {
 
 #[test]
 fn a_host_failing_three_times_is_benched_and_the_job_goes_on_without_it() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, out) = c_benched(t, 2, 3);
     let restart = restart_of(&out).expect("the third failure restarts");
     assert!(restart.counted, "{restart:?}");
@@ -1318,7 +1318,7 @@ fn a_host_failing_three_times_is_benched_and_the_job_goes_on_without_it() {
 
 #[test]
 fn a_bench_spends_the_budget_as_usual_and_a_benched_node_cannot_fail_the_round() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 2, 3);
     assert_eq!(j.restart_count(), 3, "every failure is counted");
     ready_all(&mut j, t, 3);
@@ -1336,7 +1336,7 @@ fn a_bench_spends_the_budget_as_usual_and_a_benched_node_cannot_fail_the_round()
 
 #[test]
 fn a_bench_ending_on_time_re_forms_a_running_job_with_room_without_spending_the_budget() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 2, 3);
     ready_all(&mut j, t, 3);
     let until = t + Duration::from_secs(600);
@@ -1367,7 +1367,7 @@ fn a_bench_ending_on_time_re_forms_a_running_job_with_room_without_spending_the_
 
 #[test]
 fn an_operator_s_release_re_forms_the_job_as_well() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 2, 3);
     ready_all(&mut j, t, 3);
     let t1 = t + Duration::from_secs(5);
@@ -1388,7 +1388,7 @@ fn an_operator_s_release_re_forms_the_job_as_well() {
 
 #[test]
 fn without_room_to_go_on_the_job_waits_for_the_benched_host() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 3, 3);
     let out = ready_all(&mut j, t, 3);
     assert!(ranks(&out).is_empty(), "formed without n3: {out:?}");
@@ -1419,7 +1419,7 @@ fn without_room_to_go_on_the_job_waits_for_the_benched_host() {
 
 #[test]
 fn benches_and_failure_counts_survive_a_record_and_a_benched_offer_does_not_count() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 2, 3);
     ready_all(&mut j, t, 3);
     // One failure of n1 is counted; round 4 forms with a and c offering.
@@ -1452,7 +1452,7 @@ fn benches_and_failure_counts_survive_a_record_and_a_benched_offer_does_not_coun
 
 #[test]
 fn static_ranks_are_never_benched() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let fixed = |host: &str, rank| pb::JoinRequest {
         max_restarts: 5,
         ..req(host, 2, Some(rank))
@@ -1482,7 +1482,7 @@ fn a_round_without_a_benched_node_waits_until_it_may_no_longer_run_its_workers()
     // node rank 0 and was still stopping its other workers when the round
     // formed without it ("every remaining member ready"), giving its ranks
     // to another node.
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let strict = QuarantinePolicy {
         after: 1,
         ..three_strikes()
@@ -1520,7 +1520,7 @@ fn a_round_without_a_benched_node_waits_until_it_may_no_longer_run_its_workers()
 
 #[test]
 fn a_benched_host_joining_a_running_job_with_room_waits_without_a_restart() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = c_benched(t, 2, 3);
     ready_all(&mut j, t, 3);
     assert_eq!(j.phase(), &Phase::Running);
@@ -1544,7 +1544,7 @@ fn a_benched_host_joining_a_running_job_with_room_waits_without_a_restart() {
 
 #[test]
 fn a_benched_node_without_a_rank_of_its_own_gets_none_in_a_static_job() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = Job::new("j", JobConfig::from_join(&req("h", 2, Some(0))))
         .with_quarantine(Some(three_strikes()));
     j.join(t, "s0", &req("h0", 2, Some(0)), S).expect("join");
@@ -1596,7 +1596,7 @@ fn riding(hosts: &[&str], t: Instant) -> Job {
 
 #[test]
 fn a_round_gone_silent_at_once_is_held_not_dropped() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = riding(&["a", "b", "c"], t);
     let s = Duration::from_secs;
     // Nothing heard from anyone (the server was cut off): at the drop limit
@@ -1613,7 +1613,7 @@ fn a_round_gone_silent_at_once_is_held_not_dropped() {
 
 #[test]
 fn when_the_silence_ends_every_node_gets_the_whole_drop_limit_again() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = riding(&["a", "b", "c"], t);
     let s = Duration::from_secs;
     assert!(j.tick(t + s(20)).is_empty());
@@ -1644,7 +1644,7 @@ fn when_the_silence_ends_every_node_gets_the_whole_drop_limit_again() {
 
 #[test]
 fn one_silent_node_of_three_is_dropped_at_the_drop_limit() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = riding(&["a", "b", "c"], t);
     let s = Duration::from_secs;
     for at in [5, 10, 15] {
@@ -1659,7 +1659,7 @@ fn one_silent_node_of_three_is_dropped_at_the_drop_limit() {
 
 #[test]
 fn a_peer_s_vouch_keeps_a_node_cut_off_from_the_server() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = riding(&["a", "b", "c"], t);
     let s = Duration::from_secs;
     for at in [5, 10, 15, 20] {
@@ -1682,7 +1682,7 @@ fn a_peer_s_vouch_keeps_a_node_cut_off_from_the_server() {
 
 #[test]
 fn a_held_round_does_not_re_form_without_its_silent_nodes() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let mut j = riding(&["a", "b", "c"], t);
     let s = Duration::from_secs;
     // n0 fails while n1 and n2 are cut off from the server (but may run).
@@ -1703,7 +1703,7 @@ fn a_held_round_does_not_re_form_without_its_silent_nodes() {
 
 #[test]
 fn jobs_of_older_agents_are_never_held() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (mut j, _) = formed(&["a", "b"], t);
     j.tick(t + Duration::from_secs(16));
     assert!(
@@ -1714,7 +1714,7 @@ fn jobs_of_older_agents_are_never_held() {
 
 #[test]
 fn a_node_back_after_its_relearned_round_restarted_takes_its_place_at_once() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let (_, out) = formed(&["a", "b"], t);
     let mut r0 = req("a", 2, None);
     r0.resume = Some(resume_of(&out, "n0", 0, 0));
@@ -1747,7 +1747,7 @@ fn a_node_back_after_its_relearned_round_restarted_takes_its_place_at_once() {
 /// one of its rounds ran for `RAN_FOR`; a restart does not undo it.
 #[test]
 fn a_job_ran_once_one_of_its_rounds_ran_for_ran_for() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let nodes = [("a", "n1", ""), ("b", "n2", "")];
     let mut j = topo_job(t, 2, 2, &nodes).with_quarantine(Some(three_strikes()));
     assert!(!j.ran(t + RAN_FOR), "no round ran");
@@ -1771,7 +1771,7 @@ fn a_job_ran_once_one_of_its_rounds_ran_for_ran_for() {
 /// and the job resumes from step 30.
 #[test]
 fn goodput_accounts_a_failure_at_35_as_recovery_and_5_steps_redone() {
-    let t0 = Instant::now();
+    let t0 = crate::clock::epoch();
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let mut j = job(2);
     j.join(t0, "n0", &req("a", 2, None), S).expect("join");
@@ -1892,7 +1892,7 @@ fn straggler_policy(stragglers: bool) -> QuarantinePolicy {
 /// spare in its place, without spending the budget.
 #[test]
 fn a_straggler_is_quarantined_and_a_spare_takes_its_place() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let nodes = [
         ("a", "n1", ""),
         ("b", "n2", ""),
@@ -1940,7 +1940,7 @@ fn a_straggler_is_quarantined_and_a_spare_takes_its_place() {
 /// Without the flag, a straggler counts for nothing.
 #[test]
 fn a_straggler_without_a_spare_stays_and_without_the_flag_counts_nothing() {
-    let t = Instant::now();
+    let t = crate::clock::epoch();
     let second = Duration::from_secs(1);
     let nodes = [("a", "n1", ""), ("b", "n2", ""), ("c", "n3", "")];
     let mut j = topo_job(t, 2, 3, &nodes).with_quarantine(Some(straggler_policy(true)));

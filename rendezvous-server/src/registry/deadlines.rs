@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn only_due_entries_come_out_earliest_first() {
-        let base = Instant::now();
+        let base = crate::clock::epoch();
         let mut d = Deadlines::default();
         let (mut a, mut b) = (None, None);
         d.schedule(&mut a, "a", Some(at(base, 5)));
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn a_later_deadline_does_not_replace_an_earlier_one_and_an_earlier_one_leaves_a_stale_entry() {
-        let base = Instant::now();
+        let base = crate::clock::epoch();
         let mut d = Deadlines::default();
         let mut s = None;
         d.schedule(&mut s, "job", Some(at(base, 10)));
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn compacting_keeps_only_the_live_entries_once_stale_ones_pile_up() {
-        let base = Instant::now();
+        let base = crate::clock::epoch();
         let mut d = Deadlines::default();
         let mut s = None;
         for i in (0..2000u64).rev() {

@@ -405,7 +405,7 @@ impl Registry {
     pub(super) fn quarantined_in(&self, jobs: &Jobs) -> u64 {
         if self.server_scope() {
             // The registry's table ends its benches lazily: count the live ones.
-            return (MAX_HOSTS - jobs.benches.free(Instant::now())) as u64;
+            return (MAX_HOSTS - jobs.benches.free(self.clock.now().at)) as u64;
         }
         jobs.map
             .values()
@@ -417,7 +417,7 @@ impl Registry {
     /// Places left in the server-wide table (all of them with job scope,
     /// which leaves it empty).
     pub(super) fn quarantine_free_in(&self, jobs: &Jobs) -> u64 {
-        jobs.benches.free(Instant::now()) as u64
+        jobs.benches.free(self.clock.now().at) as u64
     }
 }
 
@@ -440,7 +440,7 @@ mod tests {
 
     #[test]
     fn one_job_holds_at_most_its_share() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut table = ServerBenches::default();
         for i in 0..JOB_SHARE {
             let added = table.admit(t, &format!("h{i}"), &bench(t), Some("greedy"), true);
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn a_full_table_gives_up_its_least_recent_bench_from_a_job_that_had_not_run() {
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let at = |s: u64| t + Duration::from_secs(s);
         let mut table = ServerBenches::default();
         // One job each (as a token holder's one-node jobs), half of them ran.
@@ -552,7 +552,7 @@ mod tests {
             ..Limits::default()
         };
         let registry = Registry::new(Duration::from_secs(3600), limits);
-        let t = Instant::now();
+        let t = crate::clock::epoch();
         let mut n = 0u64;
         let mut streams = Vec::new();
         let mut join = |now: Instant, job: &str, node: &str, host: &str, nodes: u32| {

@@ -19,7 +19,6 @@ impl Registry {
     /// watch once every node asked answered, or after `timeout`.
     pub fn stacks(&self, job_id: &str, native: bool, timeout: Duration) -> Result<Done, Error> {
         self.acting()?;
-        let deadline = tokio::time::Instant::now() + timeout;
         let mut guard = self.lock();
         let jobs = &mut *guard;
         let entry = jobs
@@ -74,7 +73,7 @@ impl Registry {
             "collecting the job's stacks"
         );
         let done = collection.done();
-        tokio::spawn(collection.run(self.stacks.clone(), round, asked, unreachable, deadline));
+        tokio::spawn(collection.run(self.stacks.clone(), round, asked, unreachable, timeout));
         Ok(done)
     }
 

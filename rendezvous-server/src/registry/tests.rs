@@ -1,12 +1,13 @@
 //! The registry's own operations, on real registries without a store.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 use tokio_stream::StreamExt;
 
 use super::*;
+use crate::clock::ManualClock;
 use crate::job::SESSION_BYTES;
 
 fn session(n: u8) -> Session {
@@ -27,12 +28,12 @@ fn join(registry: &Registry, node: &str, n: u8) -> NodeStream {
         ..Default::default()
     };
     registry
-        .join(Instant::now(), &req, None, session(n))
+        .join(registry.now().at, &req, None, session(n))
         .expect("joins")
 }
 
 fn ready(registry: &Registry, node: &str, n: u8, round: u64) {
-    let now = Instant::now();
+    let now = registry.now().at;
     registry
         .for_node(now, "job", node, &session(n).to_vec(), |job| {
             (
@@ -79,7 +80,7 @@ async fn an_expired_node_is_dropped_and_the_others_re_form_for_free() {
     assert_eq!(ids, ["a", "b"]);
     let gone: Vec<_> = all.into_iter().filter(|m| m.node_id == "b").collect();
     let why = "its etcd lease expired";
-    assert_eq!(registry.drop_expired(Instant::now(), &gone, why), 1);
+    assert_eq!(registry.drop_expired(registry.now().at, &gone, why), 1);
     match next(&mut a).await {
         Some(Kind::RestartRequested(r)) => {
             assert!(!r.counted, "a departure spends no budget");
@@ -98,7 +99,7 @@ async fn an_expired_node_is_dropped_and_the_others_re_form_for_free() {
         .collect();
     assert_eq!(left, ["a"]);
     // Dropping it again changes nothing.
-    assert_eq!(registry.drop_expired(Instant::now(), &gone, why), 0);
+    assert_eq!(registry.drop_expired(registry.now().at, &gone, why), 0);
     // The survivor forms the next round alone (MIN is 1).
     ready(&registry, "a", 1, 1);
     assert!(matches!(next(&mut a).await, Some(Kind::RoundComplete(r)) if r.nnodes == 1));
@@ -114,7 +115,10 @@ async fn a_node_that_joined_again_since_the_snapshot_stays() {
     let again = registry.memberships();
     assert_ne!(before, again, "a new membership has a new number");
     let stale: Vec<_> = before.into_iter().filter(|m| m.node_id == "b").collect();
-    assert_eq!(registry.drop_expired(Instant::now(), &stale, "expired"), 0);
+    assert_eq!(
+        registry.drop_expired(registry.now().at, &stale, "expired"),
+        0
+    );
     assert!(registry.memberships().iter().any(|m| m.node_id == "b"));
     // Unknown jobs and nodes change nothing either.
     let unknown = [
@@ -130,7 +134,7 @@ async fn a_node_that_joined_again_since_the_snapshot_stays() {
         },
     ];
     assert_eq!(
-        registry.drop_expired(Instant::now(), &unknown, "expired"),
+        registry.drop_expired(registry.now().at, &unknown, "expired"),
         0
     );
     assert_eq!(registry.memberships().len(), 2);
@@ -151,7 +155,7 @@ fn join_req(job: &str, node: &str, host: &str) -> pb::JoinRequest {
 }
 
 fn succeed(registry: &Registry, job: &str, node: &str, n: u8, round: u64) {
-    let now = Instant::now();
+    let now = registry.now().at;
     registry
         .for_node(now, job, node, &session(n).to_vec(), |j| {
             ((), j.success(now, node, round))
@@ -180,7 +184,7 @@ async fn succeeded(registry: &Registry) {
 /// What a joining node is answered: the outcome (a node of the job), or the error.
 async fn answer(registry: &Registry, node: &str, host: &str) -> Result<pb::JobOver, Error> {
     let mut stream = registry.join(
-        Instant::now(),
+        registry.now().at,
         &join_req("job", node, host),
         None,
         session(9),
@@ -246,7 +250,7 @@ async fn an_agent_started_after_the_end_starts_a_new_run_of_the_id() {
     for forgotten in [false, true] {
         let registry = Registry::new(Duration::from_secs(60), Limits::default());
         succeeded(&registry).await;
-        let later = crate::tombstone::unix_ms(std::time::SystemTime::now()) + 1;
+        let later = registry.now().unix_ms + 1;
         // Started before the end (no start time is taken so): a late node.
         let over = answer(&registry, "b-restarted", "host-b")
             .await
@@ -258,7 +262,7 @@ async fn an_agent_started_after_the_end_starts_a_new_run_of_the_id() {
         let mut req = join_req("job", "again", "host-a");
         req.started_unix_ms = later;
         let mut again = registry
-            .join(Instant::now(), &req, None, session(7))
+            .join(registry.now().at, &req, None, session(7))
             .expect("a new run");
         match next(&mut again).await {
             Some(Kind::Joined(j)) => {
@@ -279,7 +283,7 @@ async fn an_agent_started_after_the_end_starts_a_new_run_of_the_id() {
         let mut req = join_req("job", "again-2", "host-c");
         req.started_unix_ms = later;
         let mut second = registry
-            .join(Instant::now(), &req, None, session(8))
+            .join(registry.now().at, &req, None, session(8))
             .expect("joins the new run");
         match next(&mut second).await {
             Some(Kind::Joined(j)) => assert!(j.previous.is_some() && j.over.is_none(), "{j:?}"),
@@ -296,10 +300,10 @@ async fn a_failed_jobs_tombstone_says_so_and_the_agents_exit_code() {
     let mut req = join_req("job", "a", "host-a");
     req.max_nodes = 1;
     let mut a = registry
-        .join(Instant::now(), &req, None, session(1))
+        .join(registry.now().at, &req, None, session(1))
         .expect("joins");
     assert!(matches!(next(&mut a).await, Some(Kind::Joined(_))));
-    let now = Instant::now();
+    let now = registry.now().at;
     registry
         .for_node(now, "job", "a", &session(1).to_vec(), |j| {
             ((), j.ready(now, "a", 0, ("127.0.0.1".into(), 1), None))
@@ -335,10 +339,10 @@ async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
         let mut req = join_req(job, "a", "host-a");
         req.max_nodes = 1;
         let mut s = registry
-            .join(Instant::now(), &req, None, session(1))
+            .join(registry.now().at, &req, None, session(1))
             .expect("joins");
         assert!(matches!(next(&mut s).await, Some(Kind::Joined(_))));
-        let now = Instant::now();
+        let now = registry.now().at;
         registry
             .for_node(now, job, "a", &session(1).to_vec(), |j| {
                 ((), j.ready(now, "a", 0, ("127.0.0.1".into(), 1), None))
@@ -353,12 +357,12 @@ async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
     let mut fresh = join_req("j1", "c", "host-c");
     fresh.max_nodes = 1;
     assert!(registry
-        .join(Instant::now(), &fresh, None, session(3))
+        .join(registry.now().at, &fresh, None, session(3))
         .is_ok());
     let mut other = join_req("j3", "c", "host-c");
     other.max_nodes = 1;
     assert!(registry
-        .join(Instant::now(), &other, None, session(3))
+        .join(registry.now().at, &other, None, session(3))
         .is_err());
 
     // Expired: a TTL that has passed.
@@ -366,16 +370,21 @@ async fn tombstones_expire_are_bounded_and_can_be_turned_off() {
         tombstone_ttl: Duration::from_millis(50),
         ..Limits::default()
     };
-    let registry = Registry::new(Duration::from_secs(60), limits);
+    let clock = Arc::new(ManualClock::new());
+    let registry =
+        Registry::new(Duration::from_secs(60), limits).with_clock(Arc::new(clock.clone()));
     succeeded(&registry).await;
     registry.forget_finished();
     assert_eq!(registry.tombstone_count(), 1);
-    tokio::time::sleep(Duration::from_millis(60)).await;
-    registry.tick(Instant::now());
+    clock.advance(Duration::from_millis(49));
+    registry.tick(registry.now().at);
+    assert_eq!(registry.tombstone_count(), 1, "kept for its whole TTL");
+    clock.advance(Duration::from_millis(2));
+    registry.tick(registry.now().at);
     assert_eq!(registry.tombstone_count(), 0);
     let mut s = registry
         .join(
-            Instant::now(),
+            registry.now().at,
             &join_req("job", "c", "host-c"),
             None,
             session(3),
@@ -429,7 +438,7 @@ async fn a_tombstone_outlives_its_leader_through_the_store() {
         nnodes: 2,
     });
     let mut s = second
-        .join(Instant::now(), &resume, None, session(2))
+        .join(second.now().at, &resume, None, session(2))
         .expect("a resuming node of the job is told, not refused as gone");
     assert!(matches!(next(&mut s).await, Some(Kind::Joined(j)) if j.over.is_some()));
     assert!(answer(&second, "c", "host-c").await.is_err());
@@ -457,7 +466,10 @@ async fn a_spare_dropped_before_the_end_still_belongs_to_the_job() {
         .into_iter()
         .filter(|m| m.node_id == "c")
         .collect();
-    assert_eq!(registry.drop_expired(Instant::now(), &gone, "cut off"), 1);
+    assert_eq!(
+        registry.drop_expired(registry.now().at, &gone, "cut off"),
+        1
+    );
     succeed(&registry, "job", "a", 1, 0);
     succeed(&registry, "job", "b", 2, 0);
     for s in [&mut a, &mut b] {
@@ -497,7 +509,7 @@ async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere()
         ..Limits::default()
     };
     let registry = Registry::new(Duration::from_secs(60), limits);
-    let now = Instant::now();
+    let now = registry.now().at;
     let join_as = |job: &str, node: &str, host: &str, n: u8| {
         registry
             .join(now, &join_req(job, node, host), None, session(n))
