@@ -542,7 +542,8 @@ async fn hold(r: &Replica<'_>, client: &Client, lease: i64, granted: Instant) ->
     }
     info!(jobs = loaded, advertise = %r.o.advertise, "leading: serving the rendezvous");
     r.led.store(true, Ordering::Relaxed);
-    r.roles.send_replace(Role::Leader(Box::new(registry.clone())));
+    r.roles
+        .send_replace(Role::Leader(Box::new(registry.clone())));
     let fenced = CancellationToken::new();
     let ticker = tokio::spawn(crate::tick_and_flush(
         registry.clone(),

@@ -55,6 +55,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod goodput;
+mod invariants;
 mod membership;
 mod placement;
 mod progress;
@@ -702,7 +703,7 @@ impl Job {
             return self.finish(now, Phase::Failed(reason));
         }
         if self.restart_count < self.config.max_restarts {
-            self.restart_count = self.restart_count.saturating_add(1);
+            // restart() spends it.
             return self.restart(now, reason, true);
         }
         let reason = format!(

@@ -13,7 +13,7 @@ use accel_proto::v1 as pb;
 use pb::event::Kind;
 
 use super::placement::segments;
-use super::{decide, Decision, Job, Outbound, Phase, ABSENT};
+use super::{decide, invariants, Decision, Job, Outbound, Phase, ABSENT};
 
 /// Host names listed in a progress report.
 const HOSTS_LISTED: usize = 16;
@@ -141,6 +141,7 @@ impl Job {
             });
         }
         let ranks: std::collections::HashMap<&String, u32> = order.iter().zip(0u32..).collect();
+        invariants::round_formed(&ranks, order.len(), self.config.max_nodes);
         let mut spares = Vec::new();
         let benched: Vec<bool> = self.members.values().map(|m| self.is_benched(m)).collect();
         for (id, m) in self.members.iter_mut() {
@@ -205,8 +206,16 @@ impl Job {
         self.restart(now, reason, false)
     }
 
+    /// Ends the running round (or the forming one) and starts forming the
+    /// next; `counted`: a worker failure, which spends one restart of the
+    /// budget (the caller checked that one is left).
     pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
+        let used = self.restart_count;
+        if counted {
+            self.restart_count = used.saturating_add(1);
+        }
+        invariants::budget(used, self.restart_count, self.config.max_restarts, counted);
         if !counted {
             // A counted restart's round was judged in `worker_failed`.
             self.progress.reformed();
@@ -222,6 +231,7 @@ impl Job {
         self.stragglers = Default::default();
         self.forming_since = Some(now);
         self.round = self.round.saturating_add(1);
+        invariants::next_round(old, self.round);
         self.phase = Phase::Forming;
         self.succeeded = 0;
         self.ready = 0;

@@ -106,6 +106,13 @@ impl Commit {
             });
         }
         if !held.out.is_empty() || over {
+            // Deliver after durable: the write these events wait for must
+            // carry the change that caused them (asserted in release builds
+            // too; `job/invariants.rs` says why).
+            assert!(
+                self.closing || self.dirty.contains(job_id),
+                "invariant: events of a change to job '{job_id}' would wait for a write that does not carry the change"
+            );
             self.held.push(held);
         }
         None

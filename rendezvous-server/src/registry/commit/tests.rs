@@ -195,3 +195,13 @@ async fn once_closing_nothing_is_marked_written_or_delivered() {
     );
     assert!(c.take().is_none(), "nothing more is written");
 }
+
+/// The invariant of the commit path fires: events of a change whose job
+/// was not marked would be released by a write without the change.
+#[test]
+#[should_panic(expected = "does not carry the change")]
+fn events_of_an_unmarked_change_fire_the_invariant() {
+    let mut c = Commit::new(true);
+    c.mark("other");
+    let _ = c.decided("job", vec![event("n1", 1)], false, 3);
+}
