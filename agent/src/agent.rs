@@ -319,7 +319,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             }
             let (machine, first_actions) =
                 NodeMachine::new(Settings::of(&cfg), Instant::now().into_std(), first.round);
-            let mut session = Session::new(
+            let mut driver = Driver::new(
                 &cfg,
                 machine,
                 link,
@@ -329,24 +329,24 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 metrics.clone(),
                 watched.clone(),
             );
-            session.progress = progress.clone();
-            session.events = Some(events.clone());
+            driver.progress = progress.clone();
+            driver.events = Some(events.clone());
             if rides_outages(&cfg) {
-                session.peers = Some(Peers {
+                driver.peers = Some(Peers {
                     shared: peers.clone(),
                     watch: peers.watch(),
                     task: AbortOnDrop(None),
                     answered: answered.clone(),
                 });
             }
-            session.presence = reach.presence().cloned();
-            let result = session.drive(first_actions).await;
+            driver.presence = reach.presence().cloned();
+            let result = driver.drive(first_actions).await;
             // This membership is over (the node left, the job ended, or the
             // agent exits): its presence goes at once, not after the lease.
             withdraw(presence).await;
             match result {
-                Ok(SessionEnd::Unhealthy) => continue,
-                Ok(SessionEnd::Done(outcome)) => return Ok(outcome),
+                Ok(DriverEnd::Unhealthy) => continue,
+                Ok(DriverEnd::Done(outcome)) => return Ok(outcome),
                 Err(e) => return Err(e),
             }
         }
@@ -484,7 +484,7 @@ type Rejoining<L> = Pin<Box<dyn Future<Output = Result<(L, pb::Joined), AgentErr
 /// The driver of one node's [`NodeMachine`]: it owns the I/O (the rendezvous
 /// connection, the workers, the store, the files) and does what the machine
 /// decides.
-struct Session<'a, L: Link, S: Spawner> {
+struct Driver<'a, L: Link, S: Spawner> {
     cfg: &'a Config,
     machine: NodeMachine,
     /// The connection to the job.
@@ -532,7 +532,7 @@ struct Session<'a, L: Link, S: Spawner> {
     events: Option<Arc<std::sync::Mutex<EventLog>>>,
     /// This node's presence key in etcd (agent-only rendezvous): when its
     /// lease lapses while workers run, they are fenced at once.
-    presence: Option<rendezvous_server::presence::Held>,
+    presence: Option<rendezvous_server::presence::PresenceHeld>,
     /// The lapse was said since the node last (re)joined, which it does
     /// only with its key back in etcd.
     lapse_said: bool,
@@ -543,8 +543,8 @@ struct Session<'a, L: Link, S: Spawner> {
     progress: crate::progress::Progress,
 }
 
-/// How a session with the rendezvous ended.
-enum SessionEnd {
+/// How a driver's membership of the job ended.
+enum DriverEnd {
     /// The node's part of the job is over.
     Done(Outcome),
     /// The node failed its health check between rounds and left the job.
@@ -600,7 +600,7 @@ enum Woke<L> {
     GuardFenced(Vec<Exit>),
 }
 
-impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
+impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
     /// A session of a node that has just joined.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -648,7 +648,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
     }
 
     /// Does what the machine decides until it exits.
-    async fn drive(&mut self, first: Vec<Action>) -> Result<SessionEnd, AgentError> {
+    async fn drive(&mut self, first: Vec<Action>) -> Result<DriverEnd, AgentError> {
         let mut queue: VecDeque<Event> = VecDeque::new();
         let mut actions = first;
         loop {
@@ -759,7 +759,7 @@ impl<'a, L: Link, S: Spawner> Session<'a, L, S> {
     async fn wait(&mut self) -> Woke<L> {
         let src = self.machine.sources();
         let deadline = self.machine.deadline();
-        let Session {
+        let Driver {
             group,
             stopping,
             kill,

@@ -2,7 +2,7 @@
 
 use tonic::{Code, Status};
 
-use crate::job::JoinError;
+use crate::job::JoinRefused;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +13,7 @@ pub enum Error {
     InvalidArgument(String),
     /// The node cannot join the job.
     #[error(transparent)]
-    Join(#[from] JoinError),
+    Join(#[from] JoinRefused),
     /// No job with this id.
     #[error("no job '{0}' on this rendezvous server; join it first")]
     UnknownJob(String),
@@ -78,7 +78,7 @@ impl From<Error> for Status {
         }
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::Join(JoinError::WrongSession { .. }) => Code::PermissionDenied,
+            Error::Join(JoinRefused::WrongSession { .. }) => Code::PermissionDenied,
             Error::Join(_) | Error::Over { .. } | Error::Incompatible(_) => {
                 Code::FailedPrecondition
             }

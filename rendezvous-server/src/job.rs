@@ -75,7 +75,7 @@ use pb::event::Kind;
 
 pub use config::JobConfig;
 pub use decide::{decide, liveness, mass_silence, rank_order, Decision};
-pub use error::{AuthError, JoinError};
+pub use error::{AuthError, JoinRefused};
 pub use goodput::{
     clip as clip_cause, Category, Goodput, Loss, Spent, Stored as StoredGoodput, StoredLoss,
     MAX_LOSSES,

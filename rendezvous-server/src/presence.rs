@@ -81,7 +81,7 @@ pub struct Presence {
 
 impl Presence {
     /// Starts keeping node `node_id`'s key under `options.prefix` (its value
-    /// `host`, for people reading etcd); [`Held::wait`] says when it is
+    /// `host`, for people reading etcd); [`PresenceHeld::wait`] says when it is
     /// there.
     pub fn announce(options: &EtcdOptions, node_id: &str, host: &str) -> Self {
         let (tx, held) = watch::channel(false);
@@ -101,8 +101,8 @@ impl Presence {
     }
 
     /// Whether the key is in etcd, to wait on where the node joins.
-    pub fn held(&self) -> Held {
-        Held(self.held.clone())
+    pub fn held(&self) -> PresenceHeld {
+        PresenceHeld(self.held.clone())
     }
 
     /// Deletes the key (revoking its lease) and stops keeping it: the node
@@ -117,9 +117,9 @@ impl Presence {
 
 /// Whether a node's presence key is in etcd (under a live lease).
 #[derive(Debug, Clone)]
-pub struct Held(watch::Receiver<bool>);
+pub struct PresenceHeld(watch::Receiver<bool>);
 
-impl Held {
+impl PresenceHeld {
     /// Waits until the key is in etcd; false if it is not by `deadline`
     /// (or the node withdrew it).
     pub async fn wait(&self, deadline: tokio::time::Instant) -> bool {

@@ -447,11 +447,11 @@ struct Slots(Arc<Mutex<Table>>);
 struct Table {
     next: u64,
     /// By admission order: the smallest id is the oldest.
-    held: std::collections::BTreeMap<u64, Held>,
+    held: std::collections::BTreeMap<u64, HeldConnection>,
 }
 
 #[derive(Debug)]
-struct Held {
+struct HeldConnection {
     ip: IpAddr,
     /// When it sent its request (`None`: idle so far).
     requested: Option<Instant>,
@@ -470,7 +470,7 @@ impl Table {
     fn admit(&mut self, now: Instant, ip: IpAddr, evict: CancellationToken) -> Option<u64> {
         let ip = ip.to_canonical();
         // Idle, or stuck on an answer it does not read.
-        let spare = |h: &Held| h.requested.is_none_or(|at| now >= at + WRITE_GRACE);
+        let spare = |h: &HeldConnection| h.requested.is_none_or(|at| now >= at + WRITE_GRACE);
         let idle_of = |t: &Self, only: Option<IpAddr>| {
             t.held
                 .iter()
@@ -500,7 +500,7 @@ impl Table {
         self.next += 1;
         self.held.insert(
             id,
-            Held {
+            HeldConnection {
                 ip,
                 requested: None,
                 evict,

@@ -17,28 +17,28 @@ use super::machine::{Action, Event};
 use super::round::RoundInfo;
 use super::store_bind::store_options;
 use super::workers::{Spawner, Workers};
-use super::{Session, SessionEnd};
+use super::{Driver, DriverEnd};
 use crate::error::AgentError;
 use crate::logs::filter::{Filtered, FilteredFile, LineFilter};
 use crate::supervisor::WorkerSpec;
 use crate::worker_env::{full_env, worker_argv};
 use accel_worker_store::WorkerStore;
 
-impl<L: Link, S: Spawner> Session<'_, L, S> {
+impl<L: Link, S: Spawner> Driver<'_, L, S> {
     /// Performs one action; events it causes at once go to `queue`.
     /// `Some` when the node's life is over.
     pub(super) async fn perform(
         &mut self,
         action: Action,
         queue: &mut VecDeque<Event>,
-    ) -> Result<Option<SessionEnd>, AgentError> {
+    ) -> Result<Option<DriverEnd>, AgentError> {
         match action {
             Action::Offer { round } => {
                 // The last round's store and peer hub end with the round.
                 self.store = None;
                 self.end_peers();
                 if !self.healthy(queue).await {
-                    return Ok(Some(SessionEnd::Unhealthy));
+                    return Ok(Some(DriverEnd::Unhealthy));
                 }
                 self.offered_at
                     .get_or_insert_with(tokio::time::Instant::now);
@@ -129,7 +129,7 @@ impl<L: Link, S: Spawner> Session<'_, L, S> {
                 // console drains.
                 self.store = None;
                 self.end_peers();
-                return result.map(|o| Some(SessionEnd::Done(o)));
+                return result.map(|o| Some(DriverEnd::Done(o)));
             }
         }
         Ok(None)

@@ -178,7 +178,7 @@ pub(crate) struct Reach {
     progress: crate::progress::Progress,
     /// Agent-only rendezvous: this node's presence key, which must be in
     /// etcd before it joins (the leader drops a member without one).
-    presence: Option<rendezvous_server::presence::Held>,
+    presence: Option<rendezvous_server::presence::PresenceHeld>,
     /// The running round's workers, whose stacks the server may ask for.
     workers: crate::file_timer::Workers,
     /// Where a hang's job-wide collection finds the link now serving.
@@ -281,12 +281,15 @@ impl Reach {
     }
 
     /// This node's presence key (agent-only rendezvous), if it keeps one.
-    pub(crate) fn presence(&self) -> Option<&rendezvous_server::presence::Held> {
+    pub(crate) fn presence(&self) -> Option<&rendezvous_server::presence::PresenceHeld> {
         self.presence.as_ref()
     }
 
     /// The same, joining only while this node's presence key is in etcd.
-    pub(crate) fn with_presence(mut self, held: Option<rendezvous_server::presence::Held>) -> Self {
+    pub(crate) fn with_presence(
+        mut self,
+        held: Option<rendezvous_server::presence::PresenceHeld>,
+    ) -> Self {
         self.presence = held;
         self
     }

@@ -1,6 +1,6 @@
 //! One node's life as a pure, clock-injected state machine: no I/O.
 //!
-//! The agent's driver (`Session`, in [`crate::agent`]) waits for whatever can happen
+//! The agent's driver (`Driver`, in [`crate::agent`]) waits for whatever can happen
 //! next (a message on the node's event stream, a worker exit, a signal, the
 //! end of a rejoin attempt or of a stop, a deadline), hands it to
 //! [`NodeMachine::step`] with the current time, and performs the returned

@@ -8,10 +8,10 @@ use tracing::warn;
 use super::link::{Failed, Link};
 use super::round::{Ended, Exit};
 use super::workers::Spawner;
-use super::Session;
+use super::Driver;
 use crate::failure;
 
-impl<L: Link, S: Spawner> Session<'_, L, S> {
+impl<L: Link, S: Spawner> Driver<'_, L, S> {
     /// Reports a worker failure to the rendezvous, with what its error file says.
     pub(super) async fn report(&mut self, round: u64, exit: &Exit) {
         let f = self.describe(exit);

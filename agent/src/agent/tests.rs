@@ -1,4 +1,4 @@
-//! The driver (`Session`) with a fake link and fake workers on a paused
+//! The driver (`Driver`) with a fake link and fake workers on a paused
 //! clock: what it asks of the rendezvous and of the workers when the node's
 //! state machine decides, without a process or a server.
 //!
@@ -22,7 +22,7 @@ use super::link::{Failed, Heard, Link};
 use super::machine::{NodeMachine, Settings};
 use super::round::Exit;
 use super::workers::{Spawner, Workers};
-use super::{Session, SessionEnd};
+use super::{Driver, DriverEnd};
 use crate::config::{Config, LaunchOptions, Nproc};
 use crate::error::{AgentError, Outcome};
 use crate::signal::Signals;
@@ -366,7 +366,7 @@ impl Harness {
 
 /// Runs `test` against a driver of a node that joined at round 0; the
 /// driver's end.
-async fn drive<F, Fut>(test: F) -> Result<SessionEnd, AgentError>
+async fn drive<F, Fut>(test: F) -> Result<DriverEnd, AgentError>
 where
     F: FnOnce(Harness) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -383,7 +383,7 @@ where
         script: script.clone(),
         release: release.clone(),
     };
-    let mut session = Session::new(
+    let mut driver = Driver::new(
         &cfg,
         machine,
         FakeLink::first(&script, &calls_tx),
@@ -399,7 +399,7 @@ where
         signals: signals_tx,
         release,
     };
-    let (end, ()) = tokio::join!(session.drive(first), test(harness));
+    let (end, ()) = tokio::join!(driver.drive(first), test(harness));
     end
 }
 
@@ -435,10 +435,10 @@ fn succeeded(round: u64) -> Heard {
     }))
 }
 
-fn outcome(end: Result<SessionEnd, AgentError>) -> Outcome {
+fn outcome(end: Result<DriverEnd, AgentError>) -> Outcome {
     match end {
-        Ok(SessionEnd::Done(o)) => o,
-        Ok(SessionEnd::Unhealthy) => panic!("unexpected: unhealthy"),
+        Ok(DriverEnd::Done(o)) => o,
+        Ok(DriverEnd::Unhealthy) => panic!("unexpected: unhealthy"),
         Err(e) => panic!("unexpected error: {e}"),
     }
 }

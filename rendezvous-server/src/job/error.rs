@@ -3,7 +3,7 @@
 /// Why a join was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum JoinError {
+pub enum JoinRefused {
     /// The node disagrees with the job on a setting.
     #[error("job '{job}' runs with {flag} {job_value}, but this node was started with {flag} {node_value}; start every node of a job with the same {flag}")]
     Mismatch {

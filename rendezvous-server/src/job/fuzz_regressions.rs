@@ -61,14 +61,17 @@ fn a_resuming_static_node_claims_only_its_own_rank_in_range() {
     let huge = resuming(4_294_911_743, 0);
     let mut job = relearned(&huge);
     let e = job.join(t, "n0", &huge, S).expect_err("out of range");
-    assert!(matches!(e, JoinError::RankOutOfRange { .. }), "{e}");
+    assert!(matches!(e, JoinRefused::RankOutOfRange { .. }), "{e}");
 
     let crossed = resuming(1, 0);
     let mut job = relearned(&crossed);
     let e = job
         .join(t, "n0", &crossed, S)
         .expect_err("another node's rank");
-    assert!(matches!(e, JoinError::DuplicateRank { rank: 1, .. }), "{e}");
+    assert!(
+        matches!(e, JoinRefused::DuplicateRank { rank: 1, .. }),
+        "{e}"
+    );
 
     let own = resuming(1, 1);
     let mut job = relearned(&own);

@@ -6,7 +6,7 @@ use std::time::Instant;
 use accel_proto::v1 as pb;
 use pb::event::Kind;
 
-use super::{joined, Job, JobConfig, JoinError, Member, Outbound, Phase, Session, ABSENT};
+use super::{joined, Job, JobConfig, JoinRefused, Member, Outbound, Phase, Session, ABSENT};
 
 impl Job {
     /// A node joins, or a member reconnects (`req.resume`, with the secret it
@@ -20,7 +20,7 @@ impl Job {
         node_id: &str,
         req: &pb::JoinRequest,
         fresh: Session,
-    ) -> Result<Vec<Outbound>, JoinError> {
+    ) -> Result<Vec<Outbound>, JoinRefused> {
         match self.phase {
             Phase::Succeeded => return Err(self.finished("succeeded")),
             Phase::Failed(_) => return Err(self.finished("failed")),
@@ -29,7 +29,7 @@ impl Job {
         // The job's time counts from its first join.
         self.goodput.start(now);
         if let Some(m) = self.config.mismatch(&JobConfig::from_join(req)) {
-            return Err(JoinError::Mismatch {
+            return Err(JoinRefused::Mismatch {
                 job: self.id.clone(),
                 flag: m.flag,
                 job_value: m.job_value,
@@ -41,12 +41,12 @@ impl Job {
             // its secret; without one, the id is someone else's.
             if self.authorize(node_id, &req.session).is_err() {
                 if req.resume.is_none() && req.session.is_empty() {
-                    return Err(JoinError::DuplicateNode {
+                    return Err(JoinRefused::DuplicateNode {
                         job: self.id.clone(),
                         node: node_id.to_owned(),
                     });
                 }
-                return Err(JoinError::WrongSession {
+                return Err(JoinRefused::WrongSession {
                     job: self.id.clone(),
                     node: node_id.to_owned(),
                 });
@@ -55,7 +55,7 @@ impl Job {
         }
         // Checked before a reconnecting node may claim its place, too.
         if let Some(rank) = req.node_rank.filter(|r| *r >= self.config.max_nodes) {
-            return Err(JoinError::RankOutOfRange {
+            return Err(JoinRefused::RankOutOfRange {
                 job: self.id.clone(),
                 rank,
                 nnodes: self.config.max_nodes,
@@ -70,7 +70,7 @@ impl Job {
                 .values()
                 .find(|m| m.requested_rank == Some(rank))
             {
-                return Err(JoinError::DuplicateRank {
+                return Err(JoinRefused::DuplicateRank {
                     job: self.id.clone(),
                     rank,
                     holder: holder.hostname.clone(),
@@ -254,8 +254,8 @@ impl Job {
         }
     }
 
-    fn finished(&self, outcome: &'static str) -> JoinError {
-        JoinError::Finished {
+    fn finished(&self, outcome: &'static str) -> JoinRefused {
+        JoinRefused::Finished {
             job: self.id.clone(),
             outcome,
         }

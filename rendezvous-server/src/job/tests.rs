@@ -131,14 +131,16 @@ fn static_ranks_are_the_requested_ones_and_unique() {
     let dup = j
         .join(t, "c", &req("host-c", 2, Some(1)), S)
         .expect_err("must be refused");
-    assert!(matches!(&dup, JoinError::DuplicateRank { rank: 1, holder, .. } if holder == "host-b"));
+    assert!(
+        matches!(&dup, JoinRefused::DuplicateRank { rank: 1, holder, .. } if holder == "host-b")
+    );
     assert!(dup
         .to_string()
         .contains("node rank 1 is already taken by host 'host-b'"));
     let range = j
         .join(t, "c", &req("host-c", 2, Some(2)), S)
         .expect_err("must be refused");
-    assert!(matches!(range, JoinError::RankOutOfRange { rank: 2, .. }));
+    assert!(matches!(range, JoinRefused::RankOutOfRange { rank: 2, .. }));
     j.join(t, "a", &req("host-a", 2, Some(0)), S)
         .expect("join a");
     j.ready(t, "b", 0, ("b".into(), 1), None);
@@ -311,7 +313,7 @@ fn failures_restart_everyone_until_the_job_budget_is_spent() {
     assert!(matches!(j.phase(), Phase::Failed(_)));
     assert!(matches!(
         j.join(t, "n5", &req("c", 2, None), S),
-        Err(JoinError::Finished {
+        Err(JoinRefused::Finished {
             outcome: "failed",
             ..
         })
@@ -711,7 +713,7 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
     // Without its secret, nobody resumes a member (nor learns anything).
     assert!(matches!(
         j.join(t, "n0", &again, S),
-        Err(JoinError::WrongSession { .. })
+        Err(JoinRefused::WrongSession { .. })
     ));
     again.session = S.to_vec();
     let back = j.join(t, "n0", &again, S).expect("rejoin");
@@ -724,7 +726,7 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
     // A plain join with a member's id is still a duplicate.
     assert!(matches!(
         j.join(t, "n0", &req("a", 2, None), S),
-        Err(JoinError::DuplicateNode { .. })
+        Err(JoinRefused::DuplicateNode { .. })
     ));
 }
 
@@ -804,7 +806,7 @@ fn a_member_reconnects_with_its_secret_even_without_resume() {
     again.session = vec![1; SESSION_BYTES];
     assert!(matches!(
         j.join(t, "n0", &again, S),
-        Err(JoinError::WrongSession { .. })
+        Err(JoinRefused::WrongSession { .. })
     ));
 }
 

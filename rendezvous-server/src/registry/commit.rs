@@ -25,13 +25,13 @@ use crate::tombstone::Tombstone;
 /// The events one change caused, for the members' streams numbered below
 /// its horizon (streams opened after the decision already reflect it).
 #[derive(Debug)]
-pub(super) struct Held {
+pub(super) struct HeldEvents {
     job_id: String,
     out: Vec<Outbound>,
     horizon: u64,
 }
 
-impl Held {
+impl HeldEvents {
     /// The job, its events, and the first stream number that must not get them.
     pub(super) fn into_parts(self) -> (String, Vec<Outbound>, u64) {
         (self.job_id, self.out, self.horizon)
@@ -46,7 +46,7 @@ pub(super) struct Commit {
     /// Jobs changed since the last flush.
     dirty: BTreeSet<String>,
     /// Events of changes not yet durable, in order.
-    held: Vec<Held>,
+    held: Vec<HeldEvents>,
     /// The server is shutting down: nothing more is written.
     closing: bool,
     /// Why the last flush failed, until one succeeds.
@@ -64,7 +64,7 @@ pub(super) struct Pending {
     pub(super) ids: BTreeSet<String>,
     tomb_put: Vec<Tombstone>,
     tomb_removed: Vec<String>,
-    held: Vec<Held>,
+    held: Vec<HeldEvents>,
 }
 
 impl Commit {
@@ -93,14 +93,14 @@ impl Commit {
         out: Vec<Outbound>,
         over: bool,
         horizon: u64,
-    ) -> Option<Held> {
-        let held = Held {
+    ) -> Option<HeldEvents> {
+        let held = HeldEvents {
             job_id: job_id.to_owned(),
             out,
             horizon,
         };
         if !self.enabled {
-            return Some(Held {
+            return Some(HeldEvents {
                 horizon: u64::MAX,
                 ..held
             });
@@ -188,7 +188,7 @@ impl Commit {
 
     /// A write succeeded: its events, to deliver now (none if the server
     /// began closing meanwhile).
-    pub(super) fn written(&mut self, done: Written) -> Vec<Held> {
+    pub(super) fn written(&mut self, done: Written) -> Vec<HeldEvents> {
         self.unwritable = None;
         if self.closing {
             Vec::new()
@@ -200,7 +200,7 @@ impl Commit {
 
 /// The events of a write the store took; [`Commit::written`] releases them.
 #[derive(Debug)]
-pub(super) struct Written(Vec<Held>);
+pub(super) struct Written(Vec<HeldEvents>);
 
 impl Pending {
     /// Whether there is nothing to write (events may still wait: a change

@@ -67,12 +67,12 @@ pub struct EtcdStore {
     fence: Option<Fence>,
     /// What etcd holds, as this store last wrote or loaded it. Saves take
     /// it in turn, so they apply in order.
-    held: Mutex<Held>,
+    known: Mutex<Known>,
 }
 
 /// What a store knows etcd holds.
 #[derive(Debug, Default)]
-struct Held {
+struct Known {
     /// Each job's values.
     jobs: BTreeMap<String, Encoded>,
     /// Jobs a transaction with an unknown outcome touched (its answer was
@@ -132,7 +132,7 @@ impl EtcdStore {
             client,
             prefix: prefix.trim_end_matches('/').to_owned(),
             fence,
-            held: Mutex::new(Held::default()),
+            known: Mutex::new(Known::default()),
         }
     }
 
@@ -249,9 +249,9 @@ impl EtcdStore {
 
     async fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
         let found = self.read(records::jobs_prefix(&self.prefix)).await?;
-        let mut held = self.held.lock().await;
-        held.jobs.clear();
-        held.stale.clear();
+        let mut known = self.known.lock().await;
+        known.jobs.clear();
+        known.stale.clear();
         let mut jobs = Vec::with_capacity(found.len());
         for (id, (encoded, has_meta)) in found {
             if !has_meta {
@@ -259,7 +259,7 @@ impl EtcdStore {
                 // Its values are kept here, so that the job's next write
                 // (if its nodes come back) replaces them all, marker included.
                 warn!(job = %records::escape(&id), "ignoring a job whose first write did not finish");
-                held.jobs.insert(id, encoded);
+                known.jobs.insert(id, encoded);
                 continue;
             }
             match records::decode(&id, &encoded) {
@@ -272,7 +272,7 @@ impl EtcdStore {
                     tracing::error!(job = %records::escape(&id), error = %e, "leaving out a job whose stored state cannot be read")
                 }
             }
-            held.jobs.insert(id, encoded);
+            known.jobs.insert(id, encoded);
         }
         Ok(jobs)
     }
@@ -374,7 +374,7 @@ impl EtcdStore {
     }
 
     async fn save_batch(&self, batch: Batch) -> Result<(), StoreError> {
-        let mut guard = self.held.lock().await;
+        let mut guard = self.known.lock().await;
         // A finished job's tombstone is durable before its final state
         // (whose events wait for this save): a node told the outcome can
         // count on later leaders knowing it.
@@ -386,20 +386,20 @@ impl EtcdStore {
             )
             .await?;
         }
-        let held = &mut *guard;
+        let known = &mut *guard;
         let stale: Vec<String> = batch
             .put
             .iter()
-            .filter(|r| held.stale.contains(&r.id))
+            .filter(|r| known.stale.contains(&r.id))
             .map(|r| r.id.clone())
             .collect();
         for id in stale {
             let mut found = self.read(records::job_prefix(&self.prefix, &id)).await?;
             match found.remove(&id) {
-                Some((encoded, _)) => held.jobs.insert(id.clone(), encoded),
-                None => held.jobs.remove(&id),
+                Some((encoded, _)) => known.jobs.insert(id.clone(), encoded),
+                None => known.jobs.remove(&id),
             };
-            held.stale.remove(&id);
+            known.stale.remove(&id);
         }
         // Each job's changes, kept whole in one transaction where they fit.
         let mut groups: Vec<Vec<Change>> = batch
@@ -409,7 +409,7 @@ impl EtcdStore {
             .collect();
         for record in &batch.put {
             let encoded = records::encode(record);
-            let old = held.jobs.get(&record.id);
+            let old = known.jobs.get(&record.id);
             let mut changes = records::diff(&record.id, old, &encoded);
             let (ops, bytes) = records::cost(&changes);
             let was_torn = old.is_some_and(|e| e.writing);
@@ -469,8 +469,8 @@ impl EtcdStore {
                     // It may have been applied all the same.
                     for change in &done {
                         let job = change.job();
-                        held.jobs.remove(job);
-                        held.stale.insert(job.to_owned());
+                        known.jobs.remove(job);
+                        known.stale.insert(job.to_owned());
                     }
                     return Err(unavailable(e));
                 }
@@ -479,7 +479,7 @@ impl EtcdStore {
                 return Err(fenced());
             }
             for change in &done {
-                records::apply(&mut held.jobs, change);
+                records::apply(&mut known.jobs, change);
             }
         }
         Ok(())

@@ -166,7 +166,7 @@ async fn a_new_registry_continues_the_jobs_a_store_holds() {
     let stolen = join_request("a", resume(rank_of_a), Some(session(9)));
     assert!(matches!(
         second.join(Instant::now(), &stolen, None, session(7)),
-        Err(Error::Join(crate::job::JoinError::WrongSession { .. }))
+        Err(Error::Join(crate::job::JoinRefused::WrongSession { .. }))
     ));
     let mut a2 = second
         .join(

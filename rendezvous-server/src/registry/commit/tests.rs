@@ -54,7 +54,7 @@ fn event(to: &str, round: u64) -> Outbound {
     }
 }
 
-fn rounds(held: Vec<Held>) -> Vec<(String, u64)> {
+fn rounds(held: Vec<HeldEvents>) -> Vec<(String, u64)> {
     held.into_iter()
         .flat_map(|h| {
             let (job, out, _) = h.into_parts();
@@ -66,7 +66,7 @@ fn rounds(held: Vec<Held>) -> Vec<(String, u64)> {
         .collect()
 }
 
-async fn flush(c: &mut Commit, store: &Switch) -> Result<Vec<Held>, StoreError> {
+async fn flush(c: &mut Commit, store: &Switch) -> Result<Vec<HeldEvents>, StoreError> {
     let pending = c.take().expect("not closing");
     let put = Vec::new();
     let removed: Vec<String> = pending.ids.iter().cloned().collect();
