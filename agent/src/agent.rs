@@ -186,7 +186,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     let run_started = Instant::now();
     // Tells the rendezvous whether this agent is a late node of a job that
     // has finished (started before its end) or a new run of its id.
-    let started_unix_ms = rendezvous_server::tombstone::unix_ms(std::time::SystemTime::now());
+    let started_unix_ms = accel_wire::time::unix_ms(std::time::SystemTime::now());
     let events = Arc::new(std::sync::Mutex::new(EventLog::new(
         cfg.event_log_handler,
         std::env::var("LOGLEVEL").ok().as_deref(),

@@ -110,7 +110,7 @@ pub struct Config {
     pub rdzv: RdzvConf,
     /// The rendezvous token (`token_file`, else `ACCEL_RDZV_TOKEN`): every
     /// call carries it, and an embedded rendezvous requires it.
-    pub token: Option<accel_rdzv_client::Token>,
+    pub token: Option<accel_wire::auth::Token>,
     /// `ROLE_NAME`.
     pub role: String,
     /// What the workers run.
@@ -184,7 +184,7 @@ pub struct Config {
 impl Config {
     /// The TLS files of the link to the rendezvous: none for a standalone
     /// job (its rendezvous is on loopback inside this agent).
-    pub fn link_tls(&self) -> accel_rdzv_client::tls::ClientTlsFiles {
+    pub fn link_tls(&self) -> accel_wire::tls::ClientTlsFiles {
         match self.rendezvous {
             Rendezvous::Standalone => Default::default(),
             _ => self.rdzv.tls.clone(),

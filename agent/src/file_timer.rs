@@ -622,8 +622,8 @@ async fn hung_stacks(pid: i32, rank: u32, job: &crate::stacks::JobStacks) -> Str
                 .iter()
                 .find(|g| g.ranks.iter().any(|k| k.rank == rank))
                 .map(|g| g.stack.clone());
-            let all = rendezvous_server::stacks::render(&job_id, &r);
-            let all = accel_rdzv_client::limits::truncated(&all, JOB_STACKS_IN_REPORT);
+            let all = accel_wire::stacks::render(&job_id, &r);
+            let all = accel_wire::limits::truncated(&all, JOB_STACKS_IN_REPORT);
             let all = format!("\nEvery rank's stacks when rank {rank} hung, grouped (`rdzv-server stacks`):\n{all}");
             match own {
                 Some(own) => return format!("{own}{all}"),

@@ -212,7 +212,7 @@ fn tail(text: &[u8]) -> String {
         .map_or(0, |(i, _)| i);
     let more = if start > 0 { "…" } else { "" };
     let text = text[start..].replace('\n', " | ");
-    format!(": {more}{}", accel_rdzv_client::limits::printable(&text))
+    format!(": {more}{}", accel_wire::limits::printable(&text))
 }
 
 /// The wait before check number `failed + 1` after `failed` failures.

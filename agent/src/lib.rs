@@ -83,5 +83,5 @@ pub use error::{AgentError, Outcome};
 /// returns the limit now in force. (The rendezvous client's, shared with
 /// the server.)
 pub fn raise_open_file_limit() -> Option<u64> {
-    accel_rdzv_client::raise_open_file_limit()
+    accel_wire::raise_open_file_limit()
 }

@@ -44,7 +44,7 @@ pub fn init_logs(format: accel_telemetry::logging::LogFormat, default_filter: &s
 /// agent's own crates (process control, the worker store, the rendezvous
 /// client) log at `info` as the agent does; the client's `auth` is quiet, as
 /// the server's was when it lived there.
-pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,accel_process=info,accel_worker_store=info,accel_rdzv_client=info,accel_rdzv_client::auth=error,rendezvous_server=error,rendezvous_server::ha=info";
+pub const DEFAULT_LOG_FILTER: &str = "warn,accel_agent=info,accel_process=info,accel_worker_store=info,accel_rdzv_client=info,accel_wire::auth=error,rendezvous_server=error,rendezvous_server::ha=info";
 
 /// Runs the agent for `cfg` and returns the process's exit code. Call it
 /// while the process has one thread: it hides the process's secrets

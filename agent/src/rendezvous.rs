@@ -95,7 +95,7 @@ fn is_local_loopback(host: &str) -> bool {
 /// other agents' certificates to chain to `tls_ca`.
 fn embedded(
     max_nodes_per_job: u32,
-    token: Option<accel_rdzv_client::Token>,
+    token: Option<accel_wire::auth::Token>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> rendezvous_server::ServeOptions {
     rendezvous_server::ServeOptions {
@@ -128,7 +128,7 @@ fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>,
             "this agent hosts the rendezvous over TLS, so it needs its own certificate: give --rdzv-conf tls_cert=PEM,tls_key=PEM (valid for the rendezvous host name)".into(),
         ));
     };
-    rendezvous_server::tls::server_config(Some(cert), Some(key), files.ca.as_deref())
+    accel_wire::tls::server_config(Some(cert), Some(key), files.ca.as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))
 }
 
@@ -271,11 +271,7 @@ async fn serve_replica(
     };
     options.replication = Some(rendezvous_server::ha::EtcdOptions {
         endpoints: endpoints.to_vec(),
-        prefix: format!(
-            "{}/{}",
-            etcd.prefix,
-            rendezvous_server::store::records::escape(&cfg.run_id)
-        ),
+        prefix: format!("{}/{}", etcd.prefix, accel_wire::keys::escape(&cfg.run_id)),
         lease: etcd.lease,
         user: None,
         tls: etcd_tls,

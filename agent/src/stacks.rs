@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use accel_proto::v1 as pb;
 use accel_rdzv_client::client::RdzvClient;
-use accel_rdzv_client::limits::{truncated, MAX_STACKS_REPORT_BYTES, MAX_STACK_BYTES};
+use accel_wire::limits::{truncated, MAX_STACKS_REPORT_BYTES, MAX_STACK_BYTES};
 use tracing::{debug, warn};
 
 use crate::file_timer::{Watched, Workers};

@@ -19,10 +19,12 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tracing::info;
 
-use crate::auth::{AttachToken, Token};
-use crate::limits::{truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES};
-use crate::tls::{is_certificate_error, ClientTlsFiles};
-use crate::{EndpointError, LEADER_METADATA};
+use accel_wire::auth::{AttachToken, Token};
+use accel_wire::limits::{truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES};
+use accel_wire::tls::{is_certificate_error, ClientTlsFiles};
+use accel_wire::LEADER_METADATA;
+
+use crate::EndpointError;
 
 /// Why a join was not taken. The agent maps each to its own error (and exit
 /// code): a refusal or a bad setting is final, a timeout is the rendezvous'.
@@ -936,7 +938,7 @@ fn is_refusal(code: Code) -> bool {
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
-    crate::error_chain(e)
+    accel_wire::error_chain(e)
 }
 
 /// The nodes of a round that a node vouches for in its keep-alives (see

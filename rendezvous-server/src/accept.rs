@@ -67,5 +67,3 @@ pub(crate) fn incoming(
     });
     ReceiverStream::new(rx)
 }
-
-pub use accel_rdzv_client::raise_open_file_limit;

@@ -18,7 +18,7 @@ use tonic::{Request, Status};
 
 use crate::job::{Session, SESSION_BYTES};
 
-pub use accel_rdzv_client::auth::{AttachToken, Token, TokenError, AUTHORIZATION};
+use accel_wire::auth::{Token, AUTHORIZATION};
 
 /// The server's check of every call: with a token, calls without it are
 /// `UNAUTHENTICATED`; without one, every call passes.
@@ -46,7 +46,7 @@ impl Interceptor for RequireToken {
             return Ok(request);
         }
         // Each client says how *it* takes the token (an agent, `rdzv-server
-        // status`, a notebook): see `accel_rdzv_client::auth::GIVE_AGENT_TOKEN`.
+        // status`, a notebook): see `accel_wire::auth::GIVE_AGENT_TOKEN`.
         Err(Status::unauthenticated(UNAUTHENTICATED))
     }
 }
@@ -66,6 +66,7 @@ pub fn new_session() -> Result<Session, Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use accel_wire::auth::AttachToken;
 
     const T: &str = "0123456789abcdef0123";
 

@@ -66,7 +66,7 @@ impl Clock for SystemClock {
     fn now(&self) -> Now {
         Now {
             at: Instant::now(),
-            unix_ms: crate::tombstone::unix_ms(SystemTime::now()),
+            unix_ms: accel_wire::time::unix_ms(SystemTime::now()),
         }
     }
 }

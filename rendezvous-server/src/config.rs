@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::auth::{Token, TokenError};
 use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
 use crate::limits::Limits;
 use accel_input::DurationParser;
 use accel_telemetry::logging::LogFormat;
 use accel_telemetry::Bind;
+use accel_wire::auth::{Token, TokenError};
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -404,8 +404,10 @@ impl ServerArgs {
     }
 
     /// The TLS settings the flags give (`None`: plain).
-    pub fn tls(&self) -> Result<Option<tonic::transport::ServerTlsConfig>, crate::tls::TlsError> {
-        crate::tls::server_config(
+    pub fn tls(
+        &self,
+    ) -> Result<Option<tonic::transport::ServerTlsConfig>, accel_wire::tls::TlsError> {
+        accel_wire::tls::server_config(
             self.tls_cert.as_deref(),
             self.tls_key.as_deref(),
             self.tls_client_ca.as_deref(),
@@ -458,8 +460,6 @@ impl ServerArgs {
         ))
     }
 }
-
-pub use accel_rdzv_client::auth::client_token;
 
 /// The text of `--address-file`: `grpc=ADDR`, then `metrics=ADDR` when
 /// metrics are served, one per line. Key=value lines (not JSON) so that a

@@ -49,8 +49,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::job::constant_time_eq;
 use crate::job::SESSION_BYTES;
+use accel_wire::auth::constant_time_eq;
 
 /// Jobs whose complaints are tracked at once.
 pub const MAX_JOBS: usize = 256;

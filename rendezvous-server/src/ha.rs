@@ -71,7 +71,7 @@ use crate::store::etcd::{EtcdStore, Fence};
 use crate::store::StoreError;
 use accel_telemetry::quiet::{Quiet, Say};
 
-pub use accel_rdzv_client::LEADER_METADATA;
+use accel_wire::LEADER_METADATA;
 /// How often a follower asks who leads while etcd streams it no changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 /// How often a follower checks the streamed leader by asking.
@@ -150,7 +150,7 @@ async fn withdraw_complaints(client: &Client, hearing: &tokio::sync::Mutex<Heari
 fn complaints_prefix(prefix: &str, lease: i64, job: &str) -> String {
     format!(
         "{prefix}/complaints/{lease:016x}/{}/",
-        crate::store::records::escape(job)
+        accel_wire::keys::escape(job)
     )
 }
 
@@ -183,7 +183,7 @@ async fn share(client: &Client, prefix: &str, term: &Term, c: &Complaint, shared
     let key = format!(
         "{}{}",
         complaints_prefix(prefix, term.lease, &c.job),
-        crate::store::records::escape(&c.node)
+        accel_wire::keys::escape(&c.node)
     );
     let mut value = c.session.clone();
     value.extend_from_slice(c.node.as_bytes());
@@ -873,7 +873,7 @@ async fn hear(
                                 metrics.leader_deposed();
                                 warn!(
                                     leader = %leader.addr,
-                                    job = %crate::store::records::escape(&job),
+                                    job = %accel_wire::keys::escape(&job),
                                     "deposing the leader: {complained} of {of} nodes of the job cannot reach it; \
                                      its etcd lease is revoked, the next replica in line leads now and the nodes resume there"
                                 );

@@ -87,7 +87,7 @@ pub use quarantine::{
     MAX_HOSTS as MAX_QUARANTINED, RAN_FOR,
 };
 pub use record::{JobRecord, MemberRecord, Offset};
-pub use session::{constant_time_eq, Session, SESSION_BYTES};
+pub use session::{Session, SESSION_BYTES};
 
 /// How often at most every member of a forming round is sent its progress
 /// (for jobs of up to [`PROGRESS_NODES`] members; larger jobs less often).

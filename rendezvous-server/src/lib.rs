@@ -18,7 +18,8 @@
 //! - [`accept`], [`admission`]: accepting connections, and which ones are kept;
 //! - [`limits`]: bounds on every request, and escaping of stored text;
 //! - [`outbox`]: each node's bounded event queue;
-//! - [`tls`]: certificates and keys for TLS on every link (re-exported);
+//! - TLS for every link, the token and the text bounds both ends share are
+//!   [`accel_wire`]'s;
 //! - [`config`]: `rdzv-server`'s flags
 //!   (durations and excerpted errors come from [`accel_input`], shared by all three binaries);
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call on the
@@ -56,7 +57,7 @@ pub mod signal;
 pub mod stacks;
 pub mod status;
 pub mod store;
-pub use accel_rdzv_client::tls;
+
 pub mod tombstone;
 pub mod ui;
 pub mod version;
@@ -66,10 +67,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1::rendezvous_server::RendezvousServer;
+use accel_wire::auth::Token;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-pub use auth::Token;
 pub use error::Error;
 pub use limits::Limits;
 pub use registry::Registry;

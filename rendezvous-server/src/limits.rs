@@ -19,8 +19,8 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// Longest duration a request may ask for (keep-alive limit, last call):
 /// the same ten years as any duration a person types.
 pub use accel_input::MAX_DURATION;
-pub use accel_rdzv_client::limits::{
-    printable, printable_keeping, truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES, MAX_STACK_BYTES,
+use accel_wire::limits::{
+    printable, printable_keeping, MAX_FAILURE_BYTES, MAX_REASON_BYTES, MAX_STACK_BYTES,
 };
 /// Most workers one node runs (and reports stacks of): a world is at most
 /// PyTorch's 2^31 ranks, but one node's processes are bounded by its pids;
@@ -62,7 +62,7 @@ impl Default for Limits {
             max_nodes_per_job: 100_000,
             max_connections_per_ip: 1024,
             auth_timeout: Duration::from_secs(30),
-            tombstone_ttl: Duration::from_secs(600),
+            tombstone_ttl: accel_wire::limits::DEFAULT_TOMBSTONE_TTL,
             max_tombstones: 10_000,
             quarantine: None,
         }
@@ -127,8 +127,7 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
             "hostname must be at most {MAX_NAME_BYTES} bytes without control characters"
         )));
     }
-    accel_rdzv_client::topology::check(&req.topology)
-        .map_err(|e| invalid(format!("{e} (--topology)")))?;
+    accel_wire::topology::check(&req.topology).map_err(|e| invalid(format!("{e} (--topology)")))?;
     if req.min_nodes == 0 || req.min_nodes > req.max_nodes {
         return Err(invalid(format!(
             "nnodes {}:{} is invalid; need 0 < MIN <= MAX",

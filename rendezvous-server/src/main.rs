@@ -74,7 +74,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let files = rendezvous_server::accept::raise_open_file_limit();
+    let files = accel_wire::raise_open_file_limit();
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::bind(args.bind).await {
             Ok(l) => l,

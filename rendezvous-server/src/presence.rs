@@ -12,7 +12,7 @@
 //!
 //! # The keys
 //! Each agent keeps `<prefix>/presence/<node id>` (the id escaped as job ids
-//! are, [`crate::store::records::escape`]), attached to an etcd lease of its
+//! are, [`accel_wire::keys::escape`]), attached to an etcd lease of its
 //! own (`etcd_lease` long, renewed every third of it), written before the
 //! node joins and revoked when the agent exits cleanly ([`Presence`]). A
 //! node that cannot renew its lease for two thirds of it writes its key
@@ -42,8 +42,8 @@ use tracing::{info, warn};
 use crate::ha::{connect, keep_lease, EtcdOptions};
 use crate::lease::LeaseClock;
 use crate::registry::Registry;
-use crate::store::records::{escape, unescape};
 use accel_telemetry::quiet::{Quiet, Say};
+use accel_wire::keys::{escape, unescape};
 
 /// What the others are told about a node dropped for its expired lease.
 pub const EXPIRED: &str =
@@ -389,7 +389,7 @@ async fn read(client: &Client, keys: &str) -> Result<HashSet<String>, accel_etcd
 #[cfg(test)]
 mod tests {
     use super::{key, keys};
-    use crate::store::records::unescape;
+    use accel_wire::keys::unescape;
 
     #[test]
     fn a_node_id_is_one_key_under_its_jobs_prefix() {

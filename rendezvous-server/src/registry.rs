@@ -45,12 +45,13 @@ use crate::clock::{Now, SharedClock, SystemClock};
 use crate::error::Error;
 use crate::job::{AuthError, Job, JobConfig, Member, Outbound, Phase, Session};
 use crate::lease::LeaseClock;
-use crate::limits::{truncated, Limits};
+use crate::limits::Limits;
 use crate::metrics::{Movements, ServerMetrics, Summary, JOB_SERIES};
 use crate::outbox::{outbox, Inbox, Outbox};
 use crate::store::{JobStore, StoreError};
 use crate::tombstone::Tombstone;
 use accel_input::excerpt;
+use accel_wire::limits::truncated;
 
 /// Most bytes of the last failure in a status answer (per job).
 const STATUS_FAILURE: usize = 4096;
@@ -734,7 +735,7 @@ impl Registry {
                 job: t.job_id.clone(),
                 outcome: t.outcome(),
                 at: t.finished_text(),
-                until: crate::tombstone::utc(until),
+                until: accel_wire::time::utc(until),
             });
         }
         tracing::debug!(job = %t.job_id, node = %req.node_id, outcome = t.outcome(), "a node of a finished job joined late; told the outcome");

@@ -24,8 +24,9 @@ use crate::auth::new_session;
 use crate::error::Error;
 use crate::ha::{Complaint, Role};
 use crate::job::Job;
-use crate::limits::{self, printable, printable_failure};
+use crate::limits::{self, printable_failure};
 use crate::registry::{NodeStream, Registry};
+use accel_wire::limits::printable;
 
 /// The `accel.rendezvous.v1.Rendezvous` service.
 #[derive(Debug, Clone)]

@@ -21,13 +21,12 @@
 //! for, and a caller within [`COOLDOWN`] of an answer gets that answer); a collection
 //! lasts at most [`MAX_TIMEOUT`] and ends when every node asked answered;
 //! a node's answer must fit in one request (`limits::MAX_MESSAGE_BYTES`),
-//! each stack at most [`MAX_STACK_BYTES`]; the answer carries at most
+//! each stack at most [`accel_wire::limits::MAX_STACK_BYTES`]; the answer carries at most
 //! [`MAX_ANSWER_TEXT`] of stack text and [`MAX_RANKS_LISTED`] ranks per
 //! group. An answer from a node that was not asked, or for a collection
 //! that is over, changes nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,7 +44,6 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Most collections under way at once (one per job).
 pub const MAX_COLLECTIONS: usize = 16;
-pub use accel_rdzv_client::limits::MAX_STACK_BYTES;
 /// Most stack text in one answer: groups past it are counted, not listed.
 pub const MAX_ANSWER_TEXT: usize = 2 << 20;
 /// Most ranks listed per group (`rank_count` in the text counts them all).
@@ -162,89 +160,6 @@ pub fn group(round: u64, asked: u32, answers: &[Answer], missing: &[String]) -> 
     out
 }
 
-/// `ranks` as compact ranges: `0-2, 5, 7-8`.
-pub fn ranges(ranks: &[u32]) -> String {
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut out = String::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let mut j = i;
-        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
-            j += 1;
-        }
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        match j > i {
-            true => {
-                let _ = write!(out, "{}-{}", sorted[i], sorted[j]);
-            }
-            false => {
-                let _ = write!(out, "{}", sorted[i]);
-            }
-        }
-        i = j + 1;
-    }
-    out
-}
-
-/// The grouped stacks as text (`rdzv-server stacks`, and the failure report
-/// of a hang).
-pub fn render(job: &str, r: &pb::StacksResponse) -> String {
-    let ranks: u32 = r.groups.iter().map(|g| g.rank_count).sum::<u32>() + r.ranks_omitted;
-    let mut out = format!(
-        "job {job}, round {}: stacks of {ranks} rank{} from {} of {} node{}, {} distinct\n",
-        r.round,
-        plural(ranks),
-        r.nodes_answered,
-        r.nodes_asked,
-        plural(r.nodes_asked),
-        r.groups.len() as u32 + r.groups_omitted,
-    );
-    if !r.missing.is_empty() {
-        let _ = writeln!(out, "no answer in time from: {}", r.missing.join(", "));
-    }
-    for g in &r.groups {
-        let mut by_host: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-        for rank in &g.ranks {
-            by_host.entry(&rank.host).or_default().push(rank.rank);
-        }
-        let all: Vec<u32> = g.ranks.iter().map(|r| r.rank).collect();
-        let hosts: Vec<String> = by_host
-            .iter()
-            .map(|(h, rs)| format!("{h}: {}", ranges(rs)))
-            .collect();
-        let more = match g.rank_count as usize > g.ranks.len() {
-            true => format!(" (and {} more)", g.rank_count as usize - g.ranks.len()),
-            false => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "\n== {} rank{}: {}{more}  [{}]",
-            g.rank_count,
-            plural(g.rank_count),
-            ranges(&all),
-            hosts.join("; ")
-        );
-        // Every stack line indented: only the headers above start a line,
-        // so no text a worker controls (a function named with a newline
-        // and a made-up header) can pass for one.
-        for line in g.stack.lines() {
-            let _ = writeln!(out, "  {line}");
-        }
-    }
-    if r.groups_omitted > 0 {
-        let _ = writeln!(
-            out,
-            "\n({} more distinct stacks, of {} ranks, left out of this answer)",
-            r.groups_omitted, r.ranks_omitted
-        );
-    }
-    out
-}
-
 /// The grouped stacks as one JSON document (`rdzv-server stacks --json`).
 pub fn render_json(job: &str, r: &pb::StacksResponse) -> String {
     let mut out = json(job, r).to_string();
@@ -283,14 +198,6 @@ pub fn json(job: &str, r: &pb::StacksResponse) -> serde_json::Value {
         "groups_omitted": r.groups_omitted,
         "ranks_omitted": r.ranks_omitted,
     })
-}
-
-fn plural(n: u32) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
 }
 
 /// Whether an answer published at `at` (Unix ms) is past [`KEPT_FOR`].
@@ -345,7 +252,7 @@ pub enum Latest {
 }
 
 fn unix_ms_now() -> u64 {
-    crate::tombstone::unix_ms(std::time::SystemTime::now())
+    accel_wire::time::unix_ms(std::time::SystemTime::now())
 }
 
 /// What [`Desk::begin`] found.

@@ -11,10 +11,10 @@ use pb::rendezvous_client::RendezvousClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::auth::{AttachToken, Token};
-use crate::config::{client_token, ClientArgs, Command, QuarantineAction};
-use crate::tls::ClientTlsFiles;
+use crate::config::{ClientArgs, Command, QuarantineAction};
 use accel_rdzv_client::EndpointError;
+use accel_wire::auth::{client_token, AttachToken, Token};
+use accel_wire::tls::ClientTlsFiles;
 
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,7 @@ pub enum StatusError {
     },
     /// A TLS file cannot be used.
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] accel_wire::tls::TlsError),
     /// The server answered with an error.
     #[error("the rendezvous at {endpoint} answered: {message}")]
     Call {
@@ -44,7 +44,7 @@ pub enum StatusError {
     },
 }
 
-pub use accel_rdzv_client::error_chain;
+use accel_wire::error_chain;
 
 /// The error of a call the server at `endpoint` answered with `status`.
 fn answered(endpoint: &str) -> impl Fn(tonic::Status) -> StatusError + '_ {
@@ -340,7 +340,7 @@ pub fn render(jobs: &[pb::JobInfo]) -> String {
                 let _ = writeln!(out, "  last {}", loss_line(l));
             }
         }
-        let now = crate::tombstone::unix_ms(std::time::SystemTime::now());
+        let now = accel_wire::time::unix_ms(std::time::SystemTime::now());
         for e in j.timeline.iter().rev().take(3).rev() {
             let ago =
                 accel_input::duration_words(Duration::from_millis(now.saturating_sub(e.unix_ms)));
@@ -518,7 +518,7 @@ pub async fn run(
             .map_err(|e| e.to_string())?;
             Ok(match json {
                 true => crate::stacks::render_json(job, &r),
-                false => crate::stacks::render(job, &r),
+                false => accel_wire::stacks::render(job, &r),
             })
         }
         Command::Quarantine {

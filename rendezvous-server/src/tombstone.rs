@@ -46,7 +46,7 @@
 //! untrusted input like any other: one that does not parse is ignored.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use accel_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -79,13 +79,6 @@ pub struct Tombstone {
     pub nodes: Vec<String>,
     /// Their host names, sorted, without repeats.
     pub hosts: Vec<String>,
-}
-
-/// Unix milliseconds of `t`.
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 fn cut(s: &str, max: usize) -> String {
@@ -180,7 +173,7 @@ impl Tombstone {
 
     /// When it finished, as UTC text (`2026-12-05 12:34:56 UTC`).
     pub fn finished_text(&self) -> String {
-        utc(self.finished_ms)
+        accel_wire::time::utc(self.finished_ms)
     }
 
     /// Whether it has outlived `ttl` at wall-clock `now_ms`.
@@ -255,35 +248,6 @@ impl Tombstone {
     }
 }
 
-/// Unix milliseconds as UTC text, to the second.
-pub fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 as a proleptic Gregorian date (Howard Hinnant's
-/// well-known civil-from-days arithmetic, written out here).
-fn civil(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,8 +308,6 @@ mod tests {
         let t = stone();
         assert!(!t.expired(t.finished_ms + 599_999, Duration::from_secs(600)));
         assert!(t.expired(t.finished_ms + 600_000, Duration::from_secs(600)));
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc(1_796_473_296_000), "2026-12-05 12:21:36 UTC");
+        assert_eq!(t.finished_text(), "2026-12-05 12:21:36 UTC");
     }
 }

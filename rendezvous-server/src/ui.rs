@@ -34,10 +34,10 @@ use std::net::IpAddr;
 use accel_telemetry::http::{reply, Page, Pages, Reply};
 use tokio::sync::watch;
 
-use crate::auth::Token;
 use crate::ha::Role;
 use crate::registry::STATUS_PAGE;
 use crate::stacks::Latest;
+use accel_wire::auth::Token;
 
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
@@ -368,7 +368,7 @@ fn stacks(
                     let mut body = crate::stacks::json(&job, &r);
                     body["state"] = "done".into();
                     body["at_unix_ms"] = at.into();
-                    body["text"] = crate::stacks::render(&job, &r).into();
+                    body["text"] = accel_wire::stacks::render(&job, &r).into();
                     let b = bytes::Bytes::from(body.to_string() + "\n");
                     kept.last = Some((job.clone(), at, b.clone()));
                     b

@@ -791,10 +791,7 @@ mod replicas {
                 .await
                 .expect_err("a follower serves nothing");
             assert_eq!(s.code(), Code::Unavailable, "{s:?}");
-            if s.metadata()
-                .get(rendezvous_server::ha::LEADER_METADATA)
-                .is_some()
-                || Instant::now() > deadline
+            if s.metadata().get(accel_wire::LEADER_METADATA).is_some() || Instant::now() > deadline
             {
                 break s;
             }
@@ -803,7 +800,7 @@ mod replicas {
         assert_eq!(
             refused
                 .metadata()
-                .get(rendezvous_server::ha::LEADER_METADATA)
+                .get(accel_wire::LEADER_METADATA)
                 .and_then(|v| v.to_str().ok()),
             Some(first.addr.as_str()),
             "the follower names the leader: {refused:?}"

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
 use accel_tests::{bin, ensure_quiet_for, eventually, records, scratch, Agent, AgentCmd, Server};
+use accel_wire::auth::AttachToken;
+use accel_wire::auth::Token;
 use pb::rendezvous_client::RendezvousClient;
-use rendezvous_server::auth::AttachToken;
-use rendezvous_server::Token;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::Code;

@@ -50,8 +50,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use accel_rdzv_client::tls::ClientTlsFiles;
-use accel_rdzv_client::Token;
+use accel_wire::auth::Token;
+use accel_wire::tls::ClientTlsFiles;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};

@@ -1349,7 +1349,7 @@ pub(crate) fn outcome_of(o: &pb::JobOver) -> Outcome {
 
 /// The one line a node of a finished job prints when it joins late.
 pub(crate) fn over_line(job: &str, o: &pb::JobOver) -> String {
-    let at = rendezvous_server::tombstone::utc(o.finished_unix_ms);
+    let at = accel_wire::time::utc(o.finished_unix_ms);
     if o.succeeded {
         format!("job '{job}' already succeeded at {at}; nothing to do (the same command run again starts a new run)")
     } else {
@@ -1362,7 +1362,7 @@ pub(crate) fn over_line(job: &str, o: &pb::JobOver) -> String {
 
 /// The line an agent that starts a new run of a finished job's id prints.
 pub(crate) fn new_run_line(job: &str, o: &pb::JobOver) -> String {
-    let at = rendezvous_server::tombstone::utc(o.finished_unix_ms);
+    let at = accel_wire::time::utc(o.finished_unix_ms);
     let outcome = if o.succeeded { "succeeded" } else { "failed" };
     format!("job '{job}' {outcome} at {at}; starting a new run")
 }

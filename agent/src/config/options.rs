@@ -401,7 +401,7 @@ impl LaunchOptions {
         rdzv.tls
             .check("rendezvous")
             .map_err(|e| bad(format!("--rdzv-conf tls_*: {e}")))?;
-        let token = accel_rdzv_client::auth::client_token(rdzv.token_file.as_deref(), env)
+        let token = accel_wire::auth::client_token(rdzv.token_file.as_deref(), env)
             .map_err(|e| bad(format!("--rdzv-conf token_file / ACCEL_RDZV_TOKEN: {e}")))?;
         let rendezvous = self.rendezvous(&mut warnings)?;
         if self.node_rank != 0 && !matches!(rendezvous, Rendezvous::Static { .. }) {

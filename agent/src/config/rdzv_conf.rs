@@ -51,7 +51,7 @@ pub struct RdzvConf {
     pub token_file: Option<std::path::PathBuf>,
     /// TLS files (accel's keys `tls_ca`, `tls_cert`, `tls_key`; else the
     /// variables `ACCEL_RDZV_TLS_CA`, `_CERT`, `_KEY`).
-    pub tls: accel_rdzv_client::tls::ClientTlsFiles,
+    pub tls: accel_wire::tls::ClientTlsFiles,
     /// Ports the worker store may take, rotated through round by round
     /// (accel's own key; `None`: any free port).
     pub store_ports: Option<PortRange>,
@@ -191,7 +191,7 @@ impl Default for RdzvConf {
             reconnect_grace: Duration::from_secs(60),
             outage_timeout: DEFAULT_OUTAGE_TIMEOUT,
             cas_backoff_max: None,
-            tombstone_ttl: rendezvous_server::Limits::default().tombstone_ttl,
+            tombstone_ttl: accel_wire::limits::DEFAULT_TOMBSTONE_TTL,
             token_file: None,
             tls: Default::default(),
             store_ports: None,

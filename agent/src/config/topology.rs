@@ -62,7 +62,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use accel_rdzv_client::topology::check;
+use accel_wire::topology::check;
 
 /// Most bytes read from a `--topology-file`.
 const MAX_FILE_BYTES: u64 = 4096;

@@ -234,7 +234,7 @@ impl Quarantine {
         reason: String,
         shared: bool,
     ) -> bool {
-        let reason = || crate::limits::truncated(&reason, MAX_REASON_BYTES).to_owned();
+        let reason = || accel_wire::limits::truncated(&reason, MAX_REASON_BYTES).to_owned();
         if let Some(b) = self.benched.get_mut(host) {
             b.until = b.until.max(until);
             if shared || !b.shared {

@@ -48,7 +48,7 @@ impl fmt::Debug for Session {
     }
 }
 
-pub use accel_rdzv_client::auth::constant_time_eq;
+use accel_wire::auth::constant_time_eq;
 
 #[cfg(test)]
 mod tests {

@@ -119,7 +119,7 @@ impl Registry {
                     && seen.insert(w.rank)
             })
             .map(|w| pb::WorkerStack {
-                stack: crate::limits::printable_keeping(&w.stack, true),
+                stack: accel_wire::limits::printable_keeping(&w.stack, true),
                 ..w
             })
             .collect();

@@ -1,4 +1,6 @@
 use super::*;
+use accel_wire::limits::printable_keeping;
+use accel_wire::stacks::{ranges, render};
 
 /// A `py-spy dump` as it prints a worker stuck in `frame`.
 fn dump(pid: u32, state: &str, frame: &str) -> String {
@@ -328,7 +330,7 @@ fn a_stack_cannot_pass_for_a_header_or_turn_a_line_around() {
             rank: 0,
             local_rank: 0,
             pid: 1,
-            stack: crate::limits::printable_keeping(&format!("{forged}\u{202e}evil"), true),
+            stack: printable_keeping(&format!("{forged}\u{202e}evil"), true),
         }],
     }];
     let text = render("j", &group(0, 1, &answers, &[]));

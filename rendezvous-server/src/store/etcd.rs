@@ -258,7 +258,7 @@ impl EtcdStore {
                 // Its first write did not finish: no node was told of it.
                 // Its values are kept here, so that the job's next write
                 // (if its nodes come back) replaces them all, marker included.
-                warn!(job = %records::escape(&id), "ignoring a job whose first write did not finish");
+                warn!(job = %accel_wire::keys::escape(&id), "ignoring a job whose first write did not finish");
                 known.jobs.insert(id, encoded);
                 continue;
             }
@@ -269,7 +269,7 @@ impl EtcdStore {
                 // it from them), and its values are kept here so that the
                 // job's next write replaces them all.
                 Err(e) => {
-                    tracing::error!(job = %records::escape(&id), error = %e, "leaving out a job whose stored state cannot be read")
+                    tracing::error!(job = %accel_wire::keys::escape(&id), error = %e, "leaving out a job whose stored state cannot be read")
                 }
             }
             known.jobs.insert(id, encoded);
@@ -279,7 +279,11 @@ impl EtcdStore {
 
     /// The key of job `id`'s tombstone (beside the jobs, not under them).
     fn tombstone_key(&self, id: &str) -> String {
-        format!("{}/tombstones/{}", self.prefix, records::escape(id))
+        format!(
+            "{}/tombstones/{}",
+            self.prefix,
+            accel_wire::keys::escape(id)
+        )
     }
 
     /// Writes and deletes tombstones, in transactions within the bounds.

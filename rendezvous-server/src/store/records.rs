@@ -32,7 +32,6 @@
 //! unknown, so the new leader re-forms the job instead of trusting it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use accel_proto::store::v1 as st;
@@ -40,6 +39,7 @@ use prost::Message;
 
 use super::StoreError;
 use crate::job::{JobConfig, JobRecord, MemberRecord, Phase, SESSION_BYTES};
+use accel_wire::keys::{escape, unescape};
 
 /// The record format this server writes and reads.
 pub const FORMAT: u32 = 1;
@@ -91,40 +91,6 @@ impl Encoded {
         }
         true
     }
-}
-
-/// Escapes an id for use as one key segment.
-pub fn escape(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for c in id.chars() {
-        if c == '%' || c == '/' || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                let _ = write!(out, "%{b:02X}");
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Reverses [`escape`]; `None` for a segment no id escapes to.
-pub fn unescape(segment: &str) -> Option<String> {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = segment.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The key prefix of every job.
@@ -333,7 +299,7 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
                 hostname: m.hostname,
                 // A path this replica cannot read (a newer one's syntax, or
                 // damage) is as good as none: it orders ranks, nothing more.
-                topology: if accel_rdzv_client::topology::check(&m.topology).is_ok() {
+                topology: if accel_wire::topology::check(&m.topology).is_ok() {
                     m.topology
                 } else {
                     String::new()

@@ -26,10 +26,10 @@
 use std::time::{Duration, Instant};
 
 use accel_proto::v1 as pb;
+use accel_wire::auth::AttachToken;
+use accel_wire::auth::Token;
 use pb::event::Kind;
 use pb::rendezvous_client::RendezvousClient;
-use rendezvous_server::auth::AttachToken;
-use rendezvous_server::Token;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -203,7 +203,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token = arg("--token-file")
         .map(|f| Token::from_file(std::path::Path::new(&f)))
         .transpose()?;
-    let tls = rendezvous_server::tls::ClientTlsFiles {
+    let tls = accel_wire::tls::ClientTlsFiles {
         ca: arg("--tls-ca").map(Into::into),
         cert: arg("--tls-cert").map(Into::into),
         key: arg("--tls-key").map(Into::into),
@@ -225,7 +225,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (k, n) in sizes.into_iter().enumerate() {
         let (wall, cpu, peak, steady, per_beat) = rt.block_on(async {
             let (host, port) = endpoint.rsplit_once(':').ok_or("--endpoint HOST:PORT")?;
-            let uri = rendezvous_server::tls::endpoint_uri(host, port.parse()?, tls.enabled());
+            let uri = accel_wire::tls::endpoint_uri(host, port.parse()?, tls.enabled());
             let mut channels = Vec::new();
             for _ in 0..(n as usize).div_ceil(per_connection) {
                 let mut ep = Endpoint::from_shared(uri.clone())?.tcp_nodelay(true);

@@ -1608,3 +1608,40 @@ fn the_peers_word_means_nothing_to_a_node_that_is_not_recovering() {
     m.step(t0, Event::Vouched(t0 + 100 * SECOND));
     assert_eq!(m.deadline(), Some(t0), "fenced at once all the same");
 }
+
+/// The machine decides without the server: only the modules that embed
+/// the server (run it, follow its presence keys) name the server crate,
+/// so neither the machine nor anything it uses reaches it. What is shared
+/// with the server comes from `accel-wire` and `accel-proto`.
+#[test]
+fn only_the_embedding_modules_reach_the_server_crate() {
+    const EMBEDDING: [&str; 4] = ["rendezvous.rs", "agent.rs", "agent/link.rs", "node.rs"];
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = vec![src.clone()];
+    let mut files = 0;
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("agent sources").flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(&src)
+                .expect("under src")
+                .to_string_lossy()
+                .into_owned();
+            let text = std::fs::read_to_string(&path).expect("source");
+            files += 1;
+            let uses = text.contains(concat!("rendezvous", "_server::"));
+            assert!(
+                !uses || EMBEDDING.contains(&rel.as_str()),
+                "{rel} uses the server crate; take what it needs from accel-wire"
+            );
+        }
+    }
+    assert!(files > 50, "read the agent's sources ({files} files)");
+    // node.rs names it only in the log filter (a tracing target).
+    let node = include_str!("../../node.rs");
+    assert_eq!(node.matches(concat!("rendezvous", "_server::")).count(), 1);
+}

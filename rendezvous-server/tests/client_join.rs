@@ -1,10 +1,13 @@
-//! The client against a real rendezvous server on loopback (an
-//! integration test, so the server, which depends on this crate, can serve).
+//! The rendezvous client (`accel-rdzv-client`) against a real rendezvous
+//! server on loopback: here, among the server's integration tests, so
+//! that the client crate needs no dependency on the server.
 
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use accel_rdzv_client::{ClientTlsFiles, JoinError, Leaders, Pace, RdzvClient, Token};
+use accel_rdzv_client::{JoinError, Leaders, Pace, RdzvClient};
+use accel_wire::auth::Token;
+use accel_wire::tls::ClientTlsFiles;
 use tokio::time::Instant;
 use tonic::Code;
 

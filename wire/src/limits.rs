@@ -2,9 +2,15 @@
 //! the escaping of text that is stored and printed.
 //!
 //! The server refuses a failure report or a leave reason past these bounds
-//! (its `limits` module re-exports them); the client cuts what it sends to
-//! them first, so a long traceback is shortened, not refused. Both ends make
+//! (its `limits` module uses them); the client cuts what it sends to them
+//! first, so a long traceback is shortened, not refused. Both ends make
 //! text printable the same way.
+
+use std::time::Duration;
+
+/// How long a finished job's tombstone is kept by default: a server's
+/// `--tombstone-ttl`, and an agent-run rendezvous's `tombstone_ttl`.
+pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 
 /// Most text a failure report may carry (reason, message, traceback, file).
 pub const MAX_FAILURE_BYTES: usize = 64 * 1024;
