@@ -21,7 +21,7 @@ use tracing::info;
 
 use accel_wire::auth::{AttachToken, Token};
 use accel_wire::limits::{truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES};
-use accel_wire::tls::{is_certificate_error, ClientTlsFiles};
+use accel_wire::tls::ClientTlsFiles;
 use accel_wire::LEADER_METADATA;
 
 use crate::EndpointError;
@@ -360,8 +360,9 @@ impl RdzvClient {
                     return Err(JoinError::Rejected { code, message })
                 }
                 Ok(Attempt::Config(e)) => return Err(JoinError::Config(e)),
-                Ok(Attempt::Retry(Retry { error, .. }))
-                    if tls.enabled() && is_certificate_error(&error) =>
+                Ok(Attempt::Retry(Retry {
+                    error, tls: true, ..
+                })) if tls.enabled() =>
                 {
                     return Err(JoinError::Tls(format!(
                         "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
@@ -369,7 +370,7 @@ impl RdzvClient {
                          and tls_cert/tls_key"
                     )))
                 }
-                Ok(Attempt::Retry(Retry { error, leader })) => (error, leader),
+                Ok(Attempt::Retry(Retry { error, leader, .. })) => (error, leader),
                 Err(_) => ("no answer before the deadline".to_owned(), None),
             };
             let now = Instant::now();
@@ -602,6 +603,9 @@ impl RdzvClient {
 struct Retry {
     error: String,
     leader: Option<String>,
+    /// The connection failed on a TLS verdict (a certificate one side
+    /// does not accept): retrying will not change it.
+    tls: bool,
 }
 
 impl Retry {
@@ -613,6 +617,7 @@ impl Retry {
                 .get(LEADER_METADATA)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            tls: false,
         }
     }
 }
@@ -670,17 +675,23 @@ struct Joined {
 }
 
 /// Opens the probe at `endpoint` (PINGed): its connection and health watch.
+/// Why it failed, and whether that was a TLS verdict
+/// ([`is_tls_verdict`]): with TLS 1.3 a server that refuses this side's
+/// certificate says so only after the handshake, on the first call.
 async fn open_probe(
     endpoint: Endpoint,
-) -> Result<(Channel, Streaming<HealthCheckResponse>), String> {
-    let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
+) -> Result<(Channel, Streaming<HealthCheckResponse>), (String, bool)> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| (source_chain(&e), is_tls_verdict(&e)))?;
     let mut health = HealthClient::new(channel.clone());
     let watch = health
         .watch(HealthCheckRequest {
             service: String::new(),
         })
         .await
-        .map_err(|s| s.message().to_owned())?;
+        .map_err(|s| (source_chain(&s), is_tls_verdict(&s)))?;
     Ok((channel, watch.into_inner()))
 }
 
@@ -743,15 +754,17 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
             return Attempt::Retry(Retry {
                 error: source_chain(&e),
                 leader: None,
+                tls: is_tls_verdict(&e),
             })
         }
     };
     let (probe_channel, mut probe) = match probe {
         Ok(p) => p,
-        Err(error) => {
+        Err((error, tls)) => {
             return Attempt::Retry(Retry {
                 error: format!("the probe connection failed: {error}"),
                 leader: None,
+                tls,
             })
         }
     };
@@ -779,6 +792,7 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
         error = probe_ended(&mut probe, how.silence) => Err(Attempt::Retry(Retry {
             error,
             leader: None,
+            tls: false,
         })),
     };
     let (stream, joined) = match taken {
@@ -833,10 +847,12 @@ fn first_event(message: Result<Option<pb::Event>, Status>) -> First {
                 c.reason
             ),
             leader: None,
+            tls: false,
         })),
         Ok(None) => First::Attempt(Attempt::Retry(Retry {
             error: "the rendezvous ended the join's stream before answering it".into(),
             leader: None,
+            tls: false,
         })),
         Ok(Some(pb::Event {
             kind: Some(Kind::JobClosed(c)),
@@ -941,6 +957,32 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     accel_wire::error_chain(e)
 }
 
+/// Whether `e` (a failed connection or call) is a TLS verdict: a
+/// `rustls` error among its sources, or an I/O error of kind
+/// `InvalidData`, which is how the TLS stream reports rustls' errors (h2
+/// keeps only the kind and the text of an error it passes on, as for a
+/// server's `CertificateRequired` alert). Told by type and kind, not by
+/// words; the caller asks only of a TLS link.
+fn is_tls_verdict(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::InvalidData
+                || io
+                    .get_ref()
+                    .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
 /// The nodes of a round that a node vouches for in its keep-alives (see
 /// `KeepAliveRequest.vouch`): node ranks as a bitmap, or all of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -976,6 +1018,37 @@ pub struct WorkerFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that wraps another, as hyper and tonic wrap the TLS stream's.
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn std::error::Error + Send + Sync + 'static>);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[test]
+    fn a_tls_verdict_is_told_by_type_and_kind_not_by_words() {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        assert!(is_tls_verdict(&Wrapped(Box::new(alert.clone()))));
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert);
+        assert!(is_tls_verdict(&Wrapped(Box::new(io))));
+        // h2 passes on only the kind and the text.
+        let text = std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert");
+        assert!(is_tls_verdict(&Wrapped(Box::new(text))));
+        // A refused connection is no verdict, whatever its words say.
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "certificate handshake refused",
+        );
+        assert!(!is_tls_verdict(&Wrapped(Box::new(refused))));
+    }
 
     #[test]
     fn an_agent_never_avoids_its_own_replica_nor_its_only_server() {

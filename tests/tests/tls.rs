@@ -218,16 +218,23 @@ fn a_wrong_ca_or_a_missing_client_certificate_fails_fast_and_clearly() {
         "{}",
         wrong.stderr
     );
-    // The right CA but no client certificate: the server refuses the handshake.
+    // The right CA but no client certificate: the server refuses the
+    // handshake, a TLS verdict too (told by its type, not its words).
+    let t0 = Instant::now();
     let anonymous = agent(
         &dir,
         "n",
         &server.addr,
         &format!("tls_ca={}", pki.path("ca.pem")),
-        "5",
+        "60",
     )
     .wait(Duration::from_secs(30));
     assert_ne!(anonymous.code(), 0, "{}", anonymous.stderr);
+    assert!(
+        t0.elapsed() < Duration::from_secs(20) && anonymous.stderr.contains("TLS"),
+        "not retried until join_timeout: {}",
+        anonymous.stderr
+    );
 }
 
 #[test]

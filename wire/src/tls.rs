@@ -214,13 +214,6 @@ pub fn endpoint_uri(host: &str, port: u16, tls: bool) -> String {
     }
 }
 
-/// Whether a connection error is a TLS verdict (a certificate the other
-/// side does not accept): retrying will not change it.
-pub fn is_certificate_error(chain: &str) -> bool {
-    let c = chain.to_ascii_lowercase();
-    c.contains("certificate") || c.contains("unknownissuer") || c.contains("handshake")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
