@@ -94,7 +94,7 @@ impl std::fmt::Debug for RdzvClient {
 /// Delays between attempts to reach the rendezvous: 25 ms doubling to `max`,
 /// each plus up to as much again at random (so at most twice `max`), for
 /// ever; the caller's deadline ends the retries.
-fn retry_delays(max: Duration) -> impl Iterator<Item = Duration> {
+pub(crate) fn retry_delays(max: Duration) -> impl Iterator<Item = Duration> + Send {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(25))
@@ -142,13 +142,7 @@ impl Pace {
     }
 }
 
-/// How long a connection to a leader named by this agent's replica may take
-/// (a loopback or LAN connect takes milliseconds).
-const PUBLISHED_CONNECT: Duration = Duration::from_secs(2);
-
-/// Longest pause (before jitter) between attempts at a named leader that
-/// does not serve.
-const LEADER_RETRY: Duration = Duration::from_millis(250);
+use crate::walk::{Step, Walk, LEADER_RETRY, PUBLISHED_CONNECT};
 
 /// Which leaders a join follows when a replica names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +277,9 @@ impl RdzvClient {
         }
     }
 
-    /// Walks the endpoints (see [`RdzvClient::join`]), never trying `avoid`.
+    /// Walks the endpoints (see [`RdzvClient::join`]), never trying
+    /// `avoid`: tries what the [`Walk`] says, tells it how each try failed,
+    /// waits when it says to.
     async fn walk(
         endpoints: &[(String, u16)],
         leaders: Leaders,
@@ -291,156 +287,62 @@ impl RdzvClient {
         avoid: Option<&(String, u16)>,
         deadline: Instant,
     ) -> Result<Taken, JoinError> {
-        let How {
-            tls, read_timeout, ..
-        } = how;
-        let Some(first) = endpoints.first() else {
-            return Err(JoinError::Config("no rendezvous endpoint".into()));
-        };
-        let named = || {
-            endpoints
-                .iter()
-                .map(|(h, p)| format!("{h}:{p}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let started = Instant::now();
-        // Agents on etcd elect the host as they start: say nothing of a
-        // wait that short.
-        let mut last_notice: Option<Instant> = match leaders {
-            Leaders::Listed => None,
-            Leaders::Published => started.checked_sub(Duration::from_secs(7)),
-        };
-        // Asking this agent's own replica who leads costs a loopback call:
-        // ask often, so a new leader is found as soon as it is elected.
-        // Leaving a silent leader, a new one is found as soon as the
-        // others name it.
-        let mut delays = retry_delays(match (leaders, avoid) {
-            (Leaders::Listed, None) => how.retry_max,
-            (Leaders::Listed, Some(_)) => LEADER_RETRY,
-            (Leaders::Published, _) => Duration::from_millis(100),
-        });
-        // A named leader that does not serve (dead, still loading) is tried
-        // again less often than the local replica is asked (a thousand
-        // nodes must not open thousands of connections a second to it),
-        // but often enough that its successor is found within half a
-        // second of being named; a newly named one at once.
-        let mut leader_delays = retry_delays(LEADER_RETRY);
-        let mut failed_leader: Option<(String, u16)> = None;
-        let avoided = |e: &(String, u16)| avoid == Some(e);
-        let walked = endpoints.iter().filter(|e| !avoided(e)).count();
-        let Some(mut at) = endpoints.iter().position(|e| !avoided(e)) else {
+        let now = Instant::now().into_std();
+        let walk = Walk::new(
+            endpoints,
+            leaders,
+            avoid,
+            how.read_timeout,
+            how.retry_max,
+            now,
+            deadline.into_std(),
+        )?;
+        let Some(mut walk) = walk else {
             // Only the silent one: trying it is all there is to do.
             return std::future::pending().await;
         };
-        let mut tried = 0;
-        // A leader this agent's own replica named, tried next.
-        let mut published: Option<(String, u16)> = None;
+        let mut step = walk.next();
         loop {
-            let following = published.take();
-            let (host, port) = match &following {
-                Some((h, p)) => (h, p),
-                None => {
-                    let (h, p) = endpoints.get(at).unwrap_or(first);
-                    (h, p)
-                }
-            };
-            // A dead node's address answers nothing: a published leader
-            // gets a short connect, so a new one is asked for soon.
-            let connect = match following {
-                Some(_) => read_timeout.min(PUBLISHED_CONNECT),
-                None => read_timeout.min(Duration::from_secs(10)),
-            };
-            let server = (host.clone(), *port);
-            let attempt = attempt(host, *port, how, connect);
-            // No attempt outlives the deadline (a cut link would hang a connect).
-            let (error, leader) = match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, &server, at)),
-                Ok(Attempt::Refused(code, message)) => {
-                    return Err(JoinError::Rejected { code, message })
-                }
-                Ok(Attempt::Config(e)) => return Err(JoinError::Config(e)),
-                Ok(Attempt::Retry(Retry {
-                    error, tls: true, ..
-                })) if tls.enabled() =>
-                {
-                    return Err(JoinError::Tls(format!(
-                        "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
-                         (the CA that signed the server's certificate, whose names must include '{host}') \
-                         and tls_cert/tls_key"
-                    )))
-                }
-                Ok(Attempt::Retry(Retry { error, leader, .. })) => (error, leader),
-                Err(_) => ("no answer before the deadline".to_owned(), None),
-            };
-            let now = Instant::now();
-            if now >= deadline && leaders == Leaders::Published {
-                return Err(JoinError::Timeout(format!(
-                    "no agent of the job was elected to host the rendezvous through etcd within {:.0} s ({error}); \
-                     check that etcd answers at --rdzv-endpoint (and --rdzv-conf protocol, cacert, cert, key), \
-                     and the other agents' logs",
-                    now.duration_since(started).as_secs_f64()
-                )));
-            }
-            if now >= deadline {
-                return Err(JoinError::Timeout(format!(
-                    "could not reach the rendezvous at {} within {:.0} s ({error}); \
-                     start rdzv-server there (or the node-rank-0 agent for static rendezvous), \
-                     or fix --rdzv-endpoint / --master-addr",
-                    named(),
-                    now.duration_since(started).as_secs_f64()
-                )));
-            }
-            if last_notice.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
-                info!(endpoint = %format!("{host}:{port}"), %error, "waiting for the rendezvous to be reachable");
-                last_notice = Some(now);
-            }
-            if leaders == Leaders::Published && following.is_none() && at == 0 {
-                // This agent's replica named the leader: go there (at once,
-                // unless it is the one that just failed).
-                if let Some(l) = leader.as_deref().and_then(split_host_port) {
-                    // The silent leader, named until its lease runs out, is
-                    // tried beside this walk, not by it.
-                    if l != (host.clone(), *port) && !avoided(&l) {
-                        if failed_leader.as_ref() != Some(&l) {
-                            leader_delays = retry_delays(LEADER_RETRY);
+            match step {
+                Step::Try {
+                    host,
+                    port,
+                    at,
+                    connect,
+                } => {
+                    let server = (host.clone(), port);
+                    // No attempt outlives the deadline (a cut link would
+                    // hang a connect).
+                    let tried =
+                        tokio::time::timeout_at(deadline, attempt(&host, port, how, connect)).await;
+                    let (error, leader) = match tried {
+                        Ok(Attempt::Joined(joined)) => return Ok(how.joined(*joined, &server, at)),
+                        Ok(Attempt::Refused(code, message)) => {
+                            return Err(JoinError::Rejected { code, message })
                         }
-                        published = Some(l);
-                        continue;
+                        Ok(Attempt::Config(e)) => return Err(JoinError::Config(e)),
+                        Ok(Attempt::Retry(Retry {
+                            error, tls: true, ..
+                        })) if how.tls.enabled() => {
+                            return Err(JoinError::Tls(format!(
+                                "TLS with the rendezvous at {host}:{port} failed: {error}; check --rdzv-conf tls_ca \
+                                 (the CA that signed the server's certificate, whose names must include '{host}') \
+                                 and tls_cert/tls_key"
+                            )))
+                        }
+                        Ok(Attempt::Retry(Retry { error, leader, .. })) => (error, leader),
+                        Err(_) => ("no answer before the deadline".to_owned(), None),
+                    };
+                    step = walk.failed(Instant::now().into_std(), &error, leader.as_deref());
+                    if let Some((endpoint, error)) = walk.take_notice() {
+                        info!(%endpoint, %error, "waiting for the rendezvous to be reachable");
                     }
                 }
-            }
-            if let Some(l) = following {
-                let delay = leader_delays.next().unwrap_or(Duration::from_secs(2));
-                failed_leader = Some(l);
-                tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
-                continue;
-            }
-            let named_leader = leader.and_then(|l| {
-                endpoints.iter().position(|(h, p)| {
-                    (l == format!("{h}:{p}") || l == format!("[{h}]:{p}"))
-                        && !avoided(&(h.clone(), *p))
-                })
-            });
-            at = match named_leader {
-                // A follower named the leader: go there next.
-                Some(i) if i != at => i,
-                _ => {
-                    let mut next = (at + 1) % endpoints.len();
-                    while avoided(&endpoints[next]) {
-                        next = (next + 1) % endpoints.len();
-                    }
-                    next
+                Step::Wait(delay) => {
+                    tokio::time::sleep(delay).await;
+                    step = walk.next();
                 }
-            };
-            // Back off once as many attempts as there are endpoints failed,
-            // however they were chosen (two replicas naming each other
-            // while a new leader loads must not become a busy loop).
-            tried += 1;
-            if tried >= walked {
-                tried = 0;
-                let delay = delays.next().unwrap_or(Duration::from_secs(2));
-                tokio::time::sleep(delay.min(deadline.saturating_duration_since(now))).await;
+                Step::Fail(e) => return Err(e),
             }
         }
     }
@@ -887,7 +789,7 @@ fn avoidable<'a>(
 }
 
 /// `HOST:PORT` (or `[V6]:PORT`) as a host and port; `None` if it is not one.
-fn split_host_port(s: &str) -> Option<(String, u16)> {
+pub(crate) fn split_host_port(s: &str) -> Option<(String, u16)> {
     let (host, port) = s.rsplit_once(':')?;
     let port = port.parse().ok()?;
     let host = host

@@ -19,6 +19,7 @@
 #![deny(unsafe_code)]
 
 pub mod client;
+mod walk;
 
 pub use client::{JoinError, Leaders, Pace, RdzvClient, Taken};
 
