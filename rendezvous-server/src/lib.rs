@@ -144,14 +144,6 @@ pub async fn serve_with_metrics(
     // Whatever ends this (an error included), what it spawned stops.
     let _stopping = stop.clone().drop_guard();
     let counters = options.metrics.clone();
-    if let Some(listener) = metrics {
-        tokio::spawn(accel_telemetry::http::serve(
-            listener,
-            metrics_endpoint(&counters, &seat)
-                .with_pages(ui::pages(seat.clone(), options.token.clone())),
-            stop.clone(),
-        ));
-    }
     // A follower's service hands the complaints of agents that left a
     // silent leader to its replica's tally ([`depose`]).
     let mut complain = None;
@@ -230,6 +222,17 @@ pub async fn serve_with_metrics(
             tokio::spawn(ha::replicate(etcd, tenure, roles, stop.clone(), heard))
         }
     };
+    // The page and the metrics once this replica knows its role (a
+    // standalone server leads from here on): a request that came as the
+    // listener opened waits in its backlog instead of hearing "follower".
+    if let Some(listener) = metrics {
+        tokio::spawn(accel_telemetry::http::serve(
+            listener,
+            metrics_endpoint(&counters, &seat)
+                .with_pages(ui::pages(seat.clone(), options.token.clone())),
+            stop.clone(),
+        ));
+    }
     let admission = admission::Admission::new(
         options.limits.max_connections_per_ip,
         options.limits.auth_timeout,

@@ -161,6 +161,8 @@ pub struct Registry {
     /// Whether a resuming node may recreate a job this registry does not
     /// hold ([`Registry::without_relearning`]).
     relearn: bool,
+    /// The simulator's planted bug ([`Registry::delivering_before_durable`]).
+    early: bool,
     /// Woken by every change a flush should write.
     wake: Arc<tokio::sync::Notify>,
     /// A replica's lease: nothing is served once it may have lapsed.
@@ -189,6 +191,7 @@ impl Registry {
             limits,
             store,
             relearn: true,
+            early: false,
             wake: Arc::default(),
             lease: None,
             metrics: ServerMetrics::default(),
@@ -234,6 +237,16 @@ impl Registry {
     /// finished jobs are deleted as its last leader leaves).
     pub fn without_relearning(mut self) -> Self {
         self.relearn = false;
+        self
+    }
+
+    /// A planted bug, for the simulator to show that its checks catch it
+    /// (`sim/scenarios/planted_commit.sim`): a change's events go to the
+    /// nodes at once, before the store holds the change, so a leader that
+    /// dies before the write leaves nodes acting on a decision its
+    /// successor never learns. Nothing else calls it.
+    pub fn delivering_before_durable(mut self) -> Self {
+        self.early = true;
         self
     }
 
@@ -463,6 +476,23 @@ impl Registry {
         self.lock().map.len()
     }
 
+    /// Runs `f` on job `job_id` as held now, if it is held: for the
+    /// simulator's checkers and for tests. It reads, so it does not count
+    /// as this registry running (a pause it spans is still noticed).
+    pub fn with_job<R>(&self, job_id: &str, f: impl FnOnce(&Job) -> R) -> Option<R> {
+        let jobs = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.map.get(job_id).map(|e| f(&e.job))
+    }
+
+    /// When the earliest job's periodic work is due (possibly earlier:
+    /// an entry a job moved is kept until it comes up): when a caller that
+    /// drives the registry's clock itself, as the simulator does, should
+    /// next call [`Registry::tick`]. Like [`Registry::with_job`], a read.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let jobs = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.deadlines.peek()
+    }
+
     /// A node joins (or resumes); returns its event stream. `from`: the
     /// address the call came from; `fresh`: the session secret it gets if it
     /// is new to the job.
@@ -686,6 +716,13 @@ impl Registry {
         // before the write took no decision its successor lacks.
         let over = entry.job.phase().is_terminal();
         let horizon = jobs.next_stream;
+        let out = match self.early {
+            true => {
+                release(jobs, job_id, out, horizon);
+                Vec::new()
+            }
+            false => out,
+        };
         match jobs.commit.decided(job_id, out, over, horizon) {
             Some(now) => {
                 let (_, out, horizon) = now.into_parts();

@@ -41,6 +41,11 @@
 //!   forming job never gains productive time (a restart is never
 //!   productive); compared for one job while the server holds it (a
 //!   restored job's accounting elides the failover, as its records do).
+//! * (i) **durability**: a server that takes over from the store holds the
+//!   job at least at the highest round any node was told of (a round
+//!   formed, a restart's next round): no node acts on a decision the store
+//!   did not hold (the registry's commit path). Checked in the world, at
+//!   each failover from a store the crashed server wrote.
 //!
 //! The chaos run checks the same properties on real processes' records
 //! (pids, timestamps written by the workers), where an overlap shorter than
@@ -342,15 +347,23 @@ impl Checker {
             );
             self.note('b', &what, at);
         }
-        if let Some(job) = w.job() {
-            if let Some(what) = split_segment(job) {
+        let now = w.instant(at);
+        let held = w.with_job(|job| {
+            (
+                split_segment(job),
+                job.restart_count(),
+                job.time_spent(now),
+                job.phase().clone(),
+            )
+        });
+        if let Some((split, restarts, spent, phase)) = held {
+            if let Some(what) = split {
                 self.note('e', &what, at);
             }
-            self.goodput(w, job, at);
-            if job.restart_count() > self.max_restarts || job.restart_count() > self.failures {
+            self.goodput(w, spent, phase, at);
+            if restarts > self.max_restarts || restarts > self.failures {
                 let what = format!(
-                    "budget: the job counts {} restart(s) after {} worker failure(s) (--max-restarts {})",
-                    job.restart_count(),
+                    "budget: the job counts {restarts} restart(s) after {} worker failure(s) (--max-restarts {})",
                     self.failures,
                     self.max_restarts
                 );
@@ -360,10 +373,14 @@ impl Checker {
     }
 
     /// (h): the job's time adds up, and a forming job is not productive.
-    fn goodput(&mut self, w: &World, job: &rendezvous_server::job::Job, at: Duration) {
+    fn goodput(
+        &mut self,
+        w: &World,
+        spent: rendezvous_server::job::Spent,
+        phase: Phase,
+        at: Duration,
+    ) {
         use rendezvous_server::job::Category;
-        let now = w.instant(at);
-        let spent = job.time_spent(now);
         let epoch = w.job_epoch();
         if let Some((e, then, before, was)) = self.goodput.take() {
             if e == epoch {
@@ -381,7 +398,7 @@ impl Checker {
                 let productive = |s: &rendezvous_server::job::Spent| s.of(Category::Productive);
                 // A late report may show a stretch before a restart was
                 // productive after all; a job that formed throughout may not.
-                let formed = was == Phase::Forming && *job.phase() == Phase::Forming;
+                let formed = was == Phase::Forming && phase == Phase::Forming;
                 if formed && productive(&spent) != productive(&before) {
                     let what = format!(
                         "goodput: a forming job gained productive time ({:?} -> {:?})",
@@ -392,7 +409,7 @@ impl Checker {
                 }
             }
         }
-        self.goodput = Some((epoch, at, spent, job.phase().clone()));
+        self.goodput = Some((epoch, at, spent, phase));
     }
 
     /// At the end of a run whose faults healed at `healed`: liveness and
@@ -410,11 +427,8 @@ impl Checker {
             let what = format!(
                 "liveness: agents still running at the bound: {} (job: {})",
                 stuck.join(", "),
-                w.job().map_or("gone".to_owned(), |j| format!(
-                    "{} round {}",
-                    j.phase().name(),
-                    j.round()
-                ))
+                w.with_job(|j| format!("{} round {}", j.phase().name(), j.round()))
+                    .unwrap_or_else(|| "gone".to_owned())
             );
             self.note('c', &what, at);
             return;
@@ -434,9 +448,9 @@ impl Checker {
                 self.note('c', "liveness: the job failed without a reason", at);
             }
         }
-        if let (Ok(()), Some(job)) = (&outcome, w.job()) {
-            if *job.phase() == Phase::Succeeded {
-                let round = job.round();
+        let held = w.with_job(|j| (j.phase().clone(), j.round()));
+        if let (Ok(()), Some((phase, round))) = (&outcome, held) {
+            if phase == Phase::Succeeded {
                 let key = (self.generation, round);
                 let world = self.worlds.get(&key).copied().unwrap_or(0);
                 let ranks: BTreeSet<u32> = self

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rendezvous_server::job::Category;
 
-const USAGE: &str = "usage: accel-sim run FILE.sim... | seeds A..B [--broken-fence] [--broken-quarantine] | seed N [--trace] [--broken-fence] [--broken-quarantine]";
+const USAGE: &str = "usage: accel-sim run FILE.sim... | seeds A..B [--broken-fence] [--broken-quarantine] [--broken-commit] | seed N [--trace] [--broken-fence] [--broken-quarantine] [--broken-commit]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     let planted = accel_sim::random::Planted {
         fence: flag("--broken-fence"),
         quarantine: flag("--broken-quarantine"),
+        commit: flag("--broken-commit"),
     };
     match args.first().map(String::as_str) {
         Some("run") if args.len() > 1 => {

@@ -208,6 +208,8 @@ pub fn plan(seed: u64) -> Plan {
         failover: rng.bool(),
         quarantine: None,
         slow: None,
+        store_latency: Duration::ZERO,
+        broken_commit: false,
         broken_quarantine: false,
         outage: Duration::ZERO,
     };
@@ -312,6 +314,20 @@ pub fn plan(seed: u64) -> Plan {
             }
         }
     }
+    // A store that takes its time to write, from a
+    // generator of its own as the quarantine's.
+    let mut st = fastrand::Rng::with_seed(seed ^ 0x5707_e1a7);
+    if st.bool() {
+        spec.store_latency = ms(&mut st, 1, 200);
+    }
+    // A server that dies as a node hears of a new round, and a replica
+    // that takes over from the store.
+    if st.u8(..4) == 0 {
+        let at = ms(&mut st, 500, 10_000);
+        let back = ms(&mut st, 100, 3000);
+        faults.push((at, Fault::CrashOnRoundChange(back)));
+        healed = healed.max(at + back + Duration::from_secs(10));
+    }
     faults.sort_by_key(|f| f.0);
     Plan {
         spec,
@@ -330,6 +346,9 @@ pub struct Planted {
     /// The server ends every bench as soon as it begins (seeds without a
     /// quarantine are unaffected).
     pub quarantine: bool,
+    /// The server sends a change's events before its store holds the
+    /// change (`Registry::delivering_before_durable`).
+    pub commit: bool,
 }
 
 /// Runs `seed`; `broken_fence`: every node runs with fencing off (the
@@ -338,6 +357,7 @@ pub fn run(seed: u64, broken_fence: bool, trace: bool) -> Report {
     let planted = Planted {
         fence: broken_fence,
         quarantine: false,
+        commit: false,
     };
     run_with(seed, planted, trace)
 }
@@ -353,6 +373,7 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
         calm,
     } = plan(seed);
     spec.broken_quarantine = planted.quarantine;
+    spec.broken_commit = planted.commit;
     let (spec_static, nproc) = (spec.static_ranks, spec.nproc);
     let mut summary = format!(
         "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, outage {:?}{}, run {:?}{}\n",
@@ -375,7 +396,7 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
     }
     let mut w = World::new(spec, seed);
     // Planted bugs stop workers on purpose.
-    w.checker.calm = calm && !planted.fence && !planted.quarantine;
+    w.checker.calm = calm && !planted.fence && !planted.quarantine && !planted.commit;
     w.tracing = trace;
     if trace {
         w.full_trace = Some(Vec::new());
@@ -413,6 +434,6 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
         outcome: w.checker.outcome.as_ref().map(Result::is_ok),
         faults: fault_count,
         took: w.now(),
-        goodput: w.job().map(|j| j.time_spent(w.instant(w.now()))),
+        goodput: w.with_job(|j| j.time_spent(w.instant(w.now()))),
     }
 }

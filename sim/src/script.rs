@@ -23,7 +23,10 @@
 //!   `quarantine=AFTER:WINDOW:HOLD[:stragglers]` (the server's
 //!   `--quarantine-after`, `--quarantine-window`, `--quarantine-for`, and
 //!   `--straggler-quarantine`), `slow=nK` (node K's ranks report half as
-//!   much time again per step: a straggler), `broken-quarantine` (the
+//!   much time again per step: a straggler), `store_latency` (with
+//!   `failover`: how long the store takes to write a change; its events
+//!   wait for it), `broken-commit` (the planted bug: a change's events go
+//!   out before the store holds it), `broken-quarantine` (the
 //!   planted bug: the server ends every bench as soon as it begins),
 //!   `outage` (the agents' `outage_timeout`: how long the peer hub may keep
 //!   workers without the rendezvous; default five drop limits, `0`: agents
@@ -193,6 +196,8 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
                 spec.slow = Some(k.checked_sub(1).ok_or("slow=nK, K from 1")?);
             }
             "broken-quarantine" => spec.broken_quarantine = true,
+            "store_latency" => spec.store_latency = duration(v)?,
+            "broken-commit" => spec.broken_commit = true,
             "outage" => outage = Some(duration(v)?),
             "seed" => seed = number(v)?,
             _ => return Err(format!("unknown job setting `{k}`")),
@@ -242,7 +247,9 @@ fn conditions(args: &[String]) -> Result<Vec<(String, char, String)>, String> {
 }
 
 fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), String> {
-    let job = w.job();
+    let job = |f: &dyn Fn(&rendezvous_server::job::Job) -> String| {
+        w.with_job(f).unwrap_or_else(|| "gone".into())
+    };
     let got: String = match key.as_str() {
         "done" => {
             return match w.all_done() {
@@ -250,11 +257,11 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
                 false => Err("not every agent is done".into()),
             }
         }
-        "phase" => job.map_or("gone".into(), |j| j.phase().name().into()),
-        "round" => job.map_or("gone".into(), |j| j.round().to_string()),
-        "restarts" => job.map_or("gone".into(), |j| j.restart_count().to_string()),
-        "members" => job.map_or("gone".into(), |j| j.members().len().to_string()),
-        "benched" => job.map_or("gone".into(), |j| {
+        "phase" => job(&|j| j.phase().name().into()),
+        "round" => job(&|j| j.round().to_string()),
+        "restarts" => job(&|j| j.restart_count().to_string()),
+        "members" => job(&|j| j.members().len().to_string()),
+        "benched" => job(&|j| {
             let hosts: Vec<&str> = j.quarantine().benched().map(|(h, _)| h.as_str()).collect();
             hosts.join(",")
         }),
@@ -263,14 +270,13 @@ fn check(w: &World, (key, op, want): &(String, char, String)) -> Result<(), Stri
         "stopped" => w.checker.stopped.to_string(),
         "reason" => match w.outcome() {
             Some(Err(r)) => r,
-            _ => job
-                .and_then(|j| j.last_failure())
-                .unwrap_or_default()
-                .to_owned(),
+            _ => w
+                .with_job(|j| j.last_failure().unwrap_or_default().to_owned())
+                .unwrap_or_default(),
         },
         "ranks" => {
             // The live workers, all of the job's current round.
-            let round = job.map(|j| j.round());
+            let round = w.with_job(|j| j.round());
             let ranks: Vec<u32> = w
                 .nodes
                 .iter()

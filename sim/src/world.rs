@@ -1,21 +1,25 @@
-//! The simulated cluster: one rendezvous server running the real [`Job`],
-//! N agents running the real [`NodeMachine`], their fake workers, and the
-//! network between them, all on one virtual clock.
+//! The simulated cluster: one rendezvous server running the real
+//! `Registry` (and with it the real [`Job`]), N agents running the real
+//! [`NodeMachine`], their fake workers, and the network between them, all
+//! on one virtual clock.
 //!
 //! # What each side does, and where it comes from
-//! - The **server** mirrors what `Registry` and the gRPC service do around a
-//!   [`Job`]: it creates the job on the first join (or *relearns* it from a
-//!   resuming node after a restart without a store, or *restores* it from
-//!   the last [`JobRecord`] on a failover), checks session secrets, turns
-//!   each call into one `Job` method, delivers the returned `Outbound`s on
-//!   the nodes' streams, ends the streams of nodes the job dropped, lays a
-//!   tombstone when the job ends, runs [`Job::tick`] at
-//!   [`Job::next_deadline`], and takes a stream's end for a departure
-//!   (unless the node has a newer stream). It gives each completed round a
-//!   peer key (`with_peer_key`), counts a keep-alive's vouch
-//!   ([`Job::vouch`], as `Registry::keep_alive_vouching`), and, paused,
-//!   reads nothing until it wakes, when a gap over `registry::PAUSED` gives
-//!   every node the whole drop limit (`Registry::woke`).
+//! - The **server** is the real `Registry` on the world's clock (a
+//!   `ManualClock` moved with virtual time), behind a thin model of the
+//!   gRPC service: each call becomes the registry method the service calls
+//!   (`join`, `for_node`, `keep_alive_vouching`, `leave`, `quarantine`), a
+//!   connection's end drops the node's `NodeStream` (a departure, as in a
+//!   server), and after every call the streams' events go out on the
+//!   network. Every incarnation but a store-less restart writes to an
+//!   in-memory store through the registry's durable commit path, so the
+//!   events of a change leave only once the store took it
+//!   (`Spec::store_latency` sets how long that takes; a crash before the
+//!   write loses both); a failover loads a new registry from that store
+//!   (jobs and tombstones), a store-less restart starts an empty one that
+//!   holds back the jobs it creates. Its periodic work runs at the
+//!   registry's next deadline and at least every half second; paused,
+//!   it reads nothing, and the registry itself notices the gap when it
+//!   wakes (`Registry::woke`).
 //! - The **peer hub** mirrors the agent's `peers` task with its real pure
 //!   parts: from a round's start until its next offer (or the agent's end)
 //!   each node pings the round's hub every [`Timing::every`] and publishes
@@ -60,6 +64,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use accel_agent::agent::machine::{Action, Event, NodeMachine, Settings};
@@ -70,10 +75,11 @@ use accel_agent::{AgentError, Ended, Outcome};
 use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;
 use pb::event::Kind;
-use rendezvous_server::job::{
-    AuthError, Job, JobRecord, Phase, QuarantinePolicy, Session, SESSION_BYTES,
-};
-use rendezvous_server::tombstone::Tombstone;
+use rendezvous_server::clock::{Clock, ManualClock};
+use rendezvous_server::job::{Job, Phase, QuarantinePolicy, Session, SESSION_BYTES};
+use rendezvous_server::registry::NodeStream;
+use rendezvous_server::store::MemoryStore;
+use rendezvous_server::Registry;
 
 use crate::invariants::{Checker, Violation};
 
@@ -121,6 +127,13 @@ pub struct Spec {
     /// others' (a straggler; `--straggler-quarantine` is
     /// [`QuarantinePolicy::stragglers`]).
     pub slow: Option<usize>,
+    /// How long the store takes to write a change (`failover` only): the
+    /// events it caused wait for the write, and a crash before it loses
+    /// both.
+    pub store_latency: Duration,
+    /// The planted commit bug: the server sends a change's events before
+    /// the store holds it (`Registry::delivering_before_durable`).
+    pub broken_commit: bool,
     /// The planted quarantine bug: the server ends every bench as soon as
     /// it begins, so rounds place benched hosts.
     pub broken_quarantine: bool,
@@ -158,6 +171,8 @@ impl Default for Spec {
             failover: false,
             quarantine: None,
             slow: None,
+            store_latency: Duration::ZERO,
+            broken_commit: false,
             broken_quarantine: false,
             // Five drop limits of the default timings.
             outage: Duration::from_secs(15),
@@ -328,39 +343,72 @@ pub const STEP: Duration = Duration::from_millis(500);
 /// Steps between checkpoints.
 pub const CHECKPOINT_EVERY: u64 = 10;
 
-/// The rendezvous server.
-#[derive(Debug, Default)]
+/// The rendezvous server: the real `Registry` on the world's virtual
+/// clock, with the in-memory store when a restart is a failover (so the
+/// durable commit path and the tombstones run as they do on etcd).
 struct Server {
     up: bool,
     /// Bumped by every crash: what was in flight to or from the last
     /// incarnation is lost.
     epoch: u64,
-    job: Option<Job>,
-    /// Bumped whenever `job` is replaced (a new job, a restored one): the
+    /// The running incarnation.
+    registry: Option<Registry>,
+    /// The job store replicas share: what one that takes over loads.
+    store: Arc<MemoryStore>,
+    /// Whether the running incarnation writes to it: every one but a
+    /// store-less server restarted in its place (`restart-server` without
+    /// `failover`).
+    durable: bool,
+    /// The registry's clock: the world's virtual time.
+    clock: Arc<ManualClock>,
+    /// Bumped whenever the job is replaced (a new job, a restored one): the
     /// goodput invariant compares a job only with itself.
     pub job_epoch: u64,
-    /// Each node's current stream.
-    streams: BTreeMap<String, u64>,
+    /// Each node's current stream: the number its node knows it by, and
+    /// the registry's stream (dropping it is the connection's end).
+    streams: BTreeMap<String, (u64, NodeStream)>,
     /// The stream each join attempt opened: attempt → (node id, stream).
     attempts: BTreeMap<u64, (String, u64)>,
-    tomb: Option<Tombstone>,
-    joined: BTreeMap<String, String>,
-    /// The job's state as a store would hold it at the crash.
-    record: Option<JobRecord>,
+    /// Streams of joins not answered yet (their `Joined` waits for the
+    /// store): stream → (node index, attempt, node id, stream).
+    answers: BTreeMap<u64, (usize, u64, String, NodeStream)>,
+    /// When the store's write of what was decided since the last one is
+    /// done (`Spec::store_latency`).
+    flush_at: Option<Duration>,
+    /// The highest round any node was told of (a round formed, or the
+    /// next round of a restart): a server that takes over must know it.
+    announced: u64,
+    /// [`Fault::CrashOnRoundChange`] armed: a replica takes over after
+    /// this long.
+    crash_armed: Option<Duration>,
+    /// It fired: the crash happens before anything else runs.
+    crash_due: Option<Duration>,
     /// The last round's world size.
     world: u32,
-    /// When the job's periodic work is due, as the registry schedules it:
-    /// recomputed after every change, kept if earlier.
-    scheduled: Option<Duration>,
-    /// When this incarnation started (the registry's `started`); `None`:
-    /// long before the job (the first server).
-    started: Option<Duration>,
+    /// When the registry's periodic work last ran.
+    ticked: Duration,
     /// Stopped (SIGSTOP) since: it reads nothing, answers nothing and runs
     /// no periodic work until resumed.
     paused: Option<Duration>,
     /// Calls that reached a paused server (its kernel's buffers), read in
     /// order when it resumes.
     unread: Vec<Msg>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("up", &self.up)
+            .field("epoch", &self.epoch)
+            .field("streams", &self.server_streams())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    fn server_streams(&self) -> Vec<(&String, u64)> {
+        self.streams.iter().map(|(n, (s, _))| (n, *s)).collect()
+    }
 }
 
 /// A node's part of its round's peer hub: the agent's `peers` task, with
@@ -578,6 +626,11 @@ pub enum Fault {
     /// An operator ends the bench of the node's host
     /// (`rdzv-server quarantine release HOST`).
     Release(usize),
+    /// The server crashes as soon as a node is told of a new round (a
+    /// round formed, a restart), and is back (`Spec::failover`: a replica
+    /// that takes over from the store) after the given time: the moment a
+    /// write that decision needs is most likely under way.
+    CrashOnRoundChange(Duration),
 }
 
 /// The simulated cluster.
@@ -623,15 +676,36 @@ impl World {
     /// An empty cluster for `spec`; `seed` drives every random choice.
     pub fn new(spec: Spec, seed: u64) -> Self {
         let checker = Checker::new(&spec);
+        let base = rendezvous_server::clock::epoch();
+        let clock = Arc::new(ManualClock::starting_at(base));
+        let mut server = Server {
+            up: true,
+            epoch: 0,
+            registry: None,
+            store: Arc::new(MemoryStore::new()),
+            durable: true,
+            clock,
+            job_epoch: 0,
+            streams: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            flush_at: None,
+            announced: 0,
+            crash_armed: None,
+            crash_due: None,
+            world: 0,
+            ticked: Duration::ZERO,
+            paused: None,
+            unread: Vec::new(),
+        };
+        // The first server: long before the job, so it holds nothing back.
+        server.registry = Some(registry_for(&spec, &server));
         Self {
             spec,
-            base: std::time::Instant::now(),
+            base,
             now: Duration::ZERO,
             rng: fastrand::Rng::with_seed(seed),
-            server: Server {
-                up: true,
-                ..Server::default()
-            },
+            server,
             nodes: Vec::new(),
             flight: BinaryHeap::new(),
             msgs: BTreeMap::new(),
@@ -749,24 +823,20 @@ impl World {
         s
     }
 
-    /// The job as the server holds it.
-    pub fn job(&self) -> Option<&Job> {
-        self.server.job.as_ref()
+    /// `f` of the job as the server holds it, if it holds one.
+    pub fn with_job<R>(&self, f: impl FnOnce(&Job) -> R) -> Option<R> {
+        self.server.registry.as_ref()?.with_job(JOB, f)
     }
 
-    /// The job's outcome as the server knows it: its phase, or its tombstone.
+    /// The job's outcome as the server knows it: the phase of the job it
+    /// holds (the registry keeps a finished job for a day here).
     pub fn outcome(&self) -> Option<Result<(), String>> {
-        if let Some(job) = &self.server.job {
-            match job.phase() {
-                Phase::Succeeded => return Some(Ok(())),
-                Phase::Failed(r) => return Some(Err(r.clone())),
-                _ => {}
-            }
-        }
-        self.server.tomb.as_ref().map(|t| match t.succeeded {
-            true => Ok(()),
-            false => Err(t.reason.clone()),
+        self.with_job(|job| match job.phase() {
+            Phase::Succeeded => Some(Ok(())),
+            Phase::Failed(r) => Some(Err(r.clone())),
+            _ => None,
         })
+        .flatten()
     }
 
     /// The last round's world size.
@@ -1226,11 +1296,19 @@ impl World {
         self.send(to, false, Msg::Reply { to, id, ok });
     }
 
+    /// The server's clock now.
+    fn server_now(&self) -> std::time::Instant {
+        self.server.clock.now().at
+    }
+
     fn serve(&mut self, from: usize, node_id: &str, session: &[u8], id: u64, body: Call) {
-        let now = self.std(self.now);
         if let Call::Join(req, attempt) = body {
             return self.serve_join(from, *req, attempt);
         }
+        let Some(registry) = self.server.registry.clone() else {
+            return;
+        };
+        let now = self.server_now();
         let closed = match body {
             Call::Closed(stream) => Some(stream),
             Call::Abandon(attempt) => self
@@ -1243,56 +1321,61 @@ impl World {
         };
         if matches!(body, Call::Closed(_) | Call::Abandon(_)) {
             let Some(stream) = closed else { return };
-            if self.server.streams.get(node_id) == Some(&stream) {
+            if self.server.answers.remove(&stream).is_some() {
+                self.say(|| format!("server: {node_id}'s join was cancelled"));
+                self.after(&registry);
+            } else if self.server.streams.get(node_id).map(|s| s.0) == Some(stream) {
+                // Its end tells the registry (`NodeStream`'s drop): the
+                // node departs, if that stream is still its current one.
                 self.server.streams.remove(node_id);
-                let out = match &mut self.server.job {
-                    Some(job) => job.leave(now, node_id, "its connection to the rendezvous ended"),
-                    None => Vec::new(),
-                };
                 self.say(|| format!("server: {node_id}'s connection ended"));
-                self.after(out);
+                self.after(&registry);
             }
             return;
         }
-        let Some(job) = &mut self.server.job else {
-            let ok = match body {
-                Call::Leave(_) => Ok(()),
-                _ => Err(Refusal::NotFound),
-            };
-            return self.reply(from, id, ok);
-        };
-        let auth = job.authorize(node_id, session);
-        let out = match (auth, &body) {
-            (Err(AuthError::WrongSession), _) => return self.reply(from, id, Err(Refusal::Denied)),
-            (Err(_), Call::KeepAlive(..)) => return self.reply(from, id, Err(Refusal::NotFound)),
-            (Err(_), _) => return self.reply(from, id, Ok(())),
-            (Ok(()), Call::KeepAlive(vouch, progress)) => {
-                // `Registry::keep_alive_vouching`.
-                job.keep_alive(now, node_id);
-                if let Some((round, ranks, all)) = vouch {
-                    job.vouch(now, node_id, *round, ranks, *all);
-                }
-                match progress {
-                    Some(p) => job.report_progress(now, node_id, p),
-                    None => Vec::new(),
-                }
+        use rendezvous_server::error::Error;
+        let member = |r: Result<(), Error>| -> Result<(), Refusal> {
+            match r {
+                Err(Error::WrongSession(..)) => Err(Refusal::Denied),
+                Err(Error::UnknownJob(_) | Error::UnknownNode(..)) => Err(Refusal::NotFound),
+                _ => Ok(()),
             }
-            (Ok(()), Call::Ready(round)) => job.ready(
-                now,
-                node_id,
-                *round,
-                (format!("{node_id}.host"), 29500),
-                None,
-            ),
-            (
-                Ok(()),
-                Call::Failure {
-                    round,
-                    reason,
-                    detail,
-                    progress,
-                },
-            ) => {
+        };
+        let result: Result<(), Refusal> = match &body {
+            Call::KeepAlive(vouch, progress) => {
+                let req = pb::KeepAliveRequest {
+                    job_id: JOB.into(),
+                    node_id: node_id.into(),
+                    session: session.to_vec(),
+                    round: vouch.as_ref().map_or(0, |v| v.0),
+                    vouch: vouch.as_ref().map(|v| v.1.clone()).unwrap_or_default(),
+                    vouch_all: vouch.as_ref().is_some_and(|v| v.2),
+                    progress: progress.clone(),
+                };
+                let with = (vouch.is_some() || progress.is_some()).then_some(&req);
+                member(
+                    registry
+                        .keep_alive_vouching(now, JOB, node_id, session, with)
+                        .map(|_| ()),
+                )
+            }
+            Call::Ready(round) => member(registry.for_node(now, JOB, node_id, session, |job| {
+                let out = job.ready(
+                    now,
+                    node_id,
+                    *round,
+                    (format!("{node_id}.host"), 29500),
+                    None,
+                );
+                ((), out)
+            })),
+            Call::Failure {
+                round,
+                reason,
+                detail,
+                progress,
+            } => member(registry.for_node(now, JOB, node_id, session, |job| {
+                // `service.rs` `report_failure`.
                 let mut out = match progress {
                     Some(p) => job.report_progress(now, node_id, p),
                     None => Vec::new(),
@@ -1307,87 +1390,52 @@ impl World {
                     detail.rank, detail.local_rank
                 );
                 out.extend(job.failure(now, node_id, *round, reason, Some(detail.clone())));
-                out
+                ((), out)
+            })),
+            Call::Fenced(round, reason) => {
+                member(registry.for_node(now, JOB, node_id, session, |job| {
+                    let out = job.fenced(now, node_id, *round, reason);
+                    ((), out)
+                }))
             }
-            (Ok(()), Call::Fenced(round, reason)) => job.fenced(now, node_id, *round, reason),
-            (Ok(()), Call::Success(round)) => job.success(now, node_id, *round),
-            (Ok(()), Call::Leave(reason)) => {
-                self.server.streams.remove(node_id);
-                job.leave(now, node_id, reason)
+            Call::Success(round) => member(registry.for_node(now, JOB, node_id, session, |job| {
+                let out = job.success(now, node_id, *round);
+                ((), out)
+            })),
+            Call::Leave(reason) => {
+                let r = registry.leave(now, JOB, node_id, session, reason, false);
+                // A node that left has no stream to end: its own leaving
+                // closed it.
+                if r.is_ok() {
+                    self.server.streams.remove(node_id);
+                }
+                match member(r) {
+                    Err(Refusal::NotFound) => Ok(()),
+                    other => other,
+                }
             }
-            (Ok(()), Call::Join(..) | Call::Closed(_) | Call::Abandon(_)) => Vec::new(),
+            Call::Join(..) | Call::Closed(_) | Call::Abandon(_) => Ok(()),
         };
         let what = body.name();
-        self.say(|| format!("server: {what} from {node_id}"));
-        self.reply(from, id, Ok(()));
-        self.after(out);
+        if result.is_ok() {
+            self.say(|| format!("server: {what} from {node_id}"));
+        }
+        self.reply(from, id, result);
+        self.after(&registry);
     }
 
     fn serve_join(&mut self, from: usize, req: pb::JoinRequest, attempt: u64) {
-        let now = self.std(self.now);
-        let node_id = req.node_id.clone();
-        if let Some(t) = &self.server.tomb {
-            let result = match t.belongs(&req.node_id, &req.hostname) {
-                true => Ok((
-                    0,
-                    pb::Joined {
-                        round: t.round,
-                        resumed: false,
-                        session: Vec::new(),
-                        over: Some(t.over()),
-                        previous: None,
-                    },
-                )),
-                false => Err(format!(
-                    "job '{JOB}' already {} and this node took no part in it",
-                    t.outcome()
-                )),
-            };
-            return self.send(
-                from,
-                false,
-                Msg::Joined {
-                    to: from,
-                    attempt,
-                    result,
-                },
-            );
-        }
-        let created = self.server.job.is_none();
-        if created {
-            let job = match &req.resume {
-                Some(resume) => {
-                    self.say(|| format!("server: relearns the job from {node_id}"));
-                    self.checker.new_job(Some(resume.round));
-                    let mut job = Job::relearn(now, JOB, &req, resume);
-                    if let (false, Some(t)) = (self.spec.failover, self.server.started) {
-                        // As a store-less registry's relearned job (`Registry::join`).
-                        job.hold_until(now, self.std(t));
-                    }
-                    job
-                }
-                None => {
-                    self.checker.new_job(None);
-                    let mut job = Job::new(JOB, rendezvous_server::job::JobConfig::from_join(&req));
-                    if let (false, Some(t)) = (self.spec.failover, self.server.started) {
-                        // A store-less registry's fresh job (`Registry::join`).
-                        job.hold_until(now, self.std(t));
-                    }
-                    job
-                }
-            };
-            self.server.job = Some(job.with_quarantine(self.spec.quarantine));
-            self.server.job_epoch += 1;
-        }
-        let fresh = Session::from_bytes(session_bytes(&mut self.rng));
-        let Some(job) = &mut self.server.job else {
+        let Some(registry) = self.server.registry.clone() else {
             return;
         };
-        match job.join(now, &node_id, &req, fresh) {
+        let now = self.server_now();
+        let node_id = req.node_id.clone();
+        let held = registry
+            .with_job(JOB, |j| !j.phase().is_terminal())
+            .unwrap_or(false);
+        let fresh = Session::from_bytes(session_bytes(&mut self.rng));
+        match registry.join(now, &req, None, fresh) {
             Err(e) => {
-                if created {
-                    self.server.job = None;
-                }
                 let why = e.to_string();
                 self.say(|| format!("server: refused {node_id}: {why}"));
                 self.send(
@@ -1400,143 +1448,221 @@ impl World {
                     },
                 );
             }
-            Ok(mut out) => {
+            Ok(stream) => {
+                // A job this join created (or relearned from its node).
+                let created =
+                    !held && registry.with_job(JOB, |j| !j.phase().is_terminal()) == Some(true);
+                if created {
+                    if let Some(resume) = &req.resume {
+                        self.say(|| format!("server: relearns the job from {node_id}"));
+                        self.checker.new_job(Some(resume.round));
+                    } else {
+                        self.checker.new_job(None);
+                    }
+                    self.server.job_epoch += 1;
+                }
+                // Its first event is the join's answer, sent once the store
+                // holds the join (with one).
                 self.seq += 1;
-                let stream = self.seq;
-                self.server.streams.insert(node_id.clone(), stream);
+                let number = self.seq;
                 self.server
                     .attempts
-                    .insert(attempt, (node_id.clone(), stream));
+                    .insert(attempt, (node_id.clone(), number));
                 self.server
-                    .joined
-                    .insert(node_id.clone(), req.hostname.clone());
-                let at = out
-                    .iter()
-                    .position(|o| o.to == node_id && matches!(o.event, Kind::Joined(_)));
-                let joined = at.map(|at| out.remove(at).event);
-                if let Some(Kind::Joined(j)) = joined {
-                    self.say(|| {
-                        format!(
-                            "server: {node_id} joined (round {}, resumed {})",
-                            j.round, j.resumed
-                        )
-                    });
-                    self.send(
-                        from,
-                        false,
-                        Msg::Joined {
-                            to: from,
-                            attempt,
-                            result: Ok((stream, j)),
-                        },
-                    );
-                }
-                self.after(out);
+                    .answers
+                    .insert(number, (from, attempt, node_id, stream));
+                self.after(&registry);
             }
         }
     }
 
-    /// What follows every change: delivery, tombstone, ended streams, the
-    /// next deadline.
-    fn after(&mut self, mut out: Vec<rendezvous_server::job::Outbound>) {
-        self.note_benches();
+    /// What follows every call: the store takes the changes (the events
+    /// they caused are released only then), the streams' events go out, the
+    /// checker hears of benches, and the planted quarantine bug acts.
+    fn after(&mut self, registry: &Registry) {
+        match self.spec.store_latency.is_zero() || !self.server.durable {
+            true => self.flush(registry),
+            false if self.server.flush_at.is_none() => {
+                self.server.flush_at = Some(self.now + self.spec.store_latency);
+            }
+            false => {}
+        }
         if self.spec.broken_quarantine {
             // The planted bug: every bench ends as soon as it begins.
-            let now = self.std(self.now);
-            if let Some(job) = &mut self.server.job {
-                let hosts: Vec<String> =
-                    job.quarantine().benched().map(|(h, _)| h.clone()).collect();
-                for h in hosts {
-                    out.extend(job.release_host(now, &h).unwrap_or_default());
-                }
+            let now = self.server_now();
+            let hosts: Vec<String> = registry
+                .with_job(JOB, |j| {
+                    j.quarantine().benched().map(|(h, _)| h.clone()).collect()
+                })
+                .unwrap_or_default();
+            for h in hosts {
+                let _ = registry.quarantine(now, JOB, &h);
+            }
+            if self.spec.failover {
+                self.flush(registry);
             }
         }
-        self.deliver(out);
-        self.schedule();
+        self.pump(registry);
+    }
+
+    /// The server's flusher: with a store, every change is written (the
+    /// store answers at once) and the events it held are released.
+    /// The checker hears of the benches then: a bench a crash loses
+    /// before it is written was never one (nobody heard of it).
+    fn flush(&mut self, registry: &Registry) {
+        self.server.flush_at = None;
+        if self.server.durable {
+            if let Err(e) = ready(registry.flush()) {
+                self.say(|| format!("server: the store refused a write: {e}"));
+            }
+        }
+        self.note_benches(registry);
     }
 
     /// Tells the checker the hosts the job benched, and until when.
-    fn note_benches(&mut self) {
-        let Some(job) = &self.server.job else { return };
-        let benches: Vec<(String, Duration)> = job
-            .quarantine()
-            .benched()
-            .map(|(h, b)| (h.clone(), b.until.saturating_duration_since(self.base)))
-            .collect();
+    fn note_benches(&mut self, registry: &Registry) {
+        let base = self.base;
+        let benches: Vec<(String, Duration)> = registry
+            .with_job(JOB, |job| {
+                job.quarantine()
+                    .benched()
+                    .map(|(h, b)| (h.clone(), b.until.saturating_duration_since(base)))
+                    .collect()
+            })
+            .unwrap_or_default();
         for (host, until) in benches {
             self.checker.benched(host, until);
         }
     }
 
-    fn deliver(&mut self, mut out: Vec<rendezvous_server::job::Outbound>) {
-        // The registry's `with_peer_key`: one key per completed round, the
-        // same in every node's RoundComplete (here a number unique in the run).
-        if out
-            .iter()
-            .any(|o| matches!(o.event, Kind::RoundComplete(_)))
-        {
-            self.seq += 1;
-            let key = self.seq.to_be_bytes().to_vec();
-            for o in &mut out {
-                if let Kind::RoundComplete(rc) = &mut o.event {
-                    rc.peer_key.clone_from(&key);
+    /// Sends what every node's stream holds, and the end of the streams
+    /// the registry ended.
+    fn pump(&mut self, registry: &Registry) {
+        self.answer_joins();
+        let mut sends = Vec::new();
+        let mut ended = Vec::new();
+        for (node, (number, stream)) in &mut self.server.streams {
+            loop {
+                match poll_stream(stream) {
+                    Polled::Event(kind) => sends.push((node.clone(), *number, kind)),
+                    Polled::Empty => break,
+                    Polled::Ended => {
+                        ended.push((node.clone(), *number));
+                        break;
+                    }
                 }
             }
         }
-        for o in out {
-            self.checker.outbound(&o.event);
-            if let Kind::RoundComplete(r) = &o.event {
+        let mut said_over = false;
+        for (node, number, kind) in sends {
+            self.checker.outbound(&kind);
+            let told = match &kind {
+                Kind::RoundComplete(r) => Some(r.round),
+                Kind::RestartRequested(r) => Some(r.next_round),
+                _ => None,
+            };
+            if let Some(told) = told {
+                self.server.announced = self.server.announced.max(told);
+                if let Some(after) = self.server.crash_armed.take() {
+                    self.server.crash_due = Some(after);
+                }
+            }
+            if let Kind::RoundComplete(r) = &kind {
                 self.server.world = r.world_size;
-                let job = self.server.job.as_ref();
-                let member = job.and_then(|j| j.members().get(&o.to));
-                let host = member.map_or(String::new(), |m| m.hostname.clone());
-                let benched = job.zip(member).is_some_and(|(j, m)| j.is_benched(m));
+                let (host, benched) = registry
+                    .with_job(JOB, |job| {
+                        let m = job.members().get(&node);
+                        (
+                            m.map_or(String::new(), |m| m.hostname.clone()),
+                            m.is_some_and(|m| job.is_benched(m)),
+                        )
+                    })
+                    .unwrap_or_default();
                 let at = self.now;
-                self.checker.placed(&host, &o.to, r, benched, at);
+                self.checker.placed(&host, &node, r, benched, at);
             }
-            let Some(&stream) = self.server.streams.get(&o.to) else {
-                continue;
-            };
-            let Some(to) = self.index_of(&o.to) else {
-                continue;
-            };
-            let kind = o.event;
-            self.say(|| format!("server -> {}: {}", o.to, kind_name(&kind)));
-            self.send(to, false, Msg::Stream { to, stream, kind });
-        }
-        let Some(job) = &self.server.job else { return };
-        if job.phase().is_terminal() {
-            if self.server.tomb.is_none() {
-                let t = Tombstone::of(job, 1, &self.server.joined);
-                let phase = format!("{:?}", job.phase());
-                self.say(|| format!("server: the job is over: {phase}"));
-                self.server.tomb = t;
-            }
-            return;
-        }
-        if self.server.streams.len() > job.members().len() {
-            let gone: Vec<(String, u64)> = self
-                .server
-                .streams
-                .iter()
-                .filter(|(id, _)| !job.members().contains_key(*id))
-                .map(|(id, s)| (id.clone(), *s))
-                .collect();
-            for (id, stream) in gone {
-                self.server.streams.remove(&id);
-                if let Some(to) = self.index_of(&id) {
-                    self.say(|| format!("server: ends {id}'s stream"));
-                    self.send(
-                        to,
-                        false,
-                        Msg::StreamEnd {
-                            to,
-                            stream,
-                            silent: false,
-                        },
-                    );
+            if let (Kind::JobSucceeded(_) | Kind::JobFailed(_), false) = (&kind, said_over) {
+                said_over = true;
+                let over = registry.with_job(JOB, |j| format!("{:?}", j.phase()));
+                if let Some(phase) = over {
+                    self.say(|| format!("server: the job is over: {phase}"));
                 }
             }
+            let Some(to) = self.index_of(&node) else {
+                continue;
+            };
+            self.say(|| format!("server -> {node}: {}", kind_name(&kind)));
+            self.send(
+                to,
+                false,
+                Msg::Stream {
+                    to,
+                    stream: number,
+                    kind,
+                },
+            );
+        }
+        for (node, number) in ended {
+            self.server.streams.remove(&node);
+            if let Some(to) = self.index_of(&node) {
+                self.say(|| format!("server: ends {node}'s stream"));
+                self.send(
+                    to,
+                    false,
+                    Msg::StreamEnd {
+                        to,
+                        stream: number,
+                        silent: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Answers the joins whose `Joined` came out of the registry: the
+    /// stream becomes the node's (a job that is over: the answer is all).
+    fn answer_joins(&mut self) {
+        let numbers: Vec<u64> = self.server.answers.keys().copied().collect();
+        for number in numbers {
+            let Some((from, attempt, node, mut stream)) = self.server.answers.remove(&number)
+            else {
+                continue;
+            };
+            let joined = match poll_stream(&mut stream) {
+                Polled::Event(Kind::Joined(j)) => j,
+                Polled::Empty => {
+                    self.server
+                        .answers
+                        .insert(number, (from, attempt, node, stream));
+                    continue;
+                }
+                other => {
+                    let what = match other {
+                        Polled::Ended => "its stream ended",
+                        _ => "another event came first",
+                    };
+                    self.say(|| format!("server: {node}'s join got no answer: {what}"));
+                    continue;
+                }
+            };
+            self.say(|| {
+                format!(
+                    "server: {node} joined (round {}, resumed {})",
+                    joined.round, joined.resumed
+                )
+            });
+            if joined.over.is_none() {
+                self.server.streams.insert(node, (number, stream));
+            }
+            self.send(
+                from,
+                false,
+                Msg::Joined {
+                    to: from,
+                    attempt,
+                    result: Ok((number, joined)),
+                },
+            );
         }
     }
 
@@ -1544,39 +1670,34 @@ impl World {
         self.nodes.iter().position(|n| n.node_id == node_id)
     }
 
+    /// When the server next runs its periodic work: the registry's next
+    /// deadline, and at least every [`SERVER_TICK`] (as its ticker does, so
+    /// that it never takes its own quiet for a pause of the process).
     fn server_deadline(&self) -> Option<Duration> {
-        match self.server.up && self.server.paused.is_none() {
-            true => self.server.scheduled,
-            false => None,
+        if !self.server.up || self.server.paused.is_some() {
+            return None;
         }
-    }
-
-    /// The registry's `schedule`: the job's next deadline, if earlier than
-    /// the one scheduled.
-    fn schedule(&mut self) {
-        let now = self.std(self.now);
-        let Some(job) = &self.server.job else { return };
-        if let Some(t) = job.next_deadline(now, Duration::from_secs(86_400 * 365)) {
-            let t = t.saturating_duration_since(self.base);
-            if self.server.scheduled.is_none_or(|s| t < s) {
-                self.server.scheduled = Some(t);
-            }
-        }
+        let registry = self.server.registry.as_ref()?;
+        let heartbeat = self.server.ticked + SERVER_TICK;
+        let due = registry
+            .next_deadline()
+            .map(|t| t.saturating_duration_since(self.base).max(self.now));
+        Some(due.map_or(heartbeat, |d| d.min(heartbeat)))
     }
 
     fn server_tick(&mut self) {
-        self.server.scheduled = None;
-        let now = self.std(self.now);
-        let Some(job) = &mut self.server.job else {
+        self.server.ticked = self.now;
+        let Some(registry) = self.server.registry.clone() else {
             return;
         };
-        let before = job.members().len();
-        let out = job.tick(now);
-        let lost = before.saturating_sub(job.members().len());
+        let before = registry.with_job(JOB, |j| j.members().len()).unwrap_or(0);
+        registry.tick(self.server_now());
+        let after = registry.with_job(JOB, |j| j.members().len()).unwrap_or(0);
+        let lost = before.saturating_sub(after);
         if lost > 0 {
             self.say(|| format!("server: dropped {lost} silent node(s)"));
         }
-        self.after(out);
+        self.after(&registry);
     }
 
     // ---- the agents ---------------------------------------------------
@@ -2052,6 +2173,11 @@ impl World {
         };
         at(self.flight.peek().map(|Reverse((t, _))| *t));
         at(self.server_deadline());
+        at(self
+            .server
+            .flush_at
+            .filter(|_| self.server.up && self.server.paused.is_none()));
+        at(self.server.crash_due.map(|_| self.now));
         at(self.schedule.first().map(|(t, _)| *t));
         let silence = self.spec.silence();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -2103,9 +2229,15 @@ impl World {
             }
         } else {
             self.stalled = 0;
-            self.now = t;
+            self.set_now(t);
         }
         true
+    }
+
+    /// Moves the virtual time, the server's clock with it.
+    fn set_now(&mut self, t: Duration) {
+        self.server.clock.advance(t.saturating_sub(self.now));
+        self.now = self.now.max(t);
     }
 
     /// Runs until `until` (virtual time), or until every agent is done.
@@ -2122,7 +2254,7 @@ impl World {
             self.process();
         }
         if self.now < until {
-            self.now = until;
+            self.set_now(until);
         }
     }
 
@@ -2138,7 +2270,7 @@ impl World {
                 return false;
             };
             if t > limit {
-                self.now = limit;
+                self.set_now(limit);
                 return done(self);
             }
             if !self.advance(t) {
@@ -2157,6 +2289,14 @@ impl World {
     /// Everything due now.
     fn process(&mut self) {
         let now = self.now;
+        if let Some(after) = self.server.crash_due.take() {
+            self.inject(Fault::CrashServer);
+            let at = now + after;
+            let i = self.schedule.partition_point(|(t, _)| *t <= at);
+            let failover = self.spec.failover;
+            self.schedule
+                .insert(i, (at, Fault::RestartServer(failover)));
+        }
         while let Some((t, f)) = self.schedule.first().cloned() {
             if t > now {
                 break;
@@ -2175,6 +2315,14 @@ impl World {
         }
         if self.server_deadline().is_some_and(|t| t <= now) {
             self.server_tick();
+        }
+        let flush = self
+            .server
+            .flush_at
+            .filter(|t| *t <= now && self.server.paused.is_none());
+        if let (Some(_), Some(registry)) = (flush, self.server.registry.clone()) {
+            self.flush(&registry);
+            self.pump(&registry);
         }
         let silence = self.spec.silence();
         for i in 0..self.nodes.len() {
@@ -2467,18 +2615,15 @@ impl World {
                 let Some(since) = self.server.paused.take() else {
                     return;
                 };
-                // The registry's `lock`: a gap longer than `PAUSED` is a
-                // pause, and nobody's silence in it counts (`woke`).
+                // The registry's own `lock` takes a gap longer than
+                // `PAUSED` for a pause: nobody's silence in it counts
+                // (`woke`). Its ticker runs first.
                 if self.now.saturating_sub(since) > rendezvous_server::registry::PAUSED {
-                    let now = self.std(self.now);
-                    if let Some(job) = &mut self.server.job {
-                        job.handed_over(now);
-                    }
                     self.say(|| {
                         "server: woke from a pause: every node has the whole drop limit".into()
                     });
-                    self.schedule();
                 }
+                self.server_tick();
                 for msg in std::mem::take(&mut self.server.unread) {
                     if let Msg::Call {
                         from,
@@ -2517,16 +2662,25 @@ impl World {
                 if !self.server.up {
                     return;
                 }
-                let now = self.std(self.now);
-                self.server.record = self.server.job.as_ref().map(|j| j.record(now));
+                // What the store holds is what the last flush wrote; the
+                // registry and its streams die with the process (no node
+                // departs: nobody is left to tell).
+                if let Some(registry) = self.server.registry.take() {
+                    registry.close_all("crashed", true);
+                    drop(registry);
+                }
                 self.server.up = false;
                 self.server.paused = None;
                 self.server.unread.clear();
-                self.server.scheduled = None;
                 self.server.epoch += 1;
-                self.server.job = None;
+                self.server.attempts.clear();
+                // A write under way is lost with the process, and so are
+                // the events that waited for it.
+                self.server.flush_at = None;
+                self.server.answers.clear();
                 let streams = std::mem::take(&mut self.server.streams);
-                for (id, stream) in streams {
+                for (id, (stream, node_stream)) in streams {
+                    drop(node_stream);
                     if let Some(to) = self.index_of(&id) {
                         self.send(
                             to,
@@ -2547,25 +2701,45 @@ impl World {
                 if self.server.up {
                     return;
                 }
-                let now = self.std(self.now);
                 self.server.up = true;
-                self.server.started = Some(self.now);
+                self.server.ticked = self.now;
                 self.server.job_epoch += 1;
+                // A replica that takes over loads the store; a store-less
+                // server restarted in the dead one's place starts empty and
+                // holds back the jobs it creates (`--state-dir`).
+                // The store is the crashed incarnation's only if it wrote it.
+                let continues = failover && self.server.durable;
+                self.server.durable = failover;
+                let registry = match failover {
+                    true => registry_for(&self.spec, &self.server),
+                    false => registry_for(&self.spec, &self.server).holding_fresh_jobs(),
+                };
                 if failover {
-                    self.server.job = self.server.record.take().map(|r| {
-                        // A replica has the same flags; the benches come
-                        // with the record.
-                        let mut job = Job::restore(r, now).with_quarantine(self.spec.quarantine);
-                        job.handed_over(now);
-                        job
-                    });
-                } else {
-                    // No store: the job and its tombstone are gone.
-                    self.server.job = None;
-                    self.server.tomb = None;
-                    self.server.joined.clear();
+                    // A replica that takes over: the jobs and tombstones
+                    // the store holds, their nodes given the whole drop
+                    // limit from now.
+                    if let Err(e) = ready(registry.load()) {
+                        self.say(|| format!("server: loading the store failed: {e}"));
+                    }
+                    // (i) What a node was told, the store held: the job
+                    // that continues is at least at the round any node heard.
+                    let round = registry.with_job(JOB, |j| j.round());
+                    let told = self.server.announced;
+                    let lost = round.is_some_and(|r| r < told) || (round.is_none() && told > 0);
+                    if continues && lost {
+                        let what = format!(
+                            "durability: nodes were told of round {told}, but the server that took over holds {}",
+                            round.map_or("no job".into(), |r| format!("round {r}"))
+                        );
+                        let at = self.now;
+                        self.checker.note('i', &what, at);
+                    }
                 }
-                self.schedule();
+                self.server.registry = Some(registry);
+                let registry = self.server.registry.clone();
+                if let Some(r) = registry {
+                    self.after(&r);
+                }
             }
             Fault::Delay(i, d) => {
                 self.checker.excused.insert(i);
@@ -2582,19 +2756,21 @@ impl World {
                 self.nodes[i].drop_answers = true;
             }
             Fault::Flaky(i, rounds) => self.nodes[i].flaky = rounds,
+            Fault::CrashOnRoundChange(after) => self.server.crash_armed = Some(after),
             Fault::Release(i) => {
                 let host = self.nodes[i].name.clone();
                 self.checker.released(&host);
-                let now = self.std(self.now);
-                if let Some(out) = self
+                let now = self.server_now();
+                let registry = self
                     .server
-                    .job
-                    .as_mut()
-                    .filter(|_| self.server.up && self.server.paused.is_none())
-                    .and_then(|j| j.release_host(now, &host))
-                {
-                    self.say(|| format!("server: released {host}"));
-                    self.after(out);
+                    .registry
+                    .clone()
+                    .filter(|_| self.server.up && self.server.paused.is_none());
+                if let Some(registry) = registry {
+                    if registry.quarantine(now, JOB, &host).is_ok() {
+                        self.say(|| format!("server: released {host}"));
+                    }
+                    self.after(&registry);
                 }
             }
         }
@@ -2686,5 +2862,69 @@ fn action_name(a: &Action) -> String {
             let s = format!("{other:?}");
             s.chars().take(120).collect()
         }
+    }
+}
+
+/// How often the registry's periodic work runs at least (its ticker runs
+/// every 100 ms; anything under `registry::PAUSED` keeps it from taking
+/// its own quiet for a pause).
+const SERVER_TICK: Duration = Duration::from_millis(500);
+
+/// What a node's stream holds now.
+enum Polled {
+    Event(Kind),
+    Empty,
+    Ended,
+}
+
+/// The next event of `stream`, without waiting.
+fn poll_stream(stream: &mut NodeStream) -> Polled {
+    use tokio_stream::Stream;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        match std::pin::Pin::new(&mut *stream).poll_next(&mut cx) {
+            std::task::Poll::Ready(Some(Ok(pb::Event { kind: Some(kind) }))) => {
+                return Polled::Event(kind)
+            }
+            std::task::Poll::Ready(Some(Ok(_))) => continue,
+            std::task::Poll::Ready(Some(Err(_)) | None) => return Polled::Ended,
+            std::task::Poll::Pending => return Polled::Empty,
+        }
+    }
+}
+
+/// The output of `f`, which must not wait: the registry's calls on the
+/// in-memory store answer at once.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("the in-memory store waited"),
+    }
+}
+
+/// A registry as `rdzv-server` builds one for `spec`: jobs kept a day once
+/// over (the checkers read their outcome), the quarantine policy, and, if
+/// `server.durable`, the store replicas share (so every seed runs the
+/// durable commit path and the tombstones).
+fn registry_for(spec: &Spec, server: &Server) -> Registry {
+    use rendezvous_server::job::{QuarantineScope, QuarantineSettings};
+    let limits = rendezvous_server::Limits {
+        quarantine: spec.quarantine.map(|policy| QuarantineSettings {
+            policy,
+            scope: QuarantineScope::Job,
+        }),
+        ..rendezvous_server::Limits::default()
+    };
+    let day = Duration::from_secs(86_400);
+    let registry = match server.durable {
+        true => Registry::with_store(day, limits, server.store.clone()),
+        false => Registry::new(day, limits),
+    };
+    let registry = registry.with_clock(Arc::new(server.clock.clone()));
+    match spec.broken_commit {
+        true => registry.delivering_before_durable(),
+        false => registry,
     }
 }

@@ -36,7 +36,10 @@ fn every_scenario_script_passes() {
             .is_some_and(|n| n.to_string_lossy().starts_with("known_"))
     };
     for path in files.iter().filter(|p| {
-        !p.ends_with("planted_fence.sim") && !p.ends_with("planted_quarantine.sim") && !known(p)
+        !p.ends_with("planted_fence.sim")
+            && !p.ends_with("planted_quarantine.sim")
+            && !p.ends_with("planted_commit.sim")
+            && !known(p)
     }) {
         if let Err(e) = run(path) {
             failed.push(e.to_string());
@@ -77,6 +80,24 @@ fn the_planted_quarantine_bug_is_caught_by_a_script() {
         .expect("the script")
         .replace(" broken-quarantine", "");
     if let Err(e) = accel_sim::script::run("planted_quarantine.sim (kept)", &text) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_planted_commit_bug_is_caught_by_a_script() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let err = match run(&dir.join("planted_commit.sim")) {
+        Ok(_) => panic!("a restart sent before the store held it went unnoticed"),
+        Err(e) => e,
+    };
+    assert!(err.why.starts_with("invariant (i)"), "{err}");
+    assert!(err.why.contains("told of round 1"), "{err}");
+    // The same run without the bug is `commit.sim`, which passes.
+    let text = std::fs::read_to_string(dir.join("planted_commit.sim"))
+        .expect("the script")
+        .replace(" broken-commit", "");
+    if let Err(e) = accel_sim::script::run("planted_commit.sim (durable)", &text) {
         panic!("{e}");
     }
 }

@@ -2,7 +2,8 @@
 //! seeded fault schedules as fit in a minute (at least 10,000, from seed 0
 //! up; `ACCEL_SIM_SECONDS` sets the minute), every invariant checked after
 //! every step; and the planted bugs (fencing off; a server that ends every
-//! quarantine as soon as it begins) caught among the first seeds.
+//! quarantine as soon as it begins; a server that sends a change's events
+//! before its store holds it) caught among the first seeds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -131,6 +132,7 @@ fn the_planted_quarantine_bug_is_caught_by_random_seeds() {
     let planted = accel_sim::random::Planted {
         fence: false,
         quarantine: true,
+        commit: false,
     };
     let caught = (0..500)
         .map(|seed| accel_sim::random::run_with(seed, planted, false))
@@ -145,6 +147,28 @@ fn the_planted_quarantine_bug_is_caught_by_random_seeds() {
         "no seed among the first 500 caught a round placing a benched host"
     );
     eprintln!("benches ended at once: {caught} of the first 500 seeds break invariant (f)");
+}
+
+#[test]
+fn the_planted_commit_bug_is_caught_by_random_seeds() {
+    let planted = accel_sim::random::Planted {
+        fence: false,
+        quarantine: false,
+        commit: true,
+    };
+    let caught = (0..1000)
+        .map(|seed| accel_sim::random::run_with(seed, planted, false))
+        .filter(|r| {
+            r.violations
+                .iter()
+                .any(|v| v.invariant == 'i' && v.what.starts_with("durability"))
+        })
+        .count();
+    assert!(
+        caught > 0,
+        "no seed among the first 1,000 caught a server that sent a round before its store held it"
+    );
+    eprintln!("events before the write: {caught} of the first 1,000 seeds break invariant (i)");
 }
 
 #[test]

@@ -46,6 +46,11 @@ impl Deadlines {
         }
     }
 
+    /// The earliest entry's instant (it may be stale).
+    pub(super) fn peek(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((t, _))| *t)
+    }
+
     /// Rebuilds the heap from `live` (each job's scheduled instant) when
     /// stale entries outnumber the `jobs` held by more than a margin.
     pub(super) fn compact(&mut self, jobs: usize, live: impl Iterator<Item = (Instant, String)>) {
