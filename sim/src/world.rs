@@ -398,6 +398,8 @@ struct Server {
     crash_armed: Option<Duration>,
     /// It fired: the crash happens before anything else runs.
     crash_due: Option<Duration>,
+    /// The job's end is in the recorded output.
+    over_recorded: bool,
     /// The last round's world size.
     world: u32,
     /// When the registry's periodic work last ran.
@@ -672,6 +674,11 @@ pub struct World {
     trace: VecDeque<String>,
     /// Every trace line, when asked for.
     pub full_trace: Option<Vec<String>>,
+    /// What the run decided, one line each, with its virtual time: each
+    /// round formed (who got which node rank), each restart and the job's
+    /// end as the server sent them, each agent's end. A scenario's
+    /// recorded output (`sim/scenarios/*.out`).
+    pub decisions: Vec<String>,
     /// The invariants' bookkeeping.
     pub checker: Checker,
     /// The last checkpoint the workers saved (every rank of a node, as its
@@ -708,6 +715,7 @@ impl World {
             announced: 0,
             crash_armed: None,
             crash_due: None,
+            over_recorded: false,
             world: 0,
             ticked: Duration::ZERO,
             paused: None,
@@ -731,10 +739,17 @@ impl World {
             tracing: true,
             trace: VecDeque::new(),
             full_trace: None,
+            decisions: Vec::new(),
             checker,
             schedule: Vec::new(),
             saved: 0,
         }
+    }
+
+    /// Notes a decision ([`World::decisions`]).
+    fn decided(&mut self, what: String) {
+        let at = self.now.as_secs_f64();
+        self.decisions.push(format!("{at:8.3}s {what}"));
     }
 
     /// Virtual time since the start.

@@ -1,6 +1,8 @@
 //! Runs every scenario script in `sim/scenarios/` (each a port of an
-//! end-to-end test's logic; see `sim/scenarios/README.md`), and shows that
-//! the planted bugs' scripts fail on their invariants (fencing, quarantine).
+//! end-to-end test's logic; see `sim/scenarios/README.md`), compares what
+//! each run decided with its recorded output (`NAME.out`), and shows that
+//! the planted bugs' scripts fail on their invariants (fencing, quarantine,
+//! durability).
 
 use std::path::{Path, PathBuf};
 
@@ -35,17 +37,57 @@ fn every_scenario_script_passes() {
         p.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("known_"))
     };
+    let record = std::env::var_os("ACCEL_SIM_RECORD").is_some();
     for path in files.iter().filter(|p| {
         !p.ends_with("planted_fence.sim")
             && !p.ends_with("planted_quarantine.sim")
             && !p.ends_with("planted_commit.sim")
             && !known(p)
     }) {
-        if let Err(e) = run(path) {
-            failed.push(e.to_string());
+        match run(path) {
+            Err(e) => failed.push(e.to_string()),
+            Ok(world) => {
+                if let Err(e) = recorded(path, &world.decisions, record) {
+                    failed.push(e);
+                }
+            }
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// Compares what a script's run decided with its recorded output
+/// (`NAME.out` beside it), as etcd raft's data-driven tests do; with
+/// `record`, writes it instead (`ACCEL_SIM_RECORD=1 cargo test -p
+/// accel-sim --test scenarios`, then read the diff).
+fn recorded(script: &Path, decisions: &[String], record: bool) -> Result<(), String> {
+    let out = script.with_extension("out");
+    let got = decisions.join("\n") + "\n";
+    if record {
+        std::fs::write(&out, &got).map_err(|e| format!("{}: {e}", out.display()))?;
+        return Ok(());
+    }
+    let want = std::fs::read_to_string(&out).map_err(|e| {
+        format!(
+            "{}: {e}; record it with ACCEL_SIM_RECORD=1 cargo test -p accel-sim --test scenarios",
+            out.display()
+        )
+    })?;
+    if want == got {
+        return Ok(());
+    }
+    let first = want
+        .lines()
+        .zip(got.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or_else(|| want.lines().count().min(got.lines().count()));
+    Err(format!(
+        "{}: the run decided otherwise than recorded, from line {}:\n  recorded: {}\n  now:      {}\n(if the change is meant, record again: ACCEL_SIM_RECORD=1 cargo test -p accel-sim --test scenarios)",
+        out.display(),
+        first + 1,
+        want.lines().nth(first).unwrap_or("(end)"),
+        got.lines().nth(first).unwrap_or("(end)")
+    ))
 }
 
 #[test]

@@ -226,6 +226,7 @@ impl World {
         let name = n.name.clone();
         let e = end.clone();
         self.say(|| format!("{name} ends: {e:?}"));
+        self.decided(format!("{name} ends: {}", end_words(&end)));
         if end == End::Crashed {
             // Its guard kills its workers.
             let pids: Vec<u32> = self.nodes[i]
@@ -643,5 +644,26 @@ impl World {
             None if n.group => n.exits.push_back(exit),
             None => {}
         }
+    }
+}
+
+/// How a node ended, for the recorded output: its exit code and why.
+fn end_words(end: &End) -> String {
+    match end {
+        End::Crashed => "crashed".into(),
+        End::Outcome(o) => format!(
+            "exit {} ({})",
+            end.code().unwrap_or(0),
+            short(&format!("{o:?}"))
+        ),
+        End::Error(code, why) => format!("exit {code} ({})", short(why)),
+    }
+}
+
+/// The first 80 characters of `s`.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
     }
 }

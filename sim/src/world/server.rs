@@ -272,6 +272,39 @@ impl World {
                 }
             }
         }
+        // The recorded output: a round once, with every node's place; a
+        // restart and the end once each.
+        let mut formed: BTreeMap<u64, Vec<(u32, String)>> = BTreeMap::new();
+        let mut restarts = std::collections::BTreeSet::new();
+        for (node, _, kind) in &sends {
+            match kind {
+                Kind::RoundComplete(r) => formed
+                    .entry(r.round)
+                    .or_default()
+                    .push((r.node_rank, node.clone())),
+                Kind::RestartRequested(r) if restarts.insert((r.round, r.next_round)) => {
+                    let counted = if r.counted { "counted" } else { "not counted" };
+                    self.decided(format!(
+                        "restart {} -> {} ({counted})",
+                        r.round, r.next_round
+                    ));
+                }
+                Kind::JobSucceeded(_) | Kind::JobFailed(_) if !self.server.over_recorded => {
+                    self.server.over_recorded = true;
+                    let how = match kind {
+                        Kind::JobSucceeded(_) => "succeeded".to_owned(),
+                        _ => "failed".to_owned(),
+                    };
+                    self.decided(format!("job {how}"));
+                }
+                _ => {}
+            }
+        }
+        for (round, mut places) in formed {
+            places.sort();
+            let who: Vec<String> = places.iter().map(|(r, n)| format!("{n}={r}")).collect();
+            self.decided(format!("round {round} formed: {}", who.join(" ")));
+        }
         let mut said_over = false;
         for (node, number, kind) in sends {
             self.checker.outbound(&kind);
