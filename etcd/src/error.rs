@@ -74,6 +74,13 @@ fn causes(first: &str, mut cause: Option<&(dyn std::error::Error + 'static)>) ->
 }
 
 impl Error {
+    /// Whether etcd answered that what the call names does not exist (its
+    /// `NotFound` status: a lease revoked or expired already, for a lease
+    /// call). Told by the status code, not the message's words.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Status(s) if s.code() == tonic::Code::NotFound)
+    }
+
     /// Classifies a status a call ended with: etcd's own answer, or the
     /// transport's account of a call that got none (tonic then keeps the
     /// underlying error as the status's source).
@@ -137,6 +144,19 @@ mod tests {
     fn transport_status() -> Status {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         Status::from_error(Box::new(io))
+    }
+
+    #[test]
+    fn not_found_is_told_by_the_status_code() {
+        let gone = Error::from_call(
+            "http://m1:2379",
+            Status::not_found("etcdserver: requested lease not found"),
+        );
+        assert!(gone.is_not_found(), "{gone:?}");
+        // The same words under another code are not it.
+        let other = Error::from_call("http://m1:2379", Status::unknown("lease not found"));
+        assert!(!other.is_not_found());
+        assert!(!Error::from_call("http://m1:2379", transport_status()).is_not_found());
     }
 
     #[test]

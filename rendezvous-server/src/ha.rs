@@ -453,7 +453,7 @@ async fn term(r: &Replica<'_>, unrevoked: &mut Vec<i64>) -> Ended {
     for old in unrevoked.drain(..) {
         match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(old)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) if e.to_string().contains("lease not found") => {}
+            Ok(Err(e)) if e.is_not_found() => {}
             _ => left.push(old),
         }
     }
@@ -471,7 +471,7 @@ async fn term(r: &Replica<'_>, unrevoked: &mut Vec<i64>) -> Ended {
     // replica outlives the term; its shared complaints neither.
     match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.to_string().contains("lease not found") => {}
+        Ok(Err(e)) if e.is_not_found() => {}
         _ => unrevoked.push(lease),
     }
     withdraw_complaints(&client, r.hearing).await;
@@ -879,7 +879,7 @@ async fn hear(
                                 );
                             }
                             // Another replica counted the same complaints first.
-                            Ok(Err(e)) if e.to_string().contains("lease not found") => info!(
+                            Ok(Err(e)) if e.is_not_found() => info!(
                                 leader = %leader.addr,
                                 "{complained} of {of} nodes of a job cannot reach the leader; another replica deposed it already"
                             ),
