@@ -6,7 +6,9 @@
 //! Each worker gets `ACCEL_PROGRESS_SOCKET`, the path of a Unix datagram
 //! socket in a directory private to the agent's user (0700). A report is one
 //! datagram of ASCII text: `p STEP` (a step done, optionally `p STEP
-//! SAMPLES`) or `c STEP` (a checkpoint of that step is saved). A datagram
+//! SAMPLES`, and optionally ending `w=US`: the microseconds of that step
+//! that were the rank's own work, before it waited for the others) or
+//! `c STEP` (a checkpoint of that step is saved). A datagram
 //! is sent without waiting (a full queue drops it), so reporting never
 //! slows a step; step reports less than 10 ms apart are folded into the
 //! next by the sender (`accel.progress`, the Rust worker runtime), so a
@@ -73,10 +75,18 @@ struct Rank {
     at: Option<(u64, Instant)>,
     /// Its time per step between its last reports, µs, oldest first.
     per_step: std::collections::VecDeque<u64>,
+    /// Its own work per step (`w=`), µs, oldest first.
+    own: std::collections::VecDeque<u64>,
 }
 
 impl Rank {
-    fn stepped(&mut self, now: Instant, step: u64) {
+    fn stepped(&mut self, now: Instant, step: u64, own_us: Option<u64>) {
+        if let Some(us) = own_us.filter(|_| self.at.is_none_or(|(s0, _)| step > s0)) {
+            if self.own.len() == STEP_TIMES {
+                self.own.pop_front();
+            }
+            self.own.push_back(us);
+        }
         if let Some((s0, t0)) = self.at {
             if step <= s0 {
                 return;
@@ -90,12 +100,19 @@ impl Rank {
         self.at = Some((step, now));
     }
 
-    /// The median of its per-step times (`None`: fewer than 3).
+    /// The median of its own work per step, if it says (where ranks wait
+    /// for each other every step, a slow rank's time is in every rank's
+    /// steps, and only its own work tells it apart), else of its time per
+    /// step (`None`: fewer than 3 of either).
     fn step_us(&self) -> Option<u64> {
-        if self.per_step.len() < 3 {
+        let times = match self.own.len() >= 3 {
+            true => &self.own,
+            false => &self.per_step,
+        };
+        if times.len() < 3 {
             return None;
         }
-        let mut v: Vec<u64> = self.per_step.iter().copied().collect();
+        let mut v: Vec<u64> = times.iter().copied().collect();
         v.sort_unstable();
         Some(v[v.len() / 2])
     }
@@ -117,8 +134,8 @@ struct Table {
 /// What one datagram says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
-    /// A step is done.
-    Step(u64),
+    /// A step is done, and how much of it was the rank's own work, µs.
+    Step(u64, Option<u64>),
     /// A checkpoint of this step is saved.
     Checkpointed(u64),
     /// A named section (`accel.section(name)`) begins.
@@ -150,11 +167,19 @@ pub fn parse(datagram: &[u8]) -> Option<Report> {
         });
     }
     let step: u64 = words.next()?.parse().ok()?;
-    match (kind, words.next(), words.next()) {
-        ("p", None, None) => Some(Report::Step(step)),
+    let rest: Vec<&str> = words.collect();
+    // `w=US` last, if at all.
+    let (rest, own) = match rest.split_last() {
+        Some((last, before)) if last.starts_with("w=") => {
+            (before, Some(last[2..].parse::<u64>().ok()?))
+        }
+        _ => (&rest[..], None),
+    };
+    match (kind, rest) {
+        ("p", []) => Some(Report::Step(step, own)),
         // Samples are accepted (and not used yet) when they are a number.
-        ("p", Some(samples), None) => samples.parse::<u64>().ok().map(|_| Report::Step(step)),
-        ("c", None, None) => Some(Report::Checkpointed(step)),
+        ("p", [samples]) => samples.parse::<u64>().ok().map(|_| Report::Step(step, own)),
+        ("c", []) if own.is_none() => Some(Report::Checkpointed(step)),
         _ => None,
     }
 }
@@ -217,7 +242,7 @@ impl Progress {
         let now = Instant::now();
         if let Some((watch, _)) = &self.hangs {
             let event = match &report {
-                Report::Step(_) => Some(crate::hang::Event::Step),
+                Report::Step(..) => Some(crate::hang::Event::Step),
                 Report::Begin(n) => Some(crate::hang::Event::Begin(n.clone())),
                 Report::End(n) => Some(crate::hang::Event::End(n.clone())),
                 Report::Checkpointed(_) => None,
@@ -233,8 +258,8 @@ impl Progress {
         let mut t = lock(&self.table);
         let r = t.ranks.entry(local_rank).or_default();
         match report {
-            Report::Step(s) => {
-                r.stepped(now, s);
+            Report::Step(s, own) => {
+                r.stepped(now, s, own);
                 r.step = r.step.max(s);
             }
             Report::Checkpointed(s) => {
@@ -576,11 +601,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_ranks_own_work_is_its_time_per_step_when_it_says() {
+        let t0 = Instant::now();
+        let ms = |n: u64| Duration::from_millis(n);
+        let mut r = Rank::default();
+        // Steps 100 ms apart (the collective waits for the slowest rank).
+        for k in 1..=5u64 {
+            r.stepped(t0 + ms(100 * k), k, None);
+        }
+        assert_eq!(r.step_us(), Some(100_000));
+        let mut own = Rank::default();
+        for k in 1..=5u64 {
+            own.stepped(t0 + ms(100 * k), k, Some(61_000 + k));
+        }
+        assert_eq!(own.step_us(), Some(61_003), "the median of its own work");
+        // A late, repeated step adds nothing.
+        own.stepped(t0 + ms(700), 5, Some(1));
+        assert_eq!(own.own.len(), 5);
+    }
 
     #[test]
     fn reports_parse_and_anything_else_is_refused() {
-        assert_eq!(parse(b"p 40"), Some(Report::Step(40)));
-        assert_eq!(parse(b"p 40 1280\n"), Some(Report::Step(40)));
+        assert_eq!(parse(b"p 40"), Some(Report::Step(40, None)));
+        assert_eq!(parse(b"p 40 1280\n"), Some(Report::Step(40, None)));
+        assert_eq!(parse(b"p 40 w=8100"), Some(Report::Step(40, Some(8100))));
+        assert_eq!(
+            parse(b"p 40 1280 w=8100"),
+            Some(Report::Step(40, Some(8100)))
+        );
         assert_eq!(parse(b"c 30"), Some(Report::Checkpointed(30)));
         for bad in [
             &b""[..],
@@ -589,6 +640,10 @@ mod tests {
             b"p 1.5",
             b"p 40 x",
             b"p 40 1 2",
+            b"p 40 w=",
+            b"p 40 w=-3",
+            b"p 40 w=1 1280",
+            b"c 30 w=1",
             b"c 30 1",
             b"x 1",
             b"p 99999999999999999999999",
@@ -621,9 +676,9 @@ mod tests {
         let p = Progress::default();
         assert_eq!(p.summary(), None);
         p.new_round(3);
-        p.apply(0, Report::Step(40));
-        p.apply(1, Report::Step(38));
-        p.apply(1, Report::Step(37)); // late and out of order: kept at 38
+        p.apply(0, Report::Step(40, None));
+        p.apply(1, Report::Step(38, None));
+        p.apply(1, Report::Step(37, None)); // late and out of order: kept at 38
         p.apply(0, Report::Checkpointed(30));
         let timeless = |s: Option<pb::Progress>| {
             s.map(|s| pb::Progress {

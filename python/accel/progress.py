@@ -13,7 +13,10 @@ job past the best step it reached end it, naming that step. With
 ``--learned-hang-timeouts``, the agent learns each rank's step time and
 takes a rank silent for much longer for hung; ``with accel.section(name):``
 marks work that is not a step (saving a checkpoint, evaluating), which
-learns a timeout of its own.
+learns a timeout of its own. The rendezvous compares the ranks' time per
+step and flags a rank persistently slower than the others (a straggler);
+in a job whose ranks wait for each other every step, pass each step's own
+work as ``compute=`` (seconds) so that the slow rank can be told apart.
 """
 
 from __future__ import annotations
@@ -69,11 +72,21 @@ def _step(name: str, value) -> int:
     return value
 
 
-def progress(step: int, samples: Optional[int] = None) -> None:
-    """Says that training step ``step`` is done (``samples``: samples seen so far)."""
+def progress(step: int, samples: Optional[int] = None, compute: Optional[float] = None) -> None:
+    """Says that training step ``step`` is done (``samples``: samples seen so far).
+
+    ``compute``: the seconds of this step that were this rank's own work,
+    before it waited for the others (in DDP, the forward pass and the loss,
+    say). Where ranks wait for each other every step, a slow rank's extra
+    time is in every rank's step, so the rendezvous can tell which rank is
+    the straggler only from this."""
     global _last, _held
     step = _step("step", step)
     text = f"p {step}" if samples is None else f"p {step} {_step('samples', samples)}"
+    if compute is not None:
+        if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not compute >= 0:
+            raise ValueError(f"compute must be seconds, 0 or more, not {compute!r}")
+        text += f" w={min(int(compute * 1e6), 2**63 - 1)}"
     now = time.monotonic()
     if _last is not None and now - _last < _GAP:
         _held = text

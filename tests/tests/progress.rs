@@ -589,3 +589,90 @@ fn a_quarantined_straggler_gives_its_place_to_the_spare() {
         "{log}"
     );
 }
+
+/// Stragglers under collectives: a 2x2 gloo DDP job whose rank 3 sleeps
+/// 40 % more in each step's own work. Every rank's step waits for it at the
+/// gradient all-reduce, so by time per step no rank is slower than the
+/// others; with each step's own work reported (`accel.progress(step,
+/// compute=...)`), rank 3 is flagged. Returns the ranks flagged while the
+/// job ran.
+fn ddp_stragglers(name: &str, compute: bool) -> Vec<u64> {
+    let _heavy = crate::heavy();
+    let server = accel_tests::Server::start();
+    let dir = scratch(name);
+    let (ck, out) = (dir.join("ckpt"), dir.join("out"));
+    for d in [&ck, &out] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let (ck, out) = (ck.display().to_string(), out.display().to_string());
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let script = worker("ddp_train.py");
+    let mut args = vec![
+        ck.as_str(),
+        out.as_str(),
+        "--steps",
+        "60",
+        "--ckpt-every",
+        "1000",
+        "--step-sleep",
+        "0.1",
+        "--slow-rank",
+        "3",
+        "--slow",
+        "0.04",
+        "--progress",
+    ];
+    if compute {
+        args.push("--compute");
+    }
+    let agents: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            AgentCmd::c10d(&server.addr, name)
+                .nnodes(2)
+                .nproc(2)
+                .conf("keep_alive_interval=0.25")
+                .env("PYTHONPATH", python.display())
+                .program(&script, &args)
+                .start(&dir, n)
+        })
+        .collect();
+    let mut flagged: Vec<u64> = Vec::new();
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let jobs = accel_tests::status_jobs(&server.addr, &[]).unwrap_or_default();
+        if let Some(job) = jobs.first() {
+            for s in job["stragglers"].as_array().into_iter().flatten() {
+                let rank = s["rank"].as_u64().unwrap_or(u64::MAX);
+                if !flagged.contains(&rank) {
+                    flagged.push(rank);
+                }
+            }
+            if job["phase"] != "running" && job["phase"] != "forming" {
+                assert_eq!(job["phase"], "succeeded", "{job}");
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "the job did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for a in agents {
+        let out = a.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    flagged
+}
+
+#[test]
+fn a_slow_ddp_rank_is_flagged_by_its_own_work_and_not_by_its_step_time() {
+    assert_eq!(
+        ddp_stragglers("ddp-straggler-compute", true),
+        vec![3],
+        "rank 3, by its own work per step"
+    );
+    assert_eq!(
+        ddp_stragglers("ddp-straggler-steps", false),
+        Vec::<u64>::new(),
+        "by time per step, every DDP rank waits as long as the slowest"
+    );
+}

@@ -1,7 +1,8 @@
 """A small, deterministic DDP job (CPU, gloo) with checkpoints.
 
   ddp_train.py CKPT_DIR OUT_DIR [--steps 30] [--ckpt-every 5] [--fail-at 17] [--fail-rank 3]
-               [--fail-kill] [--step-sleep 0.2] [--stamps DIR] [--progress]
+               [--fail-kill] [--step-sleep 0.2] [--stamps DIR] [--progress [--compute]]
+               [--slow-rank 3 --slow 0.08]
 
 Every rank draws its batch from a generator seeded by (step, rank), so a run
 resumed from a checkpoint computes what an uninterrupted run would. Rank 0
@@ -12,7 +13,10 @@ in the first attempt only (--fail-kill: it is killed by SIGKILL instead); --step
 failing rank appends `fail TIME` to DIR/stamps just before it exits, and every rank appends
 `loop RANK RESTART TIME` when it enters the training loop (checkpoint loaded, DDP built):
 what `bench/ddp_recovery.py` measures. With --progress, every rank reports each step done
-(`accel.progress`) and each checkpoint saved (`accel.checkpointed`, after the save's barrier).
+(`accel.progress`) and each checkpoint saved (`accel.checkpointed`, after the save's barrier);
+with --compute, each step's own work too (`compute=`: from the step's start to the loss, before
+the backward pass's all-reduce). With --slow-rank, that rank sleeps --slow seconds more in each
+step's own work (a straggler).
 At the end every rank writes its parameters
 (exact, as float.hex) and the last step's mean loss to OUT_DIR/final_<rank>.json.
 """
@@ -37,6 +41,9 @@ ap.add_argument("--step-sleep", type=float, default=0.0)
 ap.add_argument("--stamps", default=None)
 ap.add_argument("--fail-kill", action="store_true")
 ap.add_argument("--progress", action="store_true")
+ap.add_argument("--compute", action="store_true")
+ap.add_argument("--slow-rank", type=int, default=-1)
+ap.add_argument("--slow", type=float, default=0.0)
 a = ap.parse_args()
 
 
@@ -70,10 +77,14 @@ ddp = DDP(model)
 
 loss = torch.tensor(0.0)
 stamp(f"loop {rank} {restart}")
+import time
+
 for step in range(start, a.steps):
+    began = time.perf_counter()
     if a.step_sleep > 0:
-        import time
         time.sleep(a.step_sleep)
+    if rank == a.slow_rank:
+        time.sleep(a.slow)
     if step == a.fail_at and rank == a.fail_rank and restart == 0:
         stamp("fail")
         if a.fail_kill:
@@ -86,11 +97,12 @@ for step in range(start, a.steps):
     y = x.sum(dim=1, keepdim=True) * 0.5
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(ddp(x), y)
+    own = time.perf_counter() - began
     loss.backward()
     opt.step()
     done = step + 1
     if a.progress:
-        accel.progress(done)
+        accel.progress(done, compute=own if a.compute else None)
     if done % a.ckpt_every == 0:
         if rank == 0:
             tmp = os.path.join(a.ckpt_dir, f".tmp_{done}.pt")

@@ -53,6 +53,14 @@ impl Progress {
         self.step_report(format!("p {step} {samples}"));
     }
 
+    /// Training step `step` is done, `own` of it this rank's own work
+    /// (before it waited for the others): where ranks wait for each other
+    /// every step, the rendezvous tells a straggler by this.
+    pub fn step_with_compute(&self, step: u64, own: std::time::Duration) {
+        let us = u64::try_from(own.as_micros()).unwrap_or(u64::MAX);
+        self.step_report(format!("p {step} w={us}"));
+    }
+
     /// A checkpoint of step `step` is saved (after the step held back, if
     /// one is).
     pub fn checkpointed(&self, step: u64) {
@@ -126,16 +134,18 @@ mod tests {
         p.step(7);
         p.step_with_samples(8, 256);
         p.checkpointed(8);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        p.step_with_compute(9, std::time::Duration::from_micros(12_300));
         let mut buf = [0u8; 64];
         let mut got = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..4 {
             let n = agent.recv(&mut buf).expect("recv");
             got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
-        assert_eq!(got, ["p 7", "p 8 256", "c 8"]);
+        assert_eq!(got, ["p 7", "p 8 256", "c 8", "p 9 w=12300"]);
         // A thousand steps at once: the first is sent, the rest folded
         // into the last, which is sent when the reporter goes.
-        for step in 9..1009 {
+        for step in 10..1010 {
             p.step(step);
         }
         drop(p);
@@ -148,7 +158,7 @@ mod tests {
         assert!(folded.len() < 20, "{folded:?}");
         assert_eq!(
             folded.last().map(String::as_str),
-            Some("p 1008"),
+            Some("p 1009"),
             "the last, sent on drop"
         );
         let silent = Progress {
