@@ -611,7 +611,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let now = Instant::now();
+                let now = tokio::time::Instant::now().into_std();
                 let (seq, version) = view.ping(now);
                 let ping = encode_ping(&key, peer.round, peer.node_rank, seq, version);
                 if let Err(e) = socket.send_to(&ping, hub_addr).await {
@@ -631,7 +631,7 @@ async fn run(
                 };
                 if let Some(Datagram::Answer { rank, seq, heard, version, map }) = decode(&key, peer.round, &buf[..n]) {
                     if rank == peer.node_rank {
-                        view.answer(Instant::now(), seq, heard, version, map);
+                        view.answer(tokio::time::Instant::now().into_std(), seq, heard, version, map);
                     }
                 }
             }
@@ -645,7 +645,7 @@ async fn run(
                     }
                 };
                 if let Some(Datagram::Ping { rank, seq, version }) = decode(&key, peer.round, &hub_buf[..n]) {
-                    let now = Instant::now();
+                    let now = tokio::time::Instant::now().into_std();
                     if hub.ping(now, rank, seq) {
                         let (heard, current, map) = hub.answer(version);
                         let answer = encode_answer(&key, peer.round, rank, seq, heard, current, map);
@@ -656,7 +656,7 @@ async fn run(
                 }
             }
         }
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         let vouch = view.vouch(now, peer.round).map(|v| (v, now, t.fresh));
         let until = contact().and_then(|c| {
             view.majority(now, t.lag)

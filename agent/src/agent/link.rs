@@ -133,7 +133,7 @@ pub(crate) async fn fence_falls(answered: Answered, within: Duration) {
         let Some(due) = answered.get().and_then(|a| a.checked_add(within)) else {
             return std::future::pending().await;
         };
-        if Instant::now() >= due {
+        if tokio::time::Instant::now().into_std() >= due {
             return;
         }
         tokio::time::sleep_until(due.into()).await;
@@ -475,7 +475,7 @@ impl RdzvLink {
     where
         F: Future<Output = Result<(), Status>>,
     {
-        let sent = Instant::now();
+        let sent = tokio::time::Instant::now().into_std();
         let result = match tokio::time::timeout(self.reach.silence, call).await {
             Ok(r) => r,
             Err(_) => Err(Status::unavailable(format!(
@@ -691,7 +691,7 @@ fn spawn_keep_alive(
         tick.tick().await;
         loop {
             tick.tick().await;
-            let sent = Instant::now();
+            let sent = tokio::time::Instant::now().into_std();
             let vouch = peers.vouch(sent);
             let said = client.keep_alive(vouch, progress.summary());
             let why = match tokio::time::timeout(silence, said).await {
