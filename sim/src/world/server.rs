@@ -403,8 +403,20 @@ impl World {
                     joined.round, joined.resumed
                 )
             });
-            if joined.over.is_none() {
-                self.server.streams.insert(node, (number, stream));
+            match &joined.over {
+                None => {
+                    self.server.streams.insert(node, (number, stream));
+                }
+                // The job's outcome, told to a node that joined late: the
+                // checker hears it as the job's end (its streams may have
+                // ended before the end went out on them).
+                Some(o) => self.checker.outbound(&match o.succeeded {
+                    true => Kind::JobSucceeded(pb::JobSucceeded::default()),
+                    false => Kind::JobFailed(pb::JobFailed {
+                        reason: o.reason.clone(),
+                        ..Default::default()
+                    }),
+                }),
             }
             self.send(
                 from,
