@@ -146,7 +146,9 @@ impl World {
                         // rejoins being in step).
                         if let Call::Join(_, attempt) = &body {
                             let n = &self.nodes[from];
-                            let answer = (self.spec.latency + n.delay) * 2;
+                            // The answer waits for the store's write too.
+                            let answer =
+                                (self.spec.latency + n.delay) * 2 + self.spec.store_latency;
                             let live = n.joining.as_ref().and_then(|j| j.attempt).is_some_and(
                                 |(a, until)| a == *attempt && until > self.now + answer,
                             );
