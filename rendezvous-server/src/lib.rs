@@ -320,7 +320,7 @@ pub(crate) async fn tick_and_flush(
     let mut failing = accel_telemetry::quiet::Quiet::every(Duration::from_secs(10));
     loop {
         tokio::select! {
-            _ = interval.tick() => registry.tick(registry.now().at),
+            _ = interval.tick() => registry.tick(registry.instant()),
             // With a store, changes are written (and their events
             // sent) at once, not at the next tick.
             _ = registry.changes() => {}

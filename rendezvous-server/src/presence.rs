@@ -337,7 +337,7 @@ pub async fn check(
         .take(NAMED)
         .map(|m| m.node_id.as_str())
         .collect();
-    let n = registry.drop_expired(registry.now().at, &gone, EXPIRED);
+    let n = registry.drop_expired(registry.instant(), &gone, EXPIRED);
     if n > 0 {
         info!(
             nodes = n,

@@ -215,6 +215,12 @@ impl Registry {
         self.clock.now()
     }
 
+    /// The monotonic instant now, on this registry's clock: what its callers
+    /// pass as `now` (without reading the wall clock).
+    pub fn instant(&self) -> Instant {
+        self.clock.instant()
+    }
+
     /// The same, writing every change to `store` ([`Registry::flush`]).
     pub fn with_store(ttl: Duration, limits: Limits, store: Arc<dyn JobStore>) -> Self {
         Self::build(ttl, limits, Some(store))
@@ -226,7 +232,7 @@ impl Registry {
     /// round until then ([`Job::hold_until`]), as workers of the job's last
     /// instance may run until their fence.
     pub fn holding_fresh_jobs(self) -> Self {
-        let now = self.clock.now().at;
+        let now = self.clock.instant();
         self.lock().started = Some(now);
         self
     }
@@ -262,7 +268,7 @@ impl Registry {
     /// Whether this registry may act now (see [`Registry::with_lease`]).
     fn acting(&self) -> Result<(), Error> {
         match &self.lease {
-            Some(lease) if !lease.may_act(self.clock.now().at) => {
+            Some(lease) if !lease.may_act(self.clock.instant()) => {
                 if !self.lock().commit.closing() {
                     warn!(
                         "this replica's etcd lease may have lapsed (the process was paused, or cut off from etcd): it no longer leads; ending every node's stream"
@@ -371,7 +377,7 @@ impl Registry {
             let Some(pending) = jobs.commit.take() else {
                 return Ok(0);
             };
-            let now = self.clock.now().at;
+            let now = self.clock.instant();
             let (mut put, mut removed) = (Vec::new(), Vec::new());
             for id in &pending.ids {
                 match jobs.map.get(id) {
@@ -434,7 +440,7 @@ impl Registry {
         let mut jobs = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         // The registry's clock, not a caller's `now`: what counts is
         // whether this process ran.
-        let ran = self.clock.now().at;
+        let ran = self.clock.instant();
         let last = jobs.awake.replace(ran);
         if let Some(gap) = last.map(|l| ran.saturating_duration_since(l)) {
             if gap > PAUSED {
@@ -874,7 +880,7 @@ impl Registry {
         let mut restarts = Vec::new();
         let mut time = Vec::new();
         let mut stragglers = Vec::new();
-        let now = self.clock.now().at;
+        let now = self.clock.instant();
         for (id, e) in &jobs.map {
             let job = &e.job;
             *phases.entry(job.phase().name()).or_default() += 1;
@@ -1094,7 +1100,7 @@ impl Registry {
     /// more: the jobs were not closed for the server that continues them, so
     /// it starts from the last batch (flush first to make that the latest).
     pub fn close_all(&self, reason: &str, may_rejoin: bool) {
-        let now = self.clock.now().at;
+        let now = self.clock.instant();
         let mut jobs = self.lock();
         // Not durable, so never decided: the server that continues the jobs
         // decides again.
@@ -1395,7 +1401,7 @@ impl Drop for NodeStream {
     fn drop(&mut self) {
         let why = "its connection to the rendezvous ended";
         self.registry.depart(
-            self.registry.clock.now().at,
+            self.registry.clock.instant(),
             &self.job_id,
             &self.node_id,
             why,

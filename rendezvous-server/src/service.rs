@@ -98,7 +98,7 @@ impl RendezvousService {
         f: impl FnOnce(&mut Job, Instant) -> (R, Vec<crate::job::Outbound>),
     ) -> Result<R, Error> {
         let registry = self.registry().map_err(Error::Redirect)?;
-        let now = registry.now().at;
+        let now = registry.instant();
         registry.for_node(now, job_id, node_id, session, |job| f(job, now))
     }
 }
@@ -138,7 +138,7 @@ impl Rendezvous for RendezvousService {
         };
         limits::check_join(&req, registry.limits())?;
         crate::version::check_agent(&req.agent_version).map_err(Error::Incompatible)?;
-        let stream = registry.join(registry.now().at, &req, from, new_session()?)?;
+        let stream = registry.join(registry.instant(), &req, from, new_session()?)?;
         Ok(Response::new(stream))
     }
 
@@ -164,7 +164,7 @@ impl Rendezvous for RendezvousService {
         let vouches = r.vouch_all || r.vouch.iter().any(|b| *b != 0);
         let registry = self.registry()?;
         registry.keep_alive_vouching(
-            registry.now().at,
+            registry.instant(),
             &r.job_id,
             &r.node_id,
             &r.session,
@@ -262,7 +262,7 @@ impl Rendezvous for RendezvousService {
         // checked under the same lock as the departure.
         let registry = self.registry()?;
         registry.leave(
-            registry.now().at,
+            registry.instant(),
             &r.job_id,
             &r.node_id,
             &r.session,
@@ -305,7 +305,7 @@ impl Rendezvous for RendezvousService {
         }
         let registry = self.registry()?;
         Ok(Response::new(registry.quarantine(
-            registry.now().at,
+            registry.instant(),
             &r.job_id,
             &r.release,
         )?))

@@ -405,7 +405,7 @@ impl Registry {
     pub(super) fn quarantined_in(&self, jobs: &Jobs) -> u64 {
         if self.server_scope() {
             // The registry's table ends its benches lazily: count the live ones.
-            return (MAX_HOSTS - jobs.benches.free(self.clock.now().at)) as u64;
+            return (MAX_HOSTS - jobs.benches.free(self.clock.instant())) as u64;
         }
         jobs.map
             .values()
@@ -417,7 +417,7 @@ impl Registry {
     /// Places left in the server-wide table (all of them with job scope,
     /// which leaves it empty).
     pub(super) fn quarantine_free_in(&self, jobs: &Jobs) -> u64 {
-        jobs.benches.free(self.clock.now().at) as u64
+        jobs.benches.free(self.clock.instant()) as u64
     }
 }
 
