@@ -296,6 +296,10 @@ impl World {
                         _ => "failed".to_owned(),
                     };
                     self.decided(format!("job {how}"));
+                    let over = registry.with_job(JOB, |j| format!("{:?}", j.phase()));
+                    if let Some(phase) = over {
+                        self.say(|| format!("server: the job is over: {phase}"));
+                    }
                 }
                 _ => {}
             }
@@ -305,7 +309,6 @@ impl World {
             let who: Vec<String> = places.iter().map(|(r, n)| format!("{n}={r}")).collect();
             self.decided(format!("round {round} formed: {}", who.join(" ")));
         }
-        let mut said_over = false;
         for (node, number, kind) in sends {
             self.checker.outbound(&kind);
             let told = match &kind {
@@ -332,13 +335,6 @@ impl World {
                     .unwrap_or_default();
                 let at = self.now;
                 self.checker.placed(&host, &node, r, benched, at);
-            }
-            if let (Kind::JobSucceeded(_) | Kind::JobFailed(_), false) = (&kind, said_over) {
-                said_over = true;
-                let over = registry.with_job(JOB, |j| format!("{:?}", j.phase()));
-                if let Some(phase) = over {
-                    self.say(|| format!("server: the job is over: {phase}"));
-                }
             }
             let Some(to) = self.index_of(&node) else {
                 continue;
