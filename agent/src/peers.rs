@@ -46,6 +46,13 @@
 //! the node's last contact with the rendezvous, when a held place is given
 //! away.
 //!
+//! The argument counts only nodes the rendezvous still holds in the
+//! running round, so a node pings the hub only while its part of the round
+//! runs: it leaves at its first stop (told of a re-form, fenced, dropped),
+//! not at its next offer. A fenced node still rejoining, heard by the hub,
+//! would otherwise make a majority with a node the rendezvous is about to
+//! drop (found by the simulator).
+//!
 //! A node that hears at most half of its round (cut off from the hub, or
 //! the hub from most nodes) has no evidence and fences at the drop limit as
 //! before; a round of one node is a majority of itself.
@@ -250,6 +257,14 @@ impl Shared {
             *u = until;
             changed
         });
+    }
+
+    /// No vouch and no evidence any more (this node left the round's
+    /// hub), but [`Shared::latest`] stays: workers that are still stopping
+    /// are kept no longer than it allowed, and the hold of a silent
+    /// server's connection must last as long.
+    pub fn quiet(&self) {
+        self.publish(None, None);
     }
 
     /// The round ended: nothing is vouched for or kept any more.

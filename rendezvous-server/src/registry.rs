@@ -975,9 +975,14 @@ impl Registry {
             }
             vouched
         });
-        if !out.is_empty() {
+        if !out.is_empty() || entry.job.has_new_benches() {
             // A straggler's host quarantined (--straggler-quarantine): the
-            // round re-forms, durably, as for any change.
+            // bench is written, logged and spread as any other, and the
+            // round re-forms with a spare in its place when one waits. A
+            // bench without a re-form is a change too: else a failover
+            // before the job's next write would lose it, and it would place
+            // the host it benched (found by the simulator, seeds 214436 and
+            // 310397).
             self.after(&mut jobs, job_id, now, out);
         }
         Ok((member, vouched))

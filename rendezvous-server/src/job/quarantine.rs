@@ -361,6 +361,12 @@ impl Job {
         self.quarantine_policy.as_ref()
     }
 
+    /// Whether this job benched a host since [`Job::take_new_benches`]
+    /// last ran: a change its registry writes and spreads.
+    pub fn has_new_benches(&self) -> bool {
+        !self.new_benches.is_empty()
+    }
+
     /// Hosts this job benched by its own count since the last call: a
     /// server-wide quarantine benches them in every other job too.
     pub fn take_new_benches(&mut self) -> Vec<String> {

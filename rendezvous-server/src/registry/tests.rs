@@ -572,3 +572,84 @@ async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere()
     let two = registry.status("two", 0, "").expect("status");
     assert_eq!(two.jobs[0].nodes[0].state, "ready", "{two:?}");
 }
+
+/// `--straggler-quarantine` without a spare: the round goes on, and the
+/// bench a keep-alive's step times caused is a change like any other:
+/// written at once, so the next leader keeps the host out of the job's
+/// next round (it was lost when only a re-form was written).
+#[tokio::test]
+async fn a_stragglers_bench_without_a_spare_outlives_its_leader() {
+    use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
+    let limits = Limits {
+        quarantine: Some(QuarantineSettings {
+            policy: QuarantinePolicy {
+                after: 1,
+                window: Duration::from_secs(600),
+                hold: Duration::from_secs(600),
+                stragglers: true,
+            },
+            scope: QuarantineScope::Job,
+        }),
+        ..Limits::default()
+    };
+    let store = Arc::new(crate::store::MemoryStore::new());
+    let first = Registry::with_store(Duration::from_secs(60), limits, store.clone());
+    let nodes = [("a", "host-a", 1), ("b", "host-b", 2), ("c", "host-c", 3)];
+    let mut streams = Vec::new();
+    for (node, host, n) in nodes {
+        let mut req = join_req("job", node, host);
+        (req.min_nodes, req.max_nodes) = (2, 3);
+        let now = first.now().at;
+        streams.push(first.join(now, &req, None, session(n)).expect("joins"));
+    }
+    for (node, _, n) in nodes {
+        ready(&first, node, n, 0);
+    }
+    first.flush().await.expect("written");
+    for s in &mut streams {
+        assert!(matches!(next(s).await, Some(Kind::Joined(_))));
+        assert!(matches!(next(s).await, Some(Kind::RoundComplete(_))));
+    }
+    // c's rank takes 1.4 times the others' time per step, at three
+    // evaluations a second apart (the first only starts the count).
+    let t = first.now().at;
+    for k in 0..3u32 {
+        for (node, _, n) in nodes {
+            let step_us = if node == "c" { 140_000 } else { 100_000 };
+            let req = pb::KeepAliveRequest {
+                round: 0,
+                progress: Some(pb::Progress {
+                    round: 0,
+                    ranks: 1,
+                    min_step: 10,
+                    max_step: 10,
+                    rank_times: vec![pb::RankTime {
+                        local_rank: 0,
+                        step_us,
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let at = t + Duration::from_secs(u64::from(k));
+            first
+                .keep_alive_vouching(at, "job", node, &session(n).to_vec(), Some(&req))
+                .expect("a member");
+        }
+    }
+    first.flush().await.expect("written");
+    let listed = first.quarantine(t, "job", "").expect("list");
+    assert_eq!(listed.hosts.len(), 1, "{listed:?}");
+    assert_eq!(listed.hosts[0].host, "host-c");
+    // The round went on; the next leader knows the bench.
+    assert_eq!(
+        first.status("job", 0, "").expect("status").jobs[0].phase,
+        "running"
+    );
+    let second =
+        Registry::with_store(Duration::from_secs(60), limits, store.clone()).without_relearning();
+    second.load().await.expect("loads");
+    let listed = second.quarantine(second.now().at, "job", "").expect("list");
+    assert_eq!(listed.hosts.len(), 1, "{listed:?}");
+    assert_eq!(listed.hosts[0].host, "host-c");
+}

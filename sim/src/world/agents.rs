@@ -313,6 +313,8 @@ impl World {
                     n.exits.clear();
                 }
                 Action::Stop { signal, grace } => {
+                    // Its part of the round is over: no more pings to the hub.
+                    self.quiet_peers(i);
                     let n = &mut self.nodes[i];
                     if !n.group {
                         n.queue.push_back(Event::Stopped(Vec::new()));

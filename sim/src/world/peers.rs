@@ -154,15 +154,22 @@ impl World {
         });
     }
 
-    /// The round's peer task ends (a new offer, the agent's end): nothing
-    /// is vouched for or kept any more.
-    pub(super) fn end_peers(&mut self, i: usize) {
+    /// Node `i` stops its workers: it leaves the round's hub at once (the
+    /// agent's `quiet_peers`), keeping the latest evidence it had for the
+    /// hold of a silent server's connection.
+    pub(super) fn quiet_peers(&mut self, i: usize) {
         let n = &mut self.nodes[i];
         n.peer = None;
         n.vouch = None;
-        n.peers_latest = None;
         if n.peers_until.take().is_some() {
             n.peers_moved = true;
         }
+    }
+
+    /// The round's peer task ends (a new offer, the agent's end): nothing
+    /// is vouched for or kept any more.
+    pub(super) fn end_peers(&mut self, i: usize) {
+        self.quiet_peers(i);
+        self.nodes[i].peers_latest = None;
     }
 }
