@@ -19,7 +19,19 @@
 #     so a new pin does not download them again);
 #   - mdBook, pinned, under ~/.cache/accel/tools/ (the user guide's check).
 # Prints nothing else but what it installs. Safe to run again.
+#
+# Usage: scripts/setup.sh [all|core|rest]   (default all; prints the venv)
+#   core  the packages, the local user and the pinned venv: what any build
+#         or test needs first;
+#   rest  mdBook and the other accelerate and torch releases' venvs: only the
+#         user guide's check and the integration tests need them, so the test
+#         command installs them (mostly downloads) while it builds.
 set -euo pipefail
+PART="${1:-all}"
+case "$PART" in
+  all | core | rest) ;;
+  *) echo "usage: scripts/setup.sh [all|core|rest]" >&2; exit 64 ;;
+esac
 
 TORCH_VERSION="2.13.0"
 ACCELERATE_VERSION="1.15.0"
@@ -35,122 +47,131 @@ DEEPSPEED_VERSION="0.19.8"
 PY="$(command -v python3 || true)"
 CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
 
-need_apt=()
-[ -n "$PY" ] || need_apt+=(python3 python3-venv)
-command -v kill >/dev/null || need_apt+=(procps)
-command -v ip >/dev/null || need_apt+=(iproute2)
-# nftables: the HA tests make a replica's host deaf (tests/tests/ha.rs).
-command -v nft >/dev/null || need_apt+=(nftables)
-# certificates for the TLS tests.
-command -v openssl >/dev/null || need_apt+=(openssl)
-# gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).
-[ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
-# etcd 3.4+ (v3 API with elections) for the HA tests; the tests start their own
-# clusters on loopback ports, never the packaged service.
-command -v etcd >/dev/null || need_apt+=(etcd-server)
-command -v etcdctl >/dev/null || need_apt+=(etcd-client)
-# nftables: the chaos run's network partitions (rules inside namespaces).
-command -v nft >/dev/null || need_apt+=(nftables)
-# A real Prometheus for the metrics tests (they start their own, on loopback);
-# curl for the benchmarks' scrapes.
-command -v prometheus >/dev/null || need_apt+=(prometheus)
-command -v curl >/dev/null || need_apt+=(curl)
-# Debian's Chromium, headless, for the status page's browser test
-# (tests/tests/status_page.rs).
-command -v chromium >/dev/null || need_apt+=(chromium)
-# The wheels' checks (scripts/check-wheel.sh): readelf reads the binaries'
-# headers (architecture, static); the aarch64 binaries run under qemu-user.
-command -v readelf >/dev/null || need_apt+=(binutils)
-command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
-# The shared-node tests act as a second local user (tests/tests/shared_node.rs).
-command -v useradd >/dev/null || need_apt+=(passwd)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: installing ${need_apt[*]}" >&2
-  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
-  $sudo_ apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null
-  PY="$(command -v python3)"
+if [ "$PART" != rest ]; then
+  need_apt=()
+  [ -n "$PY" ] || need_apt+=(python3 python3-venv)
+  command -v kill >/dev/null || need_apt+=(procps)
+  command -v ip >/dev/null || need_apt+=(iproute2)
+  # nftables: the HA tests make a replica's host deaf (tests/tests/ha.rs).
+  command -v nft >/dev/null || need_apt+=(nftables)
+  # certificates for the TLS tests.
+  command -v openssl >/dev/null || need_apt+=(openssl)
+  # gloo's headers, for worker-runtime's c10d shim (the torch wheel lacks them).
+  [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
+  # etcd 3.4+ (v3 API with elections) for the HA tests; the tests start their own
+  # clusters on loopback ports, never the packaged service.
+  command -v etcd >/dev/null || need_apt+=(etcd-server)
+  command -v etcdctl >/dev/null || need_apt+=(etcd-client)
+  # nftables: the chaos run's network partitions (rules inside namespaces).
+  command -v nft >/dev/null || need_apt+=(nftables)
+  # A real Prometheus for the metrics tests (they start their own, on loopback);
+  # curl for the benchmarks' scrapes.
+  command -v prometheus >/dev/null || need_apt+=(prometheus)
+  command -v curl >/dev/null || need_apt+=(curl)
+  # Debian's Chromium, headless, for the status page's browser test
+  # (tests/tests/status_page.rs).
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  # The wheels' checks (scripts/check-wheel.sh): readelf reads the binaries'
+  # headers (architecture, static); the aarch64 binaries run under qemu-user.
+  command -v readelf >/dev/null || need_apt+=(binutils)
+  command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
+  # The shared-node tests act as a second local user (tests/tests/shared_node.rs).
+  command -v useradd >/dev/null || need_apt+=(passwd)
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing ${need_apt[*]}" >&2
+    sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    PY="$(command -v python3)"
+  fi
+
+  if ! id accel-other >/dev/null 2>&1; then
+    echo "setup: creating the local user accel-other (the shared-node tests' second user)" >&2
+    sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+    $sudo_ useradd --system --no-create-home --shell /usr/sbin/nologin accel-other
+  fi
+
 fi
 
-if ! id accel-other >/dev/null 2>&1; then
-  echo "setup: creating the local user accel-other (the shared-node tests' second user)" >&2
-  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
-  $sudo_ useradd --system --no-create-home --shell /usr/sbin/nologin accel-other
-fi
-
+[ -n "$PY" ] || PY="$(command -v python3)"
 pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 VENV="$CACHE/venv-py${pyver}-torch${TORCH_VERSION}-accelerate${ACCELERATE_VERSION}"
-if [ ! -f "$VENV/.complete" ]; then
-  echo "setup: creating $VENV (torch==$TORCH_VERSION, accelerate==$ACCELERATE_VERSION)" >&2
-  rm -rf "$VENV"
-  mkdir -p "$CACHE"
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "accelerate==$ACCELERATE_VERSION"
-  "$VENV/bin/python" -c 'import torch, accelerate' 
-  touch "$VENV/.complete"
+if [ "$PART" != rest ]; then
+  if [ ! -f "$VENV/.complete" ]; then
+    echo "setup: creating $VENV (torch==$TORCH_VERSION, accelerate==$ACCELERATE_VERSION)" >&2
+    rm -rf "$VENV"
+    mkdir -p "$CACHE"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "accelerate==$ACCELERATE_VERSION"
+    "$VENV/bin/python" -c 'import torch, accelerate' 
+    touch "$VENV/.complete"
+  fi
+  if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
+    echo "setup: adding deepspeed==$DEEPSPEED_VERSION to $VENV" >&2
+    # Its build imports torch, so it builds against the venv's (no isolation);
+    # DS_BUILD_OPS=0: no CUDA/C++ ops are compiled (the tests run on CPUs).
+    DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
+    "$VENV/bin/python" -c 'import deepspeed' >&2
+    touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
+  fi
+  # The Python wheel's build and its tests: maturin, with zig (ziglang) as the
+  # C compiler and linker of the static (musl) binaries of any architecture, pytest, and a real
+  # Jupyter kernel (ipykernel) driven by nbclient; py-spy, which the agent runs
+  # for a hung worker's stacks.
+  PY_TOOLS="maturin==1.16.0 ziglang==0.15.2 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
+  tools_key="$(printf %s "$PY_TOOLS" | sha256sum | cut -c1-12)"
+  if [ ! -f "$VENV/.tools-$tools_key" ]; then
+    echo "setup: adding $PY_TOOLS to $VENV" >&2
+    # shellcheck disable=SC2086 # one word per requirement
+    "$VENV/bin/pip" install -q --disable-pip-version-check $PY_TOOLS
+    "$VENV/bin/python" -c 'import pytest, ipykernel, nbclient, nbformat' >&2
+    "$VENV/bin/python" -m ziglang version >/dev/null
+    touch "$VENV/.tools-$tools_key"
+  fi
 fi
-if [ ! -f "$VENV/.deepspeed-$DEEPSPEED_VERSION" ]; then
-  echo "setup: adding deepspeed==$DEEPSPEED_VERSION to $VENV" >&2
-  # Its build imports torch, so it builds against the venv's (no isolation);
-  # DS_BUILD_OPS=0: no CUDA/C++ ops are compiled (the tests run on CPUs).
-  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
-  "$VENV/bin/python" -c 'import deepspeed' >&2
-  touch "$VENV/.deepspeed-$DEEPSPEED_VERSION"
+
+if [ "$PART" != core ]; then
+  # mdBook for the user guide (scripts/check-docs.sh builds it), from crates.io,
+  # pinned and cached by version; only the search feature (no server, no file
+  # watcher: fewer crates to build).
+  MDBOOK_VERSION="0.5.4"
+  MDBOOK_ROOT="$CACHE/tools/mdbook-$MDBOOK_VERSION"
+  if [ ! -x "$MDBOOK_ROOT/bin/mdbook" ]; then
+    echo "setup: installing mdbook $MDBOOK_VERSION into $MDBOOK_ROOT" >&2
+    env -u CARGO_TARGET_DIR cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" \
+      --no-default-features --features search --root "$MDBOOK_ROOT" >&2
+  fi
+  for v in $EXTRA_ACCELERATE_VERSIONS; do
+    extra="$VENV/accelerate-versions/$v"
+    [ -f "$extra/.complete" ] && continue
+    echo "setup: creating $extra (accelerate==$v over $VENV's torch)" >&2
+    rm -rf "$extra"
+    "$VENV/bin/python" -m venv --without-pip "$extra"
+    site="$("$extra/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    # Appended after the venv's own site-packages: its accelerate wins.
+    echo "$base_site" >"$site/zz-pinned-venv.pth"
+    "$VENV/bin/pip" --python "$extra/bin/python" install -q --disable-pip-version-check --no-deps "accelerate==$v"
+    # torchrun must start workers with this venv's interpreter (sys.executable).
+    printf '#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' "$extra/bin/python" >"$extra/bin/torchrun"
+    chmod +x "$extra/bin/torchrun"
+    got="$("$extra/bin/python" -c 'import accelerate, torch; print(accelerate.__version__)')"
+    [ "$got" = "$v" ] || { echo "setup: $extra imports accelerate $got, not $v" >&2; exit 1; }
+    head -1 "$extra/bin/accelerate" | grep -qF "$extra/bin/python" || { echo "setup: $extra/bin/accelerate is not its own" >&2; exit 1; }
+    touch "$extra/.complete"
+  done
+  for pair in $EXTRA_TORCH_VERSIONS; do
+    v="${pair%%:*}" numpy="${pair#*:}"
+    tv="$CACHE/venv-py${pyver}-torch${v}"
+    [ -f "$tv/.complete" ] && continue
+    echo "setup: creating $tv (torch==$v, $numpy) for the conformance tests" >&2
+    rm -rf "$tv"
+    "$PY" -m venv "$tv"
+    "$tv/bin/pip" install -q --disable-pip-version-check "torch==$v" "$numpy"
+    got="$("$tv/bin/python" -c 'import torch, numpy; print(torch.__version__.split("+")[0])')"
+    [ "$got" = "$v" ] || { echo "setup: $tv imports torch $got, not $v" >&2; exit 1; }
+    touch "$tv/.complete"
+  done
 fi
-# The Python wheel's build and its tests: maturin, with zig (ziglang) as the
-# C compiler and linker of the static (musl) binaries of any architecture, pytest, and a real
-# Jupyter kernel (ipykernel) driven by nbclient; py-spy, which the agent runs
-# for a hung worker's stacks.
-PY_TOOLS="maturin==1.16.0 ziglang==0.15.2 pytest==9.2.0 ipykernel==7.4.0 nbclient==0.11.0 nbformat==5.11.1 py-spy==0.4.1"
-tools_key="$(printf %s "$PY_TOOLS" | sha256sum | cut -c1-12)"
-if [ ! -f "$VENV/.tools-$tools_key" ]; then
-  echo "setup: adding $PY_TOOLS to $VENV" >&2
-  # shellcheck disable=SC2086 # one word per requirement
-  "$VENV/bin/pip" install -q --disable-pip-version-check $PY_TOOLS
-  "$VENV/bin/python" -c 'import pytest, ipykernel, nbclient, nbformat' >&2
-  "$VENV/bin/python" -m ziglang version >/dev/null
-  touch "$VENV/.tools-$tools_key"
-fi
-# mdBook for the user guide (scripts/check-docs.sh builds it), from crates.io,
-# pinned and cached by version; only the search feature (no server, no file
-# watcher: fewer crates to build).
-MDBOOK_VERSION="0.5.4"
-MDBOOK_ROOT="$CACHE/tools/mdbook-$MDBOOK_VERSION"
-if [ ! -x "$MDBOOK_ROOT/bin/mdbook" ]; then
-  echo "setup: installing mdbook $MDBOOK_VERSION into $MDBOOK_ROOT" >&2
-  env -u CARGO_TARGET_DIR cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" \
-    --no-default-features --features search --root "$MDBOOK_ROOT" >&2
-fi
-for v in $EXTRA_ACCELERATE_VERSIONS; do
-  extra="$VENV/accelerate-versions/$v"
-  [ -f "$extra/.complete" ] && continue
-  echo "setup: creating $extra (accelerate==$v over $VENV's torch)" >&2
-  rm -rf "$extra"
-  "$VENV/bin/python" -m venv --without-pip "$extra"
-  site="$("$extra/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  # Appended after the venv's own site-packages: its accelerate wins.
-  echo "$base_site" >"$site/zz-pinned-venv.pth"
-  "$VENV/bin/pip" --python "$extra/bin/python" install -q --disable-pip-version-check --no-deps "accelerate==$v"
-  # torchrun must start workers with this venv's interpreter (sys.executable).
-  printf '#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' "$extra/bin/python" >"$extra/bin/torchrun"
-  chmod +x "$extra/bin/torchrun"
-  got="$("$extra/bin/python" -c 'import accelerate, torch; print(accelerate.__version__)')"
-  [ "$got" = "$v" ] || { echo "setup: $extra imports accelerate $got, not $v" >&2; exit 1; }
-  head -1 "$extra/bin/accelerate" | grep -qF "$extra/bin/python" || { echo "setup: $extra/bin/accelerate is not its own" >&2; exit 1; }
-  touch "$extra/.complete"
-done
-for pair in $EXTRA_TORCH_VERSIONS; do
-  v="${pair%%:*}" numpy="${pair#*:}"
-  tv="$CACHE/venv-py${pyver}-torch${v}"
-  [ -f "$tv/.complete" ] && continue
-  echo "setup: creating $tv (torch==$v, $numpy) for the conformance tests" >&2
-  rm -rf "$tv"
-  "$PY" -m venv "$tv"
-  "$tv/bin/pip" install -q --disable-pip-version-check "torch==$v" "$numpy"
-  got="$("$tv/bin/python" -c 'import torch, numpy; print(torch.__version__.split("+")[0])')"
-  [ "$got" = "$v" ] || { echo "setup: $tv imports torch $got, not $v" >&2; exit 1; }
-  touch "$tv/.complete"
-done
 ln -sfn "$VENV" "$CACHE/venv"
 echo "$VENV"

@@ -32,8 +32,15 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ACCEL_CACHE/target}"
 if [ "${ACCEL_PROTOC_NS:-}" != "$(readlink /proc/self/ns/mnt)" ]; then
   ACCEL_TEST_STARTED=$(date +%s)
   # The pinned Python environment (torch, accelerate) for tests and benchmarks.
-  ACCEL_VENV="$(scripts/setup.sh)"
-  export ACCEL_VENV ACCEL_TEST_STARTED ACCEL_TEST_SETUP=$(($(date +%s) - ACCEL_TEST_STARTED))
+  ACCEL_VENV="$(scripts/setup.sh core)"
+  # The rest of the setup (mdBook, the other torch and accelerate releases'
+  # venvs: gigabytes of downloads on a fresh machine) goes on beside the
+  # builds; the steps that need it wait for it (`setup-rest` below). It
+  # builds nothing, so it needs no protoc-free namespace.
+  ACCEL_SETUP_REST="$(mktemp -d "${TMPDIR:-/tmp}/accel-setup-rest.XXXXXX")"
+  (scripts/setup.sh rest >"$ACCEL_SETUP_REST/log" 2>&1; echo "$?" >"$ACCEL_SETUP_REST/status") </dev/null &
+  echo "$!" >"$ACCEL_SETUP_REST/pid"
+  export ACCEL_VENV ACCEL_TEST_STARTED ACCEL_SETUP_REST ACCEL_TEST_SETUP=$(($(date +%s) - ACCEL_TEST_STARTED))
   # Everything below, every build included, runs where protoc does not
   # exist (whatever setup installed): accel builds with the Rust toolchain
   # alone. The same process goes on in a private mount namespace.
@@ -123,7 +130,8 @@ on_stop() {
     echo "==== stopped during ${f##*/running-} step $(cat "$f"); its output so far:"
     tail -n 100 "$LOGS/$(cat "$f").log"
   done
-  # The lanes, and the steps they run, stop with it.
+  # The lanes, the steps they run and the rest of the setup stop with it.
+  [ ! -e "$ACCEL_SETUP_REST/pid" ] || pkill -TERM -P "$(cat "$ACCEL_SETUP_REST/pid")" 2>/dev/null || true
   local lane
   for lane in "${lanes[@]}"; do
     pkill -TERM -P "$lane" 2>/dev/null || true
@@ -132,6 +140,15 @@ on_stop() {
   exit 143
 }
 trap on_stop TERM INT HUP
+
+# Waits for the rest of the setup, started before the lanes, and prints
+# what it printed; fails as it failed.
+setup_rest() {
+  local d="$ACCEL_SETUP_REST"
+  while [ ! -e "$d/status" ]; do sleep 1; done
+  cat "$d/log"
+  return "$(cat "$d/status")"
+}
 
 lane_checks() {
   LANE=checks
@@ -143,6 +160,8 @@ lane_checks() {
   # The README's run command, with protoc hidden as for every build here:
   # hello.py on four ranks (seconds: the debug build above).
   step no-protoc scripts/check-no-protoc.sh
+  # mdBook and the other releases' venvs, installed beside the builds so far.
+  step setup-rest setup_rest
   # The user guide (docs/): built with mdBook; links, anchors and code
   # blocks checked, and the torchrun page's flags against accel-agent and torchrun.
   step docs scripts/check-docs.sh
@@ -223,4 +242,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "test.sh: FAILED in lane(s) ${failed[*]}; each step's log is in $LOGS" >&2
   exit 1
 fi
-rm -rf "$LOGS"
+rm -rf "$LOGS" "$ACCEL_SETUP_REST"
