@@ -501,6 +501,35 @@ def check_monitor(where, doc, rendered):
         run = subprocess.run([promtool, "check", "rules", path], capture_output=True, text=True)
         if run.returncode != 0:
             fail(where, f"promtool check rules: {run.stdout.strip()} {run.stderr.strip()}")
+        check_alerts(where, spec["groups"])
+        # Each kit carries the alerts of what it deploys (a runtime may run
+        # no server: server alerts there would watch nothing).
+        want = {"monitoring": ["accel-server"], "kubeflow": ["accel-agents"]}.get(where.split(":")[0])
+        if want is not None and [g.get("name") for g in spec["groups"]] != want:
+            fail(where, f"must hold the alert group(s) {want} only")
+
+
+def check_alerts(where, groups):
+    """Alerts an operator of many teams' jobs can route: each says whose
+    problem it is (owner: cluster, or job: never critical, a user's bug is
+    not the cluster's emergency), and every aggregation keeps the namespace,
+    so two installations never add up to one answer."""
+    for g in groups:
+        for r in g.get("rules") or []:
+            if "alert" not in r:
+                continue
+            at = f"{where} alert {r['alert']}"
+            labels = r.get("labels") or {}
+            if labels.get("owner") not in ("cluster", "job"):
+                fail(at, "needs the label owner: cluster or job (whose problem it is)")
+            if labels.get("severity") not in ("critical", "warning", "info"):
+                fail(at, "needs the label severity: critical, warning or info")
+            if labels.get("owner") == "job" and labels.get("severity") == "critical":
+                fail(at, "a job's problem is never critical (it would page the cluster's operators)")
+            expr = " ".join(str(r.get("expr", "")).split())
+            aggs = re.findall(r"\b(?:sum|max|min|count|avg)\s+by\s*\(([^)]*)\)", expr)
+            if not aggs or any("namespace" not in [x.strip() for x in a.split(",")] for a in aggs):
+                fail(at, "every aggregation must be `by (namespace, ...)`: two installations must not add up")
 
 
 # Where each part of the job id comes from, in order: PET_RDZV_ID is
@@ -653,6 +682,15 @@ def check_doc(name, docs, doc, where):
         check_monitor(where, doc, rendered)
         return
     write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
+    if kind == "NetworkPolicy" and name.startswith("training"):
+        # The agents' metrics port admits a Prometheus in `monitoring` (the
+        # PodMonitor's scrapes), not only the job's namespace.
+        metrics = [r for r in doc["spec"].get("ingress") or []
+                   if any(p.get("port") == 29402 for p in r.get("ports") or [])]
+        if not any(((f.get("namespaceSelector") or {}).get("matchLabels") or {})
+                   .get("kubernetes.io/metadata.name") == "monitoring"
+                   for r in metrics for f in r.get("from") or []):
+            fail(where, "the metrics port (29402) must admit the namespace `monitoring` (Prometheus scrapes the agents)")
     labels = ((pod_of(doc) or {}).get("metadata") or {}).get("labels") or {}
     if kind in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/name") == "rdzv-server":
         check_server(where, doc, docs)
@@ -701,7 +739,7 @@ for k in glob.glob("deploy/kube*/**/kustomization.yaml", recursive=True):
 for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
-for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow"):
+for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow", "monitoring"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
 
@@ -711,7 +749,7 @@ print(f"check-kubernetes: {len(rendered)} kustomizations, {count} documents to v
       f"{len(failures)} failures in the JobSet and deployment checks")
 sys.exit(1 if failures else 0)
 PY
-# The PrometheusRule is deploy/prometheus/accel.rules.yml's rules, no more.
+# The PrometheusRules are deploy/prometheus/accel.rules.yml's groups, no more.
 PYTHON="$TOOLS/bin/python" scripts/prometheus-rule.sh --check || status=1
 
 # kubernetes-validate: strict, every document, every version. It only warns

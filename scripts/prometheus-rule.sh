@@ -1,31 +1,44 @@
 #!/usr/bin/env bash
-# Writes deploy/kubeflow/prometheusrule.yaml, the Prometheus Operator's form
-# of deploy/prometheus/accel.rules.yml (the one source of the alerts).
-# scripts/check-kubernetes.sh fails when the two differ.
+# Writes the Prometheus Operator's form of deploy/prometheus/accel.rules.yml
+# (the one source of the alerts), one PrometheusRule per group, beside what
+# it watches: the `accel-server` group to deploy/kubernetes/monitoring (with
+# the server), the `accel-agents` group to deploy/kubeflow (with the runtime,
+# which may run no server: server alerts there would watch nothing).
+# scripts/check-kubernetes.sh fails when they differ.
 # Usage: scripts/prometheus-rule.sh [--check]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 "${PYTHON:-python3}" - "${1:-}" <<'PY'
+import os
 import sys
 
 import yaml
 
 src = "deploy/prometheus/accel.rules.yml"
-out = "deploy/kubeflow/prometheusrule.yaml"
-rules = yaml.safe_load(open(src))
-doc = {
-    "apiVersion": "monitoring.coreos.com/v1",
-    "kind": "PrometheusRule",
-    "metadata": {"name": "accel", "labels": {"app.kubernetes.io/name": "accel"}},
-    "spec": {"groups": rules["groups"]},
+outs = {
+    "accel-server": ("deploy/kubernetes/monitoring/prometheusrule.yaml", "accel-server"),
+    "accel-agents": ("deploy/kubeflow/prometheusrule.yaml", "accel-agents"),
 }
-text = (f"# Generated from {src} by scripts/prometheus-rule.sh: edit that file, then\n"
-        "# run the script. docs/src/metrics.md explains each alert.\n"
-        + yaml.safe_dump(doc, sort_keys=False, width=100))
-if sys.argv[1] == "--check":
-    current = open(out).read() if __import__("os").path.exists(out) else ""
-    if current != text:
-        sys.exit(f"{out} is not {src}'s rules: run scripts/prometheus-rule.sh")
-else:
-    open(out, "w").write(text)
+groups = {g["name"]: g for g in yaml.safe_load(open(src))["groups"]}
+if set(groups) != set(outs):
+    sys.exit(f"{src} has the groups {sorted(groups)}; this script writes {sorted(outs)}")
+stale = []
+for group, (out, name) in outs.items():
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "accel"}},
+        "spec": {"groups": [groups[group]]},
+    }
+    text = (f"# Generated from {src} (group {group}) by scripts/prometheus-rule.sh: edit\n"
+            "# that file, then run the script. docs/src/metrics.md explains each alert.\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100))
+    if sys.argv[1] == "--check":
+        current = open(out).read() if os.path.exists(out) else ""
+        if current != text:
+            stale.append(out)
+    else:
+        open(out, "w").write(text)
+if stale:
+    sys.exit(f"{', '.join(stale)}: not {src}'s rules: run scripts/prometheus-rule.sh")
 PY

@@ -197,6 +197,8 @@ lane_release() {
   LANE=release
   # Kubernetes manifests rendered and validated (no binaries needed).
   step kubernetes scripts/check-kubernetes.sh
+  # Each of its rules shown failing when broken (one Kubernetes version).
+  step kubernetes-mutations scripts/check-kubernetes-mutations.sh
   # Fuzzing smoke: every cargo-fuzz target for a short while (scripts/fuzz.sh
   # SECONDS runs them longer); a crash fails the run.
   step fuzz scripts/fuzz.sh "${ACCEL_FUZZ_SECONDS:-30}"

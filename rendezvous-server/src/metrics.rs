@@ -405,6 +405,10 @@ pub struct Summary {
     /// The running jobs' stragglers (of the first [`JOB_SERIES`] jobs): job,
     /// host, global rank, its time per step and the job's median (µs).
     pub stragglers: Vec<(String, String, u32, u64, u64)>,
+    /// Forming jobs (the first [`JOB_SERIES`] by id): id, and how long
+    /// since the round they form began (the job's first join, its last
+    /// restart, or, on a replica that took the job over, the take-over).
+    pub forming: Vec<(String, Duration)>,
 }
 
 /// The goodput categories, as labels (`crate::job::Category`).
@@ -551,6 +555,15 @@ impl Collector for States {
                 .iter()
                 .map(|(id, used, max)| (job(id), i64::from(max.saturating_sub(*used)))),
         )?;
+        let mut e = encoder.encode_descriptor(
+            "accel_rdzv_job_forming_seconds",
+            "How long each forming job has waited for its round: since its first join or its last restart (on a replica that took the job over, since the take-over); forming jobs only",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (id, waited) in &summary.forming {
+            ConstGauge::new(waited.as_secs_f64()).encode(e.encode_family(&job(id))?)?;
+        }
         let mut e = encoder.encode_descriptor(
             "accel_rdzv_job_seconds",
             "Where each job's time went so far, by category of the goodput accounting (see accel_rdzv_job_time_seconds_total); the categories add up to the job's wall time",

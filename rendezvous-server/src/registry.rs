@@ -880,10 +880,16 @@ impl Registry {
         let mut restarts = Vec::new();
         let mut time = Vec::new();
         let mut stragglers = Vec::new();
+        let mut forming = Vec::new();
         let now = self.clock.instant();
         for (id, e) in &jobs.map {
             let job = &e.job;
             *phases.entry(job.phase().name()).or_default() += 1;
+            if let (Phase::Forming, Some(since)) = (job.phase(), e.forming_since) {
+                if forming.len() < JOB_SERIES {
+                    forming.push((id.clone(), now.saturating_duration_since(since)));
+                }
+            }
             for m in job.members().values() {
                 *states.entry(node_state(job, m)).or_default() += 1;
             }
@@ -909,6 +915,7 @@ impl Registry {
             restarts,
             time,
             stragglers,
+            forming,
         }
     }
 

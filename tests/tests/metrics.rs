@@ -638,9 +638,11 @@ fn every_grafana_panel_s_query_returns_data_for_a_running_job() {
 
 /// The alert rules (`deploy/prometheus/accel.rules.yml`) pass `promtool
 /// check rules` and their unit tests (`promtool test rules`), and every
-/// series they name is one a running server exposes.
+/// series they name is one a running server (the `accel-server` group) or
+/// agent (`accel-agents`) exposes: a server with a forming job (so its
+/// per-job series exist) and that job's agent.
 #[test]
-fn alert_rules_pass_promtool_and_name_series_the_server_exposes() {
+fn alert_rules_pass_promtool_and_name_series_the_server_and_agents_expose() {
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus");
     for args in [
         &["check", "rules", "accel.rules.yml"][..],
@@ -665,17 +667,42 @@ fn alert_rules_pass_promtool_and_name_series_the_server_exposes() {
         .collect();
     names.sort_unstable();
     names.dedup();
-    assert!(names.len() >= 6, "{names:?}");
+    assert!(names.len() >= 10, "{names:?}");
+    let dir = scratch("alert-series");
     let server = Server::start();
-    let exposition = scrape(server.metrics.as_deref().expect("metrics")).expect("scrape");
+    let port = Port::lease();
+    let agent_metrics = port.loopback();
+    let agent = AgentCmd::c10d(&server.addr, "alert-series")
+        .nnodes(2)
+        .flag("--metrics-bind", &agent_metrics)
+        .recording(&dir, "a")
+        .start(&dir, "a");
+    let exposes = |exposition: &str, name: &str| {
+        exposition.lines().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                || l.starts_with(&format!("{name} "))
+                || l.starts_with(&format!("# TYPE {name} "))
+        })
+    };
+    // The forming job's gauge is there once the agent joined.
+    let server_text = poll_until("the forming job's series", LIMIT, || {
+        let text = scrape(server.metrics.as_deref().expect("metrics"))?;
+        match text.contains("accel_rdzv_job_forming_seconds{rdzv_id=\"alert-series\"}") {
+            true => Ok(text),
+            false => Err(text),
+        }
+    });
+    let agent_text = poll_until("the agent's metrics", LIMIT, || scrape(&agent_metrics));
     for name in names {
+        let (who, text) = match name.starts_with("accel_agent_") {
+            true => ("accel-agent", &agent_text),
+            false => ("rdzv-server", &server_text),
+        };
         assert!(
-            exposition
-                .lines()
-                .any(|l| l.starts_with(&format!("{name}{{"))
-                    || l.starts_with(&format!("{name} "))
-                    || l.starts_with(&format!("# TYPE {name} "))),
-            "{name} is not a series rdzv-server exposes:\n{exposition}"
+            exposes(text, name),
+            "{name} is not a series {who} exposes:\n{text}"
         );
     }
+    agent.signal("TERM");
+    let _ = agent.wait(LIMIT);
 }

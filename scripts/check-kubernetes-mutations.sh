@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Shows that scripts/check-kubernetes.sh catches what it claims to: each
+# mutation below breaks one rule in a copy of deploy/ (and the scripts), and
+# the check must then fail, naming that rule. A rule that no mutation breaks
+# could be checking nothing.
+#
+# Usage: scripts/check-kubernetes-mutations.sh   (after check-kubernetes.sh
+# installed its tools; one Kubernetes version, to keep it short)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
+PY="$(ls -d "$CACHE"/k8s-tools-validate*/bin/python 2>/dev/null | tail -n 1)"
+[ -x "$PY" ] || { echo "check-kubernetes-mutations: run scripts/check-kubernetes.sh first (it installs the tools)" >&2; exit 2; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# name | file under deploy/ | Python editing `s` (the file's text) | what the failure must say
+mutations=(
+  "a job's alert made critical|kubeflow/prometheusrule.yaml|s = s.replace('severity: warning\n        owner: job', 'severity: critical\n        owner: job', 1)|a job's problem is never critical"
+  "an alert without its owner|kubernetes/monitoring/prometheusrule.yaml|s = s.replace('        owner: cluster\n', '', 1)|needs the label owner"
+  "an aggregation without the namespace|kubernetes/monitoring/prometheusrule.yaml|s = s.replace('sum by (namespace) (increase(accel_rdzv_jobs_ended_total', 'sum by (instance) (increase(accel_rdzv_jobs_ended_total', 1)|every aggregation must be \`by (namespace, ...)\`"
+  "server alerts in the runtime's kit|kubeflow/prometheusrule.yaml|s = s.replace('  - name: accel-agents', '  - name: accel-server', 1)|must hold the alert group(s) ['accel-agents'] only"
+  "the job's metrics port closed to Prometheus|kubernetes/training/job/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
+  "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
+)
+
+failed=0
+for m in "${mutations[@]}"; do
+  IFS='|' read -r name file edit expect <<<"$m"
+  rm -rf "$work/tree" && mkdir -p "$work/tree"
+  cp -r deploy scripts "$work/tree/"
+  target="$work/tree/deploy/$file"
+  "$PY" - "$target" "$edit" <<'PY'
+import sys
+path, edit = sys.argv[1], sys.argv[2]
+s = open(path).read()
+before = s
+exec(edit)
+if s == before:
+    sys.exit(f"the mutation changed nothing in {path}: its text moved; fix the mutation")
+open(path, "w").write(s)
+PY
+  status=0
+  ACCEL_K8S_VERSIONS="${ACCEL_K8S_VERSIONS:-1.37.0}" "$work/tree/scripts/check-kubernetes.sh" >"$work/out" 2>&1 || status=$?
+  if [ "$status" -eq 0 ]; then
+    echo "check-kubernetes-mutations: FAIL: $name: the check passed" >&2
+    failed=1
+  elif ! grep -qF -- "$expect" "$work/out"; then
+    echo "check-kubernetes-mutations: FAIL: $name: the check failed without saying \"$expect\":" >&2
+    tail -n 20 "$work/out" >&2
+    failed=1
+  else
+    echo "check-kubernetes-mutations: $name: caught ($(grep -m1 -F -- "$expect" "$work/out" | cut -c1-160))"
+  fi
+done
+[ "$failed" -eq 0 ] || exit 1
+echo "check-kubernetes-mutations: ok: ${#mutations[@]} mutations, each caught"
