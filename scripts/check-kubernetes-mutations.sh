@@ -17,11 +17,20 @@ trap 'rm -rf "$work"' EXIT
 
 # name | file under deploy/ | Python editing `s` (the file's text) | what the failure must say
 mutations=(
-  "a job's alert made critical|kubeflow/prometheusrule.yaml|s = s.replace('severity: warning\n        owner: job', 'severity: critical\n        owner: job', 1)|a job's problem is never critical"
+  "a job's alert made critical|kubeflow/monitoring/prometheusrule.yaml|s = s.replace('severity: warning\n        owner: job', 'severity: critical\n        owner: job', 1)|a job's problem is never critical"
   "an alert without its owner|kubernetes/monitoring/prometheusrule.yaml|s = s.replace('        owner: cluster\n', '', 1)|needs the label owner"
   "an aggregation without the namespace|kubernetes/monitoring/prometheusrule.yaml|s = s.replace('sum by (namespace) (increase(accel_rdzv_jobs_ended_total', 'sum by (instance) (increase(accel_rdzv_jobs_ended_total', 1)|every aggregation must be \`by (namespace, ...)\`"
-  "server alerts in the runtime's kit|kubeflow/prometheusrule.yaml|s = s.replace('  - name: accel-agents', '  - name: accel-server', 1)|must hold the alert group(s) ['accel-agents'] only"
+  "server alerts in the runtime's kit|kubeflow/monitoring/prometheusrule.yaml|s = s.replace('  - name: accel-agents', '  - name: accel-server', 1)|must hold the alert group(s) ['accel-agents'] only"
   "the job's metrics port closed to Prometheus|kubernetes/training/job/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
+  "the Job's grace shorter than the agent's shutdown|kubernetes/training/job/job.yaml|s = s.replace('terminationGracePeriodSeconds: 130', 'terminationGracePeriodSeconds: 45', 1)|must outlast the shutdown timeout"
+  "the runtime's shutdown timeout left out|kubeflow/runtime/cluster-training-runtime.yaml|s = s.replace('- name: PET_SHUTDOWN_TIMEOUT', '- name: PET_SHUTDOWN_TIMEOUT_UNUSED', 1)|needs PET_SHUTDOWN_TIMEOUT"
+  "the JobSet's shutdown timeout too short to save|kubernetes/training/jobset/jobset.yaml|s = s.replace('value: \"110\"', 'value: \"30\"', 1)|is under 90 s"
+  "the Job's agents known by their pod name|kubernetes/training/job/job.yaml|s = s.replace('fieldPath: spec.nodeName', 'fieldPath: metadata.name', 1)|PET_NODE_IDENTITY must come from spec.nodeName"
+  "the runtime's agents known by their pod name|kubeflow/runtime/cluster-training-runtime.yaml|s = s.replace('- name: PET_NODE_IDENTITY', '- name: PET_NODE_IDENTITY_UNUSED', 1)|PET_NODE_IDENTITY must come from spec.nodeName"
+  "the Job's HOME unbounded|kubernetes/training/job/job.yaml|s = s.replace('emptyDir:\n            sizeLimit: 20Gi', 'emptyDir: {}', 1)|needs a sizeLimit"
+  "the GPU JobSet's /dev/shm left at 1Gi|kubernetes/components/gpu-node/kustomization.yaml|s = s.replace('path: /spec/replicatedJobs/0/template/spec/template/spec/volumes/2/emptyDir/sizeLimit\n        value: 128Gi', 'path: /spec/replicatedJobs/0/template/spec/template/spec/volumes/2/emptyDir/sizeLimit\n        value: 1Gi', 1)|/dev/shm must be in memory and at least 16Gi"
+  "the GPU runtime without GPUs|kubernetes/components/gpu-node/kustomization.yaml|s = s.replace('resources/limits/nvidia.com~1gpu\n        value: \"8\"\n      - op: test\n        path: /spec/template', 'resources/limits/nvidia.com~1gpu\n        value: \"4\"\n      - op: test\n        path: /spec/template', 1)|needs nvidia.com/gpu in limits and requests, equal"
+  "the RDMA JobSet without IPC_LOCK|kubernetes/components/rdma/kustomization.yaml|s = s.replace('value: [IPC_LOCK]', 'value: [NET_RAW]', 2)|RDMA needs IPC_LOCK"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

@@ -457,6 +457,9 @@ def check_runtime(where, doc):
     if len(node) != 1 or (node[0].get("command") or [""])[0] != "accel-agent":
         fail(where, "needs a container named node whose command is accel-agent")
         return
+    drains(where, pod, node[0])
+    node_identity(where, node[0])
+    bounded_scratch(where, pod)
     env = env_of(node[0])
     for name in TRAINER_SETS:
         if name in env:
@@ -504,7 +507,9 @@ def check_monitor(where, doc, rendered):
         check_alerts(where, spec["groups"])
         # Each kit carries the alerts of what it deploys (a runtime may run
         # no server: server alerts there would watch nothing).
-        want = {"monitoring": ["accel-server"], "kubeflow": ["accel-agents"]}.get(where.split(":")[0])
+        kit = where.split(":")[0]
+        want = (["accel-server"] if kit == "monitoring"
+                else ["accel-agents"] if kit.startswith("kubeflow") else None)
         if want is not None and [g.get("name") for g in spec["groups"]] != want:
             fail(where, f"must hold the alert group(s) {want} only")
 
@@ -543,6 +548,44 @@ JOB_ID = {
 }
 
 
+DRAIN_SECONDS = 90
+
+
+def drains(where, pod, c):
+    """A drain (SIGTERM: an eviction, a preemption, a delete) gives the
+    workers time to save a checkpoint: the agent's shutdown timeout is set,
+    at least DRAIN_SECONDS, and the pod's grace outlasts it by 10 s or more,
+    so the agent, not the kubelet, kills what is left."""
+    env = env_of(c)
+    args = [a.split("=", 1)[1] for a in c.get("args") or [] if a.startswith("--shutdown-timeout=")]
+    value = args[0] if args else (env.get("PET_SHUTDOWN_TIMEOUT") or {}).get("value")
+    if value is None or not str(value).isdigit():
+        fail(where, "needs PET_SHUTDOWN_TIMEOUT (or --shutdown-timeout=) in whole seconds: the workers' time to save a checkpoint after SIGTERM")
+        return
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+    if int(value) < DRAIN_SECONDS:
+        fail(where, f"PET_SHUTDOWN_TIMEOUT {value} s is under {DRAIN_SECONDS} s: a drain would cut the workers' checkpoint short")
+    if grace < int(value) + 10:
+        fail(where, f"terminationGracePeriodSeconds ({grace}) must outlast the shutdown timeout ({value} s) by 10 s, or the kubelet kills the agent first")
+
+
+def bounded_scratch(where, pod):
+    """Every emptyDir has a sizeLimit: an unbounded one (HOME's caches, a
+    log) fills the node's disk and gets every pod on it evicted."""
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if "emptyDir" in v and not (v.get("emptyDir") or {}).get("sizeLimit"):
+            fail(where, f"emptyDir {v.get('name')} needs a sizeLimit (an unbounded one fills the node's disk)")
+
+
+def node_identity(where, c):
+    """Quarantine keys on the machine, not the pod: indexed pods are named
+    <job>-<index>, so a host name key would follow the index onto healthy
+    machines and miss the bad one."""
+    ref = (((env_of(c).get("PET_NODE_IDENTITY") or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    if ref != "spec.nodeName":
+        fail(where, "PET_NODE_IDENTITY must come from spec.nodeName (quarantine keys on the machine, not the pod's name)")
+
+
 def check_agent_pod(where, pod, nnodes, kind):
     check_hardened(where, pod, read_only_root=False)
     spec = pod["spec"]
@@ -560,6 +603,9 @@ def check_agent_pod(where, pod, nnodes, kind):
     def ref(name):
         return ((env.get(name) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
 
+    drains(where, pod, c)
+    node_identity(where, c)
+    bounded_scratch(where, pod)
     if ref("PET_LOCAL_ADDR") != "status.podIP":
         fail(where, "PET_LOCAL_ADDR must come from status.podIP (else MASTER_ADDR is an unresolvable host name)")
     names = [e.get("name") for e in c.get("env") or []]
@@ -613,14 +659,16 @@ def quantity(q):
     return int(m[1]) * {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}[m[2]]
 
 
-def check_gpu_pod(where, pod):
+def check_gpu_pod(where, pod, nproc_arg=True):
+    """GPU sizing; `nproc_arg`: the workers per node are the agent's
+    argument (the Trainer runtime's are the TrainJob's numProcPerNode)."""
     spec = pod["spec"]
     c = spec["containers"][0]
     res = c.get("resources") or {}
     gpus = (res.get("limits") or {}).get("nvidia.com/gpu")
     if not gpus or (res.get("requests") or {}).get("nvidia.com/gpu") != gpus:
         fail(where, "needs nvidia.com/gpu in limits and requests, equal")
-    if "--nproc-per-node=gpu" not in (c.get("args") or []):
+    if nproc_arg and "--nproc-per-node=gpu" not in (c.get("args") or []):
         fail(where, "--nproc-per-node=gpu: a worker per GPU the container can open")
     shm = next((v for v in spec.get("volumes") or [] if v.get("name") == "dshm"), {}).get("emptyDir") or {}
     limit = quantity(res["limits"]["memory"])
@@ -669,6 +717,9 @@ def check_doc(name, docs, doc, where):
         for r in spec.get("replicatedJobs") or []:
             pod = r["template"]["spec"]["template"]
             check_agent_pod(f"{where} replicatedJob {r.get('name')}", pod, nnodes, "JobSet")
+        if "gpu" in name:
+            for r in spec.get("replicatedJobs") or []:
+                check_gpu_pod(f"{where} replicatedJob {r.get('name')}", r["template"]["spec"]["template"])
         if (spec.get("successPolicy") or {}).get("operator") != "Any":
             fail(where, "successPolicy.operator must be Any (an agent exits 0 only when the accel job succeeded)")
             templates.setdefault("JobSet", strip_for_compare(pod))
@@ -676,6 +727,9 @@ def check_doc(name, docs, doc, where):
     if kind == "ClusterTrainingRuntime":
         validate_crd(where, doc, RUNTIME_SCHEMA)
         check_runtime(where, doc)
+        if "gpu" in name:
+            for r in doc["spec"]["template"]["spec"].get("replicatedJobs") or []:
+                check_gpu_pod(f"{where} replicatedJob {r.get('name')}", r["template"]["spec"]["template"], nproc_arg=False)
         return
     if kind in MONITORING_SCHEMAS:
         validate_crd(where, doc, MONITORING_SCHEMAS[kind])

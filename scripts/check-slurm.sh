@@ -15,7 +15,10 @@
 #     --ntasks-per-node=2 is refused (exit 2, naming --ntasks-per-node=1);
 #  4. sbatch --wait deploy/slurm/train.sbatch (the documented batch script:
 #     its own port, a token, --cpus-per-task) runs one job on every node and
-#     removes its token file;
+#     removes its token file; then, with the same script: the time limit's
+#     warning signal (scancel --signal=TERM, the steps only) lets workers that
+#     trap SIGTERM save for 90 s and finish; and a job requeued with
+#     `scontrol requeue` runs again, resuming from its first run's checkpoint;
 #  5. stops the daemons and removes the directory, also on failure (with the
 #     daemons' log tails then).
 # Nothing is skipped: if Slurm cannot run here, this fails and says why.
@@ -350,6 +353,89 @@ bad="$(grep '^worker ' "$sub/out" | grep -v " WORLD_SIZE=$WORLD TORCHELASTIC_RUN
 lines="$(grep -c "running under Slurm (job $BJOB)" "$sub/err" || true)"
 [ "$lines" -eq "$NODES" ] || fail "batch job $BJOB: $lines 'running under Slurm' lines for $NODES nodes"
 [ ! -e "$sub/.accel-token-$BJOB" ] || fail "batch job $BJOB left its token file behind"
+
+# job_state JOB: its state as slurmctld has it (PENDING, RUNNING, COMPLETED...).
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+# wait_for WHAT SECONDS CMD...: polls CMD until it succeeds, or fails the check.
+wait_for() {
+  local what=$1 limit=$2 i
+  shift 2
+  for ((i = 0; i < limit * 2; i++)); do
+    "$@" && return 0
+    sleep 0.5
+  done
+  fail "$what: not within $limit s"
+}
+# count_files DIR PATTERN: how many files of DIR hold a line PATTERN.
+count_files() { grep -l -- "$2" "$1"/rank-* 2>/dev/null | wc -l; }
+
+# Two more jobs of the same script, side by side (a CPU a node each, so
+# both fit at once):
+#  - the time limit's warning: `#SBATCH --signal=TERM@120` signals the job's
+#    steps (the agents) ahead of the limit; `scancel --signal=TERM` sends the
+#    same, steps only. Workers that trap SIGTERM and save for 90 s more must
+#    finish: the agent waits the whole lead (and KillWait) before it kills;
+#  - requeue: the job runs again with the same id, and a script that saved a
+#    checkpoint resumes from it. Run 0 saves step 5 and waits; `scontrol
+#    requeue` ends it and queues it again; run 1 reads the checkpoint.
+DRAIN_SECONDS=90
+drain="$tmp/drain" rq="$tmp/requeue"
+mkdir -p "$drain" "$rq"
+cat >"$drain/worker.sh" <<'WORKER'
+#!/bin/sh
+# On SIGTERM: a line a second for DRAIN_SECONDS (a checkpoint being saved),
+# then `saved`, exit 0.
+out="$DRAIN_DIR/rank-$RANK"
+trap 'i=0; while [ "$i" -lt "$DRAIN_SECONDS" ]; do echo "saving $i" >>"$out"; i=$((i + 1)); sleep 1; done; echo saved >>"$out"; exit 0' TERM
+echo started >>"$out"
+while :; do sleep 1; done
+WORKER
+cat >"$rq/worker.sh" <<'WORKER'
+#!/bin/sh
+ckpt="$RQ_DIR/checkpoint"
+out="$RQ_DIR/rank-$RANK"
+if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then
+  [ "$RANK" != 0 ] || { echo 5 >"$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"; }
+  echo "run 0 started" >>"$out"
+  while :; do sleep 1; done
+fi
+echo "run $SLURM_RESTART_COUNT resumed from step $(cat "$ckpt")" >>"$out"
+WORKER
+chmod +x "$drain/worker.sh" "$rq/worker.sh"
+# submit DIR: sbatch's the example script in DIR with DIR/worker.sh; prints the job id.
+submit() {
+  local dir=$1 rc=0
+  (cd "$dir" && DRAIN_DIR="$drain" DRAIN_SECONDS=$DRAIN_SECONDS RQ_DIR="$rq" ACCEL_AGENT="$AGENT" ACCEL_NPROC=$NPROC \
+    sbatch --parsable --nodes="$NODES" --cpus-per-task=1 --output="$dir/out" --error="$dir/err" --open-mode=append \
+    "$OLDPWD/deploy/slurm/train.sbatch" --no-python "$dir/worker.sh") >"$dir/job" 2>"$dir/sbatch.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "sbatch exited $rc: $(cat "$dir/sbatch.err")"
+  cut -d';' -f1 "$dir/job"
+}
+say "running: sbatch deploy/slurm/train.sbatch twice: scancel --signal=TERM (the time limit's warning; workers save for $DRAIN_SECONDS s), and scontrol requeue (the second run resumes from the first's checkpoint)"
+DJOB="$(submit "$drain")"
+RJOB="$(submit "$rq")"
+all_started() { [ "$(count_files "$drain" '^started$')" -eq "$WORLD" ]; }
+wait_for "drain job $DJOB: every worker started" 120 all_started
+scancel --signal=TERM "$DJOB" || fail "scancel --signal=TERM $DJOB failed"
+signaled=$SECONDS
+run0_started() { [ "$(count_files "$rq" '^run 0 started$')" -eq "$WORLD" ] && [ -s "$rq/checkpoint" ]; }
+wait_for "requeue job $RJOB: run 0 started and saved" 120 run0_started
+scontrol requeue "$RJOB" || fail "scontrol requeue $RJOB failed"
+ended() { case "$(job_state "$DJOB")" in PENDING | RUNNING | CONFIGURING | COMPLETING | "") return 1 ;; *) return 0 ;; esac; }
+wait_for "drain job $DJOB: the end" $((DRAIN_SECONDS + 60)) ended
+took=$((SECONDS - signaled))
+saved="$(count_files "$drain" '^saved$')"
+if [ "$saved" -ne "$WORLD" ]; then
+  for f in "$drain"/rank-*; do echo "  | $(basename "$f"): $(grep -c '^saving' "$f") lines, last: $(tail -n 1 "$f")"; done >&2
+  sed 's/^/  ! /' "$drain/err" >&2 2>/dev/null || true
+  fail "drain job $DJOB: $saved of $WORLD workers finished saving after SIGTERM (the agents' --shutdown-timeout cut them short?)"
+fi
+say "drain job $DJOB: all $WORLD workers saved for $DRAIN_SECONDS s after SIGTERM and exited (job over $took s after the signal, state $(job_state "$DJOB"))"
+resumed() { [ "$(count_files "$rq" '^run 1 resumed from step 5$')" -eq "$WORLD" ]; }
+wait_for "requeue job $RJOB: every worker of run 1 resumed from step 5" 240 resumed
+completed() { [ "$(job_state "$RJOB")" = COMPLETED ]; }
+wait_for "requeue job $RJOB: run 1 completed" 60 completed
+say "requeue job $RJOB: run 1 resumed from run 0's checkpoint on all $WORLD workers and completed"
 
 say "all checks passed in $((SECONDS - START)) s"
 echo "check-slurm: ok ($NODES nodes, job $JOB)"

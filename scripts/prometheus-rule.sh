@@ -2,7 +2,7 @@
 # Writes the Prometheus Operator's form of deploy/prometheus/accel.rules.yml
 # (the one source of the alerts), one PrometheusRule per group, beside what
 # it watches: the `accel-server` group to deploy/kubernetes/monitoring (with
-# the server), the `accel-agents` group to deploy/kubeflow (with the runtime,
+# the server), the `accel-agents` group to deploy/kubeflow/monitoring (with the runtime,
 # which may run no server: server alerts there would watch nothing).
 # scripts/check-kubernetes.sh fails when they differ.
 # Usage: scripts/prometheus-rule.sh [--check]
@@ -17,7 +17,7 @@ import yaml
 src = "deploy/prometheus/accel.rules.yml"
 outs = {
     "accel-server": ("deploy/kubernetes/monitoring/prometheusrule.yaml", "accel-server"),
-    "accel-agents": ("deploy/kubeflow/prometheusrule.yaml", "accel-agents"),
+    "accel-agents": ("deploy/kubeflow/monitoring/prometheusrule.yaml", "accel-agents"),
 }
 groups = {g["name"]: g for g in yaml.safe_load(open(src))["groups"]}
 if set(groups) != set(outs):

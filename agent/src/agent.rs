@@ -66,6 +66,13 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // when the first round starts its workers.
     crate::files::check_log_dir(cfg.log_dir.as_deref())?;
     let hostname = hostname();
+    // The machine as the rendezvous knows it (its quarantine, status,
+    // topology): `--node-identity`, else the host name. The host name stays
+    // for what is about the network (the store's address, log prefixes).
+    let identity = cfg
+        .node_identity
+        .clone()
+        .unwrap_or_else(|| hostname.clone());
     // The fence clock: the send time of the last call a rendezvous
     // answered, kept by every link of this agent.
     let answered = link::Answered::default();
@@ -239,7 +246,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 }
             }
             let node_id = format!(
-                "{hostname}-{}-{:04x}",
+                "{identity}-{}-{:04x}",
                 std::process::id(),
                 fastrand::u16(..)
             );
@@ -247,7 +254,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             let join_req = pb::JoinRequest {
                 job_id: cfg.run_id.clone(),
                 node_id: node_id.clone(),
-                hostname: hostname.clone(),
+                hostname: identity.clone(),
                 min_nodes: cfg.min_nodes,
                 max_nodes: cfg.max_nodes,
                 last_call_ms: crate::deadline::millis(cfg.rdzv.last_call_timeout),
@@ -277,7 +284,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             // joins, and kept while it is a member (withdrawn below).
             let presence = etcd
                 .as_ref()
-                .map(|o| rendezvous_server::presence::Presence::announce(o, &node_id, &hostname));
+                .map(|o| rendezvous_server::presence::Presence::announce(o, &node_id, &identity));
             let reach = Arc::new(
                 link::Reach::new(&cfg, endpoints.clone(), leaders, join_req)
                     .with_presence(presence.as_ref().map(|p| p.held()))

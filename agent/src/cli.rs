@@ -224,6 +224,9 @@ pub struct AgentArgs {
     /// This node's address as other nodes reach it (default: the host name).
     #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
     pub local_addr: Option<String>,
+    /// The name the rendezvous knows this machine by: its quarantine, status, topology and failure reports (default: the host name). Under Kubernetes give the node's (the downward API's spec.nodeName): a pod's host name is its pod name, which a replacement pod on another machine keeps.
+    #[arg(long = "node-identity", env = "PET_NODE_IDENTITY", value_name = "NAME")]
+    pub node_identity: Option<String>,
     /// Where this node sits in the machine, outermost first (e.g. zone-a/rack-3/nvl-0): nodes with the same path get contiguous node ranks (default: from --topology-file, else Slurm's SLURM_TOPOLOGY_ADDR, else the GPUs' NVLink domain in nvidia-smi -q as nvl-CLUSTER_UUID/CLIQUE_ID, else none).
     #[arg(long = "topology", env = "PET_TOPOLOGY", value_name = "PATH")]
     pub topology: Option<String>,
@@ -437,6 +440,7 @@ impl From<AgentArgs> for LaunchOptions {
             master_addr,
             master_port,
             local_addr,
+            node_identity,
             topology,
             topology_file,
             signals_to_handle,
@@ -493,6 +497,7 @@ impl From<AgentArgs> for LaunchOptions {
             master_addr,
             master_port,
             local_addr,
+            node_identity,
             topology,
             topology_file,
             signals_to_handle,

@@ -119,6 +119,10 @@ pub struct Config {
     pub log_dir: Option<PathBuf>,
     /// This node's address for other nodes.
     pub local_addr: Option<String>,
+    /// `--node-identity`: the name the rendezvous knows this machine by
+    /// (quarantine, status, topology, failure reports); `None`: the host
+    /// name.
+    pub node_identity: Option<String>,
     /// Where this node sits in the machine (`--topology`, `--topology-file`,
     /// Slurm's topology address, the GPUs' NVLink domain; empty: unknown),
     /// sent when it joins.

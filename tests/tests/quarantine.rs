@@ -457,3 +457,103 @@ fn made_up_hosts_filling_the_server_wide_quarantine_do_not_stop_a_real_hosts() {
         "{recs:#?}"
     );
 }
+
+/// `--node-identity`: quarantine keys on the machine the agent names, not
+/// its host name (under Kubernetes a pod's host name is its pod name, which
+/// a replacement pod on another machine keeps). Pod `pod-0` on machine-x
+/// fails three times: machine-x is benched, not pod-0. Its replacement, a
+/// pod of the same name on machine-y, is placed, and the job ends in a
+/// round of three.
+#[test]
+fn quarantine_keys_on_the_node_identity_so_a_replacement_pod_of_the_same_name_runs() {
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--quarantine-after",
+            "3",
+            "--quarantine-window",
+            "10m",
+            "--quarantine-for",
+            "10m",
+        ],
+        &[],
+    );
+    let dir = scratch("quarantine-identity");
+    let pod = |host: &str, identity: &str, tag: &str, failing: bool| {
+        let mut cmd = AgentCmd::c10d(&server.addr, "quarantine-identity")
+            .nnodes("2:3")
+            .nproc(1)
+            .max_restarts(5)
+            .conf("last_call_timeout=30")
+            .flag("--node-identity", identity)
+            .recording(&dir, tag)
+            .env("RECORD_EACH_ROUND", "1")
+            .env("RUN_FOR_WORLD", "2:600")
+            .env("RUN_FOR", "2");
+        if failing {
+            cmd = cmd
+                .env("FAIL_RANKS", "0,1,2")
+                .env("FAIL_UNTIL", "3")
+                .env("FAIL_AFTER", "0.3");
+        }
+        let prefix = as_host(host);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        cmd.start_with(&prefix, &dir, tag)
+    };
+    let a = pod("pod-1", "machine-a", "pod-1", false);
+    let b = pod("pod-2", "machine-b", "pod-2", false);
+    let bad = pod("pod-0", "machine-x", "pod-0-on-x", true);
+    poll_until("a round of two without machine-x", LIMIT, || {
+        let recs = records(&dir);
+        match of_world(&recs, "2").len() {
+            2 => Ok(()),
+            n => Err(format!(
+                "{n} workers in rounds of two; {} records",
+                recs.len()
+            )),
+        }
+    });
+    let (ok, listed, err) = quarantine(&server, &["list", "--json"]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&listed).expect("json");
+    let hosts = listed["hosts"].as_array().expect("hosts");
+    assert_eq!(hosts.len(), 1, "{listed}");
+    assert_eq!(
+        hosts[0]["host"], "machine-x",
+        "the machine, not the pod: {listed}"
+    );
+    let jobs = status_jobs(&server.addr, &[]).expect("status");
+    let names: Vec<&str> = jobs[0]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["hostname"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"machine-x") && !names.iter().any(|n| n.starts_with("pod-")),
+        "status shows identities: {names:?}"
+    );
+
+    // The pod is replaced: same pod name, another machine.
+    bad.signal("KILL");
+    let _ = bad.wait(LIMIT);
+    let replacement = pod("pod-0", "machine-y", "pod-0-on-y", false);
+    for (name, agent) in [
+        ("pod-1", a),
+        ("pod-2", b),
+        ("pod-0 on machine-y", replacement),
+    ] {
+        let done = agent.wait(LIMIT);
+        assert_eq!(done.code(), 0, "{name}: {}", done.stderr);
+    }
+    let recs = records(&dir);
+    let three = of_world(&recs, "3");
+    assert!(
+        three.iter().any(|r| r.var("AGENT_TAG") == "pod-0-on-y"),
+        "the replacement ran in the round of three: {recs:#?}"
+    );
+    assert!(
+        !three.iter().any(|r| r.var("AGENT_TAG") == "pod-0-on-x"),
+        "{recs:#?}"
+    );
+}

@@ -342,3 +342,86 @@ fn an_agent_that_returned_leaves_nothing_in_its_process_group() {
         );
     }
 }
+
+/// A number the manifest gives: the first `value: "N"` after `- name: VAR`,
+/// or `KEY: N`.
+fn manifest_seconds(text: &str, key: &str) -> u64 {
+    let after = |s: &str| {
+        s.trim()
+            .trim_start_matches(|c: char| !c.is_ascii_digit())
+            .trim_end_matches(['"', ' '])
+            .parse::<u64>()
+    };
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let line = line.trim();
+        if line == format!("- name: {key}") {
+            let value = lines.next().expect("a value line");
+            return after(value).unwrap_or_else(|e| panic!("{key}: {value}: {e}"));
+        }
+        if let Some(rest) = line.strip_prefix(&format!("{key}:")) {
+            return after(rest).unwrap_or_else(|e| panic!("{key}: {rest}: {e}"));
+        }
+    }
+    panic!("{key} is not in the manifest")
+}
+
+/// A drain under the training Job's settings (deploy/kubernetes/training/
+/// job/job.yaml's PET_SHUTDOWN_TIMEOUT and terminationGracePeriodSeconds,
+/// as the kubelet applies them: SIGTERM, then SIGKILL at the grace): workers
+/// that trap SIGTERM and save for 90 s finish, and the agent exits before
+/// the kubelet would kill it.
+#[test]
+fn a_drain_under_the_kubernetes_jobs_settings_lets_workers_save_for_90_s() {
+    let job = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/kubernetes/training/job/job.yaml"),
+    )
+    .expect("the training Job's manifest");
+    let shutdown = manifest_seconds(&job, "PET_SHUTDOWN_TIMEOUT");
+    let grace = Duration::from_secs(manifest_seconds(&job, "terminationGracePeriodSeconds"));
+    let dir = scratch("drain-k8s");
+    let worker = dir.join("worker.sh");
+    std::fs::write(
+        &worker,
+        "#!/bin/sh\n\
+         out=\"$DRAIN_DIR/rank-$RANK\"\n\
+         trap 'i=0; while [ \"$i\" -lt 90 ]; do echo \"saving $i\" >>\"$out\"; i=$((i + 1)); sleep 1; done; echo saved >>\"$out\"; exit 0' TERM\n\
+         echo started >>\"$out\"\n\
+         while :; do sleep 1; done\n",
+    )
+    .expect("worker script");
+    std::fs::set_permissions(&worker, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let agent = AgentCmd::new()
+        .nproc(2)
+        .env("PET_SHUTDOWN_TIMEOUT", shutdown)
+        .env("DRAIN_DIR", dir.display())
+        .no_python(&worker, &[])
+        .start(&dir, "agent");
+    let read =
+        |rank: u32| std::fs::read_to_string(dir.join(format!("rank-{rank}"))).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(30), || (0..2)
+            .all(|r| read(r).contains("started"))),
+        "workers started"
+    );
+    let sent = Instant::now();
+    agent.signal("TERM");
+    let out = agent.wait(grace + Duration::from_secs(30));
+    let took = sent.elapsed();
+    for r in 0..2 {
+        let log = read(r);
+        assert!(
+            log.lines().filter(|l| l.starts_with("saving ")).count() == 90
+                && log.trim_end().ends_with("saved"),
+            "rank {r} did not finish saving within PET_SHUTDOWN_TIMEOUT={shutdown}:\n{log}\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        took < grace,
+        "the agent exited {took:?} after SIGTERM: past terminationGracePeriodSeconds ({grace:?}), the kubelet would have killed it"
+    );
+    assert_eq!(out.code(), 128 + 15, "{}", out.stderr);
+}

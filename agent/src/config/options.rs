@@ -228,6 +228,11 @@ pub fn std_spec(
 }
 
 /// Everything a launcher asks of the agent. [`LaunchOptions::new`] gives
+/// Most bytes of `--node-identity`: the rendezvous takes host names of up
+/// to 256 bytes, and node ids (the identity, the process id and a random
+/// suffix) too.
+pub(super) const MAX_NODE_IDENTITY_BYTES: usize = 200;
+
 /// `accel-agent`'s defaults; set what differs, then [`build`](Self::build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchOptions {
@@ -284,6 +289,8 @@ pub struct LaunchOptions {
     pub master_port: Option<u16>,
     /// `--local-addr`.
     pub local_addr: Option<String>,
+    /// `--node-identity`.
+    pub node_identity: Option<String>,
     /// `--topology`: this node's topology path.
     pub topology: Option<String>,
     /// `--topology-file`: a file holding it.
@@ -362,6 +369,7 @@ impl LaunchOptions {
             master_addr: "127.0.0.1".into(),
             master_port: None,
             local_addr: None,
+            node_identity: None,
             topology: None,
             topology_file: None,
             signals_to_handle: Signals::default(),
@@ -458,6 +466,16 @@ impl LaunchOptions {
             &mut warnings,
         )
         .map_err(bad)?;
+        let node_identity = match self.node_identity.as_deref() {
+            None | Some("") => None,
+            Some(id) if id.len() > MAX_NODE_IDENTITY_BYTES || id.chars().any(char::is_control) => {
+                return Err(bad(format!(
+                    "--node-identity '{}' must be at most {MAX_NODE_IDENTITY_BYTES} bytes without control characters (the machine's name, e.g. Kubernetes' spec.nodeName)",
+                    excerpt(id)
+                )));
+            }
+            Some(id) => Some(id.to_owned()),
+        };
         let shutdown_timeout = match self.shutdown_timeout {
             Some(d) => d,
             None => match env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
@@ -538,6 +556,7 @@ impl LaunchOptions {
             entrypoint,
             log_dir: self.log_dir.clone(),
             local_addr: self.local_addr.clone().filter(|a| !a.is_empty()),
+            node_identity,
             topology,
             signals: self.signals_to_handle.list.clone(),
             signals_text: self.signals_to_handle.text.clone(),
