@@ -705,6 +705,11 @@ impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
             let now = Instant::now().into_std();
             self.observe(now, &event);
             actions = self.machine.step(now, event);
+            if self.machine.left_round() {
+                // Fenced or dropped: out of the round's peer hub at once,
+                // not at the next offer (`NodeMachine::left_round`).
+                self.quiet_peers();
+            }
             self.metrics.set_ready(self.machine.readiness());
         }
     }

@@ -46,12 +46,14 @@
 //! the node's last contact with the rendezvous, when a held place is given
 //! away.
 //!
-//! The argument counts only nodes the rendezvous still holds in the
-//! running round, so a node pings the hub only while its part of the round
-//! runs: it leaves at its first stop (told of a re-form, fenced, dropped),
-//! not at its next offer. A fenced node still rejoining, heard by the hub,
-//! would otherwise make a majority with a node the rendezvous is about to
-//! drop (found by the simulator).
+//! The argument counts only nodes the rendezvous may still hold in the
+//! running round, so a node whose fence fell (its own deadline, or its
+//! guard's) or that was told it was dropped leaves the hub at once, not at
+//! its next offer: a fenced node still rejoining, heard by the hub, would
+//! otherwise make a majority with a node the rendezvous is about to drop
+//! (found by the simulator). A node that stopped its workers for its own
+//! failure during an outage stays: the rendezvous still holds it, and its
+//! report waits for the rendezvous to be back.
 //!
 //! A node that hears at most half of its round (cut off from the hub, or
 //! the hub from most nodes) has no evidence and fences at the drop limit as

@@ -56,13 +56,6 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
                 }
             }
             Action::Stop { signal, grace } => {
-                // This node's part of the round is over: it stops pinging
-                // the round's hub at once, not at its next offer. The hub
-                // must count only nodes the rendezvous still holds in the
-                // running round (`peers` module docs), and a node that
-                // stops (told of a re-form, fenced, dropped) may no longer
-                // be one: its pings would vouch for a round that is gone.
-                self.quiet_peers();
                 // Stopping workers are no longer watched for hangs.
                 self.watch(Vec::new());
                 self.progress.stopped();
@@ -337,7 +330,7 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
     /// hub, and vouches for nobody any more; the latest evidence it had
     /// still bounds the hold of a silent server's connection while its
     /// workers stop (`Shared::quiet`).
-    fn quiet_peers(&mut self) {
+    pub(super) fn quiet_peers(&mut self) {
         if let Some(peers) = &mut self.peers {
             peers.task = super::AbortOnDrop(None);
             peers.shared.quiet();

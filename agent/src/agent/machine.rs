@@ -525,6 +525,25 @@ impl NodeMachine {
         self.settings.fence.then(|| self.settings.fence_in())
     }
 
+    /// Whether this node can no longer count itself in its round: its
+    /// fence fell (its own deadline or its guard's) or it was told it was
+    /// dropped. It then leaves the round's peer hub at once: the hub's
+    /// argument counts only nodes the rendezvous may still hold in the
+    /// running round, and a fenced node may already have been dropped (see
+    /// the `peers` module). A node that stops its workers for its own
+    /// failure still belongs to the round, and keeps vouching for it.
+    pub fn left_round(&self) -> bool {
+        let round = match &self.phase {
+            Phase::Recovering { round, .. } => round,
+            Phase::Stopping {
+                then: Then::Recover { round, .. },
+                ..
+            } => round,
+            _ => return false,
+        };
+        round.fenced || round.dropped
+    }
+
     /// Whether the life is over.
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done)

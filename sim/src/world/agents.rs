@@ -313,8 +313,6 @@ impl World {
                     n.exits.clear();
                 }
                 Action::Stop { signal, grace } => {
-                    // Its part of the round is over: no more pings to the hub.
-                    self.quiet_peers(i);
                     let n = &mut self.nodes[i];
                     if !n.group {
                         n.queue.push_back(Event::Stopped(Vec::new()));
@@ -560,6 +558,12 @@ impl World {
                 return;
             };
             let actions = machine.step(now, event);
+            let left = machine.left_round();
+            if left {
+                // Fenced or dropped: out of the hub at once (the agent's
+                // `quiet_peers` after each step).
+                self.quiet_peers(i);
+            }
             self.perform(i, actions);
         }
         self.checker.note(

@@ -299,8 +299,10 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_re_forms_o
         m.step(t0 + 14 * SECOND, Event::Timer).is_empty(),
         "early timer"
     );
+    assert!(!m.left_round(), "lost, but still in its round");
     let actions = m.step(t0 + 15 * SECOND, Event::Timer);
     assert!(is_kill(&actions[0]), "{actions:?}");
+    assert!(m.left_round(), "fenced: out of the round's peer hub");
     let stopped = vec![
         Exit {
             ended: Ended::Signaled(15),
@@ -623,8 +625,10 @@ fn a_failure_while_unreachable_is_reported_once_back() {
         ended: Ended::Signaled(15),
         ..exit(0, 0)
     };
+    assert!(!m.left_round(), "its own failure: still in its round's hub");
     assert!(m.step(t0, Event::Stopped(vec![killed])).is_empty());
     assert!(m.sources().rejoin, "back to rejoining");
+    assert!(!m.left_round(), "its report waits for the rendezvous");
     let actions = m.step(
         t0,
         Event::Rejoined {
