@@ -31,6 +31,11 @@ mutations=(
   "the GPU JobSet's /dev/shm left at 1Gi|kubernetes/components/gpu-node/kustomization.yaml|s = s.replace('path: /spec/replicatedJobs/0/template/spec/template/spec/volumes/2/emptyDir/sizeLimit\n        value: 128Gi', 'path: /spec/replicatedJobs/0/template/spec/template/spec/volumes/2/emptyDir/sizeLimit\n        value: 1Gi', 1)|/dev/shm must be in memory and at least 16Gi"
   "the GPU runtime without GPUs|kubernetes/components/gpu-node/kustomization.yaml|s = s.replace('resources/limits/nvidia.com~1gpu\n        value: \"8\"\n      - op: test\n        path: /spec/template', 'resources/limits/nvidia.com~1gpu\n        value: \"4\"\n      - op: test\n        path: /spec/template', 1)|needs nvidia.com/gpu in limits and requests, equal"
   "the RDMA JobSet without IPC_LOCK|kubernetes/components/rdma/kustomization.yaml|s = s.replace('value: [IPC_LOCK]', 'value: [NET_RAW]', 2)|RDMA needs IPC_LOCK"
+  "the static runtime's Jobs left to JobSet's backoff|kubeflow/runtime/cluster-training-runtime.yaml|s = s.replace('              backoffLimit: 0\n', '', 1)|needs backoffLimit: 0"
+  "the c10d runtime's pods left to JobSet's restartPolicy|kubeflow/runtime-c10d/cluster-training-runtime.yaml|s = s.replace('                  restartPolicy: Never\n', '', 1)|restartPolicy"
+  "the c10d runtime without the token|kubeflow/runtime-c10d/cluster-training-runtime.yaml|s = s.replace('token_file=/etc/accel/token/token,', '', 1)|must give token_file=/etc/accel/token/token"
+  "the c10d runtime advertising its pod name|kubeflow/runtime-c10d/cluster-training-runtime.yaml|s = s.replace('- name: PET_LOCAL_ADDR', '- name: PET_LOCAL_ADDR_UNUSED', 1)|PET_LOCAL_ADDR must come from status.podIP"
+  "the c10d runtime's metrics closed to Prometheus|kubeflow/runtime-c10d/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

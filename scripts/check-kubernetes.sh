@@ -448,19 +448,30 @@ def check_runtime(where, doc):
     if ((t.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/trainjob-ancestor-step") != "trainer":
         fail(where, "replicatedJob node needs the label trainer.kubeflow.org/trainjob-ancestor-step: trainer")
     pod = (t.get("spec") or {}).get("template") or {}
-    check_hardened(where, pod, read_only_root=False)
-    no_sidecar(where, pod)
-    short_tolerations(where, pod.get("spec") or {})
-    if ((pod.get("metadata") or {}).get("labels") or {}).get("accel.dev/role") != "agent":
-        fail(where, "pods need the label accel.dev/role: agent (the PodMonitor selects it)")
+    # Explicit: JobSet's webhook would default restartPolicy OnFailure, and
+    # the kubelet would restart agents beside accel's own restarts.
+    if (t.get("spec") or {}).get("backoffLimit") != 0:
+        fail(where, "replicatedJob node's template needs backoffLimit: 0 (accel restarts the workers itself)")
+    if (pod.get("spec") or {}).get("restartPolicy") != "Never":
+        fail(where, "the pods need restartPolicy: Never, explicit (JobSet would default OnFailure)")
     node = [c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == "node"]
     if len(node) != 1 or (node[0].get("command") or [""])[0] != "accel-agent":
         fail(where, "needs a container named node whose command is accel-agent")
         return
-    drains(where, pod, node[0])
-    node_identity(where, node[0])
-    bounded_scratch(where, pod)
     env = env_of(node[0])
+    if (env.get("PET_RDZV_BACKEND") or {}).get("value") == "c10d":
+        # Through rdzv-server: every rule the training Job's pods get (the
+        # token, the endpoint, the job id from the JobSet, the store ports).
+        check_agent_pod(where, pod, None, "JobSet")
+    else:
+        check_hardened(where, pod, read_only_root=False)
+        no_sidecar(where, pod)
+        short_tolerations(where, pod.get("spec") or {})
+        if ((pod.get("metadata") or {}).get("labels") or {}).get("accel.dev/role") != "agent":
+            fail(where, "pods need the label accel.dev/role: agent (the PodMonitor selects it)")
+        drains(where, pod, node[0])
+        node_identity(where, node[0])
+        bounded_scratch(where, pod)
     for name in TRAINER_SETS:
         if name in env:
             fail(where, f"{name} must be left to Trainer, which sets it")
@@ -625,9 +636,10 @@ def check_agent_pod(where, pod, nnodes, kind):
     cm = ((env.get("PET_RDZV_ENDPOINT") or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}
     if (cm.get("name"), cm.get("key")) != ("accel-rdzv", "endpoint"):
         fail(where, "PET_RDZV_ENDPOINT must come from the ConfigMap accel-rdzv, key endpoint")
-    # N, or MIN:MAX for an elastic job: the job runs MAX pods.
+    # N, or MIN:MAX for an elastic job: the job runs MAX pods. (None: a
+    # Trainer runtime, where Trainer sets it from the TrainJob.)
     nn = (env.get("PET_NNODES") or {}).get("value", "")
-    if nn.rsplit(":", 1)[-1] != str(nnodes):
+    if nnodes is not None and nn.rsplit(":", 1)[-1] != str(nnodes):
         fail(where, f"PET_NNODES is {nn!r} but the job runs {nnodes} pods")
     bind = (env.get("PET_METRICS_BIND") or {}).get("value", "")
     port = bind.rsplit(":", 1)[-1]
@@ -635,6 +647,7 @@ def check_agent_pod(where, pod, nnodes, kind):
     if not port.isdigit() or container_port(c, "metrics") != int(port) or ann.get("prometheus.io/port") != port:
         fail(where, "PET_METRICS_BIND's port must be the containerPort `metrics` and the prometheus.io/port annotation")
     conf = [a.split("=", 1)[1] for a in c.get("args") or [] if a.startswith("--rdzv-conf=")]
+    conf = conf or [v for v in [(env.get("PET_RDZV_CONF") or {}).get("value")] if v]
     keys = dict(kv_.split("=", 1) for kv_ in conf[0].split(",")) if conf else {}
     if keys.get("token_file") != "/etc/accel/token/token":
         fail(where, "--rdzv-conf must give token_file=/etc/accel/token/token")
@@ -736,7 +749,7 @@ def check_doc(name, docs, doc, where):
         check_monitor(where, doc, rendered)
         return
     write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
-    if kind == "NetworkPolicy" and name.startswith("training"):
+    if kind == "NetworkPolicy" and (name.startswith("training") or name.startswith("kubeflow-runtime")):
         # The agents' metrics port admits a Prometheus in `monitoring` (the
         # PodMonitor's scrapes), not only the job's namespace.
         metrics = [r for r in doc["spec"].get("ingress") or []
@@ -793,7 +806,8 @@ for k in glob.glob("deploy/kube*/**/kustomization.yaml", recursive=True):
 for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
-for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow", "monitoring"):
+for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow", "monitoring",
+               "kubeflow-runtime-c10d"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
 
