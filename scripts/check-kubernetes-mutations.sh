@@ -36,6 +36,8 @@ mutations=(
   "the c10d runtime without the token|kubeflow/runtime-c10d/cluster-training-runtime.yaml|s = s.replace('token_file=/etc/accel/token/token,', '', 1)|must give token_file=/etc/accel/token/token"
   "the c10d runtime advertising its pod name|kubeflow/runtime-c10d/cluster-training-runtime.yaml|s = s.replace('- name: PET_LOCAL_ADDR', '- name: PET_LOCAL_ADDR_UNUSED', 1)|PET_LOCAL_ADDR must come from status.podIP"
   "the c10d runtime's metrics closed to Prometheus|kubeflow/runtime-c10d/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
+  "the server without its priority|kubernetes/overlays/single/deployment.yaml|s = s.replace('      priorityClassName: accel-rendezvous\n', '', 1)|needs a priorityClassName"
+  "the server's replicas Burstable|kubernetes/overlays/ha/statefulset.yaml|s = s.replace('requests:\n              cpu: \"1\"', 'requests:\n              cpu: 100m', 1)|requests must equal their limits"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

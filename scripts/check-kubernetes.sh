@@ -349,6 +349,16 @@ def check_server(where, doc, docs):
     no_sidecar(where, pod_of(doc))
     pod = doc["spec"]["template"]
     check_hardened(where, pod, read_only_root=True)
+    # Every training job waits on it: scheduled ahead of them, evicted last.
+    pc = pod["spec"].get("priorityClassName")
+    classes = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "PriorityClass"}
+    if pc not in classes or classes[pc].get("value", 0) < 1000000:
+        fail(where, "needs a priorityClassName of a PriorityClass in the same kit, of value 1000000 or more (ahead of the training pods)")
+    for c in pod["spec"]["containers"]:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        if not all(req.get(k) and req.get(k) == lim.get(k) for k in ("cpu", "memory")):
+            fail(where, f"container {c.get('name')}: cpu and memory requests must equal their limits (Guaranteed QoS: evicted last)")
     c = pod["spec"]["containers"][0]
     args = c.get("args") or []
     if container_port(c, "grpc") != 29400 or container_port(c, "metrics") != 29401:
