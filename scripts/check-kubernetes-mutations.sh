@@ -38,6 +38,9 @@ mutations=(
   "the c10d runtime's metrics closed to Prometheus|kubeflow/runtime-c10d/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
   "the server without its priority|kubernetes/overlays/single/deployment.yaml|s = s.replace('      priorityClassName: accel-rendezvous\n', '', 1)|needs a priorityClassName"
   "the server's replicas Burstable|kubernetes/overlays/ha/statefulset.yaml|s = s.replace('requests:\n              cpu: \"1\"', 'requests:\n              cpu: 100m', 1)|requests must equal their limits"
+  "a queued Job not suspended|kubernetes/components/kueue/kustomization.yaml|s = s.replace('value: true', 'value: false', 1)|spec.suspend must be true"
+  "a queued JobSet in a queue that does not exist|kubernetes/components/kueue/kustomization.yaml|i = s.index('kind: JobSet'); s = s[:i] + s[i:].replace('queue-name: accel-training', 'queue-name: team-queue', 1)|must name a LocalQueue"
+  "a ClusterQueue without memory|kubernetes/kueue/queues.yaml|s = s.replace('[cpu, memory, nvidia.com/gpu]', '[cpu, nvidia.com/gpu]', 1)|does not cover"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

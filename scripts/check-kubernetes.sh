@@ -228,7 +228,34 @@ MONITORING_SCHEMAS = {
         }, ["name", "rules"])},
     }, ["groups"])}, ["apiVersion", "kind", "metadata", "spec"]),
 }
-for schema in [RUNTIME_SCHEMA, *MONITORING_SCHEMAS.values()]:
+# Kueue's queues (kueue.x-k8s.io/v1beta1), the fields these manifests may use.
+KUEUE_META = {"apiVersion": {"const": "kueue.x-k8s.io/v1beta1"}, "metadata": META}
+QUANTITY = {"type": ["string", "integer"]}
+KUEUE_SCHEMAS = {
+    "ResourceFlavor": obj({**KUEUE_META, "kind": {"const": "ResourceFlavor"},
+                           "spec": obj({"nodeLabels": {"type": "object", "additionalProperties": STR}})},
+                          ["apiVersion", "kind", "metadata"]),
+    "ClusterQueue": obj({**KUEUE_META, "kind": {"const": "ClusterQueue"}, "spec": obj({
+        "namespaceSelector": SELECTOR, "cohort": STR,
+        "queueingStrategy": {"enum": ["BestEffortFIFO", "StrictFIFO"]},
+        "preemption": obj({
+            "withinClusterQueue": {"enum": ["Never", "LowerPriority", "LowerOrNewerEqualPriority"]},
+            "reclaimWithinCohort": {"enum": ["Never", "LowerPriority", "Any"]}}),
+        "resourceGroups": {"type": "array", "minItems": 1, "items": obj({
+            "coveredResources": STRS,
+            "flavors": {"type": "array", "minItems": 1, "items": obj({
+                "name": STR,
+                "resources": {"type": "array", "items": obj({
+                    "name": STR, "nominalQuota": QUANTITY, "borrowingLimit": QUANTITY,
+                    "lendingLimit": QUANTITY}, ["name", "nominalQuota"])},
+            }, ["name", "resources"])},
+        }, ["coveredResources", "flavors"])},
+    }, ["resourceGroups"])}, ["apiVersion", "kind", "metadata", "spec"]),
+    "LocalQueue": obj({**KUEUE_META, "kind": {"const": "LocalQueue"},
+                       "spec": obj({"clusterQueue": STR}, ["clusterQueue"])},
+                      ["apiVersion", "kind", "metadata", "spec"]),
+}
+for schema in [RUNTIME_SCHEMA, *MONITORING_SCHEMAS.values(), *KUEUE_SCHEMAS.values()]:
     jsonschema.validators.Draft202012Validator.check_schema(schema)
 
 
@@ -497,6 +524,34 @@ def check_runtime(where, doc):
                                               "metadata": meta, "spec": (r.get("template") or {}).get("spec")})
 
 
+def queued(where, doc, rendered):
+    """A job admitted by Kueue: created suspended (so no pod starts, and no
+    agent burns join_timeout, before Kueue admits it whole), in a LocalQueue
+    of the queues' kit whose ClusterQueue covers what its pods request."""
+    labels = (doc.get("metadata") or {}).get("labels") or {}
+    queue = labels.get("kueue.x-k8s.io/queue-name")
+    kit = rendered.get("kueue") or []
+    local = {d["metadata"]["name"]: d for d in kit if d.get("kind") == "LocalQueue"}
+    if queue not in local:
+        fail(where, f"kueue.x-k8s.io/queue-name must name a LocalQueue of deploy/kubernetes/kueue ({sorted(local)}), not {queue!r}")
+        return
+    if (doc.get("spec") or {}).get("suspend") is not True:
+        fail(where, "spec.suspend must be true: Kueue admits it whole, and no pod starts before")
+    cq = next((d for d in kit if d.get("kind") == "ClusterQueue"
+               and d["metadata"]["name"] == local[queue]["spec"]["clusterQueue"]), None)
+    if cq is None:
+        fail(where, f"LocalQueue {queue} names no ClusterQueue of the kit")
+        return
+    covered = {r for g in cq["spec"]["resourceGroups"] for r in g.get("coveredResources") or []}
+    pods = ([doc["spec"]["template"]] if doc["kind"] == "Job"
+            else [r["template"]["spec"]["template"] for r in doc["spec"]["replicatedJobs"]])
+    for pod in pods:
+        for c in pod["spec"]["containers"]:
+            wanted = set(((c.get("resources") or {}).get("requests") or {}))
+            if wanted - covered:
+                fail(where, f"ClusterQueue {cq['metadata']['name']} does not cover {sorted(wanted - covered)}: Kueue would never admit it")
+
+
 def check_monitor(where, doc, rendered):
     kind, spec = doc["kind"], doc.get("spec") or {}
     labels = (spec.get("selector") or {}).get("matchLabels") or {}
@@ -733,6 +788,8 @@ def check_doc(name, docs, doc, where):
     kind, meta = doc.get("kind"), doc.get("metadata") or {}
     if kind == "JobSet":
         check_jobset(where, doc)
+        if "kueue" in name:
+            queued(where, doc, rendered)
         spec = doc.get("spec") or {}
         nnodes = 0
         for r in spec.get("replicatedJobs") or []:
@@ -758,6 +815,11 @@ def check_doc(name, docs, doc, where):
         validate_crd(where, doc, MONITORING_SCHEMAS[kind])
         check_monitor(where, doc, rendered)
         return
+    if kind in KUEUE_SCHEMAS:
+        validate_crd(where, doc, KUEUE_SCHEMAS[kind])
+        return
+    if kind == "Job" and "kueue" in name:
+        queued(where, doc, rendered)
     write_doc(f"{name}-{str(kind).lower()}-{meta.get('name')}", doc)
     if kind == "NetworkPolicy" and (name.startswith("training") or name.startswith("kubeflow-runtime")):
         # The agents' metrics port admits a Prometheus in `monitoring` (the
@@ -817,7 +879,7 @@ for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
 for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow", "monitoring",
-               "kubeflow-runtime-c10d"):
+               "kubeflow-runtime-c10d", "kueue", "training-job-kueue", "training-jobset-kueue"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
 
