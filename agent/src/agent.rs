@@ -66,13 +66,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // when the first round starts its workers.
     crate::files::check_log_dir(cfg.log_dir.as_deref())?;
     let hostname = hostname();
-    // The machine as the rendezvous knows it (its quarantine, status,
-    // topology): `--node-identity`, else the host name. The host name stays
-    // for what is about the network (the store's address, log prefixes).
-    let identity = cfg
-        .node_identity
-        .clone()
-        .unwrap_or_else(|| hostname.clone());
+    let identity = cfg.identity(&hostname).to_owned();
     // The fence clock: the send time of the last call a rendezvous
     // answered, kept by every link of this agent.
     let answered = link::Answered::default();

@@ -186,6 +186,14 @@ pub struct Config {
 }
 
 impl Config {
+    /// The name the rendezvous knows this machine by (its quarantine,
+    /// status, topology, failure reports): `--node-identity`, else
+    /// `hostname`. The host name stays for what is about the network (the
+    /// store's address, log prefixes).
+    pub fn identity<'a>(&'a self, hostname: &'a str) -> &'a str {
+        self.node_identity.as_deref().unwrap_or(hostname)
+    }
+
     /// The TLS files of the link to the rendezvous: none for a standalone
     /// job (its rendezvous is on loopback inside this agent).
     pub fn link_tls(&self) -> accel_wire::tls::ClientTlsFiles {

@@ -20,12 +20,26 @@ use accel_tests::{
 const LIMIT: Duration = Duration::from_secs(90);
 
 fn agent(server: &Server, dir: &Path, host: &str, failing: bool) -> Agent {
-    let mut cmd = AgentCmd::c10d(&server.addr, "quarantine")
+    node(server, "quarantine", dir, host, None, host, failing)
+}
+
+/// An agent of job `job` running as `host`, known by `identity` if given
+/// (`--node-identity`), recording its workers as `tag`.
+fn node(
+    server: &Server,
+    job: &str,
+    dir: &Path,
+    host: &str,
+    identity: Option<&str>,
+    tag: &str,
+    failing: bool,
+) -> Agent {
+    let mut cmd = AgentCmd::c10d(&server.addr, job)
         .nnodes("2:3")
         .nproc(1)
         .max_restarts(5)
         .conf("last_call_timeout=30")
-        .recording(dir, host)
+        .recording(dir, tag)
         .env("RECORD_EACH_ROUND", "1")
         // Rounds of two nodes run until the test lets the third back in;
         // rounds of three end (exit 0) after two seconds.
@@ -39,9 +53,12 @@ fn agent(server: &Server, dir: &Path, host: &str, failing: bool) -> Agent {
             .env("FAIL_UNTIL", "3")
             .env("FAIL_AFTER", "0.3");
     }
+    if let Some(identity) = identity {
+        cmd = cmd.flag("--node-identity", identity);
+    }
     let prefix = as_host(host);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    cmd.start_with(&prefix, dir, host)
+    cmd.start_with(&prefix, dir, tag)
 }
 
 fn quarantine(server: &Server, args: &[&str]) -> (bool, String, String) {
@@ -480,25 +497,15 @@ fn quarantine_keys_on_the_node_identity_so_a_replacement_pod_of_the_same_name_ru
     );
     let dir = scratch("quarantine-identity");
     let pod = |host: &str, identity: &str, tag: &str, failing: bool| {
-        let mut cmd = AgentCmd::c10d(&server.addr, "quarantine-identity")
-            .nnodes("2:3")
-            .nproc(1)
-            .max_restarts(5)
-            .conf("last_call_timeout=30")
-            .flag("--node-identity", identity)
-            .recording(&dir, tag)
-            .env("RECORD_EACH_ROUND", "1")
-            .env("RUN_FOR_WORLD", "2:600")
-            .env("RUN_FOR", "2");
-        if failing {
-            cmd = cmd
-                .env("FAIL_RANKS", "0,1,2")
-                .env("FAIL_UNTIL", "3")
-                .env("FAIL_AFTER", "0.3");
-        }
-        let prefix = as_host(host);
-        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-        cmd.start_with(&prefix, &dir, tag)
+        node(
+            &server,
+            "quarantine-identity",
+            &dir,
+            host,
+            Some(identity),
+            tag,
+            failing,
+        )
     };
     let a = pod("pod-1", "machine-a", "pod-1", false);
     let b = pod("pod-2", "machine-b", "pod-2", false);

@@ -52,7 +52,7 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
             .map(crate::files::FileAt::path)
             .unwrap_or_default();
         failure::describe(
-            self.cfg.node_identity.as_deref().unwrap_or(&self.hostname),
+            self.cfg.identity(&self.hostname),
             exit.global_rank,
             exit.local_rank,
             exit.pid,

@@ -227,12 +227,12 @@ pub fn std_spec(
     move |s| StdSpec::parse(flag, s)
 }
 
-/// Everything a launcher asks of the agent. [`LaunchOptions::new`] gives
 /// Most bytes of `--node-identity`: the rendezvous takes host names of up
 /// to 256 bytes, and node ids (the identity, the process id and a random
 /// suffix) too.
 pub(super) const MAX_NODE_IDENTITY_BYTES: usize = 200;
 
+/// Everything a launcher asks of the agent. [`LaunchOptions::new`] gives
 /// `accel-agent`'s defaults; set what differs, then [`build`](Self::build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchOptions {

@@ -491,23 +491,29 @@ async fn a_spare_dropped_before_the_end_still_belongs_to_the_job() {
     assert!(answer(&registry, "d", "host-d").await.is_err());
 }
 
-/// A server-wide quarantine: a host one job quarantines is kept out of
-/// every job, listed once, released everywhere at once.
-#[tokio::test]
-async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere() {
-    use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
-    let limits = Limits {
+/// Limits that quarantine a host at its first worker failure (or, with
+/// `stragglers`, its first straggler finding), for ten minutes, in `scope`.
+fn quarantining(scope: crate::job::QuarantineScope, stragglers: bool) -> Limits {
+    use crate::job::{QuarantinePolicy, QuarantineSettings};
+    Limits {
         quarantine: Some(QuarantineSettings {
             policy: QuarantinePolicy {
                 after: 1,
                 window: Duration::from_secs(600),
                 hold: Duration::from_secs(600),
-                stragglers: false,
+                stragglers,
             },
-            scope: QuarantineScope::Server,
+            scope,
         }),
         ..Limits::default()
-    };
+    }
+}
+
+/// A server-wide quarantine: a host one job quarantines is kept out of
+/// every job, listed once, released everywhere at once.
+#[tokio::test]
+async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere() {
+    let limits = quarantining(crate::job::QuarantineScope::Server, false);
     let registry = Registry::new(Duration::from_secs(60), limits);
     let now = registry.now().at;
     let join_as = |job: &str, node: &str, host: &str, n: u8| {
@@ -579,19 +585,7 @@ async fn a_server_wide_quarantine_reaches_every_job_and_is_released_everywhere()
 /// next round (it was lost when only a re-form was written).
 #[tokio::test]
 async fn a_stragglers_bench_without_a_spare_outlives_its_leader() {
-    use crate::job::{QuarantinePolicy, QuarantineScope, QuarantineSettings};
-    let limits = Limits {
-        quarantine: Some(QuarantineSettings {
-            policy: QuarantinePolicy {
-                after: 1,
-                window: Duration::from_secs(600),
-                hold: Duration::from_secs(600),
-                stragglers: true,
-            },
-            scope: QuarantineScope::Job,
-        }),
-        ..Limits::default()
-    };
+    let limits = quarantining(crate::job::QuarantineScope::Job, true);
     let store = Arc::new(crate::store::MemoryStore::new());
     let first = Registry::with_store(Duration::from_secs(60), limits, store.clone());
     let nodes = [("a", "host-a", 1), ("b", "host-b", 2), ("c", "host-c", 3)];

@@ -558,8 +558,7 @@ impl World {
                 return;
             };
             let actions = machine.step(now, event);
-            let left = machine.left_round();
-            if left {
+            if machine.left_round() {
                 // Fenced or dropped: out of the hub at once (the agent's
                 // `quiet_peers` after each step).
                 self.quiet_peers(i);

@@ -154,9 +154,10 @@ impl World {
         });
     }
 
-    /// Node `i` stops its workers: it leaves the round's hub at once (the
-    /// agent's `quiet_peers`), keeping the latest evidence it had for the
-    /// hold of a silent server's connection.
+    /// Node `i` left its round (its fence fell, or it was dropped): it
+    /// leaves the round's hub at once (the agent's `quiet_peers`), keeping
+    /// the latest evidence it had for the hold of a silent server's
+    /// connection.
     pub(super) fn quiet_peers(&mut self, i: usize) {
         let n = &mut self.nodes[i];
         n.peer = None;
