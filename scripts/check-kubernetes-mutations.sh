@@ -41,6 +41,8 @@ mutations=(
   "a queued Job not suspended|kubernetes/components/kueue/kustomization.yaml|s = s.replace('value: true', 'value: false', 1)|spec.suspend must be true"
   "a queued JobSet in a queue that does not exist|kubernetes/components/kueue/kustomization.yaml|i = s.index('kind: JobSet'); s = s[:i] + s[i:].replace('queue-name: accel-training', 'queue-name: team-queue', 1)|must name a LocalQueue"
   "a ClusterQueue without memory|kubernetes/kueue/queues.yaml|s = s.replace('[cpu, memory, nvidia.com/gpu]', '[cpu, nvidia.com/gpu]', 1)|does not cover"
+  "the server without an operate token|kubernetes/overlays/single/deployment.yaml|s = s.replace('            - --operate-token-file=/etc/accel/operate/token\n', '', 1)|must give --operate-token-file"
+  "the agents' token mounted with subPath|kubernetes/training/job/job.yaml|s = s.replace('mountPath: /etc/accel/token\n', 'mountPath: /etc/accel/token\n              subPath: token\n', 1)|without subPath"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

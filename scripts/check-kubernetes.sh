@@ -336,14 +336,22 @@ def check_hardened(where, pod, *, read_only_root):
 
 
 def token_mounted(where, pod, container):
+    secret_mounted(where, pod, container, "accel-rdzv-token", "/etc/accel/token")
+
+
+def secret_mounted(where, pod, container, secret, path):
+    """`secret` mounted read-only at `path`, as a directory (a subPath
+    mount would never see a rotated token)."""
     vols = {v["name"]: v for v in pod["spec"].get("volumes") or []}
     for m in container.get("volumeMounts") or []:
         v = vols.get(m["name"]) or {}
-        if (v.get("secret") or {}).get("secretName") == "accel-rdzv-token" and m.get("mountPath") == "/etc/accel/token":
+        if (v.get("secret") or {}).get("secretName") == secret and m.get("mountPath") == path:
             if m.get("readOnly") is not True:
-                fail(where, "the token must be mounted read-only")
+                fail(where, f"the Secret {secret} must be mounted read-only")
+            if m.get("subPath"):
+                fail(where, f"the Secret {secret} must be mounted as a directory, without subPath (a subPath mount never sees a rotated token)")
             return
-    fail(where, "the Secret accel-rdzv-token is not mounted at /etc/accel/token")
+    fail(where, f"the Secret {secret} is not mounted at {path}")
 
 
 def container_port(c, name):
@@ -405,6 +413,11 @@ def check_server(where, doc, docs):
     if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != "29401":
         fail(where, "pod needs prometheus.io/scrape and prometheus.io/port annotations")
     token_mounted(where, pod, c)
+    # The operate token (stacks, quarantine release) is not the agents':
+    # training code can read theirs.
+    if "--operate-token-file=/etc/accel/operate/token" not in args:
+        fail(where, "args must give --operate-token-file=/etc/accel/operate/token (else the agents' token, which training code can read, also collects stacks and releases quarantines)")
+    secret_mounted(where, pod, c, "accel-rdzv-operate-token", "/etc/accel/operate")
     labels = pod["metadata"].get("labels") or {}
     # The NetworkPolicy: selects these pods; 29400 only from agents; metrics open to the namespace.
     pols = [d for d in docs if d["kind"] == "NetworkPolicy"

@@ -93,15 +93,30 @@ fn is_local_loopback(host: &str) -> bool {
 /// one. With `tls`, it serves TLS with the agent's own certificate and key
 /// (which must then be valid for the rendezvous host name) and requires the
 /// other agents' certificates to chain to `tls_ca`.
+/// The tokens an embedded rendezvous accepts: the agent's own, and, when
+/// it came from a file, whatever that file holds as it is rotated (a
+/// current and a next token, one a line).
+fn accepted(cfg: &Config) -> Option<accel_wire::accepted::Accepted> {
+    use accel_wire::accepted::Accepted;
+    let token = cfg.token.clone()?;
+    let from_file = cfg.rdzv.token_file.as_deref().map(Accepted::from_file);
+    match from_file {
+        Some(Ok(file)) => Some(file),
+        // Read a moment ago for the agent's own token: a file gone since
+        // keeps that one.
+        _ => Some(Accepted::fixed(token)),
+    }
+}
+
 fn embedded(
     max_nodes_per_job: u32,
-    token: Option<accel_wire::auth::Token>,
+    token: Option<accel_wire::accepted::Accepted>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> rendezvous_server::ServeOptions {
     rendezvous_server::ServeOptions {
         finished_job_ttl: Duration::from_secs(5),
         may_rejoin_after_shutdown: false,
-        token,
+        tokens: rendezvous_server::auth::Tokens::agents(token),
         // It serves this node's one job.
         limits: rendezvous_server::Limits {
             max_jobs: 1,
@@ -140,12 +155,12 @@ pub(crate) async fn locate_rendezvous(
 ) -> Result<Located, AgentError> {
     let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
         let stop = stop.clone();
-        let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+        let mut options = embedded(cfg.max_nodes, accepted(cfg), tls);
         options.limits.tombstone_ttl = cfg.rdzv.tombstone_ttl;
         async move {
             let listener = TcpListener::bind(addr).await?;
             let port = listener.local_addr()?.port();
-            if options.token.is_none() && !addr.ip().is_loopback() {
+            if !options.tokens.required() && !addr.ip().is_loopback() {
                 warn!(port, "this agent serves the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN (notebook_launcher: rdzv_conf={{\"token_file\": PATH}})");
             }
             let task = tokio::spawn(async move {
@@ -232,7 +247,7 @@ async fn serve_replica(
 ) -> Result<Located, AgentError> {
     let host = advertised_host(cfg, &hostname());
     let tls = hosted_tls(cfg)?;
-    let mut options = embedded(cfg.max_nodes, cfg.token.clone(), tls);
+    let mut options = embedded(cfg.max_nodes, accepted(cfg), tls);
     options.ends_with_job = true;
     options.limits.tombstone_ttl = cfg.rdzv.tombstone_ttl;
     let etcd = &cfg.rdzv.etcd;
@@ -279,7 +294,7 @@ async fn serve_replica(
         presence: true,
     });
     let replication = options.replication.clone();
-    if options.token.is_none() && !bind.ip().is_loopback() {
+    if !options.tokens.required() && !bind.ip().is_loopback() {
         warn!(port, "this agent may serve the rendezvous without a token: anyone who reaches the port can join or stop the job; give every agent --rdzv-conf token_file=PATH or ACCEL_RDZV_TOKEN (notebook_launcher: rdzv_conf={{\"token_file\": PATH}})");
     }
     let link_tls = cfg.link_tls().enabled();

@@ -19,7 +19,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tracing::info;
 
-use accel_wire::auth::{AttachToken, Token};
+use accel_wire::auth::{AttachToken, ClientToken};
 use accel_wire::limits::{truncated, MAX_FAILURE_BYTES, MAX_REASON_BYTES};
 use accel_wire::tls::ClientTlsFiles;
 use accel_wire::LEADER_METADATA;
@@ -80,6 +80,8 @@ pub struct RdzvClient {
     /// When the join that `Joined` answered was sent: the server's last
     /// sign of life of this node is no earlier.
     sent: Instant,
+    /// The token every call carries, re-read when it is refused.
+    token: ClientToken,
 }
 
 impl std::fmt::Debug for RdzvClient {
@@ -199,7 +201,7 @@ impl RdzvClient {
         endpoints: &[(String, u16)],
         leaders: Leaders,
         req: pb::JoinRequest,
-        token: Option<&Token>,
+        token: &ClientToken,
         tls: &ClientTlsFiles,
         pace: Pace,
         avoid: Option<&(String, u16)>,
@@ -368,10 +370,29 @@ impl RdzvClient {
         self.sent
     }
 
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        r.set_timeout(self.read_timeout);
-        r
+    /// Makes a call with deadline `timeout`, and once more if the server
+    /// refused its token (`UNAUTHENTICATED`) and the token file now holds
+    /// another: the token was rotated (see `accel_wire::accepted`), and a
+    /// running job keeps its rendezvous.
+    async fn call<T, R, F, Fut>(&self, msg: T, timeout: Duration, call: F) -> Result<R, Status>
+    where
+        T: Clone,
+        F: Fn(Inner, tonic::Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let request = |msg| {
+            let mut r = tonic::Request::new(msg);
+            r.set_timeout(timeout);
+            r
+        };
+        let generation = self.token.generation();
+        match call(self.inner.clone(), request(msg.clone())).await {
+            Err(s) if s.code() == Code::Unauthenticated && self.token.refused(generation) => {
+                call(self.inner.clone(), request(msg)).await
+            }
+            r => r,
+        }
+        .map(tonic::Response::into_inner)
     }
 
     /// Ready for `round`, offering `master` as the workers' store endpoint.
@@ -384,8 +405,11 @@ impl RdzvClient {
             master_port: master.1,
             session: self.session.clone(),
         };
-        let req = self.request(req);
-        self.inner.ready(req).await.map(drop)
+        self.call(req, self.read_timeout, |mut c, r| async move {
+            c.ready(r).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Proves this node is alive, vouches for the nodes of its round that
@@ -397,7 +421,7 @@ impl RdzvClient {
         progress: Option<pb::Progress>,
     ) -> Result<(), Status> {
         let vouch = vouch.unwrap_or_default();
-        let req = self.request(pb::KeepAliveRequest {
+        let req = pb::KeepAliveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             session: self.session.clone(),
@@ -405,14 +429,18 @@ impl RdzvClient {
             vouch: vouch.ranks,
             vouch_all: vouch.all,
             progress,
-        });
-        self.inner.keep_alive(req).await.map(drop)
+        };
+        self.call(req, self.read_timeout, |mut c, r| async move {
+            c.keep_alive(r).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Reports a worker failure in `round`.
     pub async fn report_failure(&mut self, round: u64, f: WorkerFailure) -> Result<(), Status> {
         let (reason, failure) = fit_failure(f.reason, f.failure);
-        let req = self.request(pb::ReportFailureRequest {
+        let req = pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
@@ -425,15 +453,15 @@ impl RdzvClient {
             fenced: false,
             no_restart: f.no_restart,
             progress: f.progress,
-        });
-        self.inner.report_failure(req).await.map(drop)
+        };
+        self.report(req).await
     }
 
     /// Says that this node stopped its workers in `round` because it lost
     /// the rendezvous (fencing): the job re-forms without spending its
     /// restart budget (a server that predates this counts it as a failure).
     pub async fn report_fenced(&mut self, round: u64, reason: String) -> Result<(), Status> {
-        let req = self.request(pb::ReportFailureRequest {
+        let req = pb::ReportFailureRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
@@ -441,19 +469,31 @@ impl RdzvClient {
             session: self.session.clone(),
             fenced: true,
             ..Default::default()
-        });
-        self.inner.report_failure(req).await.map(drop)
+        };
+        self.report(req).await
+    }
+
+    async fn report(&self, req: pb::ReportFailureRequest) -> Result<(), Status> {
+        self.call(req, self.read_timeout, |mut c, r| async move {
+            c.report_failure(r).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Reports that every worker of this node succeeded in `round`.
     pub async fn report_success(&mut self, round: u64) -> Result<(), Status> {
-        let req = self.request(pb::ReportSuccessRequest {
+        let req = pb::ReportSuccessRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             round,
             session: self.session.clone(),
-        });
-        self.inner.report_success(req).await.map(drop)
+        };
+        self.call(req, self.read_timeout, |mut c, r| async move {
+            c.report_success(r).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Answers the server's `StacksRequested` numbered `request_id` with
@@ -463,40 +503,50 @@ impl RdzvClient {
         request_id: u64,
         workers: Vec<pb::WorkerStack>,
     ) -> Result<(), Status> {
-        let req = self.request(pb::ReportStacksRequest {
+        let req = pb::ReportStacksRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             session: self.session.clone(),
             request_id,
             workers,
-        });
-        self.inner.report_stacks(req).await.map(drop)
+        };
+        self.call(req, self.read_timeout, |mut c, r| async move {
+            c.report_stacks(r).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Asks the server for every worker's stacks in this node's job,
     /// grouped; the server waits at most `timeout` for the nodes.
     pub async fn job_stacks(&mut self, timeout: Duration) -> Result<pb::StacksResponse, Status> {
-        let mut req = tonic::Request::new(pb::StacksRequest {
+        let req = pb::StacksRequest {
             job_id: self.job_id.clone(),
             native: false,
             timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
-        });
-        req.set_timeout(timeout + Duration::from_secs(2));
-        self.inner.stacks(req).await.map(|r| r.into_inner())
+        };
+        self.call(
+            req,
+            timeout + Duration::from_secs(2),
+            |mut c, r| async move { c.stacks(r).await },
+        )
+        .await
     }
 
     /// Leaves the job; `unhealthy`: because the node failed its health
     /// check (the server may quarantine its host).
     pub async fn leave(&mut self, reason: &str, unhealthy: bool) {
-        let mut req = self.request(pb::LeaveRequest {
+        let req = pb::LeaveRequest {
             job_id: self.job_id.clone(),
             node_id: self.node_id.clone(),
             reason: truncate_head(reason, 1024),
             session: self.session.clone(),
             unhealthy,
-        });
-        req.set_timeout(self.read_timeout.min(Duration::from_secs(2)));
-        let _ = self.inner.leave(req).await;
+        };
+        let timeout = self.read_timeout.min(Duration::from_secs(2));
+        let _ = self
+            .call(req, timeout, |mut c, r| async move { c.leave(r).await })
+            .await;
     }
 }
 
@@ -540,7 +590,7 @@ enum Attempt {
 #[derive(Clone, Copy)]
 struct How<'a> {
     req: &'a pb::JoinRequest,
-    token: Option<&'a Token>,
+    token: &'a ClientToken,
     tls: &'a ClientTlsFiles,
     read_timeout: Duration,
     /// How long a connection may go without an answer (HTTP/2 PINGs).
@@ -561,6 +611,7 @@ impl How<'_> {
             read_timeout: self.read_timeout,
             server: server.clone(),
             sent: j.sent,
+            token: self.token.clone(),
         };
         (client, j.stream, j.probe, j.joined, at)
     }
@@ -670,10 +721,11 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
             })
         }
     };
-    let inner = RendezvousClient::with_interceptor(channel, AttachToken::new(token))
+    let inner = RendezvousClient::with_interceptor(channel, token.attach())
         // node rank 0 hears every member's address in its RoundComplete.
         .max_decoding_message_size(64 << 20);
     let sent = Instant::now();
+    let generation = token.generation();
     let joining = async {
         match inner.clone().join(req.clone()).await {
             Ok(stream) => {
@@ -699,6 +751,15 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
     };
     let (stream, joined) = match taken {
         Ok(t) => t,
+        // The token was rotated: the file now holds another, sent from
+        // the next attempt on.
+        Err(Attempt::Refused(Code::Unauthenticated, message)) if token.refused(generation) => {
+            return Attempt::Retry(Retry {
+                error: message,
+                leader: None,
+                tls: false,
+            })
+        }
         Err(a) => return a,
     };
     // Proves the probe's connection (one keep-alive, as the node); without
@@ -710,7 +771,7 @@ async fn attempt(host: &str, port: u16, how: How<'_>, connect_timeout: Duration)
         session: joined.session.clone(),
         ..Default::default()
     };
-    let mut prover = RendezvousClient::with_interceptor(probe_channel, AttachToken::new(token));
+    let mut prover = RendezvousClient::with_interceptor(probe_channel, token.attach());
     let _ = tokio::time::timeout(how.silence, prover.keep_alive(proof)).await;
     Attempt::Joined(Box::new(Joined {
         inner,

@@ -14,7 +14,10 @@ use crate::limits::Limits;
 use accel_input::DurationParser;
 use accel_telemetry::logging::LogFormat;
 use accel_telemetry::Bind;
-use accel_wire::auth::{Token, TokenError};
+use accel_wire::accepted::Accepted;
+use accel_wire::auth::TokenError;
+
+use crate::auth::Tokens;
 
 /// accel's rendezvous server: run one on the head node; agents join it with
 /// `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`.
@@ -51,8 +54,19 @@ pub struct ServerArgs {
     /// File holding the token every agent must present (else the variable
     /// RDZV_TOKEN holds it). Agents take the same token from
     /// `--rdzv-conf token_file=PATH` or ACCEL_RDZV_TOKEN.
+    /// It may hold two tokens, one a line (a current and a next, both
+    /// accepted while they rotate), and is re-read when it changes.
     #[arg(long, env = "RDZV_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// File holding the read token: `status`, `quarantine` (listing) and
+    /// the status page, nothing else. Needs --token-file.
+    #[arg(long, env = "RDZV_READ_TOKEN_FILE", value_name = "PATH")]
+    pub read_token_file: Option<PathBuf>,
+    /// File holding the operate token: reading, collecting stacks and
+    /// releasing quarantined hosts. Once it is set, the agents' token
+    /// (which training code can read) only joins. Needs --token-file.
+    #[arg(long, env = "RDZV_OPERATE_TOKEN_FILE", value_name = "PATH")]
+    pub operate_token_file: Option<PathBuf>,
     /// Serve a non-loopback address without a token: anyone who reaches the
     /// port can then join, fail or stop any job. Only for isolated networks.
     #[arg(long)]
@@ -398,9 +412,39 @@ impl ServerArgs {
         }))
     }
 
-    /// The server's token: `--token-file`, else `RDZV_TOKEN` from `env`.
-    pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>, TokenError> {
-        Token::resolve(self.token_file.as_deref(), "RDZV_TOKEN", env)
+    /// The server's tokens: `--token-file` (one a line, a current and a
+    /// next while they rotate; re-read when it changes), else `RDZV_TOKEN`
+    /// from `env`.
+    pub fn token(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Accepted>, TokenError> {
+        Accepted::resolve(self.token_file.as_deref(), "RDZV_TOKEN", env)
+    }
+
+    /// Every token the server accepts, by who holds it ([`Tokens`]): the
+    /// agents' ([`ServerArgs::token`]), and the read and operate tokens
+    /// of `--read-token-file` and `--operate-token-file`.
+    pub fn tokens(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Tokens, String> {
+        let agents = self
+            .token(env)
+            .map_err(|e| format!("--token-file / RDZV_TOKEN: {e}"))?;
+        let scoped = |flag: &str, file: &Option<PathBuf>| -> Result<Option<Accepted>, String> {
+            let Some(file) = file else {
+                return Ok(None);
+            };
+            if agents.is_none() {
+                return Err(format!(
+                    "{flag} needs --token-file (or RDZV_TOKEN) too: without the agents' token anyone could join"
+                ));
+            }
+            Accepted::from_file(file)
+                .map(Some)
+                .map_err(|e| format!("{flag}: {e}"))
+        };
+        let read = scoped("--read-token-file", &self.read_token_file)?;
+        let operate = scoped("--operate-token-file", &self.operate_token_file)?;
+        Ok(Tokens::agents(agents).with_read(read).with_operate(operate))
     }
 
     /// The TLS settings the flags give (`None`: plain).
@@ -438,11 +482,11 @@ impl ServerArgs {
     /// Refuses to serve a non-loopback address without a token, unless
     /// `--allow-unauthenticated` says so (then warns once); warns once when
     /// a token would travel there without TLS.
-    pub fn check_exposure(&self, token: Option<&Token>, tls: bool) -> Result<(), String> {
+    pub fn check_exposure(&self, tokens: &Tokens, tls: bool) -> Result<(), String> {
         if self.bind.ip().is_loopback() {
             return Ok(());
         }
-        if token.is_some() {
+        if tokens.required() {
             if !tls {
                 tracing::warn!(bind = %self.bind, "the token travels in clear text: give --tls-cert and --tls-key, or keep the network private");
             }

@@ -67,7 +67,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1::rendezvous_server::RendezvousServer;
-use accel_wire::auth::Token;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -89,8 +88,9 @@ pub struct ServeOptions {
     /// Whether nodes may rejoin after a shutdown: true for the daemon (it may
     /// be restarted and relearn the jobs), false inside an agent (its job is over).
     pub may_rejoin_after_shutdown: bool,
-    /// The token every call must carry (`None`: any caller is admitted).
-    pub token: Option<Token>,
+    /// The tokens a call may carry, by who holds them, each re-read as it
+    /// rotates (none: any caller is admitted).
+    pub tokens: auth::Tokens,
     /// How much the server holds at most.
     pub limits: Limits,
     /// TLS (`None`: plain HTTP/2).
@@ -229,7 +229,7 @@ pub async fn serve_with_metrics(
         tokio::spawn(accel_telemetry::http::serve(
             listener,
             metrics_endpoint(&counters, &seat)
-                .with_pages(ui::pages(seat.clone(), options.token.clone())),
+                .with_pages(ui::pages(seat.clone(), options.tokens.clone())),
             stop.clone(),
         ));
     }
@@ -246,7 +246,7 @@ pub async fn serve_with_metrics(
         RendezvousServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let rendezvous = tonic::service::interceptor::InterceptedService::new(
         rendezvous,
-        auth::RequireToken::new(options.token.clone()),
+        auth::RequireToken::new(options.tokens.clone()),
     );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = options.tls.clone() {

@@ -62,12 +62,12 @@ fn main() -> ExitCode {
             }
         };
     }
-    let settings = args.token(&env).map_err(|e| e.to_string()).and_then(|t| {
+    let settings = args.tokens(&env).and_then(|t| {
         let tls = args.tls().map_err(|e| e.to_string())?;
-        args.check_exposure(t.as_ref(), tls.is_some())?;
+        args.check_exposure(&t, tls.is_some())?;
         Ok((t, tls))
     });
-    let (token, tls) = match settings {
+    let (tokens, tls) = match settings {
         Ok(t) => t,
         Err(e) => {
             eprintln!("rdzv-server: {e}");
@@ -106,7 +106,7 @@ fn main() -> ExitCode {
             }
         };
         let metrics_at = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
-        tracing::info!(addr = %bound, metrics = %metrics_at, authenticated = token.is_some(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
+        tracing::info!(addr = %bound, metrics = %metrics_at, authenticated = tokens.required(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
         if let Some(path) = &args.address_file {
             let text = rendezvous_server::config::address_file_text(bound, metrics_addr);
             if let Err(e) = rendezvous_server::config::write_address_file(path, &text) {
@@ -148,7 +148,7 @@ fn main() -> ExitCode {
         let options = rendezvous_server::ServeOptions {
             finished_job_ttl: args.finished_job_ttl,
             may_rejoin_after_shutdown: true,
-            token,
+            tokens,
             limits: args.limits(),
             tls,
             store: None,

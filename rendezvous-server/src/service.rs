@@ -3,7 +3,8 @@
 //! [`Job`] state machine through the [`Registry`].
 //!
 //! The token is checked before any handler runs ([`crate::auth`]); every
-//! handler here then checks sizes and ranges ([`crate::limits`]) and, for a
+//! handler here first requires its scope (an agent's call, a read, an
+//! operator's act), then checks sizes and ranges ([`crate::limits`]) and, for a
 //! call that acts for a node, that it carries that node's session secret.
 //! Text that will be stored and printed (failure reasons, tracebacks) is
 //! escaped here, once.
@@ -127,6 +128,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::JoinRequest>,
     ) -> Result<Response<NodeStream>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let from = peer(&request);
         let req = request.into_inner();
         let registry = match self.registry() {
@@ -143,6 +145,7 @@ impl Rendezvous for RendezvousService {
     }
 
     async fn ready(&self, request: Request<pb::ReadyRequest>) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let from = peer(&request);
         let r = request.into_inner();
         limits::check_ready(&r)?;
@@ -159,6 +162,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let r = request.into_inner();
         limits::check_vouch(&r)?;
         let vouches = r.vouch_all || r.vouch.iter().any(|b| *b != 0);
@@ -177,6 +181,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::ReportFailureRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let r = request.into_inner();
         limits::check_failure(&r)?;
         if r.fenced {
@@ -244,6 +249,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::ReportSuccessRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let r = request.into_inner();
         ignore_non_member(
             self.for_node(&r.job_id, &r.node_id, &r.session, |job, now| {
@@ -254,6 +260,7 @@ impl Rendezvous for RendezvousService {
     }
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let r = request.into_inner();
         limits::check_name("job_id", &r.job_id)?;
         limits::check_name("node_id", &r.node_id)?;
@@ -276,6 +283,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusResponse>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Read)?;
         let r = request.into_inner();
         if r.job_id.len() > limits::MAX_NAME_BYTES || r.page_token.len() > limits::MAX_NAME_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -295,6 +303,10 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::QuarantineRequest>,
     ) -> Result<Response<pb::QuarantineResponse>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Read)?;
+        if !request.get_ref().release.is_empty() {
+            crate::auth::require(&request, crate::auth::Scope::Operate)?;
+        }
         let r = request.into_inner();
         // Checked as names: they are logged.
         if !r.job_id.is_empty() {
@@ -315,6 +327,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::StacksRequest>,
     ) -> Result<Response<pb::StacksResponse>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Operate)?;
         let r = request.into_inner();
         limits::check_name("job_id", &r.job_id)?;
         let timeout = crate::stacks::timeout_of(r.timeout_ms);
@@ -332,6 +345,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::ReportStacksRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        crate::auth::require(&request, crate::auth::Scope::Join)?;
         let r = request.into_inner();
         limits::check_stacks(&r)?;
         // The registry escapes the stacks (they are stored and printed)

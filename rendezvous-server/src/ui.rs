@@ -34,10 +34,10 @@ use std::net::IpAddr;
 use accel_telemetry::http::{reply, Page, Pages, Reply};
 use tokio::sync::watch;
 
+use crate::auth::{Scope, Tokens};
 use crate::ha::Role;
 use crate::registry::STATUS_PAGE;
 use crate::stacks::Latest;
-use accel_wire::auth::Token;
 
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
@@ -127,23 +127,21 @@ impl Pace {
 }
 
 /// The status page's routes, for the metrics listener.
-pub fn pages(seat: watch::Receiver<Role>, token: Option<Token>) -> Pages {
+pub fn pages(seat: watch::Receiver<Role>, tokens: Tokens) -> Pages {
     let fresh = Fresh::default();
     let rendered = Rendered::default();
-    std::sync::Arc::new(move |page: &Page<'_>| {
-        route(page, &seat, token.as_ref(), &fresh, &rendered)
-    })
+    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, &tokens, &fresh, &rendered))
 }
 
 fn route(
     page: &Page<'_>,
     seat: &watch::Receiver<Role>,
-    token: Option<&Token>,
+    tokens: &Tokens,
     fresh: &Fresh,
     rendered: &Rendered,
 ) -> Option<Reply> {
     if page.path == "/api/stacks" {
-        return Some(stacks(page, seat, token, rendered));
+        return Some(stacks(page, seat, tokens, rendered));
     }
     if page.method == http::Method::POST {
         // Refused as for any other path that takes no POST.
@@ -153,40 +151,63 @@ fn route(
         "/" | "/index.html" => reply(200, "text/html; charset=utf-8", INDEX, &HARDENED),
         "/app.js" => reply(200, "text/javascript; charset=utf-8", SCRIPT, &HARDENED),
         "/app.css" => reply(200, "text/css; charset=utf-8", STYLE, &HARDENED),
-        "/api/jobs" => jobs(page, seat, token, fresh),
+        "/api/jobs" => jobs(page, seat, tokens, fresh),
         _ => return None,
     })
 }
 
-/// Whether `page`'s caller may read the jobs (see the module docs): with
-/// the token; or, without it, from this host when the request names this
-/// host (`host`: its `Host` header) as `localhost` or an IP address. A
-/// page of another site that re-points its own name at 127.0.0.1 (DNS
-/// rebinding) reaches a tunnel's loopback port too, but its requests name
-/// that site, so they are refused.
+/// Whether `page`'s caller may do what `scope` covers (see the module
+/// docs): with a token that allows it; or, without one, from this host when
+/// the request names this host (`host`: its `Host` header) as `localhost`
+/// or an IP address. A page of another site that re-points its own name at
+/// 127.0.0.1 (DNS rebinding) reaches a tunnel's loopback port too, but its
+/// requests name that site, so they are refused.
 pub fn admitted(
     peer: IpAddr,
     own_user: bool,
     host: Option<&[u8]>,
     authorization: Option<&[u8]>,
-    token: Option<&Token>,
-) -> bool {
+    tokens: &Tokens,
+    scope: Scope,
+) -> Admitted {
     let local = match peer {
         IpAddr::V4(a) => a.is_loopback(),
         IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
     };
     let named_here = host.is_some_and(names_this_host);
-    match token {
+    if !tokens.required() {
         // Without a token the gRPC port is open as well; but a browser on
         // this host that a page of another site re-pointed at 127.0.0.1
         // (DNS rebinding) is no caller of this server's: its requests name
         // that site, and are refused.
-        None => !local || named_here,
-        // On a shared node every local user's processes come from
-        // loopback too: only the server's own user (or root), as the
-        // kernel says, is taken for an operator's tunnel.
-        Some(t) => t.admits_bytes(authorization) || (local && named_here && own_user),
+        return if !local || named_here {
+            Admitted::Yes
+        } else {
+            Admitted::NoToken
+        };
     }
+    // On a shared node every local user's processes come from loopback
+    // too: only the server's own user (or root), as the kernel says, is
+    // taken for an operator's tunnel.
+    if local && named_here && own_user {
+        return Admitted::Yes;
+    }
+    match tokens.grants(authorization) {
+        Some(g) if g.allows(scope) => Admitted::Yes,
+        Some(_) => Admitted::NotThisToken,
+        None => Admitted::NoToken,
+    }
+}
+
+/// Whether a caller of the page may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// Yes.
+    Yes,
+    /// No token of the server's, where one is needed.
+    NoToken,
+    /// A token of the server's that does not allow this.
+    NotThisToken,
 }
 
 /// Whether a `Host` header is `localhost` or an IP literal (any port).
@@ -237,23 +258,35 @@ const JSON: &str = "application/json";
 fn leader(
     page: &Page<'_>,
     seat: &watch::Receiver<Role>,
-    token: Option<&Token>,
+    tokens: &Tokens,
+    scope: Scope,
 ) -> Result<crate::registry::Registry, Box<Reply>> {
     let authorization = page.headers.get("authorization").map(|v| v.as_bytes());
     let host = page.headers.get("host").map(|v| v.as_bytes());
     let me = nix::unistd::geteuid().as_raw();
     let own_user = page.peer_uid.is_some_and(|u| u == me || u == 0);
-    if !admitted(page.peer, own_user, host, authorization, token) {
-        let body = error_json(
-            "this rendezvous requires its token: give it to the page (or send \
-             Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
-        );
-        return Err(Box::new(reply(
-            401,
-            JSON,
-            body,
-            &[("www-authenticate", "Bearer")],
-        )));
+    match admitted(page.peer, own_user, host, authorization, tokens, scope) {
+        Admitted::Yes => {}
+        Admitted::NoToken => {
+            let body = error_json(
+                "this rendezvous requires its token: give it to the page (or send \
+                 Authorization: Bearer TOKEN), or open the page through a tunnel to the server's host",
+            );
+            return Err(Box::new(reply(
+                401,
+                JSON,
+                body,
+                &[("www-authenticate", "Bearer")],
+            )));
+        }
+        Admitted::NotThisToken => {
+            let status = crate::auth::Granted::default()
+                .require(scope)
+                .err()
+                .map(|s| s.message().to_owned())
+                .unwrap_or_default();
+            return Err(Box::new(reply(403, JSON, error_json(&status), &[])));
+        }
     }
     match &*seat.borrow() {
         Role::Leader(registry) => Ok(crate::Registry::clone(registry)),
@@ -303,10 +336,16 @@ fn percent_decode(s: &str) -> String {
 fn stacks(
     page: &Page<'_>,
     seat: &watch::Receiver<Role>,
-    token: Option<&Token>,
+    tokens: &Tokens,
     rendered: &Rendered,
 ) -> Reply {
-    let registry = match leader(page, seat, token) {
+    // Collecting acts on every node of the job; the last answer is a read.
+    let scope = if page.method == http::Method::POST {
+        Scope::Operate
+    } else {
+        Scope::Read
+    };
+    let registry = match leader(page, seat, tokens, scope) {
         Ok(r) => r,
         Err(refused) => return *refused,
     };
@@ -380,13 +419,8 @@ fn stacks(
     }
 }
 
-fn jobs(
-    page: &Page<'_>,
-    seat: &watch::Receiver<Role>,
-    token: Option<&Token>,
-    fresh: &Fresh,
-) -> Reply {
-    let registry = match leader(page, seat, token) {
+fn jobs(page: &Page<'_>, seat: &watch::Receiver<Role>, tokens: &Tokens, fresh: &Fresh) -> Reply {
+    let registry = match leader(page, seat, tokens, Scope::Read) {
         Ok(r) => r,
         Err(refused) => return *refused,
     };
@@ -433,74 +467,91 @@ mod tests {
 
     #[test]
     fn the_jobs_need_the_token_unless_the_caller_is_on_this_host() {
-        let t = Token::new("0123456789abcdef0123", "test").expect("token");
+        let t = Tokens::agents(Some(accel_wire::accepted::Accepted::fixed(
+            accel_wire::auth::Token::new("0123456789abcdef0123", "test").expect("token"),
+        )));
+        let open = Tokens::default();
+        let ok = |peer, own, host, authorization, tokens: &Tokens| {
+            admitted(peer, own, host, authorization, tokens, Scope::Read) == Admitted::Yes
+        };
         let far: IpAddr = "10.0.0.7".parse().expect("ip");
         let near: IpAddr = "127.0.0.1".parse().expect("ip");
         let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
         let here = Some(b"127.0.0.1:29401".as_slice());
-        assert!(!admitted(far, true, here, None, Some(&t)));
-        assert!(!admitted(
+        assert!(!ok(far, true, here, None, &t));
+        assert!(!ok(
             far,
             true,
             here,
             Some(b"Bearer wrong-token-value-000"),
-            Some(&t)
+            &t
         ));
-        assert!(admitted(
+        assert!(ok(
             far,
             true,
             Some(b"evil.example:29401"),
             Some(b"Bearer 0123456789abcdef0123"),
-            Some(&t)
+            &t
         ));
-        assert!(admitted(near, true, here, None, Some(&t)));
-        assert!(admitted(
-            near,
-            true,
-            Some(b"localhost:29401"),
-            None,
-            Some(&t)
-        ));
-        assert!(admitted(near, true, Some(b"[::1]:29401"), None, Some(&t)));
-        assert!(admitted(mapped, true, Some(b"localhost"), None, Some(&t)));
+        assert!(ok(near, true, here, None, &t));
+        assert!(ok(near, true, Some(b"localhost:29401"), None, &t));
+        assert!(ok(near, true, Some(b"[::1]:29401"), None, &t));
+        assert!(ok(mapped, true, Some(b"localhost"), None, &t));
         // A page of another site whose name now points at 127.0.0.1 (DNS
         // rebinding through a tunnel), or no Host at all: the token is needed.
-        assert!(!admitted(
-            near,
-            true,
-            Some(b"evil.example:29401"),
-            None,
-            Some(&t)
-        ));
-        assert!(!admitted(
-            near,
-            true,
-            Some(b"localhost.evil.example"),
-            None,
-            Some(&t)
-        ));
-        assert!(!admitted(near, true, None, None, Some(&t)));
+        assert!(!ok(near, true, Some(b"evil.example:29401"), None, &t));
+        assert!(!ok(near, true, Some(b"localhost.evil.example"), None, &t));
+        assert!(!ok(near, true, None, None, &t));
         // Another local user (a shared node): the token, even from loopback.
-        assert!(!admitted(near, false, here, None, Some(&t)));
-        assert!(admitted(
+        assert!(!ok(near, false, here, None, &t));
+        assert!(ok(
             near,
             false,
             here,
             Some(b"Bearer 0123456789abcdef0123"),
-            Some(&t)
+            &t
         ));
         // Without a token the gRPC port is open as well...
-        assert!(admitted(far, true, None, None, None));
-        assert!(admitted(near, true, here, None, None));
+        assert!(ok(far, true, None, None, &open));
+        assert!(ok(near, true, here, None, &open));
         // ...but DNS rebinding on this host is refused all the same.
-        assert!(!admitted(
-            near,
-            true,
-            Some(b"evil.example:29401"),
-            None,
-            None
-        ));
-        assert!(!admitted(near, true, None, None, None));
+        assert!(!ok(near, true, Some(b"evil.example:29401"), None, &open));
+        assert!(!ok(near, true, None, None, &open));
+    }
+
+    #[test]
+    fn the_page_reads_with_the_read_token_and_collects_stacks_only_with_the_operate_token() {
+        let token = |s: &str| {
+            Some(accel_wire::accepted::Accepted::fixed(
+                accel_wire::auth::Token::new(s, "test").expect("token"),
+            ))
+        };
+        let tokens = Tokens::agents(token("agents-token-0123456789"))
+            .with_read(token("reader-token-0123456789"))
+            .with_operate(token("operator-token-0123456789"));
+        let far: IpAddr = "10.0.0.7".parse().expect("ip");
+        let here = Some(b"10.0.0.1:29401".as_slice());
+        let check = |bearer: &str, scope| {
+            let h = format!("Bearer {bearer}");
+            admitted(far, false, here, Some(h.as_bytes()), &tokens, scope)
+        };
+        assert_eq!(check("reader-token-0123456789", Scope::Read), Admitted::Yes);
+        assert_eq!(
+            check("reader-token-0123456789", Scope::Operate),
+            Admitted::NotThisToken
+        );
+        assert_eq!(
+            check("agents-token-0123456789", Scope::Read),
+            Admitted::NotThisToken
+        );
+        assert_eq!(
+            check("operator-token-0123456789", Scope::Operate),
+            Admitted::Yes
+        );
+        assert_eq!(
+            check("nobody-token-0123456789", Scope::Read),
+            Admitted::NoToken
+        );
     }
 
     #[test]

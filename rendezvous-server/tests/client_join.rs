@@ -6,13 +6,19 @@ use std::time::Duration;
 
 use accel_proto::v1 as pb;
 use accel_rdzv_client::{JoinError, Leaders, Pace, RdzvClient};
-use accel_wire::auth::Token;
+use accel_wire::accepted::Accepted;
+use accel_wire::auth::{ClientToken, Token};
 use accel_wire::tls::ClientTlsFiles;
 use tokio::time::Instant;
 use tonic::Code;
 
 /// A real rendezvous on loopback with `token`, serving until the test ends.
 async fn serve(token: &str) -> u16 {
+    serve_accepting(Accepted::fixed(Token::new(token, "test").expect("token"))).await
+}
+
+/// A real rendezvous on loopback accepting `accepted`.
+async fn serve_accepting(accepted: Accepted) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -20,7 +26,7 @@ async fn serve(token: &str) -> u16 {
     let options = rendezvous_server::ServeOptions {
         finished_job_ttl: Duration::from_secs(5),
         may_rejoin_after_shutdown: false,
-        token: Some(Token::new(token, "test").expect("token")),
+        tokens: rendezvous_server::auth::Tokens::agents(Some(accepted)),
         limits: rendezvous_server::Limits::default(),
         tls: None,
         store: None,
@@ -80,7 +86,7 @@ async fn a_join_gives_a_paused_replica_up_after_the_silence_bound_or_at_once_whe
                 &endpoints,
                 Leaders::Listed,
                 req,
-                Some(&token),
+                &ClientToken::new(Some(&token), None),
                 &ClientTlsFiles::default(),
                 Pace::new(Duration::from_secs(60), silence),
                 avoid.as_ref(),
@@ -113,7 +119,7 @@ async fn a_refusal_keeps_the_servers_status_code() {
             &[("127.0.0.1".to_owned(), port)],
             Leaders::Listed,
             req,
-            token.as_ref(),
+            &ClientToken::new(token.as_ref(), None),
             &ClientTlsFiles::default(),
             Pace::new(Duration::from_secs(5), Duration::from_secs(1)),
             None,
@@ -148,4 +154,68 @@ async fn a_refusal_keeps_the_servers_status_code() {
         }
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
+}
+
+/// A rotated token: the server's file holds the current and the next, then
+/// the next alone; a joined client whose calls are refused re-reads its
+/// own file and makes the call again, and keeps its place in the job.
+#[tokio::test]
+async fn a_rotated_token_is_reread_and_the_refused_call_made_again() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (server_file, client_file) = (dir.path().join("server"), dir.path().join("client"));
+    let (old, new) = ("old-token-0123456789", "new-token-0123456789");
+    std::fs::write(&server_file, format!("{old}\n")).expect("write");
+    std::fs::write(&client_file, format!("{old}\n")).expect("write");
+    let port = serve_accepting(Accepted::from_file(&server_file).expect("tokens")).await;
+    let first = Token::first_in_file(&client_file).expect("token");
+    let token = ClientToken::new(Some(&first), Some(&client_file));
+    let (mut client, _events, _probe, _joined, _at) = RdzvClient::join(
+        &[("127.0.0.1".to_owned(), port)],
+        Leaders::Listed,
+        request(2),
+        &token,
+        &ClientTlsFiles::default(),
+        Pace::new(Duration::from_secs(5), Duration::from_secs(5)),
+        None,
+        Instant::now() + Duration::from_secs(5),
+    )
+    .await
+    .expect("joins with the current token");
+    // The server takes the next token beside the current one; the
+    // client's file moves to it (the client keeps sending the old one).
+    std::fs::write(&server_file, format!("{old}\n{new}\n")).expect("write");
+    std::fs::write(&client_file, format!("{new}\n")).expect("write");
+    tokio::time::sleep(accel_wire::accepted::RECHECK + Duration::from_millis(200)).await;
+    client.keep_alive(None, None).await.expect("both accepted");
+    // The next alone: the old token is refused, the client re-reads.
+    std::fs::write(&server_file, format!("{new}\n")).expect("write");
+    tokio::time::sleep(accel_wire::accepted::RECHECK + Duration::from_millis(200)).await;
+    let before = token.generation();
+    client
+        .keep_alive(None, None)
+        .await
+        .expect("refused once, made again with the new token");
+    assert_ne!(token.generation(), before, "the client re-read its file");
+    // A client still holding only the old token is refused for good.
+    let stale = ClientToken::new(Some(&first), None);
+    let mut other = request(2);
+    other.node_id = "m".into();
+    match RdzvClient::join(
+        &[("127.0.0.1".to_owned(), port)],
+        Leaders::Listed,
+        other,
+        &stale,
+        &ClientTlsFiles::default(),
+        Pace::new(Duration::from_secs(5), Duration::from_secs(5)),
+        None,
+        Instant::now() + Duration::from_secs(5),
+    )
+    .await
+    {
+        Err(JoinError::Rejected { code, .. }) => assert_eq!(code, Code::Unauthenticated),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    // The joined client keeps the new token (a re-read happens only on a
+    // refusal).
+    client.keep_alive(None, None).await.expect("the new token");
 }

@@ -739,3 +739,146 @@ fn a_missing_token_is_named_as_each_client_takes_it() {
         out.stderr
     );
 }
+
+/// Rotating the tokens mid-job, as an operator rotates a Secret: the
+/// server's file holds the current token and the next, the agents' file
+/// moves to the next, then the server's holds the next alone. The running
+/// two-node job never notices (same round, no restart, same workers); a
+/// worker that fails after the rotation is reported with the new token
+/// (the agent's call with the old one is refused, and made again), so the
+/// job restarts once and ends with success; a new job joins with the new
+/// token; the old one is refused. With an operate token set, the agents' token can neither
+/// collect stacks nor release a quarantined host, and the operate token
+/// can.
+#[test]
+fn rotating_the_token_mid_job_keeps_the_job_and_the_agents_token_cannot_operate() {
+    let dir = scratch("sec-rotate");
+    let (old, new, operate) = (
+        "rotate-old-token-0123456789",
+        "rotate-new-token-0123456789",
+        "rotate-operate-token-0123456789",
+    );
+    let (server_file, agents_file, operate_file) = (
+        dir.join("server.token"),
+        dir.join("agents.token"),
+        dir.join("operate.token"),
+    );
+    let write = |f: &std::path::Path, text: String| {
+        // As the kubelet updates a Secret: a new file moved into place.
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, f).expect("rename");
+    };
+    write(&server_file, format!("{old}\n"));
+    write(&agents_file, format!("{old}\n"));
+    write(&operate_file, format!("{operate}\n"));
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--token-file",
+            server_file.to_str().expect("utf-8"),
+            "--operate-token-file",
+            operate_file.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let rt = runtime();
+    let agent = |tag: &str, job: &str, nnodes: u32, run_for: &str| {
+        AgentCmd::c10d_no_local_addr(&server.addr, job)
+            .nnodes(nnodes)
+            .nproc(1)
+            .max_restarts(3)
+            .conf("keep_alive_interval=1")
+            .conf(format!("token_file={}", agents_file.display()))
+            .recording(&dir.join(job), tag)
+            .env("RUN_FOR", run_for)
+            // Global rank 1 fails once, well after the rotation.
+            .env("FAIL_RANKS", "1")
+            .env("FAIL_UNTIL", "1")
+            .env("FAIL_AFTER", "10")
+            .start(&dir, tag)
+    };
+    std::fs::create_dir_all(dir.join("job")).expect("dir");
+    std::fs::create_dir_all(dir.join("fresh")).expect("dir");
+    let a = agent("a", "job", 2, "12");
+    let b = agent("b", "job", 2, "12");
+    let mut admin = rt.block_on(client(&server.addr, Some(operate)));
+    let job_dir = dir.join("job");
+    poll_until_running(&job_dir);
+    let before = snapshot(&mut admin, &rt, &job_dir, "job");
+    // Step 1: both accepted; the agents' file moves to the next.
+    write(&server_file, format!("{new}\n{old}\n"));
+    write(&agents_file, format!("{new}\n"));
+    std::thread::sleep(Duration::from_millis(1500));
+    // Step 2: the next alone. Every agent's next keep-alive is refused,
+    // re-reads its file and is made again with the new token.
+    write(&server_file, format!("{new}\n"));
+    std::thread::sleep(Duration::from_secs(4));
+    let mut stale = rt.block_on(client(&server.addr, Some(old)));
+    let refused = rt
+        .block_on(stale.job_status(pb::JobStatusRequest::default()))
+        .expect_err("the old token");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(
+        snapshot(&mut admin, &rt, &job_dir, "job"),
+        before,
+        "the running job did not notice the rotation"
+    );
+    // A new job joins with the new token.
+    let c = agent("c", "fresh", 1, "0");
+    let fresh = c.wait(Duration::from_secs(30));
+    assert_eq!(fresh.code(), 0, "{}", fresh.stderr);
+    // The agents' token may only join.
+    let mut agents = rt.block_on(client(&server.addr, Some(new)));
+    let denied = rt
+        .block_on(agents.stacks(pb::StacksRequest {
+            job_id: "job".into(),
+            timeout_ms: 1000,
+            ..Default::default()
+        }))
+        .expect_err("no stacks with the agents' token");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied.message().contains("--operate-token-file"),
+        "{denied:?}"
+    );
+    let denied = rt
+        .block_on(agents.quarantine(pb::QuarantineRequest {
+            job_id: "job".into(),
+            release: "some-host".into(),
+        }))
+        .expect_err("no release with the agents' token");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let denied = rt
+        .block_on(agents.job_status(pb::JobStatusRequest::default()))
+        .expect_err("no reading with the agents' token once an operate token is set");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    // The operate token can: a release of a host that is not quarantined
+    // is NOT_FOUND, not a refusal of the caller.
+    let released = rt
+        .block_on(admin.quarantine(pb::QuarantineRequest {
+            job_id: "job".into(),
+            release: "some-host".into(),
+        }))
+        .expect_err("not quarantined");
+    assert_eq!(released.code(), Code::NotFound, "{released:?}");
+    // The failure after the rotation restarts the job once; it ends with
+    // success.
+    for agent in [a, b] {
+        let out = agent.wait(Duration::from_secs(60));
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    assert_eq!(records(&job_dir).len(), 4, "one restart of both workers");
+}
+
+/// Waits until both workers of the job recorded in `dir` run.
+fn poll_until_running(dir: &std::path::Path) {
+    accel_tests::poll_until(
+        "both workers run",
+        Duration::from_secs(30),
+        || match records(dir).len() {
+            2 => Ok(()),
+            n => Err(format!("{n} workers")),
+        },
+    );
+}

@@ -9,6 +9,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
@@ -86,6 +88,31 @@ impl Token {
     /// The token in file `path` (surrounding whitespace, such as the final
     /// newline, is ignored). Warns when other users may read the file.
     pub fn from_file(path: &Path) -> Result<Self, TokenError> {
+        Self::check_file(path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::new(&text, &format!("file {}", path.display()))
+    }
+
+    /// The token a client sends from file `path`: its first (a server's
+    /// file may hold a current and a next token, one a line; during a
+    /// rotation the first is the one to send).
+    pub fn first_in_file(path: &Path) -> Result<Self, TokenError> {
+        Self::check_file(path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let origin = format!("file {}", path.display());
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        Self::new(first, &origin)
+    }
+
+    /// What a token file must be before it is read: at most
+    /// `MAX_TOKEN_FILE` bytes; a warning when other users may read it.
+    pub fn check_file(path: &Path) -> Result<(), TokenError> {
         let read = |source| TokenError::Read {
             path: path.to_owned(),
             source,
@@ -112,8 +139,7 @@ impl Token {
                 tracing::warn!(file = %path.display(), "the token file may be read by other users; restrict it with chmod 600 (or 640 with this service's own group)");
             }
         }
-        let text = std::fs::read_to_string(path).map_err(read)?;
-        Self::new(&text, &format!("file {}", path.display()))
+        Ok(())
     }
 
     /// The token from `file` if given, else from the environment variable
@@ -157,13 +183,15 @@ impl Token {
 }
 
 /// The client's side: adds the token to every call (nothing without one).
-/// Its `Debug` output never shows the token.
+/// Its `Debug` output never shows the token. Clones share the value, so a
+/// [`ClientToken`] that re-reads its file changes what every channel made
+/// with it sends from the next call on.
 #[derive(Clone, Default)]
-pub struct AttachToken(Option<MetadataValue<Ascii>>);
+pub struct AttachToken(Arc<RwLock<Option<MetadataValue<Ascii>>>>);
 
 impl fmt::Debug for AttachToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.value().is_some() {
             "AttachToken(..)"
         } else {
             "AttachToken(None)"
@@ -171,24 +199,104 @@ impl fmt::Debug for AttachToken {
     }
 }
 
+/// A token as the `authorization` value, marked sensitive, so HTTP/2 never
+/// indexes it in its header tables.
+fn sensitive(t: &Token) -> MetadataValue<Ascii> {
+    let mut v = t.bearer();
+    v.set_sensitive(true);
+    v
+}
+
 impl AttachToken {
-    /// Sends `token` with every call (marked sensitive, so HTTP/2 never
-    /// indexes it in its header tables).
+    /// Sends `token` with every call.
     pub fn new(token: Option<&Token>) -> Self {
-        Self(token.map(|t| {
-            let mut v = t.bearer();
-            v.set_sensitive(true);
-            v
-        }))
+        Self(Arc::new(RwLock::new(token.map(sensitive))))
+    }
+
+    fn value(&self) -> Option<MetadataValue<Ascii>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
 impl Interceptor for AttachToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            request.metadata_mut().insert(AUTHORIZATION, v.clone());
+        if let Some(v) = self.value() {
+            request.metadata_mut().insert(AUTHORIZATION, v);
         }
         Ok(request)
+    }
+}
+
+/// A client's token and the file it came from. When the server refuses it
+/// (`UNAUTHENTICATED`: the token was rotated), [`ClientToken::reread`]
+/// reads the file again; if it now holds another token, every channel made
+/// with [`ClientToken::attach`] sends that one from the next call on, and
+/// the refused call is worth making once more. A file of several tokens (a
+/// server's current and next) is sent its first.
+#[derive(Clone, Debug, Default)]
+pub struct ClientToken {
+    file: Option<PathBuf>,
+    attach: AttachToken,
+    /// How many times [`ClientToken::reread`] changed the token: a call
+    /// refused with an older one is worth making again even when another
+    /// caller did the re-reading.
+    changes: Arc<AtomicU64>,
+}
+
+impl ClientToken {
+    /// `token`, read from `file` if it came from one.
+    pub fn new(token: Option<&Token>, file: Option<&Path>) -> Self {
+        Self {
+            file: file.map(Path::to_owned),
+            attach: AttachToken::new(token),
+            changes: Arc::default(),
+        }
+    }
+
+    /// Which token is sent now: pass it to [`ClientToken::refused`] when a
+    /// call made now is refused.
+    pub fn generation(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// A call made at `generation` was refused `UNAUTHENTICATED`: reads
+    /// the file again, and says whether another token is sent now (by this
+    /// re-read or a concurrent one), so the call is worth making once more.
+    pub fn refused(&self, generation: u64) -> bool {
+        self.reread();
+        self.generation() != generation
+    }
+
+    /// The interceptor for a channel: shares this token's value.
+    pub fn attach(&self) -> AttachToken {
+        self.attach.clone()
+    }
+
+    /// Reads the file again; true when it now holds a token other than the
+    /// one sent so far (a retry may pass). A variable's token, an unreadable
+    /// file or the same token: false.
+    pub fn reread(&self) -> bool {
+        let Some(file) = &self.file else {
+            return false;
+        };
+        let Ok(token) = Token::first_in_file(file) else {
+            return false;
+        };
+        let fresh = sensitive(&token);
+        let mut current = self
+            .attach
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().map(MetadataValue::as_bytes) == Some(fresh.as_bytes()) {
+            return false;
+        }
+        *current = Some(fresh);
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        true
     }
 }
 
@@ -203,13 +311,17 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The token a client (`status`, an agent) presents: `file` if given, else
-/// `ACCEL_RDZV_TOKEN`, else `RDZV_TOKEN`, looked up through `env`.
+/// The token a client (`status`, an agent) presents: `file`'s first if
+/// given, else `ACCEL_RDZV_TOKEN`, else `RDZV_TOKEN`, looked up through
+/// `env`.
 pub fn client_token(
     file: Option<&std::path::Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Token>, TokenError> {
-    match Token::resolve(file, "ACCEL_RDZV_TOKEN", env)? {
+    if let Some(file) = file {
+        return Token::first_in_file(file).map(Some);
+    }
+    match Token::resolve(None, "ACCEL_RDZV_TOKEN", env)? {
         Some(t) => Ok(Some(t)),
         None => Token::resolve(None, "RDZV_TOKEN", env),
     }
@@ -231,6 +343,49 @@ mod tests {
             .expect_err("space")
             .to_string();
         assert!(err.contains("$X") && err.contains("spaces"), "{err}");
+    }
+
+    #[test]
+    fn a_client_token_rereads_its_file_and_every_channel_sends_the_new_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("token");
+        std::fs::write(&f, format!("{T}\n")).expect("write");
+        let first = Token::from_file(&f).expect("read");
+        let client = ClientToken::new(Some(&first), Some(&f));
+        let mut channel = client.attach();
+        let sent = |a: &mut AttachToken| {
+            a.call(Request::new(()))
+                .expect("ok")
+                .metadata()
+                .get(AUTHORIZATION)
+                .map(|v| v.as_bytes().to_vec())
+        };
+        assert_eq!(sent(&mut channel), Some(format!("Bearer {T}").into_bytes()));
+        assert!(!client.reread(), "the same token: nothing to retry");
+        // Rotated: the file holds the next token first.
+        let next = "next-token-abcdef0123456789";
+        std::fs::write(&f, format!("{next}\n{T}\n")).expect("write");
+        assert!(client.reread(), "another token: worth a retry");
+        assert_eq!(
+            sent(&mut channel),
+            Some(format!("Bearer {next}").into_bytes())
+        );
+        // A half-written file changes nothing.
+        std::fs::write(&f, "").expect("write");
+        assert!(!client.reread());
+        assert_eq!(
+            sent(&mut channel),
+            Some(format!("Bearer {next}").into_bytes())
+        );
+        // A call refused before another caller re-read is worth another
+        // try; one refused with the token sent now is not.
+        let before = client.generation();
+        std::fs::write(&f, format!("{T}\n")).expect("write");
+        assert!(client.reread());
+        assert!(client.refused(before), "changed since the call was made");
+        assert!(!client.refused(client.generation()), "nothing new to send");
+        // A variable's token has no file to read.
+        assert!(!ClientToken::new(Some(&first), None).reread());
     }
 
     #[test]

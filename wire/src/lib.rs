@@ -5,7 +5,8 @@
 //! used to live in the client crate, which the server then built on and
 //! re-exported; the agent took key escaping, stack rendering and time
 //! formatting from the server crate. Here is what is neither a client nor
-//! a server: the token ([`auth`]), TLS files for both sides ([`tls`]), the
+//! a server: the token ([`auth`]) and the tokens a server accepts, re-read
+//! as they rotate ([`accepted`]), TLS files for both sides ([`tls`]), the
 //! bounds on what crosses the wire ([`limits`]), a node's topology path
 //! ([`topology`]), ids as key segments ([`keys`]), stacks as text
 //! ([`stacks`]) and wall-clock times ([`time`]).
@@ -16,6 +17,7 @@
 //! directly (no crate re-exports it).
 #![deny(unsafe_code)]
 
+pub mod accepted;
 pub mod auth;
 pub mod keys;
 pub mod limits;

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_proto::v1 as pb;
-use accel_wire::auth::Token;
+use accel_wire::auth::ClientToken;
 use accel_wire::tls::ClientTlsFiles;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -153,7 +153,8 @@ pub(crate) struct Reach {
     pub leaders: Leaders,
     /// This node's join request, reused to rejoin.
     pub join_req: pb::JoinRequest,
-    token: Option<Token>,
+    /// Re-read from its file when the rendezvous refuses it (rotation).
+    token: ClientToken,
     tls: ClientTlsFiles,
     read_timeout: Duration,
     /// The longest wait between attempts at a rendezvous that does not
@@ -230,7 +231,7 @@ impl Reach {
             endpoints,
             leaders,
             join_req,
-            token: cfg.token.clone(),
+            token: ClientToken::new(cfg.token.as_ref(), cfg.rdzv.token_file.as_deref()),
             tls: cfg.link_tls(),
             read_timeout: cfg.rdzv.read_timeout,
             retry_max: cfg.rdzv.cas_backoff_max,
@@ -318,7 +319,7 @@ impl Reach {
             &order,
             self.leaders,
             req,
-            self.token.as_ref(),
+            &self.token,
             &self.tls,
             {
                 let pace = accel_rdzv_client::Pace::new(self.read_timeout, self.silence);

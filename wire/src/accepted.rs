@@ -1,0 +1,272 @@
+//! The tokens a server accepts, re-read from its token file when it changes.
+//!
+//! # Why
+//! A token read once at start cannot be rotated without restarting every
+//! server replica, and an operator who rotates a Kubernetes Secret expects
+//! the new value to take effect as the kubelet updates the mounted file. So
+//! the server's token file may hold a *current* and a *next* token, one a
+//! line, both accepted: write `current\nnext`, move the agents to `next`,
+//! then write `next` alone, and the old one is refused from then on. No
+//! restart, and no running job loses its rendezvous.
+//!
+//! # How
+//! Every check looks at the file's size, modification time and inode at
+//! most once a second ([`RECHECK`]), and reads it again only when they
+//! changed. A file that cannot be read or holds no valid token keeps the
+//! tokens last read (a half-written file must not lock every agent out),
+//! with a warning once per change. Every accepted token is compared, in
+//! constant time, whichever matches: the time taken says nothing about
+//! which one did.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use tonic::metadata::{Ascii, MetadataValue};
+
+use crate::auth::{Token, TokenError};
+
+/// How often the file is looked at, at most.
+pub const RECHECK: Duration = Duration::from_secs(1);
+/// Most tokens a file may hold (a current and a next, and room for an
+/// operator's overlap of two rotations).
+pub const MAX_TOKENS: usize = 4;
+
+/// The tokens a server accepts; cheap to clone (one shared state).
+#[derive(Clone)]
+pub struct Accepted(Arc<Inner>);
+
+impl std::fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Accepted(..)")
+    }
+}
+
+struct Inner {
+    /// Where they come from (`None`: a variable, fixed).
+    file: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+struct State {
+    tokens: Vec<Token>,
+    /// What the file looked like when it was last read.
+    stamp: Option<Stamp>,
+    /// When the file was last looked at.
+    checked: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: u64,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> std::io::Result<Self> {
+        let meta = std::fs::metadata(path)?;
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Ok(Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            inode,
+        })
+    }
+}
+
+/// The tokens of a file's text: one a line, blank lines skipped, at least
+/// one and at most [`MAX_TOKENS`].
+pub fn parse_tokens(text: &str, origin: &str) -> Result<Vec<Token>, TokenError> {
+    let tokens = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Token::new(l, origin))
+        .collect::<Result<Vec<_>, _>>()?;
+    match tokens.len() {
+        0 => Err(TokenError::Invalid {
+            origin: origin.to_owned(),
+            problem: "is empty",
+        }),
+        n if n > MAX_TOKENS => Err(TokenError::Invalid {
+            origin: origin.to_owned(),
+            problem: "holds more than 4 tokens (one a line: the current and the next)",
+        }),
+        _ => Ok(tokens),
+    }
+}
+
+impl Accepted {
+    /// One fixed token (a variable's, or an embedded server's).
+    pub fn fixed(token: Token) -> Self {
+        Self(Arc::new(Inner {
+            file: None,
+            state: Mutex::new(State {
+                tokens: vec![token],
+                stamp: None,
+                checked: Instant::now(),
+            }),
+        }))
+    }
+
+    /// The tokens of file `path`, read now (an error here is a start-up
+    /// error) and again whenever it changes.
+    pub fn from_file(path: &Path) -> Result<Self, TokenError> {
+        let stamp = Stamp::of(path).map_err(|source| TokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let tokens = read(path)?;
+        Ok(Self(Arc::new(Inner {
+            file: Some(path.to_owned()),
+            state: Mutex::new(State {
+                tokens,
+                stamp: Some(stamp),
+                checked: Instant::now(),
+            }),
+        })))
+    }
+
+    /// From `file` if given, else the variable `var` (through `env`);
+    /// `None` when neither is set.
+    pub fn resolve(
+        file: Option<&Path>,
+        var: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, TokenError> {
+        if let Some(file) = file {
+            return Self::from_file(file).map(Some);
+        }
+        match env(var) {
+            Some(v) => Token::new(&v, &format!("${var}")).map(|t| Some(Self::fixed(t))),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a request's `authorization` value carries one of the
+    /// tokens (the file looked at again first, at most once a second).
+    pub fn admits(&self, header: Option<&MetadataValue<Ascii>>) -> bool {
+        self.admits_bytes(header.map(MetadataValue::as_bytes))
+    }
+
+    /// [`Accepted::admits`] for an `authorization` header's raw bytes.
+    pub fn admits_bytes(&self, header: Option<&[u8]>) -> bool {
+        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(file) = &self.0.file {
+            refresh(file, &mut state, Instant::now());
+        }
+        // Every token compared: the time says nothing of which matched.
+        state
+            .tokens
+            .iter()
+            .fold(false, |any, t| t.admits_bytes(header) | any)
+    }
+
+    /// How many tokens are accepted now.
+    pub fn count(&self) -> usize {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tokens
+            .len()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<Token>, TokenError> {
+    // Token::from_file's checks (size, who may read it), on the whole file.
+    Token::check_file(path)?;
+    let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_tokens(&text, &format!("file {}", path.display()))
+}
+
+/// Reads the file again if it changed since it was last read, at most once
+/// every [`RECHECK`]; a file that cannot be read, or holds no valid token,
+/// keeps the tokens last read (a warning once per change).
+fn refresh(path: &Path, state: &mut State, now: Instant) {
+    if now.saturating_duration_since(state.checked) < RECHECK {
+        return;
+    }
+    state.checked = now;
+    let stamp = Stamp::of(path).ok();
+    if stamp.is_none() || stamp == state.stamp {
+        return;
+    }
+    state.stamp = stamp;
+    match read(path) {
+        Ok(tokens) => {
+            tracing::info!(file = %path.display(), tokens = tokens.len(), "the token file changed: accepting its tokens from now on");
+            state.tokens = tokens;
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "the token file changed but holds no valid token; still accepting the tokens last read");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "current-token-0123456789";
+    const B: &str = "next-token-0123456789abc";
+
+    fn bearer(t: &str) -> Vec<u8> {
+        format!("Bearer {t}").into_bytes()
+    }
+
+    #[test]
+    fn a_file_of_two_tokens_admits_both_and_one_line_files_still_work() {
+        assert_eq!(
+            parse_tokens(&format!("{A}\n\n{B}\n"), "f")
+                .expect("two")
+                .len(),
+            2
+        );
+        assert_eq!(
+            parse_tokens(&format!("  {A}  \n"), "f").expect("one").len(),
+            1
+        );
+        assert!(parse_tokens("\n \n", "f").is_err());
+        let five = [A; 5].join("\n");
+        assert!(parse_tokens(&five, "f").is_err());
+        assert!(parse_tokens("has a space inside it here", "f").is_err());
+    }
+
+    #[test]
+    fn a_rotation_is_seen_without_a_restart_and_a_bad_write_keeps_the_last_tokens() {
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("token");
+        std::fs::write(&f, format!("{A}\n")).expect("write");
+        let accepted = Accepted::from_file(&f).expect("read");
+        assert!(accepted.admits_bytes(Some(&bearer(A))));
+        assert!(!accepted.admits_bytes(Some(&bearer(B))));
+        assert!(!accepted.admits_bytes(None));
+        let mut state = accepted.0.state.lock().expect("state");
+        // Current and next: both, once the file is looked at again.
+        std::fs::write(&f, format!("{A}\n{B}\n")).expect("write");
+        let t = state.checked;
+        refresh(&f, &mut state, t + RECHECK / 2);
+        assert_eq!(state.tokens.len(), 1, "not looked at twice within a second");
+        refresh(&f, &mut state, t + RECHECK);
+        assert_eq!(state.tokens.len(), 2);
+        // A half-written file: the last tokens stay.
+        std::fs::write(&f, "").expect("write");
+        refresh(&f, &mut state, t + RECHECK * 2);
+        assert_eq!(state.tokens.len(), 2);
+        // Next alone: the current one is refused from then on.
+        std::fs::write(&f, format!("{B}\n")).expect("write");
+        refresh(&f, &mut state, t + RECHECK * 3);
+        drop(state);
+        assert_eq!(accepted.count(), 1);
+        let state = accepted.0.state.lock().expect("state");
+        assert!(state.tokens[0].admits_bytes(Some(&bearer(B))));
+        assert!(!state.tokens[0].admits_bytes(Some(&bearer(A))));
+    }
+}
