@@ -111,7 +111,7 @@ fn accepted(cfg: &Config) -> Option<accel_wire::accepted::Accepted> {
 fn embedded(
     max_nodes_per_job: u32,
     token: Option<accel_wire::accepted::Accepted>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<accel_wire::tls::ServerTls>,
 ) -> rendezvous_server::ServeOptions {
     rendezvous_server::ServeOptions {
         finished_job_ttl: Duration::from_secs(5),
@@ -133,7 +133,7 @@ fn embedded(
 }
 
 /// The TLS settings of a rendezvous this agent hosts for other nodes.
-fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>, AgentError> {
+fn hosted_tls(cfg: &Config) -> Result<Option<accel_wire::tls::ServerTls>, AgentError> {
     let files = cfg.link_tls();
     if !files.enabled() {
         return Ok(None);
@@ -143,7 +143,7 @@ fn hosted_tls(cfg: &Config) -> Result<Option<tonic::transport::ServerTlsConfig>,
             "this agent hosts the rendezvous over TLS, so it needs its own certificate: give --rdzv-conf tls_cert=PEM,tls_key=PEM (valid for the rendezvous host name)".into(),
         ));
     };
-    accel_wire::tls::server_config(Some(cert), Some(key), files.ca.as_deref())
+    accel_wire::tls::ServerTls::from_files(Some(cert), Some(key), files.ca.as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))
 }
 
@@ -153,7 +153,7 @@ pub(crate) async fn locate_rendezvous(
     cfg: &Config,
     stop: &CancellationToken,
 ) -> Result<Located, AgentError> {
-    let host_at = |addr: SocketAddr, tls: Option<tonic::transport::ServerTlsConfig>| {
+    let host_at = |addr: SocketAddr, tls: Option<accel_wire::tls::ServerTls>| {
         let stop = stop.clone();
         let mut options = embedded(cfg.max_nodes, accepted(cfg), tls);
         options.limits.tombstone_ttl = cfg.rdzv.tombstone_ttl;

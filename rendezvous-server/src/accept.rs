@@ -8,16 +8,34 @@
 //! once when it ends, and the connections it does accept are handed to the
 //! gRPC server through a small channel, each once [`Admission`] gave it a
 //! place.
+//!
+//! # TLS
+//! With TLS the handshake happens here, not in tonic, so that the
+//! certificate can change while the server runs ([`ServerTls`] re-reads its
+//! files): each connection is accepted with the configuration current at
+//! that moment. Handshakes run beside the accept loop, each bounded by
+//! `TLS_HANDSHAKE` (10 s), so a client that opens a connection and never
+//! finishes the handshake holds neither the loop nor a descriptor for
+//! ever (and its address's place is counted by [`Admission`] meanwhile).
 
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use accel_wire::tls::ServerTls;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tracing::{info, warn};
+use tonic::transport::server::Connected;
+use tracing::{debug, info, warn};
 
-use crate::admission::{Admission, Conn};
+use crate::admission::{Admission, Conn, ConnInfo};
+
+/// How long a client has to finish the TLS handshake.
+pub(crate) const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -28,7 +46,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(crate) fn incoming(
     listener: TcpListener,
     admission: Arc<Admission>,
-) -> ReceiverStream<std::io::Result<Conn>> {
+    tls: Option<ServerTls>,
+) -> ReceiverStream<io::Result<ServerIo>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut backoff = FIRST_BACKOFF;
@@ -50,8 +69,16 @@ pub(crate) fn incoming(
                     let Some(conn) = admission.admit(stream, remote) else {
                         continue;
                     };
-                    if tx.send(Ok(conn)).await.is_err() {
-                        return;
+                    match &tls {
+                        None => {
+                            if tx.send(Ok(ServerIo::Plain(conn))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(tls) => {
+                            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                            tokio::spawn(handshake(acceptor, conn, tx.clone()));
+                        }
                     }
                 }
                 Err(e) => {
@@ -66,4 +93,99 @@ pub(crate) fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Finishes a connection's TLS handshake within [`TLS_HANDSHAKE`] and hands
+/// it on; a failed or slow one is closed (at debug level: a scanner or a
+/// client with the wrong CA must not fill the log).
+async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    conn: Conn,
+    tx: mpsc::Sender<io::Result<ServerIo>>,
+) {
+    match tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(conn)).await {
+        Ok(Ok(stream)) => {
+            let _ = tx.send(Ok(ServerIo::Tls(Box::new(stream)))).await;
+        }
+        Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
+        Err(_) => debug!("TLS handshake not finished in time"),
+    }
+}
+
+/// A connection the gRPC server serves: plain, or TLS over it.
+#[derive(Debug)]
+pub(crate) enum ServerIo {
+    /// Plain HTTP/2.
+    Plain(Conn),
+    /// HTTP/2 over TLS.
+    Tls(Box<tokio_rustls::server::TlsStream<Conn>>),
+}
+
+impl Connected for ServerIo {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Self::Plain(c) => c.connect_info(),
+            Self::Tls(t) => t.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for ServerIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(c) => Pin::new(c).poll_read(cx, buf),
+            Self::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(c) => Pin::new(c).poll_write(cx, buf),
+            Self::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(c) => Pin::new(c).poll_flush(cx),
+            Self::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(c) => Pin::new(c).poll_shutdown(cx),
+            Self::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(c) => Pin::new(c).poll_write_vectored(cx, bufs),
+            Self::Tls(t) => Pin::new(t.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(c) => c.is_write_vectored(),
+            Self::Tls(t) => t.is_write_vectored(),
+        }
+    }
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-use tonic::transport::server::{Connected, TlsConnectInfo};
+use tonic::transport::server::Connected;
 use tracing::warn;
 
 use accel_telemetry::quiet::{Quiet, Say};
@@ -156,9 +156,7 @@ pub struct ConnInfo {
 impl ConnInfo {
     /// The connection `request` came on, over TLS or not.
     pub fn of<T>(request: &tonic::Request<T>) -> Option<&ConnInfo> {
-        let ext = request.extensions();
-        ext.get::<ConnInfo>()
-            .or_else(|| ext.get::<TlsConnectInfo<ConnInfo>>().map(|t| t.get_ref()))
+        request.extensions().get::<ConnInfo>()
     }
 
     /// The client's address.

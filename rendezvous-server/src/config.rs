@@ -448,10 +448,8 @@ impl ServerArgs {
     }
 
     /// The TLS settings the flags give (`None`: plain).
-    pub fn tls(
-        &self,
-    ) -> Result<Option<tonic::transport::ServerTlsConfig>, accel_wire::tls::TlsError> {
-        accel_wire::tls::server_config(
+    pub fn tls(&self) -> Result<Option<accel_wire::tls::ServerTls>, accel_wire::tls::TlsError> {
+        accel_wire::tls::ServerTls::from_files(
             self.tls_cert.as_deref(),
             self.tls_key.as_deref(),
             self.tls_client_ca.as_deref(),

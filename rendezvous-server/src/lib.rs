@@ -75,8 +75,6 @@ pub use limits::Limits;
 pub use registry::Registry;
 pub use service::RendezvousService;
 
-/// How long a TLS client may take to finish its handshake.
-const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 /// How often lost nodes and finished jobs are looked for.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -93,8 +91,8 @@ pub struct ServeOptions {
     pub tokens: auth::Tokens,
     /// How much the server holds at most.
     pub limits: Limits,
-    /// TLS (`None`: plain HTTP/2).
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// TLS (`None`: plain HTTP/2), its files re-read as they change.
+    pub tls: Option<accel_wire::tls::ServerTls>,
     /// Where job state is kept beyond this process (`None`: memory only).
     /// The server loads the jobs it holds before serving, and writes every
     /// change before sending the events it causes.
@@ -237,7 +235,7 @@ pub async fn serve_with_metrics(
         options.limits.max_connections_per_ip,
         options.limits.auth_timeout,
     );
-    let incoming = accept::incoming(listener, admission);
+    let incoming = accept::incoming(listener, admission, options.tls.clone());
     let mut service = RendezvousService::seated(seat);
     if let Some(complaints) = complain {
         service = service.hearing(complaints);
@@ -248,12 +246,8 @@ pub async fn serve_with_metrics(
         rendezvous,
         auth::RequireToken::new(options.tokens.clone()),
     );
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = options.tls.clone() {
-        // A client that opens a connection and never finishes the handshake
-        // does not hold a descriptor for ever.
-        builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE))?;
-    }
+    // TLS, when set, is done as connections are accepted (`accept`).
+    let builder = tonic::transport::Server::builder();
     let drained = std::sync::Arc::new(tokio::sync::Notify::new());
     let draining = drained.clone();
     let serving = builder

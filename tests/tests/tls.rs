@@ -298,3 +298,104 @@ fn unusable_tls_files_are_one_clear_line() {
         "{err}"
     );
 }
+
+/// `rdzv-server status` over TLS trusting `ca` only, with client
+/// certificate `agent`: whether it got an answer.
+fn status_trusting(server: &Server, pki: &Pki, ca: &str, token_file: &Path) -> Result<(), String> {
+    let out = Command::new(bin("rdzv-server"))
+        .args(["status", "--rdzv-endpoint", &server.addr, "--token-file"])
+        .arg(token_file)
+        .env("ACCEL_RDZV_TLS_CA", pki.path(ca))
+        .env("ACCEL_RDZV_TLS_CERT", pki.path("agent.pem"))
+        .env("ACCEL_RDZV_TLS_KEY", pki.path("agent.key"))
+        .output()
+        .expect("status");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A renewed server certificate, from a new CA, moved into place while a
+/// two-node job runs: new connections get it at once (a client trusting
+/// only the new CA is answered, one trusting only the old is refused); the
+/// running job's connections are untouched and it ends with success.
+#[test]
+fn a_renewed_certificate_is_served_without_a_restart_and_the_running_job_goes_on() {
+    let pki = Pki::new();
+    ca(&pki.dir, "next-ca");
+    leaf(&pki.dir, "next-ca", "next-server");
+    // The agents trust both CAs while the certificate is renewed.
+    let both = pki.dir.join("both.pem");
+    let bundle = [
+        std::fs::read_to_string(pki.dir.join("ca.pem")).expect("ca"),
+        std::fs::read_to_string(pki.dir.join("next-ca.pem")).expect("next ca"),
+    ]
+    .concat();
+    std::fs::write(&both, bundle).expect("bundle");
+    // The server's files, replaced as cert-manager or a Secret would:
+    // written beside them and renamed over.
+    let (cert, key) = (pki.dir.join("live.pem"), pki.dir.join("live.key"));
+    std::fs::copy(pki.dir.join("server.pem"), &cert).expect("cert");
+    std::fs::copy(pki.dir.join("server.key"), &key).expect("key");
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &[
+            "--tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+            "--tls-client-ca",
+            &pki.path("ca.pem"),
+        ],
+        &[("RDZV_TOKEN", TOKEN)],
+    );
+    let dir = scratch("tls-renew");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, TOKEN).expect("token");
+    let conf = format!(
+        "tls_ca={},tls_cert={},tls_key={}",
+        both.display(),
+        pki.path("agent.pem"),
+        pki.path("agent.key")
+    );
+    let long = |tag: &str| {
+        AgentCmd::c10d_no_local_addr(&server.addr, "renew")
+            .nnodes(2)
+            .nproc(1)
+            .conf(&conf)
+            .recording(&dir, tag)
+            .env("RUN_FOR", "8")
+            .env("ACCEL_RDZV_TOKEN", TOKEN)
+            .start(&dir, tag)
+    };
+    let (a, b) = (long("a"), long("b"));
+    assert!(
+        eventually(Duration::from_secs(30), || records(&dir).len() == 2),
+        "both workers run"
+    );
+    status_trusting(&server, &pki, "ca.pem", &token_file).expect("the old certificate");
+    assert!(status_trusting(&server, &pki, "next-ca.pem", &token_file).is_err());
+    let replace = |from: &Path, to: &Path| {
+        let tmp = to.with_extension("new");
+        std::fs::copy(from, &tmp).expect("copy");
+        std::fs::rename(&tmp, to).expect("rename");
+    };
+    // The new key first: with the old certificate it makes no identity, so
+    // the last good one is served meanwhile.
+    replace(&pki.dir.join("next-server.key"), &key);
+    std::thread::sleep(Duration::from_millis(1500));
+    status_trusting(&server, &pki, "ca.pem", &token_file).expect("the last good certificate");
+    replace(&pki.dir.join("next-server.pem"), &cert);
+    accel_tests::poll_until(
+        "the renewed certificate is served",
+        Duration::from_secs(10),
+        || status_trusting(&server, &pki, "next-ca.pem", &token_file),
+    );
+    let old = status_trusting(&server, &pki, "ca.pem", &token_file).expect_err("old CA only");
+    assert!(old.contains("TLS") || old.contains("certificate"), "{old}");
+    assert_eq!(a.wait(Duration::from_secs(40)).code(), 0);
+    assert_eq!(b.wait(Duration::from_secs(40)).code(), 0);
+    assert_eq!(records(&dir).len(), 2, "the job was never restarted");
+}

@@ -20,11 +20,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::auth::{Token, TokenError};
+use crate::stamp::Stamp;
 
 /// How often the file is looked at, at most.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -54,28 +55,6 @@ struct State {
     stamp: Option<Stamp>,
     /// When the file was last looked at.
     checked: Instant,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
-    len: u64,
-    modified: Option<SystemTime>,
-    inode: u64,
-}
-
-impl Stamp {
-    fn of(path: &Path) -> std::io::Result<Self> {
-        let meta = std::fs::metadata(path)?;
-        #[cfg(unix)]
-        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
-        #[cfg(not(unix))]
-        let inode = 0;
-        Ok(Self {
-            len: meta.len(),
-            modified: meta.modified().ok(),
-            inode,
-        })
-    }
 }
 
 /// The tokens of a file's text: one a line, blank lines skipped, at least

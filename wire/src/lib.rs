@@ -22,6 +22,7 @@ pub mod auth;
 pub mod keys;
 pub mod limits;
 pub mod stacks;
+mod stamp;
 pub mod time;
 pub mod tls;
 pub mod topology;

@@ -7,14 +7,19 @@
 //! line naming the file and the cause, not a handshake failure later.
 //!
 //! Both ends' files are here, in the client crate, because both ends read
-//! PEM files the same way; the server (`server_config`) and `rdzv-server
+//! PEM files the same way; the server ([`ServerTls`]) and `rdzv-server
 //! status` use this module through the server's `tls` re-export.
 
 use std::path::{Path, PathBuf};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::stamp::Stamp;
 
 /// A PEM file larger than this is not a certificate chain or a key.
 const MAX_PEM_BYTES: u64 = 1 << 20;
@@ -124,26 +129,179 @@ fn pair<'a>(
     }
 }
 
-/// The server's TLS settings: its certificate chain and key, and, for
-/// mutual TLS, the CA every client certificate must chain to.
-pub fn server_config(
-    cert: Option<&Path>,
-    key: Option<&Path>,
-    client_ca: Option<&Path>,
-) -> Result<Option<ServerTlsConfig>, TlsError> {
-    let Some((cert, key)) = pair(cert, key, ("--tls-cert", "--tls-key"))? else {
-        if client_ca.is_some() {
-            return Err(TlsError::Incomplete(
-                "--tls-client-ca needs --tls-cert and --tls-key".into(),
-            ));
-        }
-        return Ok(None);
-    };
-    let mut config = ServerTlsConfig::new().identity(identity(cert, key)?);
-    if let Some(ca) = client_ca {
-        config = config.client_ca_root(Certificate::from_pem(certificates("client CA", ca)?));
+/// How often a server's TLS files are looked at, at most.
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// A server's TLS: its certificate chain and key and, for mutual TLS, the
+/// CA every client certificate must chain to; re-read when the files
+/// change, so a renewed certificate (cert-manager, a Secret's update, a
+/// `mv` into place) is served from the next connection on, without a
+/// restart and without touching the connections already made.
+///
+/// The files are looked at (size, modification time, inode) at most once a
+/// [`RECHECK`], as a connection is accepted; when any changed, all are read
+/// again and checked as at start. Files that do not make a configuration
+/// (a certificate written before its key) keep the last good one, with a
+/// warning, and are tried again at their next change.
+#[derive(Clone)]
+pub struct ServerTls(Arc<ServerTlsInner>);
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("cert", &self.0.files.cert)
+            .field("client_ca", &self.0.files.client_ca)
+            .finish_non_exhaustive()
     }
-    Ok(Some(config))
+}
+
+struct ServerTlsInner {
+    files: TlsFiles,
+    state: Mutex<ServerTlsState>,
+}
+
+/// A server's TLS files.
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+}
+
+struct ServerTlsState {
+    config: Arc<rustls::ServerConfig>,
+    stamps: Vec<Option<Stamp>>,
+    checked: Instant,
+}
+
+impl ServerTls {
+    /// The server's TLS from its files (`None`: plain HTTP/2), read and
+    /// checked now: an error here is a start-up error naming the file.
+    pub fn from_files(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        client_ca: Option<&Path>,
+    ) -> Result<Option<Self>, TlsError> {
+        let Some((cert, key)) = pair(cert, key, ("--tls-cert", "--tls-key"))? else {
+            if client_ca.is_some() {
+                return Err(TlsError::Incomplete(
+                    "--tls-client-ca needs --tls-cert and --tls-key".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let files = TlsFiles {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            client_ca: client_ca.map(Path::to_owned),
+        };
+        let stamps = files.stamps();
+        let config = Arc::new(files.build()?);
+        let inner = ServerTlsInner {
+            files,
+            state: Mutex::new(ServerTlsState {
+                config,
+                stamps,
+                checked: Instant::now(),
+            }),
+        };
+        Ok(Some(Self(Arc::new(inner))))
+    }
+
+    /// The configuration to accept a connection with now (the files looked
+    /// at first, at most once a [`RECHECK`]).
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        self.current_at(Instant::now())
+    }
+
+    fn current_at(&self, now: Instant) -> Arc<rustls::ServerConfig> {
+        let files = &self.0.files;
+        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if now.saturating_duration_since(state.checked) >= RECHECK {
+            state.checked = now;
+            let stamps = files.stamps();
+            if stamps != state.stamps && stamps.iter().all(Option::is_some) {
+                state.stamps = stamps;
+                match files.build() {
+                    Ok(config) => {
+                        tracing::info!(cert = %files.cert.display(), "the TLS files changed: new connections get the new certificate");
+                        state.config = Arc::new(config);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the TLS files changed but do not make a configuration; still serving the last good one");
+                    }
+                }
+            }
+        }
+        state.config.clone()
+    }
+}
+
+impl TlsFiles {
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| Stamp::of(p).ok())
+            .collect()
+    }
+
+    /// Reads and checks every file; a configuration that speaks HTTP/2.
+    fn build(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let content = |what, path: &Path, problem: String| TlsError::Content {
+            what,
+            path: path.to_owned(),
+            problem,
+        };
+        let chain = CertificateDer::pem_slice_iter(&certificates("certificate", &self.cert)?)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| content("certificate", &self.cert, format!("is not valid PEM: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(&private_key(&self.key)?)
+            .map_err(|e| content("key", &self.key, format!("holds no private key: {e}")))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Incomplete(e.to_string()))?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(&certificates("client CA", ca)?) {
+                    let c =
+                        c.map_err(|e| content("client CA", ca, format!("is not valid PEM: {e}")))?;
+                    roots.add(c).map_err(|e| {
+                        content(
+                            "client CA",
+                            ca,
+                            format!("holds a certificate that is not a CA: {e}"),
+                        )
+                    })?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider(),
+                )
+                .build()
+                .map_err(|e| content("client CA", ca, e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| {
+            content(
+                "certificate",
+                &self.cert,
+                format!(
+                    "and key {} do not make a TLS identity: {e}",
+                    self.key.display()
+                ),
+            )
+        })?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
+    }
+}
+
+/// The cryptography every TLS configuration here uses (ring, as tonic's).
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// A client's TLS settings: the CA the server's certificate must chain to
@@ -225,7 +383,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let junk = dir.join("junk.pem");
         std::fs::write(&junk, "not a certificate\n").expect("write");
-        let e = server_config(Some(&junk), Some(&junk), None)
+        let e = ServerTls::from_files(Some(&junk), Some(&junk), None)
             .expect_err("junk")
             .to_string();
         assert!(
@@ -233,14 +391,14 @@ mod tests {
             "{e}"
         );
         let missing = dir.join("missing.pem");
-        let e = server_config(Some(&missing), Some(&junk), None)
+        let e = ServerTls::from_files(Some(&missing), Some(&junk), None)
             .expect_err("missing")
             .to_string();
         assert!(
             e.contains("missing.pem") && e.contains("cannot read"),
             "{e}"
         );
-        let e = server_config(Some(&junk), None, None)
+        let e = ServerTls::from_files(Some(&junk), None, None)
             .expect_err("half")
             .to_string();
         assert!(e.contains("--tls-key"), "{e}");
