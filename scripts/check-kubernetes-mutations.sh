@@ -43,6 +43,7 @@ mutations=(
   "a ClusterQueue without memory|kubernetes/kueue/queues.yaml|s = s.replace('[cpu, memory, nvidia.com/gpu]', '[cpu, nvidia.com/gpu]', 1)|does not cover"
   "the server without an operate token|kubernetes/overlays/single/deployment.yaml|s = s.replace('            - --operate-token-file=/etc/accel/operate/token\n', '', 1)|must give --operate-token-file"
   "the agents' token mounted with subPath|kubernetes/training/job/job.yaml|s = s.replace('mountPath: /etc/accel/token\n', 'mountPath: /etc/accel/token\n              subPath: token\n', 1)|without subPath"
+  "the replicas sharing one etcd user|kubernetes/overlays/ha/statefulset.yaml|s = s.replace('--etcd-user=accel-\$(POD_NAMESPACE)', '--etcd-user=accel', 1)|an etcd user per namespace"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

@@ -371,6 +371,8 @@ def check_replicas_on_etcd(where, pod, c, args):
     if ((env.get("POD_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace" \
             or "--etcd-prefix=/accel/$(POD_NAMESPACE)" not in args:
         fail(where, "--etcd-prefix must be /accel/$(POD_NAMESPACE) (one installation per namespace)")
+    if "--etcd-user=accel-$(POD_NAMESPACE)" not in args:
+        fail(where, "--etcd-user must be accel-$(POD_NAMESPACE) (an etcd user per namespace, whose role covers its prefix only)")
     mounted = {v.get("secret", {}).get("secretName") for v in pod["spec"].get("volumes") or []}
     if not {"accel-etcd-tls", "accel-etcd-auth"} <= mounted:
         fail(where, "the Secrets accel-etcd-tls and accel-etcd-auth must be mounted")

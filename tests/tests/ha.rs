@@ -779,6 +779,116 @@ mod replicas {
         });
     }
 
+    /// Two replicas as the etcd user of their namespace, whose role covers
+    /// `/accel/team-a/` only (the Kubernetes HA overlay's setup): they
+    /// elect a leader and run a two-node job, keys only under their
+    /// prefix; a replica of another installation given that user cannot
+    /// serve (etcd refuses it the other prefix) and says so.
+    #[test]
+    fn replicas_as_an_etcd_user_confined_to_their_prefix_serve_and_reach_no_other() {
+        let dir = scratch("ha-etcd-user");
+        let etcd = EtcdCluster::start(&dir, 1);
+        let root = ["--user", "root:root-password"];
+        for cmd in [
+            &[
+                "user",
+                "add",
+                "root",
+                "--new-user-password=root-password",
+                "--interactive=false",
+            ][..],
+            &["user", "grant-role", "root", "root"],
+            &[
+                "user",
+                "add",
+                "accel-team-a",
+                "--new-user-password=team-a-password",
+                "--interactive=false",
+            ],
+            &["role", "add", "accel-team-a"],
+            &[
+                "role",
+                "grant-permission",
+                "accel-team-a",
+                "--prefix=true",
+                "readwrite",
+                "/accel/team-a/",
+            ],
+            &["user", "grant-role", "accel-team-a", "accel-team-a"],
+            &["auth", "enable"],
+        ] {
+            etcd.ctl(cmd);
+        }
+        let password = dir.join("etcd-password");
+        std::fs::write(&password, "team-a-password\n").expect("password");
+        let endpoints = etcd.endpoints();
+        let args = |prefix: &'static str| {
+            [
+                "--etcd-endpoints".to_owned(),
+                endpoints.clone(),
+                "--etcd-prefix".to_owned(),
+                prefix.to_owned(),
+                "--etcd-lease".to_owned(),
+                "2".to_owned(),
+                "--etcd-user".to_owned(),
+                "accel-team-a".to_owned(),
+                "--etcd-password-file".to_owned(),
+                password.to_string_lossy().into_owned(),
+            ]
+        };
+        let a = args("/accel/team-a");
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let first = Server::start_with("127.0.0.1:0", &a, &[]);
+        leads(&first);
+        let second = Server::start_with("127.0.0.1:0", &a, &[]);
+        let endpoints = format!("{},{}", first.addr, second.addr);
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(1);
+        for agent in two_nodes(&cmd, &dir, &[("RUN_FOR", "1")]) {
+            let out = agent.wait(Duration::from_secs(60));
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        let mut ctl = root.to_vec();
+        ctl.extend(["get", "--prefix", "/", "--keys-only"]);
+        let keys = etcd.ctl(&ctl);
+        let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+        assert!(!keys.is_empty(), "the replicas wrote their keys");
+        assert!(
+            keys.iter().all(|k| k.starts_with("/accel/team-a/")),
+            "only under the prefix: {keys:?}"
+        );
+        // Another installation's replica with this user: refused by etcd.
+        let b = args("/accel/team-b");
+        let b: Vec<&str> = b.iter().map(String::as_str).collect();
+        let other = Server::start_with("127.0.0.1:0", &b, &[]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let said = accel_tests::poll_until(
+            "the other installation's replica says etcd refused it",
+            Duration::from_secs(20),
+            || {
+                let err = other.stderr();
+                if err.to_lowercase().contains("permission denied") {
+                    Ok(err)
+                } else {
+                    Err(err)
+                }
+            },
+        );
+        let served = rt.block_on(async {
+            let mut c = client(&other.addr).await;
+            status(&mut c).await
+        });
+        assert!(
+            matches!(&served, Err(s) if s.code() == Code::Unavailable),
+            "it serves nothing: {served:?}\n{said}"
+        );
+        drop((first, second));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_follower_names_the_leader_and_takes_the_job_over_when_it_is_killed() {
         let dir = scratch("ha-replicas");
