@@ -44,6 +44,10 @@ mutations=(
   "the server without an operate token|kubernetes/overlays/single/deployment.yaml|s = s.replace('            - --operate-token-file=/etc/accel/operate/token\n', '', 1)|must give --operate-token-file"
   "the agents' token mounted with subPath|kubernetes/training/job/job.yaml|s = s.replace('mountPath: /etc/accel/token\n', 'mountPath: /etc/accel/token\n              subPath: token\n', 1)|without subPath"
   "the replicas sharing one etcd user|kubernetes/overlays/ha/statefulset.yaml|s = s.replace('--etcd-user=accel-\$(POD_NAMESPACE)', '--etcd-user=accel', 1)|an etcd user per namespace"
+  "a second installation on the first one's etcd prefix|kubernetes/overlays/ha-next/kustomization.yaml|s = s.replace('/accel/\$(POD_NAMESPACE)/installs/next', '/accel/\$(POD_NAMESPACE)', 1)|the etcd prefix must be /accel/\$(POD_NAMESPACE)/installs/next"
+  "a second installation selecting the first one's pods|kubernetes/overlays/ha-next/named/kustomization.yaml|s = s.replace('      app.kubernetes.io/name: rdzv-server-next\n', '', 1)|selects overlays-ha"
+  "a second installation advertising the first one's names|kubernetes/overlays/ha-next/kustomization.yaml|s = s.replace('rdzv-server-peers-next:29400\n', 'rdzv-server-peers:29400\n', 1)|must advertise"
+  "a replica's prefix expanded before the namespace is known|kubernetes/overlays/ha/statefulset.yaml|i = s.index('            - name: POD_NAMESPACE'); j = s.index('            - name: RDZV_ETCD_PREFIX'); k = s.index('          args:'); s = s[:i] + s[j:k] + s[i:j] + s[k:]|before POD_NAMESPACE is defined"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

@@ -358,7 +358,32 @@ def container_port(c, name):
     return next((p["containerPort"] for p in c.get("ports") or [] if p.get("name") == name), None)
 
 
-def check_replicas_on_etcd(where, pod, c, args):
+def setting(c, args, flag, var):
+    """A server setting as the flag `flag` in `args` or the variable `var`
+    (the server reads RDZV_* variables as flags); None when neither."""
+    for a in args:
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return (env_of(c).get(var) or {}).get("value")
+
+
+def check_env_order(where, c):
+    """A $(NAME) in a variable's value or an argument is expanded only when
+    NAME is a variable of the container, defined before it for a variable;
+    otherwise Kubernetes leaves the text as it is."""
+    seen = set()
+    for e in c.get("env") or []:
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", e.get("value") or ""):
+            if ref not in seen:
+                fail(where, f"variable {e['name']} uses $({ref}) before {ref} is defined: it would stay as text")
+        seen.add(e["name"])
+    for a in (c.get("args") or []) + (c.get("command") or []):
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", a):
+            if ref not in seen:
+                fail(where, f"argument {a!r} uses $({ref}), which is not a variable of the container")
+
+
+def check_replicas_on_etcd(where, doc, pod, c, args):
     """Replicas on etcd: TLS and an etcd user of their own, a prefix per
     installation, spread over zones."""
     eps = next(a for a in args if a.startswith("--etcd-endpoints=")).split("=", 1)[1].split(",")
@@ -368,9 +393,15 @@ def check_replicas_on_etcd(where, pod, c, args):
         if not any(a.startswith(flag) for a in args):
             fail(where, f"needs {flag.rstrip('=')} (etcd TLS and authentication)")
     env = env_of(c)
+    install = (pod["metadata"].get("labels") or {}).get("accel.dev/install")
+    want = "/accel/$(POD_NAMESPACE)" + (f"/installs/{install}" if install else "")
     if ((env.get("POD_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace" \
-            or "--etcd-prefix=/accel/$(POD_NAMESPACE)" not in args:
-        fail(where, "--etcd-prefix must be /accel/$(POD_NAMESPACE) (one installation per namespace)")
+            or setting(c, args, "--etcd-prefix", "RDZV_ETCD_PREFIX") != want:
+        fail(where, f"the etcd prefix must be {want} (one installation per namespace; a second one, "
+                    "labelled accel.dev/install: NAME, under /accel/$(POD_NAMESPACE)/installs/NAME)")
+    advertise = f"$(POD_NAME).{doc['spec'].get('serviceName')}:29400"
+    if setting(c, args, "--advertise", "RDZV_ADVERTISE") != advertise:
+        fail(where, f"each replica must advertise {advertise} (its name in the StatefulSet's headless Service, as the agents list it)")
     if "--etcd-user=accel-$(POD_NAMESPACE)" not in args:
         fail(where, "--etcd-user must be accel-$(POD_NAMESPACE) (an etcd user per namespace, whose role covers its prefix only)")
     mounted = {v.get("secret", {}).get("secretName") for v in pod["spec"].get("volumes") or []}
@@ -402,8 +433,9 @@ def check_server(where, doc, docs):
         fail(where, "ports grpc 29400 and metrics 29401 must be declared")
     if "--metrics-bind=[::]:29401" not in args or "--token-file=/etc/accel/token/token" not in args:
         fail(where, "args must give --metrics-bind=[::]:29401 and --token-file=/etc/accel/token/token")
+    check_env_order(where, c)
     if any(a.startswith("--etcd-endpoints=") for a in args):
-        check_replicas_on_etcd(where, pod, c, args)
+        check_replicas_on_etcd(where, doc, pod, c, args)
     get = (c.get("readinessProbe") or {}).get("httpGet") or {}
     if get.get("path") != "/readyz" or get.get("port") not in ("metrics", 29401):
         fail(where, "readinessProbe must be httpGet /readyz on the metrics port")
@@ -448,7 +480,8 @@ def check_server(where, doc, docs):
 
 
 def check_endpoint_configmap(where, docs):
-    cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "accel-rdzv"]
+    # accel-rdzv, with an installation's suffix (overlays/ha-next).
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("accel-rdzv")]
     if len(cms) != 1:
         fail(where, "needs the ConfigMap accel-rdzv (the agents' endpoint)")
         return
@@ -846,7 +879,7 @@ def check_doc(name, docs, doc, where):
                    for r in metrics for f in r.get("from") or []):
             fail(where, "the metrics port (29402) must admit the namespace `monitoring` (Prometheus scrapes the agents)")
     labels = ((pod_of(doc) or {}).get("metadata") or {}).get("labels") or {}
-    if kind in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/name") == "rdzv-server":
+    if kind in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/name", "").startswith("rdzv-server"):
         check_server(where, doc, docs)
     if kind == "Job":
         nnodes = check_job_spec(where, doc["spec"])
@@ -868,6 +901,10 @@ def check_doc(name, docs, doc, where):
 
 templates = {}
 for name, docs in rendered.items():
+    if name.endswith("-named"):
+        # A layer of the overlay above it (overlays/ha-next/named), not
+        # something to apply: checked as that overlay renders it.
+        continue
     for doc in docs:
         kind, meta = doc.get("kind"), doc.get("metadata") or {}
         where = f"{name}: {str(kind).lower()}/{meta.get('name')}"
@@ -878,6 +915,47 @@ for name, docs in rendered.items():
             fail(where, f"malformed ({type(e).__name__}: {e})")
     if any(d.get("kind") in ("Deployment", "StatefulSet") for d in docs):
         check_endpoint_configmap(name, docs)
+
+def selects(selector, labels):
+    """Whether a matchLabels-style selector matches `labels`."""
+    match = selector.get("matchLabels", selector) if isinstance(selector, dict) else {}
+    return bool(match) and all(labels.get(k) == v for k, v in match.items())
+
+
+def check_installs_apart(a, b):
+    """Two installations of the server in one namespace: no namespaced
+    name in common, no selector of one matching the other's pods, and
+    different etcd prefixes."""
+    where = f"{a} + {b}"
+    names = lambda docs: {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "PriorityClass"}
+    shared = names(rendered[a]) & names(rendered[b])
+    if shared:
+        fail(where, f"the installations share names {sorted(shared)}: applying one replaces the other's")
+    for x, y in ((a, b), (b, a)):
+        pods = [pod_of(d)["metadata"].get("labels") or {} for d in rendered[y] if pod_of(d)]
+        for d in rendered[x]:
+            spec = d.get("spec") or {}
+            sels = []
+            if d["kind"] == "Service":
+                sels.append(spec.get("selector") or {})
+            if d["kind"] in ("PodDisruptionBudget", "StatefulSet", "Deployment"):
+                sels.append(spec.get("selector") or {})
+            if d["kind"] == "NetworkPolicy":
+                sels.append(spec.get("podSelector") or {})
+            if any(selects(sel, labels) for sel in sels for labels in pods):
+                fail(where, f"{x}'s {d['kind'].lower()}/{d['metadata']['name']} selects {y}'s server pods")
+    prefixes = []
+    for n in (a, b):
+        for d in rendered[n]:
+            if d["kind"] == "StatefulSet":
+                c = d["spec"]["template"]["spec"]["containers"][0]
+                prefixes.append(setting(c, c.get("args") or [], "--etcd-prefix", "RDZV_ETCD_PREFIX"))
+    if len(prefixes) == 2 and prefixes[0] == prefixes[1]:
+        fail(where, f"both installations keep their state under {prefixes[0]}: they would share jobs and elections")
+
+
+if "overlays-ha" in rendered and "overlays-ha-next" in rendered:
+    check_installs_apart("overlays-ha", "overlays-ha-next")
 
 if set(templates) == {"Job", "JobSet"} and templates["Job"] != templates["JobSet"]:
     fail("training", "the Job's and the JobSet's pod templates differ (beyond the job id, node count and subdomain)")
@@ -893,7 +971,7 @@ for k in glob.glob("deploy/kube*/**/kustomization.yaml", recursive=True):
 for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
-for needed in ("overlays-single", "overlays-ha", "training-job", "training-jobset", "kubeflow", "monitoring",
+for needed in ("overlays-single", "overlays-ha", "overlays-ha-next", "training-job", "training-jobset", "kubeflow", "monitoring",
                "kubeflow-runtime-c10d", "kueue", "training-job-kueue", "training-jobset-kueue"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
