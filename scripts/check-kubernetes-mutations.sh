@@ -48,6 +48,7 @@ mutations=(
   "a second installation selecting the first one's pods|kubernetes/overlays/ha-next/named/kustomization.yaml|s = s.replace('      app.kubernetes.io/name: rdzv-server-next\n', '', 1)|selects overlays-ha"
   "a second installation advertising the first one's names|kubernetes/overlays/ha-next/kustomization.yaml|s = s.replace('rdzv-server-peers-next:29400\n', 'rdzv-server-peers:29400\n', 1)|must advertise"
   "a replica's prefix expanded before the namespace is known|kubernetes/overlays/ha/statefulset.yaml|i = s.index('            - name: POD_NAMESPACE'); j = s.index('            - name: RDZV_ETCD_PREFIX'); k = s.index('          args:'); s = s[:i] + s[j:k] + s[i:j] + s[k:]|before POD_NAMESPACE is defined"
+  "the gang runtime without its pod group|kubernetes/components/gang/kustomization.yaml|s = s.replace('scheduleTimeoutSeconds: 900', 'scheduleTimeoutSeconds: 0', 1)|needs podGroupPolicy.coscheduling"
   "the JobSet's metrics port closed to Prometheus|kubernetes/training/jobset/networkpolicy.yaml|s = s.replace('        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n', '', 1)|must admit the namespace \`monitoring\`"
 )
 

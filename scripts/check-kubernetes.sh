@@ -518,8 +518,14 @@ def short_tolerations(where, spec):
 TRAINER_SETS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
-def check_runtime(where, doc):
+def check_runtime(where, doc, name=""):
     spec = doc.get("spec") or {}
+    if "gang" in name:
+        # All of a job's nodes placed or none, and a gang that cannot be
+        # placed failed in the end, not Pending for ever.
+        timeout = ((spec.get("podGroupPolicy") or {}).get("coscheduling") or {}).get("scheduleTimeoutSeconds")
+        if not isinstance(timeout, int) or not 60 <= timeout <= 86400:
+            fail(where, "needs podGroupPolicy.coscheduling.scheduleTimeoutSeconds between 60 and 86400 (the nodes scheduled as a gang)")
     if "torch" not in (spec.get("mlPolicy") or {}):
         fail(where, "mlPolicy.torch must be set (then Trainer gives the node container the PET_* variables)")
     js = (spec.get("template") or {}).get("spec") or {}
@@ -854,7 +860,7 @@ def check_doc(name, docs, doc, where):
         return
     if kind == "ClusterTrainingRuntime":
         validate_crd(where, doc, RUNTIME_SCHEMA)
-        check_runtime(where, doc)
+        check_runtime(where, doc, name)
         if "gpu" in name:
             for r in doc["spec"]["template"]["spec"].get("replicatedJobs") or []:
                 check_gpu_pod(f"{where} replicatedJob {r.get('name')}", r["template"]["spec"]["template"], nproc_arg=False)
@@ -972,7 +978,7 @@ for f in sorted(glob.glob("deploy/kube*/**/*.y*ml", recursive=True)):
     if os.path.basename(f) != "kustomization.yaml" and os.path.normpath(f) not in referenced:
         fail(f, "is in no kustomization.yaml, so it is neither rendered nor checked")
 for needed in ("overlays-single", "overlays-ha", "overlays-ha-next", "training-job", "training-jobset", "kubeflow", "monitoring",
-               "kubeflow-runtime-c10d", "kueue", "training-job-kueue", "training-jobset-kueue"):
+               "kubeflow-runtime-c10d", "kubeflow-gang", "kueue", "training-job-kueue", "training-jobset-kueue"):
     if needed not in rendered:
         fail(needed, "kustomization missing")
 
