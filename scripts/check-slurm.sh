@@ -295,7 +295,11 @@ JOB="$(sed -n 's/.*running under Slurm (job \([0-9][0-9]*\)).*/\1/p' "$err" | so
 lines="$(grep -c "running under Slurm (job $JOB)" "$err")"
 [ "$lines" -eq "$NODES" ] || fail "$lines 'running under Slurm' lines for $NODES nodes"
 scontrol show job "$JOB" >"$tmp/run/job" 2>&1 || fail "slurmctld does not know job $JOB: $(cat "$tmp/run/job")"
-grep -q "NumNodes=$NODES " "$tmp/run/job" || fail "job $JOB is not on $NODES nodes: $(grep -o 'NumNodes=[^ ]*' "$tmp/run/job")"
+# The allocation's node list, not NumNodes: slurmctld counts NumNodes down
+# as each node finishes its epilog, so a job still completing can show 1.
+alloc="$(sed -n 's/^ *NodeList=\([^ ]*\).*/\1/p' "$tmp/run/job" | head -n 1)"
+[ "$(scontrol show hostnames "$alloc" 2>/dev/null | wc -l)" -eq "$NODES" ] \
+  || fail "job $JOB is not on $NODES nodes: NodeList=$alloc"
 
 WORLD=$((NPROC * NODES))
 workers="$(grep -c '^worker ' "$out" || true)"

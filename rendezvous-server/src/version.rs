@@ -9,12 +9,24 @@
 //!
 //! # The rule
 //! Versions are `MAJOR.MINOR.PATCH` (a pre-release or build suffix is not
-//! compared). An agent may join when it is of the server's release line:
-//! the same MAJOR, or, before 1.0, the same MAJOR.MINOR (as Cargo reads
-//! versions). Patch releases of one line speak the same protocol: new
-//! fields are optional, and each side ignores fields it does not know. An
-//! agent that says no version predates this check; it is admitted, and the
-//! server says once that such agents are in use.
+//! compared). A release line is the same MAJOR, or, before 1.0, the same
+//! MAJOR.MINOR (as Cargo reads versions). An agent may join when it is of
+//! the server's release line or of an adjacent one: one line older (agents
+//! in training images lag the cluster's server) or one newer (a server
+//! rolled back, or upgraded after the images). So a server upgrade by one
+//! line never refuses the agents of running jobs when they reconnect, and
+//! a rollback never refuses the agents started meanwhile.
+//!
+//! That holds because the protocol only grows between adjacent lines: new
+//! fields are optional, each side ignores fields it does not know, and
+//! nothing an adjacent line sends changes meaning. A change that would
+//! break that waits two lines. Agents two or more lines apart are refused
+//! at their join, before they run anything, naming both versions and the
+//! lines the server admits; a running job's agent is never that far from
+//! the server it joined unless the server skipped a line, which the
+//! upgrade notes forbid. An agent that says no version predates this
+//! check; it is admitted, and the server says once that such agents are in
+//! use.
 
 use std::sync::Once;
 
@@ -33,12 +45,26 @@ fn parse(v: &str) -> Option<(u64, u64, u64)> {
     parts.next().is_none().then_some(parsed)
 }
 
-/// The release line of a version: `(MAJOR, None)` from 1.0 on, `(0,
-/// Some(MINOR))` before it.
-fn line(v: (u64, u64, u64)) -> (u64, Option<u64>) {
+/// The release line of a version, as a number that grows by one per line:
+/// MINOR before 1.0 (`0.MINOR`), MAJOR from 1.0 on, offset past every
+/// pre-1.0 line, so no 0.x line is adjacent to 1.x: 1.0 will name the 0.x
+/// line it speaks with when it is released.
+fn line(v: (u64, u64, u64)) -> u64 {
     match v.0 {
-        0 => (0, Some(v.1)),
-        major => (major, None),
+        0 => v.1,
+        major => PRE_ONE_LINES.saturating_add(major),
+    }
+}
+
+/// How many lines before 1.0 are counted apart from 1.0 and on.
+const PRE_ONE_LINES: u64 = 1_000_000;
+
+/// A line as users write it: `0.2.x`, `1.x`.
+fn show(line: u64) -> String {
+    if line < PRE_ONE_LINES {
+        format!("0.{line}.x")
+    } else {
+        format!("{}.x", line - PRE_ONE_LINES)
     }
 }
 
@@ -56,18 +82,21 @@ pub fn compatible(server: &str, agent: &str) -> Result<(), String> {
     };
     let s = parse(server)
         .ok_or_else(|| format!("this server's version '{server}' is not MAJOR.MINOR.PATCH"))?;
-    if line(a) == line(s) {
+    let (al, sl) = (line(a), line(s));
+    if al.abs_diff(sl) <= 1 {
         return Ok(());
     }
     let older = if a < s { "older" } else { "newer" };
+    let admitted = [sl.checked_sub(1).filter(|l| *l > 0), Some(sl), Some(sl + 1)]
+        .into_iter()
+        .flatten()
+        .map(show)
+        .collect::<Vec<_>>()
+        .join(", ");
     Err(format!(
-        "accel-agent {agent} is {older} than rdzv-server {server} and of another release line: \
-         run agents and server of one line ({}); the agent in the training image and the server \
-         are upgraded separately",
-        match line(s) {
-            (0, Some(minor)) => format!("0.{minor}.x"),
-            (major, _) => format!("{major}.x"),
-        }
+        "accel-agent {agent} is {older} than rdzv-server {server} by more than one release line: \
+         this server admits agents of {admitted}; rebuild the training image with an agent of \
+         one of those lines (or run a server of the agent's line beside this one)"
     ))
 }
 
@@ -93,24 +122,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agents_of_the_server_s_release_line_join_others_are_refused_by_name() {
+    fn agents_of_the_server_s_line_and_the_adjacent_ones_join_others_are_refused_by_name() {
         // Before 1.0 the line is MAJOR.MINOR.
         assert_eq!(compatible("0.1.0", "0.1.0"), Ok(()));
         assert_eq!(compatible("0.1.3", "0.1.0"), Ok(()));
         assert_eq!(compatible("0.1.0", "0.1.9-rc.1"), Ok(()));
-        let e = compatible("0.2.0", "0.1.4").expect_err("older line");
+        // One line apart, either way: an upgrade, and its rollback.
+        assert_eq!(compatible("0.2.0", "0.1.4"), Ok(()));
+        assert_eq!(compatible("0.1.4", "0.2.0"), Ok(()));
+        let e = compatible("0.3.0", "0.1.4").expect_err("two lines older");
         assert!(
-            e.contains("accel-agent 0.1.4 is older than rdzv-server 0.2.0"),
+            e.contains("accel-agent 0.1.4 is older than rdzv-server 0.3.0"),
             "{e}"
         );
-        assert!(e.contains("(0.2.x)"), "{e}");
-        let e = compatible("0.1.0", "1.0.0").expect_err("newer line");
-        assert!(e.contains("newer"), "{e}");
+        assert!(e.contains("admits agents of 0.2.x, 0.3.x, 0.4.x"), "{e}");
+        let e = compatible("0.1.0", "0.3.0").expect_err("two lines newer");
+        assert!(e.contains("newer") && e.contains("0.1.x, 0.2.x"), "{e}");
+        // 0.x and 1.x are not adjacent (1.0 will say which 0.x it takes).
+        assert!(compatible("1.0.0", "0.9.2").is_err());
+        assert!(compatible("0.9.2", "1.3.0").is_err());
         // From 1.0 on, MAJOR.
         assert_eq!(compatible("1.4.2", "1.0.0"), Ok(()));
         assert_eq!(compatible("1.0.0", "1.7.1+build.5"), Ok(()));
-        let e = compatible("2.0.0", "1.9.9").expect_err("major");
-        assert!(e.contains("(2.x)"), "{e}");
+        assert_eq!(compatible("2.0.0", "1.9.9"), Ok(()));
+        let e = compatible("3.0.0", "1.9.9").expect_err("two majors");
+        assert!(e.contains("2.x, 3.x, 4.x"), "{e}");
     }
 
     #[test]

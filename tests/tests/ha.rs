@@ -779,6 +779,76 @@ mod replicas {
         });
     }
 
+    /// A rolling upgrade as a StatefulSet makes it: each replica stopped
+    /// (SIGTERM) and started again at its address in turn, the follower
+    /// first, then the leader, while a two-node job runs. No worker stops:
+    /// the job ends with success in its first round, never restarted, its
+    /// budget unspent.
+    #[test]
+    fn a_rolling_upgrade_of_both_replicas_stops_no_worker() {
+        let dir = scratch("ha-rolling");
+        let etcd = EtcdCluster::start(&dir, 3);
+        let etcd_endpoints = etcd.endpoints();
+        let args = [
+            "--etcd-endpoints",
+            &etcd_endpoints,
+            "--etcd-prefix",
+            "/rolling",
+            "--etcd-lease",
+            "2",
+        ];
+        let first = Server::start_with("127.0.0.1:0", &args, &[]);
+        leads(&first);
+        let second = Server::start_with("127.0.0.1:0", &args, &[]);
+        let (first_addr, second_addr) = (first.addr.clone(), second.addr.clone());
+        let endpoints = format!("{first_addr},{second_addr}");
+        let cmd = accel_tests::AgentCmd::c10d(&endpoints, "team/job")
+            .nnodes(2)
+            .nproc(1)
+            .max_restarts(1);
+        let env = [("RECORD_EACH_ROUND", "1"), ("RUN_FOR", "20")];
+        let agents = two_nodes(&cmd, &dir, &env);
+        accel_tests::poll_until("both workers run", Duration::from_secs(30), || {
+            match accel_tests::records(&dir).len() {
+                2 => Ok(()),
+                n => Err(format!("{n} workers")),
+            }
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // A replica that is back follows the leader, or leads.
+        let serves = |addr: &str| {
+            accel_tests::poll_until("the replica is back", Duration::from_secs(20), || {
+                rt.block_on(async {
+                    let mut c = client(addr).await;
+                    match status(&mut c).await {
+                        Ok(_) => Ok(()),
+                        Err(s) if s.metadata().get(accel_wire::LEADER_METADATA).is_some() => Ok(()),
+                        Err(s) => Err(format!("{s:?}")),
+                    }
+                })
+            })
+        };
+        // The follower, then the leader: stopped, started again.
+        second.signal("TERM");
+        assert!(second.wait(Duration::from_secs(20)).success());
+        let second = Server::start_with(&second_addr, &args, &[]);
+        serves(&second_addr);
+        first.signal("TERM");
+        assert!(first.wait(Duration::from_secs(20)).success());
+        let first = Server::start_with(&first_addr, &args, &[]);
+        serves(&first_addr);
+        for agent in agents {
+            let out = agent.wait(Duration::from_secs(60));
+            assert_eq!(out.code(), 0, "{}", out.stderr);
+        }
+        let recs = accel_tests::records(&dir);
+        assert_eq!(recs.len(), 2, "no worker was started again: {recs:?}");
+        drop((first, second, etcd));
+    }
+
     /// Two replicas as the etcd user of their namespace, whose role covers
     /// `/accel/team-a/` only (the Kubernetes HA overlay's setup): they
     /// elect a leader and run a two-node job, keys only under their

@@ -679,9 +679,10 @@ fn connections_without_the_token_are_few_per_address_and_do_not_linger() {
     drop(anonymous);
 }
 
-/// An agent of another release line is refused when it joins, with both
-/// versions named; one of the server's line, or one too old to say its
-/// version, is admitted.
+/// An agent more than one release line from the server is refused when it
+/// joins, with both versions and the admitted lines named; one of the
+/// server's line or an adjacent one (an upgrade, a rollback), or one too
+/// old to say its version, is admitted.
 #[test]
 fn an_agent_of_another_release_line_is_refused_naming_both_versions() {
     let server = Server::start_with("127.0.0.1:0", &[], &[("RDZV_TOKEN", TOKEN)]);
@@ -702,6 +703,37 @@ fn an_agent_of_another_release_line_is_refused_naming_both_versions() {
     let mut same = join_req("skew", "n2", "h2", 2);
     same.agent_version = server_version.into();
     assert!(rt.block_on(c.join(same)).is_ok());
+    // The lines beside the server's: one newer (before 1.0, MINOR + 1),
+    // one older where there is one; two apart is refused.
+    let (major, minor) = {
+        let mut parts = server_version
+            .split('.')
+            .map(|p| p.parse::<u64>().expect("number"));
+        (parts.next().expect("major"), parts.next().expect("minor"))
+    };
+    assert_eq!(
+        major, 0,
+        "from 1.0 on the lines are MAJOR: adjust this test"
+    );
+    for (i, version) in [format!("0.{}.3", minor + 1)]
+        .into_iter()
+        .chain((minor > 0).then(|| format!("0.{}.0", minor - 1)))
+        .enumerate()
+    {
+        let mut adjacent = join_req("skew-adjacent", &format!("a{i}"), &format!("ha{i}"), 2);
+        adjacent.agent_version = version.clone();
+        assert!(rt.block_on(c.join(adjacent)).is_ok(), "{version}");
+    }
+    let mut far = join_req("skew-far", "f1", "hf1", 2);
+    far.agent_version = format!("0.{}.0", minor + 2);
+    let e = rt.block_on(c.join(far)).expect_err("two lines newer");
+    assert!(
+        e.message().contains("by more than one release line")
+            && e.message()
+                .contains(&format!("0.{minor}.x, 0.{}.x", minor + 1)),
+        "{}",
+        e.message()
+    );
     // An agent older than the check says nothing: admitted.
     assert!(rt.block_on(c.join(join_req("skew", "n3", "h3", 2))).is_ok());
     let mut garbage = join_req("skew", "n4", "h4", 2);
