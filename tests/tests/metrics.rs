@@ -605,8 +605,11 @@ fn every_grafana_panel_s_query_returns_data_for_a_running_job() {
         other => Err(format!("{other:?}")),
     });
     // The failure comes 3 s in, once Prometheus scrapes the agents too:
-    // the recovery it times is an increase Prometheus sees.
-    let agents = failing_agents(&server, &dir, "grafana-job", "30", "3", &agent_metrics);
+    // the recovery it times is an increase Prometheus sees. The job runs
+    // past the poll's limit (it is stopped once every query answered): an
+    // ended job's series go stale, and under load the poll may need all of
+    // its time.
+    let agents = failing_agents(&server, &dir, "grafana-job", "90", "3", &agent_metrics);
     // Each query is asked again until it has answered with data once while
     // the job runs (a rate needs two scrapes; the restart comes 3 s in).
     let mut answered = std::collections::BTreeSet::new();
