@@ -273,6 +273,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 keep_alive_ms: crate::deadline::millis(cfg.rdzv.keep_alive_interval),
                 started_unix_ms,
                 max_no_progress_restarts: cfg.max_no_progress_restarts,
+                nnodes_multiple_of: cfg.nnodes_multiple_of,
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).

@@ -43,6 +43,15 @@ pub struct AgentArgs {
         value_parser = str::parse::<NodeCount>
     )]
     pub nnodes: NodeCount,
+    /// Rounds run only with a multiple of K nodes (tensor or pipeline parallelism needs one): with --nnodes MIN:MAX the largest multiple of K of the ready nodes runs, the others wait as spares ready to take a lost node's place. Default 1: any count.
+    #[arg(
+        long = "nnodes-multiple-of",
+        env = "PET_NNODES_MULTIPLE_OF",
+        value_name = "K",
+        default_value = "1",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nnodes_multiple_of: u32,
     /// Workers per node: a number, `cpu` (usable CPUs), `gpu` (CUDA devices) or `auto` (GPUs, else CPUs).
     #[arg(
         long = "nproc-per-node",
@@ -458,6 +467,7 @@ impl From<AgentArgs> for LaunchOptions {
             gpu_free_timeout,
             no_restart_exit_code,
             max_no_progress_restarts,
+            nnodes_multiple_of,
             checkpoint_iteration_file,
             learned_hang_timeouts,
             hang_safety_factor,
@@ -518,6 +528,7 @@ impl From<AgentArgs> for LaunchOptions {
             gpu_free_timeout,
             no_restart_exit_code,
             max_no_progress_restarts,
+            nnodes_multiple_of,
             checkpoint_iteration_file,
             hang: learned_hang_timeouts.then_some(crate::hang::Settings {
                 factor: hang_safety_factor,

@@ -172,6 +172,9 @@ pub struct Config {
     /// `--max-no-progress-restarts`: restarts in a row without progress
     /// that end the job (0: never; the rendezvous decides).
     pub max_no_progress_restarts: u32,
+    /// `--nnodes-multiple-of`: rounds run with a multiple of this many
+    /// nodes (1: any count; the rendezvous decides).
+    pub nnodes_multiple_of: u32,
     /// `--checkpoint-iteration-file`: read every second as every worker's
     /// checkpointed step (the `progress` module).
     pub checkpoint_iteration_file: Option<PathBuf>,

@@ -41,6 +41,9 @@
 //!   forming job never gains productive time (a restart is never
 //!   productive); compared for one job while the server holds it (a
 //!   restored job's accounting elides the failover, as its records do).
+//! * (j) **world sizes**: every round a worker runs in has a node count the
+//!   job can use: at most `max_nodes`, and a multiple of
+//!   `--nnodes-multiple-of` (the server's `JobConfig::allowed`).
 //! * (i) **durability**: a server that takes over from the store holds the
 //!   job at least at the highest round any node was told of (a round
 //!   formed, a restart's next round): no node acts on a decision the store
@@ -118,6 +121,9 @@ impl fmt::Display for Violation {
 #[derive(Debug, Clone, Default)]
 pub struct Checker {
     nproc: u32,
+    /// `--nnodes-multiple-of` (0 or 1: any) and `max_nodes` (invariant j).
+    multiple_of: u32,
+    max_nodes: u32,
     max_restarts: u32,
     /// Worker failures injected so far.
     pub failures: u32,
@@ -166,6 +172,8 @@ impl Checker {
     pub fn new(spec: &Spec) -> Self {
         Self {
             nproc: spec.nproc,
+            multiple_of: spec.multiple_of,
+            max_nodes: spec.max_nodes,
             max_restarts: spec.max_restarts,
             ..Self::default()
         }
@@ -231,6 +239,16 @@ impl Checker {
                 w.rank, info.round, w.pid
             );
             self.note('a', &what, at);
+        }
+        if info.nnodes > self.max_nodes || info.nnodes % self.multiple_of.max(1) != 0 {
+            let what = format!(
+                "world sizes: round {} runs with {} nodes (at most {}, multiples of {})",
+                info.round,
+                info.nnodes,
+                self.max_nodes,
+                self.multiple_of.max(1)
+            );
+            self.note('j', &what, at);
         }
         self.worlds
             .insert((self.generation, info.round), info.world_size);

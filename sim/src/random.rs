@@ -184,6 +184,7 @@ pub fn plan(seed: u64) -> Plan {
     let spec = Spec {
         min_nodes: if elastic { n - 1 } else { n },
         max_nodes: n,
+        multiple_of: 0,
         nproc: rng.u32(1..=2),
         max_restarts: rng.u32(0..=2),
         keep_alive: ms(&mut rng, 300, 1000),
@@ -314,6 +315,15 @@ pub fn plan(seed: u64) -> Plan {
             }
         }
     }
+    // World sizes a model can use (--nnodes-multiple-of 2), from a
+    // generator of its own: rounds of 2 or 4 of up to 5 nodes, the others
+    // spares.
+    let mut k = fastrand::Rng::with_seed(seed ^ 0x6d17_0f02);
+    if k.u8(..4) == 0 && !spec.static_ranks {
+        spec.multiple_of = 2;
+        spec.min_nodes = 2;
+        spec.max_nodes = 4;
+    }
     // A store that takes its time to write, from a
     // generator of its own as the quarantine's.
     let mut st = fastrand::Rng::with_seed(seed ^ 0x5707_e1a7);
@@ -376,9 +386,13 @@ pub fn run_with(seed: u64, planted: Planted, trace: bool) -> Report {
     spec.broken_commit = planted.commit;
     let (spec_static, nproc) = (spec.static_ranks, spec.nproc);
     let mut summary = format!(
-        "seed {seed}: {}..{} nodes ({} agents) × {} workers, max_restarts {}, drop limit {:?}, outage {:?}{}, run {:?}{}\n",
+        "seed {seed}: {}..{} nodes{} ({} agents) × {} workers, max_restarts {}, drop limit {:?}, outage {:?}{}, run {:?}{}\n",
         spec.min_nodes,
         spec.max_nodes,
+        match spec.multiple_of {
+            0 | 1 => String::new(),
+            k => format!(" in multiples of {k}"),
+        },
         nodes,
         spec.nproc,
         spec.max_restarts,

@@ -156,6 +156,7 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
                 spec.min_nodes = number(min)?;
                 spec.max_nodes = number(max)?;
             }
+            "multiple_of" => spec.multiple_of = number(v)?,
             "nproc" => spec.nproc = number(v)?,
             "max_restarts" => spec.max_restarts = number(v)?,
             "keep_alive" => spec.keep_alive = duration(v)?,

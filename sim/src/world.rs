@@ -105,6 +105,8 @@ pub struct Spec {
     pub min_nodes: u32,
     /// Most nodes a round holds.
     pub max_nodes: u32,
+    /// `--nnodes-multiple-of` (0 or 1: any count).
+    pub multiple_of: u32,
     /// Workers per node.
     pub nproc: u32,
     /// The job-wide restart budget.
@@ -165,6 +167,7 @@ impl Default for Spec {
         Self {
             min_nodes: 1,
             max_nodes: 1,
+            multiple_of: 0,
             nproc: 1,
             max_restarts: 0,
             keep_alive: Duration::from_secs(1),

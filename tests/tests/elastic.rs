@@ -685,3 +685,87 @@ fn a_frozen_node_s_replacement_takes_its_place_and_no_rank_runs_twice() {
         let _ = x.wait(LIMIT);
     }
 }
+
+/// `--nnodes 2:8 --nnodes-multiple-of 2` with five agents: the round takes
+/// four (world 8) and the fifth waits as a ready spare; killing one of the
+/// four re-forms a round of four with the spare at once, spending nothing
+/// of the restart budget.
+#[test]
+fn rounds_take_a_multiple_of_k_nodes_and_a_ready_spare_fills_a_lost_place() {
+    let server = Server::start();
+    let dir = scratch("multiple-of");
+    let conf = "last_call_timeout=1,keep_alive_interval=0.3,keep_alive_max_attempt=2";
+    let env = [("RUN_FOR", "8")];
+    let tags = ["a", "b", "c", "d", "e"];
+    let agents: Vec<Agent> = tags
+        .iter()
+        .map(|n| {
+            AgentCmd::c10d(&server.addr, "pairs")
+                .nnodes("2:8")
+                .flag("--nnodes-multiple-of", 2)
+                .nproc(2)
+                .conf(conf)
+                .recording(&dir, n)
+                .env("RECORD_EACH_ROUND", "1")
+                .envs(&env)
+                .start(&dir, n)
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(30), || with_world(&records(&dir), 8)
+            .len()
+            == 8),
+        "ran with 4 nodes"
+    );
+    let recs = records(&dir);
+    let running: std::collections::BTreeSet<&str> =
+        recs.iter().map(|r| r.var("AGENT_TAG")).collect();
+    assert_eq!(running.len(), 4, "four nodes run: {running:?}");
+    assert!(
+        recs.iter().all(|r| r.var("WORLD_SIZE") == "8"),
+        "no other world ran"
+    );
+    let spare = *tags
+        .iter()
+        .find(|t| !running.contains(**t))
+        .expect("a fifth agent waits");
+    let mut agents: std::collections::BTreeMap<&str, Agent> =
+        tags.iter().copied().zip(agents).collect();
+    let spare_agent = &agents[spare];
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(
+            &spare_agent.stderr
+        )
+        .unwrap_or_default()
+        .contains("waiting as a spare")),
+        "the fifth says it waits as a spare"
+    );
+    let victim = *running.iter().next().expect("a running node");
+    let killed = Instant::now();
+    agents.remove(victim).expect("victim").signal("KILL");
+    assert!(
+        eventually(Duration::from_secs(10), || records(&dir)
+            .iter()
+            .any(|r| r.var("AGENT_TAG") == spare)),
+        "the spare runs in the lost node's place"
+    );
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the spare took over in {took:?}"
+    );
+    for (_, agent) in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    assert!(
+        recs.iter().all(|r| r.var("WORLD_SIZE") == "8"),
+        "every round ran with four nodes"
+    );
+    assert!(
+        recs.iter()
+            .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"),
+        "no restart counted"
+    );
+}

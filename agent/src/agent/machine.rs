@@ -1413,10 +1413,15 @@ pub(super) fn describe_waiting(w: &pb::Waiting) -> String {
         );
     }
     if w.spare {
-        return format!(
-            "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",
-            w.max_nodes
-        );
+        return match w.round_nodes {
+            n if n == 0 || n >= w.max_nodes => format!(
+                "waiting as a spare: the job runs with its maximum of {} nodes; this node joins when a slot frees (members: {hosts})",
+                w.max_nodes
+            ),
+            n => format!(
+                "waiting as a spare: the job runs with {n} nodes, the most of the ready ones it can use (--nnodes-multiple-of); this node joins when a slot frees or enough nodes wait for a larger round (members: {hosts})"
+            ),
+        };
     }
     let range = if w.min_nodes == w.max_nodes {
         w.max_nodes.to_string()

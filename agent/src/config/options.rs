@@ -331,6 +331,8 @@ pub struct LaunchOptions {
     pub no_restart_exit_code: Option<u8>,
     /// `--max-no-progress-restarts` (0: never).
     pub max_no_progress_restarts: u32,
+    /// `--nnodes-multiple-of` (1: any node count).
+    pub nnodes_multiple_of: u32,
     /// `--checkpoint-iteration-file`.
     pub checkpoint_iteration_file: Option<PathBuf>,
     /// `--learned-hang-timeouts` and its settings (`None`: off).
@@ -389,6 +391,7 @@ impl LaunchOptions {
             gpu_free_timeout: Duration::from_secs(30),
             no_restart_exit_code: None,
             max_no_progress_restarts: 0,
+            nnodes_multiple_of: 1,
             checkpoint_iteration_file: None,
             hang: None,
             numa_binding: None,
@@ -412,6 +415,21 @@ impl LaunchOptions {
         let token = accel_wire::auth::client_token(rdzv.token_file.as_deref(), env)
             .map_err(|e| bad(format!("--rdzv-conf token_file / ACCEL_RDZV_TOKEN: {e}")))?;
         let rendezvous = self.rendezvous(&mut warnings)?;
+        let nnodes_multiple_of = self.nnodes_multiple_of.max(1);
+        if nnodes_multiple_of > 1 {
+            if matches!(rendezvous, Rendezvous::Static { .. }) {
+                return Err(bad(
+                    "--nnodes-multiple-of needs a dynamic rendezvous (c10d or etcd): with the static backend every node has a fixed rank, so none can wait as a spare",
+                ));
+            }
+            let first = min_nodes.max(1).div_ceil(nnodes_multiple_of) * nnodes_multiple_of;
+            if first > max_nodes {
+                return Err(bad(format!(
+                    "--nnodes {min_nodes}:{max_nodes} holds no multiple of --nnodes-multiple-of {nnodes_multiple_of}; \
+                     give a range that does (e.g. --nnodes {first}:{first})"
+                )));
+            }
+        }
         if self.node_rank != 0 && !matches!(rendezvous, Rendezvous::Static { .. }) {
             warnings.push("--node-rank is used only by the static backend; ignoring it".into());
         }
@@ -587,6 +605,7 @@ impl LaunchOptions {
             gpu_free_timeout: self.gpu_free_timeout,
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             max_no_progress_restarts: self.max_no_progress_restarts,
+            nnodes_multiple_of,
             checkpoint_iteration_file: self.checkpoint_iteration_file.clone(),
             hang: self.hang,
             numa_binding,

@@ -682,3 +682,41 @@ fn torchruns_logging_and_event_flags_in_both_spellings() {
         .expect_err("no Python to load it");
     assert!(e.to_string().contains("runs no Python"), "{e}");
 }
+
+#[test]
+fn nnodes_multiple_of_needs_a_dynamic_rendezvous_and_a_range_that_holds_a_multiple() {
+    let c10d = |nnodes: &str, k: &str| {
+        parse(&[
+            "--nnodes",
+            nnodes,
+            "--nnodes-multiple-of",
+            k,
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "h:29400",
+            "t.py",
+        ])
+    };
+    assert_eq!(c10d("2:8", "2").expect("valid").nnodes_multiple_of, 2);
+    assert_eq!(parse(&["t.py"]).expect("valid").nnodes_multiple_of, 1);
+    let e = c10d("3:3", "2").expect_err("no pair in 3..3").to_string();
+    assert!(
+        e.contains("--nnodes 3:3 holds no multiple") && e.contains("--nnodes 4:4"),
+        "{e}"
+    );
+    let e = c10d("2:8", "0").expect_err("zero").to_string();
+    assert!(e.contains("--nnodes-multiple-of"), "{e}");
+    let e = parse(&[
+        "--nnodes",
+        "2",
+        "--nnodes-multiple-of",
+        "2",
+        "--master-addr",
+        "h0",
+        "t.py",
+    ])
+    .expect_err("static")
+    .to_string();
+    assert!(e.contains("needs a dynamic rendezvous"), "{e}");
+}

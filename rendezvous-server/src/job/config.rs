@@ -35,6 +35,9 @@ pub struct JobConfig {
     /// Restarts in a row without progress that end the job
     /// (`--max-no-progress-restarts`; 0: never; see the `progress` module).
     pub max_no_progress_restarts: u32,
+    /// Rounds run with a multiple of this many nodes (`--nnodes-multiple-of`;
+    /// 0 or 1: any count from `min_nodes` to `max_nodes`).
+    pub nnodes_multiple_of: u32,
 }
 
 impl JobConfig {
@@ -57,7 +60,30 @@ impl JobConfig {
             keep_alive: (req.keep_alive_ms > 0)
                 .then(|| Duration::from_millis(req.keep_alive_ms).min(accel_input::MAX_DURATION)),
             max_no_progress_restarts: req.max_no_progress_restarts,
+            nnodes_multiple_of: req.nnodes_multiple_of,
         }
+    }
+
+    /// How many of `ready` nodes a round runs with: the largest count no
+    /// more than `ready` and `max_nodes`, at least `min_nodes` and a
+    /// multiple of `nnodes_multiple_of`; 0 when no such count is. The rest
+    /// wait as spares.
+    pub fn allowed(&self, ready: u32) -> u32 {
+        let top = ready.min(self.max_nodes);
+        let k = self.nnodes_multiple_of.max(1);
+        let n = top - top % k;
+        if n >= self.min_nodes.max(1) {
+            n
+        } else {
+            0
+        }
+    }
+
+    /// The fewest ready nodes a round may start with: `min_nodes`, rounded
+    /// up to a multiple of `nnodes_multiple_of`.
+    pub fn needed(&self) -> u32 {
+        let k = self.nnodes_multiple_of.max(1);
+        self.min_nodes.max(1).div_ceil(k).saturating_mul(k)
     }
 
     /// How long a member of a round goes unheard before it counts as silent
@@ -115,6 +141,11 @@ impl JobConfig {
                 self.max_no_progress_restarts.to_string(),
                 node.max_no_progress_restarts.to_string(),
             ),
+            (
+                "--nnodes-multiple-of",
+                self.nnodes_multiple_of.max(1).to_string(),
+                node.nnodes_multiple_of.max(1).to_string(),
+            ),
         ];
         checks
             .into_iter()
@@ -143,7 +174,27 @@ mod tests {
             outage: None,
             keep_alive: None,
             max_no_progress_restarts: 0,
+            nnodes_multiple_of: 0,
         }
+    }
+
+    #[test]
+    fn a_round_runs_with_the_largest_allowed_count_of_the_ready_nodes() {
+        let mut c = config(2, 8, 1);
+        assert_eq!((c.allowed(1), c.allowed(5), c.allowed(9)), (0, 5, 8));
+        assert_eq!(c.needed(), 2);
+        c.nnodes_multiple_of = 2;
+        assert_eq!(
+            (c.allowed(1), c.allowed(5), c.allowed(7), c.allowed(9)),
+            (0, 4, 6, 8)
+        );
+        c.nnodes_multiple_of = 4;
+        assert_eq!((c.allowed(3), c.allowed(5), c.allowed(8)), (0, 4, 8));
+        assert_eq!(c.needed(), 4);
+        // MAX not a multiple: the largest multiple under it.
+        let mut odd = config(1, 7, 1);
+        odd.nnodes_multiple_of = 3;
+        assert_eq!((odd.allowed(7), odd.allowed(2), odd.needed()), (6, 0, 3));
     }
 
     #[test]

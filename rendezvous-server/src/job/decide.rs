@@ -30,6 +30,9 @@ pub enum Decision {
 /// A round completes at MAX ready nodes, or at MIN once the last call (which
 /// starts when MIN are ready) ends. A job re-forming after a round ran starts
 /// as soon as every remaining member is ready: there is nobody to wait for.
+/// With `--nnodes-multiple-of K`, MIN counts as the first multiple of K from
+/// MIN, and the round takes the largest multiple of K of the ready nodes
+/// ([`super::JobConfig::allowed`]); the others wait as spares.
 ///
 /// # Never beside a node that may not have heard
 /// Whichever way it would complete, a round waits while a node of the last
@@ -52,16 +55,17 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     }
     let c = &job.config;
     let ready = job.ready;
+    let needed = c.needed();
     let wait = |last_call_ends| Decision::Wait {
         ready,
-        needed: c.min_nodes,
+        needed,
         last_call_ends,
     };
+    if ready < needed || c.allowed(ready) == 0 {
+        return wait(None);
+    }
     if ready >= c.max_nodes {
         return complete_unless_unheard(now, job, wait);
-    }
-    if ready < c.min_nodes {
-        return wait(None);
     }
     // Benched members (the `quarantine` module) are nobody to wait for as
     // places to fill; but one of the last round that has not offered itself
@@ -272,9 +276,10 @@ pub fn mass_silence(now: Instant, job: &Job) -> bool {
     2 * quiet > job.participants.len()
 }
 
-/// Ready members in node-rank order, at most MAX (see the module docs of
-/// [`super`]): requested ranks for static rendezvous; otherwise the
-/// topology-following order of the `placement` module.
+/// Ready members in node-rank order, at most MAX and a count the job can
+/// use ([`super::JobConfig::allowed`]; see the module docs of [`super`]):
+/// requested ranks for static rendezvous; otherwise the topology-following
+/// order of the `placement` module.
 pub fn rank_order(job: &Job) -> Vec<String> {
     let mut order: Vec<String> = if job.members.values().any(|m| m.requested_rank.is_some()) {
         // A member without a rank of its own may be benched.
@@ -288,6 +293,7 @@ pub fn rank_order(job: &Job) -> Vec<String> {
     } else {
         super::placement::dynamic_order(job)
     };
-    order.truncate(job.config.max_nodes as usize);
+    let n = u32::try_from(order.len()).unwrap_or(u32::MAX);
+    order.truncate(job.config.allowed(n) as usize);
     order
 }

@@ -20,8 +20,14 @@ use std::collections::HashMap;
 
 /// A round forms with `ranks`, each participant's node rank (0, 1, ...
 /// in `order`): every node at most once, so ranks are exactly `0..nnodes`,
-/// and no more nodes than the job allows.
-pub(super) fn round_formed(ranks: &HashMap<&String, u32>, nnodes: usize, max_nodes: u32) {
+/// no more nodes than the job allows, and a count the job can use (a
+/// multiple of `multiple_of`, `--nnodes-multiple-of`; 0: any).
+pub(super) fn round_formed(
+    ranks: &HashMap<&String, u32>,
+    nnodes: usize,
+    max_nodes: u32,
+    multiple_of: u32,
+) {
     assert_eq!(
         ranks.len(),
         nnodes,
@@ -30,6 +36,11 @@ pub(super) fn round_formed(ranks: &HashMap<&String, u32>, nnodes: usize, max_nod
     assert!(
         nnodes <= max_nodes as usize,
         "invariant: a round of {nnodes} nodes formed in a job of at most {max_nodes}"
+    );
+    let k = multiple_of.max(1) as usize;
+    assert!(
+        nnodes % k == 0,
+        "invariant: a round of {nnodes} nodes formed in a job of multiples of {k}"
     );
 }
 
@@ -67,7 +78,7 @@ mod tests {
     #[test]
     fn a_round_of_distinct_nodes_within_the_bound_holds() {
         let (a, b) = ("a".to_owned(), "b".to_owned());
-        round_formed(&HashMap::from([(&a, 0), (&b, 1)]), 2, 2);
+        round_formed(&HashMap::from([(&a, 0), (&b, 1)]), 2, 2, 2);
         next_round(3, 4);
         budget(0, 1, 1, true);
         budget(1, 1, 1, false);
@@ -78,14 +89,21 @@ mod tests {
     fn a_node_twice_in_a_round_fires() {
         let a = "a".to_owned();
         // `order` was [a, a]: the map kept one.
-        round_formed(&HashMap::from([(&a, 1)]), 2, 4);
+        round_formed(&HashMap::from([(&a, 1)]), 2, 4, 0);
     }
 
     #[test]
     #[should_panic(expected = "of at most 2")]
     fn a_round_beyond_max_nodes_fires() {
         let (a, b, c) = ("a".to_owned(), "b".to_owned(), "c".to_owned());
-        round_formed(&HashMap::from([(&a, 0), (&b, 1), (&c, 2)]), 3, 2);
+        round_formed(&HashMap::from([(&a, 0), (&b, 1), (&c, 2)]), 3, 2, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "multiples of 2")]
+    fn a_round_of_a_count_the_job_cannot_use_fires() {
+        let (a, b, c) = ("a".to_owned(), "b".to_owned(), "c".to_owned());
+        round_formed(&HashMap::from([(&a, 0), (&b, 1), (&c, 2)]), 3, 8, 2);
     }
 
     #[test]

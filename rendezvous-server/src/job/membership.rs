@@ -97,15 +97,18 @@ impl Job {
                 event: Kind::Waiting(self.waiting_of(now, node_id, true)),
             });
         } else if self.phase == Phase::Running {
-            if (self.participants.len() as u32) < self.config.max_nodes {
-                // A node arriving while a round with free slots runs: re-form with it.
+            if (self.participants.len() as u32) < self.usable() {
+                // A node arriving while a round with free slots runs, and
+                // with it enough for a larger round the job can use
+                // (`--nnodes-multiple-of`): re-form with it.
                 out.extend(self.restart(
                     now,
                     format!("host '{}' joined the job", req.hostname),
                     false,
                 ));
             } else {
-                // The round is full: the newcomer waits as a spare for a freed slot.
+                // The round is full (or one more would not make a count
+                // the job can use): the newcomer waits as a spare.
                 out.push(Outbound {
                     to: node_id.to_owned(),
                     event: Kind::Waiting(self.waiting(now, true)),
@@ -113,6 +116,15 @@ impl Job {
             }
         }
         Ok(out)
+    }
+
+    /// How many nodes a round could take now: the largest count the job
+    /// can use of its members that are not benched (MAX at most). A running
+    /// round smaller than this re-forms to grow.
+    pub(super) fn usable(&self) -> u32 {
+        let available = self.members.len().saturating_sub(self.benched as usize);
+        self.config
+            .allowed(u32::try_from(available).unwrap_or(u32::MAX))
     }
 
     /// A member reconnecting: it goes on if its round is still the running one.

@@ -157,10 +157,13 @@ pub(super) fn dynamic_order(job: &Job) -> Vec<String> {
     }
     let kept: Vec<&String> = placed.into_iter().flatten().collect();
 
-    // The other newcomers, as many as MAX leaves room for (in the order
-    // above: the cut at MAX never takes a node that keeps its place): after
+    // The other newcomers, as many as the round's size leaves room for (MAX,
+    // or the largest count the job can use, `--nnodes-multiple-of`; in the
+    // order above: the cut never takes a node that keeps its place): after
     // the last node of their segment, else at the end.
-    let mut room = max.saturating_sub(kept.len());
+    let ready_count = u32::try_from(kept.len() + newcomers.len()).unwrap_or(u32::MAX);
+    let size = (job.config.allowed(ready_count) as usize).min(max);
+    let mut room = size.saturating_sub(kept.len());
     for t in taken.iter_mut().filter(|t| !**t) {
         if room == 0 {
             *t = true; // waits as a spare

@@ -560,15 +560,12 @@ impl Job {
                 out.extend(self.tell_host(now, host));
                 out
             }
-            Phase::Running
-                if waiting && (self.participants.len() as u32) < self.config.max_nodes =>
-            {
-                self.restart(
+            Phase::Running if waiting && (self.participants.len() as u32) < self.usable() => self
+                .restart(
                     now,
                     format!("host '{host}' may take part again: {why}"),
                     false,
-                )
-            }
+                ),
             Phase::Running => self.tell_host(now, host),
             _ => Vec::new(),
         }

@@ -24,7 +24,7 @@ impl Job {
         self.track_min_ready(now);
         if self.phase == Phase::Forming {
             let present = self.members.len().saturating_sub(self.benched as usize);
-            let short = present < self.config.min_nodes as usize;
+            let short = present < self.config.needed() as usize;
             self.goodput.forming(now, short);
         }
         match decide(now, self) {
@@ -56,7 +56,7 @@ impl Job {
     }
 
     pub(super) fn track_min_ready(&mut self, now: Instant) {
-        if self.phase != Phase::Forming || self.ready < self.config.min_nodes {
+        if self.phase != Phase::Forming || self.ready < self.config.needed() {
             self.min_ready_since = None;
         } else if self.min_ready_since.is_none() {
             self.min_ready_since = Some(now);
@@ -75,7 +75,7 @@ impl Job {
         pb::Waiting {
             round: self.round,
             ready: self.ready,
-            needed: self.config.min_nodes,
+            needed: self.config.needed(),
             // Names help in small jobs; in large ones a sample of 16 says
             // little and would be copied to every member.
             hosts: if self.members.len() <= 4 * HOSTS_LISTED {
@@ -94,6 +94,11 @@ impl Job {
             members: self.members.len() as u32,
             quarantine: String::new(),
             quarantine_left_ms: 0,
+            round_nodes: if spare {
+                u32::try_from(self.participants.len()).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
         }
     }
 
@@ -141,7 +146,12 @@ impl Job {
             });
         }
         let ranks: std::collections::HashMap<&String, u32> = order.iter().zip(0u32..).collect();
-        invariants::round_formed(&ranks, order.len(), self.config.max_nodes);
+        invariants::round_formed(
+            &ranks,
+            order.len(),
+            self.config.max_nodes,
+            self.config.nnodes_multiple_of,
+        );
         let mut spares = Vec::new();
         let benched: Vec<bool> = self.members.values().map(|m| self.is_benched(m)).collect();
         for (id, m) in self.members.iter_mut() {

@@ -25,6 +25,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         keep_alive_ms: 0,
         started_unix_ms: 0,
         max_no_progress_restarts: 0,
+        nnodes_multiple_of: 0,
     }
 }
 
@@ -197,6 +198,123 @@ fn nodes_beyond_max_wait_as_spares_and_take_a_freed_slot() {
     assert_eq!(round_of(&out, "n0").node_rank, 0);
     assert_eq!(round_of(&out, "n9").node_rank, 1);
     assert_eq!(j.restart_count(), 0, "membership changes are free");
+}
+
+/// `--nnodes 2:8 --nnodes-multiple-of 2` with five nodes ready.
+fn in_pairs(host: &str) -> pb::JoinRequest {
+    pb::JoinRequest {
+        nnodes_multiple_of: 2,
+        last_call_ms: 1000,
+        ..elastic(host, 2, 8)
+    }
+}
+
+#[test]
+fn rounds_take_a_multiple_of_k_nodes_and_the_rest_wait_as_ready_spares() {
+    let t = crate::clock::epoch();
+    let mut j = Job::new("j", JobConfig::from_join(&in_pairs("h")));
+    let hosts = ["a", "b", "c", "d", "e"];
+    for h in hosts {
+        j.join(t, h, &in_pairs(h), S).expect("join");
+    }
+    // Five ready: at the end of the last call the round takes four (the
+    // largest pair count), and the fifth waits, ready, as a spare.
+    for (i, h) in hosts.iter().enumerate() {
+        j.ready(t, h, 0, (format!("{h}-addr"), i as u32), None);
+    }
+    assert_eq!(j.phase(), &Phase::Forming, "the last call runs");
+    let out = j.tick(t + Duration::from_secs(1));
+    assert_eq!(j.phase(), &Phase::Running);
+    let placed: Vec<&str> = hosts
+        .iter()
+        .copied()
+        .filter(|h| {
+            kinds_for(&out, h)
+                .iter()
+                .any(|k| matches!(k, Kind::RoundComplete(_)))
+        })
+        .collect();
+    assert_eq!(j.participants().len(), 4, "five ready: a round of four");
+    let spare = hosts
+        .iter()
+        .copied()
+        .find(|h| !j.participants().iter().any(|p| p == h))
+        .expect("one spare");
+    assert!(
+        kinds_for(&out, spare)
+            .iter()
+            .any(|k| matches!(k, Kind::Waiting(w) if w.spare)),
+        "the fifth waits as a spare: {out:?}"
+    );
+    assert!(placed.len() <= 4);
+    assert_eq!(round_of(&out, j.participants()[0].as_str()).nnodes, 4);
+    // One of the four leaves: the round re-forms with the spare, four
+    // again, spending nothing.
+    let gone = j.participants()[1].clone();
+    j.leave(t, &gone, "killed");
+    let mut out = Vec::new();
+    for h in hosts.iter().filter(|h| **h != gone) {
+        out = j.ready(t, h, 1, (format!("{h}-addr"), 1), None);
+    }
+    assert_eq!(j.phase(), &Phase::Running);
+    assert_eq!(j.participants().len(), 4);
+    assert!(
+        j.participants().iter().any(|p| p == spare),
+        "the spare took the place"
+    );
+    assert_eq!(round_of(&out, spare).nnodes, 4);
+    assert_eq!(j.restart_count(), 0, "membership changes are free");
+    // Another leaves, with no spare: three left, so a round of two, and
+    // one waits as a spare (the model cannot shard over three).
+    let gone = j.participants()[0].clone();
+    j.leave(t, &gone, "killed");
+    let left: Vec<String> = j.participants().to_vec();
+    let mut out = Vec::new();
+    for h in hosts.iter().filter(|h| left.iter().any(|l| l == *h)) {
+        out = j.ready(t, h, 2, (format!("{h}-addr"), 2), None);
+    }
+    assert_eq!(j.participants().len(), 2, "{out:?}");
+    // A newcomer makes four available: the job grows to the next pair.
+    j.join(t, "f", &in_pairs("f"), S).expect("join");
+    assert_eq!(j.phase(), &Phase::Forming, "re-forms to grow");
+    let mut out = Vec::new();
+    for h in ["a", "b", "c", "d", "e", "f"] {
+        if j.members.contains_key(h) {
+            out = j.ready(t, h, 3, (format!("{h}-addr"), 3), None);
+        }
+    }
+    assert_eq!(j.participants().len(), 4, "{out:?}");
+}
+
+#[test]
+fn a_newcomer_that_does_not_make_a_usable_count_waits_without_a_restart() {
+    let t = crate::clock::epoch();
+    let mut j = Job::new("j", JobConfig::from_join(&in_pairs("h")));
+    for h in ["a", "b"] {
+        j.join(t, h, &in_pairs(h), S).expect("join");
+    }
+    for h in ["a", "b"] {
+        j.ready(t, h, 0, (h.into(), 1), None);
+    }
+    j.tick(t + Duration::from_secs(1));
+    assert_eq!(j.participants().len(), 2);
+    // A third: two plus one is no pair more; it waits, the round runs on.
+    let out = j.join(t, "c", &in_pairs("c"), S).expect("join");
+    assert_eq!(j.phase(), &Phase::Running);
+    assert!(out
+        .iter()
+        .any(|o| o.to == "c" && matches!(&o.event, Kind::Waiting(w) if w.spare)));
+    // A fourth makes a pair: re-form with four.
+    j.join(t, "d", &in_pairs("d"), S).expect("join");
+    assert_eq!(j.phase(), &Phase::Forming);
+    assert_eq!(j.restart_count(), 0);
+    // A node of another K is refused, naming the flag.
+    let other = pb::JoinRequest {
+        nnodes_multiple_of: 4,
+        ..in_pairs("x")
+    };
+    let e = j.join(t, "x", &other, S).expect_err("mismatch");
+    assert!(e.to_string().contains("--nnodes-multiple-of"), "{e}");
 }
 
 #[test]

@@ -102,6 +102,7 @@ impl World {
             // of a finished one (unknown reads as "started before the end").
             started_unix_ms: 0,
             max_no_progress_restarts: 0,
+            nnodes_multiple_of: s.multiple_of,
         }
     }
 

@@ -145,6 +145,7 @@ async fn agent(
         keep_alive_ms: 200_000,
         started_unix_ms: 0,
         max_no_progress_restarts: 0,
+        nnodes_multiple_of: 0,
     };
     let mut session = Vec::new();
     let mut events = client
