@@ -32,7 +32,8 @@
 //! little-endian. A round is one byte relative to the job's current round
 //! (0 current, 1 next, 2 previous; 3..0xEF that number; 0xF0 and 8 bytes).
 //! - 0 join: node, host, flags (1 same settings as before, 2 node_rank,
-//!   4 resume, bits 3-4 the topology path, 32 `--no-restart-exit-code 93`),
+//!   4 resume, bits 3-4 the topology path, 32 `--no-restart-exit-code 93`,
+//!   16 and 128 together `--nnodes-multiple-of 2`),
 //!   then unless flag 1 min, max, nproc, max_restarts (u32),
 //!   dead_after_ms, last_call_ms (u64); with 2 the node rank (u32); with 4
 //!   round, restart_count, node_rank, nnodes;
@@ -114,6 +115,7 @@ fuzz_target!(|data: &[u8]| {
         outage_ms: 0,
         keep_alive_ms: 0,
         max_no_progress_restarts: 0,
+        nnodes_multiple_of: 0,
     };
     let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
     while !input.done() {
@@ -139,6 +141,8 @@ fuzz_target!(|data: &[u8]| {
                         keep_alive_ms: if flags & 64 == 64 { input.u64() } else { 0 },
                         // Ended after this many restarts without progress.
                         max_no_progress_restarts: u32::from(flags >> 7) * 2,
+                        // Rounds of pairs only (--nnodes-multiple-of 2).
+                        nnodes_multiple_of: if flags & 144 == 144 { 2 } else { 0 },
                     };
                 }
                 let node_rank = (flags & 2 != 0).then(|| input.u32());
@@ -358,6 +362,7 @@ struct Settings {
     outage_ms: u64,
     keep_alive_ms: u64,
     max_no_progress_restarts: u32,
+    nnodes_multiple_of: u32,
 }
 
 impl Settings {
@@ -389,6 +394,7 @@ impl Settings {
             keep_alive_ms: self.keep_alive_ms,
             started_unix_ms: 0,
             max_no_progress_restarts: self.max_no_progress_restarts,
+            nnodes_multiple_of: self.nnodes_multiple_of,
         }
     }
 }

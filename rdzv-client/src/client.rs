@@ -524,6 +524,9 @@ impl RdzvClient {
             job_id: self.job_id.clone(),
             native: false,
             timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+            // A member asking: the agents' token is enough.
+            node_id: self.node_id.clone(),
+            session: self.session.clone(),
         };
         self.call(
             req,

@@ -76,8 +76,7 @@ pub(crate) fn incoming(
                             }
                         }
                         Some(tls) => {
-                            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                            tokio::spawn(handshake(acceptor, conn, tx.clone()));
+                            tokio::spawn(handshake(tls.clone(), conn, tx.clone()));
                         }
                     }
                 }
@@ -98,11 +97,11 @@ pub(crate) fn incoming(
 /// Finishes a connection's TLS handshake within [`TLS_HANDSHAKE`] and hands
 /// it on; a failed or slow one is closed (at debug level: a scanner or a
 /// client with the wrong CA must not fill the log).
-async fn handshake(
-    acceptor: tokio_rustls::TlsAcceptor,
-    conn: Conn,
-    tx: mpsc::Sender<io::Result<ServerIo>>,
-) {
+async fn handshake(tls: ServerTls, conn: Conn, tx: mpsc::Sender<io::Result<ServerIo>>) {
+    // Looking at the certificate's files (at most once a second) happens
+    // here, beside the accept loop: a file system that hangs holds one
+    // handshake, never the loop.
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
     match tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(conn)).await {
         Ok(Ok(stream)) => {
             let _ = tx.send(Ok(ServerIo::Tls(Box::new(stream)))).await;

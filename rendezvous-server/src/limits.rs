@@ -161,6 +161,20 @@ pub fn check_join(req: &pb::JoinRequest, limits: &Limits) -> Result<(), Error> {
             )));
         }
     }
+    if req.nnodes_multiple_of > 1 {
+        if req.node_rank.is_some() {
+            return Err(invalid(
+                "nnodes_multiple_of needs a dynamic rendezvous: a node with a fixed node rank cannot wait as a spare".into(),
+            ));
+        }
+        let k = req.nnodes_multiple_of;
+        if crate::job::JobConfig::from_join(req).needed() > req.max_nodes {
+            return Err(invalid(format!(
+                "nnodes {}..{} holds no multiple of nnodes_multiple_of {k}",
+                req.min_nodes, req.max_nodes
+            )));
+        }
+    }
     check_ms("dead_after_ms", req.dead_after_ms)?;
     check_ms("last_call_ms", req.last_call_ms)?;
     check_ms("outage_ms", req.outage_ms)?;
@@ -313,6 +327,24 @@ mod tests {
         check_join(r, &Limits::default())
             .expect_err("must be refused")
             .to_string()
+    }
+
+    #[test]
+    fn a_multiple_of_k_needs_a_range_that_holds_one_and_no_fixed_rank() {
+        let k = |min, max, k| pb::JoinRequest {
+            min_nodes: min,
+            max_nodes: max,
+            nnodes_multiple_of: k,
+            ..join()
+        };
+        assert!(check_join(&k(2, 4, 2), &Limits::default()).is_ok());
+        assert!(refused(&k(3, 3, 2)).contains("holds no multiple"));
+        assert!(refused(&k(1, 4, u32::MAX)).contains("holds no multiple"));
+        let fixed = pb::JoinRequest {
+            node_rank: Some(0),
+            ..k(2, 4, 2)
+        };
+        assert!(refused(&fixed).contains("dynamic rendezvous"));
     }
 
     #[test]

@@ -423,6 +423,7 @@ pub async fn stacks(
         job_id: job.to_owned(),
         native,
         timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        ..Default::default()
     });
     // The server answers by its own deadline; this one is for a server
     // that went away.

@@ -51,7 +51,8 @@ fn parse(v: &str) -> Option<(u64, u64, u64)> {
 /// line it speaks with when it is released.
 fn line(v: (u64, u64, u64)) -> u64 {
     match v.0 {
-        0 => v.1,
+        // A minor that large would reach the 1.x lines: kept below them.
+        0 => v.1.min(PRE_ONE_LINES - 1),
         major => PRE_ONE_LINES.saturating_add(major),
     }
 }
@@ -87,7 +88,11 @@ pub fn compatible(server: &str, agent: &str) -> Result<(), String> {
         return Ok(());
     }
     let older = if a < s { "older" } else { "newer" };
-    let admitted = [sl.checked_sub(1).filter(|l| *l > 0), Some(sl), Some(sl + 1)]
+    // The lines beside the server's, never across 0.x and 1.x (no 0.x
+    // line is adjacent to 1.x).
+    let beside =
+        |l: u64| (l / PRE_ONE_LINES == sl / PRE_ONE_LINES && l != PRE_ONE_LINES).then_some(l);
+    let admitted = [sl.checked_sub(1).and_then(beside), Some(sl), beside(sl + 1)]
         .into_iter()
         .flatten()
         .map(show)
@@ -139,7 +144,10 @@ mod tests {
         let e = compatible("0.1.0", "0.3.0").expect_err("two lines newer");
         assert!(e.contains("newer") && e.contains("0.1.x, 0.2.x"), "{e}");
         // 0.x and 1.x are not adjacent (1.0 will say which 0.x it takes).
-        assert!(compatible("1.0.0", "0.9.2").is_err());
+        let e = compatible("1.0.0", "0.9.2").expect_err("across 1.0");
+        assert!(e.contains("admits agents of 1.x, 2.x;"), "{e}");
+        let e = compatible("0.1.0", "0.5.0").expect_err("four newer");
+        assert!(e.contains("admits agents of 0.0.x, 0.1.x, 0.2.x;"), "{e}");
         assert!(compatible("0.9.2", "1.3.0").is_err());
         // From 1.0 on, MAJOR.
         assert_eq!(compatible("1.4.2", "1.0.0"), Ok(()));

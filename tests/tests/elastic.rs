@@ -750,6 +750,7 @@ fn rounds_take_a_multiple_of_k_nodes_and_a_ready_spare_fills_a_lost_place() {
         "the spare runs in the lost node's place"
     );
     let took = killed.elapsed();
+    eprintln!("multiple-of: the spare's workers ran {took:?} after the kill");
     assert!(
         took < Duration::from_secs(3),
         "the spare took over in {took:?}"

@@ -885,6 +885,34 @@ fn rotating_the_token_mid_job_keeps_the_job_and_the_agents_token_cannot_operate(
         .block_on(agents.job_status(pb::JobStatusRequest::default()))
         .expect_err("no reading with the agents' token once an operate token is set");
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    // An agent asking for its own job's stacks (a hung worker) may, with
+    // the agents' token: its session secret proves it a member. A wrong
+    // secret, or another job, is refused.
+    let mut joined = rt
+        .block_on(agents.join(join_req("mine", "m1", "hm1", 2)))
+        .expect("joins with the new token")
+        .into_inner();
+    let session = match rt.block_on(joined.message()) {
+        Ok(Some(pb::Event {
+            kind: Some(pb::event::Kind::Joined(j)),
+        })) => j.session,
+        other => panic!("expected Joined, got {other:?}"),
+    };
+    let own = |job: &str, session: Vec<u8>| pb::StacksRequest {
+        job_id: job.into(),
+        timeout_ms: 1000,
+        node_id: "m1".into(),
+        session,
+        ..Default::default()
+    };
+    rt.block_on(agents.stacks(own("mine", session.clone())))
+        .expect("a member's own job's stacks");
+    for (job, secret) in [("mine", vec![0u8; session.len()]), ("job", session)] {
+        let denied = rt
+            .block_on(agents.stacks(own(job, secret)))
+            .expect_err("not a member with that secret");
+        assert_eq!(denied.code(), Code::PermissionDenied, "{job}: {denied:?}");
+    }
     // The operate token can: a release of a host that is not quarantined
     // is NOT_FOUND, not a refusal of the caller.
     let released = rt

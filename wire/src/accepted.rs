@@ -12,14 +12,15 @@
 //! # How
 //! Every check looks at the file's size, modification time and inode at
 //! most once a second ([`RECHECK`]), and reads it again only when they
-//! changed. A file that cannot be read or holds no valid token keeps the
+//! changed. One caller looks while the others go on with the tokens they
+//! have, so a file system that hangs holds one call, never every call. A file that cannot be read or holds no valid token keeps the
 //! tokens last read (a half-written file must not lock every agent out),
 //! with a warning once per change. Every accepted token is compared, in
 //! constant time, whichever matches: the time taken says nothing about
 //! which one did.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::{Ascii, MetadataValue};
@@ -46,11 +47,15 @@ impl std::fmt::Debug for Accepted {
 struct Inner {
     /// Where they come from (`None`: a variable, fixed).
     file: Option<PathBuf>,
-    state: Mutex<State>,
+    /// The tokens accepted now: read by every call.
+    tokens: RwLock<Arc<Vec<Token>>>,
+    /// When the file was last looked at, and how it looked: taken by the
+    /// one caller that looks again (`try_lock`: a file system that hangs
+    /// holds that caller, never the others).
+    check: Mutex<Check>,
 }
 
-struct State {
-    tokens: Vec<Token>,
+struct Check {
     /// What the file looked like when it was last read.
     stamp: Option<Stamp>,
     /// When the file was last looked at.
@@ -83,8 +88,8 @@ impl Accepted {
     pub fn fixed(token: Token) -> Self {
         Self(Arc::new(Inner {
             file: None,
-            state: Mutex::new(State {
-                tokens: vec![token],
+            tokens: RwLock::new(Arc::new(vec![token])),
+            check: Mutex::new(Check {
                 stamp: None,
                 checked: Instant::now(),
             }),
@@ -101,8 +106,8 @@ impl Accepted {
         let tokens = read(path)?;
         Ok(Self(Arc::new(Inner {
             file: Some(path.to_owned()),
-            state: Mutex::new(State {
-                tokens,
+            tokens: RwLock::new(Arc::new(tokens)),
+            check: Mutex::new(Check {
                 stamp: Some(stamp),
                 checked: Instant::now(),
             }),
@@ -133,25 +138,44 @@ impl Accepted {
 
     /// [`Accepted::admits`] for an `authorization` header's raw bytes.
     pub fn admits_bytes(&self, header: Option<&[u8]>) -> bool {
-        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(file) = &self.0.file {
-            refresh(file, &mut state, Instant::now());
-        }
+        self.look_again(Instant::now());
         // Every token compared: the time says nothing of which matched.
-        state
-            .tokens
+        self.tokens()
             .iter()
             .fold(false, |any, t| t.admits_bytes(header) | any)
     }
 
     /// How many tokens are accepted now.
     pub fn count(&self) -> usize {
+        self.tokens().len()
+    }
+
+    fn tokens(&self) -> Arc<Vec<Token>> {
         self.0
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .tokens
-            .len()
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Looks at the file again if it is due (and nobody else is looking),
+    /// taking its tokens if it changed.
+    fn look_again(&self, now: Instant) {
+        let Some(file) = &self.0.file else {
+            return;
+        };
+        let mut check = match self.0.check.try_lock() {
+            Ok(c) => c,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if let Some(tokens) = refresh(file, &mut check, now) {
+            *self
+                .0
+                .tokens
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = Arc::new(tokens);
+        }
     }
 }
 
@@ -166,25 +190,27 @@ fn read(path: &Path) -> Result<Vec<Token>, TokenError> {
 }
 
 /// Reads the file again if it changed since it was last read, at most once
-/// every [`RECHECK`]; a file that cannot be read, or holds no valid token,
-/// keeps the tokens last read (a warning once per change).
-fn refresh(path: &Path, state: &mut State, now: Instant) {
+/// every [`RECHECK`]: its tokens, if it changed and holds valid ones; a file
+/// that cannot be read, or holds no valid token, keeps the tokens last read
+/// (`None`, a warning once per change).
+fn refresh(path: &Path, state: &mut Check, now: Instant) -> Option<Vec<Token>> {
     if now.saturating_duration_since(state.checked) < RECHECK {
-        return;
+        return None;
     }
     state.checked = now;
     let stamp = Stamp::of(path).ok();
     if stamp.is_none() || stamp == state.stamp {
-        return;
+        return None;
     }
     state.stamp = stamp;
     match read(path) {
         Ok(tokens) => {
             tracing::info!(file = %path.display(), tokens = tokens.len(), "the token file changed: accepting its tokens from now on");
-            state.tokens = tokens;
+            Some(tokens)
         }
         Err(e) => {
             tracing::warn!(file = %path.display(), error = %e, "the token file changed but holds no valid token; still accepting the tokens last read");
+            None
         }
     }
 }
@@ -227,25 +253,31 @@ mod tests {
         assert!(accepted.admits_bytes(Some(&bearer(A))));
         assert!(!accepted.admits_bytes(Some(&bearer(B))));
         assert!(!accepted.admits_bytes(None));
-        let mut state = accepted.0.state.lock().expect("state");
+        let t = accepted.0.check.lock().expect("check").checked;
         // Current and next: both, once the file is looked at again.
         std::fs::write(&f, format!("{A}\n{B}\n")).expect("write");
-        let t = state.checked;
-        refresh(&f, &mut state, t + RECHECK / 2);
-        assert_eq!(state.tokens.len(), 1, "not looked at twice within a second");
-        refresh(&f, &mut state, t + RECHECK);
-        assert_eq!(state.tokens.len(), 2);
+        accepted.look_again(t + RECHECK / 2);
+        assert_eq!(accepted.count(), 1, "not looked at twice within a second");
+        accepted.look_again(t + RECHECK);
+        assert_eq!(accepted.count(), 2);
         // A half-written file: the last tokens stay.
         std::fs::write(&f, "").expect("write");
-        refresh(&f, &mut state, t + RECHECK * 2);
-        assert_eq!(state.tokens.len(), 2);
+        accepted.look_again(t + RECHECK * 2);
+        assert_eq!(accepted.count(), 2);
         // Next alone: the current one is refused from then on.
         std::fs::write(&f, format!("{B}\n")).expect("write");
-        refresh(&f, &mut state, t + RECHECK * 3);
-        drop(state);
+        accepted.look_again(t + RECHECK * 3);
         assert_eq!(accepted.count(), 1);
-        let state = accepted.0.state.lock().expect("state");
-        assert!(state.tokens[0].admits_bytes(Some(&bearer(B))));
-        assert!(!state.tokens[0].admits_bytes(Some(&bearer(A))));
+        let tokens = accepted.tokens();
+        assert!(tokens[0].admits_bytes(Some(&bearer(B))));
+        assert!(!tokens[0].admits_bytes(Some(&bearer(A))));
+        // While one caller looks (a file system that hangs), the others
+        // go on with the tokens they have.
+        let looking = accepted.0.check.lock().expect("check");
+        std::fs::write(&f, format!("{A}\n")).expect("write");
+        accepted.look_again(t + RECHECK * 4);
+        assert_eq!(accepted.count(), 1);
+        assert!(accepted.admits_bytes(Some(&bearer(B))));
+        drop(looking);
     }
 }

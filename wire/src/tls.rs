@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -139,8 +139,9 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 /// restart and without touching the connections already made.
 ///
 /// The files are looked at (size, modification time, inode) at most once a
-/// [`RECHECK`], as a connection is accepted; when any changed, all are read
-/// again and checked as at start. Files that do not make a configuration
+/// [`RECHECK`], by the handshake of a connection (one at a time: the others
+/// take the configuration there is); when any changed, all are read again
+/// and checked as at start. Files that do not make a configuration
 /// (a certificate written before its key) keep the last good one, with a
 /// warning, and are tried again at their next change.
 #[derive(Clone)]
@@ -157,7 +158,12 @@ impl std::fmt::Debug for ServerTls {
 
 struct ServerTlsInner {
     files: TlsFiles,
-    state: Mutex<ServerTlsState>,
+    /// The configuration new connections get.
+    config: RwLock<Arc<rustls::ServerConfig>>,
+    /// When the files were last looked at, and how they looked: taken by
+    /// the one caller that looks again (`try_lock`: a file system that
+    /// hangs holds that handshake, never the others).
+    check: Mutex<ServerTlsState>,
 }
 
 /// A server's TLS files.
@@ -168,7 +174,6 @@ struct TlsFiles {
 }
 
 struct ServerTlsState {
-    config: Arc<rustls::ServerConfig>,
     stamps: Vec<Option<Stamp>>,
     checked: Instant,
 }
@@ -198,8 +203,8 @@ impl ServerTls {
         let config = Arc::new(files.build()?);
         let inner = ServerTlsInner {
             files,
-            state: Mutex::new(ServerTlsState {
-                config,
+            config: RwLock::new(config),
+            check: Mutex::new(ServerTlsState {
                 stamps,
                 checked: Instant::now(),
             }),
@@ -214,25 +219,45 @@ impl ServerTls {
     }
 
     fn current_at(&self, now: Instant) -> Arc<rustls::ServerConfig> {
+        self.look_again(now);
+        self.0
+            .config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Looks at the files again if it is due (and nobody else is looking),
+    /// taking a new configuration if they changed and make one.
+    fn look_again(&self, now: Instant) {
         let files = &self.0.files;
-        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if now.saturating_duration_since(state.checked) >= RECHECK {
-            state.checked = now;
-            let stamps = files.stamps();
-            if stamps != state.stamps && stamps.iter().all(Option::is_some) {
-                state.stamps = stamps;
-                match files.build() {
-                    Ok(config) => {
-                        tracing::info!(cert = %files.cert.display(), "the TLS files changed: new connections get the new certificate");
-                        state.config = Arc::new(config);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the TLS files changed but do not make a configuration; still serving the last good one");
-                    }
-                }
+        let mut state = match self.0.check.try_lock() {
+            Ok(s) => s,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if now.saturating_duration_since(state.checked) < RECHECK {
+            return;
+        }
+        state.checked = now;
+        let stamps = files.stamps();
+        if stamps == state.stamps || !stamps.iter().all(Option::is_some) {
+            return;
+        }
+        state.stamps = stamps;
+        match files.build() {
+            Ok(config) => {
+                tracing::info!(cert = %files.cert.display(), "the TLS files changed: new connections get the new certificate");
+                *self
+                    .0
+                    .config
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the TLS files changed but do not make a configuration; still serving the last good one");
             }
         }
-        state.config.clone()
     }
 }
 

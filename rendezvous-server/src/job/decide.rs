@@ -64,7 +64,8 @@ pub fn decide(now: Instant, job: &Job) -> Decision {
     if ready < needed || c.allowed(ready) == 0 {
         return wait(None);
     }
-    if ready >= c.max_nodes {
+    // The most the job can use (MAX, or the largest multiple of K under it).
+    if ready >= c.allowed(c.max_nodes) {
         return complete_unless_unheard(now, job, wait);
     }
     // Benched members (the `quarantine` module) are nobody to wait for as

@@ -13,6 +13,17 @@ use crate::error::Error;
 use crate::stacks::{agent_budget, Answer, Begin, Done, Latest};
 
 impl Registry {
+    /// Whether `node_id` is a member of job `job_id` holding `session`
+    /// (an agent asking for its own job's stacks).
+    pub fn member(&self, job_id: &str, node_id: &str, session: &[u8]) -> Result<(), Error> {
+        let guard = self.lock();
+        let entry = guard
+            .map
+            .get(job_id)
+            .ok_or_else(|| Error::UnknownJob(job_id.to_owned()))?;
+        authorize(&entry.job, job_id, node_id, session)
+    }
+
     /// Begins collecting the stacks of job `job_id`'s running round (or
     /// joins the collection under way): each node of the round that has a
     /// stream is sent `StacksRequested`. The answer arrives on the returned
