@@ -20,13 +20,13 @@
 //! which one did.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::auth::{Token, TokenError};
-use crate::stamp::Stamp;
+use crate::stamp::{lock_unless_busy, Stamp};
 
 /// How often the file is looked at, at most.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -124,10 +124,7 @@ impl Accepted {
         if let Some(file) = file {
             return Self::from_file(file).map(Some);
         }
-        match env(var) {
-            Some(v) => Token::new(&v, &format!("${var}")).map(|t| Some(Self::fixed(t))),
-            None => Ok(None),
-        }
+        Ok(Token::resolve(None, var, env)?.map(Self::fixed))
     }
 
     /// Whether a request's `authorization` value carries one of the
@@ -164,10 +161,8 @@ impl Accepted {
         let Some(file) = &self.0.file else {
             return;
         };
-        let mut check = match self.0.check.try_lock() {
-            Ok(c) => c,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+        let Some(mut check) = lock_unless_busy(&self.0.check) else {
+            return;
         };
         if let Some(tokens) = refresh(file, &mut check, now) {
             *self

@@ -8,6 +8,7 @@
 //! modification time may match the old one's.
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::SystemTime;
 
 /// What a file looked like when it was last read.
@@ -31,5 +32,16 @@ impl Stamp {
             modified: meta.modified().ok(),
             inode,
         })
+    }
+}
+
+/// The lock of a file's last look, unless another caller is looking now
+/// (`None`): one caller looks at a file at a time, and a file system that
+/// hangs holds that caller, never the others.
+pub(crate) fn lock_unless_busy<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::stamp::Stamp;
+use crate::stamp::{lock_unless_busy, Stamp};
 
 /// A PEM file larger than this is not a certificate chain or a key.
 const MAX_PEM_BYTES: u64 = 1 << 20;
@@ -231,10 +231,8 @@ impl ServerTls {
     /// taking a new configuration if they changed and make one.
     fn look_again(&self, now: Instant) {
         let files = &self.0.files;
-        let mut state = match self.0.check.try_lock() {
-            Ok(s) => s,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+        let Some(mut state) = lock_unless_busy(&self.0.check) else {
+            return;
         };
         if now.saturating_duration_since(state.checked) < RECHECK {
             return;
