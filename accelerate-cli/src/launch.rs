@@ -335,10 +335,10 @@ fn agent_options(
         .as_str()
         .filter(|c| !c.trim().is_empty())
     {
-        o.health_check = Some(accel_agent::health::HealthCheck {
-            command: command.to_owned(),
-            timeout: check_timeout.unwrap_or(accel_agent::health::DEFAULT_TIMEOUT),
-        });
+        o.health_check.command = Some(command.to_owned());
+    }
+    if let Some(t) = check_timeout {
+        o.health_check.timeout = t;
     }
     if let Some(t) = duration(D::gpu_free_timeout)? {
         o.gpu_free_timeout = t;

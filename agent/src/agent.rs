@@ -235,7 +235,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     let sessions = async {
         loop {
             if let Some(check) = &cfg.health_check {
-                if let Some(sig) = wait_healthy(check, &mut signals).await {
+                if let Some(sig) = wait_healthy(check, &mut signals, &metrics).await {
                     return Ok(Outcome::Signaled(sig));
                 }
             }
@@ -543,6 +543,32 @@ struct Driver<'a, L: Link, S: Spawner> {
     /// The workers' progress reports (the `progress` module); empty in the
     /// driver's unit tests.
     progress: crate::progress::Progress,
+    /// `--health-check-interval`: the checks in flight, or when the next
+    /// run starts.
+    health: Periodic<'a>,
+}
+
+/// The periodic health checks of a membership: one run at a time, the next
+/// an interval after the last ended.
+struct Periodic<'a> {
+    check: Option<(&'a crate::health::HealthCheck, Duration)>,
+    next: Option<tokio::time::Instant>,
+    running: Option<Pin<Box<dyn Future<Output = crate::health::Verdict> + Send + 'a>>>,
+}
+
+impl<'a> Periodic<'a> {
+    fn of(cfg: &'a Config) -> Self {
+        let check = cfg
+            .health_check
+            .as_ref()
+            .and_then(|c| c.interval.map(|i| (c, i)));
+        Self {
+            check,
+            // The checks passed just before joining.
+            next: check.map(|(_, i)| tokio::time::Instant::now() + i),
+            running: None,
+        }
+    }
 }
 
 /// How a driver's membership of the job ended.
@@ -558,15 +584,17 @@ enum DriverEnd {
 async fn wait_healthy(
     check: &crate::health::HealthCheck,
     signals: &mut Signals,
+    metrics: &crate::metrics::AgentMetrics,
 ) -> Option<nix::sys::signal::Signal> {
     let mut failed = 0u32;
     let mut said = String::new();
     loop {
         let result = tokio::select! {
-            r = check.run() => r,
+            v = check.run() => v,
             sig = signals.recv() => return Some(sig),
         };
-        let why = match result {
+        metrics.health(&result);
+        let why = match result.overall() {
             Ok(()) => {
                 if failed > 0 {
                     tracing::info!(
@@ -581,7 +609,7 @@ async fn wait_healthy(
         failed += 1;
         let wait = crate::health::recheck_after(failed);
         if why != said {
-            warn!(reason = %why, next_check_s = wait.as_secs_f64(), "this node is unhealthy (--health-check): it stays out of the job and checks again");
+            warn!(reason = %why, next_check_s = wait.as_secs_f64(), "this node is unhealthy (--health-check*): it stays out of the job and checks again");
             said = why;
         }
         tokio::select! {
@@ -646,6 +674,7 @@ impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
             lapse_said: false,
             peers: None,
             progress: crate::progress::Progress::default(),
+            health: Periodic::of(cfg),
         }
     }
 
@@ -777,6 +806,8 @@ impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
             presence,
             lapse_said,
             peers,
+            health,
+            metrics,
             ..
         } = self;
         let live = src.workers && group.as_ref().is_some_and(|g| !g.all_ended());
@@ -835,6 +866,22 @@ impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
             }
             sig = signals.recv() => Woke::Event(Event::Signal(sig)),
             _ = async { sleep_until(deadline.expect("guarded").into()).await }, if deadline.is_some() => Woke::Event(Event::Timer),
+            () = async { tokio::time::sleep_until(health.next.expect("guarded")).await }, if health.running.is_none() && health.next.is_some() => {
+                health.next = None;
+                if let Some((check, _)) = health.check {
+                    health.running = Some(Box::pin(check.run()));
+                }
+                Woke::Checked(Vec::new())
+            }
+            verdict = async { health.running.as_mut().expect("guarded").await }, if health.running.is_some() => {
+                health.running = None;
+                health.next = health.check.map(|(_, i)| tokio::time::Instant::now() + i);
+                metrics.health(&verdict);
+                match verdict.overall() {
+                    Ok(()) => Woke::Checked(Vec::new()),
+                    Err(why) => Woke::Event(Event::Unhealthy(why)),
+                }
+            }
         }
     }
 }

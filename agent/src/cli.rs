@@ -301,10 +301,58 @@ pub struct AgentArgs {
     /// as a spare, re-checking) so an elastic job forms without it.
     #[arg(long = "health-check", env = "PET_HEALTH_CHECK", value_name = "CMD")]
     pub health_check: Option<String>,
-    /// How long the health check may run.
+    /// How long the health checks may run, together.
     #[arg(long = "health-check-timeout", env = "PET_HEALTH_CHECK_TIMEOUT",
           default_value = "60", value_parser = DurationParser)]
     pub health_check_timeout: Duration,
+    /// Check the links NCCL/gloo use (sysfs: operstate, carrier, error
+    /// counters; InfiniBand port state): `auto` (NCCL_SOCKET_IFNAME /
+    /// GLOO_SOCKET_IFNAME / NCCL_IB_HCA, else every physical interface and
+    /// InfiniBand port) or names (`eth0,mlx5_0`, a port `mlx5_0:1`).
+    #[arg(
+        long = "health-check-nic",
+        env = "PET_HEALTH_CHECK_NIC",
+        value_name = "IFACES|auto"
+    )]
+    pub health_check_nic: Option<String>,
+    /// Where sysfs is mounted, for --health-check-nic.
+    #[arg(
+        long = "health-check-sysfs",
+        env = "PET_HEALTH_CHECK_SYSFS",
+        default_value = "/sys",
+        value_name = "PATH"
+    )]
+    pub health_check_sysfs: PathBuf,
+    /// Check that a file in this directory can be written, fsync'ed, read
+    /// back and deleted (the checkpoint filesystem: full, read-only or hung
+    /// storage keeps the node out).
+    #[arg(
+        long = "health-check-storage",
+        env = "PET_HEALTH_CHECK_STORAGE",
+        value_name = "PATH"
+    )]
+    pub health_check_storage: Option<PathBuf>,
+    /// Check every GPU with nvidia-smi: uncorrectable ECC errors, retired
+    /// pages or remapped rows pending, a GPU that does not answer.
+    #[arg(long = "health-check-gpu", env = "PET_HEALTH_CHECK_GPU",
+          value_parser = BoolishValueParser::new(), default_missing_value = "true",
+          num_args = 0..=1, require_equals = true)]
+    pub health_check_gpu: bool,
+    /// Ask a node health daemon: `unix:/path.sock` (answers `ok` or `fail
+    /// REASON` to `check HOST`) or `http://host:port/path` (2xx passes).
+    #[arg(
+        long = "health-check-endpoint",
+        env = "PET_HEALTH_CHECK_ENDPOINT",
+        value_name = "ADDR"
+    )]
+    pub health_check_endpoint: Option<crate::health::endpoint::Endpoint>,
+    /// Run the health checks this often while the node waits as a spare or
+    /// its workers run; a failure stops this node's workers and takes it
+    /// out of the job (the others re-form, no restart counted). 0: only
+    /// before each round.
+    #[arg(long = "health-check-interval", env = "PET_HEALTH_CHECK_INTERVAL",
+          default_value = "0", value_parser = DurationParser)]
+    pub health_check_interval: Duration,
     /// On a GPU node (`nvidia-smi` on PATH): how long a round's workers wait
     /// for the previous round's processes to release the GPUs.
     #[arg(long = "gpu-free-timeout", env = "PET_GPU_FREE_TIMEOUT",
@@ -464,6 +512,12 @@ impl From<AgentArgs> for LaunchOptions {
             fork_server_fd,
             health_check,
             health_check_timeout,
+            health_check_nic,
+            health_check_sysfs,
+            health_check_storage,
+            health_check_gpu,
+            health_check_endpoint,
+            health_check_interval,
             gpu_free_timeout,
             no_restart_exit_code,
             max_no_progress_restarts,
@@ -536,12 +590,16 @@ impl From<AgentArgs> for LaunchOptions {
                 cap: hang_timeout_cap,
                 first_step: first_step_timeout,
             }),
-            health_check: health_check
-                .filter(|c| !c.trim().is_empty())
-                .map(|command| crate::health::HealthCheck {
-                    command,
-                    timeout: health_check_timeout,
-                }),
+            health_check: crate::health::HealthFlags {
+                command: health_check,
+                timeout: health_check_timeout,
+                nic: health_check_nic,
+                sysfs: health_check_sysfs,
+                storage: health_check_storage,
+                gpu: health_check_gpu,
+                endpoint: health_check_endpoint,
+                interval: (!health_check_interval.is_zero()).then_some(health_check_interval),
+            },
             restart_backoff: crate::config::RestartBackoff {
                 base: restart_backoff.0,
                 max: restart_backoff.1,

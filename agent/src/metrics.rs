@@ -37,6 +37,17 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabel {
+    check: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckResult {
+    check: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ExitLabel {
     kind: &'static str,
     code: String,
@@ -57,6 +68,8 @@ struct Inner {
     recovery: Histogram,
     tee_dropped: Counter,
     file_timer_dropped: Family<Reason, Counter>,
+    health_checks: Family<CheckResult, Counter>,
+    health_failing: Family<CheckLabel, Gauge>,
     store: StoreMetrics,
     /// What `/readyz` answers.
     ready: Mutex<Result<(), String>>,
@@ -78,6 +91,8 @@ impl Default for AgentMetrics {
             recovery: buckets(),
             tee_dropped: Counter::default(),
             file_timer_dropped: Family::default(),
+            health_checks: Family::default(),
+            health_failing: Family::default(),
             store: StoreMetrics::default(),
             ready: Mutex::new(Err("starting".into())),
         }))
@@ -141,7 +156,32 @@ impl AgentMetrics {
             "FileTimer requests dropped, by reason: not_a_worker (for a process in no worker's process group of this node), malformed, table_full",
             m.file_timer_dropped.clone(),
         );
+        registry.register(
+            "accel_agent_health_checks",
+            "Health checks run, by check (command, nic, storage, gpu, endpoint) and result (pass, fail)",
+            m.health_checks.clone(),
+        );
+        registry.register(
+            "accel_agent_health_check_failing",
+            "1 while the last run of this health check failed",
+            m.health_failing.clone(),
+        );
         m.store.register(registry);
+    }
+
+    /// Counts a run of the health checks.
+    pub fn health(&self, verdict: &crate::health::Verdict) {
+        for (check, r) in &verdict.results {
+            let result = if r.is_ok() { "pass" } else { "fail" };
+            self.0
+                .health_checks
+                .get_or_create(&CheckResult { check, result })
+                .inc();
+            self.0
+                .health_failing
+                .get_or_create(&CheckLabel { check })
+                .set(i64::from(r.is_err()));
+        }
     }
 
     /// `n` workers started.

@@ -136,10 +136,10 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
             Duration::from_secs(90)
         )
     );
-    let check = a.health_check.expect("a check");
+    let check = a.health_check;
     assert_eq!(
-        (check.command.as_str(), check.timeout),
-        ("nvidia-smi", accel_agent::health::DEFAULT_TIMEOUT)
+        (check.command.as_deref(), check.timeout),
+        (Some("nvidia-smi"), accel_agent::health::DEFAULT_TIMEOUT)
     );
     assert_eq!(a.gpu_free_timeout, Duration::from_secs(5));
     // Not given: the agent's defaults.
@@ -147,7 +147,7 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
     let agent = LaunchOptions::new("t.py");
     assert_eq!(d.preload, agent.preload);
     assert_eq!(d.restart_backoff, agent.restart_backoff);
-    assert_eq!(d.health_check, None);
+    assert_eq!(d.health_check, agent.health_check);
     assert_eq!(d.gpu_free_timeout, agent.gpu_free_timeout);
     // Bad values name the flag.
     let m = merged("--cpu --num_processes 2 --restart_backoff 9:1 t.py", None);

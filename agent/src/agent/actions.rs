@@ -123,6 +123,14 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
             Action::ReportSuccess { round } => self.link.report_success(round).await,
             Action::Rejoin { resume } => self.rejoin = Some(Box::pin(self.link.rejoin(resume))),
             Action::Leave { reason } => self.link.leave(&reason, false).await,
+            Action::Depart { why } => {
+                self.store = None;
+                self.end_peers();
+                self.link
+                    .leave(&format!("the node failed its health check: {why}"), true)
+                    .await;
+                return Ok(Some(DriverEnd::Unhealthy));
+            }
             Action::Summarize { root } => self.report_job_failure(root.as_ref()),
             Action::Exit(result) => {
                 // The round's store ends with the node's life, before the
@@ -145,17 +153,18 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
         if std::mem::replace(&mut self.health_checked, false) {
             return true;
         }
-        let result = tokio::select! {
-            r = check.run() => r,
+        let verdict = tokio::select! {
+            v = check.run() => v,
             sig = self.signals.recv() => {
                 queue.push_back(Event::Signal(sig));
                 return true;
             }
         };
-        match result {
+        self.metrics.health(&verdict);
+        match verdict.overall() {
             Ok(()) => true,
             Err(why) => {
-                tracing::warn!(reason = %why, "this node failed its health check (--health-check); leaving the job until it passes");
+                tracing::warn!(reason = %why, "this node failed its health check (--health-check*); leaving the job until it passes");
                 self.link
                     .leave(&format!("the node failed its health check: {why}"), true)
                     .await;

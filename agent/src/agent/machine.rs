@@ -192,6 +192,13 @@ pub enum Event {
     /// in it: the outcome its tombstone kept. The node ends with the job's
     /// result (its workers, if any still run, are stopped first).
     Over(pb::JobOver),
+    /// A health check (`--health-check-interval`) failed: why. A node that
+    /// runs workers says so to the rendezvous (the round re-forms at once,
+    /// no restart counted, before its workers' ends can read as failures
+    /// elsewhere), stops them, then leaves the job; a forming node or a
+    /// spare leaves at once. Ignored while the node reconnects, recovers or
+    /// stops, and once its workers succeeded.
+    Unhealthy(String),
     /// [`NodeMachine::deadline`] passed.
     Timer,
     /// More than half of the round hears each other through its peer hub
@@ -276,6 +283,13 @@ pub enum Action {
         /// Why, for the other nodes.
         reason: String,
     },
+    /// Leave the job because this node failed a health check (the
+    /// rendezvous benches its host where a quarantine policy is set); the
+    /// agent checks its health again and joins anew once it passes.
+    Depart {
+        /// What the check said.
+        why: String,
+    },
     /// Print torchrun's failure summary (root cause first: the job's, else
     /// this node's first) and write it to a parent's error file.
     Summarize {
@@ -347,6 +361,8 @@ enum Then {
     Finish(Vec<Action>, Outcome),
     /// End with this error.
     Fail(AgentError),
+    /// Leave the job: a health check failed (why).
+    Depart(String),
 }
 
 #[derive(Debug)]
@@ -508,17 +524,24 @@ impl NodeMachine {
     /// `reconnecting`, `running`, `backing-off`, `recovering`, `stopping`,
     /// `done`).
     pub fn phase_name(&self) -> &'static str {
-        match &self.phase {
-            Phase::Forming { .. } => "forming",
-            Phase::Reconnecting { .. } => "reconnecting",
-            Phase::Running(_) => "running",
-            Phase::BackingOff { .. } => "backing-off",
-            Phase::Recovering { .. } => "recovering",
-            Phase::Stopping { .. } => "stopping",
-            Phase::Done => "done",
-        }
+        phase_name(&self.phase)
     }
+}
 
+/// A phase's name (see [`NodeMachine::phase_name`]).
+fn phase_name(phase: &Phase) -> &'static str {
+    match phase {
+        Phase::Forming { .. } => "forming",
+        Phase::Reconnecting { .. } => "reconnecting",
+        Phase::Running(_) => "running",
+        Phase::BackingOff { .. } => "backing-off",
+        Phase::Recovering { .. } => "recovering",
+        Phase::Stopping { .. } => "stopping",
+        Phase::Done => "done",
+    }
+}
+
+impl NodeMachine {
     /// How long after the last call answered this node's workers may run
     /// (`None`: fencing is off).
     pub fn fence_within(&self) -> Option<Duration> {
@@ -576,6 +599,34 @@ impl NodeMachine {
                 Phase::Forming { .. } | Phase::Reconnecting { .. } | Phase::BackingOff { .. },
                 Event::Over(o),
             ) => self.exit(Ok(outcome_of(&o))),
+            (Phase::Forming { .. } | Phase::BackingOff { .. }, Event::Unhealthy(why)) => {
+                warn!(reason = %why, "this node failed its health check (--health-check-interval); it leaves the job until the checks pass");
+                self.phase = Phase::Done;
+                vec![Action::Depart { why }]
+            }
+            (Phase::Running(r), Event::Unhealthy(why)) if r.barrier.is_none() => {
+                warn!(reason = %why, round = r.info.round, grace_s = self.settings.shutdown_timeout.as_secs_f64(), "this node failed its health check (--health-check-interval): stopping its workers; it leaves the job until the checks pass");
+                let mut actions = Vec::new();
+                if !r.failed {
+                    // First, so the others stop before this node's workers
+                    // vanish from their collectives (which would read as
+                    // their failures and spend the budget).
+                    actions.push(Action::ReportFenced {
+                        round: r.info.round,
+                        reason: format!(
+                            "failed its health check ({}); it leaves the job (no restart is counted)",
+                            accel_input::excerpt(&why)
+                        ),
+                    });
+                }
+                actions.extend(self.stop(Signal::SIGTERM, Then::Depart(why), false));
+                actions
+            }
+            (phase, Event::Unhealthy(why)) => {
+                tracing::debug!(reason = %why, phase = phase_name(&phase), "a health check failed; acted on when the node is back in a round or forming");
+                self.phase = phase;
+                Vec::new()
+            }
             (Phase::Stopping { note, heard, .. }, Event::Over(o)) => {
                 self.phase = Phase::Stopping {
                     then: Then::Finish(Vec::new(), outcome_of(&o)),
@@ -1244,7 +1295,7 @@ impl NodeMachine {
     fn signal_stopping(&mut self, then: Then, note: bool, heard: bool, sig: Signal) -> Vec<Action> {
         let second = heard || matches!(then, Then::Finish(_, Outcome::Signaled(_)));
         let then = match then {
-            Then::Form(..) | Then::Run(_) | Then::Recover { .. } => {
+            Then::Form(..) | Then::Run(_) | Then::Recover { .. } | Then::Depart(_) => {
                 Then::Finish(Vec::new(), Outcome::Signaled(sig))
             }
             then => then,
@@ -1295,6 +1346,10 @@ impl NodeMachine {
             }
             Then::Finish(pre, outcome) => self.finish(pre, outcome),
             Then::Fail(e) => self.exit(Err(e)),
+            Then::Depart(why) => {
+                self.phase = Phase::Done;
+                vec![Action::Depart { why }]
+            }
         }
     }
 

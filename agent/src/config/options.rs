@@ -323,8 +323,8 @@ pub struct LaunchOptions {
     pub preload: Vec<String>,
     /// `--restart-backoff`, `--restart-backoff-window`.
     pub restart_backoff: crate::config::RestartBackoff,
-    /// `--health-check`, `--health-check-timeout`.
-    pub health_check: Option<crate::health::HealthCheck>,
+    /// `--health-check*`.
+    pub health_check: crate::health::HealthFlags,
     /// `--gpu-free-timeout`.
     pub gpu_free_timeout: Duration,
     /// `--no-restart-exit-code`.
@@ -387,7 +387,7 @@ impl LaunchOptions {
             fork_server_fd: None,
             preload: Vec::new(),
             restart_backoff: crate::config::RestartBackoff::default(),
-            health_check: None,
+            health_check: crate::health::HealthFlags::default(),
             gpu_free_timeout: Duration::from_secs(30),
             no_restart_exit_code: None,
             max_no_progress_restarts: 0,
@@ -430,6 +430,7 @@ impl LaunchOptions {
                 )));
             }
         }
+        let health_check = self.health_check.resolve(env).map_err(bad)?;
         if self.node_rank != 0 && !matches!(rendezvous, Rendezvous::Static { .. }) {
             warnings.push("--node-rank is used only by the static backend; ignoring it".into());
         }
@@ -601,7 +602,7 @@ impl LaunchOptions {
             preload,
             restart_backoff: self.restart_backoff,
             file_timer,
-            health_check: self.health_check.clone(),
+            health_check,
             gpu_free_timeout: self.gpu_free_timeout,
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             max_no_progress_restarts: self.max_no_progress_restarts,

@@ -1649,3 +1649,71 @@ fn only_the_embedding_modules_reach_the_server_crate() {
     let node = include_str!("../../node.rs");
     assert_eq!(node.matches(concat!("rendezvous", "_server::")).count(), 1);
 }
+
+#[test]
+fn a_node_that_fails_a_periodic_check_mid_round_says_so_stops_its_workers_then_leaves() {
+    let (mut m, t0) = running();
+    let t = t0 + 5 * SECOND;
+    let actions = m.step(t, Event::Unhealthy("nic eth0: operstate down".into()));
+    match &actions[..] {
+        [Action::ReportFenced { round: 0, reason }, stop] => {
+            assert!(
+                reason.contains("failed its health check (nic eth0: operstate down)")
+                    && reason.contains("no restart is counted"),
+                "{reason}"
+            );
+            assert!(is_stop(stop, Signal::SIGTERM), "{actions:?}");
+        }
+        other => panic!("expected a report and a stop, got {other:?}"),
+    }
+    // Its workers end as stopped; the restart this caused is not news.
+    assert!(m.step(t, restart(0, 1)).is_empty());
+    let actions = m.step(t + SECOND, Event::Stopped(vec![exit(0, -15), exit(1, -15)]));
+    match &actions[..] {
+        [Action::Depart { why }] => assert_eq!(why, "nic eth0: operstate down"),
+        other => panic!("expected the node to leave, got {other:?}"),
+    }
+    assert!(m.is_done());
+}
+
+#[test]
+fn a_forming_node_or_spare_that_fails_a_periodic_check_leaves_at_once_and_others_ignore_it() {
+    let (mut m, t0) = joined();
+    let actions = m.step(
+        t0 + SECOND,
+        Event::Unhealthy("gpu 3: 2 uncorrectable ECC errors".into()),
+    );
+    assert!(
+        matches!(&actions[..], [Action::Depart { .. }]),
+        "{actions:?}"
+    );
+    assert!(m.is_done());
+    // Workers that succeeded: the node's part is done, the check is moot.
+    let (mut m, t0) = running();
+    let t = t0 + 2 * SECOND;
+    m.step(t, Event::Exited(exit(0, 0)));
+    let actions = m.step(t, Event::Exited(exit(1, 0)));
+    assert!(
+        matches!(&actions[..], [Action::ReportSuccess { round: 0 }]),
+        "{actions:?}"
+    );
+    assert!(m
+        .step(t, Event::Unhealthy("storage /ckpt: full".into()))
+        .is_empty());
+    assert_eq!(m.phase_name(), "running");
+    // A signal during the stop wins: the node ends as signaled.
+    let (mut m, t0) = running();
+    let t = t0 + 2 * SECOND;
+    m.step(
+        t,
+        Event::Unhealthy("endpoint unix:/run/h.sock: XID 79".into()),
+    );
+    assert!(m.step(t, Event::Signal(Signal::SIGTERM)).is_empty());
+    let actions = m.step(t + SECOND, Event::Stopped(Vec::new()));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Exit(Ok(Outcome::Signaled(Signal::SIGTERM))))),
+        "{actions:?}"
+    );
+}

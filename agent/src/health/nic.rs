@@ -1,0 +1,469 @@
+//! `--health-check-nic`: the links the collectives use, as sysfs shows them.
+//!
+//! A NIC that lost its link makes every collective of the round hang until
+//! a timeout, and one that drops packets makes it crawl; both are visible in
+//! sysfs long before a worker fails. For each interface checked:
+//! - a network interface (`/sys/class/net/NAME`): `operstate` must be `up`
+//!   (or `unknown` with `carrier` 1, as some drivers report a working link),
+//!   and its receive and transmit error counters may not have grown by more
+//!   than [`ERRORS_TOLERATED`] since the last check;
+//! - an InfiniBand port (`/sys/class/infiniband/DEV/ports/N`): `state` must
+//!   be `ACTIVE` and `phys_state` `LinkUp`, and `counters/link_downed` may
+//!   not have grown since the last check.
+//!
+//! Which interfaces: the names given (`eth0,ib0`, an InfiniBand device
+//! `mlx5_0` for all its ports, or one port `mlx5_0:1`), or `auto`: the
+//! interfaces `NCCL_SOCKET_IFNAME` (else `GLOO_SOCKET_IFNAME`) selects, in
+//! NCCL's syntax (prefixes, `=` for exact names, `^` to exclude), else
+//! every physical interface (one with a `device` in sysfs) but loopback;
+//! and the InfiniBand ports `NCCL_IB_HCA` selects, else all of them. A
+//! selection that names nothing present is a configuration error, said when
+//! the agent starts.
+//!
+//! The sysfs root is `/sys` unless `--health-check-sysfs` says otherwise
+//! (a container that mounts the host's sysfs elsewhere; tests use a fake
+//! tree read the same way).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// How many more receive and transmit errors than at the last check an
+/// interface may count before the check fails.
+pub const ERRORS_TOLERATED: u64 = 100;
+
+/// One link checked.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Link {
+    /// A network interface.
+    Net(String),
+    /// An InfiniBand device's port.
+    Ib(String, u32),
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Link::Net(n) => write!(f, "{n}"),
+            Link::Ib(d, p) => write!(f, "{d} port {p}"),
+        }
+    }
+}
+
+/// The NIC check: its links and what their counters said last time.
+#[derive(Debug, Clone)]
+pub struct NicCheck {
+    sysfs: PathBuf,
+    links: Vec<Link>,
+    /// Error counters (interfaces) and link-down counts (ports) at the last
+    /// check, by link.
+    last: Arc<Mutex<HashMap<Link, u64>>>,
+}
+
+impl PartialEq for NicCheck {
+    fn eq(&self, other: &Self) -> bool {
+        self.sysfs == other.sysfs && self.links == other.links
+    }
+}
+
+impl Eq for NicCheck {}
+
+impl NicCheck {
+    /// The check of `spec` (`auto` or a comma-separated list of names) under
+    /// `sysfs`; `env` reads the selecting variables. `Err`: what is wrong
+    /// with the selection, for the user.
+    pub fn new(
+        spec: &str,
+        sysfs: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        let links = match spec.trim() {
+            "auto" => auto(sysfs, &env)?,
+            list => named(sysfs, list)?,
+        };
+        Ok(Self {
+            sysfs: sysfs.to_path_buf(),
+            links,
+            last: Arc::default(),
+        })
+    }
+
+    /// The links checked.
+    pub fn links(&self) -> &[Link] {
+        &self.links
+    }
+
+    /// Reads every link's state: `Err` names each bad one and why.
+    pub fn check(&self) -> Result<(), String> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let bad: Vec<String> = self
+            .links
+            .iter()
+            .filter_map(|l| {
+                self.check_link(l, &mut last)
+                    .err()
+                    .map(|e| format!("{l}: {e}"))
+            })
+            .collect();
+        match bad.is_empty() {
+            true => Ok(()),
+            false => Err(format!("nic {}", bad.join(", "))),
+        }
+    }
+
+    fn check_link(&self, link: &Link, last: &mut HashMap<Link, u64>) -> Result<(), String> {
+        match link {
+            Link::Net(name) => {
+                let dir = self.sysfs.join("class/net").join(name);
+                let oper = read(&dir.join("operstate")).ok_or("gone (no operstate in sysfs)")?;
+                // `carrier` cannot be read while the interface is down.
+                let carrier = read(&dir.join("carrier")).is_some_and(|c| c == "1");
+                match oper.as_str() {
+                    "up" => {}
+                    "unknown" if carrier => {}
+                    other => return Err(format!("operstate {other}")),
+                }
+                if !carrier && oper == "up" {
+                    return Err("no carrier".into());
+                }
+                let errors: u64 = ["rx_errors", "tx_errors"]
+                    .iter()
+                    .filter_map(|c| read(&dir.join("statistics").join(c))?.parse::<u64>().ok())
+                    .sum();
+                grown(last, link, errors, ERRORS_TOLERATED)
+                    .map_err(|n| format!("{n} receive/transmit errors since the last check"))
+            }
+            Link::Ib(dev, port) => {
+                let dir = self
+                    .sysfs
+                    .join("class/infiniband")
+                    .join(dev)
+                    .join("ports")
+                    .join(port.to_string());
+                let state = read(&dir.join("state")).ok_or("gone (no state in sysfs)")?;
+                if !state.ends_with("ACTIVE") {
+                    return Err(format!("state {state}"));
+                }
+                let phys = read(&dir.join("phys_state")).unwrap_or_default();
+                if !phys.ends_with("LinkUp") {
+                    return Err(format!("physical state {phys}"));
+                }
+                let downed = read(&dir.join("counters/link_downed"))
+                    .and_then(|c| c.parse::<u64>().ok())
+                    .unwrap_or(0);
+                grown(last, link, downed, 0)
+                    .map_err(|n| format!("the link went down {n} times since the last check"))
+            }
+        }
+    }
+}
+
+/// Records `now` for `link`; `Err(growth)` when it grew past `tolerated`
+/// since the last record (a counter that went back, a reset, is no growth).
+fn grown(last: &mut HashMap<Link, u64>, link: &Link, now: u64, tolerated: u64) -> Result<(), u64> {
+    let before = last.insert(link.clone(), now);
+    match before {
+        Some(b) if now.saturating_sub(b) > tolerated => Err(now - b),
+        _ => Ok(()),
+    }
+}
+
+/// A sysfs attribute, trimmed; `None` if it cannot be read.
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// The names in a directory, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The ports of InfiniBand device `dev`.
+fn ports(sysfs: &Path, dev: &str) -> Vec<Link> {
+    let mut ports: Vec<u32> = names(&sysfs.join("class/infiniband").join(dev).join("ports"))
+        .iter()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    ports.sort_unstable();
+    ports.into_iter().map(|p| Link::Ib(dev.into(), p)).collect()
+}
+
+/// The links of a comma-separated list of names.
+fn named(sysfs: &Path, list: &str) -> Result<Vec<Link>, String> {
+    let mut links = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if name.contains('/') || name.starts_with('.') {
+            return Err(format!(
+                "--health-check-nic: {name:?} is not an interface name"
+            ));
+        }
+        if sysfs.join("class/net").join(name).is_dir() {
+            links.push(Link::Net(name.into()));
+            continue;
+        }
+        let (dev, port) = match name.split_once(':') {
+            Some((d, p)) => (d, Some(p)),
+            None => (name, None),
+        };
+        if !sysfs.join("class/infiniband").join(dev).is_dir() {
+            return Err(format!(
+                "--health-check-nic: no network interface or InfiniBand device {name:?} in {} (interfaces: {}; InfiniBand: {})",
+                sysfs.display(),
+                or_none(names(&sysfs.join("class/net"))),
+                or_none(names(&sysfs.join("class/infiniband")))
+            ));
+        }
+        match port {
+            None => links.extend(ports(sysfs, dev)),
+            Some(p) => match p.parse::<u32>() {
+                Ok(p) if ports(sysfs, dev).contains(&Link::Ib(dev.into(), p)) => {
+                    links.push(Link::Ib(dev.into(), p))
+                }
+                _ => return Err(format!("--health-check-nic: {dev} has no port {p:?}")),
+            },
+        }
+    }
+    if links.is_empty() {
+        return Err(
+            "--health-check-nic: no interface named (give names like eth0,mlx5_0 or `auto`)".into(),
+        );
+    }
+    links.sort();
+    links.dedup();
+    Ok(links)
+}
+
+fn or_none(v: Vec<String>) -> String {
+    match v.is_empty() {
+        true => "none".into(),
+        false => v.join(", "),
+    }
+}
+
+/// Whether `name` is selected by an NCCL-style list (`eth,ib` prefixes;
+/// `=eth0` exact names; a leading `^` excludes what follows instead).
+fn selects(list: &str, name: &str) -> bool {
+    let (exclude, list) = match list.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let (exact, list) = match list.strip_prefix('=') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let hit = list
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .any(|p| match exact {
+            true => name == p,
+            false => name.starts_with(p),
+        });
+    hit != exclude
+}
+
+/// `auto`: what NCCL (or gloo) would use.
+fn auto(sysfs: &Path, env: &impl Fn(&str) -> Option<String>) -> Result<Vec<Link>, String> {
+    let mut links = Vec::new();
+    let nets = names(&sysfs.join("class/net"));
+    let socket = env("NCCL_SOCKET_IFNAME")
+        .or_else(|| env("GLOO_SOCKET_IFNAME"))
+        .filter(|s| !s.trim().is_empty());
+    for n in &nets {
+        let chosen = match &socket {
+            Some(list) => selects(list, n),
+            None => n != "lo" && sysfs.join("class/net").join(n).join("device").exists(),
+        };
+        if chosen {
+            links.push(Link::Net(n.clone()));
+        }
+    }
+    let hca = env("NCCL_IB_HCA").filter(|s| !s.trim().is_empty());
+    for dev in names(&sysfs.join("class/infiniband")) {
+        // NCCL_IB_HCA may name a port (`mlx5_0:1`); the device decides here.
+        let chosen = match &hca {
+            Some(list) => {
+                let devs: Vec<&str> = list
+                    .split(',')
+                    .map(|d| d.split(':').next().unwrap_or(d))
+                    .collect();
+                selects(&devs.join(","), &dev)
+            }
+            None => true,
+        };
+        if chosen {
+            links.extend(ports(sysfs, &dev));
+        }
+    }
+    if links.is_empty() {
+        return Err(format!(
+            "--health-check-nic auto: no interface to check in {} ({}); name them (--health-check-nic eth0,mlx5_0) or set NCCL_SOCKET_IFNAME",
+            sysfs.display(),
+            match &socket {
+                Some(s) => format!("none matches NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME={s:?}"),
+                None => "no physical network interface and no InfiniBand device".into(),
+            }
+        ));
+    }
+    links.sort();
+    Ok(links)
+}
+
+/// Writes a fake sysfs tree.
+#[cfg(test)]
+mod fake {
+    use std::path::Path;
+
+    /// A network interface `name` in `state` (`up`, `down`), with a carrier
+    /// unless down, a `device` link unless `virtual_`, and `errors` receive errors.
+    pub(super) fn net(sysfs: &Path, name: &str, state: &str, errors: u64, virtual_: bool) {
+        let dir = sysfs.join("class/net").join(name);
+        std::fs::create_dir_all(dir.join("statistics")).expect("fake sysfs");
+        if !virtual_ {
+            std::fs::create_dir_all(dir.join("device")).expect("fake sysfs");
+        }
+        let carrier = if state == "down" { "0" } else { "1" };
+        for (f, v) in [
+            ("operstate", state.to_owned()),
+            ("carrier", carrier.to_owned()),
+            ("statistics/rx_errors", errors.to_string()),
+            ("statistics/tx_errors", "0".to_owned()),
+        ] {
+            std::fs::write(dir.join(f), format!("{v}\n")).expect("fake sysfs");
+        }
+    }
+
+    /// An InfiniBand port.
+    pub(super) fn ib(sysfs: &Path, dev: &str, port: u32, state: &str, phys: &str, downed: u64) {
+        let dir = sysfs
+            .join("class/infiniband")
+            .join(dev)
+            .join("ports")
+            .join(port.to_string());
+        std::fs::create_dir_all(dir.join("counters")).expect("fake sysfs");
+        for (f, v) in [
+            ("state", state.to_owned()),
+            ("phys_state", phys.to_owned()),
+            ("counters/link_downed", downed.to_string()),
+        ] {
+            std::fs::write(dir.join(f), format!("{v}\n")).expect("fake sysfs");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn a_link_that_goes_down_or_loses_packets_fails_by_name() {
+        let d = tempfile::tempdir().expect("dir");
+        let s = d.path();
+        fake::net(s, "eth0", "up", 5, false);
+        fake::ib(s, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp", 0);
+        let c = NicCheck::new("eth0,mlx5_0", s, no_env).expect("check");
+        assert_eq!(
+            c.links(),
+            [Link::Net("eth0".into()), Link::Ib("mlx5_0".into(), 1)]
+        );
+        assert_eq!(c.check(), Ok(()));
+        // A few errors are tolerated, a burst is not (once).
+        fake::net(s, "eth0", "up", 5 + ERRORS_TOLERATED, false);
+        assert_eq!(c.check(), Ok(()));
+        fake::net(s, "eth0", "up", 5 + 3 * ERRORS_TOLERATED, false);
+        let e = c.check().expect_err("errors");
+        assert!(
+            e.contains("eth0: 200 receive/transmit errors since the last check"),
+            "{e}"
+        );
+        assert_eq!(c.check(), Ok(()));
+        fake::net(s, "eth0", "down", 0, false);
+        fake::ib(s, "mlx5_0", 1, "1: DOWN", "3: Disabled", 1);
+        let e = c.check().expect_err("down");
+        assert_eq!(e, "nic eth0: operstate down, mlx5_0 port 1: state 1: DOWN");
+        fake::net(s, "eth0", "up", 0, false);
+        fake::ib(s, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp", 2);
+        let e = c.check().expect_err("flapped");
+        assert!(
+            e.contains("mlx5_0 port 1: the link went down 2 times"),
+            "{e}"
+        );
+        assert_eq!(c.check(), Ok(()));
+        std::fs::remove_dir_all(s.join("class/net/eth0")).expect("unplug");
+        assert!(c.check().expect_err("gone").contains("eth0: gone"));
+    }
+
+    #[test]
+    fn auto_follows_nccl_and_gloo_selections() {
+        let d = tempfile::tempdir().expect("dir");
+        let s = d.path();
+        fake::net(s, "lo", "unknown", 0, true);
+        fake::net(s, "eth0", "up", 0, false);
+        fake::net(s, "eth1", "up", 0, false);
+        fake::net(s, "docker0", "up", 0, true);
+        fake::ib(s, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp", 0);
+        fake::ib(s, "mlx5_1", 1, "4: ACTIVE", "5: LinkUp", 0);
+        let links = |env: &[(&str, &str)]| {
+            let env: HashMap<String, String> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            NicCheck::new("auto", s, |k| env.get(k).cloned()).map(|c| {
+                c.links()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            links(&[]).expect("auto"),
+            ["eth0", "eth1", "mlx5_0 port 1", "mlx5_1 port 1"]
+        );
+        assert_eq!(
+            links(&[("NCCL_SOCKET_IFNAME", "=eth1"), ("NCCL_IB_HCA", "mlx5_1:1")]).expect("auto"),
+            ["eth1", "mlx5_1 port 1"]
+        );
+        assert_eq!(
+            links(&[("GLOO_SOCKET_IFNAME", "^eth"), ("NCCL_IB_HCA", "^mlx5_0")]).expect("auto"),
+            ["docker0", "lo", "mlx5_1 port 1"]
+        );
+        std::fs::remove_dir_all(s.join("class/infiniband")).expect("no ib");
+        let e = links(&[("NCCL_SOCKET_IFNAME", "ens")]).expect_err("nothing");
+        assert!(e.contains("none matches") && e.contains("\"ens\""), "{e}");
+    }
+
+    #[test]
+    fn a_name_that_is_not_there_is_said_with_what_is() {
+        let d = tempfile::tempdir().expect("dir");
+        let s = d.path();
+        fake::net(s, "eth0", "up", 0, false);
+        fake::ib(s, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp", 0);
+        let e = NicCheck::new("eth9", s, no_env).expect_err("missing");
+        assert!(
+            e.contains("\"eth9\"") && e.contains("interfaces: eth0; InfiniBand: mlx5_0"),
+            "{e}"
+        );
+        let e = NicCheck::new("mlx5_0:2", s, no_env).expect_err("no port");
+        assert!(e.contains("mlx5_0 has no port \"2\""), "{e}");
+        assert!(NicCheck::new("../etc", s, no_env).is_err());
+        assert!(NicCheck::new(" , ", s, no_env).is_err());
+        // `unknown` with a carrier is a working link.
+        fake::net(s, "tun0", "unknown", 0, true);
+        let c = NicCheck::new("tun0", s, no_env).expect("tun0");
+        assert_eq!(c.check(), Ok(()));
+    }
+}
