@@ -340,6 +340,34 @@ fn agent_options(
     if let Some(t) = check_timeout {
         o.health_check.timeout = t;
     }
+    if let Some(nic) = ns
+        .get(D::health_check_nic)
+        .as_str()
+        .filter(|v| !v.trim().is_empty())
+    {
+        o.health_check.nic = Some(nic.to_owned());
+    }
+    if let Some(p) = ns
+        .get(D::health_check_storage)
+        .as_str()
+        .filter(|v| !v.trim().is_empty())
+    {
+        o.health_check.storage = Some(p.into());
+    }
+    o.health_check.gpu = ns.truthy(D::health_check_gpu);
+    if let Some(ep) = ns
+        .get(D::health_check_endpoint)
+        .as_str()
+        .filter(|v| !v.trim().is_empty())
+    {
+        o.health_check.endpoint = Some(
+            ep.parse()
+                .map_err(|err| format!("--health_check_endpoint: {err}"))?,
+        );
+    }
+    if let Some(i) = duration(D::health_check_interval)? {
+        o.health_check.interval = (!i.is_zero()).then_some(i);
+    }
     if let Some(t) = duration(D::gpu_free_timeout)? {
         o.gpu_free_timeout = t;
     }

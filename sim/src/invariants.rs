@@ -496,7 +496,7 @@ impl Checker {
                 Err(_) => 1,
             };
             let wrong = match end {
-                End::Crashed => false,
+                End::Crashed | End::Departed => false,
                 End::Outcome(accel_agent::Outcome::Succeeded) => outcome.is_err(),
                 End::Outcome(
                     accel_agent::Outcome::Failed(_) | accel_agent::Outcome::NoRestart { .. },

@@ -324,6 +324,20 @@ pub fn plan(seed: u64) -> Plan {
         spec.min_nodes = 2;
         spec.max_nodes = 4;
     }
+    // Health checks that fail while the node forms, waits or runs
+    // (--health-check-interval), and pass again later: from a generator of
+    // its own.
+    let mut h = fastrand::Rng::with_seed(seed ^ 0x4ea1_7c4e);
+    if h.u8(..4) == 0 {
+        for _ in 0..h.usize(1..=2) {
+            let at = ms(&mut h, 300, 12_000);
+            let back = at + ms(&mut h, 200, 6000);
+            let node = h.usize(..nodes);
+            faults.push((at, Fault::Unhealthy(node)));
+            faults.push((back, Fault::RestartNode(node)));
+            healed = healed.max(back);
+        }
+    }
     // A store that takes its time to write, from a
     // generator of its own as the quarantine's.
     let mut st = fastrand::Rng::with_seed(seed ^ 0x5707_e1a7);

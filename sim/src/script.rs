@@ -416,6 +416,7 @@ fn command(w: &mut World, cmd: &str, args: &[String]) -> Result<(), String> {
         "release" => w.inject(Fault::Release(node(w, arg(0)?)?)),
         "crash-node" => w.inject(Fault::CrashNode(node(w, arg(0)?)?)),
         "restart-node" => w.inject(Fault::RestartNode(node(w, arg(0)?)?)),
+        "unhealthy" => w.inject(Fault::Unhealthy(node(w, arg(0)?)?)),
         "signal" => {
             let i = node(w, arg(0)?)?;
             w.inject(Fault::Signal(i, signal(args.get(1))?));

@@ -330,7 +330,8 @@ enum Call {
     },
     Fenced(u64, String),
     Success(u64),
-    Leave(String),
+    /// Leaving: why, and whether a health check failed.
+    Leave(String, bool),
     /// The connection carrying stream `.0` ended.
     Closed(u64),
     /// The node gave join attempt `.0` up (its probe timed out): the
@@ -347,7 +348,7 @@ impl Call {
             Call::Failure { .. } => "the failure report",
             Call::Fenced(..) => "the fenced report",
             Call::Success(_) => "the success report",
-            Call::Leave(_) => "leave",
+            Call::Leave(..) => "leave",
             Call::Closed(_) => "close",
             Call::Abandon(_) => "a cancelled join",
         }
@@ -491,6 +492,9 @@ pub enum End {
     Error(u8, String),
     /// The agent was killed.
     Crashed,
+    /// The node failed a health check and left the job; the agent checks
+    /// again and joins anew once it passes ([`Fault::RestartNode`]).
+    Departed,
 }
 
 impl End {
@@ -499,7 +503,7 @@ impl End {
         match self {
             End::Outcome(o) => Some(o.exit_code()),
             End::Error(c, _) => Some(*c),
-            End::Crashed => None,
+            End::Crashed | End::Departed => None,
         }
     }
 }
@@ -579,6 +583,7 @@ impl Node {
     pub fn state(&self) -> &'static str {
         match (&self.end, &self.machine) {
             (Some(End::Crashed), _) => "crashed",
+            (Some(End::Departed), _) => "departed",
             (Some(_), _) => "exited",
             (None, Some(m)) => m.phase_name(),
             (None, None) => "joining",
@@ -607,8 +612,12 @@ pub enum Fault {
     Finish(Option<usize>),
     /// The agent is killed (its guard kills its workers).
     CrashNode(usize),
-    /// A killed agent starts again (a new node id, the same host).
+    /// A killed agent starts again, or a departed node's health checks
+    /// pass again: it joins anew (a new node id, the same host).
     RestartNode(usize),
+    /// The node's periodic health check fails (`--health-check-interval`):
+    /// it stops its workers and leaves the job.
+    Unhealthy(usize),
     /// A stop signal to the agent.
     Signal(usize, Signal),
     /// The node is cut off from everything: the server and its peers.

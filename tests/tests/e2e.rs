@@ -3,6 +3,7 @@
 
 mod accelerate;
 mod bad_input;
+mod built_in_health;
 mod chaos;
 mod elastic;
 mod errors;

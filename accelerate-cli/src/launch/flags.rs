@@ -438,7 +438,18 @@ fn describe(name: &str) -> Option<&'static str> {
             "a failure this soon after its round started is a quick one (default 60)"
         }
         "health_check" => "shell command this machine passes before each round, or sits out",
-        "health_check_timeout" => "how long the health check may run (default 60)",
+        "health_check_timeout" => "how long the health checks may run, together (default 60)",
+        "health_check_nic" => {
+            "check the links NCCL/gloo use (sysfs): `auto` or names like eth0,mlx5_0"
+        }
+        "health_check_storage" => "check a write, fsync and read-back of a file in this directory",
+        "health_check_gpu" => "check every GPU with nvidia-smi (ECC errors, pending retirements)",
+        "health_check_endpoint" => {
+            "ask a node health daemon: unix:/path.sock or http://host:port/path"
+        }
+        "health_check_interval" => {
+            "run the health checks this often while training; a failing machine leaves the job"
+        }
         "gpu_free_timeout" => {
             "how long a restart waits for the last round's GPU processes (default 30)"
         }

@@ -142,6 +142,24 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
         (Some("nvidia-smi"), accel_agent::health::DEFAULT_TIMEOUT)
     );
     assert_eq!(a.gpu_free_timeout, Duration::from_secs(5));
+    // The built-in checks and the interval.
+    let h = options(
+        "--multi_gpu --num_processes 2 --health_check_nic auto --health_check_storage /ckpt \
+         --health_check_gpu --health_check_endpoint unix:/run/h.sock --health_check_interval 30 \
+         --health_check_timeout 20 t.py",
+        None,
+        Launcher::MultiGpu,
+    )
+    .health_check;
+    assert_eq!(h.nic.as_deref(), Some("auto"));
+    assert_eq!(h.storage.as_deref(), Some(std::path::Path::new("/ckpt")));
+    assert!(h.gpu);
+    assert_eq!(
+        h.endpoint.map(|e| e.to_string()).as_deref(),
+        Some("unix:/run/h.sock")
+    );
+    assert_eq!(h.interval, Some(Duration::from_secs(30)));
+    assert_eq!(h.timeout, Duration::from_secs(20));
     // Not given: the agent's defaults.
     let d = options("--cpu --num_processes 2 t.py", None, Launcher::MultiGpu);
     let agent = LaunchOptions::new("t.py");

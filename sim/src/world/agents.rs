@@ -405,7 +405,14 @@ impl World {
                     n.tripped = None;
                     self.start_join(i, resume, false);
                 }
-                Action::Leave { reason } => self.call(i, Call::Leave(reason)),
+                Action::Leave { reason } => self.call(i, Call::Leave(reason, false)),
+                Action::Depart { why } => {
+                    self.call(
+                        i,
+                        Call::Leave(format!("the node failed its health check: {why}"), true),
+                    );
+                    self.end_node(i, End::Departed);
+                }
                 Action::Summarize { root } => {
                     self.nodes[i].summary = Some(
                         root.map(|f| format!("rank {} on {}", f.rank, f.host))
@@ -657,6 +664,7 @@ impl World {
 fn end_words(end: &End) -> String {
     match end {
         End::Crashed => "crashed".into(),
+        End::Departed => "departed (a health check failed)".into(),
         End::Outcome(o) => format!(
             "exit {} ({})",
             end.code().unwrap_or(0),

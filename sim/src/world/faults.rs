@@ -48,7 +48,7 @@ impl World {
             }
             Fault::RestartNode(i) => {
                 let n = &mut self.nodes[i];
-                if n.end != Some(End::Crashed) {
+                if !matches!(n.end, Some(End::Crashed | End::Departed)) {
                     return;
                 }
                 n.incarnation += 1;
@@ -68,6 +68,15 @@ impl World {
                 n.timer_for = None;
                 n.summary = None;
                 self.start_join(i, None, true);
+            }
+            Fault::Unhealthy(i) => {
+                if self.nodes[i].end.is_none() && self.nodes[i].machine.is_some() {
+                    // It may leave, and come back after the job is over.
+                    self.checker.excused.insert(i);
+                    self.nodes[i].queue.push_back(Event::Unhealthy(
+                        "nic eth0: operstate down (simulated)".into(),
+                    ));
+                }
             }
             Fault::Signal(i, sig) => {
                 if self.nodes[i].machine.is_some() {

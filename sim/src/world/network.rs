@@ -48,7 +48,7 @@ impl World {
         let stream = n.stream;
         if !matches!(
             body,
-            Call::Leave(_) | Call::Closed(_) | Call::Abandon(_) | Call::Join(..)
+            Call::Leave(..) | Call::Closed(_) | Call::Abandon(_) | Call::Join(..)
         ) {
             let at = self.now;
             self.nodes[i].outstanding.push((id, at, body, stream));

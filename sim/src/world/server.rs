@@ -121,8 +121,8 @@ impl World {
                 let out = job.success(now, node_id, *round);
                 ((), out)
             })),
-            Call::Leave(reason) => {
-                let r = registry.leave(now, JOB, node_id, session, reason, false);
+            Call::Leave(reason, unhealthy) => {
+                let r = registry.leave(now, JOB, node_id, session, reason, *unhealthy);
                 // A node that left has no stream to end: its own leaving
                 // closed it.
                 if r.is_ok() {

@@ -175,6 +175,11 @@ destinations! {
     restart_backoff_window,
     health_check,
     health_check_timeout,
+    health_check_nic,
+    health_check_storage,
+    health_check_gpu,
+    health_check_endpoint,
+    health_check_interval,
     gpu_free_timeout,
     use_cpu,
 }
@@ -460,5 +465,10 @@ pub const FLAGS: &[Flag] = &[
     f(D::restart_backoff_window, S, "null", ACCEL),
     f(D::health_check, S, "null", ACCEL),
     f(D::health_check_timeout, S, "null", ACCEL),
+    f(D::health_check_nic, S, "null", ACCEL),
+    f(D::health_check_storage, S, "null", ACCEL),
+    f(D::health_check_gpu, B, "false", ACCEL),
+    f(D::health_check_endpoint, S, "null", ACCEL),
+    f(D::health_check_interval, S, "null", ACCEL),
     f(D::gpu_free_timeout, S, "null", ACCEL),
 ];
