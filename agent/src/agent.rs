@@ -274,6 +274,7 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
                 started_unix_ms,
                 max_no_progress_restarts: cfg.max_no_progress_restarts,
                 nnodes_multiple_of: cfg.nnodes_multiple_of,
+                scale_up_settle_ms: crate::deadline::millis(cfg.scale_up_settle),
             };
             // Agent-only: the node's presence key is written before it
             // joins, and kept while it is a member (withdrawn below).
@@ -607,6 +608,10 @@ async fn wait_healthy(
             Err(why) => why,
         };
         failed += 1;
+        // What /readyz says while the node stays out.
+        metrics.set_ready(Err(format!(
+            "this node is unhealthy and stays out of the job: {why}"
+        )));
         let wait = crate::health::recheck_after(failed);
         if why != said {
             warn!(reason = %why, next_check_s = wait.as_secs_f64(), "this node is unhealthy (--health-check*): it stays out of the job and checks again");

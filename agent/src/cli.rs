@@ -52,6 +52,15 @@ pub struct AgentArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nnodes_multiple_of: u32,
+    /// With --nnodes MIN:MAX: how long nodes enough for a larger round wait before a running round re-forms to take them (nodes that arrive one by one cost one restart, not one each). Default 0: at once, as torchrun. The first node's value is the job's.
+    #[arg(
+        long = "scale-up-settle",
+        env = "PET_SCALE_UP_SETTLE",
+        value_name = "SECONDS",
+        default_value = "0",
+        value_parser = DurationParser
+    )]
+    pub scale_up_settle: Duration,
     /// Workers per node: a number, `cpu` (usable CPUs), `gpu` (CUDA devices) or `auto` (GPUs, else CPUs).
     #[arg(
         long = "nproc-per-node",
@@ -522,6 +531,7 @@ impl From<AgentArgs> for LaunchOptions {
             no_restart_exit_code,
             max_no_progress_restarts,
             nnodes_multiple_of,
+            scale_up_settle,
             checkpoint_iteration_file,
             learned_hang_timeouts,
             hang_safety_factor,
@@ -583,6 +593,7 @@ impl From<AgentArgs> for LaunchOptions {
             no_restart_exit_code,
             max_no_progress_restarts,
             nnodes_multiple_of,
+            scale_up_settle,
             checkpoint_iteration_file,
             hang: learned_hang_timeouts.then_some(crate::hang::Settings {
                 factor: hang_safety_factor,

@@ -175,6 +175,8 @@ pub struct Config {
     /// `--nnodes-multiple-of`: rounds run with a multiple of this many
     /// nodes (1: any count; the rendezvous decides).
     pub nnodes_multiple_of: u32,
+    /// `--scale-up-settle`.
+    pub scale_up_settle: Duration,
     /// `--checkpoint-iteration-file`: read every second as every worker's
     /// checkpointed step (the `progress` module).
     pub checkpoint_iteration_file: Option<PathBuf>,

@@ -116,6 +116,7 @@ fuzz_target!(|data: &[u8]| {
         keep_alive_ms: 0,
         max_no_progress_restarts: 0,
         nnodes_multiple_of: 0,
+        scale_up_settle_ms: 0,
     };
     let trace = std::env::var_os("RDZV_FUZZ_TRACE").is_some();
     while !input.done() {
@@ -143,6 +144,8 @@ fuzz_target!(|data: &[u8]| {
                         max_no_progress_restarts: u32::from(flags >> 7) * 2,
                         // Rounds of pairs only (--nnodes-multiple-of 2).
                         nnodes_multiple_of: if flags & 144 == 144 { 2 } else { 0 },
+                        // ...growing a running round after a settle time.
+                        scale_up_settle_ms: if flags & 152 == 152 { 800 } else { 0 },
                     };
                 }
                 let node_rank = (flags & 2 != 0).then(|| input.u32());
@@ -363,6 +366,7 @@ struct Settings {
     keep_alive_ms: u64,
     max_no_progress_restarts: u32,
     nnodes_multiple_of: u32,
+    scale_up_settle_ms: u64,
 }
 
 impl Settings {
@@ -395,6 +399,7 @@ impl Settings {
             started_unix_ms: 0,
             max_no_progress_restarts: self.max_no_progress_restarts,
             nnodes_multiple_of: self.nnodes_multiple_of,
+            scale_up_settle_ms: self.scale_up_settle_ms,
         }
     }
 }

@@ -267,6 +267,10 @@ pub struct Job {
     /// The running round's ranks' step times and stragglers (the
     /// `stragglers` module). Not stored: heard again.
     stragglers: stragglers::Stragglers,
+    /// When the running round re-forms to take the ready spares that make
+    /// a larger usable count, once they have waited `--scale-up-settle`.
+    /// Not stored: a loaded job's tick sets it again.
+    grow_at: Option<Instant>,
 }
 
 impl Job {
@@ -307,6 +311,7 @@ impl Job {
             progress: progress::Progress::default(),
             goodput: goodput::Goodput::default(),
             stragglers: stragglers::Stragglers::default(),
+            grow_at: None,
         }
     }
 
@@ -464,6 +469,7 @@ impl Job {
         if !self.phase.is_terminal() {
             consider(self.next_liveness);
             consider(self.quarantine.next_expiry());
+            consider(self.grow_at);
         }
         let forming = decide(now, self);
         if let (false, Decision::Wait { last_call_ends, .. }) = (self.members.is_empty(), forming) {
@@ -1009,6 +1015,7 @@ impl Job {
                 out.extend(self.unbenched(now, &host, "its quarantine ended"));
             }
         }
+        out.extend(self.settled(now));
         // step() completes the round if the last call ended and reports
         // progress when due; otherwise it does nothing.
         out.extend(self.step(now));

@@ -185,6 +185,7 @@ pub fn plan(seed: u64) -> Plan {
         min_nodes: if elastic { n - 1 } else { n },
         max_nodes: n,
         multiple_of: 0,
+        settle: Duration::ZERO,
         nproc: rng.u32(1..=2),
         max_restarts: rng.u32(0..=2),
         keep_alive: ms(&mut rng, 300, 1000),
@@ -323,6 +324,10 @@ pub fn plan(seed: u64) -> Plan {
         spec.multiple_of = 2;
         spec.min_nodes = 2;
         spec.max_nodes = 4;
+        // Half of them grow a running round only after a settle time.
+        if k.bool() {
+            spec.settle = ms(&mut k, 100, 3000);
+        }
     }
     // Health checks that fail while the node forms, waits or runs
     // (--health-check-interval), and pass again later: from a generator of

@@ -157,6 +157,7 @@ fn job_spec(args: &[String]) -> Result<(Spec, u64), String> {
                 spec.max_nodes = number(max)?;
             }
             "multiple_of" => spec.multiple_of = number(v)?,
+            "settle" => spec.settle = duration(v)?,
             "nproc" => spec.nproc = number(v)?,
             "max_restarts" => spec.max_restarts = number(v)?,
             "keep_alive" => spec.keep_alive = duration(v)?,

@@ -107,6 +107,8 @@ pub struct Spec {
     pub max_nodes: u32,
     /// `--nnodes-multiple-of` (0 or 1: any count).
     pub multiple_of: u32,
+    /// `--scale-up-settle` (zero: a running round grows at once).
+    pub settle: Duration,
     /// Workers per node.
     pub nproc: u32,
     /// The job-wide restart budget.
@@ -168,6 +170,7 @@ impl Default for Spec {
             min_nodes: 1,
             max_nodes: 1,
             multiple_of: 0,
+            settle: Duration::ZERO,
             nproc: 1,
             max_restarts: 0,
             keep_alive: Duration::from_secs(1),

@@ -311,12 +311,15 @@ fn a_health_daemon_s_verdict_keeps_the_node_out_until_it_says_ok() {
             }
         });
     }
+    let port = accel_tests::Port::lease();
+    let metrics = port.loopback();
     let agent = AgentCmd::standalone()
         .nproc(1)
         .flag(
             "--health-check-endpoint",
             format!("unix:{}", sock.display()),
         )
+        .flag("--metrics-bind", &metrics)
         .recording(&dir, "node")
         .env("RUN_FOR", "0.5")
         .start(&dir, "node");
@@ -327,6 +330,19 @@ fn a_health_daemon_s_verdict_keeps_the_node_out_until_it_says_ok() {
         stderr_of(&agent)
     );
     assert!(records(&dir).is_empty(), "no worker ran on the sick node");
+    // /readyz says why; the metrics say which check fails.
+    let (code, body) = accel_tests::http_get(&metrics, "/readyz").expect("readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("unhealthy") && body.contains("XID 79 on GPU 2"),
+        "{body}"
+    );
+    let (_, text) = accel_tests::http_get(&metrics, "/metrics").expect("metrics");
+    assert!(
+        text.contains("accel_agent_health_check_failing{check=\"endpoint\"} 1")
+            && text.contains("accel_agent_health_checks_total{check=\"endpoint\",result=\"fail\"}"),
+        "{text}"
+    );
     *verdict.lock().expect("verdict") = "ok".into();
     let out = agent.wait(LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);

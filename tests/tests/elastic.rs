@@ -770,3 +770,68 @@ fn rounds_take_a_multiple_of_k_nodes_and_a_ready_spare_fills_a_lost_place() {
         "no restart counted"
     );
 }
+
+/// `--nnodes 2:4 --scale-up-settle 3`: a round of two runs; two more nodes
+/// arrive a second apart; the round re-forms once, to four nodes, about
+/// three seconds after the first of them (without the settle time, each
+/// arrival re-forms it: 2, 3, then 4 nodes), and nothing is spent.
+#[test]
+fn nodes_that_arrive_one_by_one_cost_one_re_form_with_a_settle_time() {
+    let server = Server::start();
+    let dir = scratch("settle");
+    let conf = "last_call_timeout=1,keep_alive_interval=0.3,keep_alive_max_attempt=2";
+    let start = |tag: &str| {
+        AgentCmd::c10d(&server.addr, "settle")
+            .nnodes("2:4")
+            .flag("--scale-up-settle", 3)
+            .nproc(2)
+            .conf(conf)
+            .recording(&dir, tag)
+            .env("RECORD_EACH_ROUND", "1")
+            .env("RUN_FOR", "10")
+            .start(&dir, tag)
+    };
+    let mut agents = vec![start("a"), start("b")];
+    assert!(
+        eventually(Duration::from_secs(30), || with_world(&records(&dir), 4)
+            .len()
+            == 4),
+        "a round of two runs"
+    );
+    let first = Instant::now();
+    agents.push(start("c"));
+    std::thread::sleep(Duration::from_secs(1));
+    agents.push(start("d"));
+    assert!(
+        eventually(Duration::from_secs(15), || with_world(&records(&dir), 8)
+            .len()
+            == 8),
+        "the round grew to four nodes"
+    );
+    let took = first.elapsed();
+    eprintln!("settle: the round of four ran {took:?} after the first newcomer");
+    assert!(
+        took >= Duration::from_secs(3),
+        "grew only after the settle time: {took:?}"
+    );
+    for agent in agents {
+        let out = agent.wait(LIMIT);
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+    }
+    let recs = records(&dir);
+    assert!(with_world(&recs, 6).is_empty(), "never a round of three");
+    assert!(
+        recs.iter()
+            .all(|r| r.var("TORCHELASTIC_RESTART_COUNT") == "0"),
+        "nothing spent"
+    );
+    // One re-form: the first round's four workers and the second's eight.
+    assert_eq!(
+        (
+            with_world(&recs, 4).len(),
+            with_world(&recs, 8).len(),
+            recs.len()
+        ),
+        (4, 8, 12)
+    );
+}

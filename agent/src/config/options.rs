@@ -333,6 +333,8 @@ pub struct LaunchOptions {
     pub max_no_progress_restarts: u32,
     /// `--nnodes-multiple-of` (1: any node count).
     pub nnodes_multiple_of: u32,
+    /// `--scale-up-settle` (zero: at once).
+    pub scale_up_settle: Duration,
     /// `--checkpoint-iteration-file`.
     pub checkpoint_iteration_file: Option<PathBuf>,
     /// `--learned-hang-timeouts` and its settings (`None`: off).
@@ -392,6 +394,7 @@ impl LaunchOptions {
             no_restart_exit_code: None,
             max_no_progress_restarts: 0,
             nnodes_multiple_of: 1,
+            scale_up_settle: Duration::ZERO,
             checkpoint_iteration_file: None,
             hang: None,
             numa_binding: None,
@@ -607,6 +610,7 @@ impl LaunchOptions {
             no_restart_exit_code: self.no_restart_exit_code.map(i32::from),
             max_no_progress_restarts: self.max_no_progress_restarts,
             nnodes_multiple_of,
+            scale_up_settle: self.scale_up_settle,
             checkpoint_iteration_file: self.checkpoint_iteration_file.clone(),
             hang: self.hang,
             numa_binding,

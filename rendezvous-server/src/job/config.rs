@@ -38,6 +38,9 @@ pub struct JobConfig {
     /// Rounds run with a multiple of this many nodes (`--nnodes-multiple-of`;
     /// 0 or 1: any count from `min_nodes` to `max_nodes`).
     pub nnodes_multiple_of: u32,
+    /// How long nodes enough for a larger round wait before a running
+    /// round re-forms to take them (`--scale-up-settle`; zero: at once).
+    pub scale_up_settle: Duration,
 }
 
 impl JobConfig {
@@ -61,6 +64,8 @@ impl JobConfig {
                 .then(|| Duration::from_millis(req.keep_alive_ms).min(accel_input::MAX_DURATION)),
             max_no_progress_restarts: req.max_no_progress_restarts,
             nnodes_multiple_of: req.nnodes_multiple_of,
+            scale_up_settle: Duration::from_millis(req.scale_up_settle_ms)
+                .min(accel_input::MAX_DURATION),
         }
     }
 
@@ -175,6 +180,7 @@ mod tests {
             keep_alive: None,
             max_no_progress_restarts: 0,
             nnodes_multiple_of: 0,
+            scale_up_settle: Duration::ZERO,
         }
     }
 

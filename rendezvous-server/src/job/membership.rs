@@ -97,7 +97,9 @@ impl Job {
                 event: Kind::Waiting(self.waiting_of(now, node_id, true)),
             });
         } else if self.phase == Phase::Running {
-            if (self.participants.len() as u32) < self.usable() {
+            if (self.participants.len() as u32) < self.usable()
+                && self.config.scale_up_settle.is_zero()
+            {
                 // A node arriving while a round with free slots runs, and
                 // with it enough for a larger round the job can use
                 // (`--nnodes-multiple-of`): re-form with it.
@@ -107,6 +109,9 @@ impl Job {
                     false,
                 ));
             } else {
+                // With --scale-up-settle the round grows once the nodes
+                // that make the larger count have waited that long.
+                self.settle_growth(now);
                 // The round is full (or one more would not make a count
                 // the job can use): the newcomer waits as a spare.
                 out.push(Outbound {
@@ -116,6 +121,52 @@ impl Job {
             }
         }
         Ok(out)
+    }
+
+    /// Notes that the running round may grow: with `--scale-up-settle`,
+    /// it re-forms that long from now, unless already due sooner (see
+    /// [`Job::settled`]).
+    pub(super) fn settle_growth(&mut self, now: Instant) {
+        if self.phase == Phase::Running
+            && self.grow_at.is_none()
+            && (self.participants.len() as u32) < self.usable()
+        {
+            self.grow_at = Some(now.checked_add(self.config.scale_up_settle).unwrap_or(now));
+        }
+    }
+
+    /// A running round that could grow re-forms once its spares have
+    /// waited `--scale-up-settle`, if they still make a larger usable count
+    /// (one may have left meanwhile); a loaded job notices spares here too.
+    pub(super) fn settled(&mut self, now: Instant) -> Vec<Outbound> {
+        if self.phase != Phase::Running || self.config.scale_up_settle.is_zero() {
+            self.grow_at = None;
+            return Vec::new();
+        }
+        let could = (self.participants.len() as u32) < self.usable();
+        match self.grow_at {
+            None if could => {
+                self.settle_growth(now);
+                Vec::new()
+            }
+            Some(t) if now >= t => {
+                self.grow_at = None;
+                if !could {
+                    return Vec::new();
+                }
+                let to = self.usable();
+                self.restart(
+                    now,
+                    format!(
+                        "{} more node(s) waited {} (--scale-up-settle): the round grows to {to} nodes",
+                        to as usize - self.participants.len(),
+                        accel_input::duration_words(self.config.scale_up_settle)
+                    ),
+                    false,
+                )
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// How many nodes a round could take now: the largest count the job

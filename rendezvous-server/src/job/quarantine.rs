@@ -560,12 +560,21 @@ impl Job {
                 out.extend(self.tell_host(now, host));
                 out
             }
-            Phase::Running if waiting && (self.participants.len() as u32) < self.usable() => self
-                .restart(
+            Phase::Running
+                if waiting
+                    && (self.participants.len() as u32) < self.usable()
+                    && self.config.scale_up_settle.is_zero() =>
+            {
+                self.restart(
                     now,
                     format!("host '{host}' may take part again: {why}"),
                     false,
-                ),
+                )
+            }
+            Phase::Running if waiting => {
+                self.settle_growth(now);
+                self.tell_host(now, host)
+            }
             Phase::Running => self.tell_host(now, host),
             _ => Vec::new(),
         }

@@ -257,6 +257,7 @@ impl Job {
             // Not stored: the loading leader gives every node the whole
             // drop limit, and sees a mass silence anew.
             held: None,
+            grow_at: None,
             vouched_all: None,
             progress: record.progress,
             goodput: super::goodput::Goodput::restore(record.goodput, now),

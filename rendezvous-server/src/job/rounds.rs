@@ -222,6 +222,8 @@ impl Job {
     pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
         let used = self.restart_count;
+        // The new round takes every ready node anyway.
+        self.grow_at = None;
         if counted {
             self.restart_count = used.saturating_add(1);
         }

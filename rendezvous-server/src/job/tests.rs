@@ -26,6 +26,7 @@ fn req(host: &str, nnodes: u32, rank: Option<u32>) -> pb::JoinRequest {
         started_unix_ms: 0,
         max_no_progress_restarts: 0,
         nnodes_multiple_of: 0,
+        scale_up_settle_ms: 0,
     }
 }
 
@@ -315,6 +316,49 @@ fn a_newcomer_that_does_not_make_a_usable_count_waits_without_a_restart() {
     };
     let e = j.join(t, "x", &other, S).expect_err("mismatch");
     assert!(e.to_string().contains("--nnodes-multiple-of"), "{e}");
+}
+
+#[test]
+fn with_a_settle_time_a_running_round_grows_once_its_spares_have_waited() {
+    let t = crate::clock::epoch();
+    let settled = |h: &str| pb::JoinRequest {
+        scale_up_settle_ms: 5000,
+        ..in_pairs(h)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&settled("h")));
+    for h in ["a", "b"] {
+        j.join(t, h, &settled(h), S).expect("join");
+        j.ready(t, h, 0, (h.into(), 1), None);
+    }
+    j.tick(t + Duration::from_secs(1));
+    assert_eq!(j.participants().len(), 2);
+    // Two newcomers a second apart make a pair: no re-form yet, and one
+    // re-form (not two) once the first has waited the settle time.
+    let s = |secs| t + Duration::from_secs(secs);
+    j.join(s(2), "c", &settled("c"), S).expect("join");
+    j.join(s(3), "d", &settled("d"), S).expect("join");
+    assert_eq!(j.phase(), &Phase::Running, "settling");
+    assert_eq!(j.next_deadline(s(3), Duration::from_secs(600)), Some(s(8)));
+    assert!(j.tick(s(7)).is_empty());
+    assert_eq!(j.phase(), &Phase::Running);
+    let out = j.tick(s(8));
+    assert_eq!(j.phase(), &Phase::Forming, "grows: {out:?}");
+    assert!(out.iter().any(|o| matches!(&o.event,
+        Kind::RestartRequested(r) if !r.counted && r.reason.contains("--scale-up-settle") && r.reason.contains("grows to 4"))),
+        "{out:?}");
+    for h in ["a", "b", "c", "d"] {
+        j.ready(s(8), h, 1, (h.into(), 2), None);
+    }
+    assert_eq!(j.participants().len(), 4);
+    assert_eq!(j.restart_count(), 0);
+    // A spare that leaves before the settle time is up: no re-form at the
+    // deadline, the round of four runs on.
+    j.join(s(9), "e", &settled("e"), S).expect("join");
+    j.join(s(9), "f", &settled("f"), S).expect("join");
+    j.leave(s(10), "f", "gone");
+    let _ = j.tick(s(14));
+    assert_eq!(j.phase(), &Phase::Running);
+    assert_eq!(j.participants().len(), 4);
 }
 
 #[test]

@@ -103,6 +103,7 @@ impl World {
             started_unix_ms: 0,
             max_no_progress_restarts: 0,
             nnodes_multiple_of: s.multiple_of,
+            scale_up_settle_ms: s.settle.as_millis() as u64,
         }
     }
 

@@ -146,6 +146,7 @@ async fn agent(
         started_unix_ms: 0,
         max_no_progress_restarts: 0,
         nnodes_multiple_of: 0,
+        scale_up_settle_ms: 0,
     };
     let mut session = Vec::new();
     let mut events = client
