@@ -349,3 +349,100 @@ fn a_health_daemon_s_verdict_keeps_the_node_out_until_it_says_ok() {
     assert_eq!(records(&dir).len(), 1);
     assert!(asked.load(std::sync::atomic::Ordering::SeqCst) >= 2);
 }
+
+/// A real DDP job (torch, gloo; two nodes, `--max-restarts 0`, a third agent
+/// waiting as a spare): one node's NIC goes down mid-training. It tells the
+/// rendezvous before it stops its workers, so its peers' collectives breaking
+/// is not counted as their failure: the job re-forms with the spare, resumes
+/// from its checkpoint and succeeds with a budget of zero restarts.
+#[test]
+fn a_ddp_job_goes_on_with_the_spare_when_a_node_s_nic_goes_down_spending_nothing() {
+    let _heavy = crate::heavy();
+    let server = Server::start();
+    let dir = scratch("nic-ddp");
+    let script = accel_tests::worker("ddp_train.py");
+    let (ck, out, stamps) = (dir.join("ckpt"), dir.join("out"), dir.join("stamps"));
+    for d in [&ck, &out, &stamps] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let (ck, out, stamps_arg) = (path(&ck), path(&out), path(&stamps));
+    let start = |tag: &str| {
+        let sysfs = fake_sysfs(&dir.join(format!("sysfs-{tag}")), "up");
+        let agent = AgentCmd::c10d(&server.addr, "nic-ddp")
+            .nnodes("2:2")
+            .nproc(1)
+            .max_restarts(0)
+            .flag("--health-check-nic", "eth0")
+            .flag("--health-check-sysfs", sysfs.display())
+            .flag("--health-check-interval", 1)
+            .conf("keep_alive_interval=0.3,keep_alive_max_attempt=3")
+            .env("PATH", accel_tests::venv_path())
+            .program(
+                &script,
+                &[
+                    &ck,
+                    &out,
+                    "--steps",
+                    "40",
+                    "--ckpt-every",
+                    "5",
+                    "--step-sleep",
+                    "0.2",
+                    "--stamps",
+                    &stamps_arg,
+                ],
+            )
+            .start(&dir, tag);
+        (agent, sysfs)
+    };
+    let loops = || {
+        std::fs::read_to_string(stamps.join("stamps"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("loop "))
+            .count()
+    };
+    let (a, a_sysfs) = start("a");
+    let (b, _) = start("b");
+    assert!(
+        eventually(Duration::from_secs(120), || loops() == 2),
+        "both ranks train"
+    );
+    let (c, _) = start("c");
+    assert!(
+        eventually(Duration::from_secs(20), || stderr_of(&c)
+            .contains("waiting as a spare")),
+        "{}",
+        stderr_of(&c)
+    );
+    // Some steps and a checkpoint first.
+    std::thread::sleep(Duration::from_secs(3));
+    set_link(&a_sysfs, "down");
+    assert!(
+        eventually(Duration::from_secs(60), || loops() == 4),
+        "the re-formed round trains: {}",
+        std::fs::read_to_string(stamps.join("stamps")).unwrap_or_default()
+    );
+    set_link(&a_sysfs, "up");
+    for (tag, agent) in [("a", a), ("b", b), ("c", c)] {
+        let o = agent.wait(Duration::from_secs(240));
+        assert_eq!(o.code(), 0, "{tag}: {}", o.stderr);
+    }
+    for r in 0..2 {
+        let f = accel_tests::read_json(&Path::new(&out).join(format!("final_{r}.json")));
+        assert_eq!(f["restart"], 0, "no restart counted: {f}");
+        assert!(
+            f["start"].as_u64().is_some_and(|s| s > 0),
+            "resumed from a checkpoint: {f}"
+        );
+    }
+    let lines = std::fs::read_to_string(stamps.join("stamps")).unwrap_or_default();
+    assert!(
+        lines
+            .lines()
+            .filter(|l| l.starts_with("loop "))
+            .all(|l| l.split(' ').nth(2) == Some("0")),
+        "{lines}"
+    );
+}
