@@ -233,9 +233,10 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
     // One session per membership: a node that fails its health check
     // between rounds leaves the job and joins again once healthy.
     let sessions = async {
+        let mut departed = false;
         loop {
             if let Some(check) = &cfg.health_check {
-                if let Some(sig) = wait_healthy(check, &mut signals, &metrics).await {
+                if let Some(sig) = wait_healthy(check, &mut signals, &metrics, departed).await {
                     return Ok(Outcome::Signaled(sig));
                 }
             }
@@ -348,7 +349,10 @@ pub async fn run(cfg: Config, guard: Option<Arc<Guard>>) -> Result<Outcome, Agen
             // agent exits): its presence goes at once, not after the lease.
             withdraw(presence).await;
             match result {
-                Ok(DriverEnd::Unhealthy) => continue,
+                Ok(DriverEnd::Unhealthy) => {
+                    departed = true;
+                    continue;
+                }
                 Ok(DriverEnd::Done(outcome)) => return Ok(outcome),
                 Err(e) => return Err(e),
             }
@@ -558,6 +562,12 @@ struct Periodic<'a> {
 }
 
 impl<'a> Periodic<'a> {
+    /// A run just ended: the next starts an interval from now.
+    fn ran(&mut self) {
+        self.running = None;
+        self.next = self.check.map(|(_, i)| tokio::time::Instant::now() + i);
+    }
+
     fn of(cfg: &'a Config) -> Self {
         let check = cfg
             .health_check
@@ -581,13 +591,23 @@ enum DriverEnd {
 }
 
 /// Runs `check` until it passes, waiting longer after each failure; `Some`
-/// if a stop signal came first.
+/// if a stop signal came first. A node that has just left the job for a
+/// failed check (`departed`) waits the first recheck's wait before checking
+/// again: a check run at once would compare error counters over nothing and
+/// let a failing node straight back in.
 async fn wait_healthy(
     check: &crate::health::HealthCheck,
     signals: &mut Signals,
     metrics: &crate::metrics::AgentMetrics,
+    departed: bool,
 ) -> Option<nix::sys::signal::Signal> {
-    let mut failed = 0u32;
+    let mut failed = u32::from(departed);
+    if departed {
+        tokio::select! {
+            _ = tokio::time::sleep(crate::health::recheck_after(failed)) => {}
+            sig = signals.recv() => return Some(sig),
+        }
+    }
     let mut said = String::new();
     loop {
         let result = tokio::select! {
@@ -879,8 +899,7 @@ impl<'a, L: Link, S: Spawner> Driver<'a, L, S> {
                 Woke::Checked(Vec::new())
             }
             verdict = async { health.running.as_mut().expect("guarded").await }, if health.running.is_some() => {
-                health.running = None;
-                health.next = health.check.map(|(_, i)| tokio::time::Instant::now() + i);
+                health.ran();
                 metrics.health(&verdict);
                 match verdict.overall() {
                     Ok(()) => Woke::Checked(Vec::new()),

@@ -26,14 +26,17 @@
 //!   itself for the next round; a failure makes it leave the job first, so
 //!   an elastic (`MIN:MAX`) job re-forms without it.
 //! - **Periodically** (`--health-check-interval`): while the node forms,
-//!   waits as a spare or runs a round. A failure mid-round stops this
-//!   node's workers (as for a stop signal: SIGTERM, then SIGKILL after
-//!   `--shutdown-timeout`) and then leaves the job, saying why: for the
-//!   others it is a membership change (no restart of `--max-restarts` is
-//!   spent), a ready spare takes the node's place and node rank, and with a
-//!   quarantine policy its host is benched. A node leaves only once its
-//!   workers are gone, so no rank ever runs twice. At most one check runs
-//!   at a time: the next starts an interval after the last one ended.
+//!   waits as a spare or runs a round. A failure mid-round is first told
+//!   to the rendezvous (the round re-forms at once: for the others a
+//!   membership change, no restart of `--max-restarts` spent), then stops
+//!   this node's workers (SIGTERM, then SIGKILL after `--shutdown-timeout`
+//!   or the drop limit less its margin, whichever is shorter: the
+//!   re-formed round forms without this node no sooner than a drop limit
+//!   after the restart, so its workers are gone before a spare takes its
+//!   node rank), then leaves the job, saying why; with a quarantine policy
+//!   its host is benched. At most one check runs at a time (the check
+//!   before an offer takes over a periodic run in flight): the next starts
+//!   an interval after the last one ended.
 //!
 //! Leaving with a reason puts the reason where operators look: the other
 //! nodes' restart line, `rdzv-server status`, the status page and a
@@ -231,7 +234,17 @@ impl HealthCheck {
             },
             async {
                 match &self.nic {
-                    Some(n) => Some(bounded("nic", t, async { n.check() }).await),
+                    Some(n) => {
+                        // sysfs reads block (a FUSE mount at
+                        // --health-check-sysfs could hang them).
+                        let n = n.clone();
+                        let read = async move {
+                            tokio::task::spawn_blocking(move || n.check())
+                                .await
+                                .unwrap_or_else(|e| Err(format!("nic: the check failed: {e}")))
+                        };
+                        Some(bounded("nic", t, read).await)
+                    }
                     None => None,
                 }
             },

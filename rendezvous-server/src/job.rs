@@ -1044,6 +1044,11 @@ impl Job {
         if !self.phase.is_terminal() {
             self.next_liveness = liveness(now, self).1;
         }
+        // Spares that came while no leader watched (`grow_at` is not
+        // stored) make the round grow a settle time from now.
+        if !self.config.scale_up_settle.is_zero() {
+            self.settle_growth(now);
+        }
     }
 
     /// Notes whether most of the last round is silent at `now` (a mass

@@ -153,13 +153,20 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
         if std::mem::replace(&mut self.health_checked, false) {
             return true;
         }
+        // A periodic run in flight is this check: one run at a time.
+        let run = self
+            .health
+            .running
+            .take()
+            .unwrap_or_else(|| Box::pin(check.run()));
         let verdict = tokio::select! {
-            v = check.run() => v,
+            v = run => v,
             sig = self.signals.recv() => {
                 queue.push_back(Event::Signal(sig));
                 return true;
             }
         };
+        self.health.ran();
         self.metrics.health(&verdict);
         match verdict.overall() {
             Ok(()) => true,

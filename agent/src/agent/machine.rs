@@ -605,7 +605,15 @@ impl NodeMachine {
                 vec![Action::Depart { why }]
             }
             (Phase::Running(r), Event::Unhealthy(why)) if r.barrier.is_none() => {
-                warn!(reason = %why, round = r.info.round, grace_s = self.settings.shutdown_timeout.as_secs_f64(), "this node failed its health check (--health-check-interval): stopping its workers; it leaves the job until the checks pass");
+                // The re-formed round waits for this node's offer at most a
+                // drop limit from the restart its report causes, then forms
+                // without it (its node rank to a spare): its workers must be
+                // gone by then, so no rank runs twice.
+                let grace = match self.settings.fence {
+                    true => self.settings.shutdown_timeout.min(self.settings.fence_in()),
+                    false => self.settings.shutdown_timeout,
+                };
+                warn!(reason = %why, round = r.info.round, grace_s = grace.as_secs_f64(), "this node failed its health check (--health-check-interval): stopping its workers; it leaves the job until the checks pass");
                 let mut actions = Vec::new();
                 if !r.failed {
                     // First, so the others stop before this node's workers
@@ -619,7 +627,15 @@ impl NodeMachine {
                         ),
                     });
                 }
-                actions.extend(self.stop(Signal::SIGTERM, Then::Depart(why), false));
+                self.phase = Phase::Stopping {
+                    then: Then::Depart(why),
+                    note: false,
+                    heard: false,
+                };
+                actions.push(Action::Stop {
+                    signal: Signal::SIGTERM,
+                    grace,
+                });
                 actions
             }
             (phase, Event::Unhealthy(why)) => {

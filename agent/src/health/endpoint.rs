@@ -111,9 +111,12 @@ impl Endpoint {
 }
 
 /// Reads up to [`LINE_MAX`] bytes, to the end of the stream.
+/// Reads up to [`LINE_MAX`] bytes, until the end of the stream or until
+/// `enough` says what came is the whole answer (a daemon may keep the
+/// connection open).
 async fn read_bounded(
     mut s: impl AsyncRead + Unpin,
-    stop_at_newline: bool,
+    enough: impl Fn(&[u8]) -> bool,
 ) -> Result<Vec<u8>, String> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
@@ -126,7 +129,7 @@ async fn read_bounded(
             break;
         }
         got.extend_from_slice(&buf[..n.min(LINE_MAX - got.len())]);
-        if stop_at_newline && got.contains(&b'\n') {
+        if enough(&got) {
             break;
         }
     }
@@ -141,7 +144,7 @@ async fn send(s: &mut (impl AsyncWrite + Unpin), what: &[u8]) -> Result<(), Stri
 
 async fn unix(mut s: tokio::net::UnixStream, host: &str) -> Result<(), String> {
     send(&mut s, format!("check {host}\n").as_bytes()).await?;
-    let got = read_bounded(s, true).await?;
+    let got = read_bounded(s, |got| got.contains(&b'\n')).await?;
     let text = String::from_utf8_lossy(&got);
     let line = text.lines().next().unwrap_or("").trim();
     match line {
@@ -171,7 +174,7 @@ async fn http(
         "GET {path}{sep}host={host_q} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: accel-agent\r\nConnection: close\r\n\r\n"
     );
     send(&mut s, req.as_bytes()).await?;
-    let got = read_bounded(s, false).await?;
+    let got = read_bounded(s, http_answered).await?;
     let text = String::from_utf8_lossy(&got);
     let status = text.lines().next().unwrap_or("").trim();
     let code = status
@@ -188,6 +191,28 @@ async fn http(
         false => format!("{status}: {}", body.replace(['\r', '\n'], " ")),
     };
     Err(format!("{}", accel_input::excerpt(&said)))
+}
+
+/// Whether `got` holds a whole HTTP answer for the check: the head, and
+/// for a failure its body (`Content-Length` of it, or, without one,
+/// whatever came with the head or after it).
+fn http_answered(got: &[u8]) -> bool {
+    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&got[..end]);
+    let ok = head
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|c| c.starts_with('2') && c.len() == 3);
+    let body = got.len() - end - 4;
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    ok || length.map_or(body > 0, |n| body >= n)
 }
 
 #[cfg(test)]
@@ -262,6 +287,39 @@ mod tests {
             .await
             .expect_err("gone")
             .contains("cannot connect"));
+    }
+
+    #[tokio::test]
+    async fn a_daemon_that_keeps_the_connection_open_is_answered_all_the_same() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let ep: Endpoint = format!("http://127.0.0.1:{port}/h").parse().expect("ep");
+        for (answer, ok) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true),
+            (
+                "HTTP/1.1 500 Oops\r\nContent-Length: 9\r\n\r\nECC fault",
+                false,
+            ),
+        ] {
+            let serve = async {
+                let (mut s, _) = l.accept().await.expect("accept");
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await.expect("read");
+                s.write_all(answer.as_bytes()).await.expect("write");
+                // Kept open (HTTP/1.1 keep-alive) for longer than the wait.
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            };
+            let check =
+                async { tokio::time::timeout(std::time::Duration::from_secs(2), ep.check()).await };
+            let (r, ()) = tokio::join!(check, serve);
+            let r = r.expect("answered before the connection closed");
+            match ok {
+                true => assert_eq!(r, Ok(())),
+                false => assert!(r.expect_err("fails").contains("500 Oops: ECC fault")),
+            }
+        }
     }
 
     #[tokio::test]

@@ -23,6 +23,8 @@
 use std::path::Path;
 use std::process::Stdio;
 
+use tokio::io::AsyncReadExt;
+
 /// The fields asked for, in order.
 const FIELDS: [&str; 6] = [
     "index",
@@ -48,7 +50,7 @@ pub async fn check(smi: &Path) -> Result<(), String> {
         }
     }
     let text = out.map_err(|e| format!("gpu: {e}"))?;
-    judge(&text).map_err(|e| format!("gpu {e}"))
+    judge(&text)
 }
 
 /// Runs one query; `Err` quotes what went wrong.
@@ -61,17 +63,32 @@ async fn query(smi: &Path, fields: &[&str]) -> Result<String, String> {
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     // The caller bounds the wait; a dropped query kills nvidia-smi.
-    let out = cmd
-        .output()
-        .await
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("cannot run {}: {e}", smi.display()))?;
-    let text = |b: &[u8]| {
-        let b = &b[..b.len().min(OUTPUT_KEPT)];
-        accel_wire::limits::printable(String::from_utf8_lossy(b).trim())
+    // At most OUTPUT_KEPT of each stream; past it the pipes close (an
+    // endless writer gets EPIPE) and nvidia-smi is waited for.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let read_out = async {
+        if let Some(p) = stdout {
+            let _ = p.take(OUTPUT_KEPT as u64).read_to_end(&mut out).await;
+        }
     };
-    if !out.status.success() {
-        let mut said = text(&out.stdout);
-        let err = text(&out.stderr);
+    let read_err = async {
+        if let Some(p) = stderr {
+            let _ = p.take(OUTPUT_KEPT as u64).read_to_end(&mut err).await;
+        }
+    };
+    tokio::join!(read_out, read_err);
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| format!("cannot wait for {}: {e}", smi.display()))?;
+    let text = |b: &[u8]| accel_wire::limits::printable(String::from_utf8_lossy(b).trim());
+    if !status.success() {
+        let mut said = text(&out);
+        let err = text(&err);
         if !err.is_empty() {
             if !said.is_empty() {
                 said.push_str(" | ");
@@ -80,11 +97,11 @@ async fn query(smi: &Path, fields: &[&str]) -> Result<String, String> {
         }
         return Err(format!(
             "nvidia-smi {}: {}",
-            crate::Ended::from(out.status),
+            crate::Ended::from(status),
             accel_input::excerpt(&said)
         ));
     }
-    Ok(String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(OUTPUT_KEPT)]).into_owned())
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Whether a field holds a value the GPU supports.
@@ -92,7 +109,8 @@ fn supported(v: &str) -> bool {
     !(v.is_empty() || v.starts_with('[') || v.eq_ignore_ascii_case("N/A"))
 }
 
-/// Reads the query's lines: `Err` names every bad GPU and why.
+/// Reads the query's lines: `Err` names every bad GPU and why
+/// (`gpu 3 (BUS): ...; gpu 5 (BUS): ...`).
 fn judge(text: &str) -> Result<(), String> {
     let mut bad = Vec::new();
     let mut gpus = 0;
@@ -128,11 +146,11 @@ fn judge(text: &str) -> Result<(), String> {
         }
     }
     if gpus == 0 {
-        return Err(": nvidia-smi lists no GPU".into());
+        return Err("gpu: nvidia-smi lists no GPU".into());
     }
     match bad.is_empty() {
         true => Ok(()),
-        false => Err(bad.join("; gpu ")),
+        false => Err(format!("gpu {}", bad.join("; gpu "))),
     }
 }
 
@@ -148,7 +166,7 @@ mod tests {
         let bad = "0, 00000000:18:00.0, 0, No, No, No\n3, 00000000:9A:00.0, 2, Yes, No, No\n";
         assert_eq!(
             judge(bad),
-            Err("3 (00000000:9A:00.0): 2 uncorrectable ECC errors since the driver loaded, retired pages pending (needs a GPU reset)".into())
+            Err("gpu 3 (00000000:9A:00.0): 2 uncorrectable ECC errors since the driver loaded, retired pages pending (needs a GPU reset)".into())
         );
         // An old driver's shorter lines.
         assert_eq!(judge("0, 00000000:18:00.0, 0, No\n"), Ok(()));
@@ -178,6 +196,10 @@ mod tests {
              echo '0, 00000000:18:00.0, 0, No'",
         );
         assert_eq!(check(&smi).await, Ok(()));
+        // An endless writer: read up to the bound, then it gets EPIPE.
+        write("yes '0, 00000000:18:00.0, 0, No, No, No'");
+        let e = check(&smi).await.expect_err("cut off");
+        assert!(e.contains("SIGPIPE") || e.contains("code 141"), "{e}");
         write("echo 'Unable to determine the device handle for GPU0000:9A:00.0: GPU is lost.' >&2; exit 15");
         let e = check(&smi).await.expect_err("lost");
         assert!(

@@ -5,20 +5,29 @@
 //! sysfs long before a worker fails. For each interface checked:
 //! - a network interface (`/sys/class/net/NAME`): `operstate` must be `up`
 //!   (or `unknown` with `carrier` 1, as some drivers report a working link),
-//!   and its receive and transmit error counters may not have grown by more
-//!   than [`ERRORS_TOLERATED`] since the last check;
+//!   and its receive and transmit error counters may not have grown faster
+//!   than [`ERRORS_PER_SECOND`] since the last check (over at least a
+//!   second: a burst right after a check is judged as well);
 //! - an InfiniBand port (`/sys/class/infiniband/DEV/ports/N`): `state` must
 //!   be `ACTIVE` and `phys_state` `LinkUp`, and `counters/link_downed` may
 //!   not have grown since the last check.
 //!
 //! Which interfaces: the names given (`eth0,ib0`, an InfiniBand device
-//! `mlx5_0` for all its ports, or one port `mlx5_0:1`), or `auto`: the
-//! interfaces `NCCL_SOCKET_IFNAME` (else `GLOO_SOCKET_IFNAME`) selects, in
-//! NCCL's syntax (prefixes, `=` for exact names, `^` to exclude), else
-//! every physical interface (one with a `device` in sysfs) but loopback;
-//! and the InfiniBand ports `NCCL_IB_HCA` selects, else all of them. A
-//! selection that names nothing present is a configuration error, said when
-//! the agent starts.
+//! `mlx5_0` for all its ports, or one port `mlx5_0:1`), or `auto`, what the
+//! collectives would use when the agent starts:
+//! - the interfaces `NCCL_SOCKET_IFNAME` selects, in NCCL's syntax
+//!   (prefixes, `=` for exact names, `^` to exclude), else those
+//!   `GLOO_SOCKET_IFNAME` names (gloo's syntax: exact names), else every
+//!   physical interface (one with a `device` in sysfs) but loopback, a bond's
+//!   member counting as its bond (`master`: an active-backup bond whose
+//!   backup link is down still carries traffic);
+//! - the InfiniBand ports `NCCL_IB_HCA` selects (NCCL's syntax, a port
+//!   named with `:N`), else every port;
+//!
+//! in each case only the links that are up at that moment (NCCL skips a
+//! port that is not ACTIVE, and an unplugged second port is no fault): the
+//! ones left out are logged. A selection that finds nothing is a
+//! configuration error, said when the agent starts.
 //!
 //! The sysfs root is `/sys` unless `--health-check-sysfs` says otherwise
 //! (a container that mounts the host's sysfs elsewhere; tests use a fake
@@ -27,10 +36,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-/// How many more receive and transmit errors than at the last check an
-/// interface may count before the check fails.
-pub const ERRORS_TOLERATED: u64 = 100;
+/// How many receive and transmit errors a second an interface may count
+/// between two checks before the check fails.
+pub const ERRORS_PER_SECOND: u64 = 10;
 
 /// One link checked.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,8 +66,8 @@ pub struct NicCheck {
     sysfs: PathBuf,
     links: Vec<Link>,
     /// Error counters (interfaces) and link-down counts (ports) at the last
-    /// check, by link.
-    last: Arc<Mutex<HashMap<Link, u64>>>,
+    /// check, by link, and when they were read.
+    last: Arc<Mutex<HashMap<Link, (u64, Instant)>>>,
 }
 
 impl PartialEq for NicCheck {
@@ -77,15 +87,33 @@ impl NicCheck {
         sysfs: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, String> {
-        let links = match spec.trim() {
-            "auto" => auto(sysfs, &env)?,
+        let mut check = Self {
+            sysfs: sysfs.to_path_buf(),
+            links: Vec::new(),
+            last: Arc::default(),
+        };
+        check.links = match spec.trim() {
+            "auto" => {
+                let (up, down): (Vec<Link>, Vec<Link>) = auto(sysfs, &env)?
+                    .into_iter()
+                    .partition(|l| check.check_link(l, &mut HashMap::new()).is_ok());
+                if !down.is_empty() {
+                    tracing::info!(
+                        links = %words(&down),
+                        "--health-check-nic auto: links down at start are not checked (the collectives do not use them)"
+                    );
+                }
+                if up.is_empty() {
+                    return Err(format!(
+                        "--health-check-nic auto: every link it would check is down ({}); name the links to check (--health-check-nic eth0,mlx5_0) or bring one up",
+                        words(&down)
+                    ));
+                }
+                up
+            }
             list => named(sysfs, list)?,
         };
-        Ok(Self {
-            sysfs: sysfs.to_path_buf(),
-            links,
-            last: Arc::default(),
-        })
+        Ok(check)
     }
 
     /// The links checked.
@@ -111,7 +139,11 @@ impl NicCheck {
         }
     }
 
-    fn check_link(&self, link: &Link, last: &mut HashMap<Link, u64>) -> Result<(), String> {
+    fn check_link(
+        &self,
+        link: &Link,
+        last: &mut HashMap<Link, (u64, Instant)>,
+    ) -> Result<(), String> {
         match link {
             Link::Net(name) => {
                 let dir = self.sysfs.join("class/net").join(name);
@@ -126,12 +158,12 @@ impl NicCheck {
                 if !carrier && oper == "up" {
                     return Err("no carrier".into());
                 }
-                let errors: u64 = ["rx_errors", "tx_errors"]
+                let errors = ["rx_errors", "tx_errors"]
                     .iter()
                     .filter_map(|c| read(&dir.join("statistics").join(c))?.parse::<u64>().ok())
-                    .sum();
-                grown(last, link, errors, ERRORS_TOLERATED)
-                    .map_err(|n| format!("{n} receive/transmit errors since the last check"))
+                    .fold(0u64, u64::saturating_add);
+                grown(last, link, errors, ERRORS_PER_SECOND)
+                    .map_err(|(n, secs)| format!("{n} receive/transmit errors in {secs:.1} s"))
             }
             Link::Ib(dev, port) => {
                 let dir = self
@@ -152,20 +184,40 @@ impl NicCheck {
                     .and_then(|c| c.parse::<u64>().ok())
                     .unwrap_or(0);
                 grown(last, link, downed, 0)
-                    .map_err(|n| format!("the link went down {n} times since the last check"))
+                    .map_err(|(n, secs)| format!("the link went down {n} times in {secs:.1} s"))
             }
         }
     }
 }
 
-/// Records `now` for `link`; `Err(growth)` when it grew past `tolerated`
-/// since the last record (a counter that went back, a reset, is no growth).
-fn grown(last: &mut HashMap<Link, u64>, link: &Link, now: u64, tolerated: u64) -> Result<(), u64> {
-    let before = last.insert(link.clone(), now);
-    match before {
-        Some(b) if now.saturating_sub(b) > tolerated => Err(now - b),
-        _ => Ok(()),
+/// Records counter value `now` for `link`; `Err((growth, seconds))` when it
+/// grew faster than `per_second` since the last record, judged over at
+/// least a second (a counter that went back, a reset, is no growth).
+fn grown(
+    last: &mut HashMap<Link, (u64, Instant)>,
+    link: &Link,
+    now: u64,
+    per_second: u64,
+) -> Result<(), (u64, f64)> {
+    let at = Instant::now();
+    let Some((before, then)) = last.insert(link.clone(), (now, at)) else {
+        return Ok(());
+    };
+    let elapsed = at.duration_since(then).as_secs_f64();
+    let growth = now.saturating_sub(before);
+    match growth as f64 > per_second as f64 * elapsed.max(1.0) {
+        true => Err((growth, elapsed)),
+        false => Ok(()),
     }
+}
+
+/// Links in words, comma-separated.
+fn words(links: &[Link]) -> String {
+    links
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A sysfs attribute, trimmed; `None` if it cannot be read.
@@ -275,48 +327,82 @@ fn selects(list: &str, name: &str) -> bool {
 /// `auto`: what NCCL (or gloo) would use.
 fn auto(sysfs: &Path, env: &impl Fn(&str) -> Option<String>) -> Result<Vec<Link>, String> {
     let mut links = Vec::new();
-    let nets = names(&sysfs.join("class/net"));
-    let socket = env("NCCL_SOCKET_IFNAME")
-        .or_else(|| env("GLOO_SOCKET_IFNAME"))
-        .filter(|s| !s.trim().is_empty());
-    for n in &nets {
-        let chosen = match &socket {
-            Some(list) => selects(list, n),
-            None => n != "lo" && sysfs.join("class/net").join(n).join("device").exists(),
+    let net = sysfs.join("class/net");
+    let set = |k: &str| env(k).filter(|s| !s.trim().is_empty());
+    let (nccl, gloo) = (set("NCCL_SOCKET_IFNAME"), set("GLOO_SOCKET_IFNAME"));
+    for n in names(&net) {
+        let chosen = match (&nccl, &gloo) {
+            (Some(list), _) => selects(list, &n),
+            // gloo takes exact names, comma-separated.
+            (None, Some(list)) => list.split(',').any(|g| g.trim() == n),
+            (None, None) => n != "lo" && net.join(&n).join("device").exists(),
         };
-        if chosen {
-            links.push(Link::Net(n.clone()));
+        if !chosen {
+            continue;
         }
+        // A bond's member counts as its bond (default selection only: a
+        // named interface is the one checked).
+        let bond = (nccl.is_none() && gloo.is_none())
+            .then(|| std::fs::read_link(net.join(&n).join("master")).ok())
+            .flatten()
+            .and_then(|m| m.file_name().and_then(|f| f.to_str()).map(str::to_owned));
+        links.push(Link::Net(bond.unwrap_or(n)));
     }
-    let hca = env("NCCL_IB_HCA").filter(|s| !s.trim().is_empty());
+    let hca = set("NCCL_IB_HCA");
     for dev in names(&sysfs.join("class/infiniband")) {
-        // NCCL_IB_HCA may name a port (`mlx5_0:1`); the device decides here.
-        let chosen = match &hca {
-            Some(list) => {
-                let devs: Vec<&str> = list
-                    .split(',')
-                    .map(|d| d.split(':').next().unwrap_or(d))
-                    .collect();
-                selects(&devs.join(","), &dev)
+        for link in ports(sysfs, &dev) {
+            let Link::Ib(_, port) = &link else { continue };
+            if hca
+                .as_deref()
+                .is_none_or(|list| selects_port(list, &dev, *port))
+            {
+                links.push(link);
             }
-            None => true,
-        };
-        if chosen {
-            links.extend(ports(sysfs, &dev));
         }
     }
     if links.is_empty() {
         return Err(format!(
             "--health-check-nic auto: no interface to check in {} ({}); name them (--health-check-nic eth0,mlx5_0) or set NCCL_SOCKET_IFNAME",
             sysfs.display(),
-            match &socket {
+            match nccl.as_ref().or(gloo.as_ref()) {
                 Some(s) => format!("none matches NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME={s:?}"),
                 None => "no physical network interface and no InfiniBand device".into(),
             }
         ));
     }
     links.sort();
+    links.dedup();
     Ok(links)
+}
+
+/// Whether `NCCL_IB_HCA`'s `list` selects port `port` of `dev`: entries
+/// `DEV[:PORT]`, device names as prefixes (`=`: exact), a leading `^`
+/// excluding what follows instead.
+fn selects_port(list: &str, dev: &str, port: u32) -> bool {
+    let (exclude, list) = match list.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let (exact, list) = match list.strip_prefix('=') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let hit = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .any(|e| {
+            let (d, p) = match e.split_once(':') {
+                Some((d, p)) => (d, p.parse::<u32>().ok()),
+                None => (e, None),
+            };
+            let named = match exact {
+                true => dev == d,
+                false => dev.starts_with(d),
+            };
+            named && p.is_none_or(|p| p == port)
+        });
+    hit != exclude
 }
 
 /// Writes a fake sysfs tree.
@@ -381,13 +467,14 @@ mod tests {
             [Link::Net("eth0".into()), Link::Ib("mlx5_0".into(), 1)]
         );
         assert_eq!(c.check(), Ok(()));
-        // A few errors are tolerated, a burst is not (once).
-        fake::net(s, "eth0", "up", 5 + ERRORS_TOLERATED, false);
+        // A few errors a second are tolerated, a burst is not, even right
+        // after a check (judged over a second at least).
+        fake::net(s, "eth0", "up", 5 + ERRORS_PER_SECOND, false);
         assert_eq!(c.check(), Ok(()));
-        fake::net(s, "eth0", "up", 5 + 3 * ERRORS_TOLERATED, false);
+        fake::net(s, "eth0", "up", 5 + 3 * ERRORS_PER_SECOND, false);
         let e = c.check().expect_err("errors");
         assert!(
-            e.contains("eth0: 200 receive/transmit errors since the last check"),
+            e.contains("eth0: 20 receive/transmit errors in 0.0 s"),
             "{e}"
         );
         assert_eq!(c.check(), Ok(()));
@@ -399,7 +486,7 @@ mod tests {
         fake::ib(s, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp", 2);
         let e = c.check().expect_err("flapped");
         assert!(
-            e.contains("mlx5_0 port 1: the link went down 2 times"),
+            e.contains("mlx5_0 port 1: the link went down 2 times in"),
             "{e}"
         );
         assert_eq!(c.check(), Ok(()));
@@ -438,9 +525,49 @@ mod tests {
             ["eth1", "mlx5_1 port 1"]
         );
         assert_eq!(
-            links(&[("GLOO_SOCKET_IFNAME", "^eth"), ("NCCL_IB_HCA", "^mlx5_0")]).expect("auto"),
+            links(&[("NCCL_SOCKET_IFNAME", "^eth"), ("NCCL_IB_HCA", "^mlx5_0")]).expect("auto"),
             ["docker0", "lo", "mlx5_1 port 1"]
         );
+        // gloo's variable holds exact names.
+        assert_eq!(
+            links(&[("GLOO_SOCKET_IFNAME", "eth"), ("NCCL_IB_HCA", "=mlx5_1")]).expect("auto"),
+            ["mlx5_1 port 1"]
+        );
+        assert_eq!(
+            links(&[("GLOO_SOCKET_IFNAME", "eth0,docker0")]).expect("auto"),
+            ["docker0", "eth0", "mlx5_0 port 1", "mlx5_1 port 1"]
+        );
+        // A port NCCL_IB_HCA names is the only one of its device; a port
+        // down at start is left out (the collectives skip it).
+        fake::ib(s, "mlx5_1", 2, "1: DOWN", "2: Polling", 0);
+        assert_eq!(
+            links(&[("NCCL_IB_HCA", "mlx5_1:1")]).expect("auto"),
+            ["eth0", "eth1", "mlx5_1 port 1"]
+        );
+        assert_eq!(
+            links(&[]).expect("auto"),
+            ["eth0", "eth1", "mlx5_0 port 1", "mlx5_1 port 1"]
+        );
+        // A bond's member counts as its bond.
+        fake::net(s, "bond0", "up", 0, true);
+        std::os::unix::fs::symlink("../bond0", s.join("class/net/eth1/master")).expect("enslave");
+        assert_eq!(
+            links(&[]).expect("auto"),
+            ["bond0", "eth0", "mlx5_0 port 1", "mlx5_1 port 1"]
+        );
+        // Everything down: refused, naming what is down.
+        fake::net(s, "eth0", "down", 0, false);
+        fake::net(s, "bond0", "down", 0, true);
+        let e = links(&[
+            ("NCCL_SOCKET_IFNAME", "eth0,bond0"),
+            ("NCCL_IB_HCA", "mlx5_1:2"),
+        ])
+        .expect_err("all down");
+        assert!(
+            e.contains("every link it would check is down") && e.contains("mlx5_1 port 2"),
+            "{e}"
+        );
+
         std::fs::remove_dir_all(s.join("class/infiniband")).expect("no ib");
         let e = links(&[("NCCL_SOCKET_IFNAME", "ens")]).expect_err("nothing");
         assert!(e.contains("none matches") && e.contains("\"ens\""), "{e}");

@@ -4,9 +4,11 @@
 //! A full, read-only, or hung filesystem (an NFS server gone, a FUSE mount
 //! whose daemon died) fails the job at its next checkpoint, after hours of
 //! training are lost. The check writes [`PROBE_BYTES`] to a new file in
-//! `PATH` (`.accel-health-HOST-PID-N`, created exclusively, never
-//! following a link), `fsync`s it, reads it back, compares, and deletes it.
-//! Any error names the path and the step that failed.
+//! `PATH` (`.accel-health-HOST-PID-RANDOM`, created exclusively, never
+//! following a link), `fsync`s it, reads it back through the same
+//! descriptor, compares, and deletes it. Any error names the path and the
+//! step that failed. The read-back proves the write path (a filesystem that
+//! takes writes and returns them), not the media under a cache.
 //!
 //! The file system calls run on a blocking thread, which a hung mount can
 //! hold for ever: the check's timeout ends the wait, not the thread. While
@@ -15,15 +17,15 @@
 //! last has been blocked: a hung mount keeps failing without piling up
 //! threads.
 
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// How much each check writes.
-pub const PROBE_BYTES: usize = 1 << 20;
+/// How much each check writes: enough to need a block of its own, little
+/// enough to run every few seconds on a shared checkpoint filesystem.
+pub const PROBE_BYTES: usize = 64 << 10;
 
 /// Paths whose last check is still blocked, and since when.
 fn blocked() -> &'static Mutex<Vec<(PathBuf, Instant)>> {
@@ -68,37 +70,39 @@ impl Drop for Unblock {
     }
 }
 
-/// Write, fsync, read back, compare, delete.
+/// Write, fsync, read back, compare, delete, all through one descriptor.
 fn round_trip(dir: &Path) -> Result<(), String> {
-    static N: AtomicU64 = AtomicU64::new(0);
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
         .replace(['/', '\0'], "_");
+    // Random: agents of one host name and pid (containers, pid 1) may share
+    // the filesystem.
     let path = dir.join(format!(
-        ".accel-health-{host}-{}-{}",
+        ".accel-health-{host}-{}-{:016x}",
         std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
+        fastrand::u64(..)
     ));
     let data: Vec<u8> = (0..PROBE_BYTES)
         .map(|i| (i as u64).wrapping_mul(2_654_435_761).to_le_bytes()[3])
         .collect();
-    let removed = RemoveOnDrop(path.clone());
     let mut f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .create_new(true)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .mode(0o600)
         .open(&path)
         .map_err(|e| format!("cannot create a test file: {e}"))?;
+    // Ours from here: removed on any early return.
+    let removed = RemoveOnDrop(path);
     f.write_all(&data)
         .map_err(|e| format!("cannot write {} KiB: {e}", PROBE_BYTES / 1024))?;
     f.sync_all().map_err(|e| format!("cannot fsync: {e}"))?;
-    drop(f);
     let mut back = Vec::with_capacity(PROBE_BYTES);
-    std::fs::File::open(&path)
-        .and_then(|mut f| f.read_to_end(&mut back))
+    f.seek(SeekFrom::Start(0))
+        .and_then(|_| (&mut f).take(PROBE_BYTES as u64 + 1).read_to_end(&mut back))
         .map_err(|e| format!("cannot read the test file back: {e}"))?;
     if back != data {
         return Err(format!(
@@ -107,6 +111,7 @@ fn round_trip(dir: &Path) -> Result<(), String> {
             data.len()
         ));
     }
+    drop(f);
     std::fs::remove_file(&removed.0).map_err(|e| format!("cannot delete the test file: {e}"))?;
     std::mem::forget(removed);
     Ok(())

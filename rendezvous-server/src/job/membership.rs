@@ -137,7 +137,11 @@ impl Job {
 
     /// A running round that could grow re-forms once its spares have
     /// waited `--scale-up-settle`, if they still make a larger usable count
-    /// (one may have left meanwhile); a loaded job notices spares here too.
+    /// (one may have left meanwhile). Growth is armed only by what can make
+    /// it (a join, a bench that ends, a leader taking the job over), never
+    /// again by the re-form itself: a member that stays but never offers
+    /// (so the re-formed round goes on without it) must not re-form the job
+    /// every settle time.
     pub(super) fn settled(&mut self, now: Instant) -> Vec<Outbound> {
         if self.phase != Phase::Running || self.config.scale_up_settle.is_zero() {
             self.grow_at = None;
@@ -145,10 +149,6 @@ impl Job {
         }
         let could = (self.participants.len() as u32) < self.usable();
         match self.grow_at {
-            None if could => {
-                self.settle_growth(now);
-                Vec::new()
-            }
             Some(t) if now >= t => {
                 self.grow_at = None;
                 if !could {

@@ -333,7 +333,8 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             keep_alive: (meta.keep_alive_us > 0).then(|| Duration::from_micros(meta.keep_alive_us)),
             max_no_progress_restarts: meta.max_no_progress_restarts,
             nnodes_multiple_of: meta.nnodes_multiple_of,
-            scale_up_settle: Duration::from_micros(meta.scale_up_settle_us),
+            scale_up_settle: Duration::from_micros(meta.scale_up_settle_us)
+                .min(accel_input::MAX_DURATION),
         },
         phase,
         round: meta.round,
