@@ -342,6 +342,13 @@ pub fn plan(seed: u64) -> Plan {
             faults.push((back, Fault::RestartNode(node)));
             healed = healed.max(back);
         }
+        // Workers that take their time on SIGTERM (a last checkpoint), up
+        // to twice the drop limit: a node leaving for a failed check must
+        // still be rid of them before a spare runs its ranks.
+        if h.bool() {
+            let limit = spec.drop_limit().as_millis() as u64;
+            spec.term = ms(&mut h, 0, limit.saturating_mul(2).max(1));
+        }
     }
     // A store that takes its time to write, from a
     // generator of its own as the quarantine's.

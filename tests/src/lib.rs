@@ -389,10 +389,37 @@ pub fn http_request(
     .ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut body = raw[end + 4..].to_vec();
+    // A large answer comes in chunks (Prometheus's beyond 2 KiB).
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding")
+                && v.to_ascii_lowercase().contains("chunked")
+        })
+    });
+    if chunked {
+        body = dechunk(&body)?;
+    }
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, head.to_owned(), body.to_owned()))
+    Some((status, head, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The payload of a chunked HTTP/1.1 body; `None` if it is cut short.
+fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
 }
 
 /// The value of the sample `series` (name and labels exactly as exposed,
