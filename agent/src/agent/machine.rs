@@ -553,10 +553,19 @@ impl NodeMachine {
     /// dropped. It then leaves the round's peer hub at once: the hub's
     /// argument counts only nodes the rendezvous may still hold in the
     /// running round, and a fenced node may already have been dropped (see
-    /// the `peers` module). A node that stops its workers for its own
-    /// failure still belongs to the round, and keeps vouching for it.
+    /// the `peers` module). So does a node stopping its workers because the
+    /// rendezvous ended the round (a restart, a job that moved on) or to
+    /// leave the job: the round is over, whatever the stop's length (a
+    /// worker may take its time on SIGTERM), and vouching for it would keep
+    /// a cut-off peer's workers beside the re-formed round. A node that
+    /// stops its workers for its own failure still belongs to the round,
+    /// and keeps vouching for it.
     pub fn left_round(&self) -> bool {
         let round = match &self.phase {
+            Phase::Stopping {
+                then: Then::Form(..) | Then::Depart(_),
+                ..
+            } => return true,
             Phase::Recovering { round, .. } => round,
             Phase::Stopping {
                 then: Then::Recover { round, .. },
@@ -605,15 +614,7 @@ impl NodeMachine {
                 vec![Action::Depart { why }]
             }
             (Phase::Running(r), Event::Unhealthy(why)) if r.barrier.is_none() => {
-                // The re-formed round waits for this node's offer at most a
-                // drop limit from the restart its report causes, then forms
-                // without it (its node rank to a spare): its workers must be
-                // gone by then, so no rank runs twice.
-                let grace = match self.settings.fence {
-                    true => self.settings.shutdown_timeout.min(self.settings.fence_in()),
-                    false => self.settings.shutdown_timeout,
-                };
-                warn!(reason = %why, round = r.info.round, grace_s = grace.as_secs_f64(), "this node failed its health check (--health-check-interval): stopping its workers; it leaves the job until the checks pass");
+                warn!(reason = %why, round = r.info.round, "this node failed its health check (--health-check-interval): stopping its workers; it leaves the job until the checks pass");
                 let mut actions = Vec::new();
                 if !r.failed {
                     // First, so the others stop before this node's workers
@@ -627,15 +628,9 @@ impl NodeMachine {
                         ),
                     });
                 }
-                self.phase = Phase::Stopping {
-                    then: Then::Depart(why),
-                    note: false,
-                    heard: false,
-                };
-                actions.push(Action::Stop {
-                    signal: Signal::SIGTERM,
-                    grace,
-                });
+                // Gone within the fence (`stop`): the re-formed round forms
+                // without this node no sooner, its node rank to a spare.
+                actions.extend(self.stop(Signal::SIGTERM, Then::Depart(why), false));
                 actions
             }
             (phase, Event::Unhealthy(why)) => {
@@ -1292,16 +1287,26 @@ impl NodeMachine {
     }
 
     /// Stops the workers; `then` follows when they have stopped.
+    /// Stops the workers with `signal`, SIGKILL after `--shutdown-timeout`;
+    /// `then` happens once they are gone. While the job re-forms (a restart
+    /// this node goes on to, its own failure, its leaving for a failed
+    /// check), the grace is at most the fence (the drop limit less its
+    /// margin): the re-formed round waits for this node's offer no longer
+    /// than a drop limit from the restart, then forms without it, and a
+    /// worker still finishing its SIGTERM handler then would run beside its
+    /// rank's new copy.
     fn stop(&mut self, signal: Signal, then: Then, note: bool) -> Vec<Action> {
+        let reforming = matches!(then, Then::Form(..) | Then::Run(_) | Then::Depart(_));
+        let grace = match reforming && self.settings.fence {
+            true => self.settings.shutdown_timeout.min(self.settings.fence_in()),
+            false => self.settings.shutdown_timeout,
+        };
         self.phase = Phase::Stopping {
             then,
             note,
             heard: false,
         };
-        vec![Action::Stop {
-            signal,
-            grace: self.settings.shutdown_timeout,
-        }]
+        vec![Action::Stop { signal, grace }]
     }
 
     /// A signal while workers stop. A stop the node itself started for a

@@ -12,6 +12,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How long workers get on a restart: the default drop limit (15 s) less
+/// the fence margin (0.2 s), under the default --shutdown-timeout (30 s).
+const REFORM_GRACE: Duration = Duration::from_millis(14_800);
+
 use accel_proto::v1 as pb;
 use nix::sys::signal::Signal;
 use pb::event::Kind;
@@ -484,10 +488,7 @@ async fn a_failure_is_reported_the_group_stopped_and_the_restart_runs_with_the_n
             }
             other => panic!("expected the failure reported, got {other:?}"),
         }
-        assert_eq!(
-            h.next().await,
-            Call::Stop(Signal::SIGTERM, Duration::from_secs(30))
-        );
+        assert_eq!(h.next().await, Call::Stop(Signal::SIGTERM, REFORM_GRACE));
         h.script.say(0, restart(0, 1));
         assert_eq!(h.next().await, Call::Ready(0, 1));
         h.script.say(0, complete(1, 1, 1));
@@ -598,10 +599,7 @@ async fn a_rejoin_into_a_reformed_job_stops_the_workers_and_offers_for_its_round
         h.script
             .say(0, Heard::Lost("lost the rendezvous: broken pipe".into()));
         assert!(matches!(h.next().await, Call::Rejoin(0, Some(_))));
-        assert_eq!(
-            h.next().await,
-            Call::Stop(Signal::SIGTERM, Duration::from_secs(30))
-        );
+        assert_eq!(h.next().await, Call::Stop(Signal::SIGTERM, REFORM_GRACE));
         assert_eq!(h.next().await, Call::Ready(1, 2));
         h.signals.send(Signal::SIGTERM).expect("signal");
         assert!(matches!(h.next().await, Call::Leave(1, _)));
@@ -806,10 +804,7 @@ async fn an_exit_the_workers_did_not_report_is_found_by_the_monitor() {
             Call::Failure(0, 0, f) => assert_eq!((f.local_rank, f.exit_code), (0, 137)),
             other => panic!("expected the found exit reported, got {other:?}"),
         }
-        assert_eq!(
-            h.next().await,
-            Call::Stop(Signal::SIGTERM, Duration::from_secs(30))
-        );
+        assert_eq!(h.next().await, Call::Stop(Signal::SIGTERM, REFORM_GRACE));
         h.signals.send(Signal::SIGTERM).expect("signal");
         assert!(matches!(h.next().await, Call::Leave(0, _)));
     })

@@ -108,6 +108,12 @@ fn is_stop(a: &Action, sig: Signal) -> bool {
     matches!(a, Action::Stop { signal, grace } if *signal == sig && *grace == Duration::from_secs(30))
 }
 
+/// A stop while the job re-forms: SIGTERM, SIGKILL at the fence at most
+/// (the re-formed round waits no longer for this node).
+fn is_reform_stop(a: &Action) -> bool {
+    matches!(a, Action::Stop { signal: Signal::SIGTERM, grace } if *grace == FENCE)
+}
+
 /// Stopped at once, with no grace: the fence.
 fn is_kill(a: &Action) -> bool {
     matches!(a, Action::Stop { signal: Signal::SIGKILL, grace } if grace.is_zero())
@@ -135,7 +141,7 @@ fn a_worker_failure_is_reported_the_others_are_stopped_and_the_restart_followed(
     match &actions[..] {
         [Action::ReportFailure { round: 0, exit }, stop] => {
             assert_eq!(exit.ended, Ended::Exited(3));
-            assert!(is_stop(stop, Signal::SIGTERM), "{stop:?}");
+            assert!(is_reform_stop(stop), "{stop:?}");
         }
         other => panic!("{other:?}"),
     }
@@ -165,7 +171,7 @@ fn a_worker_failure_is_reported_the_others_are_stopped_and_the_restart_followed(
     // The job restarts: ready for round 1, with a fresh forming deadline.
     let later = t + 5 * SECOND;
     let actions = m.step(later, restart(0, 1));
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_reform_stop(&actions[0]), "{actions:?}");
     let actions = m.step(later, Event::Stopped(Vec::new()));
     assert!(
         matches!(actions[..], [Action::Offer { round: 1 }]),
@@ -349,7 +355,7 @@ fn workers_unreachable_for_the_drop_limit_are_stopped_and_their_round_re_forms_o
         counted: false,
     }));
     let actions = m.step(t0 + 31 * SECOND, reform);
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_reform_stop(&actions[0]), "{actions:?}");
     let actions = m.step(t0 + 31 * SECOND, Event::Stopped(Vec::new()));
     assert!(
         matches!(actions[..], [Action::Offer { round: 1 }]),
@@ -490,7 +496,7 @@ fn a_fenced_node_whose_job_moved_on_gets_ready_for_the_next_round() {
             resumed: false,
         },
     );
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_reform_stop(&actions[0]), "{actions:?}");
     let actions = m.step(t0 + 20 * SECOND, Event::Stopped(Vec::new()));
     assert!(
         matches!(actions[..], [Action::Offer { round: 2 }]),
@@ -684,7 +690,7 @@ fn a_job_that_reformed_without_this_node_stops_its_workers_and_gets_ready() {
             resumed: false,
         },
     );
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_reform_stop(&actions[0]), "{actions:?}");
     let actions = m.step(
         later,
         Event::Stopped(vec![Exit {
@@ -1101,7 +1107,7 @@ fn a_node_that_could_not_start_still_follows_the_job() {
     );
     // The job restarts it like any other node.
     let actions = m.step(t0, restart(0, 1));
-    assert!(is_stop(&actions[0], Signal::SIGTERM));
+    assert!(is_reform_stop(&actions[0]));
     assert!(matches!(
         m.step(t0, Event::Stopped(Vec::new()))[..],
         [Action::Offer { round: 1 }]
@@ -1229,7 +1235,7 @@ fn restarted_after(
         counted,
     }));
     let actions = m.step(t, event);
-    assert!(is_stop(&actions[0], Signal::SIGTERM), "{actions:?}");
+    assert!(is_reform_stop(&actions[0]), "{actions:?}");
     (m.step(t, Event::Stopped(Vec::new())), t)
 }
 
