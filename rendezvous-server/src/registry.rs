@@ -400,9 +400,10 @@ impl Registry {
         };
         let mut guard = self.lock();
         let jobs = &mut *guard;
+        let now = self.clock.instant();
         for held in jobs.commit.written(done) {
             let (job_id, out, horizon) = held.into_parts();
-            release(jobs, &job_id, out, horizon);
+            release(jobs, &job_id, out, horizon, now);
         }
         Ok(written)
     }
@@ -724,15 +725,15 @@ impl Registry {
         let horizon = jobs.next_stream;
         let out = match self.early {
             true => {
-                release(jobs, job_id, out, horizon);
+                release(jobs, job_id, out, horizon, now);
                 Vec::new()
             }
             false => out,
         };
         match jobs.commit.decided(job_id, out, over, horizon) {
-            Some(now) => {
-                let (_, out, horizon) = now.into_parts();
-                release(jobs, job_id, out, horizon);
+            Some(held) => {
+                let (_, out, horizon) = held.into_parts();
+                release(jobs, job_id, out, horizon, now);
             }
             None => self.wake.notify_one(),
         }
@@ -1306,10 +1307,16 @@ fn authorize(job: &Job, job_id: &str, node_id: &str, session: &[u8]) -> Result<(
 /// streams ended for being too slow; a job that is over ends every stream
 /// (agents see the end, and a hosting agent can shut its embedded server
 /// down gracefully).
-fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>, horizon: u64) {
+fn release(jobs: &mut Jobs, job_id: &str, out: Vec<Outbound>, horizon: u64, now: Instant) {
     let Some(entry) = jobs.map.get_mut(job_id) else {
         return;
     };
+    if out
+        .iter()
+        .any(|o| matches!(o.event, pb::event::Kind::RestartRequested(_)))
+    {
+        entry.job.restart_delivered(now);
+    }
     let slow = deliver(entry, out, horizon);
     if entry.job.phase().is_terminal() {
         entry.streams.clear();

@@ -558,8 +558,9 @@ impl NodeMachine {
     /// leave the job: the round is over, whatever the stop's length (a
     /// worker may take its time on SIGTERM), and vouching for it would keep
     /// a cut-off peer's workers beside the re-formed round. A node that
-    /// stops its workers for its own failure still belongs to the round,
-    /// and keeps vouching for it.
+    /// stops its workers for its own failure still belongs to the round
+    /// (the rendezvous may not have heard the failure: an outage), and keeps
+    /// vouching for it (sim/scenarios/failure_during_outage.sim).
     pub fn left_round(&self) -> bool {
         let round = match &self.phase {
             Phase::Stopping {

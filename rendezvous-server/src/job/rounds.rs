@@ -219,6 +219,19 @@ impl Job {
     /// Ends the running round (or the forming one) and starts forming the
     /// next; `counted`: a worker failure, which spends one restart of the
     /// budget (the caller checked that one is left).
+    /// The restart's events left for the nodes at `now` (after the store
+    /// took the change, which may take a while): the forming round waits
+    /// for the last round's nodes a drop limit from here, not from the
+    /// decision, since a node stops its workers within its fence of
+    /// hearing it (see [`super::decide`]).
+    pub fn restart_delivered(&mut self, now: Instant) {
+        if self.phase == Phase::Forming {
+            if let Some(since) = &mut self.forming_since {
+                *since = (*since).max(now);
+            }
+        }
+    }
+
     pub(super) fn restart(&mut self, now: Instant, reason: String, counted: bool) -> Vec<Outbound> {
         let old = self.round;
         let used = self.restart_count;
