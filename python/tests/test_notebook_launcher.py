@@ -229,8 +229,11 @@ def launch_sleepers(km: KernelManager, kc: Any, d: Path) -> Tuple[str, List[int]
             import os, time
             from accel import notebook_launcher
             def sleeper():
-                with open(os.path.join({str(d)!r}, "pid-" + os.environ["RANK"]), "w") as f:
+                # Written whole, then renamed: a reader never sees it empty.
+                tmp = os.path.join({str(d)!r}, "tmp-" + os.environ["RANK"])
+                with open(tmp, "w") as f:
                     f.write(str(os.getpid()))
+                os.replace(tmp, os.path.join({str(d)!r}, "pid-" + os.environ["RANK"]))
                 time.sleep(600)
             notebook_launcher(sleeper, num_processes=2)
             """
