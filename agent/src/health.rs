@@ -62,9 +62,6 @@ pub const RECHECK_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait between checks.
 pub const RECHECK_MAX: Duration = Duration::from_secs(30);
 
-/// The names of the checks, as metrics label them.
-pub const CHECK_NAMES: [&str; 5] = ["command", "nic", "storage", "gpu", "endpoint"];
-
 /// The health flags as given; [`HealthFlags::resolve`] checks them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthFlags {
@@ -102,15 +99,6 @@ impl Default for HealthFlags {
 }
 
 impl HealthFlags {
-    /// Only `--health-check CMD`.
-    pub fn command(command: impl Into<String>, timeout: Duration) -> Self {
-        Self {
-            command: Some(command.into()),
-            timeout,
-            ..Self::default()
-        }
-    }
-
     /// The checks these flags turn on (`None`: none is), or what is wrong
     /// with them; `env` looks up the agent's environment (`auto` NIC
     /// selection) and `PATH`.

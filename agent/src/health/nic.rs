@@ -302,9 +302,11 @@ fn or_none(v: Vec<String>) -> String {
     }
 }
 
-/// Whether `name` is selected by an NCCL-style list (`eth,ib` prefixes;
-/// `=eth0` exact names; a leading `^` excludes what follows instead).
-fn selects(list: &str, name: &str) -> bool {
+/// Whether an NCCL-style list selects something: entries separated by
+/// commas, each matched by `matches(entry, exact)` (`=` before the list:
+/// exact names, else prefixes); a leading `^` excludes what it matches
+/// instead.
+fn nccl_selects(list: &str, matches: impl Fn(&str, bool) -> bool) -> bool {
     let (exclude, list) = match list.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, list),
@@ -316,12 +318,18 @@ fn selects(list: &str, name: &str) -> bool {
     let hit = list
         .split(',')
         .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .any(|p| match exact {
-            true => name == p,
-            false => name.starts_with(p),
-        });
+        .filter(|e| !e.is_empty())
+        .any(|e| matches(e, exact));
     hit != exclude
+}
+
+/// Whether `name` is selected by an NCCL-style list (`eth,ib` prefixes;
+/// `=eth0` exact names; a leading `^` excludes what follows instead).
+fn selects(list: &str, name: &str) -> bool {
+    nccl_selects(list, |p, exact| match exact {
+        true => name == p,
+        false => name.starts_with(p),
+    })
 }
 
 /// `auto`: what NCCL (or gloo) would use.
@@ -379,30 +387,17 @@ fn auto(sysfs: &Path, env: &impl Fn(&str) -> Option<String>) -> Result<Vec<Link>
 /// `DEV[:PORT]`, device names as prefixes (`=`: exact), a leading `^`
 /// excluding what follows instead.
 fn selects_port(list: &str, dev: &str, port: u32) -> bool {
-    let (exclude, list) = match list.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, list),
-    };
-    let (exact, list) = match list.strip_prefix('=') {
-        Some(rest) => (true, rest),
-        None => (false, list),
-    };
-    let hit = list
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .any(|e| {
-            let (d, p) = match e.split_once(':') {
-                Some((d, p)) => (d, p.parse::<u32>().ok()),
-                None => (e, None),
-            };
-            let named = match exact {
-                true => dev == d,
-                false => dev.starts_with(d),
-            };
-            named && p.is_none_or(|p| p == port)
-        });
-    hit != exclude
+    nccl_selects(list, |e, exact| {
+        let (d, p) = match e.split_once(':') {
+            Some((d, p)) => (d, p.parse::<u32>().ok()),
+            None => (e, None),
+        };
+        let named = match exact {
+            true => dev == d,
+            false => dev.starts_with(d),
+        };
+        named && p.is_none_or(|p| p == port)
+    })
 }
 
 /// Writes a fake sysfs tree.
