@@ -162,6 +162,11 @@ pub struct Member {
     session: Session,
     /// Order of arrival, a tie-breaker only.
     joined_seq: u64,
+    /// The forming round this node learned of by rejoining while it still
+    /// ran an older round's workers (`Job::reattach`): the wait for the last
+    /// round's nodes restarts from such a rejoin once per round and leader,
+    /// so a node that rejoins again and again cannot hold the round.
+    learned_round: Option<u64>,
 }
 
 impl Member {

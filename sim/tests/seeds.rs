@@ -187,11 +187,21 @@ fn a_seed_replays_exactly() {
 /// follows `peers::Shared::latest`), 911189 (a store-less server restarted
 /// empty relearned a job from a node of an older round and formed a new
 /// round beside a node still running a later one: `Job::hold_until` holds
-/// relearned jobs too), and six more that failed with them.
+/// relearned jobs too), and six more that failed with them. With workers
+/// slow on SIGTERM (health seeds): 42978 (a re-forming round waited from the
+/// restart's decision, not its delivery), 59178 and four more (a node
+/// stopping its workers after its own failure vouched for a round the
+/// rendezvous had ended: `Event::FailureTaken`), 96119 and eight more (a node
+/// that learned of the restart from its rejoin was not waited for:
+/// `Job::reattach`), 246666 (a node rejoining a store-less server restarted
+/// empty stopped its workers within a fence of the rejoin, past the
+/// server's hold: the stop now ends at the old fence).
 #[test]
 fn the_seeds_that_found_bugs_keep_every_invariant() {
     let seeds = [
-        313327, 442134, 573663, 713067, 718725, 767454, 911189, 992399,
+        313327, 442134, 573663, 713067, 718725, 767454, 911189, 992399, 42978, 59178, 88576, 89207,
+        92237, 169892, 96119, 114833, 129650, 173315, 189034, 227529, 249356, 275678, 280451,
+        246666,
     ];
     for seed in seeds {
         let r = accel_sim::random::run(seed, false, false);

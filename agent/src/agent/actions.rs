@@ -93,14 +93,19 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
                     kill.notify_one();
                 }
             }
-            Action::ReportFailure { round, exit } => self.report(round, &exit).await,
+            Action::ReportFailure { round, exit } => {
+                if self.report(round, &exit).await {
+                    queue.push_back(Event::FailureTaken(round));
+                }
+            }
             Action::ReportStartFailure {
                 round,
                 local_rank,
                 global_rank,
                 message,
             } => {
-                self.link
+                let taken = self
+                    .link
                     .report_failure(
                         round,
                         Failed {
@@ -113,7 +118,10 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
                             progress: self.progress.summary_now(&self.watched, Some(local_rank)),
                         },
                     )
-                    .await
+                    .await;
+                if taken {
+                    queue.push_back(Event::FailureTaken(round));
+                }
             }
             Action::ReportFenced { round, reason } => self.link.report_fenced(round, reason).await,
             Action::Note(exit) => {

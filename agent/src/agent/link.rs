@@ -92,8 +92,9 @@ pub(crate) trait Link: Send + Sized + 'static {
         store: (String, u32),
     ) -> impl Future<Output = Result<(), Status>> + Send;
 
-    /// Reports a worker's failure in `round` (best effort).
-    fn report_failure(&mut self, round: u64, failed: Failed) -> impl Future<Output = ()> + Send;
+    /// Reports a worker's failure in `round` (best effort): true once the
+    /// rendezvous answered it (took it, or had ended the round already).
+    fn report_failure(&mut self, round: u64, failed: Failed) -> impl Future<Output = bool> + Send;
 
     /// Says that this node stopped its workers in `round` for want of a
     /// rendezvous (fencing), not because one failed (best effort).
@@ -544,12 +545,16 @@ impl Link for RdzvLink {
         self.call("ready", client.ready(round, store)).await
     }
 
-    async fn report_failure(&mut self, round: u64, f: Failed) {
+    async fn report_failure(&mut self, round: u64, f: Failed) -> bool {
         let mut client = self.client.clone();
         let call = client.report_failure(round, f);
-        if let Err(s) = self.call("the failure report", call).await {
-            // Made again once the node reaches a rendezvous (`Round::reported`).
-            warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
+        match self.call("the failure report", call).await {
+            Ok(()) => true,
+            Err(s) => {
+                // Made again once the node reaches a rendezvous (`Round::reported`).
+                warn!(code = ?s.code(), error = %s.message(), "could not report the failure to the rendezvous");
+                false
+            }
         }
     }
 

@@ -199,6 +199,13 @@ pub enum Event {
     /// spare leaves at once. Ignored while the node reconnects, recovers or
     /// stops, and once its workers succeeded.
     Unhealthy(String),
+    /// The rendezvous answered this node's failure report for this round:
+    /// it took the failure (the round ends: a restart or the job's end
+    /// follows on the stream) or had ended the round already. The node no
+    /// longer counts itself in the round: it stops vouching for it in the
+    /// peer hub at once, even while its other workers still stop (see
+    /// [`NodeMachine::left_round`]).
+    FailureTaken(u64),
     /// [`NodeMachine::deadline`] passed.
     Timer,
     /// More than half of the round hears each other through its peer hub
@@ -338,6 +345,9 @@ struct Round {
     /// The failure this node reported in this round, said again to a
     /// rendezvous it reconnects to (a new leader may not have it).
     reported: Option<Exit>,
+    /// The rendezvous answered that report ([`Event::FailureTaken`]): the
+    /// round is over for it, and this node out of the round's peer hub.
+    taken: bool,
     /// When its workers started.
     started: Instant,
     /// When the rendezvous was lost, while recovering.
@@ -557,16 +567,25 @@ impl NodeMachine {
     /// rendezvous ended the round (a restart, a job that moved on) or to
     /// leave the job: the round is over, whatever the stop's length (a
     /// worker may take its time on SIGTERM), and vouching for it would keep
-    /// a cut-off peer's workers beside the re-formed round. A node that
-    /// stops its workers for its own failure still belongs to the round
-    /// (the rendezvous may not have heard the failure: an outage), and keeps
-    /// vouching for it (sim/scenarios/failure_during_outage.sim).
+    /// a cut-off peer's workers beside the re-formed round. A node whose own
+    /// worker failed still belongs to the round until the rendezvous
+    /// answers its report (during an outage the rendezvous has not heard
+    /// the failure, and the node keeps vouching for the round:
+    /// sim/scenarios/failure_during_outage.sim); once answered
+    /// ([`Event::FailureTaken`]), the round is over for it too, even while
+    /// its other workers still stop (a stop does not read the stream, so
+    /// the restart itself is heard only after it).
     pub fn left_round(&self) -> bool {
         let round = match &self.phase {
             Phase::Stopping {
                 then: Then::Form(..) | Then::Depart(_),
                 ..
             } => return true,
+            Phase::Running(round)
+            | Phase::Stopping {
+                then: Then::Run(round),
+                ..
+            } => return round.taken,
             Phase::Recovering { round, .. } => round,
             Phase::Stopping {
                 then: Then::Recover { round, .. },
@@ -574,7 +593,7 @@ impl NodeMachine {
             } => round,
             _ => return false,
         };
-        round.fenced || round.dropped
+        round.fenced || round.dropped || round.taken
     }
 
     /// Whether the life is over.
@@ -637,6 +656,27 @@ impl NodeMachine {
             (phase, Event::Unhealthy(why)) => {
                 tracing::debug!(reason = %why, phase = phase_name(&phase), "a health check failed; acted on when the node is back in a round or forming");
                 self.phase = phase;
+                Vec::new()
+            }
+            (
+                Phase::Stopping {
+                    then: Then::Run(mut round),
+                    note,
+                    heard,
+                },
+                Event::FailureTaken(r),
+            ) => {
+                round.taken |= r == round.info.round;
+                self.phase = Phase::Stopping {
+                    then: Then::Run(round),
+                    note,
+                    heard,
+                };
+                Vec::new()
+            }
+            (Phase::Running(mut round), Event::FailureTaken(r)) => {
+                round.taken |= r == round.info.round && round.failed;
+                self.phase = Phase::Running(round);
                 Vec::new()
             }
             (Phase::Stopping { note, heard, .. }, Event::Over(o)) => {
@@ -757,6 +797,7 @@ impl NodeMachine {
                     vouched: false,
                     dropped: false,
                     reported: None,
+                    taken: false,
                     started: now,
                     lost: None,
                 });
@@ -1224,7 +1265,24 @@ impl NodeMachine {
                     round = now_at,
                     "the job moved on without this node; stopping its workers"
                 );
-                self.stop(Signal::SIGTERM, Then::Form(now_at, Duration::ZERO), false)
+                let mut actions =
+                    self.stop(Signal::SIGTERM, Then::Form(now_at, Duration::ZERO), false);
+                // The workers' time still ends at the fence the lost
+                // rendezvous set (or its peers' vouch): the rendezvous now
+                // answering does not run their round and licenses none of
+                // it. A server restarted without a store counts on that: it
+                // forms no round before the drop limit (or outage limit)
+                // from its start, and no later (`Job::hold_until`;
+                // accel-sim seed 246666).
+                if let (true, Some(fence), [Action::Stop { signal, grace }]) =
+                    (self.settings.fence, round.fence, &mut actions[..])
+                {
+                    *grace = (*grace).min(fence.saturating_duration_since(now));
+                    if grace.is_zero() {
+                        *signal = Signal::SIGKILL;
+                    }
+                }
+                actions
             }
             Event::Rejoined { resumed: true, .. } => {
                 info!(

@@ -12,8 +12,9 @@ use super::Driver;
 use crate::failure;
 
 impl<L: Link, S: Spawner> Driver<'_, L, S> {
-    /// Reports a worker failure to the rendezvous, with what its error file says.
-    pub(super) async fn report(&mut self, round: u64, exit: &Exit) {
+    /// Reports a worker failure to the rendezvous, with what its error file
+    /// says: true once the rendezvous answered.
+    pub(super) async fn report(&mut self, round: u64, exit: &Exit) -> bool {
         let f = self.describe(exit);
         let reason = match f.error_file.as_str() {
             "<N/A>" => exit.ended.to_string(),
@@ -41,7 +42,7 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
                         .summary_now(&self.watched, Some(exit.local_rank)),
                 },
             )
-            .await;
+            .await
     }
 
     /// A failure as the rendezvous records it.

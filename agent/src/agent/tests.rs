@@ -158,8 +158,9 @@ impl Link for FakeLink {
         }
     }
 
-    async fn report_failure(&mut self, round: u64, failed: Failed) {
+    async fn report_failure(&mut self, round: u64, failed: Failed) -> bool {
         self.call(Call::Failure(self.n, round, Box::new(failed)));
+        true
     }
 
     async fn report_fenced(&mut self, round: u64, reason: String) {

@@ -196,7 +196,23 @@ impl Job {
         // ignored. The round cannot go on without its ranks: re-form,
         // spending nothing.
         let stranded = self.phase == Phase::Running && m.rank.is_some() && !resumed;
+        // A node of the last round that still ran its workers learns of the
+        // restart only now (the restart's events went to a stream it had
+        // lost, or to a leader that died): it stops them within its fence
+        // from now, so the forming round waits for it from now (once per
+        // round: `Member::learned_round`).
+        let learns = self.phase == Phase::Forming
+            && m.rank.is_some()
+            && m.ready.is_none()
+            && req.resume.as_ref().is_some_and(|r| r.round < self.round)
+            && m.learned_round != Some(self.round);
+        if learns {
+            m.learned_round = Some(self.round);
+        }
         let mut out = vec![joined(node_id, self.round, resumed, session)];
+        if learns {
+            self.restart_delivered(now);
+        }
         if renamed {
             // Its host may be benched, or no longer: the forming round may
             // complete now (found by the rdzv_job fuzz target).
@@ -299,6 +315,7 @@ impl Job {
             seen_from: None,
             session,
             joined_seq: self.next_seq,
+            learned_round: None,
         };
         if self.is_benched(&member) {
             self.benched += 1;

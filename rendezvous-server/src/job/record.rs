@@ -217,6 +217,7 @@ impl Job {
                     seen_from: m.seen_from,
                     session: Session::from_bytes(m.session),
                     joined_seq: m.joined_seq,
+                    learned_round: None,
                 };
                 (id, member)
             })

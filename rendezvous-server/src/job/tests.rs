@@ -893,6 +893,53 @@ fn a_reconnecting_member_resumes_only_if_its_round_is_current() {
 }
 
 #[test]
+fn a_node_that_learns_of_the_restart_from_its_rejoin_is_waited_for_from_then_once() {
+    // It still ran the last round's workers (the restart went to a stream it
+    // had lost): it stops them within its fence of the rejoin, so the round
+    // forming without it waits a drop limit from the rejoin, not from the
+    // restart (accel-sim seed 96119). Once per round: a node rejoining again
+    // and again cannot hold the round.
+    let t = crate::clock::epoch();
+    let s = Duration::from_secs(1);
+    let join = |host: &str| pb::JoinRequest {
+        last_call_ms: 1_000,
+        ..elastic(host, 2, 3)
+    };
+    let mut j = Job::new("j", JobConfig::from_join(&join("a")));
+    for (i, h) in ["a", "b", "c"].iter().enumerate() {
+        j.join(t, &format!("n{i}"), &join(h), S).expect("join");
+    }
+    let mut out = Vec::new();
+    for i in 0..3 {
+        out = j.ready(t, &format!("n{i}"), 0, (format!("addr{i}"), 1), None);
+    }
+    let resume = resume_of(&out, "n2", 0, 0);
+    j.failure(t, "n1", 0, "exited 1".into(), None);
+    j.ready(t + s, "n0", 1, ("addr0".into(), 1), None);
+    j.ready(t + s, "n1", 1, ("addr1".into(), 1), None);
+    j.keep_alive(t + 10 * s, "n0");
+    j.keep_alive(t + 10 * s, "n1");
+    let mut again = join("c");
+    again.resume = Some(resume);
+    again.session = S.to_vec();
+    let back = j.join(t + 10 * s, "n2", &again, S).expect("rejoin");
+    assert!(matches!(&back[0].event, Kind::Joined(x) if !x.resumed && x.round == 1));
+    // A drop limit (15 s) after the restart, the round still waits for it…
+    assert!(
+        matches!(decide(t + 16 * s, &j), Decision::Wait { ready: 2, last_call_ends: Some(e), .. } if e == t + 25 * s),
+        "{:?}",
+        decide(t + 16 * s, &j)
+    );
+    // …and a second rejoin does not move that.
+    j.join(t + 20 * s, "n2", &again, S).expect("rejoin again");
+    assert!(matches!(
+        decide(t + 21 * s, &j),
+        Decision::Wait { last_call_ends: Some(e), .. } if e == t + 25 * s
+    ));
+    assert!(matches!(decide(t + 25 * s, &j), Decision::Complete(_)));
+}
+
+#[test]
 fn a_restarted_server_relearns_a_running_job_and_loses_silent_members() {
     let t = crate::clock::epoch();
     let (_, out) = formed(&["a", "b", "c"], t);

@@ -130,7 +130,13 @@ impl World {
         };
         let (_, sent, call, stream) = n.outstanding.remove(at);
         match ok {
-            Ok(()) => n.answered = Some(n.answered.map_or(sent, |a| a.max(sent))),
+            Ok(()) => {
+                n.answered = Some(n.answered.map_or(sent, |a| a.max(sent)));
+                // The driver's `perform`: an answered report is an event.
+                if let Call::Failure { round, .. } = call {
+                    n.queue.push_back(Event::FailureTaken(round));
+                }
+            }
             Err(Refusal::NotFound) if matches!(call, Call::KeepAlive(..)) => {
                 if n.stream == stream && n.lost.is_none() {
                     n.lost = Some((

@@ -619,6 +619,38 @@ fn a_failure_reported_before_the_loss_is_said_again_to_the_rendezvous_it_rejoins
 }
 
 #[test]
+fn a_node_whose_failure_report_was_answered_stops_vouching_for_its_round() {
+    // Its other workers take their time on SIGTERM; meanwhile the stream
+    // (and the restart on it) is not read. A peer cut off from the
+    // rendezvous must not keep its workers on this node's word beside the
+    // re-formed round (accel-sim seed 59178).
+    let (mut m, t0) = running();
+    let actions = m.step(t0, Event::Exited(exit(1, 9)));
+    assert!(
+        matches!(&actions[..], [Action::ReportFailure { round: 0, .. }, a] if is_reform_stop(a)),
+        "{actions:?}"
+    );
+    assert!(
+        !m.left_round(),
+        "not answered yet: still in its round's hub"
+    );
+    // An answer for another round changes nothing.
+    assert!(m.step(t0, Event::FailureTaken(7)).is_empty());
+    assert!(!m.left_round());
+    assert!(m.step(t0, Event::FailureTaken(0)).is_empty());
+    assert!(m.left_round(), "answered: the round is over for it");
+    assert_eq!(m.phase_name(), "stopping");
+    assert!(m.step(t0 + SECOND, Event::Stopped(Vec::new())).is_empty());
+    assert!(m.left_round(), "still out once its workers stopped");
+    let actions = m.step(t0 + SECOND, restart(0, 1));
+    assert!(
+        matches!(&actions[..], [a] if is_reform_stop(a)),
+        "{actions:?}"
+    );
+    assert!(m.left_round());
+}
+
+#[test]
 fn a_failure_while_unreachable_is_reported_once_back() {
     let (mut m, t0) = running();
     m.step(t0, Event::Lost("lost the rendezvous: broken pipe".into()));
@@ -682,7 +714,7 @@ fn a_job_that_reformed_without_this_node_stops_its_workers_and_gets_ready() {
         t0,
         Event::Lost("lost the rendezvous: connection reset".into()),
     );
-    let later = t0 + 20 * SECOND;
+    let later = t0 + SECOND;
     let actions = m.step(
         later,
         Event::Rejoined {
@@ -690,7 +722,12 @@ fn a_job_that_reformed_without_this_node_stops_its_workers_and_gets_ready() {
             resumed: false,
         },
     );
-    assert!(is_reform_stop(&actions[0]), "{actions:?}");
+    // The stop ends at the fence the lost rendezvous set, not a fence from
+    // the rejoin: the rendezvous now answering licenses nothing of the old round.
+    assert!(
+        matches!(actions[..], [Action::Stop { signal: Signal::SIGTERM, grace }] if grace == FENCE - SECOND),
+        "{actions:?}"
+    );
     let actions = m.step(
         later,
         Event::Stopped(vec![Exit {
@@ -703,6 +740,27 @@ fn a_job_that_reformed_without_this_node_stops_its_workers_and_gets_ready() {
         "not noted as a failure: {actions:?}"
     );
     assert_eq!(m.deadline(), Some(later + Duration::from_secs(600)));
+}
+
+#[test]
+fn a_node_that_rejoins_past_its_fence_to_a_job_that_moved_on_kills_its_workers_at_once() {
+    // The agent did not run past its fence (paused), and the first thing it
+    // hears is a rendezvous (a restarted one without a store) that does not
+    // run its round: that rendezvous may form a round any moment now.
+    let (mut m, t0) = running();
+    m.step(
+        t0,
+        Event::Lost("lost the rendezvous: connection reset".into()),
+    );
+    let actions = m.step(
+        t0 + 20 * SECOND,
+        Event::Rejoined {
+            round: 3,
+            resumed: false,
+        },
+    );
+    assert!(matches!(&actions[..], [a] if is_kill(a)), "{actions:?}");
+    assert!(m.left_round(), "the round is over for it");
 }
 
 #[test]
