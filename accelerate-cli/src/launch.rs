@@ -355,6 +355,14 @@ fn agent_options(
         o.health_check.storage = Some(p.into());
     }
     o.health_check.gpu = ns.truthy(D::health_check_gpu);
+    if let Some(p) = ns
+        .get(D::health_check_kernel_log)
+        .as_str()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        o.health_check.kernel_log = (p != "none").then(|| p.into());
+    }
     if let Some(ep) = ns
         .get(D::health_check_endpoint)
         .as_str()

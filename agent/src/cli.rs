@@ -341,12 +341,22 @@ pub struct AgentArgs {
         value_name = "PATH"
     )]
     pub health_check_storage: Option<PathBuf>,
-    /// Check every GPU with nvidia-smi: uncorrectable ECC errors, retired
-    /// pages or remapped rows pending, a GPU that does not answer.
+    /// Check every GPU with nvidia-smi (persistence mode, uncorrectable ECC
+    /// errors, retired pages or remapped rows pending, a GPU that does not
+    /// answer) and the kernel log's fatal XID events.
     #[arg(long = "health-check-gpu", env = "PET_HEALTH_CHECK_GPU",
           value_parser = BoolishValueParser::new(), default_missing_value = "true",
           num_args = 0..=1, require_equals = true)]
     pub health_check_gpu: bool,
+    /// The kernel log --health-check-gpu reads XID events from: /dev/kmsg,
+    /// or a file (/var/log/kern.log); `none` skips them.
+    #[arg(
+        long = "health-check-kernel-log",
+        env = "PET_HEALTH_CHECK_KERNEL_LOG",
+        default_value = "/dev/kmsg",
+        value_name = "PATH|none"
+    )]
+    pub health_check_kernel_log: PathBuf,
     /// Ask a node health daemon: `unix:/path.sock` (answers `ok` or `fail
     /// REASON` to `check HOST`) or `http://host:port/path` (2xx passes).
     #[arg(
@@ -525,6 +535,7 @@ impl From<AgentArgs> for LaunchOptions {
             health_check_sysfs,
             health_check_storage,
             health_check_gpu,
+            health_check_kernel_log,
             health_check_endpoint,
             health_check_interval,
             gpu_free_timeout,
@@ -608,6 +619,8 @@ impl From<AgentArgs> for LaunchOptions {
                 sysfs: health_check_sysfs,
                 storage: health_check_storage,
                 gpu: health_check_gpu,
+                kernel_log: (health_check_kernel_log.as_os_str() != "none")
+                    .then_some(health_check_kernel_log),
                 endpoint: health_check_endpoint,
                 interval: (!health_check_interval.is_zero()).then_some(health_check_interval),
             },

@@ -13,8 +13,9 @@
 //!   ([`nic`]).
 //! - `--health-check-storage PATH`: a write, fsync, read-back and delete of
 //!   a file in `PATH` ([`storage`]).
-//! - `--health-check-gpu`: `nvidia-smi`'s view of every GPU: uncorrectable
-//!   ECC errors, retired or remapped memory waiting for a reset ([`gpu`]).
+//! - `--health-check-gpu`: `nvidia-smi`'s view of every GPU (persistence
+//!   mode, uncorrectable ECC errors, retired or remapped memory waiting for
+//!   a reset) and the fatal XID events in the kernel log ([`gpu`]).
 //! - `--health-check-endpoint ADDR`: a node health daemon's verdict, over a
 //!   Unix socket or HTTP ([`endpoint`]).
 //!
@@ -77,6 +78,8 @@ pub struct HealthFlags {
     pub storage: Option<PathBuf>,
     /// `--health-check-gpu`.
     pub gpu: bool,
+    /// `--health-check-kernel-log` (`None`: `none`, not read).
+    pub kernel_log: Option<PathBuf>,
     /// `--health-check-endpoint ADDR`.
     pub endpoint: Option<endpoint::Endpoint>,
     /// `--health-check-interval` (`None`: off).
@@ -92,6 +95,7 @@ impl Default for HealthFlags {
             sysfs: "/sys".into(),
             storage: None,
             gpu: false,
+            kernel_log: Some("/dev/kmsg".into()),
             endpoint: None,
             interval: None,
         }
@@ -112,12 +116,15 @@ impl HealthFlags {
         };
         let gpu = match self.gpu {
             false => None,
-            true => Some(crate::probe::find_program(
-                "nvidia-smi",
-                env("PATH").as_deref().map(std::ffi::OsStr::new),
-            ).ok_or(
-                "--health-check-gpu: nvidia-smi is not on PATH (install the NVIDIA driver's tools, or drop the flag on nodes without GPUs)",
-            )?),
+            true => Some(gpu::GpuCheck {
+                smi: crate::probe::find_program(
+                    "nvidia-smi",
+                    env("PATH").as_deref().map(std::ffi::OsStr::new),
+                ).ok_or(
+                    "--health-check-gpu: nvidia-smi is not on PATH (install the NVIDIA driver's tools, or drop the flag on nodes without GPUs)",
+                )?,
+                kernel_log: self.kernel_log.clone(),
+            }),
         };
         if let Some(p) = &self.storage {
             if !p.is_absolute() {
@@ -167,8 +174,8 @@ pub struct HealthCheck {
     pub nic: Option<nic::NicCheck>,
     /// `--health-check-storage`.
     pub storage: Option<PathBuf>,
-    /// `--health-check-gpu`: where `nvidia-smi` is.
-    pub gpu: Option<PathBuf>,
+    /// `--health-check-gpu`.
+    pub gpu: Option<gpu::GpuCheck>,
     /// `--health-check-endpoint`.
     pub endpoint: Option<endpoint::Endpoint>,
     /// How long all of them may take.
@@ -244,7 +251,7 @@ impl HealthCheck {
             },
             async {
                 match &self.gpu {
-                    Some(smi) => Some(bounded("gpu", t, gpu::check(smi)).await),
+                    Some(g) => Some(bounded("gpu", t, g.check()).await),
                     None => None,
                 }
             },

@@ -193,18 +193,38 @@ fn path_with(dir: &Path) -> String {
 }
 
 /// A node whose `nvidia-smi` reports an uncorrectable ECC error never
-/// joins: the job forms and runs with the healthy node alone, and the sick
-/// one says why it stays out.
+/// joins, nor does one whose kernel log has a fatal XID: the job forms and
+/// runs with the healthy node alone, and the sick ones say why they stay
+/// out.
 #[test]
 fn a_gpu_with_an_uncorrectable_ecc_error_keeps_its_node_out_before_it_joins() {
     let server = Server::start();
     let dir = scratch("gpu-ecc");
-    let good = fake_nvidia_smi(&dir.join("good"), "0, 00000000:18:00.0, 0, No, No, No");
-    let bad = fake_nvidia_smi(&dir.join("bad"), "0, 00000000:18:00.0, 2, No, No, No");
-    let agent = |tag: &str, smi: &Path| {
+    let good = fake_nvidia_smi(
+        &dir.join("good"),
+        "0, 00000000:18:00.0, Enabled, 0, No, No, No",
+    );
+    let bad = fake_nvidia_smi(
+        &dir.join("bad"),
+        "0, 00000000:18:00.0, Enabled, 2, No, No, No",
+    );
+    // The kernel log as /dev/kmsg gives it, and as syslog keeps it.
+    let (clean_log, xid_log) = (dir.join("kmsg-clean"), dir.join("kern.log"));
+    std::fs::write(
+        &clean_log,
+        "6,100,1000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n",
+    )
+    .expect("log");
+    std::fs::write(
+        &xid_log,
+        "Dec  7 10:04:00 n1 kernel: [ 88.2] NVRM: Xid (PCI:0000:18:00): 79, pid=3120, GPU has fallen off the bus.\n",
+    )
+    .expect("log");
+    let agent = |tag: &str, smi: &Path, log: &Path| {
         AgentCmd::c10d(&server.addr, "ecc")
-            .nnodes("1:2")
+            .nnodes("1:3")
             .arg("--health-check-gpu")
+            .arg(&format!("--health-check-kernel-log={}", log.display()))
             .nproc(1)
             .conf("last_call_timeout=2")
             .recording(&dir, tag)
@@ -212,14 +232,17 @@ fn a_gpu_with_an_uncorrectable_ecc_error_keeps_its_node_out_before_it_joins() {
             .env("RUN_FOR", "1")
             .start(&dir, tag)
     };
-    let sick = agent("sick", &bad);
-    assert!(
-        eventually(Duration::from_secs(20), || stderr_of(&sick)
-            .contains("this node is unhealthy")),
-        "{}",
-        stderr_of(&sick)
-    );
-    let well = agent("well", &good);
+    let sick = agent("sick", &bad, &clean_log);
+    let xid = agent("xid", &good, &xid_log);
+    for a in [&sick, &xid] {
+        assert!(
+            eventually(Duration::from_secs(20), || stderr_of(a)
+                .contains("this node is unhealthy")),
+            "{}",
+            stderr_of(a)
+        );
+    }
+    let well = agent("well", &good, &clean_log);
     let out = well.wait(LIMIT);
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let recs = records(&dir);
@@ -234,6 +257,14 @@ fn a_gpu_with_an_uncorrectable_ecc_error_keeps_its_node_out_before_it_joins() {
         out.stderr.contains(
             "gpu 0 (00000000:18:00.0): 2 uncorrectable ECC errors since the driver loaded"
         ),
+        "{}",
+        out.stderr
+    );
+    xid.signal("TERM");
+    let out = xid.wait(LIMIT);
+    assert!(
+        out.stderr
+            .contains("PCI 0000:18:00: Xid 79 (fell off the bus) in the kernel log"),
         "{}",
         out.stderr
     );

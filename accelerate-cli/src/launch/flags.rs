@@ -443,7 +443,10 @@ fn describe(name: &str) -> Option<&'static str> {
             "check the links NCCL/gloo use (sysfs): `auto` or names like eth0,mlx5_0"
         }
         "health_check_storage" => "check a write, fsync and read-back of a file in this directory",
-        "health_check_gpu" => "check every GPU with nvidia-smi (ECC errors, pending retirements)",
+        "health_check_gpu" => {
+            "check every GPU with nvidia-smi (ECC errors, pending retirements) and the kernel log's XIDs"
+        }
+        "health_check_kernel_log" => "where --health_check_gpu reads XIDs: /dev/kmsg, a file, or none",
         "health_check_endpoint" => {
             "ask a node health daemon: unix:/path.sock or http://host:port/path"
         }

@@ -146,11 +146,15 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
     let h = options(
         "--multi_gpu --num_processes 2 --health_check_nic auto --health_check_storage /ckpt \
          --health_check_gpu --health_check_endpoint unix:/run/h.sock --health_check_interval 30 \
-         --health_check_timeout 20 t.py",
+         --health_check_timeout 20 --health_check_kernel_log /var/log/kern.log t.py",
         None,
         Launcher::MultiGpu,
     )
     .health_check;
+    assert_eq!(
+        h.kernel_log.as_deref(),
+        Some(std::path::Path::new("/var/log/kern.log"))
+    );
     assert_eq!(h.nic.as_deref(), Some("auto"));
     assert_eq!(h.storage.as_deref(), Some(std::path::Path::new("/ckpt")));
     assert!(h.gpu);
