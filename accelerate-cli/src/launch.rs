@@ -356,6 +356,26 @@ fn agent_options(
     }
     o.health_check.gpu = ns.truthy(D::health_check_gpu);
     if let Some(p) = ns
+        .get(D::health_check_sysfs)
+        .as_str()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        o.health_check.sysfs = p.into();
+    }
+    if ns.given(D::nnodes_multiple_of) {
+        let k = ns.text(D::nnodes_multiple_of);
+        o.nnodes_multiple_of = k.trim().parse().ok().filter(|k| *k >= 1).ok_or_else(|| {
+            format!(
+                "--nnodes_multiple_of '{}' is not a machine count; give 1 or more",
+                excerpt(&k)
+            )
+        })?;
+    }
+    if let Some(settle) = duration(D::scale_up_settle)? {
+        o.scale_up_settle = settle;
+    }
+    if let Some(p) = ns
         .get(D::health_check_kernel_log)
         .as_str()
         .map(str::trim)

@@ -447,6 +447,13 @@ fn describe(name: &str) -> Option<&'static str> {
             "check every GPU with nvidia-smi (ECC errors, pending retirements) and the kernel log's XIDs"
         }
         "health_check_kernel_log" => "where --health_check_gpu reads XIDs: /dev/kmsg, a file, or none",
+        "health_check_sysfs" => "where sysfs is mounted, for --health_check_nic (default /sys)",
+        "nnodes_multiple_of" => {
+            "with --num_machines MIN:MAX, rounds run with a multiple of K machines; the rest wait as spares"
+        }
+        "scale_up_settle" => {
+            "with --num_machines MIN:MAX, how long newcomers wait before a running round grows (default 0)"
+        }
         "health_check_endpoint" => {
             "ask a node health daemon: unix:/path.sock or http://host:port/path"
         }

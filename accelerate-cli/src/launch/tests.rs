@@ -146,11 +146,13 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
     let h = options(
         "--multi_gpu --num_processes 2 --health_check_nic auto --health_check_storage /ckpt \
          --health_check_gpu --health_check_endpoint unix:/run/h.sock --health_check_interval 30 \
-         --health_check_timeout 20 --health_check_kernel_log /var/log/kern.log t.py",
+         --health_check_timeout 20 --health_check_kernel_log /var/log/kern.log \
+         --health_check_sysfs /host/sys t.py",
         None,
         Launcher::MultiGpu,
     )
     .health_check;
+    assert_eq!(h.sysfs, std::path::Path::new("/host/sys"));
     assert_eq!(
         h.kernel_log.as_deref(),
         Some(std::path::Path::new("/var/log/kern.log"))
@@ -164,6 +166,20 @@ fn hot_restart_crash_loops_and_health_reach_the_agent() {
     );
     assert_eq!(h.interval, Some(Duration::from_secs(30)));
     assert_eq!(h.timeout, Duration::from_secs(20));
+    // World sizes a model can use, and growth after a settle time.
+    let w = options(
+        "--multi_gpu --num_processes 16 --num_machines 2:8 --rdzv_backend c10d --main_process_ip h --main_process_port 29400 \
+         --nnodes_multiple_of 2 --scale_up_settle 30 t.py",
+        None,
+        Launcher::MultiGpu,
+    );
+    assert_eq!(
+        (w.nnodes_multiple_of, w.scale_up_settle),
+        (2, Duration::from_secs(30))
+    );
+    let m = merged("--cpu --num_processes 2 --nnodes_multiple_of 0 t.py", None);
+    let e = agent_options(&m.ns, Launcher::MultiGpu, &mut Vec::new(), &no_env).expect_err("K = 0");
+    assert!(e.contains("--nnodes_multiple_of '0'"), "{e}");
     // Not given: the agent's defaults.
     let d = options("--cpu --num_processes 2 t.py", None, Launcher::MultiGpu);
     let agent = LaunchOptions::new("t.py");
