@@ -296,6 +296,8 @@ enum Msg {
         rank: u32,
         seq: u64,
         version: u64,
+        /// Whether its sender is steady (`View::steady`).
+        steady: bool,
     },
     /// The hub's answer to node rank `rank`'s ping `seq`.
     Answer {
@@ -306,6 +308,8 @@ enum Msg {
         seq: u64,
         heard: u32,
         version: u64,
+        /// Other ranks heard and steady.
+        steady_others: u32,
         map: Option<Vec<u8>>,
     },
 }

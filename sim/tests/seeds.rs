@@ -195,7 +195,9 @@ fn a_seed_replays_exactly() {
 /// that learned of the restart from its rejoin was not waited for:
 /// `Job::reattach`), 246666 (a node rejoining a store-less server restarted
 /// empty stopped its workers within a fence of the rejoin, past the
-/// server's hold: the stop now ends at the old fence).
+/// server's hold: the stop now ends at the old fence), 351244 and 397822 (a
+/// peer that heard the hub only since a moment ago counted towards a
+/// majority before it had vouched: only steady peers count).
 #[test]
 fn the_seeds_that_found_bugs_keep_every_invariant() {
     let seeds = [

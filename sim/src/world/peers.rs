@@ -21,6 +21,7 @@ impl World {
                 rank,
                 seq,
                 version,
+                steady,
             } => {
                 if self.peer_lost(from, to) || self.nodes[to].end.is_some() {
                     return;
@@ -29,10 +30,10 @@ impl World {
                     return;
                 };
                 let Some(hub) = &mut p.hub else { return };
-                if !hub.ping(now, rank, seq) {
+                if !hub.ping(now, rank, seq, steady) {
                     return;
                 }
-                let (heard, version, map) = hub.answer(version);
+                let (heard, version, map, steady_others) = hub.answer(version, rank);
                 let map = map.map(<[u8]>::to_vec);
                 self.send_peer(Msg::Answer {
                     from: to,
@@ -42,6 +43,7 @@ impl World {
                     seq,
                     heard,
                     version,
+                    steady_others,
                     map,
                 });
                 self.publish(to);
@@ -54,6 +56,7 @@ impl World {
                 seq,
                 heard,
                 version,
+                steady_others,
                 map,
             } => {
                 if self.peer_lost(from, to) || self.nodes[to].end.is_some() {
@@ -63,7 +66,8 @@ impl World {
                     return;
                 };
                 if rank == p.rank {
-                    p.view.answer(now, seq, heard, version, map.as_deref());
+                    p.view
+                        .answer(now, seq, heard, version, map.as_deref(), steady_others);
                 }
                 self.publish(to);
             }
@@ -79,6 +83,7 @@ impl World {
             return;
         };
         p.next = now + p.timing.every;
+        let steady = p.view.steady(tk, p.timing.lag);
         let (seq, version) = p.view.ping(tk);
         let ping = p.hub_at.map(|to| Msg::Ping {
             from: i,
@@ -87,6 +92,7 @@ impl World {
             rank: p.rank,
             seq,
             version,
+            steady,
         });
         if let Some(hub) = &mut p.hub {
             hub.sweep(tk);
