@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/accel/rendezvous/v1/rendezvous.proto",
         "proto/accel/rendezvous/store/v1/store.proto",
+        "proto/torchft/lighthouse.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

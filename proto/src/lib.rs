@@ -64,6 +64,14 @@ pub mod v1 {
     tonic::include_proto!("accel.rendezvous.v1");
 }
 
+/// torchft's lighthouse protocol (`torchft`), which `rdzv-server` serves
+/// beside its own API so that torchft's managers can use it as their
+/// lighthouse; see `proto/torchft/lighthouse.proto`.
+pub mod torchft {
+    #![allow(missing_docs, unreachable_pub, clippy::all)]
+    tonic::include_proto!("torchft");
+}
+
 /// How `rdzv-server` keeps job state in a key-value store (not an API).
 pub mod store {
     /// Version 1 of the stored records.

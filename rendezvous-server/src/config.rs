@@ -164,6 +164,40 @@ pub struct ServerArgs {
     /// it, a restart cannot be told from a first start.
     #[arg(long, env = "RDZV_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Serve torchft's lighthouse protocol on this address (IP:PORT; off by
+    /// default): torchft's managers, pointed at it with
+    /// TORCHFT_LIGHTHOUSE=http://IP:PORT, get their quorums from this server.
+    /// torchft's client sends no token and speaks no TLS: only
+    /// --lighthouse-allow's networks are answered.
+    #[arg(long, env = "RDZV_LIGHTHOUSE", value_name = "ADDR")]
+    pub lighthouse: Option<SocketAddr>,
+    /// Networks whose torchft managers the lighthouse answers, comma-separated
+    /// (`10.0.0.0/8,fd00::/8`, `any`). Default: loopback only.
+    #[arg(
+        long,
+        env = "RDZV_LIGHTHOUSE_ALLOW",
+        value_name = "NETS",
+        default_value = "127.0.0.0/8,::1/128",
+        requires = "lighthouse"
+    )]
+    pub lighthouse_allow: crate::lighthouse::service::Allow,
+    /// The fewest replica groups a lighthouse quorum has (torchft's
+    /// --min_replicas).
+    #[arg(long, env = "RDZV_LIGHTHOUSE_MIN_REPLICAS", default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub lighthouse_min_replicas: u64,
+    /// How long a lighthouse quorum waits for replica groups that heartbeat
+    /// but have not asked to join, from the first that asked.
+    #[arg(long, env = "RDZV_LIGHTHOUSE_JOIN_TIMEOUT", default_value = "60", value_parser = DurationParser)]
+    pub lighthouse_join_timeout: Duration,
+    /// How often the lighthouse looks for a quorum besides on each call.
+    #[arg(long, env = "RDZV_LIGHTHOUSE_QUORUM_TICK", default_value = "100ms",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+    pub lighthouse_quorum_tick: Duration,
+    /// How long a replica group counts as alive after its last heartbeat.
+    #[arg(long, env = "RDZV_LIGHTHOUSE_HEARTBEAT_TIMEOUT", default_value = "5",
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+    pub lighthouse_heartbeat_timeout: Duration,
     /// Quarantine a host whose workers failed this many times within
     /// --quarantine-window: no round places it for --quarantine-for (it
     /// waits as a spare, told why). 0: never.
@@ -312,6 +346,16 @@ fn whole_seconds(d: Duration) -> Result<Duration, &'static str> {
 pub const METRICS_PORT: u16 = 29401;
 
 impl ServerArgs {
+    /// The lighthouse's settings (`--lighthouse-*`).
+    pub fn lighthouse_config(&self) -> crate::lighthouse::LighthouseConfig {
+        crate::lighthouse::LighthouseConfig {
+            min_replicas: self.lighthouse_min_replicas,
+            join_timeout: self.lighthouse_join_timeout,
+            quorum_tick: self.lighthouse_quorum_tick,
+            heartbeat_timeout: self.lighthouse_heartbeat_timeout,
+        }
+    }
+
     /// Where the metrics endpoint listens: `--metrics-bind`, else
     /// `--bind`'s address on [`METRICS_PORT`] (a loopback server keeps its
     /// metrics on loopback too).
@@ -507,10 +551,17 @@ impl ServerArgs {
 /// metrics are served, one per line. Key=value lines (not JSON) so that a
 /// shell reads it with `sed -n 's/^grpc=//p'`; a reader ignores keys it
 /// does not know, so keys may be added.
-pub fn address_file_text(grpc: SocketAddr, metrics: Option<SocketAddr>) -> String {
+pub fn address_file_text(
+    grpc: SocketAddr,
+    metrics: Option<SocketAddr>,
+    lighthouse: Option<SocketAddr>,
+) -> String {
     let mut text = format!("grpc={grpc}\n");
     if let Some(m) = metrics {
         text.push_str(&format!("metrics={m}\n"));
+    }
+    if let Some(l) = lighthouse {
+        text.push_str(&format!("lighthouse={l}\n"));
     }
     text
 }
@@ -559,8 +610,8 @@ mod tests {
     fn the_address_file_names_each_bound_address_and_is_replaced_whole() {
         let grpc = "127.0.0.1:4321".parse().expect("addr");
         let metrics = "[::1]:9090".parse().expect("addr");
-        assert_eq!(address_file_text(grpc, None), "grpc=127.0.0.1:4321\n");
-        let text = address_file_text(grpc, Some(metrics));
+        assert_eq!(address_file_text(grpc, None, None), "grpc=127.0.0.1:4321\n");
+        let text = address_file_text(grpc, Some(metrics), None);
         assert_eq!(text, "grpc=127.0.0.1:4321\nmetrics=[::1]:9090\n");
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("addr");

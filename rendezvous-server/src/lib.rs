@@ -25,7 +25,9 @@
 //! - [`status`]: `rdzv-server status`, a client of the `JobStatus` call on the
 //!   client crate's channel builder;
 //! - [`tombstone`]: what a finished job leaves for its late nodes;
-//! - [`error`]: typed errors and their gRPC status codes.
+//! - [`error`]: typed errors and their gRPC status codes;
+//! - [`lighthouse`]: torchft's lighthouse protocol (`--lighthouse`), served
+//!   beside the rendezvous.
 //!
 //! What both ends of a link share lives below this crate, in
 //! `accel-rdzv-client`: the token and its client-side interceptor, TLS
@@ -47,6 +49,7 @@ pub mod ha;
 pub mod incarnation;
 pub mod job;
 pub mod lease;
+pub mod lighthouse;
 pub mod limits;
 pub mod metrics;
 pub mod outbox;
@@ -133,6 +136,18 @@ pub async fn serve(
 pub async fn serve_with_metrics(
     listener: TcpListener,
     metrics: Option<TcpListener>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    serve_all(listener, metrics, None, options, shutdown).await
+}
+
+/// [`serve_with_metrics`], and torchft's lighthouse on its own listener
+/// ([`lighthouse`]), answered while this process leads.
+pub async fn serve_all(
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    lighthouse: Option<(TcpListener, lighthouse::service::Shared)>,
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
@@ -230,6 +245,14 @@ pub async fn serve_with_metrics(
                 .with_pages(ui::pages(seat.clone(), options.tokens.clone())),
             stop.clone(),
         ));
+    }
+    if let Some((listener, shared)) = lighthouse {
+        let (seat, stop) = (seat.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = lighthouse::service::serve(listener, shared, seat, stop).await {
+                warn!(error = %e, "the lighthouse stopped serving");
+            }
+        });
     }
     let admission = admission::Admission::new(
         options.limits.max_connections_per_ip,

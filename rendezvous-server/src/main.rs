@@ -98,6 +98,17 @@ fn main() -> ExitCode {
             },
         };
         let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+        let lighthouse = match args.lighthouse {
+            None => None,
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    eprintln!("rdzv-server: cannot listen on {addr}: {e}; pick another --lighthouse");
+                    return ExitCode::from(2);
+                }
+            },
+        };
+        let lighthouse_addr = lighthouse.as_ref().and_then(|l| l.local_addr().ok());
         let replication = match args.etcd(bound) {
             Ok(r) => r,
             Err(e) => {
@@ -108,7 +119,11 @@ fn main() -> ExitCode {
         let metrics_at = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
         tracing::info!(addr = %bound, metrics = %metrics_at, authenticated = tokens.required(), tls = tls.is_some(), open_files = files, "rdzv-server listening");
         if let Some(path) = &args.address_file {
-            let text = rendezvous_server::config::address_file_text(bound, metrics_addr);
+            let text = rendezvous_server::config::address_file_text(
+                bound,
+                metrics_addr,
+                lighthouse_addr,
+            );
             if let Err(e) = rendezvous_server::config::write_address_file(path, &text) {
                 eprintln!(
                     "rdzv-server: cannot write --address-file {}: {e}",
@@ -158,7 +173,14 @@ fn main() -> ExitCode {
             restarted,
         };
         let shutdown = rendezvous_server::signal::shutdown();
-        match rendezvous_server::serve_with_metrics(listener, metrics, options, shutdown).await {
+        let lighthouse = lighthouse.map(|l| {
+            let shared = rendezvous_server::lighthouse::service::Shared::new(
+                args.lighthouse_config(),
+                args.lighthouse_allow.clone(),
+            );
+            (l, shared)
+        });
+        match rendezvous_server::serve_all(listener, metrics, lighthouse, options, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rdzv-server: {e}");
