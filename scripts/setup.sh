@@ -44,6 +44,11 @@ EXTRA_ACCELERATE_VERSIONS="1.10.1 1.16.0 ${ACCEL_NEWEST_ACCELERATE:-}"
 # names them too).
 EXTRA_TORCH_VERSIONS="2.4.1:numpy==1.26.4 2.15.0:numpy==2.4.6"
 DEEPSPEED_VERSION="0.19.8"
+# torchft, for the lighthouse tests (rdzv-server --lighthouse), with the
+# releases of its dependencies it was tested with; over the pinned venv's
+# torch ($VENV/torchft-X.Y.Z; tests/src/lib.rs names it too).
+TORCHFT_VERSION="0.2.0"
+TORCHFT_DEPS="opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 protobuf==7.36.2 requests==2.34.2"
 PY="$(command -v python3 || true)"
 CACHE="${ACCEL_CACHE:-$HOME/.cache/accel}"
 
@@ -160,6 +165,21 @@ if [ "$PART" != core ]; then
     head -1 "$extra/bin/accelerate" | grep -qF "$extra/bin/python" || { echo "setup: $extra/bin/accelerate is not its own" >&2; exit 1; }
     touch "$extra/.complete"
   done
+  tft="$VENV/torchft-$TORCHFT_VERSION"
+  if [ ! -f "$tft/.complete" ]; then
+    echo "setup: creating $tft (torchft==$TORCHFT_VERSION over $VENV's torch)" >&2
+    rm -rf "$tft"
+    "$VENV/bin/python" -m venv --without-pip "$tft"
+    site="$("$tft/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    # After the venv's own site-packages: torch comes from the pinned venv.
+    echo "$base_site" >"$site/zz-pinned-venv.pth"
+    # shellcheck disable=SC2086 # one word per requirement
+    "$VENV/bin/pip" --python "$tft/bin/python" install -q --disable-pip-version-check "torchft==$TORCHFT_VERSION" $TORCHFT_DEPS
+    got="$("$tft/bin/python" -c 'import torchft.manager, torch, importlib.metadata as m; print(m.version("torchft"))')"
+    [ "$got" = "$TORCHFT_VERSION" ] || { echo "setup: $tft imports torchft $got, not $TORCHFT_VERSION" >&2; exit 1; }
+    touch "$tft/.complete"
+  fi
   for pair in $EXTRA_TORCH_VERSIONS; do
     v="${pair%%:*}" numpy="${pair#*:}"
     tv="$CACHE/venv-py${pyver}-torch${v}"

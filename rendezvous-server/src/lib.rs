@@ -239,10 +239,14 @@ pub async fn serve_all(
     // standalone server leads from here on): a request that came as the
     // listener opened waits in its backlog instead of hearing "follower".
     if let Some(listener) = metrics {
+        let shared = lighthouse.as_ref().map(|(_, s)| s.clone());
         tokio::spawn(accel_telemetry::http::serve(
             listener,
-            metrics_endpoint(&counters, &seat)
-                .with_pages(ui::pages(seat.clone(), options.tokens.clone())),
+            metrics_endpoint(&counters, &seat, shared.clone()).with_pages(ui::pages(
+                seat.clone(),
+                options.tokens.clone(),
+                shared,
+            )),
             stop.clone(),
         ));
     }
@@ -309,10 +313,14 @@ const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 fn metrics_endpoint(
     counters: &metrics::ServerMetrics,
     seat: &tokio::sync::watch::Receiver<ha::Role>,
+    lighthouse: Option<lighthouse::service::Shared>,
 ) -> accel_telemetry::Endpoint {
     let mut registry = prometheus_client::registry::Registry::default();
     counters.register(&mut registry);
     registry.register_collector(Box::new(metrics::States::new(seat.clone())));
+    if let Some(l) = lighthouse {
+        registry.register_collector(Box::new(lighthouse::report::Gauges(l)));
+    }
     let seat = seat.clone();
     let ready: accel_telemetry::Readiness = std::sync::Arc::new(move || match &*seat.borrow() {
         ha::Role::Leader(_) => Ok(()),

@@ -39,6 +39,7 @@
 //! unhealthy).
 
 pub mod limits;
+pub mod report;
 pub mod service;
 
 use std::collections::{BTreeMap, HashMap};

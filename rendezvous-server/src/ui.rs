@@ -127,10 +127,36 @@ impl Pace {
 }
 
 /// The status page's routes, for the metrics listener.
-pub fn pages(seat: watch::Receiver<Role>, tokens: Tokens) -> Pages {
+pub fn pages(
+    seat: watch::Receiver<Role>,
+    tokens: Tokens,
+    lighthouse: Option<crate::lighthouse::service::Shared>,
+) -> Pages {
     let fresh = Fresh::default();
     let rendered = Rendered::default();
-    std::sync::Arc::new(move |page: &Page<'_>| route(page, &seat, &tokens, &fresh, &rendered))
+    std::sync::Arc::new(move |page: &Page<'_>| {
+        if page.path == "/api/lighthouse" && page.method != http::Method::POST {
+            return lighthouse
+                .as_ref()
+                .map(|l| lighthouse_json(page, &seat, &tokens, l));
+        }
+        route(page, &seat, &tokens, &fresh, &rendered)
+    })
+}
+
+/// `/api/lighthouse`: the torchft lighthouse's report, to whoever may read
+/// the jobs.
+fn lighthouse_json(
+    page: &Page<'_>,
+    seat: &watch::Receiver<Role>,
+    tokens: &Tokens,
+    l: &crate::lighthouse::service::Shared,
+) -> Reply {
+    if let Err(refused) = leader(page, seat, tokens, Scope::Read) {
+        return *refused;
+    }
+    let report = l.read(|l| crate::lighthouse::report::Report::of(l, std::time::Instant::now()));
+    reply(200, JSON, report.json().to_string() + "\n", &[])
 }
 
 fn route(

@@ -142,11 +142,22 @@ struct Inner {
 }
 
 impl Shared {
-    /// A lighthouse with `config`, answering `allow`.
+    /// A lighthouse with `config`, answering `allow`. Its quorum ids count
+    /// on from its start time in milliseconds since the epoch: a restarted
+    /// server (or a replica that takes over) hands out ids above those of
+    /// the one before, which in practice handed out far fewer ids (one per
+    /// membership change or failed commit) than milliseconds passed, so no
+    /// manager mistakes a new quorum for an old one (torchft keys a
+    /// quorum's store prefix by its id). Clocks must not be behind by more
+    /// than that.
     pub fn new(config: LighthouseConfig, allow: Allow) -> Self {
+        let since_epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let first = i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX / 2);
         Self {
             inner: Arc::new(Inner {
-                lighthouse: Mutex::new(Lighthouse::new(config)),
+                lighthouse: Mutex::new(Lighthouse::resuming(config, first)),
                 formed: broadcast::channel(FORMED_QUEUE).0,
                 allow,
                 waiting: Semaphore::new(MAX_WAITING),

@@ -296,6 +296,37 @@ function draw(doc) {
         " · updated " + new Date().toLocaleTimeString(), false);
 }
 
+// The torchft lighthouse (rdzv-server --lighthouse): its last quorum and
+// the replica groups it hears. Hidden when the server does not serve one.
+function drawLighthouse(l) {
+  const box = document.getElementById("lighthouse");
+  if (!l) {
+    box.hidden = true;
+    return;
+  }
+  const members = l.members.map((m) => m.replica_id + " (step " + m.step + ")").join(", ");
+  const heard = l.heartbeats.map((h) => h.replica_id + " " + h.age_s.toFixed(1) + " s ago").join(", ");
+  box.replaceChildren(
+    el("h2", {}, "torchft lighthouse"),
+    el("p", { class: "facts" },
+      fact("quorum", l.quorum_id ? String(l.quorum_id) : "none yet"),
+      fact("members", members || "none"),
+      fact("formed", l.since_quorum_s === null ? "never" : l.since_quorum_s.toFixed(1) + " s ago"),
+      fact("healthy groups", String(l.healthy)),
+      fact("waiting", l.participants + (l.waiting ? ": " + l.waiting : "")),
+      fact("heartbeats", heard || "none")));
+  box.hidden = false;
+}
+
+async function pollLighthouse() {
+  try {
+    const r = await fetch("/api/lighthouse", { headers: headers(), cache: "no-store" });
+    drawLighthouse(r.ok ? await r.json() : null);
+  } catch (e) {
+    drawLighthouse(null);
+  }
+}
+
 function state(text, error) {
   const s = document.getElementById("state");
   s.textContent = text;
@@ -317,6 +348,7 @@ async function poll() {
     } else {
       document.getElementById("login").hidden = true;
       show(doc);
+      await pollLighthouse();
     }
   } catch (e) {
     state("cannot reach the server: " + e, true);
