@@ -21,7 +21,7 @@ seconds="$1"
 shift
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-    targets=(store_wire rdzv_job agent_flags accel_config)
+    targets=(store_wire rdzv_job agent_flags accel_config lighthouse)
 fi
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/accel/target}"
