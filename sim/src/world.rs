@@ -567,6 +567,9 @@ pub struct Node {
     group: bool,
     exits: VecDeque<Exit>,
     stopping: Option<(Duration, Vec<Exit>)>,
+    /// A stop for a re-form: the fence clock it began with (the agent's
+    /// `Answered::fixed`).
+    stop_answered: Option<Option<Duration>>,
     queue: VecDeque<Event>,
     /// The last deadline a timer event was given for.
     timer_for: Option<std::time::Instant>,
@@ -902,6 +905,7 @@ impl World {
             group: false,
             exits: VecDeque::new(),
             stopping: None,
+            stop_answered: None,
             queue: VecDeque::new(),
             timer_for: None,
             cut: None,

@@ -66,7 +66,14 @@ impl<L: Link, S: Spawner> Driver<'_, L, S> {
                         // The fence holds during a stop too: a grace that
                         // outlasts it ends in SIGKILL there, before the
                         // rendezvous may drop this node and re-form.
-                        let fence = self.machine.fence_within().zip(self.link.answered());
+                        // A stop for a re-form keeps the fence it began
+                        // with (`NodeMachine::stop_reforms`).
+                        let reforms = self.machine.stop_reforms();
+                        let answered = self.link.answered().map(|a| match reforms {
+                            true => super::link::Answered::fixed(a.get()),
+                            false => a,
+                        });
+                        let fence = self.machine.fence_within().zip(answered);
                         self.stopping = Some(tokio::spawn(async move {
                             let fenced = async {
                                 match fence {

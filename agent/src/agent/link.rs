@@ -526,6 +526,12 @@ impl Answered {
         *at = Some(at.map_or(sent, |a| a.max(sent)));
     }
 
+    /// A clock fixed at `at`, not moved by later answers: the fence of a
+    /// stop for a re-form ([`super::machine::NodeMachine::stop_reforms`]).
+    pub(crate) fn fixed(at: Option<Instant>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(at)))
+    }
+
     /// The latest send time answered, if any call was.
     pub(crate) fn get(&self) -> Option<Instant> {
         *self

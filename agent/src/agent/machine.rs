@@ -596,6 +596,23 @@ impl NodeMachine {
         round.fenced || round.dropped || round.taken
     }
 
+    /// Whether the stop in flight ends this node's part of its round for a
+    /// re-form (a restart, its own failure, a departure): the rendezvous
+    /// forms the next round a drop limit after it sent the restart, so the
+    /// stop's fence is the one the node had when the stop began (the send
+    /// time of the last call answered before the restart arrived, which
+    /// came before the restart was sent, whatever the link's latency), not
+    /// one that later answers move.
+    pub fn stop_reforms(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Stopping {
+                then: Then::Form(..) | Then::Run(_) | Then::Depart(_),
+                ..
+            }
+        )
+    }
+
     /// Whether the life is over.
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done)

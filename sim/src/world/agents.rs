@@ -327,6 +327,11 @@ impl World {
                         continue;
                     }
                     n.group = false;
+                    n.stop_answered = n
+                        .machine
+                        .as_ref()
+                        .filter(|m| m.stop_reforms())
+                        .map(|_| n.answered);
                     let mut exits: Vec<Exit> = n.exits.drain(..).collect();
                     let after = match signal {
                         Signal::SIGKILL => Duration::ZERO,
@@ -442,6 +447,7 @@ impl World {
         let Some((_, exits)) = n.stopping.take() else {
             return;
         };
+        n.stop_answered = None;
         let mut dead = Vec::new();
         for w in &mut n.workers {
             if w.alive {
@@ -592,7 +598,8 @@ impl World {
     /// answered yet).
     pub(super) fn stop_fence(&self, i: usize) -> Option<Duration> {
         let settings = self.settings(i);
-        let a = self.nodes[i].answered?;
+        let n = &self.nodes[i];
+        let a = n.stop_answered.unwrap_or(n.answered)?;
         settings.fence.then(|| a + settings.fence_in())
     }
 
