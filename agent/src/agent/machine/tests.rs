@@ -634,6 +634,10 @@ fn a_node_whose_failure_report_was_answered_stops_vouching_for_its_round() {
         !m.left_round(),
         "not answered yet: still in its round's hub"
     );
+    assert!(
+        m.stop_reforms(),
+        "its fence is the one it had when the stop began"
+    );
     // An answer for another round changes nothing.
     assert!(m.step(t0, Event::FailureTaken(7)).is_empty());
     assert!(!m.left_round());
