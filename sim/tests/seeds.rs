@@ -197,13 +197,16 @@ fn a_seed_replays_exactly() {
 /// empty stopped its workers within a fence of the rejoin, past the
 /// server's hold: the stop now ends at the old fence), 351244 and 397822 (a
 /// peer that heard the hub only since a moment ago counted towards a
-/// majority before it had vouched: only steady peers count).
+/// majority before it had vouched: only steady peers count), 763778 and
+/// 746966 (a stop for a restart kept its fence moving with later answers,
+/// and a slow link made the restart arrive late: the stop now keeps the
+/// fence it began with).
 #[test]
 fn the_seeds_that_found_bugs_keep_every_invariant() {
     let seeds = [
         313327, 442134, 573663, 713067, 718725, 767454, 911189, 992399, 42978, 59178, 88576, 89207,
         92237, 169892, 96119, 114833, 129650, 173315, 189034, 227529, 249356, 275678, 280451,
-        246666,
+        246666, 351244, 397822, 763778, 746966,
     ];
     for seed in seeds {
         let r = accel_sim::random::run(seed, false, false);
