@@ -36,6 +36,7 @@ mod store_bounds;
 mod tls;
 mod topology;
 mod torch;
+mod torchft;
 mod torchrun_flags;
 
 use std::path::Path;
