@@ -250,6 +250,7 @@ pub async fn serve_all(
             stop.clone(),
         ));
     }
+    let reported = lighthouse.as_ref().map(|(_, s)| s.clone());
     if let Some((listener, shared)) = lighthouse {
         let (seat, stop) = (seat.clone(), stop.clone());
         tokio::spawn(async move {
@@ -266,6 +267,9 @@ pub async fn serve_all(
     let mut service = RendezvousService::seated(seat);
     if let Some(complaints) = complain {
         service = service.hearing(complaints);
+    }
+    if let Some(shared) = reported {
+        service = service.reporting(shared);
     }
     let rendezvous =
         RendezvousServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);

@@ -1238,6 +1238,7 @@ impl Registry {
             return Ok(pb::JobStatusResponse {
                 jobs: vec![info],
                 next_page_token: String::new(),
+                lighthouse: None,
             });
         }
         let now = self.clock.now();
@@ -1268,6 +1269,7 @@ impl Registry {
         Ok(pb::JobStatusResponse {
             jobs: page,
             next_page_token,
+            lighthouse: None,
         })
     }
 }

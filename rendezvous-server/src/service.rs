@@ -38,6 +38,8 @@ pub struct RendezvousService {
     /// Where a follower sends the complaints of nodes that left a silent
     /// leader ([`crate::depose`]).
     complaints: Option<mpsc::Sender<Complaint>>,
+    /// torchft's lighthouse, when served: `JobStatus` reports it too.
+    lighthouse: Option<crate::lighthouse::service::Shared>,
 }
 
 impl RendezvousService {
@@ -51,6 +53,7 @@ impl RendezvousService {
         Self {
             seat,
             complaints: None,
+            lighthouse: None,
         }
     }
 
@@ -58,6 +61,12 @@ impl RendezvousService {
     /// `complaints`, while this replica follows.
     pub fn hearing(mut self, complaints: mpsc::Sender<Complaint>) -> Self {
         self.complaints = Some(complaints);
+        self
+    }
+
+    /// Reports `lighthouse` in `JobStatus` answers.
+    pub fn reporting(mut self, lighthouse: crate::lighthouse::service::Shared) -> Self {
+        self.lighthouse = Some(lighthouse);
         self
     }
 
@@ -292,11 +301,15 @@ impl Rendezvous for RendezvousService {
             ))
             .into());
         }
-        Ok(Response::new(self.registry()?.status(
-            &r.job_id,
-            r.page_size,
-            &r.page_token,
-        )?))
+        let mut answer = self
+            .registry()?
+            .status(&r.job_id, r.page_size, &r.page_token)?;
+        if let (Some(l), true) = (&self.lighthouse, r.page_token.is_empty()) {
+            let now = std::time::Instant::now();
+            answer.lighthouse =
+                Some(l.read(|l| crate::lighthouse::report::Report::of(l, now).to_pb()));
+        }
+        Ok(Response::new(answer))
     }
 
     async fn quarantine(

@@ -105,7 +105,20 @@ pub async fn fetch(
     token: Option<&Token>,
     tls: &ClientTlsFiles,
 ) -> Result<Vec<pb::JobInfo>, StatusError> {
+    fetch_all(endpoint, job, token, tls)
+        .await
+        .map(|(jobs, _)| jobs)
+}
+
+/// [`fetch`], and the torchft lighthouse if the server serves one.
+pub async fn fetch_all(
+    endpoint: &str,
+    job: Option<&str>,
+    token: Option<&Token>,
+    tls: &ClientTlsFiles,
+) -> Result<(Vec<pb::JobInfo>, Option<pb::LighthouseStatus>), StatusError> {
     let mut client = connect(endpoint, token, tls).await?;
+    let mut lighthouse = None;
     let mut jobs = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -121,12 +134,50 @@ pub async fn fetch(
             .map_err(answered(endpoint))?
             .into_inner();
         jobs.extend(page.jobs);
+        lighthouse = lighthouse.or(page.lighthouse);
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    Ok(jobs)
+    Ok((jobs, lighthouse))
+}
+
+/// The lighthouse in words: `lighthouse (torchft): quorum N of K groups
+/// (ID step S, ...), formed T s ago; H healthy, W waiting[: why]`.
+pub fn render_lighthouse(l: &pb::LighthouseStatus) -> String {
+    let members: Vec<String> = l
+        .members
+        .iter()
+        .map(|m| format!("{} step {}", m.replica_id, m.step))
+        .collect();
+    let formed = match l.since_quorum_ms {
+        Some(ms) => format!("formed {:.1} s ago", ms as f64 / 1000.0),
+        None => "no quorum yet".into(),
+    };
+    let waiting = match l.waiting_reason.is_empty() {
+        true => format!("{} waiting", l.waiting),
+        false => format!("{} waiting: {}", l.waiting, l.waiting_reason),
+    };
+    format!(
+        "lighthouse (torchft): quorum {} of {} group(s) ({}), {formed}; {} healthy, {waiting}\n",
+        l.quorum_id,
+        l.members.len(),
+        members.join(", "),
+        l.healthy
+    )
+}
+
+/// The lighthouse as JSON (`rdzv-server status --json`'s `"lighthouse"`).
+pub fn lighthouse_json(l: &pb::LighthouseStatus) -> serde_json::Value {
+    serde_json::json!({
+        "quorum_id": l.quorum_id,
+        "members": l.members.iter().map(|m| serde_json::json!({"replica_id": m.replica_id, "step": m.step, "world_size": m.world_size})).collect::<Vec<_>>(),
+        "since_quorum_ms": l.since_quorum_ms,
+        "healthy": l.healthy,
+        "waiting": l.waiting,
+        "waiting_reason": l.waiting_reason,
+    })
 }
 
 /// The jobs as one JSON document (`rdzv-server status --json`):
@@ -491,12 +542,19 @@ pub async fn run(
     match command {
         Command::Status { client, job, json } => {
             let (token, tls) = reach(client)?;
-            let jobs = fetch(&client.endpoint, job.as_deref(), token.as_ref(), &tls)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(match json {
-                true => render_json(&jobs),
-                false => render(&jobs),
+            let (jobs, lighthouse) =
+                fetch_all(&client.endpoint, job.as_deref(), token.as_ref(), &tls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            Ok(match (json, lighthouse) {
+                (true, None) => render_json(&jobs),
+                (true, Some(l)) => {
+                    let mut doc = serde_json::json!({ "jobs": jobs_json(&jobs) });
+                    doc["lighthouse"] = lighthouse_json(&l);
+                    doc.to_string() + "\n"
+                }
+                (false, None) => render(&jobs),
+                (false, Some(l)) => render_lighthouse(&l) + &render(&jobs),
             })
         }
         Command::Stacks {
@@ -692,5 +750,34 @@ mod tests {
             text.contains("  last restart of round 0 cost 2.5s recovery + 5.0s recomputation (5 steps, 30->35): worker rank 3 failed\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_lighthouse_is_said_in_one_line_and_in_json() {
+        let l = pb::LighthouseStatus {
+            quorum_id: 42,
+            members: vec![pb::LighthouseMember {
+                replica_id: "g0:u".into(),
+                step: 7,
+                world_size: 2,
+            }],
+            since_quorum_ms: Some(1500),
+            healthy: 2,
+            waiting: 1,
+            waiting_reason: "1 of 2 healthy replica groups asked for a quorum; more than half must"
+                .into(),
+        };
+        assert_eq!(
+            render_lighthouse(&l),
+            "lighthouse (torchft): quorum 42 of 1 group(s) (g0:u step 7), formed 1.5 s ago; 2 healthy, 1 waiting: 1 of 2 healthy replica groups asked for a quorum; more than half must\n"
+        );
+        let v = lighthouse_json(&l);
+        assert_eq!(
+            (v["quorum_id"].as_i64(), v["members"][0]["step"].as_i64()),
+            (Some(42), Some(7))
+        );
+        let none = pb::LighthouseStatus::default();
+        assert!(render_lighthouse(&none).contains("no quorum yet"));
+        assert!(lighthouse_json(&none)["since_quorum_ms"].is_null());
     }
 }

@@ -76,6 +76,27 @@ impl Report {
         }
     }
 
+    /// The report as `JobStatus` gives it (`rdzv-server status`).
+    pub fn to_pb(&self) -> accel_proto::v1::LighthouseStatus {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        accel_proto::v1::LighthouseStatus {
+            quorum_id: self.quorum_id,
+            members: self
+                .members
+                .iter()
+                .map(|(id, step, ws)| accel_proto::v1::LighthouseMember {
+                    replica_id: id.clone(),
+                    step: *step,
+                    world_size: *ws,
+                })
+                .collect(),
+            since_quorum_ms: self.since_quorum_s.map(|s| (s * 1000.0) as u64),
+            healthy: count(self.healthy),
+            waiting: count(self.participants),
+            waiting_reason: self.waiting.clone(),
+        }
+    }
+
     /// The report as the status page's JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
