@@ -192,7 +192,7 @@ pub struct ServerArgs {
     pub lighthouse_join_timeout: Duration,
     /// How often the lighthouse looks for a quorum besides on each call.
     #[arg(long, env = "RDZV_LIGHTHOUSE_QUORUM_TICK", default_value = "100ms",
-          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, positive))]
+          value_parser = clap::builder::TypedValueParser::try_map(DurationParser, at_least_10ms))]
     pub lighthouse_quorum_tick: Duration,
     /// How long a replica group counts as alive after its last heartbeat.
     #[arg(long, env = "RDZV_LIGHTHOUSE_HEARTBEAT_TIMEOUT", default_value = "5",
@@ -334,6 +334,13 @@ fn positive(d: Duration) -> Result<Duration, &'static str> {
 }
 
 /// An etcd lease: whole seconds (etcd's unit), at least one.
+fn at_least_10ms(d: Duration) -> Result<Duration, &'static str> {
+    match d >= Duration::from_millis(10) {
+        true => Ok(d),
+        false => Err("at least 10ms"),
+    }
+}
+
 fn whole_seconds(d: Duration) -> Result<Duration, &'static str> {
     if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
         Err("must be whole seconds, at least 1 (etcd leases are counted in seconds)")

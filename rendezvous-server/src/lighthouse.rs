@@ -179,6 +179,9 @@ pub enum Refused {
     /// [`MAX_GROUPS`] are held.
     #[error("the lighthouse holds {MAX_GROUPS} replica groups already; a group silent for {FORGET_AFTER} heartbeat timeouts is forgotten")]
     Full,
+    /// The next quorum would outgrow what a client decodes.
+    #[error("the next quorum would be larger than {} bytes with this replica group (its members' addresses, data and handles); shorten them", limits::MAX_QUORUM_BYTES)]
+    TooLarge,
 }
 
 impl Lighthouse {
@@ -265,10 +268,26 @@ impl Lighthouse {
     }
 
     fn join(&mut self, now: Instant, member: pb::QuorumMember) -> Result<(), Refused> {
-        if !self.participants.contains_key(&member.replica_id)
-            && self.participants.len() >= MAX_GROUPS
-        {
-            return Err(Refused::Full);
+        use prost::Message as _;
+        let new = !self.participants.contains_key(&member.replica_id);
+        if new && self.participants.len() >= MAX_GROUPS {
+            // Participants of forgotten groups go only when room is needed:
+            // a call still waiting keeps its place through a long silence.
+            let heartbeats = &self.heartbeats;
+            self.participants
+                .retain(|id, _| heartbeats.contains_key(id));
+            if self.participants.len() >= MAX_GROUPS {
+                return Err(Refused::Full);
+            }
+        }
+        let others: usize = self
+            .participants
+            .iter()
+            .filter(|(id, _)| **id != member.replica_id)
+            .map(|(_, p)| p.member.encoded_len() + 8)
+            .sum();
+        if others + member.encoded_len() + 8 > limits::MAX_QUORUM_BYTES {
+            return Err(Refused::TooLarge);
         }
         self.participants.insert(
             member.replica_id.clone(),
@@ -280,15 +299,13 @@ impl Lighthouse {
         Ok(())
     }
 
-    /// Forgets groups silent for [`FORGET_AFTER`] heartbeat timeouts, and
-    /// their participation.
+    /// Forgets the heartbeats of groups silent for [`FORGET_AFTER`]
+    /// heartbeat timeouts (they could only count as unhealthy). Their
+    /// participation stays until room is needed ([`Lighthouse::join`]).
     fn forget(&mut self, now: Instant) {
         let limit = self.config.heartbeat_timeout.saturating_mul(FORGET_AFTER);
         self.heartbeats
             .retain(|_, at| now.saturating_duration_since(*at) <= limit);
-        let heartbeats = &self.heartbeats;
-        self.participants
-            .retain(|id, _| heartbeats.contains_key(id));
     }
 
     fn healthy(&self, now: Instant, id: &str) -> bool {
@@ -342,8 +359,12 @@ impl Lighthouse {
             });
         }
         let first = healthy.iter().map(|p| p.joined).min().unwrap_or(now);
-        let until = first.checked_add(self.config.join_timeout).unwrap_or(first);
-        if now < until && healthy.len() < healthy_groups {
+        let waited = now.saturating_duration_since(first);
+        if waited < self.config.join_timeout && healthy.len() < healthy_groups {
+            let until = first
+                .checked_add(self.config.join_timeout)
+                .or_else(|| now.checked_add(self.config.join_timeout - waited))
+                .unwrap_or(now);
             return Err(Waiting::Stragglers {
                 missing: healthy_groups - healthy.len(),
                 until,
@@ -356,7 +377,11 @@ impl Lighthouse {
         let Ok(members) = self.compute(now) else {
             return Vec::new();
         };
-        if members.is_empty() {
+        // An empty quorum forms only after a non-empty one (a shrink-only
+        // participant left no previous member): torchft hands it out, and
+        // the next quorum, with no previous members to wait for, takes the
+        // healthy participants at once.
+        if members.is_empty() && self.prev.as_ref().is_none_or(|p| p.participants.is_empty()) {
             return Vec::new();
         }
         let changed = match &self.prev {

@@ -148,7 +148,7 @@ pub struct Xid {
 
 /// Reads the fatal XIDs in the kernel log at `path`: `/dev/kmsg` record by
 /// record without blocking (from the oldest record the kernel keeps), a
-/// file by its last [`LOG_FILE_KEPT`] bytes.
+/// file by its last 16 MiB.
 pub fn read_xids(path: &Path) -> Result<Vec<Xid>, String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let mut f = std::fs::OpenOptions::new()

@@ -17,6 +17,10 @@ pub const MAX_HANDLES: usize = 64;
 pub const MAX_HANDLE_BYTES: usize = 512;
 /// The largest request the lighthouse decodes.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The largest quorum (its members, encoded): under the 4 MiB a torchft
+/// client decodes. A group whose joining would make the next quorum larger
+/// is refused.
+pub const MAX_QUORUM_BYTES: usize = 3 * 1024 * 1024;
 
 /// Checks a quorum request's member.
 pub fn check_member(m: &pb::QuorumMember) -> Result<(), Status> {
@@ -60,6 +64,12 @@ pub fn check_id(id: &str) -> Result<(), Status> {
             "the replica_id has {} bytes; at most {MAX_ID_BYTES}",
             id.len()
         )));
+    }
+    // It is shown on the status page and by `rdzv-server status`.
+    if id.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(
+            "the replica_id has control characters",
+        ));
     }
     Ok(())
 }

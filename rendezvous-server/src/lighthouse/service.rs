@@ -3,16 +3,23 @@
 //!
 //! torchft's client connects with a plain `http://` URL and sends no
 //! credentials, so this port cannot ask for the rendezvous token or TLS;
-//! instead it answers only addresses in its allow list
-//! (`--lighthouse-allow`, loopback by default), and bounds what it holds
-//! (the [`super::limits`], [`MAX_WAITING`] calls). Only the leading replica
-//! answers; a follower refuses with `UNAVAILABLE`, naming the leader, so
-//! torchft's retries (`TORCHFT_QUORUM_RETRIES`) or a Service that routes
-//! to the ready replica find it.
+//! instead it serves only addresses in its allow list
+//! (`--lighthouse-allow`, loopback by default: other connections are closed
+//! as they are accepted), and bounds what it holds (the [`super::limits`],
+//! [`MAX_WAITING`] calls, keep-alives on idle connections). Only the
+//! leading replica answers; a follower refuses with `UNAVAILABLE`, naming
+//! the leader, and calls waiting when a replica stops leading (or the
+//! server shuts down) end with `UNAVAILABLE`, so torchft's retries
+//! (`TORCHFT_QUORUM_RETRIES`) or a Service that routes to the ready replica
+//! find the new leader.
+//!
+//! The state and the sender of the quorums it forms share one lock: a
+//! caller subscribes, joins and hears the quorums in the order they formed,
+//! as with torchft's own lighthouse.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use accel_proto::torchft as pb;
 use accel_proto::torchft::lighthouse_service_server::{
@@ -30,7 +37,7 @@ use crate::ha::Role;
 /// The most `Quorum` calls waiting at once.
 pub const MAX_WAITING: usize = 4 * super::MAX_GROUPS;
 
-/// Quorums a slow waiter may fall behind before it rejoins.
+/// Quorums a slow waiter may fall behind before it is told to ask again.
 const FORMED_QUEUE: usize = 64;
 
 /// Networks allowed to call the lighthouse.
@@ -53,11 +60,16 @@ impl Allow {
     /// Whether `ip` may call (an IPv4 address mapped into IPv6 counts as
     /// itself).
     pub fn allows(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = canonical(ip);
         self.nets.iter().any(|(net, len)| within(ip, *net, *len))
+    }
+}
+
+/// An IPv4 address mapped into IPv6 as itself.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
     }
 }
 
@@ -111,7 +123,14 @@ impl std::str::FromStr for Allow {
                     )
                 })?,
             };
-            nets.push((ip, len));
+            // An IPv4 network written IPv6-mapped is matched as IPv4, as
+            // the callers' mapped addresses are.
+            let net = match (canonical(ip), ip) {
+                (IpAddr::V4(v4), IpAddr::V6(_)) if len >= 96 => (IpAddr::V4(v4), len - 96),
+                (IpAddr::V4(_), IpAddr::V6(_)) => (ip, len),
+                _ => (ip, len),
+            };
+            nets.push(net);
         }
         if nets.is_empty() {
             return Err("give the networks that may call the lighthouse (10.0.0.0/8, any)".into());
@@ -141,23 +160,27 @@ struct Inner {
     waiting: Semaphore,
 }
 
+/// Milliseconds since the epoch, where quorum ids start.
+fn now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
 impl Shared {
     /// A lighthouse with `config`, answering `allow`. Its quorum ids count
-    /// on from its start time in milliseconds since the epoch: a restarted
-    /// server (or a replica that takes over) hands out ids above those of
-    /// the one before, which in practice handed out far fewer ids (one per
-    /// membership change or failed commit) than milliseconds passed, so no
-    /// manager mistakes a new quorum for an old one (torchft keys a
-    /// quorum's store prefix by its id). Clocks must not be behind by more
-    /// than that.
+    /// on from the time in milliseconds since the epoch when it starts or
+    /// takes the lead (`Shared::lead_afresh`): a restarted server, or a
+    /// replica that takes over, hands out ids above those handed out before
+    /// (one per membership change or failed commit: far fewer than the
+    /// milliseconds that passed), so no manager mistakes a new quorum for an
+    /// old one (torchft keys a quorum's store prefix by its id). The hosts'
+    /// clocks must not go back.
     pub fn new(config: LighthouseConfig, allow: Allow) -> Self {
-        let since_epoch = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        let first = i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX / 2);
         Self {
             inner: Arc::new(Inner {
-                lighthouse: Mutex::new(Lighthouse::resuming(config, first)),
+                lighthouse: Mutex::new(Lighthouse::resuming(config, now_ms())),
                 formed: broadcast::channel(FORMED_QUEUE).0,
                 allow,
                 waiting: Semaphore::new(MAX_WAITING),
@@ -165,26 +188,32 @@ impl Shared {
         }
     }
 
-    /// Reads the lighthouse's state.
-    pub fn read<T>(&self, f: impl FnOnce(&Lighthouse) -> T) -> T {
-        f(&self
-            .inner
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lighthouse> {
+        self.inner
             .lighthouse
             .lock()
-            .unwrap_or_else(PoisonError::into_inner))
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Steps the lighthouse and hands out the quorums it formed.
-    fn step(&self, event: Event) -> Result<(), Status> {
-        let actions = {
-            let mut l = self
-                .inner
-                .lighthouse
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            l.step(Instant::now(), event)
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?
-        };
+    /// Reads the lighthouse's state.
+    pub fn read<T>(&self, f: impl FnOnce(&Lighthouse) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// Steps the lighthouse and hands out the quorums it formed, under its
+    /// lock; with `subscribe`, the caller's receiver, taken under the same
+    /// lock before the step (it hears exactly the quorums formed from then
+    /// on, in order).
+    fn step(
+        &self,
+        event: Event,
+        subscribe: bool,
+    ) -> Result<Option<broadcast::Receiver<Arc<pb::Quorum>>>, Status> {
+        let mut l = self.lock();
+        let rx = subscribe.then(|| self.inner.formed.subscribe());
+        let actions = l
+            .step(Instant::now(), event)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         for Action::Formed(mut quorum) in actions {
             let now = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -198,10 +227,20 @@ impl Shared {
                 replica_groups = quorum.participants.len(),
                 "lighthouse: quorum formed"
             );
-            // Nobody waiting is no error.
+            // Never blocks; nobody waiting is no error.
             let _ = self.inner.formed.send(Arc::new(quorum));
         }
-        Ok(())
+        Ok(rx)
+    }
+
+    /// This replica took the lead: the state starts afresh (another
+    /// replica may have led meanwhile), its quorum ids above those it
+    /// handed out and above the time in milliseconds.
+    fn lead_afresh(&self) {
+        let mut l = self.lock();
+        let config = l.config().clone();
+        let first = l.quorum_id().max(now_ms());
+        *l = Lighthouse::resuming(config, first);
     }
 }
 
@@ -210,23 +249,26 @@ impl Shared {
 pub struct LighthouseHandlers {
     shared: Shared,
     role: watch::Receiver<Role>,
+    stop: CancellationToken,
 }
 
 impl LighthouseHandlers {
-    /// Handlers over `shared` that answer while `role` leads.
-    pub fn new(shared: Shared, role: watch::Receiver<Role>) -> Self {
-        Self { shared, role }
+    /// Handlers over `shared` that answer while `role` leads, until `stop`.
+    pub fn new(shared: Shared, role: watch::Receiver<Role>, stop: CancellationToken) -> Self {
+        Self { shared, role, stop }
     }
 
     fn admit<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        if let Some(addr) = request.remote_addr() {
-            if !self.shared.inner.allow.allows(addr.ip()) {
-                return Err(Status::permission_denied(format!(
-                    "the lighthouse does not answer {} (--lighthouse-allow {}): add its network to --lighthouse-allow",
-                    addr.ip(),
-                    self.shared.inner.allow
-                )));
-            }
+        let from = request.remote_addr().map(|a| a.ip());
+        if !from.is_some_and(|ip| self.shared.inner.allow.allows(ip)) {
+            let who = from.map_or_else(
+                || "a caller of unknown address".to_owned(),
+                |ip| ip.to_string(),
+            );
+            return Err(Status::permission_denied(format!(
+                "the lighthouse does not answer {who} (--lighthouse-allow {}): add its network to --lighthouse-allow",
+                self.shared.inner.allow
+            )));
         }
         match &*self.role.borrow() {
             Role::Leader(_) => Ok(()),
@@ -256,19 +298,41 @@ impl Service for LighthouseHandlers {
             Status::resource_exhausted(format!("{MAX_WAITING} quorum calls wait already; retry"))
         })?;
         let id = member.replica_id.clone();
-        let mut formed = self.shared.inner.formed.subscribe();
-        self.shared.step(Event::Join(member.clone()))?;
+        let Some(mut formed) = self.shared.step(Event::Join(member.clone()), true)? else {
+            return Err(Status::internal("the lighthouse gave no receiver"));
+        };
+        let mut role = self.role.clone();
         loop {
-            match formed.recv().await {
+            let got = tokio::select! {
+                got = formed.recv() => got,
+                () = self.stop.cancelled() => {
+                    return Err(Status::unavailable(
+                        "the rendezvous server is shutting down; retry against the next leader",
+                    ));
+                }
+                _ = role.wait_for(|r| !matches!(r, Role::Leader(_))) => {
+                    return Err(Status::unavailable(
+                        "this rdzv-server replica no longer leads; retry against the new leader",
+                    ));
+                }
+            };
+            match got {
                 Ok(q) if q.participants.iter().any(|p| p.replica_id == id) => {
                     return Ok(Response::new(pb::LighthouseQuorumResponse {
                         quorum: Some((*q).clone()),
                     }));
                 }
-                // A quorum without this group (it joined too late, or a
-                // quorum was missed): it joins the next one.
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    self.shared.step(Event::Rejoin(member.clone()))?;
+                // A quorum without this group (it was computed before this
+                // group joined, or without it): it joins the next one.
+                Ok(_) => {
+                    self.shared.step(Event::Rejoin(member.clone()), false)?;
+                }
+                // Quorums were missed, one of them perhaps with this group
+                // in it: the caller asks again.
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    return Err(Status::aborted(format!(
+                        "this call fell {n} quorums behind; ask again"
+                    )));
                 }
                 Err(broadcast::error::RecvError::Closed) => {
                     return Err(Status::unavailable("the lighthouse is shutting down"));
@@ -284,13 +348,13 @@ impl Service for LighthouseHandlers {
         self.admit(&request)?;
         let id = request.into_inner().replica_id;
         limits::check_id(&id)?;
-        self.shared.step(Event::Heartbeat(id))?;
+        self.shared.step(Event::Heartbeat(id), false)?;
         Ok(Response::new(pb::LighthouseHeartbeatResponse {}))
     }
 }
 
 /// Serves the lighthouse on `listener` until `stop`: the handlers and the
-/// quorum tick.
+/// quorum tick (while this replica leads).
 pub async fn serve(
     listener: TcpListener,
     shared: Shared,
@@ -299,16 +363,23 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let tick = shared.read(|l| l.config().quorum_tick);
     let ticker = {
-        let shared = shared.clone();
-        let stop = stop.clone();
+        let (shared, stop, role) = (shared.clone(), stop.clone(), role.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut led = matches!(*role.borrow(), Role::Leader(_));
             loop {
                 tokio::select! {
                     _ = every.tick() => {
-                        if let Err(e) = shared.step(Event::Tick) {
-                            warn!(error = %e.message(), "lighthouse tick");
+                        let leads = matches!(*role.borrow(), Role::Leader(_));
+                        if leads && !led {
+                            shared.lead_afresh();
+                        }
+                        led = leads;
+                        if leads {
+                            if let Err(e) = shared.step(Event::Tick, false) {
+                                warn!(error = %e.message(), "lighthouse tick");
+                            }
                         }
                     }
                     () = stop.cancelled() => return,
@@ -318,10 +389,36 @@ pub async fn serve(
     };
     let at: Option<SocketAddr> = listener.local_addr().ok();
     info!(addr = ?at, allow = %shared.inner.allow, "lighthouse (torchft) listening");
-    let service = LighthouseServiceServer::new(LighthouseHandlers::new(shared, role))
-        .max_decoding_message_size(limits::MAX_REQUEST_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let allow = shared.inner.allow.clone();
+    let service = LighthouseServiceServer::new(LighthouseHandlers::new(shared, role, stop.clone()))
+        .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
+        .max_encoding_message_size(limits::MAX_QUORUM_BYTES + limits::MAX_REQUEST_BYTES);
+    // Connections from outside the allow list are closed as they are
+    // accepted, so they hold nothing (said once a minute).
+    let refused = std::sync::atomic::AtomicU64::new(0);
+    let said = Mutex::new(None::<Instant>);
+    let incoming = tokio_stream::StreamExt::filter(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        move |conn| {
+            let Ok(c) = conn else { return true };
+            let peer = c.peer_addr().ok();
+            if peer.is_some_and(|a| allow.allows(a.ip())) {
+                return true;
+            }
+            let n = refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let mut last = said.lock().unwrap_or_else(PoisonError::into_inner);
+            if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                *last = Some(Instant::now());
+                warn!(peer = ?peer, refused_so_far = n, allow = %allow, "lighthouse: closed a connection from outside --lighthouse-allow");
+            }
+            false
+        },
+    );
     let result = tonic::transport::Server::builder()
+        .tcp_keepalive(Some(Duration::from_secs(30)))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .concurrency_limit_per_connection(256)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await;

@@ -180,9 +180,56 @@ fn silent_groups_are_forgotten_and_the_table_is_bounded() {
     // Ten heartbeat timeouts later they are gone, and room is back.
     let later = t + Duration::from_secs(5) * FORGET_AFTER + MS;
     l.step(later, Event::Tick).expect("tick");
-    assert_eq!((l.heartbeats().count(), l.participants().count()), (0, 0));
+    // Their heartbeats are forgotten; their places go when room is needed.
+    assert_eq!(
+        (l.heartbeats().count(), l.participants().count()),
+        (0, MAX_GROUPS)
+    );
     l.step(later, Event::Join(member("new", 0)))
         .expect("room again");
+    assert_eq!(l.participants().count(), 1);
+}
+
+#[test]
+fn a_quorum_too_large_for_a_client_is_refused_at_the_join() {
+    let t = Instant::now();
+    let mut l = Lighthouse::new(config(1_000_000));
+    let big = |i: usize| pb::QuorumMember {
+        data: "x".repeat(limits::MAX_DATA_BYTES),
+        reconfigure_handles: vec!["h".repeat(limits::MAX_HANDLE_BYTES); limits::MAX_HANDLES],
+        ..member(&format!("g{i}"), 0)
+    };
+    let mut refused = None;
+    for i in 0..MAX_GROUPS {
+        if let Err(e) = l.step(t, Event::Join(big(i))) {
+            refused = Some((i, e));
+            break;
+        }
+    }
+    let (at, e) = refused.expect("refused before the table is full");
+    assert_eq!(e, Refused::TooLarge);
+    assert!(e.to_string().contains("shorten them"));
+    assert!(at > 50, "{at} groups");
+}
+
+#[test]
+fn an_empty_shrink_only_quorum_is_handed_out_and_the_next_takes_everyone() {
+    let t = Instant::now();
+    let mut l = Lighthouse::new(config(1));
+    let q = l.step(t, Event::Join(member("a", 0))).expect("join");
+    assert_eq!(ids(formed(&q).expect("q")), vec!["a"]);
+    // "a" dies; "b" asks shrink-only: no previous member is left.
+    let late = t + Duration::from_secs(6);
+    let mut b = member("b", 0);
+    b.shrink_only = true;
+    let q = l.step(late, Event::Join(b)).expect("join");
+    let q = formed(&q).expect("an empty quorum");
+    assert!(q.participants.is_empty());
+    // "b" asks again: with no previous member to wait for, it is in.
+    let q = l
+        .step(late + 10 * MS, Event::Join(member("b", 1)))
+        .expect("join");
+    assert_eq!(ids(formed(&q).expect("q")), vec!["b"]);
 }
 
 #[test]
