@@ -891,6 +891,12 @@ impl Agent {
         signal(self.pid(), sig);
     }
 
+    /// Whether the agent is still running.
+    pub fn running(&mut self) -> bool {
+        let child = self.child.as_mut().expect("running");
+        matches!(child.try_wait(), Ok(None))
+    }
+
     /// Waits up to `limit` for the agent to exit.
     pub fn wait(mut self, limit: Duration) -> Finished {
         let mut child = self.child.take().expect("running");

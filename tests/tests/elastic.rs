@@ -689,13 +689,15 @@ fn a_frozen_node_s_replacement_takes_its_place_and_no_rank_runs_twice() {
 /// `--nnodes 2:8 --nnodes-multiple-of 2` with five agents: the round takes
 /// four (world 8) and the fifth waits as a ready spare; killing one of the
 /// four re-forms a round of four with the spare at once, spending nothing
-/// of the restart budget.
+/// of the restart budget. The spare waits longer than `join_timeout` first:
+/// a spare of a running round is not late, and stays.
 #[test]
 fn rounds_take_a_multiple_of_k_nodes_and_a_ready_spare_fills_a_lost_place() {
     let server = Server::start();
     let dir = scratch("multiple-of");
-    let conf = "last_call_timeout=1,keep_alive_interval=0.3,keep_alive_max_attempt=2";
-    let env = [("RUN_FOR", "8")];
+    let conf =
+        "last_call_timeout=1,keep_alive_interval=0.3,keep_alive_max_attempt=2,join_timeout=5";
+    let env = [("RUN_FOR", "14")];
     let tags = ["a", "b", "c", "d", "e"];
     let agents: Vec<Agent> = tags
         .iter()
@@ -739,6 +741,14 @@ fn rounds_take_a_multiple_of_k_nodes_and_a_ready_spare_fills_a_lost_place() {
         .unwrap_or_default()
         .contains("waiting as a spare")),
         "the fifth says it waits as a spare"
+    );
+    // Past join_timeout (5 s) since the round formed: the spare is still there.
+    std::thread::sleep(Duration::from_secs(7));
+    let spare_agent = agents.get_mut(spare).expect("the spare");
+    assert!(
+        spare_agent.running(),
+        "the spare left after join_timeout: {}",
+        std::fs::read_to_string(&spare_agent.stderr).unwrap_or_default()
     );
     let victim = *running.iter().next().expect("a running node");
     let killed = Instant::now();

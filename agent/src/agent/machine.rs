@@ -382,6 +382,10 @@ enum Phase {
         deadline: Instant,
         /// The last progress report, for a timeout's message.
         waiting: String,
+        /// The last report said this node waits as a spare beside a running
+        /// round: it is not late, so the deadline moves on instead of
+        /// ending the agent, until the node stops being a spare.
+        spare: bool,
     },
     Reconnecting {
         /// The forming deadline, which a reconnect does not extend.
@@ -709,9 +713,10 @@ impl NodeMachine {
                     round,
                     deadline,
                     waiting,
+                    spare,
                 },
                 event,
-            ) => self.forming(now, round, deadline, waiting, event),
+            ) => self.forming(now, round, deadline, waiting, spare, event),
             (
                 Phase::Reconnecting {
                     deadline,
@@ -757,18 +762,32 @@ impl NodeMachine {
             round,
             deadline: after_from(now, self.settings.join_timeout),
             waiting: String::from("no report from the rendezvous yet"),
+            spare: false,
         };
         vec![Action::Offer { round }]
     }
 
+    /// Forming `round`. A node waiting as a spare beside a running round
+    /// (`--nnodes MIN:MAX`, `--nnodes-multiple-of`) is kept for as long as
+    /// it is one: its `join_timeout` counts from when it stops being a spare
+    /// (the round it waited beside re-forms, the rendezvous is lost, a
+    /// report says otherwise). torchrun ends its waiting nodes after
+    /// join_timeout whatever they wait for; accel's hot spares would
+    /// otherwise leave ten minutes into every run (documented as a
+    /// deviation).
     fn forming(
         &mut self,
         now: Instant,
         round: u64,
-        deadline: Instant,
+        mut deadline: Instant,
         mut waiting: String,
+        mut spare: bool,
         event: Event,
     ) -> Vec<Action> {
+        if spare {
+            // Whatever happens next, a spare's join_timeout has not begun.
+            deadline = deadline.max(after_from(now, self.settings.join_timeout));
+        }
         let kind = match event {
             Event::Message(kind) => kind,
             Event::Lost(why) | Event::Silent { why, .. } | Event::Dead(why) => {
@@ -786,6 +805,7 @@ impl NodeMachine {
                     round,
                     deadline,
                     waiting,
+                    spare,
                 };
                 return Vec::new();
             }
@@ -840,7 +860,6 @@ impl NodeMachine {
             Kind::JobClosed(c) if c.may_rejoin => self.reconnect(deadline, c.reason, waiting),
             Kind::JobClosed(c) => self.exit(Err(closed(&c))),
             kind => {
-                let mut deadline = deadline;
                 if let Kind::Waiting(w) = &kind {
                     if w.round == round {
                         waiting = describe_waiting(w);
@@ -853,12 +872,17 @@ impl NodeMachine {
                             let until = after_from(now, left);
                             deadline = deadline.max(after_from(until, self.settings.join_timeout));
                         }
+                        spare = w.spare && w.quarantine.is_empty();
+                        if spare {
+                            deadline = deadline.max(after_from(now, self.settings.join_timeout));
+                        }
                     }
                 }
                 self.phase = Phase::Forming {
                     round,
                     deadline,
                     waiting,
+                    spare,
                 };
                 Vec::new()
             }
@@ -922,6 +946,7 @@ impl NodeMachine {
             round,
             deadline,
             waiting,
+            spare: false,
         };
         vec![Action::Offer { round }]
     }
@@ -951,7 +976,7 @@ impl NodeMachine {
             | Event::Dead(_)
             | Event::Message(
                 Kind::JobFailed(_) | Kind::JobSucceeded(_) | Kind::JobClosed(_),
-            )) => self.forming(now, round, deadline, String::new(), event),
+            )) => self.forming(now, round, deadline, String::new(), false, event),
             _ => {
                 self.phase = Phase::BackingOff { round, until };
                 Vec::new()

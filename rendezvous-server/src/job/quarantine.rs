@@ -24,6 +24,15 @@
 //! ignored, as for the budget). Only dynamic rendezvous benches nodes: with
 //! static ranks a node's place cannot go to another.
 //!
+//! # A host benched again stays out longer
+//! A host benched again within the window after its last own bench ended
+//! is benched for twice as long as that one, up to [`MAX_DOUBLINGS`]
+//! doublings (as Kubernetes backs off a crashing container). Without it a
+//! short `--quarantine-for` lets a slow host back in time for the round
+//! its bench re-formed, where it is found straggling again: uncounted
+//! re-forms for ever, and a job that never gets through its work. An
+//! operator's release forgets the count (the host was fixed).
+//!
 //! # Own benches and copies
 //! With `--quarantine-scope server` a job also holds *copies* of the
 //! benches other jobs made (the registry's `quarantine` module). A copy
@@ -65,6 +74,9 @@ use super::{Job, Member, Outbound, Phase};
 pub const MAX_HOSTS: usize = 256;
 /// Most bytes of a bench's reason.
 pub(super) const MAX_REASON_BYTES: usize = 256;
+/// Most doublings of a host's hold when it is benched again and again
+/// (see the module docs): at most 64 times `--quarantine-for`.
+pub(super) const MAX_DOUBLINGS: u32 = 6;
 /// How long one of its rounds must have run before a job counts as one
 /// that ran (see the module docs).
 pub const RAN_FOR: Duration = Duration::from_secs(600);
@@ -143,6 +155,18 @@ pub struct Quarantine {
     /// policy's count).
     failures: BTreeMap<String, VecDeque<Instant>>,
     benched: BTreeMap<String, Bench>,
+    /// Each host's own benches in a row (each begun within the window
+    /// after the last one ended), and when the last one ends.
+    repeats: BTreeMap<String, Repeat>,
+}
+
+/// A host's own benches in a row: how many, and when the last one ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repeat {
+    /// Benches in a row.
+    pub times: u32,
+    /// When the last one ends.
+    pub until: Instant,
 }
 
 impl Quarantine {
@@ -187,15 +211,75 @@ impl Quarantine {
             return None;
         }
         self.failures.remove(host);
-        let until = now.checked_add(policy.hold).unwrap_or(now);
-        let reason = format!(
-            "{}; out for {} (--quarantine-for)",
-            policy.describe(),
-            accel_input::duration_words(policy.hold)
-        );
-        self.bench(now, host, until, reason)
+        self.bench_own(now, host, policy, &policy.describe())
             .then(|| self.benched.get(host))
             .flatten()
+    }
+
+    /// Benches `host` as one of this job's own benches, for `why`: for the
+    /// policy's hold, doubled for each bench of it in a row (see the module
+    /// docs). True if that is new (as for [`Quarantine::bench`]).
+    pub fn bench_own(
+        &mut self,
+        now: Instant,
+        host: &str,
+        policy: &QuarantinePolicy,
+        why: &str,
+    ) -> bool {
+        let times = match self.repeats.get(host) {
+            Some(r) if now.saturating_duration_since(r.until) <= policy.window => {
+                r.times.saturating_add(1)
+            }
+            _ => 1,
+        };
+        let doublings = (times - 1).min(MAX_DOUBLINGS);
+        let hold = policy.hold.saturating_mul(1 << doublings);
+        let until = now.checked_add(hold).unwrap_or(now);
+        let words = accel_input::duration_words(hold);
+        let reason = match doublings {
+            0 => format!("{why}; out for {words} (--quarantine-for)"),
+            _ => format!(
+                "{why}; out for {words} (--quarantine-for ×{}: benched {times} times in a row within --quarantine-window)",
+                1u32 << doublings
+            ),
+        };
+        if !self.bench(now, host, until, reason) {
+            return false;
+        }
+        self.remember(now, host, Repeat { times, until }, policy.window);
+        true
+    }
+
+    /// Keeps `host`'s benches in a row, within [`MAX_HOSTS`]: those whose
+    /// window has passed go first, then the one that ended longest ago.
+    fn remember(&mut self, now: Instant, host: &str, repeat: Repeat, window: Duration) {
+        if !self.repeats.contains_key(host) && self.repeats.len() >= MAX_HOSTS {
+            self.repeats
+                .retain(|_, r| now.saturating_duration_since(r.until) <= window);
+            if self.repeats.len() >= MAX_HOSTS {
+                let oldest = self
+                    .repeats
+                    .iter()
+                    .min_by_key(|(_, r)| r.until)
+                    .map(|(h, _)| h.clone());
+                if let Some(h) = oldest {
+                    self.repeats.remove(&h);
+                }
+            }
+        }
+        self.repeats.insert(host.to_owned(), repeat);
+    }
+
+    /// Each host's own benches in a row.
+    pub fn repeats(&self) -> impl Iterator<Item = (&String, &Repeat)> {
+        self.repeats.iter()
+    }
+
+    /// Restores a host's benches in a row (a record's), keeping the bound.
+    pub fn restore_repeat(&mut self, host: String, repeat: Repeat) {
+        if self.repeats.len() < MAX_HOSTS && repeat.times > 0 {
+            self.repeats.insert(host, repeat);
+        }
     }
 
     /// Benches `host` until `until`, for `reason`, as one of this job's own
@@ -285,6 +369,7 @@ impl Quarantine {
     /// benched.
     pub fn release(&mut self, host: &str) -> Option<Bench> {
         self.failures.remove(host);
+        self.repeats.remove(host);
         self.benched.remove(host)
     }
 
@@ -455,13 +540,8 @@ impl Job {
             return;
         }
         let host = m.hostname.clone();
-        let until = now.checked_add(policy.hold).unwrap_or(now);
-        let reason = format!(
-            "{}; out for {} (--quarantine-for)",
-            accel_input::excerpt(why),
-            accel_input::duration_words(policy.hold)
-        );
-        if self.quarantine.bench(now, &host, until, reason) {
+        let why = accel_input::excerpt(why).to_string();
+        if self.quarantine.bench_own(now, &host, &policy, &why) {
             if self.new_benches.len() < MAX_HOSTS {
                 self.new_benches.push(host);
             }
@@ -642,6 +722,55 @@ mod tests {
             hold: Duration::from_secs(600),
             stragglers: false,
         }
+    }
+
+    #[test]
+    fn a_host_benched_again_soon_after_stays_out_twice_as_long_up_to_a_bound() {
+        let t = crate::clock::epoch();
+        let mut q = Quarantine::default();
+        let p = policy(1);
+        let hold = p.hold;
+        // Each bench begins as the last one ends: 1x, 2x, 4x ... 64x, 64x.
+        let mut at = t;
+        for factor in [1, 2, 4, 8, 16, 32, 64, 64] {
+            let b = q.failure(at, "slow", &p).expect("benched").clone();
+            assert_eq!(b.until - at, hold * factor, "factor {factor}");
+            if factor > 1 {
+                assert!(b.reason.contains(&format!("×{factor}")), "{}", b.reason);
+            }
+            assert_eq!(q.expire(b.until), ["slow"]);
+            at = b.until;
+        }
+        // Past the window after the last bench ended, the count starts over.
+        let later = at + p.window + Duration::from_secs(1);
+        let b = q.failure(later, "slow", &p).expect("benched").clone();
+        assert_eq!(b.until - later, hold);
+        // Another host's benches are its own; a release forgets the count.
+        let other = q.failure(later, "other", &p).expect("benched").until;
+        assert_eq!(other - later, hold);
+        q.release("slow");
+        let b = q.failure(later, "slow", &p).expect("benched").clone();
+        assert_eq!(b.until - later, hold, "released: a fresh start");
+        assert_eq!(q.repeats().count(), 2);
+    }
+
+    #[test]
+    fn benches_in_a_row_stay_bounded() {
+        let t = crate::clock::epoch();
+        let mut q = Quarantine::default();
+        let p = policy(1);
+        for i in 0..MAX_HOSTS + 10 {
+            let at = t + Duration::from_millis(i as u64);
+            assert!(q.failure(at, &format!("h{i}"), &p).is_some());
+            // The bench ends at once (an operator's table is not the bound).
+            q.benched.clear();
+        }
+        assert_eq!(q.repeats().count(), MAX_HOSTS);
+        // The newest are kept.
+        assert!(q
+            .repeats()
+            .any(|(h, _)| h == &format!("h{}", MAX_HOSTS + 9)));
+        assert!(!q.repeats().any(|(h, _)| h == "h0"));
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct JobRecord {
     pub benched: Vec<(String, Offset, Offset, String, bool)>,
     /// Hosts' failures counted towards a bench, oldest first.
     pub failure_counts: Vec<(String, Vec<Offset>)>,
+    /// Hosts' own benches in a row, and when the last one ends (a host
+    /// benched again soon stays out longer).
+    pub bench_repeats: Vec<(String, u32, Offset)>,
     /// The training progress reported, and the no-progress count.
     pub progress: super::progress::Progress,
     /// Where the job's time went.
@@ -180,6 +183,11 @@ impl Job {
                 .quarantine
                 .counts()
                 .map(|(h, at)| (h.clone(), at.iter().map(|t| offset(*t, now)).collect()))
+                .collect(),
+            bench_repeats: self
+                .quarantine
+                .repeats()
+                .map(|(h, r)| (h.clone(), r.times, offset(r.until, now)))
                 .collect(),
             // The best step and the count; the current round's reports
             // are heard again by whoever continues the job.
@@ -276,6 +284,11 @@ impl Job {
         for (host, at) in record.failure_counts {
             let at = at.into_iter().map(|t| instant(t, now)).collect();
             job.quarantine.restore_count(host, at);
+        }
+        for (host, times, until) in record.bench_repeats {
+            let until = instant(until, now);
+            let repeat = super::quarantine::Repeat { times, until };
+            job.quarantine.restore_repeat(host, repeat);
         }
         job.recount_benched();
         job.absent = job

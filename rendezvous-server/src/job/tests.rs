@@ -1642,6 +1642,7 @@ fn benches_and_failure_counts_survive_a_record_and_a_benched_offer_does_not_coun
     let record = j.record(t1);
     assert_eq!(record.benched.len(), 1);
     assert_eq!(record.benched[0].0, "n3");
+    assert_eq!(record.bench_repeats.len(), 1, "n3's bench in a row is kept");
     assert_eq!(
         record
             .failure_counts

@@ -210,6 +210,15 @@ pub fn encode(r: &JobRecord) -> Encoded {
                 at: at.clone(),
             })
             .collect(),
+        bench_repeats: r
+            .bench_repeats
+            .iter()
+            .map(|(host, times, until)| st::BenchRepeat {
+                host: host.clone(),
+                times: *times,
+                until: *until,
+            })
+            .collect(),
     };
     let participants = r
         .participants
@@ -369,6 +378,12 @@ pub fn decode(id: &str, e: &Encoded) -> Result<JobRecord, StoreError> {
             .into_iter()
             .take(crate::job::MAX_QUARANTINED)
             .map(|c| (c.host, c.at.into_iter().take(MAX_COUNTED).collect()))
+            .collect(),
+        bench_repeats: meta
+            .bench_repeats
+            .into_iter()
+            .take(crate::job::MAX_QUARANTINED)
+            .map(|r| (r.host, r.times, r.until))
             .collect(),
         // The current round's reports are heard again (the `progress`
         // module).

@@ -1790,3 +1790,75 @@ fn a_forming_node_or_spare_that_fails_a_periodic_check_leaves_at_once_and_others
         "{actions:?}"
     );
 }
+
+#[test]
+fn a_spare_of_a_running_round_waits_longer_than_the_join_timeout() {
+    // accel-sim seed 571657: a round ran past join_timeout and its spare
+    // exited 1 while the job went on (and then succeeded). The rendezvous
+    // says once that the node is a spare; the round then runs for hours.
+    let (mut m, t0) = joined();
+    let waiting = |spare: bool| {
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: 0,
+            ready: 1,
+            needed: 2,
+            spare,
+            max_nodes: 2,
+            ..Default::default()
+        }))
+    };
+    assert!(m.step(t0, waiting(true)).is_empty());
+    let mut at = t0;
+    for _ in 0..30 {
+        at = m.deadline().expect("a timer");
+        assert!(
+            m.step(at, Event::Timer).is_empty(),
+            "still a spare after {:?}",
+            at - t0
+        );
+    }
+    assert!(at - t0 > Duration::from_secs(3 * 3600), "{:?}", at - t0);
+    // The round it waited beside re-forms: join_timeout counts from then.
+    let restart = Event::Message(Kind::RestartRequested(pb::RestartRequested {
+        round: 0,
+        next_round: 1,
+        ..Default::default()
+    }));
+    let actions = m.step(at, restart);
+    assert!(
+        matches!(actions.as_slice(), [Action::Offer { round: 1 }]),
+        "{actions:?}"
+    );
+    assert_eq!(m.deadline(), Some(at + Duration::from_secs(600)));
+    let actions = m.step(at + Duration::from_secs(600), Event::Timer);
+    assert!(
+        matches!(actions.last(), Some(Action::Exit(Err(_)))),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_node_no_longer_a_spare_times_out_join_timeout_after_the_report_that_said_so() {
+    let (mut m, t0) = joined();
+    let waiting = |at_round: u64, spare: bool| {
+        Event::Message(Kind::Waiting(pb::Waiting {
+            round: at_round,
+            ready: 1,
+            needed: 2,
+            spare,
+            max_nodes: 2,
+            ..Default::default()
+        }))
+    };
+    assert!(m.step(t0, waiting(0, true)).is_empty());
+    let later = t0 + Duration::from_secs(1800);
+    assert!(m.step(later, waiting(0, false)).is_empty());
+    assert!(m
+        .step(later + Duration::from_secs(599), Event::Timer)
+        .is_empty());
+    let actions = m.step(later + Duration::from_secs(600), Event::Timer);
+    assert!(
+        matches!(actions.last(), Some(Action::Exit(Err(_)))),
+        "{actions:?}"
+    );
+}
