@@ -6,30 +6,44 @@
 //! instead it serves only addresses in its allow list
 //! (`--lighthouse-allow`, loopback by default: other connections are closed
 //! as they are accepted), and bounds what it holds (the [`super::limits`],
-//! [`MAX_WAITING`] calls, keep-alives on idle connections). Only the
-//! leading replica answers; a follower refuses with `UNAVAILABLE`, naming
-//! the leader, and calls waiting when a replica stops leading (or the
-//! server shuts down) end with `UNAVAILABLE`, so torchft's retries
-//! (`TORCHFT_QUORUM_RETRIES`) or a Service that routes to the ready replica
-//! find the new leader.
+//! [`MAX_WAITING`] calls, keep-alives on idle connections).
+//!
+//! # Every replica answers; the leader decides
+//! The quorums are the leader's alone. A follower passes each call on to
+//! the leader (at the leader's advertised host and this replica's own
+//! `--lighthouse` port: every replica serves the lighthouse on the same
+//! port) and hands back its answer, so torchft's managers may point at any
+//! replica, or at a Service over all of them, as the agents do. A call
+//! passed on is marked ([`FORWARDED`]); a replica that does not lead
+//! refuses a marked call rather than pass it on again. When the leader
+//! dies, a follower holds the calls it passes on (retrying every
+//! [`RETRY_EVERY`]) until a leader is elected, itself or another, and a
+//! leader that loses the lead passes its waiting calls on to the new one:
+//! a manager's call outlives a failover (lease + a tick), and one whose
+//! connection died with the leader reconnects to a live replica
+//! (`TORCHFT_QUORUM_RETRIES`). The server shutting down ends waiting calls
+//! with `UNAVAILABLE`.
 //!
 //! The state and the sender of the quorums it forms share one lock: a
 //! caller subscribes, joins and hears the quorums in the order they formed,
 //! as with torchft's own lighthouse.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use accel_proto::torchft as pb;
+use accel_proto::torchft::lighthouse_service_client::LighthouseServiceClient;
 use accel_proto::torchft::lighthouse_service_server::{
     LighthouseService as Service, LighthouseServiceServer,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{limits, Action, Event, Lighthouse, LighthouseConfig};
 use crate::ha::Role;
@@ -39,6 +53,16 @@ pub const MAX_WAITING: usize = 4 * super::MAX_GROUPS;
 
 /// Quorums a slow waiter may fall behind before it is told to ask again.
 const FORMED_QUEUE: usize = 64;
+
+/// The metadata key a follower marks a call it passes on to the leader
+/// with.
+pub const FORWARDED: &str = "x-accel-lighthouse-forwarded";
+
+/// How often a follower tries again to reach a leader for a call it holds.
+pub const RETRY_EVERY: Duration = Duration::from_millis(200);
+
+/// How long a follower waits to reach the leader for a heartbeat.
+const HEARTBEAT_PASS_ON: Duration = Duration::from_secs(2);
 
 /// Networks allowed to call the lighthouse.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,14 +182,24 @@ struct Inner {
     formed: broadcast::Sender<Arc<pb::Quorum>>,
     allow: Allow,
     waiting: Semaphore,
+    /// Whether the state is this replica's lead's: cleared when it stops
+    /// leading; the first step while leading again starts afresh
+    /// ([`Shared::step`]), under the lock, before any call is served.
+    led: AtomicBool,
+    /// The id of the last quorum logged.
+    said: AtomicI64,
+}
+
+/// The wall clock since the epoch (zero before it).
+fn since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// Milliseconds since the epoch, where quorum ids start.
 fn now_ms() -> i64 {
-    let since = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX / 2)
+    i64::try_from(since_epoch().as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 impl Shared {
@@ -184,6 +218,8 @@ impl Shared {
                 formed: broadcast::channel(FORMED_QUEUE).0,
                 allow,
                 waiting: Semaphore::new(MAX_WAITING),
+                led: AtomicBool::new(false),
+                said: AtomicI64::new(i64::MIN),
             }),
         }
     }
@@ -203,44 +239,52 @@ impl Shared {
     /// Steps the lighthouse and hands out the quorums it formed, under its
     /// lock; with `subscribe`, the caller's receiver, taken under the same
     /// lock before the step (it hears exactly the quorums formed from then
-    /// on, in order).
+    /// on, in order). Only a leading replica steps: the first step of a
+    /// lead starts afresh.
     fn step(
         &self,
         event: Event,
         subscribe: bool,
     ) -> Result<Option<broadcast::Receiver<Arc<pb::Quorum>>>, Status> {
         let mut l = self.lock();
+        if !self.inner.led.swap(true, Ordering::SeqCst) {
+            // Another replica may have led meanwhile: its groups ask again,
+            // and the ids go on above its own and the time in ms.
+            let config = l.config().clone();
+            let first = l.quorum_id().max(now_ms());
+            *l = Lighthouse::resuming(config, first);
+        }
         let rx = subscribe.then(|| self.inner.formed.subscribe());
         let actions = l
             .step(Instant::now(), event)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         for Action::Formed(mut quorum) in actions {
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default();
+            let now = since_epoch();
             quorum.created = Some(pb::Timestamp {
                 seconds: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
                 nanos: i32::try_from(now.subsec_nanos()).unwrap_or(0),
             });
-            info!(
-                quorum_id = quorum.quorum_id,
-                replica_groups = quorum.participants.len(),
-                "lighthouse: quorum formed"
-            );
+            // torchft asks for a quorum every step: said when it changes.
+            let changed =
+                self.inner.said.swap(quorum.quorum_id, Ordering::SeqCst) != quorum.quorum_id;
+            if changed {
+                info!(
+                    quorum_id = quorum.quorum_id,
+                    replica_groups = quorum.participants.len(),
+                    "lighthouse: a new quorum"
+                );
+            } else {
+                debug!(quorum_id = quorum.quorum_id, "lighthouse: quorum formed");
+            }
             // Never blocks; nobody waiting is no error.
             let _ = self.inner.formed.send(Arc::new(quorum));
         }
         Ok(rx)
     }
 
-    /// This replica took the lead: the state starts afresh (another
-    /// replica may have led meanwhile), its quorum ids above those it
-    /// handed out and above the time in milliseconds.
-    fn lead_afresh(&self) {
-        let mut l = self.lock();
-        let config = l.config().clone();
-        let first = l.quorum_id().max(now_ms());
-        *l = Lighthouse::resuming(config, first);
+    /// This replica stopped leading: its next lead starts afresh.
+    fn stopped_leading(&self) {
+        self.inner.led.store(false, Ordering::SeqCst);
     }
 }
 
@@ -250,75 +294,157 @@ pub struct LighthouseHandlers {
     shared: Shared,
     role: watch::Receiver<Role>,
     stop: CancellationToken,
+    leader: Arc<LeaderChannel>,
+}
+
+/// What a call sees of this replica's role.
+enum Seen {
+    Leads,
+    Follows(Option<String>),
+}
+
+/// The connection to the leader's lighthouse, kept while the leader stays.
+#[derive(Debug)]
+struct LeaderChannel {
+    /// This replica's lighthouse port: the leader's too.
+    port: u16,
+    channel: Mutex<Option<(String, Channel)>>,
+}
+
+impl LeaderChannel {
+    /// A channel to the lighthouse of the leader advertised as `leader`
+    /// (`HOST:PORT`, the rendezvous address), at this replica's port.
+    fn to(&self, leader: &str) -> Result<Channel, Status> {
+        let url = leader_url(leader, self.port).ok_or_else(|| {
+            Status::unavailable(format!(
+                "the leader's advertised address '{}' is not HOST:PORT",
+                accel_input::excerpt(leader)
+            ))
+        })?;
+        let mut held = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((u, c)) = held.as_ref() {
+            if *u == url {
+                return Ok(c.clone());
+            }
+        }
+        let channel = Endpoint::from_shared(url.clone())
+            .map_err(|e| Status::unavailable(format!("the leader at {url}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .connect_lazy();
+        *held = Some((url, channel.clone()));
+        Ok(channel)
+    }
+}
+
+/// `http://HOST:port` for a leader advertised as `HOST:PORT`.
+pub fn leader_url(leader: &str, port: u16) -> Option<String> {
+    let (host, p) = leader.rsplit_once(':')?;
+    if host.is_empty() || p.parse::<u16>().is_err() {
+        return None;
+    }
+    Some(format!("http://{host}:{port}"))
+}
+
+/// Whether a status the leader answered is its answer to the call (handed
+/// back as it is) rather than a sign that the leader is gone or going.
+fn is_answer(s: &Status) -> bool {
+    use tonic::Code;
+    !matches!(
+        s.code(),
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Internal
+    )
 }
 
 impl LighthouseHandlers {
-    /// Handlers over `shared` that answer while `role` leads, until `stop`.
-    pub fn new(shared: Shared, role: watch::Receiver<Role>, stop: CancellationToken) -> Self {
-        Self { shared, role, stop }
-    }
-
-    fn admit<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let from = request.remote_addr().map(|a| a.ip());
-        if !from.is_some_and(|ip| self.shared.inner.allow.allows(ip)) {
-            let who = from.map_or_else(
-                || "a caller of unknown address".to_owned(),
-                |ip| ip.to_string(),
-            );
-            return Err(Status::permission_denied(format!(
-                "the lighthouse does not answer {who} (--lighthouse-allow {}): add its network to --lighthouse-allow",
-                self.shared.inner.allow
-            )));
-        }
-        match &*self.role.borrow() {
-            Role::Leader(_) => Ok(()),
-            Role::Follower { leader: Some(l) } => Err(Status::unavailable(format!(
-                "this rdzv-server replica does not lead; the lighthouse is served by the leader ({l}): point TORCHFT_LIGHTHOUSE at a Service that routes to the ready replica, and set TORCHFT_QUORUM_RETRIES"
-            ))),
-            Role::Follower { leader: None } => Err(Status::unavailable(
-                "no rdzv-server replica leads yet (an election, or etcd is unreachable); retry",
-            )),
+    /// Handlers over `shared` that answer while `role` leads and pass calls
+    /// on to the leader (at its host and `port`, this replica's lighthouse
+    /// port) while it follows, until `stop`.
+    pub fn new(
+        shared: Shared,
+        role: watch::Receiver<Role>,
+        stop: CancellationToken,
+        port: u16,
+    ) -> Self {
+        Self {
+            shared,
+            role,
+            stop,
+            leader: Arc::new(LeaderChannel {
+                port,
+                channel: Mutex::new(None),
+            }),
         }
     }
-}
 
-#[tonic::async_trait]
-impl Service for LighthouseHandlers {
-    async fn quorum(
+    fn seen(role: &mut watch::Receiver<Role>) -> Seen {
+        match &*role.borrow_and_update() {
+            Role::Leader(_) => Seen::Leads,
+            Role::Follower { leader } => Seen::Follows(leader.clone()),
+        }
+    }
+
+    /// Waits for `role` to change, at most `pause` (`None`: no bound); an
+    /// error when the server shuts down.
+    async fn wait_change(
         &self,
-        request: Request<pb::LighthouseQuorumRequest>,
-    ) -> Result<Response<pb::LighthouseQuorumResponse>, Status> {
-        self.admit(&request)?;
-        let member = request
-            .into_inner()
-            .requester
-            .ok_or_else(|| Status::invalid_argument("the quorum request has no requester"))?;
-        limits::check_member(&member)?;
-        let _slot = self.shared.inner.waiting.try_acquire().map_err(|_| {
-            Status::resource_exhausted(format!("{MAX_WAITING} quorum calls wait already; retry"))
-        })?;
+        role: &mut watch::Receiver<Role>,
+        pause: Option<Duration>,
+    ) -> Result<(), Status> {
+        let pause = pause.unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            changed = role.changed() => changed.map_err(|_| shutting_down()),
+            () = tokio::time::sleep(pause) => Ok(()),
+            () = self.stop.cancelled() => Err(shutting_down()),
+        }
+    }
+
+    fn client(&self, leader: &str) -> Result<LighthouseServiceClient<Channel>, Status> {
+        Ok(LighthouseServiceClient::new(self.leader.to(leader)?)
+            .max_decoding_message_size(limits::MAX_QUORUM_BYTES + limits::MAX_REQUEST_BYTES)
+            .max_encoding_message_size(limits::MAX_REQUEST_BYTES))
+    }
+
+    fn marked<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+        request
+    }
+
+    /// Serves `member`'s quorum call while this replica leads: `None` when
+    /// it stops leading before the call is answered (the caller passes it
+    /// on to the new leader).
+    async fn lead_quorum(
+        &self,
+        member: &pb::QuorumMember,
+        role: &mut watch::Receiver<Role>,
+    ) -> Result<Option<pb::LighthouseQuorumResponse>, Status> {
         let id = member.replica_id.clone();
         let Some(mut formed) = self.shared.step(Event::Join(member.clone()), true)? else {
             return Err(Status::internal("the lighthouse gave no receiver"));
         };
-        let mut role = self.role.clone();
         loop {
             let got = tokio::select! {
                 got = formed.recv() => got,
-                () = self.stop.cancelled() => {
-                    return Err(Status::unavailable(
-                        "the rendezvous server is shutting down; retry against the next leader",
-                    ));
-                }
-                _ = role.wait_for(|r| !matches!(r, Role::Leader(_))) => {
-                    return Err(Status::unavailable(
-                        "this rdzv-server replica no longer leads; retry against the new leader",
-                    ));
+                () = self.stop.cancelled() => return Err(shutting_down()),
+                led = role.wait_for(|r| !matches!(r, Role::Leader(_))) => {
+                    return match led {
+                        Ok(_) => Ok(None),
+                        Err(_) => Err(shutting_down()),
+                    };
                 }
             };
             match got {
                 Ok(q) if q.participants.iter().any(|p| p.replica_id == id) => {
-                    return Ok(Response::new(pb::LighthouseQuorumResponse {
+                    return Ok(Some(pb::LighthouseQuorumResponse {
                         quorum: Some((*q).clone()),
                     }));
                 }
@@ -341,15 +467,122 @@ impl Service for LighthouseHandlers {
         }
     }
 
+    fn admit<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let from = request.remote_addr().map(|a| a.ip());
+        if !from.is_some_and(|ip| self.shared.inner.allow.allows(ip)) {
+            let who = from.map_or_else(
+                || "a caller of unknown address".to_owned(),
+                |ip| ip.to_string(),
+            );
+            return Err(Status::permission_denied(format!(
+                "the lighthouse does not answer {who} (--lighthouse-allow {}): add its network to --lighthouse-allow",
+                self.shared.inner.allow
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("the rendezvous server is shutting down; retry against another replica")
+}
+
+/// A call passed on to this replica, which does not lead.
+fn not_leading(leader: Option<&str>) -> Status {
+    match leader {
+        Some(l) => Status::unavailable(format!(
+            "this rdzv-server replica does not lead (the leader is {l}); a call passed on is not passed on again"
+        )),
+        None => Status::unavailable(
+            "no rdzv-server replica leads yet (an election, or etcd is unreachable); retry",
+        ),
+    }
+}
+
+#[tonic::async_trait]
+impl Service for LighthouseHandlers {
+    async fn quorum(
+        &self,
+        request: Request<pb::LighthouseQuorumRequest>,
+    ) -> Result<Response<pb::LighthouseQuorumResponse>, Status> {
+        self.admit(&request)?;
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let member = request
+            .into_inner()
+            .requester
+            .ok_or_else(|| Status::invalid_argument("the quorum request has no requester"))?;
+        limits::check_member(&member)?;
+        let _slot = self.shared.inner.waiting.try_acquire().map_err(|_| {
+            Status::resource_exhausted(format!("{MAX_WAITING} quorum calls wait already; retry"))
+        })?;
+        let mut role = self.role.clone();
+        loop {
+            match Self::seen(&mut role) {
+                Seen::Leads => {
+                    if let Some(answer) = self.lead_quorum(&member, &mut role).await? {
+                        return Ok(Response::new(answer));
+                    }
+                    // No longer leading: on to the new leader.
+                }
+                Seen::Follows(leader) if forwarded => {
+                    return Err(not_leading(leader.as_deref()));
+                }
+                Seen::Follows(Some(leader)) => {
+                    let mut client = self.client(&leader)?;
+                    let call = client.quorum(Self::marked(pb::LighthouseQuorumRequest {
+                        requester: Some(member.clone()),
+                    }));
+                    let passed = tokio::select! {
+                        answer = call => Some(answer),
+                        changed = role.changed() => {
+                            changed.map_err(|_| shutting_down())?;
+                            None
+                        }
+                        () = self.stop.cancelled() => return Err(shutting_down()),
+                    };
+                    match passed {
+                        Some(Ok(answer)) => return Ok(answer),
+                        Some(Err(s)) if is_answer(&s) => return Err(s),
+                        Some(Err(s)) => {
+                            debug!(leader = %leader, error = %s.message(), "lighthouse: the leader did not answer a call passed on; trying again");
+                            self.wait_change(&mut role, Some(RETRY_EVERY)).await?;
+                        }
+                        None => {}
+                    }
+                }
+                Seen::Follows(None) => self.wait_change(&mut role, Some(RETRY_EVERY)).await?,
+            }
+        }
+    }
+
     async fn heartbeat(
         &self,
         request: Request<pb::LighthouseHeartbeatRequest>,
     ) -> Result<Response<pb::LighthouseHeartbeatResponse>, Status> {
         self.admit(&request)?;
+        let forwarded = request.metadata().contains_key(FORWARDED);
         let id = request.into_inner().replica_id;
         limits::check_id(&id)?;
-        self.shared.step(Event::Heartbeat(id), false)?;
-        Ok(Response::new(pb::LighthouseHeartbeatResponse {}))
+        let mut role = self.role.clone();
+        match Self::seen(&mut role) {
+            Seen::Leads => {
+                self.shared.step(Event::Heartbeat(id), false)?;
+                Ok(Response::new(pb::LighthouseHeartbeatResponse {}))
+            }
+            Seen::Follows(leader) if forwarded => Err(not_leading(leader.as_deref())),
+            Seen::Follows(None) => Err(not_leading(None)),
+            Seen::Follows(Some(leader)) => {
+                let mut client = self.client(&leader)?;
+                let mut request = Self::marked(pb::LighthouseHeartbeatRequest { replica_id: id });
+                request.set_timeout(HEARTBEAT_PASS_ON);
+                match tokio::time::timeout(HEARTBEAT_PASS_ON, client.heartbeat(request)).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(Status::unavailable(format!(
+                        "the leader ({leader}) did not take the heartbeat within {HEARTBEAT_PASS_ON:?}"
+                    ))),
+                }
+            }
+        }
     }
 }
 
@@ -363,23 +596,27 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let tick = shared.read(|l| l.config().quorum_tick);
     let ticker = {
-        let (shared, stop, role) = (shared.clone(), stop.clone(), role.clone());
+        let (shared, stop, mut role) = (shared.clone(), stop.clone(), role.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut led = matches!(*role.borrow(), Role::Leader(_));
             loop {
                 tokio::select! {
                     _ = every.tick() => {
-                        let leads = matches!(*role.borrow(), Role::Leader(_));
-                        if leads && !led {
-                            shared.lead_afresh();
-                        }
-                        led = leads;
-                        if leads {
+                        if matches!(*role.borrow(), Role::Leader(_)) {
                             if let Err(e) = shared.step(Event::Tick, false) {
                                 warn!(error = %e.message(), "lighthouse tick");
                             }
+                        } else {
+                            shared.stopped_leading();
+                        }
+                    }
+                    changed = role.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if !matches!(*role.borrow_and_update(), Role::Leader(_)) {
+                            shared.stopped_leading();
                         }
                     }
                     () = stop.cancelled() => return,
@@ -388,11 +625,13 @@ pub async fn serve(
         })
     };
     let at: Option<SocketAddr> = listener.local_addr().ok();
+    let port = at.map_or(0, |a| a.port());
     info!(addr = ?at, allow = %shared.inner.allow, "lighthouse (torchft) listening");
     let allow = shared.inner.allow.clone();
-    let service = LighthouseServiceServer::new(LighthouseHandlers::new(shared, role, stop.clone()))
-        .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
-        .max_encoding_message_size(limits::MAX_QUORUM_BYTES + limits::MAX_REQUEST_BYTES);
+    let service =
+        LighthouseServiceServer::new(LighthouseHandlers::new(shared, role, stop.clone(), port))
+            .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
+            .max_encoding_message_size(limits::MAX_QUORUM_BYTES + limits::MAX_REQUEST_BYTES);
     // Connections from outside the allow list are closed as they are
     // accepted, so they hold nothing (said once a minute).
     let refused = std::sync::atomic::AtomicU64::new(0);
@@ -425,3 +664,6 @@ pub async fn serve(
     ticker.abort();
     result
 }
+
+#[cfg(test)]
+mod tests;
