@@ -146,16 +146,22 @@ if [ "$PART" != core ]; then
     env -u CARGO_TARGET_DIR cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" \
       --no-default-features --features search --root "$MDBOOK_ROOT" >&2
   fi
+  # overlay_venv DIR: a venv at DIR (made afresh) that sees the pinned venv's
+  # packages (torch, ...) after its own, through a .pth file: what DIR
+  # installs wins, torch comes from $VENV.
+  overlay_venv() {
+    rm -rf "$1"
+    "$VENV/bin/python" -m venv --without-pip "$1"
+    local site base_site
+    site="$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    echo "$base_site" >"$site/zz-pinned-venv.pth"
+  }
   for v in $EXTRA_ACCELERATE_VERSIONS; do
     extra="$VENV/accelerate-versions/$v"
     [ -f "$extra/.complete" ] && continue
     echo "setup: creating $extra (accelerate==$v over $VENV's torch)" >&2
-    rm -rf "$extra"
-    "$VENV/bin/python" -m venv --without-pip "$extra"
-    site="$("$extra/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-    base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-    # Appended after the venv's own site-packages: its accelerate wins.
-    echo "$base_site" >"$site/zz-pinned-venv.pth"
+    overlay_venv "$extra"
     "$VENV/bin/pip" --python "$extra/bin/python" install -q --disable-pip-version-check --no-deps "accelerate==$v"
     # torchrun must start workers with this venv's interpreter (sys.executable).
     printf '#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' "$extra/bin/python" >"$extra/bin/torchrun"
@@ -168,12 +174,7 @@ if [ "$PART" != core ]; then
   tft="$VENV/torchft-$TORCHFT_VERSION"
   if [ ! -f "$tft/.complete" ]; then
     echo "setup: creating $tft (torchft==$TORCHFT_VERSION over $VENV's torch)" >&2
-    rm -rf "$tft"
-    "$VENV/bin/python" -m venv --without-pip "$tft"
-    site="$("$tft/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-    base_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-    # After the venv's own site-packages: torch comes from the pinned venv.
-    echo "$base_site" >"$site/zz-pinned-venv.pth"
+    overlay_venv "$tft"
     # shellcheck disable=SC2086 # one word per requirement
     "$VENV/bin/pip" --python "$tft/bin/python" install -q --disable-pip-version-check "torchft==$TORCHFT_VERSION" $TORCHFT_DEPS
     got="$("$tft/bin/python" -c 'import torchft.manager, torch, importlib.metadata as m; print(m.version("torchft"))')"

@@ -97,17 +97,17 @@ impl Report {
         }
     }
 
-    /// The report as the status page's JSON.
+    /// The report as the status page's JSON: what `rdzv-server status
+    /// --json` says of the lighthouse ([`crate::status::lighthouse_json`]),
+    /// and the groups heard.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "quorum_id": self.quorum_id,
-            "members": self.members.iter().map(|(id, step, ws)| serde_json::json!({"replica_id": id, "step": step, "world_size": ws})).collect::<Vec<_>>(),
-            "since_quorum_s": self.since_quorum_s,
-            "healthy": self.healthy,
-            "participants": self.participants,
-            "waiting": self.waiting,
-            "heartbeats": self.heartbeats.iter().map(|(id, age)| serde_json::json!({"replica_id": id, "age_s": age})).collect::<Vec<_>>(),
-        })
+        let mut doc = crate::status::lighthouse_json(&self.to_pb());
+        doc["heartbeats"] = self
+            .heartbeats
+            .iter()
+            .map(|(id, age)| serde_json::json!({"replica_id": id, "age_s": age}))
+            .collect();
+        doc
     }
 }
 

@@ -239,3 +239,26 @@ fn a_resumed_lighthouse_never_hands_out_an_old_quorum_id() {
     let q = l.step(t, Event::Join(member("a", 0))).expect("join");
     assert_eq!(formed(&q).expect("q").quorum_id, 42);
 }
+
+#[test]
+fn the_status_page_says_what_status_json_says_and_the_groups_heard() {
+    let t = Instant::now();
+    let mut l = Lighthouse::new(config(2));
+    l.step(t, Event::Heartbeat("b".into())).expect("heartbeat");
+    l.step(t, Event::Join(member("a", 3))).expect("join");
+    let r = report::Report::of(&l, t + 10 * MS);
+    let page = r.json();
+    let status = crate::status::lighthouse_json(&r.to_pb());
+    for (key, value) in status.as_object().expect("an object") {
+        assert_eq!(&page[key], value, "{key}");
+    }
+    assert_eq!(page["waiting"], 1);
+    assert!(page["waiting_reason"].as_str().is_some_and(|w| !w.is_empty()));
+    let heard: Vec<&str> = page["heartbeats"]
+        .as_array()
+        .expect("heartbeats")
+        .iter()
+        .filter_map(|h| h["replica_id"].as_str())
+        .collect();
+    assert_eq!(heard, ["a", "b"], "most recent first, then by name");
+}

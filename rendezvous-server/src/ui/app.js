@@ -311,9 +311,9 @@ function drawLighthouse(l) {
     el("p", { class: "facts" },
       fact("quorum", l.quorum_id ? String(l.quorum_id) : "none yet"),
       fact("members", members || "none"),
-      fact("formed", l.since_quorum_s === null ? "never" : l.since_quorum_s.toFixed(1) + " s ago"),
+      fact("formed", l.since_quorum_ms === null ? "never" : (l.since_quorum_ms / 1000).toFixed(1) + " s ago"),
       fact("healthy groups", String(l.healthy)),
-      fact("waiting", l.participants + (l.waiting ? ": " + l.waiting : "")),
+      fact("waiting", l.waiting + (l.waiting_reason ? ": " + l.waiting_reason : "")),
       fact("heartbeats", heard || "none")));
   box.hidden = false;
 }
