@@ -292,6 +292,20 @@ impl Registry {
         &self.metrics
     }
 
+    /// Reserves lighthouse quorum ids in the job store
+    /// ([`JobStore::reserve_quorum_ids`]); `None` without a store, or one
+    /// that keeps no ids.
+    pub async fn reserve_quorum_ids(
+        &self,
+        at_least: i64,
+        block: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        match &self.store {
+            Some(store) => store.reserve_quorum_ids(at_least, block).await,
+            None => Ok(None),
+        }
+    }
+
     /// Brings every job `store` holds into this registry (a server that
     /// starts); returns how many. Jobs this registry already has are kept.
     pub async fn load(&self) -> Result<usize, StoreError> {

@@ -87,6 +87,15 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     fn tombstones(&self) -> StoreFuture<'_, Vec<Tombstone>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    /// Reserves torchft lighthouse quorum ids for a new lead: the first id
+    /// it may hand out, at least `at_least` and above every id reserved
+    /// before, having stored `first + block` as the floor of the next
+    /// reservation. `None`: the store keeps no ids (a lead then counts on
+    /// from its clock alone).
+    fn reserve_quorum_ids(&self, at_least: i64, block: i64) -> StoreFuture<'_, Option<i64>> {
+        let _ = (at_least, block);
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Records in this process's memory.

@@ -2602,3 +2602,49 @@ mod agent_only {
         drop(streams);
     }
 }
+
+/// The lighthouse's quorum ids (torchft) are reserved in etcd per lead:
+/// each reservation starts above every one before it, whatever the clock
+/// says, and a deposed leader reserves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_id_reservations_in_etcd_only_grow_and_a_deposed_leader_makes_none() {
+    let dir = scratch("ha-quorum-ids");
+    let etcd = EtcdCluster::start(&dir, 1);
+    let client = connect(&etcd).await;
+    let (fence, lease) = lead(&client, "first").await;
+    let first = on_etcd(&client, Some(fence));
+    let block = 1000;
+    let a = first
+        .reserve_quorum_ids(5, block)
+        .await
+        .expect("reserve")
+        .expect("etcd keeps ids");
+    assert_eq!(a, 5, "nothing reserved before: from the floor asked for");
+    // A clock behind (a smaller floor asked for) still gets ids above.
+    let b = first
+        .reserve_quorum_ids(1, block)
+        .await
+        .expect("reserve")
+        .expect("ids");
+    assert_eq!(b, a + block);
+    // The leader's lease ends; another replica leads.
+    client.lease_revoke(lease).await.expect("revoke");
+    let (fence, _) = lead(&client, "second").await;
+    let second = on_etcd(&client, Some(fence));
+    let c = second
+        .reserve_quorum_ids(2, block)
+        .await
+        .expect("reserve")
+        .expect("ids");
+    assert_eq!(c, b + block, "the new leader's ids are above the old one's");
+    assert!(
+        first.reserve_quorum_ids(1, block).await.is_err(),
+        "the deposed leader cannot reserve"
+    );
+    let d = second
+        .reserve_quorum_ids(10 * block + c, block)
+        .await
+        .expect("reserve")
+        .expect("ids");
+    assert_eq!(d, 10 * block + c, "a clock ahead moves the floor up");
+}

@@ -29,7 +29,7 @@
 //! as with torchft's own lighthouse.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -63,6 +63,10 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(200);
 
 /// How long a follower waits to reach the leader for a heartbeat.
 const HEARTBEAT_PASS_ON: Duration = Duration::from_secs(2);
+
+/// Quorum ids a lead reserves in the job store at a time; it reserves more
+/// when half are handed out.
+pub const RESERVED_IDS: i64 = 1 << 20;
 
 /// Networks allowed to call the lighthouse.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,10 +186,10 @@ struct Inner {
     formed: broadcast::Sender<Arc<pb::Quorum>>,
     allow: Allow,
     waiting: Semaphore,
-    /// Whether the state is this replica's lead's: cleared when it stops
-    /// leading; the first step while leading again starts afresh
-    /// ([`Shared::step`]), under the lock, before any call is served.
-    led: AtomicBool,
+    /// This replica's lead: `Some(end)` once it has started afresh with
+    /// quorum ids reserved below `end` ([`Shared::take_lead`]); `None`
+    /// while it does not lead, or has not reserved yet. Only a lead steps.
+    lead: watch::Sender<Option<i64>>,
     /// The id of the last quorum logged.
     said: AtomicI64,
 }
@@ -203,14 +207,16 @@ fn now_ms() -> i64 {
 }
 
 impl Shared {
-    /// A lighthouse with `config`, answering `allow`. Its quorum ids count
-    /// on from the time in milliseconds since the epoch when it starts or
-    /// takes the lead (`Shared::lead_afresh`): a restarted server, or a
-    /// replica that takes over, hands out ids above those handed out before
-    /// (one per membership change or failed commit: far fewer than the
-    /// milliseconds that passed), so no manager mistakes a new quorum for an
-    /// old one (torchft keys a quorum's store prefix by its id). The hosts'
-    /// clocks must not go back.
+    /// A lighthouse with `config`, answering `allow`. Each lead reserves
+    /// its quorum ids ([`RESERVED_IDS`] at a time) in the job store before
+    /// it answers, above every id reserved before and above the time in
+    /// milliseconds since the epoch (`Shared::take_lead`): a replica that
+    /// takes over, or a restarted server, hands out ids above those handed
+    /// out before, so no manager mistakes a new quorum for an old one
+    /// (torchft keys a quorum's store prefix by its id). Without a store
+    /// that keeps them (no etcd) the clock alone orders leads: one per
+    /// membership change or failed commit grows far slower than the
+    /// milliseconds, as long as the clock does not go back.
     pub fn new(config: LighthouseConfig, allow: Allow) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -218,7 +224,7 @@ impl Shared {
                 formed: broadcast::channel(FORMED_QUEUE).0,
                 allow,
                 waiting: Semaphore::new(MAX_WAITING),
-                led: AtomicBool::new(false),
+                lead: watch::channel(None).0,
                 said: AtomicI64::new(i64::MIN),
             }),
         }
@@ -239,20 +245,17 @@ impl Shared {
     /// Steps the lighthouse and hands out the quorums it formed, under its
     /// lock; with `subscribe`, the caller's receiver, taken under the same
     /// lock before the step (it hears exactly the quorums formed from then
-    /// on, in order). Only a leading replica steps: the first step of a
-    /// lead starts afresh.
+    /// on, in order). Only a lead that has reserved its ids steps.
     fn step(
         &self,
         event: Event,
         subscribe: bool,
     ) -> Result<Option<broadcast::Receiver<Arc<pb::Quorum>>>, Status> {
         let mut l = self.lock();
-        if !self.inner.led.swap(true, Ordering::SeqCst) {
-            // Another replica may have led meanwhile: its groups ask again,
-            // and the ids go on above its own and the time in ms.
-            let config = l.config().clone();
-            let first = l.quorum_id().max(now_ms());
-            *l = Lighthouse::resuming(config, first);
+        if self.inner.lead.borrow().is_none() {
+            return Err(Status::unavailable(
+                "this rdzv-server replica is taking the lead of the lighthouse; retry",
+            ));
         }
         let rx = subscribe.then(|| self.inner.formed.subscribe());
         let actions = l
@@ -284,7 +287,57 @@ impl Shared {
 
     /// This replica stopped leading: its next lead starts afresh.
     fn stopped_leading(&self) {
-        self.inner.led.store(false, Ordering::SeqCst);
+        self.inner.lead.send_if_modified(|l| l.take().is_some());
+    }
+
+    /// Whether this lead has started (its ids reserved), and until which
+    /// id.
+    fn lead_end(&self) -> Option<i64> {
+        *self.inner.lead.borrow()
+    }
+
+    /// Waits until this lead has started.
+    async fn lead_started(&self) {
+        let mut lead = self.inner.lead.subscribe();
+        // The sender lives as long as `self`.
+        let _ = lead.wait_for(Option::is_some).await;
+    }
+
+    /// Starts this replica's lead: the state afresh (another replica may
+    /// have led meanwhile; the managers ask again), its quorum ids from
+    /// `first`, reserved below `end`.
+    fn take_lead(&self, first: i64, end: i64) {
+        let mut l = self.lock();
+        let config = l.config().clone();
+        *l = Lighthouse::resuming(config, first);
+        self.inner.lead.send_replace(Some(end));
+    }
+
+    /// Reserves ids for this lead in `registry`'s store: for a lead not
+    /// started, its first id and the end of its reservation (it starts);
+    /// for a started one whose ids run towards that end, a later end.
+    async fn reserve(&self, registry: &crate::registry::Registry) -> Result<(), String> {
+        let current = self.read(Lighthouse::quorum_id);
+        let at_least = current.saturating_add(1).max(now_ms());
+        let first = registry
+            .reserve_quorum_ids(at_least, RESERVED_IDS)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(at_least);
+        let end = first.saturating_add(RESERVED_IDS);
+        match self.lead_end() {
+            None => {
+                info!(
+                    first_quorum_id = first,
+                    "lighthouse: leading, quorum ids reserved"
+                );
+                self.take_lead(first, end);
+            }
+            Some(_) => {
+                self.inner.lead.send_replace(Some(end));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -427,6 +480,16 @@ impl LighthouseHandlers {
         member: &pb::QuorumMember,
         role: &mut watch::Receiver<Role>,
     ) -> Result<Option<pb::LighthouseQuorumResponse>, Status> {
+        tokio::select! {
+            () = self.shared.lead_started() => {}
+            led = role.wait_for(|r| !matches!(r, Role::Leader(_))) => {
+                return match led {
+                    Ok(_) => Ok(None),
+                    Err(_) => Err(shutting_down()),
+                };
+            }
+            () = self.stop.cancelled() => return Err(shutting_down()),
+        }
         let id = member.replica_id.clone();
         let Some(mut formed) = self.shared.step(Event::Join(member.clone()), true)? else {
             return Err(Status::internal("the lighthouse gave no receiver"));
@@ -566,6 +629,7 @@ impl Service for LighthouseHandlers {
         let mut role = self.role.clone();
         match Self::seen(&mut role) {
             Seen::Leads => {
+                let _ = tokio::time::timeout(HEARTBEAT_PASS_ON, self.shared.lead_started()).await;
                 self.shared.step(Event::Heartbeat(id), false)?;
                 Ok(Response::new(pb::LighthouseHeartbeatResponse {}))
             }
@@ -600,15 +664,36 @@ pub async fn serve(
         tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Whether a failure to reserve ids was said (once per spell).
+            let mut said = false;
             loop {
                 tokio::select! {
                     _ = every.tick() => {
-                        if matches!(*role.borrow(), Role::Leader(_)) {
+                        let registry = match &*role.borrow() {
+                            Role::Leader(r) => Some((**r).clone()),
+                            Role::Follower { .. } => None,
+                        };
+                        let Some(registry) = registry else {
+                            shared.stopped_leading();
+                            continue;
+                        };
+                        let running_out = shared.lead_end().is_none_or(|end| {
+                            shared.read(Lighthouse::quorum_id) > end.saturating_sub(RESERVED_IDS / 2)
+                        });
+                        if running_out {
+                            match shared.reserve(&registry).await {
+                                Ok(()) => said = false,
+                                Err(e) if !said => {
+                                    said = true;
+                                    warn!(error = %e, "lighthouse: cannot reserve quorum ids in the job store; not answering until it can");
+                                }
+                                Err(_) => {}
+                            }
+                        }
+                        if shared.lead_end().is_some() {
                             if let Err(e) = shared.step(Event::Tick, false) {
                                 warn!(error = %e.message(), "lighthouse tick");
                             }
-                        } else {
-                            shared.stopped_leading();
                         }
                     }
                     changed = role.changed() => {

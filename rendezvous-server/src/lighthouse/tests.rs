@@ -253,7 +253,9 @@ fn the_status_page_says_what_status_json_says_and_the_groups_heard() {
         assert_eq!(&page[key], value, "{key}");
     }
     assert_eq!(page["waiting"], 1);
-    assert!(page["waiting_reason"].as_str().is_some_and(|w| !w.is_empty()));
+    assert!(page["waiting_reason"]
+        .as_str()
+        .is_some_and(|w| !w.is_empty()));
     let heard: Vec<&str> = page["heartbeats"]
         .as_array()
         .expect("heartbeats")

@@ -490,6 +490,43 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// The key of the floor of the lighthouse's next quorum ids.
+    fn quorum_id_key(&self) -> String {
+        format!("{}/lighthouse/quorum-id-floor", self.prefix)
+    }
+
+    async fn reserve(&self, at_least: i64, block: i64) -> Result<Option<i64>, StoreError> {
+        let key = self.quorum_id_key();
+        let resp = retrying(|| {
+            let client = self.client.clone();
+            let key = key.clone();
+            async move { client.get(key, None).await }
+        })
+        .await
+        .map_err(unavailable)?;
+        let floor = match resp.kvs.first() {
+            None => i64::MIN,
+            Some(kv) => std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("key '{key}' does not hold a quorum id"))
+                })?,
+        };
+        let first = floor.max(at_least);
+        let next = first.saturating_add(block);
+        let txn = Txn::new()
+            .when(self.guard())
+            .and_then(vec![TxnOp::put(key, next.to_string())]);
+        let resp = self.commit(txn).await.map_err(unavailable)?;
+        if !resp.succeeded {
+            return Err(fenced());
+        }
+        Ok(Some(first))
+    }
+}
+
 impl JobStore for EtcdStore {
     fn load(&self) -> StoreFuture<'_, Vec<JobRecord>> {
         Box::pin(self.load_all())
@@ -501,5 +538,9 @@ impl JobStore for EtcdStore {
 
     fn tombstones(&self) -> StoreFuture<'_, Vec<Tombstone>> {
         Box::pin(self.load_tombstones())
+    }
+
+    fn reserve_quorum_ids(&self, at_least: i64, block: i64) -> StoreFuture<'_, Option<i64>> {
+        Box::pin(self.reserve(at_least, block))
     }
 }
