@@ -369,8 +369,9 @@ impl Quarantine {
     /// benched.
     pub fn release(&mut self, host: &str) -> Option<Bench> {
         self.failures.remove(host);
+        let bench = self.benched.remove(host)?;
         self.repeats.remove(host);
-        self.benched.remove(host)
+        Some(bench)
     }
 
     /// Ends every bench whose time is up; returns those hosts.

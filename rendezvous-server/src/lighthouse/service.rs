@@ -29,7 +29,7 @@
 //! as with torchft's own lighthouse.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -186,12 +186,27 @@ struct Inner {
     formed: broadcast::Sender<Arc<pb::Quorum>>,
     allow: Allow,
     waiting: Semaphore,
-    /// This replica's lead: `Some(end)` once it has started afresh with
-    /// quorum ids reserved below `end` ([`Shared::take_lead`]); `None`
-    /// while it does not lead, or has not reserved yet. Only a lead steps.
-    lead: watch::Sender<Option<i64>>,
+    /// This replica's lead, once it has started afresh with its quorum ids
+    /// reserved ([`Shared::take_lead`]); `None` while it does not lead, or
+    /// has not reserved yet. Only a lead steps.
+    lead: watch::Sender<Option<Lead>>,
+    /// Leads this replica started.
+    terms: AtomicU64,
     /// The id of the last quorum logged.
     said: AtomicI64,
+}
+
+/// A caller's receiver of the quorums formed.
+type Formed = broadcast::Receiver<Arc<pb::Quorum>>;
+
+/// One lead of this replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lead {
+    /// Which of this replica's leads (a call that joined one rejoins the
+    /// next: the state starts afresh).
+    term: u64,
+    /// The end of the quorum ids reserved.
+    end: i64,
 }
 
 /// The wall clock since the epoch (zero before it).
@@ -225,6 +240,7 @@ impl Shared {
                 allow,
                 waiting: Semaphore::new(MAX_WAITING),
                 lead: watch::channel(None).0,
+                terms: AtomicU64::new(0),
                 said: AtomicI64::new(i64::MIN),
             }),
         }
@@ -246,17 +262,18 @@ impl Shared {
     /// lock; with `subscribe`, the caller's receiver, taken under the same
     /// lock before the step (it hears exactly the quorums formed from then
     /// on, in order). Only a lead that has reserved its ids steps.
-    fn step(
-        &self,
-        event: Event,
-        subscribe: bool,
-    ) -> Result<Option<broadcast::Receiver<Arc<pb::Quorum>>>, Status> {
+    fn step(&self, event: Event, subscribe: bool) -> Result<Option<Formed>, Status> {
+        self.step_in(event, subscribe).map(|(rx, _)| rx)
+    }
+
+    /// [`Shared::step`], and the term of the lead that stepped.
+    fn step_in(&self, event: Event, subscribe: bool) -> Result<(Option<Formed>, u64), Status> {
         let mut l = self.lock();
-        if self.inner.lead.borrow().is_none() {
+        let Some(lead) = *self.inner.lead.borrow() else {
             return Err(Status::unavailable(
                 "this rdzv-server replica is taking the lead of the lighthouse; retry",
             ));
-        }
+        };
         let rx = subscribe.then(|| self.inner.formed.subscribe());
         let actions = l
             .step(Instant::now(), event)
@@ -282,7 +299,7 @@ impl Shared {
             // Never blocks; nobody waiting is no error.
             let _ = self.inner.formed.send(Arc::new(quorum));
         }
-        Ok(rx)
+        Ok((rx, lead.term))
     }
 
     /// This replica stopped leading: its next lead starts afresh.
@@ -293,7 +310,7 @@ impl Shared {
     /// Whether this lead has started (its ids reserved), and until which
     /// id.
     fn lead_end(&self) -> Option<i64> {
-        *self.inner.lead.borrow()
+        self.inner.lead.borrow().map(|l| l.end)
     }
 
     /// Waits until this lead has started.
@@ -310,13 +327,13 @@ impl Shared {
         let mut l = self.lock();
         let config = l.config().clone();
         *l = Lighthouse::resuming(config, first);
-        self.inner.lead.send_replace(Some(end));
+        let term = self.inner.terms.fetch_add(1, Ordering::SeqCst) + 1;
+        self.inner.lead.send_replace(Some(Lead { term, end }));
     }
 
-    /// Reserves ids for this lead in `registry`'s store: for a lead not
-    /// started, its first id and the end of its reservation (it starts);
-    /// for a started one whose ids run towards that end, a later end.
-    async fn reserve(&self, registry: &crate::registry::Registry) -> Result<(), String> {
+    /// Reserves ids in `registry`'s store: the first id a lead may hand
+    /// out and the end of its reservation.
+    async fn reserve(&self, registry: &crate::registry::Registry) -> Result<(i64, i64), String> {
         let current = self.read(Lighthouse::quorum_id);
         let at_least = current.saturating_add(1).max(now_ms());
         let first = registry
@@ -324,7 +341,13 @@ impl Shared {
             .await
             .map_err(|e| e.to_string())?
             .unwrap_or(at_least);
-        let end = first.saturating_add(RESERVED_IDS);
+        Ok((first, first.saturating_add(RESERVED_IDS)))
+    }
+
+    /// Applies a reservation: a lead not started starts from its first id;
+    /// a started one, whose ids ran towards the end of theirs, goes on
+    /// with the later end.
+    fn reserved(&self, (first, end): (i64, i64)) {
         match self.lead_end() {
             None => {
                 info!(
@@ -334,10 +357,13 @@ impl Shared {
                 self.take_lead(first, end);
             }
             Some(_) => {
-                self.inner.lead.send_replace(Some(end));
+                self.inner.lead.send_modify(|l| {
+                    if let Some(l) = l {
+                        l.end = end;
+                    }
+                });
             }
         }
-        Ok(())
     }
 }
 
@@ -491,13 +517,21 @@ impl LighthouseHandlers {
             () = self.stop.cancelled() => return Err(shutting_down()),
         }
         let id = member.replica_id.clone();
-        let Some(mut formed) = self.shared.step(Event::Join(member.clone()), true)? else {
-            return Err(Status::internal("the lighthouse gave no receiver"));
+        let mut lead = self.shared.inner.lead.subscribe();
+        let (mut formed, term) = match self.shared.step_in(Event::Join(member.clone()), true) {
+            Ok((Some(formed), term)) => (formed, term),
+            Ok((None, _)) => return Err(Status::internal("the lighthouse gave no receiver")),
+            // The lead ended before the join: the caller asks the next.
+            Err(_) if lead.borrow_and_update().is_none() => return Ok(None),
+            Err(e) => return Err(e),
         };
         loop {
             let got = tokio::select! {
                 got = formed.recv() => got,
                 () = self.stop.cancelled() => return Err(shutting_down()),
+                // The lead this call joined ended (a new term starts
+                // afresh without it): it joins the next lead.
+                _ = lead.wait_for(|l| l.is_none_or(|l| l.term != term)) => return Ok(None),
                 led = role.wait_for(|r| !matches!(r, Role::Leader(_))) => {
                     return match led {
                         Ok(_) => Ok(None),
@@ -669,6 +703,13 @@ pub async fn serve(
             loop {
                 tokio::select! {
                     _ = every.tick() => {
+                        // A change of role not seen yet ends the lead (a
+                        // Leader is sent once per term: a lead never
+                        // outlives its term).
+                        if role.has_changed().unwrap_or(true) {
+                            let _ = role.borrow_and_update();
+                            shared.stopped_leading();
+                        }
                         let registry = match &*role.borrow() {
                             Role::Leader(r) => Some((**r).clone()),
                             Role::Follower { .. } => None,
@@ -682,7 +723,13 @@ pub async fn serve(
                         });
                         if running_out {
                             match shared.reserve(&registry).await {
-                                Ok(()) => said = false,
+                                // The role changed meanwhile: the next
+                                // pass ends this lead and starts afresh.
+                                Ok(_) if role.has_changed().unwrap_or(true) => continue,
+                                Ok(reservation) => {
+                                    said = false;
+                                    shared.reserved(reservation);
+                                }
                                 Err(e) if !said => {
                                     said = true;
                                     warn!(error = %e, "lighthouse: cannot reserve quorum ids in the job store; not answering until it can");
@@ -700,9 +747,9 @@ pub async fn serve(
                         if changed.is_err() {
                             return;
                         }
-                        if !matches!(*role.borrow_and_update(), Role::Leader(_)) {
-                            shared.stopped_leading();
-                        }
+                        // A new term, or none: either way this lead ends.
+                        let _ = role.borrow_and_update();
+                        shared.stopped_leading();
                     }
                     () = stop.cancelled() => return,
                 }

@@ -51,7 +51,16 @@ fn member(id: &str) -> pb::QuorumMember {
 
 /// A replica serving the lighthouse on `listener` as `role` says.
 fn replica(listener: TcpListener, role: watch::Receiver<Role>, stop: &CancellationToken) {
-    let shared = Shared::new(config(), Allow::loopback());
+    replica_with(config(), listener, role, stop);
+}
+
+fn replica_with(
+    config: LighthouseConfig,
+    listener: TcpListener,
+    role: watch::Receiver<Role>,
+    stop: &CancellationToken,
+) {
+    let shared = Shared::new(config, Allow::loopback());
     tokio::spawn(serve(listener, shared, role, stop.clone()));
 }
 
@@ -167,4 +176,66 @@ async fn a_follower_passes_calls_on_and_holds_them_through_a_change_of_leader() 
         .quorum
         .expect("a quorum");
     assert!(q.participants.iter().any(|p| p.replica_id == "g1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_through_a_new_term_joins_the_new_lead() {
+    // Two groups make a quorum; the first waits for the second while its
+    // replica's lead ends and a new term begins (the state afresh).
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let (role, seat) = watch::channel(leads());
+    replica_with(
+        LighthouseConfig {
+            min_replicas: 2,
+            ..config()
+        },
+        listener,
+        seat,
+        &stop,
+    );
+    let mut first = client(url.clone()).await;
+    let waiting = tokio::spawn(async move {
+        first
+            .quorum(pb::LighthouseQuorumRequest {
+                requester: Some(member("g0")),
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "one group alone makes no quorum");
+    // A new term of the same replica (the watch shows Leader throughout).
+    role.send_replace(leads());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut second = client(url).await;
+    let q = tokio::time::timeout(
+        Duration::from_secs(5),
+        second.quorum(pb::LighthouseQuorumRequest {
+            requester: Some(member("g1")),
+        }),
+    )
+    .await
+    .expect("a quorum within 5 s")
+    .expect("a quorum")
+    .into_inner()
+    .quorum
+    .expect("a quorum");
+    let mut ids: Vec<&str> = q
+        .participants
+        .iter()
+        .map(|p| p.replica_id.as_str())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["g0", "g1"], "the waiting call joined the new lead");
+    let mine = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("answered")
+        .expect("task")
+        .expect("a quorum")
+        .into_inner()
+        .quorum
+        .expect("a quorum");
+    assert_eq!(mine.quorum_id, q.quorum_id);
 }
