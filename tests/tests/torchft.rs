@@ -92,38 +92,11 @@ struct Behaviour {
 /// the scratch directory.
 fn run(tag: &str, lighthouse: &str) -> (Behaviour, Vec<Step>, Vec<Step>, f64) {
     let dir = scratch(tag);
-    let tft = torchft_venv();
-    let agents: Vec<_> = (0..2)
-        .map(|g| {
-            AgentCmd::standalone()
-                .nproc(1)
-                .max_restarts(3)
-                .script(example())
-                .env("PATH", path_with(&tft))
-                .env("TORCHFT_LIGHTHOUSE", lighthouse)
-                .env("REPLICA_GROUP_ID", g)
-                .env("NUM_REPLICA_GROUPS", 2)
-                .env("STEPS", STEPS)
-                .env("STEP_SLEEP", "0.05")
-                .env("RECORD", dir.join(format!("g{g}.jsonl")).display())
-                .env("GLOO_SOCKET_IFNAME", "lo")
-                .env("TORCHFT_HOSTNAME", "127.0.0.1")
-                .env("RUST_LOG", "warn")
-                .start(&dir, &format!("group{g}"))
-        })
-        .collect();
+    let agents = start_groups(&dir, lighthouse, 3, false);
     let g1 = dir.join("g1.jsonl");
-    assert!(
-        eventually(Duration::from_secs(120), || steps(&g1)
-            .iter()
-            .any(|s| s.step >= KILL_AT)),
-        "group 1 never reached step {KILL_AT}"
-    );
+    reach(&dir, 1, KILL_AT);
     let victim = steps(&g1).last().expect("a step").pid;
-    let killed_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
+    let killed_at = wall_now();
     signal(u32::try_from(victim).expect("pid"), "KILL");
     let mut finished = true;
     for a in agents {
@@ -313,21 +286,25 @@ impl Drop for ServiceProxy {
     }
 }
 
-/// Starts the two groups against `lighthouse`, with torchft's quorum
-/// retries on (`TORCHFT_QUORUM_RETRIES`: a failed quorum call is tried
-/// again about every half second, for 20 s).
-fn start_groups(dir: &Path, lighthouse: &str) -> Vec<Agent> {
+/// Starts the two groups against `lighthouse`, each agent with
+/// `max_restarts`; with `retry_quorums`, torchft's quorum retries on
+/// (`TORCHFT_QUORUM_RETRIES`: a failed quorum call is tried again about
+/// every half second, for 20 s).
+fn start_groups(
+    dir: &Path,
+    lighthouse: &str,
+    max_restarts: u32,
+    retry_quorums: bool,
+) -> Vec<Agent> {
     let tft = torchft_venv();
     (0..2)
         .map(|g| {
-            AgentCmd::standalone()
+            let mut cmd = AgentCmd::standalone()
                 .nproc(1)
-                .max_restarts(0)
+                .max_restarts(max_restarts)
                 .script(example())
                 .env("PATH", path_with(&tft))
                 .env("TORCHFT_LIGHTHOUSE", lighthouse)
-                .env("TORCHFT_QUORUM_RETRIES", 40)
-                .env("QUORUM_TIMEOUT_SEC", 20)
                 .env("REPLICA_GROUP_ID", g)
                 .env("NUM_REPLICA_GROUPS", 2)
                 .env("STEPS", STEPS)
@@ -335,8 +312,13 @@ fn start_groups(dir: &Path, lighthouse: &str) -> Vec<Agent> {
                 .env("RECORD", dir.join(format!("g{g}.jsonl")).display())
                 .env("GLOO_SOCKET_IFNAME", "lo")
                 .env("TORCHFT_HOSTNAME", "127.0.0.1")
-                .env("RUST_LOG", "warn")
-                .start(dir, &format!("group{g}"))
+                .env("RUST_LOG", "warn");
+            if retry_quorums {
+                cmd = cmd
+                    .env("TORCHFT_QUORUM_RETRIES", 40)
+                    .env("QUORUM_TIMEOUT_SEC", 20);
+            }
+            cmd.start(dir, &format!("group{g}"))
         })
         .collect()
 }
@@ -348,14 +330,14 @@ fn wall_now() -> f64 {
         .as_secs_f64()
 }
 
-/// Waits until group 0 has committed `step`.
-fn reach(dir: &Path, step: u64) {
-    let g0 = dir.join("g0.jsonl");
+/// Waits until `group` has committed `step`.
+fn reach(dir: &Path, group: u64, step: u64) {
+    let path = dir.join(format!("g{group}.jsonl"));
     assert!(
-        eventually(Duration::from_secs(120), || steps(&g0)
+        eventually(Duration::from_secs(120), || steps(&path)
             .iter()
             .any(|s| s.step >= step)),
-        "group 0 never reached step {step}"
+        "group {group} never reached step {step}"
     );
 }
 
@@ -399,8 +381,8 @@ fn killing_the_leading_rdzv_server_keeps_torchft_training_where_killing_torchft_
     let dir = scratch("torchft-own-killed");
     let port = Port::lease();
     let mut own = torchft_lighthouse(port.get());
-    let groups = start_groups(&dir, &format!("http://127.0.0.1:{}", port.get()));
-    reach(&dir, KILL_AT);
+    let groups = start_groups(&dir, &format!("http://127.0.0.1:{}", port.get()), 0, true);
+    reach(&dir, 0, KILL_AT);
     let killed_at = wall_now();
     let _ = own.kill();
     let _ = own.wait();
@@ -437,8 +419,8 @@ fn killing_the_leading_rdzv_server_keeps_torchft_training_where_killing_torchft_
         format!("127.0.0.1:{}", port.get()),
         format!("127.0.0.2:{}", port.get()),
     ]);
-    let groups = start_groups(&dir, &format!("http://{}", service.addr));
-    reach(&dir, KILL_AT);
+    let groups = start_groups(&dir, &format!("http://{}", service.addr), 0, true);
+    reach(&dir, 0, KILL_AT);
     assert_eq!(
         metric(&second, "accel_rdzv_lighthouse_quorum_members"),
         Some(0.0),

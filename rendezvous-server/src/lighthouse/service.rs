@@ -469,17 +469,12 @@ impl LighthouseHandlers {
         }
     }
 
-    /// Waits for `role` to change, at most `pause` (`None`: no bound); an
-    /// error when the server shuts down.
-    async fn wait_change(
-        &self,
-        role: &mut watch::Receiver<Role>,
-        pause: Option<Duration>,
-    ) -> Result<(), Status> {
-        let pause = pause.unwrap_or(Duration::from_secs(3600));
+    /// Waits for `role` to change, at most [`RETRY_EVERY`]; an error when
+    /// the server shuts down.
+    async fn wait_change(&self, role: &mut watch::Receiver<Role>) -> Result<(), Status> {
         tokio::select! {
             changed = role.changed() => changed.map_err(|_| shutting_down()),
-            () = tokio::time::sleep(pause) => Ok(()),
+            () = tokio::time::sleep(RETRY_EVERY) => Ok(()),
             () = self.stop.cancelled() => Err(shutting_down()),
         }
     }
@@ -642,12 +637,12 @@ impl Service for LighthouseHandlers {
                         Some(Err(s)) if is_answer(&s) => return Err(s),
                         Some(Err(s)) => {
                             debug!(leader = %leader, error = %s.message(), "lighthouse: the leader did not answer a call passed on; trying again");
-                            self.wait_change(&mut role, Some(RETRY_EVERY)).await?;
+                            self.wait_change(&mut role).await?;
                         }
                         None => {}
                     }
                 }
-                Seen::Follows(None) => self.wait_change(&mut role, Some(RETRY_EVERY)).await?,
+                Seen::Follows(None) => self.wait_change(&mut role).await?,
             }
         }
     }
